@@ -1,0 +1,574 @@
+"""The `attn` dialect: *what* an attention variant computes.
+
+A variant is an `attn.variant` holding a straight-line program over per-head sequences:
+
+    attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+      %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+      %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key
+      %s = attn.scores %qr, %kr
+      %m = attn.mask %s [#attn.causal]
+      %p = attn.softmax %m
+      %o = attn.pv %p, %v
+      attn.yield %o
+    }
+
+The ops mirror the DSL's building blocks: pre-matmul transforms of an operand (`attn.rope`),
+the score matrix (`attn.scores`), masks (`attn.mask`, whose predicates are attributes so that
+masks intersect by merging predicate lists), the normalizer (`attn.softmax`) and the value
+product (`attn.pv`). Nothing here knows about tiles, GPUs or Triton; `lower-to-tile` decides
+how the program becomes a kernel.
+
+Types name the role of a value rather than its shape: shapes are call-time facts (any batch,
+heads and sequence lengths), so one variant serves them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+
+    FloatAttr,
+    FunctionType,
+    IntAttr,
+    IntegerAttr,
+
+    StringAttr,
+    SymbolNameConstraint,
+    UnitAttr,
+    f64,
+    i64,
+)
+from xdsl.dialects.utils import parse_func_op_like, print_func_op_like
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    ParametrizedAttribute,
+    Region,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    AnyOf,
+    IRDLOperation,
+    ParsePropInAttrDict,
+    VarConstraint,
+    irdl_attr_definition,
+    irdl_op_definition,
+    lazy_traits_def,
+    operand_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
+from xdsl.utils.exceptions import VerifyException
+
+# --------------------------------------------------------------------------------------------
+# Types: the role a value plays in the computation.
+# --------------------------------------------------------------------------------------------
+
+
+@irdl_attr_definition
+class QueryType(ParametrizedAttribute, TypeAttribute):
+    """Query rows of one head: `[Nq, D]`, at positions `i + (Nk - Nq)`."""
+
+    name = "attn.query"
+
+
+@irdl_attr_definition
+class KeyType(ParametrizedAttribute, TypeAttribute):
+    """Key rows of one key/value head: `[Nk, D]`, at positions `j`."""
+
+    name = "attn.key"
+
+
+@irdl_attr_definition
+class ValueType(ParametrizedAttribute, TypeAttribute):
+    """Value rows of one key/value head: `[Nk, Dv]`."""
+
+    name = "attn.value"
+
+
+@irdl_attr_definition
+class ScoresType(ParametrizedAttribute, TypeAttribute):
+    """The score matrix of one query head: `[Nq, Nk]`, with dropped entries marked."""
+
+    name = "attn.scores"
+
+
+@irdl_attr_definition
+class ProbsType(ParametrizedAttribute, TypeAttribute):
+    """Normalized attention weights `[Nq, Nk]`: 0 on every dropped key."""
+
+    name = "attn.probs"
+
+
+@irdl_attr_definition
+class OutputType(ParametrizedAttribute, TypeAttribute):
+    """The attention output of one query head: `[Nq, Dv]`."""
+
+    name = "attn.output"
+
+
+# --------------------------------------------------------------------------------------------
+# Mask predicates. A mask keeps key j for query i when every predicate of it keeps j.
+# --------------------------------------------------------------------------------------------
+
+
+class MaskPredicate(ParametrizedAttribute):
+    """Base class of mask predicates: a rule deciding which keys a query keeps.
+
+    Subclasses give `band()`: the kept keys as offsets from the query position,
+    `(lower, upper)` with `None` for an unbounded side, or `None` when the predicate is not
+    a band (e.g. a block-sparse layout).
+    """
+
+    def band(self) -> tuple[int | None, int | None] | None:
+        raise NotImplementedError  # abstract: every concrete predicate overrides it
+
+
+@irdl_attr_definition
+class CausalAttr(MaskPredicate):
+    """`#attn.causal`: keep keys at or before the query's position (`k_pos <= q_pos`)."""
+
+    name = "attn.causal"
+
+    def band(self) -> tuple[int | None, int | None]:
+        return (None, 0)
+
+
+@irdl_attr_definition
+class WindowAttr(MaskPredicate):
+    """`#attn.window<w>`: keep keys with `|q_pos - k_pos| < w`."""
+
+    name = "attn.window"
+
+    size: IntAttr
+
+    def __init__(self, size: int):
+        super().__init__(IntAttr(size))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            return (IntAttr(parser.parse_integer(allow_boolean=False)),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.size.data}>")
+
+    def verify(self) -> None:
+        if self.size.data <= 0:
+            raise VerifyException(f"window size must be positive, got {self.size.data}")
+
+    def band(self) -> tuple[int | None, int | None]:
+        w = self.size.data
+        return (-(w - 1), w - 1)
+
+
+@irdl_attr_definition
+class BandAttr(ParametrizedAttribute):
+    """`#attn.band<lower = a, upper = b>`: key j is kept by query i iff
+    `q_pos(i) + a <= j <= q_pos(i) + b`; a missing side is unbounded.
+
+    `analyze-masks` computes it as the intersection of a mask's band predicates; it is the
+    whole block-level iteration space: which key blocks are empty, partial or full for a query
+    block follows from it and the block sizes (see `tile.kv_bounds`).
+    """
+
+    name = "attn.band"
+
+    lower: IntegerAttr | UnitAttr
+    upper: IntegerAttr | UnitAttr
+
+    def __init__(self, lower: int | None, upper: int | None):
+        super().__init__(
+            UnitAttr() if lower is None else IntegerAttr(lower, i64),
+            UnitAttr() if upper is None else IntegerAttr(upper, i64),
+        )
+
+    @property
+    def bounds(self) -> tuple[int | None, int | None]:
+        """`(lower, upper)` offsets from the query position; `None` where unbounded."""
+        lo = self.lower.value.data if isinstance(self.lower, IntegerAttr) else None
+        hi = self.upper.value.data if isinstance(self.upper, IntegerAttr) else None
+        return lo, hi
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        found: dict[str, int] = {}
+        with parser.in_angle_brackets():
+            while (key := parser.parse_optional_identifier()) is not None:
+                if key not in ("lower", "upper") or key in found:
+                    parser.raise_error(f"expected 'lower' or 'upper' once each, got '{key}'")
+                parser.parse_punctuation("=")
+                found[key] = parser.parse_integer(allow_boolean=False)
+                if parser.parse_optional_punctuation(",") is None:
+                    break
+        lower, upper = found.get("lower"), found.get("upper")
+        return (
+            UnitAttr() if lower is None else IntegerAttr(lower, i64),
+            UnitAttr() if upper is None else IntegerAttr(upper, i64),
+        )
+
+    def print_parameters(self, printer: Printer) -> None:
+        lo, hi = self.bounds
+        parts = ([f"lower = {lo}"] if lo is not None else []) + (
+            [f"upper = {hi}"] if hi is not None else []
+        )
+        printer.print_string("<" + ", ".join(parts) + ">")
+
+    def verify(self) -> None:
+        lo, hi = self.bounds
+        if lo is not None and hi is not None and lo > hi:
+            raise VerifyException(f"band keeps no key: lower {lo} > upper {hi}")
+
+
+def intersect_bands(
+    bands: Sequence[tuple[int | None, int | None]],
+) -> tuple[int | None, int | None]:
+    """The band kept by all of `bands`: the tightest lower and upper offsets."""
+    lowers = [lo for lo, _ in bands if lo is not None]
+    uppers = [hi for _, hi in bands if hi is not None]
+    return (max(lowers) if lowers else None, min(uppers) if uppers else None)
+
+
+# --------------------------------------------------------------------------------------------
+# Ops
+# --------------------------------------------------------------------------------------------
+
+ROPE_PLACEMENTS = ("fused", "pre_rotated")
+
+
+@irdl_op_definition
+class RopeOp(IRDLOperation):
+    """Rotary position embedding of a query or key operand (`q~ = R(q_pos) q`).
+
+    Rotates pairs of dims by `pos * theta^(-2t/r)`, computed in fp32; `r` is `rotary_dim`
+    (the head dim when absent) and dims `>= r` pass through. Pairs are `(x_t, x_{t+r/2})`, or
+    `(x_{2t}, x_{2t+1})` with `interleaved`. `placement`, set by `place-rope`, says whether the
+    rotation runs inside the fused kernel or as a pass over the operand before it.
+    """
+
+    name = "attn.rope"
+
+    T: ClassVar = VarConstraint("T", AnyOf.get(QueryType, KeyType))
+    input = operand_def(T)
+    output = result_def(T)
+
+    theta = prop_def(FloatAttr)
+    rotary_dim = opt_prop_def(IntegerAttr)
+    interleaved = opt_prop_def(UnitAttr)
+    placement = opt_prop_def(StringAttr)
+
+    assembly_format = "$input attr-dict `:` type($input)"
+    irdl_options = (ParsePropInAttrDict(),)
+
+    traits = traits_def(Pure())
+
+    def __init__(
+        self,
+        operand: SSAValue,
+        theta: float,
+        rotary_dim: int | None = None,
+        interleaved: bool = False,
+        placement: str | None = None,
+    ):
+        super().__init__(
+            operands=[operand],
+            result_types=[operand.type],
+            properties={
+                "theta": FloatAttr(theta, f64),
+                "rotary_dim": None if rotary_dim is None else IntegerAttr(rotary_dim, i64),
+                "interleaved": UnitAttr() if interleaved else None,
+                "placement": None if placement is None else StringAttr(placement),
+            },
+        )
+
+    @property
+    def rope_key(self) -> tuple[float, int | None, bool]:
+        """What must agree between the query and key rotations of one variant."""
+        dim = None if self.rotary_dim is None else self.rotary_dim.value.data
+        return (self.theta.value.data, dim, self.interleaved is not None)
+
+    def verify_(self) -> None:
+        if self.theta.value.data <= 0:
+            raise VerifyException(f"rope theta must be positive, got {self.theta.value.data}")
+        if self.rotary_dim is not None:
+            dim = self.rotary_dim.value.data
+            if dim <= 0 or dim % 2:
+                raise VerifyException(f"rope rotary_dim must be positive and even, got {dim}")
+        if self.placement is not None and self.placement.data not in ROPE_PLACEMENTS:
+            raise VerifyException(
+                f"rope placement must be one of {', '.join(ROPE_PLACEMENTS)}, "
+                f"got '{self.placement.data}'"
+            )
+
+
+@irdl_op_definition
+class ScoresOp(IRDLOperation):
+    """The score matrix `s[i, j] = scale * <q_i, k_j>`; `scale` defaults to `1/sqrt(D)`."""
+
+    name = "attn.scores"
+
+    query = operand_def(QueryType)
+    key = operand_def(KeyType)
+    result = result_def(ScoresType)
+    scale = opt_prop_def(FloatAttr)
+
+    assembly_format = "$query `,` $key attr-dict"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, query: SSAValue, key: SSAValue, scale: float | None = None):
+        super().__init__(
+            operands=[query, key],
+            result_types=[ScoresType()],
+            properties={"scale": None if scale is None else FloatAttr(scale, f64)},
+        )
+
+    def verify_(self) -> None:
+        if self.scale is not None and not self.scale.value.data > 0:
+            raise VerifyException(f"scores scale must be positive, got {self.scale.value.data}")
+
+
+@irdl_op_definition
+class MaskOp(IRDLOperation):
+    """Drops the keys that not every predicate keeps: `s[i, j]` becomes "dropped".
+
+    An empty predicate list keeps every key (the DSL's `full()`). `band`, added by
+    `analyze-masks`, is the intersection of the band predicates.
+    """
+
+    name = "attn.mask"
+
+    input = operand_def(ScoresType)
+    result = result_def(ScoresType)
+    predicates = prop_def(ArrayAttr[Attribute])
+    band = opt_prop_def(BandAttr)
+
+    assembly_format = "$input $predicates attr-dict"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(
+        self,
+        scores: SSAValue,
+        predicates: Sequence[MaskPredicate],
+        band: BandAttr | None = None,
+    ):
+        super().__init__(
+            operands=[scores],
+            result_types=[ScoresType()],
+            properties={"predicates": ArrayAttr(predicates), "band": band},
+        )
+
+    @property
+    def predicate_list(self) -> list[MaskPredicate]:
+        """The predicates, typed."""
+        return [p for p in self.predicates.data if isinstance(p, MaskPredicate)]
+
+    def verify_(self) -> None:
+        for pred in self.predicates.data:
+            if not isinstance(pred, MaskPredicate):
+                raise VerifyException(f"mask predicate expected, got {pred}")
+        if self.band is not None:
+            bands = [p.band() for p in self.predicate_list]
+            if any(b is None for b in bands):
+                return
+            expected = intersect_bands([b for b in bands if b is not None])
+            if self.band.bounds != expected:
+                raise VerifyException(
+                    f"band {self.band.bounds} does not match the predicates' band {expected}"
+                )
+
+
+@irdl_op_definition
+class SoftmaxOp(IRDLOperation):
+    """Row-wise softmax over the kept keys; a row with no kept key is all zeros."""
+
+    name = "attn.softmax"
+
+    input = operand_def(ScoresType)
+    result = result_def(ProbsType)
+    assembly_format = "$input attr-dict"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue):
+        super().__init__(operands=[scores], result_types=[ProbsType()])
+
+
+@irdl_op_definition
+class PVOp(IRDLOperation):
+    """The output `o = p @ v`, reading value head `h // (Hq / Hkv)` for query head `h`."""
+
+    name = "attn.pv"
+
+    probs = operand_def(ProbsType)
+    value = operand_def(ValueType)
+    result = result_def(OutputType)
+    assembly_format = "$probs `,` $value attr-dict"
+    traits = traits_def(Pure())
+
+    def __init__(self, probs: SSAValue, value: SSAValue):
+        super().__init__(operands=[probs, value], result_types=[OutputType()])
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """Returns the output of an `attn.variant`."""
+
+    name = "attn.yield"
+
+    output = operand_def(OutputType)
+    assembly_format = "$output attr-dict"
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(VariantOp)))
+
+    def __init__(self, output: SSAValue):
+        super().__init__(operands=[output])
+
+
+NORMALIZER_OPS: tuple[type[IRDLOperation], ...] = (SoftmaxOp,)
+"""Ops that turn scores into probabilities; a variant has exactly one."""
+
+
+@irdl_op_definition
+class VariantOp(IRDLOperation):
+    """One attention variant: a function from `(q, k, v)` to the output, over one head.
+
+    The body is a straight-line program of `attn` ops ending in `attn.yield`; the verifier
+    checks that it is a well-formed attention: one score matrix, one normalizer, one value
+    product, and query/key rotations that agree.
+    """
+
+    name = "attn.variant"
+
+    body = region_def("single_block")
+    sym_name = prop_def(SymbolNameConstraint())
+    function_type = prop_def(FunctionType)
+
+    traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
+
+    ARGUMENT_TYPES: ClassVar[tuple[Attribute, ...]] = (QueryType(), KeyType(), ValueType())
+
+    def __init__(self, name: str, body: Region | None = None):
+        function_type = FunctionType.from_lists(list(self.ARGUMENT_TYPES), [OutputType()])
+        if body is None:
+            body = Region(Block(arg_types=self.ARGUMENT_TYPES))
+        super().__init__(
+            properties={"sym_name": StringAttr(name), "function_type": function_type},
+            regions=[body],
+        )
+
+    @property
+    def query(self) -> SSAValue:
+        return self.body.block.args[0]
+
+    @property
+    def key(self) -> SSAValue:
+        return self.body.block.args[1]
+
+    @property
+    def value(self) -> SSAValue:
+        return self.body.block.args[2]
+
+    def ops_of(self, kind: type[IRDLOperation]) -> list[IRDLOperation]:
+        """The ops of one kind in the body, in order."""
+        return [op for op in self.body.block.ops if isinstance(op, kind)]
+
+    def verify_(self) -> None:
+        if tuple(self.function_type.inputs.data) != self.ARGUMENT_TYPES:
+            raise VerifyException(
+                "attn.variant takes (!attn.query, !attn.key, !attn.value), got "
+                f"({', '.join(str(t) for t in self.function_type.inputs.data)})"
+            )
+        if tuple(self.function_type.outputs.data) != (OutputType(),):
+            raise VerifyException("attn.variant returns one !attn.output")
+        block = self.body.block
+        if tuple(block.arg_types) != self.ARGUMENT_TYPES:
+            raise VerifyException("entry block arguments must match the variant's inputs")
+        for kind, what in ((ScoresOp, "attn.scores"), (PVOp, "attn.pv")):
+            if len(self.ops_of(kind)) != 1:
+                raise VerifyException(f"a variant needs exactly one {what}")
+        normalizers = [op for op in block.ops if isinstance(op, NORMALIZER_OPS)]
+        if len(normalizers) != 1:
+            raise VerifyException(
+                f"a variant needs exactly one normalizer, found {len(normalizers)}"
+            )
+        rotations = {op.rope_key for op in self.ops_of(RopeOp) if isinstance(op, RopeOp)}
+        if len(rotations) > 1:
+            raise VerifyException(
+                "the query and key rotations must use the same theta, rotary_dim and layout"
+            )
+        for kind in (QueryType, KeyType):
+            ropes = [op for op in self.ops_of(RopeOp) if isinstance(op.input.type, kind)]
+            if len(ropes) > 1:
+                raise VerifyException(f"{kind.name} is rotated more than once")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> VariantOp:
+        name, inputs, outputs, region, extra, _arg_attrs, _res_attrs = parse_func_op_like(
+            parser, reserved_attr_names=("sym_name", "function_type")
+        )
+        op = cls(name, region)
+        op.properties["function_type"] = FunctionType.from_lists(inputs, outputs)
+        if extra is not None:
+            op.attributes |= extra.data
+        return op
+
+    def print(self, printer: Printer) -> None:
+        print_func_op_like(
+            printer,
+            self.sym_name,
+            self.function_type,
+            self.body,
+            self.attributes,
+            reserved_attr_names=("sym_name", "function_type"),
+        )
+
+
+Attn = Dialect(
+    "attn",
+    [RopeOp, ScoresOp, MaskOp, SoftmaxOp, PVOp, YieldOp, VariantOp],
+    [
+        QueryType,
+        KeyType,
+        ValueType,
+        ScoresType,
+        ProbsType,
+        OutputType,
+        CausalAttr,
+        WindowAttr,
+        BandAttr,
+    ],
+)
+"""The attention dialect."""
+
+__all__ = [
+    "Attn",
+    "BandAttr",
+    "CausalAttr",
+    "KeyType",
+    "MaskOp",
+    "MaskPredicate",
+    "OutputType",
+    "PVOp",
+    "ProbsType",
+    "QueryType",
+    "RopeOp",
+    "ScoresOp",
+    "ScoresType",
+    "SoftmaxOp",
+    "ValueType",
+    "VariantOp",
+    "WindowAttr",
+    "YieldOp",
+    "intersect_bands",
+]

@@ -1,0 +1,1002 @@
+"""The `tile` dialect: *how* one fused kernel computes an attention variant.
+
+A `tile.kernel` is one GPU program launched over a grid. Each program owns a block of rows
+(`block_m` query rows for a forward kernel) of one (batch, head) pair, loads blocks of the
+operands into registers, loops over key blocks (`tile.kv_loop`), and stores its results:
+
+    tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, ...)
+        attributes {grid = "query_blocks", block_m = 64 : i64, block_n = 64 : i64, ...} {
+      %q_lo = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+      ...
+      %start, %full_start, %full_end, %end = tile.kv_bounds {band = #attn.band<upper = 0>}
+      %acc, %row_max, %row_sum = tile.kv_loop %full_end to %end masked iter_args(...) {
+        ...
+      }
+      tile.store %out, %o[program, all] : ...
+      tile.return
+    }
+
+Tile types name their dimensions symbolically: `m` (the program's rows, `block_m`), `n` (the
+key rows of one loop step, `block_n`), `d` / `dv` (the query-key and value head dims), `half`
+(half the rotary width) and `pass` (the dims after the rotary width). Block shapes, warps and
+pipeline stages are kernel attributes, so a tuner sets them without touching the program.
+
+The dialect is general enough for the kernels AttnFuse needs: a forward kernel, the
+pre-rotation kernels (`grid = "query_blocks"` or `"key_blocks"`, no loop), and, with new
+grids, backward kernels that own key blocks and split-KV decode kernels that own key ranges.
+Nothing in it is Triton syntax: `attnfuse.lowering.triton` prints it as Triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    FunctionType,
+    IndexType,
+    IntegerAttr,
+    StringAttr,
+    SymbolNameConstraint,
+    UnitAttr,
+    bf16,
+    f16,
+    f32,
+    i64,
+)
+from xdsl.dialects.utils import parse_func_op_like, print_func_op_like
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    Operation,
+    ParametrizedAttribute,
+    Region,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    BaseAttr,
+    VarConstraint,
+    IRDLOperation,
+    ParsePropInAttrDict,
+    irdl_attr_definition,
+    irdl_op_definition,
+    lazy_traits_def,
+    opt_operand_def,
+    opt_prop_def,
+    operand_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
+from xdsl.utils.exceptions import VerifyException
+
+from attnfuse.dialects.attn import BandAttr
+
+# --------------------------------------------------------------------------------------------
+# Types
+# --------------------------------------------------------------------------------------------
+
+TILE_DIMS = ("m", "n", "d", "dv", "half", "pass")
+"""Symbolic tile dimensions: program rows, loop rows, head dims, rotary half, pass-through."""
+
+ELEMENT_TYPES: dict[str, Attribute] = {"f16": f16, "bf16": bf16, "f32": f32}
+"""Element types a tile can hold: the kernel's input type, or f32 for accumulators."""
+
+
+def element_type_name(elem: Attribute) -> str:
+    """The short name (`f16`, `bf16`, `f32`) of a tile element type."""
+    for name, ty in ELEMENT_TYPES.items():
+        if elem == ty:
+            return name
+    raise VerifyException(f"unsupported tile element type {elem}")
+
+
+@irdl_attr_definition
+class TileType(ParametrizedAttribute, TypeAttribute):
+    """`!tile.tile<m x d x f16>`: a block of values held in registers.
+
+    One or two symbolic dimensions, then the element type.
+    """
+
+    name = "tile.tile"
+
+    dims: StringAttr
+    element_type: Attribute
+
+    def __init__(self, dims: Sequence[str], element_type: Attribute):
+        super().__init__(StringAttr(" x ".join(dims)), element_type)
+
+    @property
+    def shape(self) -> tuple[str, ...]:
+        """The symbolic dimensions, outermost first."""
+        return tuple(self.dims.data.split(" x "))
+
+    @property
+    def elem(self) -> str:
+        """The element type's short name."""
+        return element_type_name(self.element_type)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            words: list[str] = []
+            while True:
+                words.append(parser.parse_identifier())
+                if parser.parse_optional_keyword("x") is None:
+                    break
+        if len(words) < 2:
+            parser.raise_error("a tile needs at least one dimension and an element type")
+        *dims, elem = words
+        if elem not in ELEMENT_TYPES:
+            parser.raise_error(f"tile element type must be one of f16, bf16, f32, got '{elem}'")
+        return (StringAttr(" x ".join(dims)), ELEMENT_TYPES[elem])
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.dims.data} x {self.elem}>")
+
+    def verify(self) -> None:
+        shape = self.shape
+        if not 1 <= len(shape) <= 2:
+            raise VerifyException(f"a tile has one or two dimensions, got {len(shape)}")
+        for dim in shape:
+            if dim not in TILE_DIMS:
+                raise VerifyException(
+                    f"unknown tile dimension '{dim}' (expected one of {', '.join(TILE_DIMS)})"
+                )
+        element_type_name(self.element_type)
+
+
+TENSOR_ROLES: dict[str, int] = {
+    "q": 4,
+    "k": 4,
+    "v": 4,
+    "o": 4,
+    "q_rot": 4,
+    "k_rot": 4,
+    "lse": 3,
+    "inv_freq": 1,
+}
+"""Kernel tensor parameters by role, with their rank: `[B, H, N, D]` operands, the
+log-sum-exp `[B, Hq, Nq]`, and the rotary frequency table `[rotary_dim / 2]`."""
+
+
+@irdl_attr_definition
+class TensorType(ParametrizedAttribute, TypeAttribute):
+    """`!tile.tensor<q>`: a tensor in global memory, passed to the kernel by role.
+
+    The role fixes its rank and its index layout: `[batch, head, row, col]` for operands.
+    The runtime binds a torch tensor to each role and passes its strides.
+    """
+
+    name = "tile.tensor"
+
+    role: StringAttr
+
+    def __init__(self, role: str):
+        super().__init__(StringAttr(role))
+
+    @property
+    def rank(self) -> int:
+        return TENSOR_ROLES[self.role.data]
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            return (StringAttr(parser.parse_identifier()),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.role.data}>")
+
+    def verify(self) -> None:
+        if self.role.data not in TENSOR_ROLES:
+            raise VerifyException(
+                f"unknown tensor role '{self.role.data}' "
+                f"(expected one of {', '.join(TENSOR_ROLES)})"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers for verifiers
+# --------------------------------------------------------------------------------------------
+
+
+def _tile(value: SSAValue, what: str) -> TileType:
+    if not isinstance(value.type, TileType):
+        raise VerifyException(f"{what} must be a !tile.tile, got {value.type}")
+    return value.type
+
+
+def _expect_shape(value: SSAValue, shape: tuple[str, ...], what: str) -> TileType:
+    ty = _tile(value, what)
+    if ty.shape != shape:
+        raise VerifyException(
+            f"{what} must be a {' x '.join(shape)} tile, got {' x '.join(ty.shape)}"
+        )
+    return ty
+
+
+def _enclosing(op: Operation, kind: type[Operation]) -> Operation | None:
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, kind):
+        parent = parent.parent_op()
+    return parent
+
+
+def _kernel_of(op: Operation) -> KernelOp | None:
+    kernel = _enclosing(op, KernelOp)
+    return kernel if isinstance(kernel, KernelOp) else None
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------------------------
+
+GRIDS = {
+    "query_blocks": "one program per (query block, batch x query head)",
+    "key_blocks": "one program per (key block, batch x key/value head)",
+}
+
+
+def _is_power_of_two(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@irdl_op_definition
+class KernelOp(IRDLOperation):
+    """One GPU kernel: its tensor parameters, launch grid and tuning attributes.
+
+    Attributes: `grid` (see `GRIDS`), `block_m` (rows a program owns), `block_n` (key rows per
+    loop step), `num_warps`, `num_stages` (software-pipelining depth), `head_dim`,
+    `head_dim_v`, optional `rotary_dim`, and `element_type` (the inputs' type).
+    """
+
+    name = "tile.kernel"
+
+    body = region_def("single_block")
+    sym_name = prop_def(SymbolNameConstraint())
+    function_type = prop_def(FunctionType)
+
+    traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
+
+    INT_ATTRS: ClassVar[tuple[str, ...]] = (
+        "block_m",
+        "block_n",
+        "num_warps",
+        "num_stages",
+        "head_dim",
+        "head_dim_v",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        roles: Sequence[str],
+        *,
+        grid: str,
+        element_type: Attribute,
+        config: dict[str, int],
+    ):
+        arg_types = [TensorType(role) for role in roles]
+        super().__init__(
+            properties={
+                "sym_name": StringAttr(name),
+                "function_type": FunctionType.from_lists(arg_types, []),
+            },
+            attributes={
+                "grid": StringAttr(grid),
+                "element_type": element_type,
+                **{key: IntegerAttr(value, i64) for key, value in config.items()},
+            },
+            regions=[Region(Block(arg_types=arg_types))],
+        )
+        for arg, role in zip(self.body.block.args, roles):
+            arg.name_hint = role
+
+    def int_attr(self, key: str) -> int | None:
+        """An integer attribute, or None when absent."""
+        attr = self.attributes.get(key)
+        return attr.value.data if isinstance(attr, IntegerAttr) else None
+
+    def get(self, key: str) -> int:
+        """A required integer attribute (the verifier guarantees it)."""
+        value = self.int_attr(key)
+        assert value is not None, key
+        return value
+
+    @property
+    def grid(self) -> str:
+        attr = self.attributes["grid"]
+        assert isinstance(attr, StringAttr)
+        return attr.data
+
+    @property
+    def elem(self) -> str:
+        return element_type_name(self.attributes["element_type"])
+
+    @property
+    def rotary_dim(self) -> int:
+        """The rotary width: the `rotary_dim` attribute, or the head dim when absent."""
+        value = self.int_attr("rotary_dim")
+        return self.get("head_dim") if value is None else value
+
+    @property
+    def roles(self) -> list[str]:
+        """The tensor parameters' roles, in order."""
+        return [t.role.data for t in self.function_type.inputs.data if isinstance(t, TensorType)]
+
+    def argument(self, role: str) -> SSAValue:
+        """The block argument bound to a tensor role."""
+        return self.body.block.args[self.roles.index(role)]
+
+    def verify_(self) -> None:
+        grid = self.attributes.get("grid")
+        if not isinstance(grid, StringAttr) or grid.data not in GRIDS:
+            raise VerifyException(f"kernel grid must be one of {', '.join(GRIDS)}")
+        for key in self.INT_ATTRS:
+            if self.int_attr(key) is None:
+                raise VerifyException(f"kernel needs an integer attribute '{key}'")
+        for key in ("block_m", "block_n"):
+            if not (_is_power_of_two(self.get(key)) and self.get(key) >= 16):
+                raise VerifyException(f"{key} must be a power of two >= 16, got {self.get(key)}")
+        if self.get("num_warps") not in (1, 2, 4, 8, 16):
+            raise VerifyException(f"num_warps must be 1, 2, 4, 8 or 16, got {self.get('num_warps')}")
+        if self.get("num_stages") < 1:
+            raise VerifyException(f"num_stages must be >= 1, got {self.get('num_stages')}")
+        for key in ("head_dim", "head_dim_v"):
+            if not 1 <= self.get(key) <= 256:
+                raise VerifyException(f"{key} must be in [1, 256], got {self.get(key)}")
+        rotary = self.int_attr("rotary_dim")
+        if rotary is not None and (rotary <= 0 or rotary % 2 or rotary > self.get("head_dim")):
+            raise VerifyException(
+                f"rotary_dim must be even and in (0, head_dim={self.get('head_dim')}], got {rotary}"
+            )
+        element_type_name(self.attributes.get("element_type", StringAttr("none")))
+        args = self.function_type.inputs.data
+        if not all(isinstance(t, TensorType) for t in args):
+            raise VerifyException("kernel parameters must all be !tile.tensor")
+        if len(set(self.roles)) != len(self.roles):
+            raise VerifyException("each tensor role may be bound to one kernel parameter only")
+        if tuple(self.body.block.arg_types) != tuple(args):
+            raise VerifyException("entry block arguments must match the kernel's parameters")
+        if self.function_type.outputs.data:
+            raise VerifyException("a kernel returns nothing: it writes its output tensors")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> KernelOp:
+        name, inputs, outputs, region, extra, _arg_attrs, _res_attrs = parse_func_op_like(
+            parser, reserved_attr_names=("sym_name", "function_type")
+        )
+        op = cls.create(
+            properties={
+                "sym_name": StringAttr(name),
+                "function_type": FunctionType.from_lists(inputs, outputs),
+            },
+            attributes=dict(extra.data) if extra is not None else {},
+            regions=[region],
+        )
+        return op
+
+    def print(self, printer: Printer) -> None:
+        print_func_op_like(
+            printer,
+            self.sym_name,
+            self.function_type,
+            self.body,
+            self.attributes,
+            reserved_attr_names=("sym_name", "function_type"),
+        )
+
+
+@irdl_op_definition
+class ReturnOp(IRDLOperation):
+    """Ends a kernel."""
+
+    name = "tile.return"
+    assembly_format = "attr-dict"
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(KernelOp)))
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: block loads and stores
+# --------------------------------------------------------------------------------------------
+
+ROW_SOURCES = ("program", "loop")
+"""Which rows a load or store touches: the program's own row block, or the current key
+block of the enclosing `tile.kv_loop`."""
+
+COLUMN_PARTS = ("all", "half_lo", "half_hi", "even", "odd", "pass")
+"""Which columns: all of them, one element of every rotary pair (the first or second half
+for half-split RoPE, even or odd dims for interleaved), or the dims after the rotary width.
+Loading a pair's elements as separate tiles lets the rotation run without register shuffles."""
+
+
+def _column_dim(role: str, cols: str) -> str:
+    if cols == "all":
+        return "dv" if role in ("v", "o") else "d"
+    return "pass" if cols == "pass" else "half"
+
+
+def _parse_block_ref(parser: Parser) -> tuple[str, str | None]:
+    """`[rows, cols]` or `[rows]`."""
+    parser.parse_punctuation("[")
+    rows = parser.parse_identifier()
+    cols = parser.parse_identifier() if parser.parse_optional_punctuation(",") else None
+    parser.parse_punctuation("]")
+    return rows, cols
+
+
+def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> None:
+    if rows not in ROW_SOURCES:
+        raise VerifyException(f"rows must be one of {', '.join(ROW_SOURCES)}, got '{rows}'")
+    if rows == "loop" and _enclosing(op, KVLoopOp) is None:
+        raise VerifyException("loop rows can only be accessed inside a tile.kv_loop")
+    rank = TENSOR_ROLES[role]
+    if rank == 4:
+        if cols not in COLUMN_PARTS:
+            raise VerifyException(
+                f"columns must be one of {', '.join(COLUMN_PARTS)}, got '{cols}'"
+            )
+    elif rank == 3:
+        if cols is not None:
+            raise VerifyException(f"a {role} tensor has no columns to select")
+    else:
+        raise VerifyException(f"a {role} tensor is not accessed by blocks")
+
+
+def _expected_tile_shape(role: str, rows: str, cols: str | None) -> tuple[str, ...]:
+    row_dim = "m" if rows == "program" else "n"
+    return (row_dim,) if cols is None else (row_dim, _column_dim(role, cols))
+
+
+@irdl_op_definition
+class LoadOp(IRDLOperation):
+    """Loads a block of a tensor into a tile: `[rows, cols]` of the program's (batch, head).
+
+    Rows past the tensor's length and columns past its width read as 0, so ragged sizes
+    never read out of bounds.
+    """
+
+    name = "tile.load"
+
+    source = operand_def(TensorType)
+    result = result_def(TileType)
+    rows = prop_def(StringAttr)
+    cols = opt_prop_def(StringAttr)
+
+    traits = traits_def(Pure())
+
+    def __init__(self, source: SSAValue, rows: str, cols: str | None, result_type: TileType):
+        super().__init__(
+            operands=[source],
+            result_types=[result_type],
+            properties={
+                "rows": StringAttr(rows),
+                "cols": None if cols is None else StringAttr(cols),
+            },
+        )
+
+    @property
+    def role(self) -> str:
+        assert isinstance(self.source.type, TensorType)
+        return self.source.type.role.data
+
+    def verify_(self) -> None:
+        cols = None if self.cols is None else self.cols.data
+        _verify_block_ref(self, self.role, self.rows.data, cols)
+        expected = _expected_tile_shape(self.role, self.rows.data, cols)
+        ty = _expect_shape(self.result, expected, "loaded tile")
+        kernel = _kernel_of(self)
+        if kernel is not None and ty.elem != kernel.elem:
+            raise VerifyException(
+                f"loaded tile must have the kernel's element type {kernel.elem}, got {ty.elem}"
+            )
+
+    @classmethod
+    def parse(cls, parser: Parser) -> LoadOp:
+        source = parser.parse_operand()
+        rows, cols = _parse_block_ref(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        parser.parse_type()
+        parser.parse_punctuation("->")
+        result_type = parser.parse_type()
+        if not isinstance(result_type, TileType):
+            parser.raise_error(f"tile.load produces a !tile.tile, got {result_type}")
+        op = cls(source, rows, cols, result_type)
+        op.attributes |= attrs
+        return op
+
+    def print(self, printer: Printer) -> None:
+        cols = "" if self.cols is None else f", {self.cols.data}"
+        printer.print_string(" ")
+        printer.print_operand(self.source)
+        printer.print_string(f"[{self.rows.data}{cols}]")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(f" : {self.source.type} -> {self.result.type}")
+
+
+@irdl_op_definition
+class StoreOp(IRDLOperation):
+    """Stores a tile into `[rows, cols]` of a tensor, converting to the tensor's type; rows
+    and columns past the tensor's bounds are not written."""
+
+    name = "tile.store"
+
+    value = operand_def(TileType)
+    dest = operand_def(TensorType)
+    rows = prop_def(StringAttr)
+    cols = opt_prop_def(StringAttr)
+
+    def __init__(self, value: SSAValue, dest: SSAValue, rows: str, cols: str | None):
+        super().__init__(
+            operands=[value, dest],
+            properties={
+                "rows": StringAttr(rows),
+                "cols": None if cols is None else StringAttr(cols),
+            },
+        )
+
+    @property
+    def role(self) -> str:
+        assert isinstance(self.dest.type, TensorType)
+        return self.dest.type.role.data
+
+    def verify_(self) -> None:
+        cols = None if self.cols is None else self.cols.data
+        _verify_block_ref(self, self.role, self.rows.data, cols)
+        _expect_shape(self.value, _expected_tile_shape(self.role, self.rows.data, cols), "stored tile")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> StoreOp:
+        value = parser.parse_operand()
+        parser.parse_punctuation(",")
+        dest = parser.parse_operand()
+        rows, cols = _parse_block_ref(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        parser.parse_type()
+        parser.parse_punctuation("->")
+        parser.parse_type()
+        op = cls(value, dest, rows, cols)
+        op.attributes |= attrs
+        return op
+
+    def print(self, printer: Printer) -> None:
+        cols = "" if self.cols is None else f", {self.cols.data}"
+        printer.print_string(" ")
+        printer.print_operand(self.value)
+        printer.print_string(", ")
+        printer.print_operand(self.dest)
+        printer.print_string(f"[{self.rows.data}{cols}]")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(f" : {self.value.type} -> {self.dest.type}")
+
+
+# --------------------------------------------------------------------------------------------
+# Compute
+# --------------------------------------------------------------------------------------------
+
+POSITION_KINDS = ("query", "key")
+
+
+@irdl_op_definition
+class RotateOp(IRDLOperation):
+    """Rotates rotary pairs in registers: `(a, b) -> (a cos - b sin, a sin + b cos)`.
+
+    `lo` and `hi` hold the two elements of each pair (see `COLUMN_PARTS`); the angle of row r,
+    pair t is `pos(r) * inv_freq[t]`, in fp32, with `pos` a query position
+    (`row + Nk - Nq`) or a key position (`row`). With `inverse`, rotates by `-angle` (the
+    transpose, for gradients).
+    """
+
+    name = "tile.rotate"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    lo = operand_def(T)
+    hi = operand_def(T)
+    inv_freq = operand_def(TensorType)
+    lo_out = result_def(T)
+    hi_out = result_def(T)
+    positions = prop_def(StringAttr)
+    inverse = opt_prop_def(UnitAttr)
+
+    assembly_format = "$lo `,` $hi `,` $inv_freq attr-dict `:` type($lo) `,` type($inv_freq)"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, lo: SSAValue, hi: SSAValue, inv_freq: SSAValue, positions: str):
+        super().__init__(
+            operands=[lo, hi, inv_freq],
+            result_types=[lo.type, hi.type],
+            properties={"positions": StringAttr(positions)},
+        )
+
+    def verify_(self) -> None:
+        lo = _tile(self.lo, "rotated lo")
+        if self.hi.type != lo or self.lo_out.type != lo or self.hi_out.type != lo:
+            raise VerifyException("rotated tiles and results must all have one type")
+        if len(lo.shape) != 2 or lo.shape[1] != "half":
+            raise VerifyException(f"rotated tiles must be <rows x half>, got {' x '.join(lo.shape)}")
+        if self.positions.data not in POSITION_KINDS:
+            raise VerifyException(f"positions must be query or key, got '{self.positions.data}'")
+        assert isinstance(self.inv_freq.type, TensorType)
+        if self.inv_freq.type.role.data != "inv_freq":
+            raise VerifyException("the frequency operand must be the inv_freq tensor")
+
+
+@irdl_op_definition
+class ScoresOp(IRDLOperation):
+    """`s = sum_p q_p @ k_p^T * scale`: the scores of the program's query rows against the
+    loop's key rows, summed over matching column parts (fp32 accumulation). The scale is the
+    kernel's `sm_scale` argument."""
+
+    name = "tile.scores"
+
+    queries = var_operand_def(TileType)
+    keys = var_operand_def(TileType)
+    result = result_def(TileType)
+
+    irdl_options = (AttrSizedOperandSegments(),)
+    assembly_format = (
+        "`(` $queries `)` `x` `(` $keys `)` attr-dict `:` `(` type($queries) `)` `x`"
+        " `(` type($keys) `)` `->` type($result)"
+    )
+    traits = traits_def(Pure())
+
+    def __init__(self, queries: Sequence[SSAValue], keys: Sequence[SSAValue]):
+        super().__init__(
+            operands=[queries, keys], result_types=[TileType(("m", "n"), f32)]
+        )
+
+    def verify_(self) -> None:
+        if not self.queries or len(self.queries) != len(self.keys):
+            raise VerifyException(
+                f"scores needs as many query parts as key parts (at least one), got "
+                f"{len(self.queries)} and {len(self.keys)}"
+            )
+        for i, (q, k) in enumerate(zip(self.queries, self.keys)):
+            qt, kt = _tile(q, f"query part {i}"), _tile(k, f"key part {i}")
+            if len(qt.shape) != 2 or qt.shape[0] != "m":
+                raise VerifyException(f"query part {i} must be <m x _>, got {' x '.join(qt.shape)}")
+            if len(kt.shape) != 2 or kt.shape[0] != "n":
+                raise VerifyException(f"key part {i} must be <n x _>, got {' x '.join(kt.shape)}")
+            if qt.shape[1] != kt.shape[1]:
+                raise VerifyException(
+                    f"query part {i} and key part {i} contract different dims: "
+                    f"{qt.shape[1]} vs {kt.shape[1]}"
+                )
+            if qt.element_type != kt.element_type:
+                raise VerifyException(f"query part {i} and key part {i} differ in element type")
+        _expect_shape(self.result, ("m", "n"), "scores")
+
+
+@irdl_op_definition
+class MaskOp(IRDLOperation):
+    """Sets the scores of dropped keys to -inf: keys outside `band` around each query's
+    position, and keys past the sequence end. Only partial key blocks need it, so it may only
+    appear in a `masked` loop."""
+
+    name = "tile.mask"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    input = operand_def(T)
+    result = result_def(T)
+    band = prop_def(BandAttr)
+
+    assembly_format = "$input attr-dict `:` type($input)"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, band: BandAttr):
+        super().__init__(operands=[scores], result_types=[scores.type], properties={"band": band})
+
+    def verify_(self) -> None:
+        _expect_shape(self.input, ("m", "n"), "masked scores")
+        if self.result.type != self.input.type:
+            raise VerifyException("tile.mask keeps the type of its input")
+        loop = _enclosing(self, KVLoopOp)
+        if not isinstance(loop, KVLoopOp) or loop.masked is None:
+            raise VerifyException("tile.mask belongs in a masked tile.kv_loop")
+
+
+@irdl_op_definition
+class KVBoundsOp(IRDLOperation):
+    """The key range a query block visits, split into three consecutive ranges:
+    `[start, full_start)` partial blocks, `[full_start, full_end)` full blocks (every key kept
+    by every row: no mask work), `[full_end, end)` partial blocks. Key blocks outside
+    `[start, end)` are empty and never visited. Computed from the mask band and block sizes.
+    """
+
+    name = "tile.kv_bounds"
+
+    band = prop_def(BandAttr)
+    start = result_def(IndexType)
+    full_start = result_def(IndexType)
+    full_end = result_def(IndexType)
+    end = result_def(IndexType)
+
+    assembly_format = "attr-dict"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, band: BandAttr):
+        super().__init__(result_types=[IndexType()] * 4, properties={"band": band})
+
+    def verify_(self) -> None:
+        kernel = _kernel_of(self)
+        if kernel is not None and kernel.grid != "query_blocks":
+            raise VerifyException("tile.kv_bounds needs a kernel whose programs own query blocks")
+
+
+@irdl_op_definition
+class KVLoopOp(IRDLOperation):
+    """Loops over key blocks `[lower, upper)` in steps of `block_n`, carrying `iter_args`.
+
+    With `masked`, the blocks may be partial: loads of loop rows are bounds-checked and
+    `tile.mask` may drop keys. Without it, every visited block is full and in bounds.
+    """
+
+    name = "tile.kv_loop"
+
+    lower = operand_def(IndexType)
+    upper = operand_def(IndexType)
+    inits = var_operand_def(TileType)
+    results_ = var_result_def(TileType)
+    masked = opt_prop_def(UnitAttr)
+    body = region_def("single_block")
+
+    assembly_format = (
+        "$lower `to` $upper (`masked` $masked^)? `iter_args` `(` $inits `)` attr-dict"
+        " `:` type($inits) `->` type($results_) $body"
+    )
+
+    def __init__(
+        self,
+        lower: SSAValue,
+        upper: SSAValue,
+        inits: Sequence[SSAValue],
+        body: Region,
+        masked: bool,
+    ):
+        super().__init__(
+            operands=[lower, upper, inits],
+            result_types=[[v.type for v in inits]],
+            properties={"masked": UnitAttr() if masked else None},
+            regions=[body],
+        )
+
+    def verify_(self) -> None:
+        init_types = [v.type for v in self.inits]
+        if [r.type for r in self.results_] != init_types:
+            raise VerifyException("kv_loop results must have the types of its iter_args")
+        block = self.body.block
+        if list(block.arg_types) != init_types:
+            raise VerifyException("kv_loop body arguments must have the types of its iter_args")
+        terminator = block.last_op
+        if not isinstance(terminator, YieldOp):
+            raise VerifyException("kv_loop body must end in tile.yield")
+        if [v.type for v in terminator.values] != init_types:
+            raise VerifyException("tile.yield must yield the types of the loop's iter_args")
+        kernel = _kernel_of(self)
+        if kernel is not None and kernel.grid != "query_blocks":
+            raise VerifyException("tile.kv_loop needs a kernel whose programs own query blocks")
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """Ends a `tile.kv_loop` body with the next values of its iter_args."""
+
+    name = "tile.yield"
+
+    values = var_operand_def(TileType)
+    assembly_format = "$values attr-dict `:` type($values)"
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(KVLoopOp)))
+
+    def __init__(self, values: Sequence[SSAValue]):
+        super().__init__(operands=[values])
+
+
+@irdl_op_definition
+class SoftmaxInitOp(IRDLOperation):
+    """Initial online-softmax state: accumulator 0, row max -inf, row sum 0."""
+
+    name = "tile.softmax_init"
+
+    acc = result_def(TileType)
+    row_max = result_def(TileType)
+    row_sum = result_def(TileType)
+
+    assembly_format = "attr-dict `:` type($acc) `,` type($row_max) `,` type($row_sum)"
+    traits = traits_def(Pure())
+
+    def __init__(self):
+        super().__init__(
+            result_types=[TileType(("m", "dv"), f32), TileType(("m",), f32), TileType(("m",), f32)]
+        )
+
+    def verify_(self) -> None:
+        _expect_shape(self.acc, ("m", "dv"), "accumulator")
+        _expect_shape(self.row_max, ("m",), "row max")
+        _expect_shape(self.row_sum, ("m",), "row sum")
+
+
+def _verify_f32_state(values: Sequence[tuple[SSAValue, tuple[str, ...], str]]) -> None:
+    for value, shape, what in values:
+        ty = _expect_shape(value, shape, what)
+        if ty.elem != "f32":
+            raise VerifyException(f"{what} must be f32, got {ty.elem}")
+
+
+@irdl_op_definition
+class SoftmaxUpdateOp(IRDLOperation):
+    """One online-softmax step over a block of scores.
+
+    `row_max' = max(row_max, rowmax(s))`, `p = exp(s - row_max')` (0 for dropped keys and for
+    rows that have kept no key yet), `alpha = exp(row_max - row_max')`,
+    `row_sum' = alpha * row_sum + rowsum(p)`.
+    """
+
+    name = "tile.softmax_update"
+
+    S: ClassVar = VarConstraint("S", BaseAttr(TileType))
+    R: ClassVar = VarConstraint("R", BaseAttr(TileType))
+    scores = operand_def(S)
+    row_max = operand_def(R)
+    row_sum = operand_def(R)
+    probs = result_def(S)
+    new_row_max = result_def(R)
+    new_row_sum = result_def(R)
+    alpha = result_def(R)
+
+    assembly_format = "$scores `,` $row_max `,` $row_sum attr-dict `:` type($scores) `,` type($row_max)"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, row_max: SSAValue, row_sum: SSAValue):
+        super().__init__(
+            operands=[scores, row_max, row_sum],
+            result_types=[scores.type, row_max.type, row_max.type, row_max.type],
+        )
+
+    def verify_(self) -> None:
+        _verify_f32_state(
+            [
+                (self.scores, ("m", "n"), "scores"),
+                (self.row_max, ("m",), "row max"),
+                (self.row_sum, ("m",), "row sum"),
+                (self.probs, ("m", "n"), "probabilities"),
+                (self.alpha, ("m",), "rescale factor"),
+            ]
+        )
+
+
+@irdl_op_definition
+class AccumulateOp(IRDLOperation):
+    """`acc' = acc * alpha + p @ v`: adds a key block's weighted values to the accumulator
+    (`p` is converted to the values' type for the matrix product; accumulation is fp32).
+    Without `alpha` the accumulator is not rescaled."""
+
+    name = "tile.accumulate"
+
+    A: ClassVar = VarConstraint("A", BaseAttr(TileType))
+    acc = operand_def(A)
+    probs = operand_def(TileType)
+    value = operand_def(TileType)
+    alpha = opt_operand_def(TileType)
+    result = result_def(A)
+
+    assembly_format = (
+        "$acc `,` $probs `,` $value (`rescaled` $alpha^)? attr-dict"
+        " `:` type($acc) `,` type($probs) `,` type($value) (`,` type($alpha)^)?"
+    )
+    traits = traits_def(Pure())
+
+    def __init__(
+        self, acc: SSAValue, probs: SSAValue, value: SSAValue, alpha: SSAValue | None = None
+    ):
+        super().__init__(
+            operands=[acc, probs, value, [] if alpha is None else [alpha]],
+            result_types=[acc.type],
+        )
+
+    def verify_(self) -> None:
+        _verify_f32_state(
+            [(self.acc, ("m", "dv"), "accumulator"), (self.probs, ("m", "n"), "probabilities")]
+        )
+        _expect_shape(self.value, ("n", "dv"), "value block")
+        if self.alpha is not None:
+            _verify_f32_state([(self.alpha, ("m",), "rescale factor")])
+        if self.result.type != self.acc.type:
+            raise VerifyException("tile.accumulate keeps the accumulator's type")
+
+
+@irdl_op_definition
+class SoftmaxFinalizeOp(IRDLOperation):
+    """`o = acc / row_sum` and `lse = row_max + log(row_sum)`; a row with no kept key gets
+    `o = 0` and `lse = -inf` (never NaN)."""
+
+    name = "tile.softmax_finalize"
+
+    A: ClassVar = VarConstraint("A", BaseAttr(TileType))
+    R: ClassVar = VarConstraint("R", BaseAttr(TileType))
+    acc = operand_def(A)
+    row_max = operand_def(R)
+    row_sum = operand_def(R)
+    output = result_def(A)
+    lse = result_def(R)
+
+    assembly_format = "$acc `,` $row_max `,` $row_sum attr-dict `:` type($acc) `,` type($row_max)"
+    traits = traits_def(Pure())
+
+    def __init__(self, acc: SSAValue, row_max: SSAValue, row_sum: SSAValue):
+        super().__init__(
+            operands=[acc, row_max, row_sum], result_types=[acc.type, row_max.type]
+        )
+
+    def verify_(self) -> None:
+        _verify_f32_state(
+            [
+                (self.acc, ("m", "dv"), "accumulator"),
+                (self.row_max, ("m",), "row max"),
+                (self.row_sum, ("m",), "row sum"),
+                (self.output, ("m", "dv"), "output"),
+                (self.lse, ("m",), "log-sum-exp"),
+            ]
+        )
+
+
+Tile = Dialect(
+    "tile",
+    [
+        KernelOp,
+        ReturnOp,
+        LoadOp,
+        StoreOp,
+        RotateOp,
+        ScoresOp,
+        MaskOp,
+        KVBoundsOp,
+        KVLoopOp,
+        YieldOp,
+        SoftmaxInitOp,
+        SoftmaxUpdateOp,
+        AccumulateOp,
+        SoftmaxFinalizeOp,
+    ],
+    [TileType, TensorType],
+)
+"""The tile dialect."""
+
+__all__ = [
+    "AccumulateOp",
+    "COLUMN_PARTS",
+    "ELEMENT_TYPES",
+    "GRIDS",
+    "KVBoundsOp",
+    "KVLoopOp",
+    "KernelOp",
+    "LoadOp",
+    "MaskOp",
+    "ReturnOp",
+    "RotateOp",
+    "ScoresOp",
+    "SoftmaxFinalizeOp",
+    "SoftmaxInitOp",
+    "SoftmaxUpdateOp",
+    "StoreOp",
+    "TensorType",
+    "Tile",
+    "TileType",
+    "YieldOp",
+]

@@ -1,0 +1,143 @@
+"""The building blocks a variant is composed of.
+
+Each block is an immutable value holding only static parameters; tensors that are data (a
+bias, a block layout) are passed at call time. Parameters are checked when the block is made,
+so a bad one fails where the user wrote it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from attnfuse.errors import CompositionError
+
+
+@dataclass(frozen=True)
+class Block:
+    """Base class of the building blocks."""
+
+    category: ClassVar[str]
+    """What the block is: 'transform' (before QK^T), 'scores', 'mask' or 'normalizer'."""
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items() if v is not None and v is not False)
+        return f"{self.block_name}({params})"
+
+    @property
+    def block_name(self) -> str:
+        return type(self).__name__.lower()
+
+
+@dataclass(frozen=True, repr=False)
+class ScaledDotProduct(Block):
+    """`s = scale * <q~, k~>`; `scale` defaults to `1/sqrt(D)`."""
+
+    scale: float | None = None
+    category: ClassVar[str] = "scores"
+
+    def __post_init__(self) -> None:
+        if self.scale is not None:
+            if not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale) or self.scale <= 0:
+                raise CompositionError(
+                    f"scaled_dot_product: scale must be a positive finite number, got {self.scale!r}"
+                )
+            object.__setattr__(self, "scale", float(self.scale))
+
+    @property
+    def block_name(self) -> str:
+        return "scaled_dot_product"
+
+
+@dataclass(frozen=True, repr=False)
+class Rope(Block):
+    """Rotary position embedding of q and k (see DESIGN.md for the exact rotation)."""
+
+    theta: float = 10000.0
+    rotary_dim: int | None = None
+    interleaved: bool = False
+    category: ClassVar[str] = "transform"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.theta, (int, float)) or not math.isfinite(self.theta) or self.theta <= 1:
+            raise CompositionError(f"rope: theta must be a finite number > 1, got {self.theta!r}")
+        object.__setattr__(self, "theta", float(self.theta))
+        if self.rotary_dim is not None:
+            if isinstance(self.rotary_dim, bool) or not isinstance(self.rotary_dim, int):
+                raise CompositionError(f"rope: rotary_dim must be an int, got {self.rotary_dim!r}")
+            if self.rotary_dim <= 0 or self.rotary_dim % 2:
+                raise CompositionError(f"rope: rotary_dim must be positive and even, got {self.rotary_dim}")
+        if not isinstance(self.interleaved, bool):
+            raise CompositionError(f"rope: interleaved must be a bool, got {self.interleaved!r}")
+
+
+@dataclass(frozen=True, repr=False)
+class Full(Block):
+    """Every key is kept (the default mask)."""
+
+    category: ClassVar[str] = "mask"
+
+
+@dataclass(frozen=True, repr=False)
+class Causal(Block):
+    """Keep keys at or before the query's position: `k_pos <= q_pos`."""
+
+    category: ClassVar[str] = "mask"
+
+
+@dataclass(frozen=True, repr=False)
+class SlidingWindow(Block):
+    """Keep keys with `|q_pos - k_pos| < window` (with `causal`: the causal band)."""
+
+    window: int = 0
+    category: ClassVar[str] = "mask"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0:
+            raise CompositionError(f"sliding_window: window must be a positive int, got {self.window!r}")
+
+    @property
+    def block_name(self) -> str:
+        return "sliding_window"
+
+
+@dataclass(frozen=True, repr=False)
+class Softmax(Block):
+    """Softmax over the kept keys (the default normalizer)."""
+
+    category: ClassVar[str] = "normalizer"
+
+
+def scaled_dot_product(scale: float | None = None) -> ScaledDotProduct:
+    """Scores `scale * <q~_i, k~_j>`, default scale `1/sqrt(D)`. Implied when absent."""
+    return ScaledDotProduct(scale)
+
+
+def rope(theta: float = 10000.0, rotary_dim: int | None = None, interleaved: bool = False) -> Rope:
+    """Rotary position embedding of q and k, fused into the kernel where that pays.
+
+    `rotary_dim` (even, <= D; default D) dims are rotated, the rest pass through; pairs are
+    `(x_t, x_{t+r/2})` (Llama, NeoX) or, with `interleaved=True`, `(x_{2t}, x_{2t+1})` (GPT-J).
+    """
+    return Rope(theta, rotary_dim, interleaved)
+
+
+def full() -> Full:
+    """Keep every key. Combining it with another mask is an error."""
+    return Full()
+
+
+def causal() -> Causal:
+    """Keep keys with `k_pos <= q_pos` (bottom-right aligned when Nq != Nk)."""
+    return Causal()
+
+
+def sliding_window(window: int) -> SlidingWindow:
+    """Keep keys with `|q_pos - k_pos| < window`."""
+    return SlidingWindow(window)
+
+
+def softmax() -> Softmax:
+    """Normalize scores with a softmax over the kept keys. Implied when absent."""
+    return Softmax()

@@ -1,0 +1,1 @@
+"""Lowering out of the tile dialect: Triton source text."""

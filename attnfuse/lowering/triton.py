@@ -1,0 +1,556 @@
+"""Print `tile` kernels as Triton source.
+
+Each `tile.kernel` becomes one `@triton.jit` function; each tile op becomes a few lines under
+a comment naming the op, with values named after the IR's (`q_lo`, `scores`, `row_max`).
+Alongside the source, `KernelInfo` tells the runtime how to call each kernel: its tensor
+roles in order, its grid and its launch parameters.
+
+The kernel ABI is uniform so the runtime can launch any kernel from its `KernelInfo`:
+
+    kernel(<for each role: {role}_ptr, then its strides (none for inv_freq)>,
+           sm_scale, n_q, n_k, num_heads, group_size,
+           <constexprs with defaults: block sizes and static dims>)
+
+Two facts of the generated code, not of the IR: scores are kept in base 2 (multiplied by
+log2(e)) so the softmax uses `exp2`, and the kernel's static dims are padded to powers of two
+(at least 16, the smallest `tl.dot` operand) with masked loads and stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any, ClassVar
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.utils.target import Target
+
+from attnfuse.dialects import tile
+from attnfuse.errors import AttnFuseError
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def plus(expr: str, offset: int) -> str:
+    """`expr + offset`, written the way a person would."""
+    if offset == 0:
+        return expr
+    return f"{expr} + {offset}" if offset > 0 else f"{expr} - {-offset}"
+
+
+def padded(width: int) -> int:
+    """The power-of-two tile width holding `width` columns: at least 16 for `tl.dot`."""
+    size = 16
+    while size < width:
+        size *= 2
+    return size
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """How to launch one generated kernel."""
+
+    name: str
+    roles: tuple[str, ...]
+    grid: str
+    block_m: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class TritonProgram:
+    """A generated Triton module: its source and how to launch each kernel in it."""
+
+    source: str
+    kernels: tuple[KernelInfo, ...]
+
+    def kernel(self, name: str) -> KernelInfo:
+        for info in self.kernels:
+            if info.name == name:
+                return info
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------------------------
+# Naming
+# --------------------------------------------------------------------------------------------
+
+
+class Namer:
+    """Python identifiers for SSA values: the IR's name hint, made unique."""
+
+    def __init__(self, reserved: set[str]):
+        self.taken = set(reserved)
+        self.names: dict[SSAValue, str] = {}
+
+    def fresh(self, hint: str) -> str:
+        name, i = hint, 1
+        while name in self.taken:
+            name, i = f"{hint}_{i}", i + 1
+        self.taken.add(name)
+        return name
+
+    def define(self, value: SSAValue, hint: str | None = None) -> str:
+        name = self.fresh(hint or value.name_hint or "value")
+        self.names[value] = name
+        return name
+
+    def alias(self, value: SSAValue, name: str) -> None:
+        """Bind `value` to an existing name (a loop-carried variable)."""
+        self.names[value] = name
+
+    def __getitem__(self, value: SSAValue) -> str:
+        return self.names[value]
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel emission
+# --------------------------------------------------------------------------------------------
+
+COLUMN_COMMENT = {
+    "all": "all columns",
+    "half_lo": "first halves of the rotary pairs",
+    "half_hi": "second halves of the rotary pairs",
+    "even": "even rotary dims",
+    "odd": "odd rotary dims",
+    "pass": "dims past the rotary width",
+}
+
+
+@dataclass
+class KernelEmitter:
+    """Emits one `tile.kernel` as a `@triton.jit` function."""
+
+    kernel: tile.KernelOp
+    lines: list[str] = field(default_factory=list)
+    indent: int = 1
+
+    def __post_init__(self) -> None:
+        k = self.kernel
+        self.grid = k.grid
+        self.elem = k.elem
+        self.head_dim = k.get("head_dim")
+        self.head_dim_v = k.get("head_dim_v")
+        self.rotary_dim = k.rotary_dim
+        self.rot_half = self.rotary_dim // 2
+        self.pass_dim = self.head_dim - self.rotary_dim
+        self.roles = k.roles
+        self.namer = Namer(reserved=self.reserved_names())
+        self.loop_vars: list[tuple[str, str]] = []  # (key index name, key mask name or "")
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def reserved_names(self) -> set[str]:
+        names = {
+            "tl", "triton", "block_id", "batch_head", "batch", "head", "kv_head", "rows",
+            "row_in_bounds", "keys", "key_in_bounds", "q_pos", "qk_scale", "sm_scale", "n_q", "n_k", "num_heads",
+            "group_size", "start_n", "inv_freq", "q_first", "q_last",
+            "cols_d", "cols_dv", "cols_half", "cols_pass",
+        }
+        for role in self.roles:
+            names |= {f"{role}_ptr", f"{role}_base"} | {f"stride_{role}_{a}" for a in "bhnd"}
+        return names
+
+    def emit(self, line: str = "") -> None:
+        self.lines.append(("    " * self.indent + line) if line else "")
+
+    def dot_options(self) -> str:
+        # fp32 inputs: Triton's default tf32 products lose ~1e-3; keep IEEE fp32 accuracy.
+        return ', input_precision="ieee"' if self.elem == "f32" else ""
+
+    def strides(self, role: str) -> list[str]:
+        rank = tile.TENSOR_ROLES[role]
+        return [f"stride_{role}_{a}" for a in "bhnd"[: 4 if rank == 4 else rank]] if rank > 1 else []
+
+    def head_of(self, role: str) -> str:
+        if self.grid == "query_blocks" and role in ("k", "v", "k_rot"):
+            return "kv_head"
+        return "head"
+
+    def role_of(self, value: SSAValue) -> str:
+        assert isinstance(value.type, tile.TensorType)
+        return value.type.role.data
+
+    def columns(self, role: str, cols: str) -> tuple[str, str | None]:
+        """(column index expression, column mask or None) of a column part."""
+        if cols == "all":
+            if role in ("v", "o"):
+                mask = "cols_dv < HEAD_DIM_V" if padded(self.head_dim_v) != self.head_dim_v else None
+                return "cols_dv", mask
+            mask = "cols_d < HEAD_DIM" if padded(self.head_dim) != self.head_dim else None
+            return "cols_d", mask
+        if cols == "pass":
+            mask = "cols_pass < PASS_DIM" if padded(self.pass_dim) != self.pass_dim else None
+            return "ROT_DIM + cols_pass", mask
+        mask = "cols_half < ROT_HALF" if padded(self.rot_half) != self.rot_half else None
+        index = {
+            "half_lo": "cols_half",
+            "half_hi": "ROT_HALF + cols_half",
+            "even": "2 * cols_half",
+            "odd": "2 * cols_half + 1",
+        }[cols]
+        return index, mask
+
+    def rows(self, rows: str) -> tuple[str, str | None]:
+        """(row index expression, row mask or None) of the program's or the loop's rows."""
+        if rows == "program":
+            return "rows", "row_in_bounds"
+        keys, key_mask = self.loop_vars[-1]
+        return keys, key_mask or None
+
+    def block_pointer(self, role: str, rows: str, cols: str | None) -> tuple[str, str | None]:
+        row_index, row_mask = self.rows(rows)
+        if cols is None:
+            return f"{role}_base + {row_index} * stride_{role}_n", row_mask
+        col_index, col_mask = self.columns(role, cols)
+        ptrs = (
+            f"{role}_base + {row_index}[:, None] * stride_{role}_n"
+            f" + ({col_index})[None, :] * stride_{role}_d"
+        )
+        masks = [m for m in (row_mask and f"{row_mask}[:, None]", col_mask and f"({col_mask})[None, :]") if m]
+        return ptrs, " & ".join(masks) if masks else None
+
+    # -- kernel structure --------------------------------------------------------------------
+
+    def signature(self) -> list[str]:
+        params: list[str] = []
+        for role in self.roles:
+            params.append(", ".join([f"{role}_ptr", *self.strides(role)]) + ",")
+        params.append("sm_scale, n_q, n_k, num_heads, group_size,")
+        constexprs = {
+            "BLOCK_M": self.kernel.get("block_m"),
+            "BLOCK_N": self.kernel.get("block_n"),
+            "HEAD_DIM": self.head_dim,
+            "BLOCK_D": padded(self.head_dim),
+            "HEAD_DIM_V": self.head_dim_v,
+            "BLOCK_DV": padded(self.head_dim_v),
+        }
+        if self.used_column_sets() & {"cols_half", "cols_pass"}:
+            constexprs |= {
+                "ROT_DIM": self.rotary_dim,
+                "ROT_HALF": self.rot_half,
+                "BLOCK_HALF": padded(self.rot_half),
+                "PASS_DIM": self.pass_dim,
+                "BLOCK_PASS": padded(self.pass_dim),
+            }
+        params += [f"{k}: tl.constexpr = {v}," for k, v in constexprs.items()]
+        return params
+
+    def prologue(self) -> None:
+        k = self.kernel
+        what = tile.GRIDS[self.grid]
+        self.emit(f"# Program grid ({what}).")
+        self.emit("block_id = tl.program_id(0)")
+        self.emit("batch_head = tl.program_id(1)")
+        # int64 offsets: B * H * N * D can pass 2**31 elements.
+        self.emit("batch = (batch_head // num_heads).to(tl.int64)")
+        self.emit("head = (batch_head % num_heads).to(tl.int64)")
+        if self.grid == "query_blocks":
+            self.emit("kv_head = head // group_size  # GQA/MQA: query heads share a key/value head")
+        self.emit("rows = block_id * BLOCK_M + tl.arange(0, BLOCK_M)")
+        n_rows = "n_q" if self.grid == "query_blocks" else "n_k"
+        self.emit(f"row_in_bounds = rows < {n_rows}")
+        if self.grid == "query_blocks":
+            self.emit("q_pos = rows + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key")
+            self.emit(f"qk_scale = sm_scale * {LOG2E}  # scores in base 2, so the softmax uses exp2")
+        used_cols = self.used_column_sets()
+        for name, width in (("cols_d", "BLOCK_D"), ("cols_dv", "BLOCK_DV"), ("cols_half", "BLOCK_HALF"), ("cols_pass", "BLOCK_PASS")):
+            if name in used_cols:
+                self.emit(f"{name} = tl.arange(0, {width})")
+        for role in self.roles:
+            if role == "inv_freq":
+                continue
+            strides = self.strides(role)
+            self.emit(f"{role}_base = {role}_ptr + batch * {strides[0]} + {self.head_of(role)} * {strides[1]}")
+        if "inv_freq" in self.roles:
+            self.emit("# Rotary frequencies theta^(-2t/r), one per pair, fp32 (computed by the runtime).")
+            mask = ", mask=cols_half < ROT_HALF, other=0.0" if padded(self.rot_half) != self.rot_half else ""
+            self.emit(f"inv_freq = tl.load(inv_freq_ptr + cols_half{mask})")
+        del k
+
+    def used_column_sets(self) -> set[str]:
+        used = set()
+        if "inv_freq" in self.roles:
+            used.add("cols_half")
+        for op in self.kernel.walk():
+            if isinstance(op, (tile.LoadOp, tile.StoreOp)) and op.cols is not None:
+                role = op.role
+                cols = op.cols.data
+                if cols == "all":
+                    used.add("cols_dv" if role in ("v", "o") else "cols_d")
+                elif cols == "pass":
+                    used.add("cols_pass")
+                else:
+                    used.add("cols_half")
+        return used
+
+    def run(self) -> list[str]:
+        name = self.kernel.sym_name.data
+        out = ["@triton.jit", f"def {name}("]
+        out += [f"    {p}" for p in self.signature()]
+        out.append("):")
+        self.lines = []
+        self.prologue()
+        self.emit_block(self.kernel.body.block)
+        return out + self.lines
+
+    def emit_block(self, block: Block) -> None:
+        for op in block.ops:
+            handler = self.HANDLERS.get(type(op))
+            if handler is None:
+                raise AttnFuseError(f"the Triton target cannot print {op.name}")
+            handler(self, op)
+
+    # -- ops -------------------------------------------------------------------------------
+
+    def emit_load(self, op: tile.LoadOp) -> None:
+        role = op.role
+        cols = None if op.cols is None else op.cols.data
+        ptrs, mask = self.block_pointer(role, op.rows.data, cols)
+        what = COLUMN_COMMENT.get(cols or "", "one value per row")
+        self.emit(f"# tile.load: {role} rows ({op.rows.data}), {what}")
+        masking = f", mask={mask}, other=0.0" if mask else ""
+        self.emit(f"{self.namer.define(op.result)} = tl.load({ptrs}{masking})")
+
+    def emit_store(self, op: tile.StoreOp) -> None:
+        role = op.role
+        cols = None if op.cols is None else op.cols.data
+        ptrs, mask = self.block_pointer(role, op.rows.data, cols)
+        self.emit(f"# tile.store: {role} rows ({op.rows.data})" + (f", {COLUMN_COMMENT[cols]}" if cols else ""))
+        masking = f", mask={mask}" if mask else ""
+        value = f"{self.namer[op.value]}.to({role}_ptr.dtype.element_ty)"
+        self.emit(f"tl.store({ptrs}, {value}{masking})")
+
+    def positions(self, op: tile.RotateOp) -> str:
+        assert isinstance(op.lo.type, tile.TileType)
+        if op.lo.type.shape[0] == "n":
+            return self.loop_vars[-1][0]
+        return "q_pos" if op.positions.data == "query" else "rows"
+
+    def emit_rotate(self, op: tile.RotateOp) -> None:
+        lo, hi = self.namer[op.lo], self.namer[op.hi]
+        self.emit(f"# tile.rotate: RoPE at {op.positions.data} positions, in fp32, pairs ({lo}, {hi})")
+        angle, cos, sin = (self.namer.fresh(n) for n in ("angle", "cos", "sin"))
+        a, b = self.namer.fresh(f"{lo}_f32"), self.namer.fresh(f"{hi}_f32")
+        sign = "-" if op.inverse is not None else ""
+        self.emit(f"{angle} = {sign}{self.positions(op)}.to(tl.float32)[:, None] * inv_freq[None, :]")
+        self.emit(f"{cos} = tl.cos({angle})")
+        self.emit(f"{sin} = tl.sin({angle})")
+        self.emit(f"{a} = {lo}.to(tl.float32)")
+        self.emit(f"{b} = {hi}.to(tl.float32)")
+        self.emit(f"{self.namer.define(op.lo_out)} = ({a} * {cos} - {b} * {sin}).to({lo}.dtype)")
+        self.emit(f"{self.namer.define(op.hi_out)} = ({a} * {sin} + {b} * {cos}).to({hi}.dtype)")
+
+    def emit_scores(self, op: tile.ScoresOp) -> None:
+        name = self.namer.define(op.result)
+        self.emit("# tile.scores: q @ k^T summed over column parts, fp32 accumulation")
+        for i, (q, k) in enumerate(zip(op.queries, op.keys)):
+            acc = f", acc={name}" if i else ""
+            self.emit(f"{name} = tl.dot({self.namer[q]}, tl.trans({self.namer[k]}){acc}{self.dot_options()})")
+        self.emit(f"{name} = {name} * qk_scale")
+
+    def emit_mask(self, op: tile.MaskOp) -> None:
+        keys, key_mask = self.loop_vars[-1]
+        lower, upper = op.band.bounds
+        conds = [f"{key_mask}[None, :]"] if key_mask else []
+        if upper is not None:
+            conds.append(f"({keys}[None, :] <= {plus('q_pos[:, None]', upper)})")
+        if lower is not None:
+            conds.append(f"({keys}[None, :] >= {plus('q_pos[:, None]', lower)})")
+        self.emit(f"# tile.mask: keep keys in q_pos + [{lower}, {upper}] and inside the sequence")
+        keep = self.namer.fresh("keep")
+        self.emit(f"{keep} = {' & '.join(conds) if conds else 'True'}")
+        self.emit(f"{self.namer.define(op.result)} = tl.where({keep}, {self.namer[op.input]}, float(\"-inf\"))")
+
+    def emit_kv_bounds(self, op: tile.KVBoundsOp) -> None:
+        lower, upper = op.band.bounds
+        start, full_start, full_end, end = (self.namer.define(r) for r in op.results)
+        self.emit(f"# tile.kv_bounds: key blocks this query block visits (band q_pos + [{lower}, {upper}])")
+        self.emit("q_first = block_id * BLOCK_M + (n_k - n_q)  # position of the block's first query")
+        self.emit("q_last = q_first + (BLOCK_M - 1)")
+        # Clamp at 0 before dividing: integer division of negatives differs between the GPU
+        # (truncation) and the interpreter (floor).
+        if lower is None:
+            self.emit(f"{start} = 0")
+            self.emit(f"{full_start} = 0")
+        else:
+            self.emit(f"{start} = tl.maximum({plus('q_first', lower)}, 0) // BLOCK_N * BLOCK_N")
+            self.emit(f"{full_start} = (tl.maximum({plus('q_last', lower)}, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N")
+        if upper is None:
+            self.emit(f"{end} = n_k")
+            self.emit(f"{full_end} = n_k // BLOCK_N * BLOCK_N")
+        else:
+            self.emit(f"{end} = tl.minimum({plus('q_last', upper + 1)}, n_k)")
+            self.emit(f"{full_end} = tl.maximum(tl.minimum({plus('q_first', upper + 1)}, n_k), 0) // BLOCK_N * BLOCK_N")
+        self.emit("# Full blocks lie inside [start, end); blocks outside it are empty and skipped.")
+        self.emit(f"{full_start} = tl.minimum(tl.maximum({full_start}, {start}), {end})")
+        self.emit(f"{full_end} = tl.minimum(tl.maximum({full_end}, {full_start}), {end})")
+
+    def emit_kv_loop(self, op: tile.KVLoopOp) -> None:
+        block = op.body.block
+        carried = [self.namer[v] for v in op.inits]
+        for arg, name in zip(block.args, carried):
+            self.namer.alias(arg, name)
+        masked = op.masked is not None
+        kind = "partial key blocks: masked and bounds-checked" if masked else "full key blocks: no mask work"
+        self.emit(f"# tile.kv_loop over {kind}")
+        lo, hi = self.namer[op.lower], self.namer[op.upper]
+        self.emit(f"for start_n in range({lo}, {hi}, BLOCK_N):")
+        self.indent += 1
+        self.emit("start_n = tl.multiple_of(start_n, BLOCK_N)")
+        # Loops are never nested, so each loop can reuse the names of its key indices.
+        keys = "keys"
+        self.emit(f"{keys} = start_n + tl.arange(0, BLOCK_N)")
+        key_mask = ""
+        if masked:
+            key_mask = "key_in_bounds"
+            self.emit(f"{key_mask} = {keys} < n_k")
+        self.loop_vars.append((keys, key_mask))
+        self.emit_block(block)
+        self.loop_vars.pop()
+        self.indent -= 1
+        for result, name in zip(op.results, carried):
+            self.namer.alias(result, name)
+
+    def emit_yield(self, op: tile.YieldOp) -> None:
+        loop = op.parent_op()
+        assert isinstance(loop, tile.KVLoopOp)
+        targets = [self.namer[v] for v in loop.inits]
+        values = [self.namer[v] for v in op.values]
+        if targets != values:
+            self.emit(f"{', '.join(targets)} = {', '.join(values)}")
+
+    def emit_softmax_init(self, op: tile.SoftmaxInitOp) -> None:
+        acc, row_max, row_sum = (self.namer.define(r) for r in op.results)
+        self.emit("# tile.softmax_init: empty accumulator, row max -inf, row sum 0")
+        self.emit(f"{acc} = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
+        self.emit(f"{row_max} = tl.full([BLOCK_M], float(\"-inf\"), dtype=tl.float32)")
+        self.emit(f"{row_sum} = tl.zeros([BLOCK_M], dtype=tl.float32)")
+
+    def emit_softmax_update(self, op: tile.SoftmaxUpdateOp) -> None:
+        scores, row_max, row_sum = (self.namer[v] for v in op.operands)
+        new_max, safe = self.namer.fresh("row_max_new"), self.namer.fresh("row_max_safe")
+        self.emit("# tile.softmax_update: online softmax step")
+        self.emit(f"{new_max} = tl.maximum({row_max}, tl.max({scores}, 1))")
+        self.emit("# A row with no kept key yet has max -inf: subtract 0 so exp2 gives 0, not NaN.")
+        self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
+        probs = self.fresh_result(op.probs)
+        alpha = self.fresh_result(op.alpha)
+        self.emit(f"{probs} = tl.math.exp2({scores} - {safe}[:, None])")
+        self.emit(f"{alpha} = tl.math.exp2({row_max} - {safe})")
+        self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
+        self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")
+
+    def fresh_result(self, value: SSAValue) -> str:
+        """A result's name: the loop-carried name when it is yielded back, else a new one."""
+        carried = self.carried_name(value)
+        if carried is not None:
+            self.namer.alias(value, carried)
+            return carried
+        return self.namer.define(value)
+
+    def carried_name(self, value: SSAValue) -> str | None:
+        # A value that is only yielded can reuse the carried variable's name, provided the old
+        # value has no reader after this op (the emitters read operands before writing).
+        uses = list(value.uses)
+        if len(uses) != 1 or not isinstance(uses[0].operation, tile.YieldOp):
+            return None
+        loop = uses[0].operation.parent_op()
+        assert isinstance(loop, tile.KVLoopOp)
+        arg = loop.body.block.args[uses[0].index]
+        producer = value.owner
+        assert isinstance(producer, Operation)
+        block = loop.body.block
+        order = {op: i for i, op in enumerate(block.ops)}
+        if any(order.get(u.operation, 1 << 30) > order[producer] for u in arg.uses):
+            return None
+        return self.namer[loop.inits[uses[0].index]]
+
+    def emit_accumulate(self, op: tile.AccumulateOp) -> None:
+        acc, probs, value = self.namer[op.acc], self.namer[op.probs], self.namer[op.value]
+        self.emit("# tile.accumulate: acc * alpha + p @ v")
+        scaled = f"{acc} * {self.namer[op.alpha]}[:, None]" if op.alpha is not None else acc
+        result = self.fresh_result(op.result)
+        self.emit(f"{result} = tl.dot({probs}.to({value}.dtype), {value}, acc={scaled}{self.dot_options()})")
+
+    def emit_softmax_finalize(self, op: tile.SoftmaxFinalizeOp) -> None:
+        acc, row_max, row_sum = (self.namer[v] for v in op.operands)
+        has_keys = self.namer.fresh("has_keys")
+        self.emit("# tile.softmax_finalize: normalize; a row with no kept key gives 0 and lse = -inf")
+        self.emit(f"{has_keys} = {row_sum} > 0.0")
+        safe_sum = self.namer.fresh("row_sum_safe")
+        self.emit(f"{safe_sum} = tl.where({has_keys}, {row_sum}, 1.0)")
+        self.emit(f"{self.namer.define(op.output)} = {acc} / {safe_sum}[:, None]")
+        lse = self.namer.define(op.lse)
+        self.emit(f"{lse} = tl.where({has_keys}, ({row_max} + tl.math.log2({safe_sum})) * {LN2}, float(\"-inf\"))")
+
+    def emit_return(self, op: tile.ReturnOp) -> None:
+        del op  # the function just ends
+
+    HANDLERS: ClassVar[dict[type[Operation], Callable[[KernelEmitter, Any], None]]] = {}
+
+
+KernelEmitter.HANDLERS = {
+    tile.LoadOp: KernelEmitter.emit_load,
+    tile.StoreOp: KernelEmitter.emit_store,
+    tile.RotateOp: KernelEmitter.emit_rotate,
+    tile.ScoresOp: KernelEmitter.emit_scores,
+    tile.MaskOp: KernelEmitter.emit_mask,
+    tile.KVBoundsOp: KernelEmitter.emit_kv_bounds,
+    tile.KVLoopOp: KernelEmitter.emit_kv_loop,
+    tile.YieldOp: KernelEmitter.emit_yield,
+    tile.SoftmaxInitOp: KernelEmitter.emit_softmax_init,
+    tile.SoftmaxUpdateOp: KernelEmitter.emit_softmax_update,
+    tile.AccumulateOp: KernelEmitter.emit_accumulate,
+    tile.SoftmaxFinalizeOp: KernelEmitter.emit_softmax_finalize,
+    tile.ReturnOp: KernelEmitter.emit_return,
+}
+
+
+HEADER = '''"""Generated by AttnFuse from tile IR. Do not edit: change the variant and recompile."""
+
+import triton
+import triton.language as tl
+'''
+
+
+def emit_module(module: ModuleOp) -> TritonProgram:
+    """The Triton source of every `tile.kernel` in `module`, with launch information."""
+    kernels = [op for op in module.ops if isinstance(op, tile.KernelOp)]
+    if not kernels:
+        raise AttnFuseError("no tile.kernel to print: run lower-to-tile first")
+    others = [op for op in module.ops if not isinstance(op, tile.KernelOp)]
+    if others:
+        raise AttnFuseError(f"the Triton target prints tile kernels only, found {others[0].name}")
+    parts = [HEADER]
+    infos = []
+    for kernel in kernels:
+        parts.append("\n\n" + "\n".join(KernelEmitter(kernel).run()) + "\n")
+        infos.append(
+            KernelInfo(
+                name=kernel.sym_name.data,
+                roles=tuple(kernel.roles),
+                grid=kernel.grid,
+                block_m=kernel.get("block_m"),
+                num_warps=kernel.get("num_warps"),
+                num_stages=kernel.get("num_stages"),
+            )
+        )
+    return TritonProgram("".join(parts), tuple(infos))
+
+
+@dataclass(frozen=True)
+class TritonTarget(Target):
+    """`-t triton`: print the module's tile kernels as Triton source."""
+
+    name = "triton"
+
+    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
+        output.write(emit_module(module).source)
+
+
+__all__ = ["KernelInfo", "TritonProgram", "TritonTarget", "emit_module", "padded"]

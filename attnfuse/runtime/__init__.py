@@ -1,0 +1,1 @@
+"""The runtime: compile and cache kernels, dispatch per device and shape, launch, autograd."""

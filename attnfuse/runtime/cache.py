@@ -1,0 +1,124 @@
+"""The kernel cache: generated source on disk, loaded modules in memory.
+
+An entry is the generated Triton source (`<key>.py`) and a sidecar (`<key>.json`) holding the
+launch information and the source's SHA-256. Writes go to a temporary file renamed into
+place, so a reader never sees half an entry; an entry whose hash does not match is treated as
+missing and rebuilt. The directory is `$ATTNFUSE_CACHE_DIR`, else `~/.cache/attnfuse`; if it
+cannot be written, a private temporary directory is used, with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from types import ModuleType
+
+from attnfuse.errors import AttnFuseError
+from attnfuse.lowering.triton import KernelInfo, TritonProgram
+
+_fallback_dir: Path | None = None
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """The directory entries are written to (created if needed)."""
+    global _fallback_dir
+    wanted = Path(os.environ.get("ATTNFUSE_CACHE_DIR") or Path.home() / ".cache" / "attnfuse")
+    try:
+        wanted.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=wanted, prefix=".probe-", delete=True)
+        probe.close()
+        return wanted
+    except OSError as err:
+        if _fallback_dir is None:
+            _fallback_dir = Path(tempfile.mkdtemp(prefix="attnfuse-cache-"))
+            warnings.warn(
+                f"AttnFuse cache directory {wanted} is not writable ({err}); using {_fallback_dir}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return _fallback_dir
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def store(key: str, program: TritonProgram) -> Path:
+    """Writes an entry (source, then sidecar) and returns the source's path."""
+    directory = cache_dir()
+    source_path = directory / f"{key}.py"
+    _atomic_write(source_path, program.source)
+    meta = {"sha256": _digest(program.source), "kernels": [asdict(k) for k in program.kernels]}
+    _atomic_write(directory / f"{key}.json", json.dumps(meta, indent=1))
+    return source_path
+
+
+def lookup(key: str) -> tuple[TritonProgram, Path] | None:
+    """The stored entry for `key`, or None if absent, truncated or corrupted."""
+    directory = cache_dir()
+    source_path, meta_path = directory / f"{key}.py", directory / f"{key}.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+        source = source_path.read_text()
+        if meta.get("sha256") != _digest(source):
+            return None
+        kernels = tuple(
+            KernelInfo(**{**k, "roles": tuple(k["roles"])}) for k in meta["kernels"]
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return TritonProgram(source, kernels), source_path
+
+
+def interpreter_enabled() -> bool:
+    """Whether `@triton.jit` kernels run on Triton's CPU interpreter in this process."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def load_module(path: Path, key: str, interpret: bool) -> ModuleType:
+    """Imports a generated source file (Triton needs kernels to live in a real file)."""
+    name = f"attnfuse_generated_{key[:24]}_{'interp' if interpret else 'gpu'}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    if interpret and not interpreter_enabled():
+        raise AttnFuseError(
+            "tensors off the GPU run through Triton's interpreter: set TRITON_INTERPRET=1 "
+            "before triton is imported (attnfuse sets it itself when no CUDA device exists)"
+        )
+    with _lock:
+        spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def get_or_build(key: str, build: Callable[[], TritonProgram]) -> tuple[TritonProgram, Path]:
+    """The cached entry for `key`, building and storing it first if needed."""
+    found = lookup(key)
+    if found is not None:
+        return found
+    program = build()
+    return program, store(key, program)

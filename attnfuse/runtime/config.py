@@ -1,0 +1,92 @@
+"""Per-device, per-shape choice of tile configuration and RoPE placement (the dispatcher)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnfuse.dsl.blocks import Rope
+from attnfuse.dsl.spec import AttentionSpec
+from attnfuse.errors import ArgumentError
+from attnfuse.runtime.inputs import Problem
+from attnfuse.transforms.place_rope import PlaceRopePass
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tuning parameters of the kernels (attributes of `tile.kernel`)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def choose_tile_config(problem: Problem) -> TileConfig:
+    """Block sizes, warps and stages for a problem on its device."""
+    if problem.device.type != "cuda":
+        # The interpreter runs each program in numpy: small blocks keep edge cases
+        # (ragged blocks, diagonal blocks) exercised at test sizes.
+        return TileConfig(32, 32, 4, 1)
+    major, _ = torch.cuda.get_device_capability(problem.device)
+    d = max(problem.head_dim, problem.head_dim_v)
+    big_elem = problem.dtype == torch.float32
+    if major >= 9:  # Hopper
+        if d <= 64:
+            return TileConfig(128, 64, 4, 3) if not big_elem else TileConfig(64, 32, 4, 2)
+        if d <= 128:
+            return TileConfig(128, 64, 8, 3) if not big_elem else TileConfig(64, 32, 4, 2)
+        return TileConfig(64, 32, 4, 2)
+    if d <= 64:
+        return TileConfig(64, 64, 4, 3) if not big_elem else TileConfig(64, 32, 4, 2)
+    if d <= 128:
+        return TileConfig(64, 64, 4, 2) if not big_elem else TileConfig(32, 32, 4, 2)
+    return TileConfig(32, 32, 4, 2)
+
+
+PLACEMENT_ALIASES = {
+    "fused": ("fused", "fused"),
+    "pre_rotated": ("pre_rotated", "pre_rotated"),
+    "q_fused": ("fused", "pre_rotated"),
+    "auto": ("auto", "auto"),
+}
+
+
+def rope_placement(
+    spec: AttentionSpec, problem: Problem, config: TileConfig, requested: str | tuple[str, str]
+) -> tuple[str, str] | None:
+    """The (query, key) placement of the spec's rotation for this call, or None without rope.
+
+    `requested` is "auto" (the Rotation Calculus decides), "fused", "pre_rotated",
+    "q_fused" (query in-kernel, key pre-rotated) or an explicit (query, key) pair.
+    """
+    rope = spec.block(Rope)
+    if not isinstance(rope, Rope):
+        return None
+    if isinstance(requested, str):
+        if requested not in PLACEMENT_ALIASES:
+            raise ArgumentError(
+                f"rope_placement must be one of {', '.join(PLACEMENT_ALIASES)} or a (query, key) "
+                f"pair, got {requested!r}"
+            )
+        query, key = PLACEMENT_ALIASES[requested]
+    else:
+        query, key = requested
+    for which, choice in (("query", query), ("key", key)):
+        if choice not in ("auto", "fused", "pre_rotated"):
+            raise ArgumentError(f"rope_placement {which} must be auto, fused or pre_rotated, got {choice!r}")
+    elem_bytes = torch.tensor([], dtype=problem.dtype).element_size()
+    decision = PlaceRopePass(
+        query=query,
+        key=key,
+        batch_heads=problem.batch * problem.heads_q,
+        kv_heads_ratio=problem.group_size,
+        seq_len_q=problem.seq_q,
+        seq_len_k=problem.seq_k,
+        head_dim=problem.head_dim,
+        rotary_dim=rope.rotary_dim or problem.head_dim,
+        block_m=config.block_m,
+        elem_bytes=elem_bytes,
+    )
+    return decision.decide()

@@ -1,0 +1,81 @@
+"""Checks of call-time tensors: every mistake becomes an `ArgumentError` naming the argument,
+what was expected and what was given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnfuse.dsl.blocks import Rope
+from attnfuse.dsl.spec import AttentionSpec
+from attnfuse.errors import ArgumentError
+
+SUPPORTED_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The shape facts of one call."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    head_dim_v: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def group_size(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def element_type(self) -> str:
+        return SUPPORTED_DTYPES[self.dtype]
+
+    @property
+    def empty(self) -> bool:
+        return 0 in (self.batch, self.heads_q, self.seq_q, self.seq_k)
+
+
+def check_inputs(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
+    """Validates q, k, v against each other and the spec; returns the call's shape facts."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ArgumentError(f"{name} must be 4-D [batch, heads, seq, dim], got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ArgumentError(
+                f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32"
+            )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ArgumentError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ArgumentError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    b, h_q, n_q, d = q.shape
+    if k.shape[0] != b or v.shape[0] != b:
+        raise ArgumentError(f"batch sizes differ: q {b}, k {k.shape[0]}, v {v.shape[0]}")
+    h_kv, n_k, d_k = k.shape[1], k.shape[2], k.shape[3]
+    if d_k != d:
+        raise ArgumentError(f"k head dim must equal q's ({d}), got {d_k}")
+    if v.shape[1] != h_kv:
+        raise ArgumentError(f"v must have k's {h_kv} heads, got {v.shape[1]}")
+    if v.shape[2] != n_k:
+        raise ArgumentError(f"v must have k's sequence length {n_k}, got {v.shape[2]}")
+    if h_kv == 0 or h_q % h_kv:
+        raise ArgumentError(f"query heads ({h_q}) must be a multiple of key/value heads ({h_kv})")
+    d_v = v.shape[3]
+    for name, dim in (("q/k head dim", d), ("v head dim", d_v)):
+        if not 1 <= dim <= MAX_HEAD_DIM:
+            raise ArgumentError(f"{name} must be in [1, {MAX_HEAD_DIM}], got {dim}")
+    rope = spec.block(Rope)
+    if isinstance(rope, Rope) and rope.rotary_dim is not None and rope.rotary_dim > d:
+        raise ArgumentError(f"rope: rotary_dim {rope.rotary_dim} exceeds the head dim {d}")
+    if isinstance(rope, Rope) and rope.rotary_dim is None and d % 2:
+        raise ArgumentError(f"rope: the head dim {d} is odd; give an even rotary_dim")
+    return Problem(b, h_q, h_kv, n_q, n_k, d, d_v, q.dtype, q.device)

@@ -1,0 +1,337 @@
+"""`lower-to-tile`: turn each `attn.variant` into the `tile.kernel`s that compute it.
+
+The forward kernel is FlashAttention-2's: a program owns `block_m` query rows of one
+(batch, head); it loads them once (rotating them in registers if the query rotation is
+fused), then walks the key blocks that the mask band leaves non-empty, in up to three loops:
+partial blocks before the full ones, full blocks (no mask work, no bounds checks), partial
+blocks after them. Each step computes scores, masks them if the block is partial, updates the
+online softmax and accumulates `p @ v`. At the end it normalizes and stores the output and
+the per-row log-sum-exp.
+
+When a rotation is fused, q and k are loaded as the two elements of each rotary pair (the
+first and second half of the rotary dims, or even and odd dims when interleaved) plus the
+pass-through dims, as separate tiles: the rotation is then elementwise arithmetic, with no
+register shuffles, and the scores are the sum of one matrix product per part. A pre-rotated
+operand gets a kernel of its own (`rotate_query` / `rotate_key`) that writes the rotated copy
+the attention kernel then reads.
+
+Options set the kernel's static facts and tuning: `head-dim`, `head-dim-v` (0: the head dim),
+`element-type` (f16, bf16, f32), `block-m`, `block-n`, `num-warps`, `num-stages`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.builder import Builder
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+from xdsl.rewriter import InsertPoint
+from xdsl.utils.exceptions import PassFailedException
+
+from attnfuse.dialects import attn, tile
+
+# --------------------------------------------------------------------------------------------
+# What the attn program asks for
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """One RoPE rotation and where it runs."""
+
+    theta: float
+    rotary_dim: int | None
+    interleaved: bool
+    fused: bool
+
+
+@dataclass(frozen=True)
+class VariantFacts:
+    """Everything the kernels need from an `attn.variant`, read off its ops."""
+
+    query_rotation: Rotation | None
+    key_rotation: Rotation | None
+    band: attn.BandAttr
+
+    @property
+    def rotation(self) -> Rotation | None:
+        return self.query_rotation or self.key_rotation
+
+    @property
+    def any_fused(self) -> bool:
+        return any(r is not None and r.fused for r in (self.query_rotation, self.key_rotation))
+
+
+def _fail(op: Operation, message: str) -> PassFailedException:
+    return PassFailedException(f"lower-to-tile: {message} (at {op.name})")
+
+
+def read_variant(variant: attn.VariantOp) -> VariantFacts:
+    """Checks that the variant is ready to lower and collects what the kernels need."""
+    rotations: dict[type, Rotation] = {}
+    band = attn.BandAttr(None, None)
+    masks = 0
+    for op in variant.body.block.ops:
+        if isinstance(op, attn.RopeOp):
+            if op.placement is None:
+                raise _fail(op, "rotation has no placement; run place-rope first")
+            theta, dim, interleaved = op.rope_key
+            rotations[type(op.input.type)] = Rotation(
+                theta, dim, interleaved, op.placement.data == "fused"
+            )
+            if op.input != (variant.query if isinstance(op.input.type, attn.QueryType) else variant.key):
+                raise _fail(op, "rotations must apply to the variant's q or k arguments")
+        elif isinstance(op, attn.MaskOp):
+            masks += 1
+            if op.band is None:
+                raise _fail(op, "mask has no band; run analyze-masks first")
+            if masks > 1:
+                raise _fail(op, "more than one mask; run canonicalize-attn first")
+            band = op.band
+    return VariantFacts(rotations.get(attn.QueryType), rotations.get(attn.KeyType), band)
+
+
+# --------------------------------------------------------------------------------------------
+# Building kernels
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Static facts and tuning parameters shared by the kernels of one variant."""
+
+    head_dim: int
+    head_dim_v: int
+    element_type: str
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def attributes(self, rotary_dim: int | None) -> dict[str, int]:
+        attrs = {
+            "block_m": self.block_m,
+            "block_n": self.block_n,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            "head_dim": self.head_dim,
+            "head_dim_v": self.head_dim_v,
+        }
+        if rotary_dim is not None:
+            attrs["rotary_dim"] = rotary_dim
+        return attrs
+
+
+def column_parts(rotation: Rotation | None, head_dim: int) -> list[str]:
+    """How q and k are split into column tiles: one tile, or the rotary pairs' two elements
+    plus the pass-through dims."""
+    if rotation is None:
+        return ["all"]
+    parts = ["even", "odd"] if rotation.interleaved else ["half_lo", "half_hi"]
+    rotary_dim = rotation.rotary_dim or head_dim
+    if rotary_dim < head_dim:
+        parts.append("pass")
+    return parts
+
+
+class KernelBuilder:
+    """Builds one `tile.kernel`, naming values so that the emitted code reads well."""
+
+    def __init__(self, name: str, roles: Sequence[str], grid: str, config: KernelConfig,
+                 rotary_dim: int | None):
+        self.config = config
+        self.elem = tile.ELEMENT_TYPES[config.element_type]
+        self.kernel = tile.KernelOp(
+            name, roles, grid=grid, element_type=self.elem,
+            config=config.attributes(rotary_dim),
+        )
+        self.builder = Builder(InsertPoint.at_end(self.kernel.body.block))
+
+    def inside(self, block: Block) -> KernelBuilder:
+        """A builder for the same kernel that appends to `block` (a loop body)."""
+        nested = copy.copy(self)
+        nested.builder = Builder(InsertPoint.at_end(block))
+        return nested
+
+    def arg(self, role: str) -> SSAValue:
+        return self.kernel.argument(role)
+
+    def add(self, op: Operation, *names: str) -> Operation:
+        self.builder.insert(op)
+        for result, name in zip(op.results, names):
+            result.name_hint = name
+        return op
+
+    def load(self, role: str, rows: str, cols: str, name: str, source: str | None = None) -> SSAValue:
+        shape = tile._expected_tile_shape(role, rows, cols)
+        load = tile.LoadOp(self.arg(source or role), rows, cols, tile.TileType(shape, self.elem))
+        return self.add(load, name).results[0]
+
+    def finish(self) -> tile.KernelOp:
+        self.builder.insert(tile.ReturnOp())
+        return self.kernel
+
+
+PART_SUFFIX = {"all": "", "half_lo": "_lo", "half_hi": "_hi", "even": "_even", "odd": "_odd", "pass": "_pass"}
+
+
+def build_rotation_kernel(operand: str, rotation: Rotation, config: KernelConfig) -> tile.KernelOp:
+    """A kernel that writes `R(pos) x` for x = q (`operand == "q"`) or k into `{x}_rot`."""
+    grid = "query_blocks" if operand == "q" else "key_blocks"
+    positions = "query" if operand == "q" else "key"
+    k = KernelBuilder(f"rotate_{positions}", [operand, f"{operand}_rot", "inv_freq"], grid,
+                      config, rotation.rotary_dim)
+    parts = column_parts(rotation, config.head_dim)
+    lo = k.load(operand, "program", parts[0], f"{operand}{PART_SUFFIX[parts[0]]}")
+    hi = k.load(operand, "program", parts[1], f"{operand}{PART_SUFFIX[parts[1]]}")
+    rotate = k.add(tile.RotateOp(lo, hi, k.arg("inv_freq"), positions),
+                   f"{operand}{PART_SUFFIX[parts[0]]}_rot", f"{operand}{PART_SUFFIX[parts[1]]}_rot")
+    for value, part in zip(rotate.results, parts[:2]):
+        k.builder.insert(tile.StoreOp(value, k.arg(f"{operand}_rot"), "program", part))
+    if "pass" in parts:
+        passed = k.load(operand, "program", "pass", f"{operand}_pass")
+        k.builder.insert(tile.StoreOp(passed, k.arg(f"{operand}_rot"), "program", "pass"))
+    return k.finish()
+
+
+def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
+    """The fused attention forward kernel (see the module docstring)."""
+    rotation = facts.rotation
+    q_rot, k_rot = facts.query_rotation, facts.key_rotation
+    q_source = "q_rot" if q_rot is not None and not q_rot.fused else "q"
+    k_source = "k_rot" if k_rot is not None and not k_rot.fused else "k"
+    roles = [q_source, k_source, "v", "o", "lse"] + (["inv_freq"] if facts.any_fused else [])
+    k = KernelBuilder("attention_fwd", roles, "query_blocks", config,
+                      rotation.rotary_dim if rotation else None)
+    # Split q and k into column parts only when some rotation runs in registers.
+    parts = column_parts(rotation if facts.any_fused else None, config.head_dim)
+
+    # Load the program's query block once; rotate it here if that rotation is fused.
+    q_parts = [k.load("q", "program", p, f"q{PART_SUFFIX[p]}", source=q_source) for p in parts]
+    if q_rot is not None and q_rot.fused:
+        rotate = k.add(tile.RotateOp(q_parts[0], q_parts[1], k.arg("inv_freq"), "query"),
+                       f"q{PART_SUFFIX[parts[0]]}_rot", f"q{PART_SUFFIX[parts[1]]}_rot")
+        q_parts[:2] = rotate.results
+
+    init = k.add(tile.SoftmaxInitOp(), "acc", "row_max", "row_sum")
+    bounds = k.add(tile.KVBoundsOp(facts.band), "kv_start", "full_start", "full_end", "kv_end")
+    start, full_start, full_end, end = bounds.results
+    lower, _upper = facts.band.bounds
+
+    def body(block: Block, masked: bool) -> None:
+        acc, row_max, row_sum = block.args
+        inner = k.inside(block)
+        k_parts = [inner.load("k", "loop", p, f"k{PART_SUFFIX[p]}", source=k_source) for p in parts]
+        if k_rot is not None and k_rot.fused:
+            rotate = inner.add(tile.RotateOp(k_parts[0], k_parts[1], k.arg("inv_freq"), "key"),
+                               f"k{PART_SUFFIX[parts[0]]}_rot", f"k{PART_SUFFIX[parts[1]]}_rot")
+            k_parts[:2] = rotate.results
+        scores = inner.add(tile.ScoresOp(q_parts, k_parts), "scores").results[0]
+        if masked:
+            scores = inner.add(tile.MaskOp(scores, facts.band), "scores").results[0]
+        update = inner.add(tile.SoftmaxUpdateOp(scores, row_max, row_sum),
+                           "probs", "row_max", "row_sum", "alpha")
+        probs, new_max, new_sum, alpha = update.results
+        v = inner.load("v", "loop", "all", "v")
+        new_acc = inner.add(tile.AccumulateOp(acc, probs, v, alpha), "acc").results[0]
+        inner.builder.insert(tile.YieldOp([new_acc, new_max, new_sum]))
+
+    state: Sequence[SSAValue] = init.results
+    # Partial blocks before the full ones exist only when the band has a lower edge; the
+    # trailing partial loop always exists, since it also covers a ragged last key block.
+    loops = ([(start, full_start, True)] if lower is not None else []) + [
+        (full_start if lower is not None else start, full_end, False),
+        (full_end, end, True),
+    ]
+    for lo, hi, masked in loops:
+        block = Block(arg_types=[v.type for v in state])
+        for arg, name in zip(block.args, ("acc", "row_max", "row_sum")):
+            arg.name_hint = name
+        body(block, masked)
+        loop = k.add(tile.KVLoopOp(lo, hi, state, Region(block), masked), "acc", "row_max", "row_sum")
+        state = loop.results
+
+    final = k.add(tile.SoftmaxFinalizeOp(*state), "out", "lse")
+    k.builder.insert(tile.StoreOp(final.results[0], k.arg("o"), "program", "all"))
+    k.builder.insert(tile.StoreOp(final.results[1], k.arg("lse"), "program", None))
+    return k.finish()
+
+
+# --------------------------------------------------------------------------------------------
+# The pass
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LowerVariant(RewritePattern):
+    """`attn.variant` -> its pre-rotation kernels (if any) and its forward kernel."""
+
+    config: KernelConfig
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: attn.VariantOp, rewriter: PatternRewriter) -> None:
+        facts = read_variant(op)
+        rotation = facts.rotation
+        if rotation is not None and rotation.rotary_dim is not None:
+            if rotation.rotary_dim > self.config.head_dim:
+                raise _fail(op, f"rotary_dim {rotation.rotary_dim} exceeds head-dim {self.config.head_dim}")
+        kernels: list[Operation] = []
+        for operand, rot in (("q", facts.query_rotation), ("k", facts.key_rotation)):
+            if rot is not None and not rot.fused:
+                kernels.append(build_rotation_kernel(operand, rot, self.config))
+        kernels.append(build_forward_kernel(facts, self.config))
+        rewriter.insert_op(kernels, InsertPoint.before(op))
+        rewriter.erase_op(op)
+
+
+def _power_of_two(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class LowerToTilePass(ModulePass):
+    """Lowers every `attn.variant` to `tile.kernel`s (see the module docstring)."""
+
+    name = "lower-to-tile"
+
+    head_dim: int = 64
+    head_dim_v: int = 0
+    """0 means the same as head-dim."""
+    element_type: str = "f16"
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def config(self) -> KernelConfig:
+        """The options, checked."""
+        if self.element_type not in tile.ELEMENT_TYPES:
+            raise PassFailedException(
+                f"lower-to-tile: element-type must be f16, bf16 or f32, got '{self.element_type}'"
+            )
+        for key, value in (("block-m", self.block_m), ("block-n", self.block_n)):
+            if not (_power_of_two(value) and value >= 16):
+                raise PassFailedException(f"lower-to-tile: {key} must be a power of two >= 16, got {value}")
+        head_dim_v = self.head_dim_v or self.head_dim
+        for key, value in (("head-dim", self.head_dim), ("head-dim-v", head_dim_v)):
+            if not 1 <= value <= 256:
+                raise PassFailedException(f"lower-to-tile: {key} must be in [1, 256], got {value}")
+        return KernelConfig(self.head_dim, head_dim_v, self.element_type, self.block_m,
+                            self.block_n, self.num_warps, self.num_stages)
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)
+
+
+__all__ = ["KernelConfig", "LowerToTilePass", "read_variant"]

@@ -1,0 +1,78 @@
+"""The Rotation Calculus: should a RoPE rotation run inside the fused kernel?
+
+A rotation fused into the attention kernel costs arithmetic each time a program rotates a
+block; a pre-rotation costs one extra pass over the operand through memory (read it, write the
+rotated copy) plus a launch. The query block is loaded once per program, so a fused query
+rotation is done exactly once per element: it always beats a memory pass. A key block is
+loaded, and so rotated, once per *query block*: `ceil(Nq / block_m)` times per element. So:
+
+    fuse K  iff  query_blocks * rotate_cost_per_pair  <  flops_per_byte * pre_rotation_bytes_per_pair
+                                                          + launch cost spread over the pairs
+
+`flops_per_byte` is the GPU's CUDA-core (not tensor-core) arithmetic rate over its memory
+bandwidth: the rotation runs on the CUDA cores and the special-function units. The numbers
+below are estimates; `attnfuse-tune` and the benchmarks are where they are checked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+ROTATE_FLOPS_PER_PAIR = 24.0
+"""Arithmetic to rotate one pair in registers: the angle, cos and sin (special-function
+unit, counted as ~8 flops each), four multiplies, two adds and the conversions."""
+
+LAUNCH_SECONDS = 4e-6
+"""What one extra kernel launch costs on the critical path."""
+
+
+@dataclass(frozen=True)
+class RotationProblem:
+    """The shape facts the decision depends on."""
+
+    batch_heads_q: int
+    batch_heads_kv: int
+    seq_len_q: int
+    seq_len_k: int
+    rotary_dim: int
+    head_dim: int
+    elem_bytes: int
+    block_m: int
+
+
+@dataclass(frozen=True)
+class GpuRates:
+    """What the decision needs to know about a GPU."""
+
+    flops_per_byte: float
+    """CUDA-core fp32 rate over memory bandwidth (H200: ~67 TFLOP/s / 4.8 TB/s = 14)."""
+    bytes_per_second: float
+    """Memory bandwidth (H200: ~4.3e12 measured by a device copy)."""
+
+
+H200 = GpuRates(flops_per_byte=14.0, bytes_per_second=4.3e12)
+"""Rates of the GPU the defaults were chosen on."""
+
+
+def fused_key_rotation_cost(problem: RotationProblem) -> float:
+    """FLOPs spent rotating K inside the kernel: every query block rotates every key pair."""
+    query_blocks = math.ceil(problem.seq_len_q / problem.block_m)
+    pairs = problem.batch_heads_q * problem.seq_len_k * problem.rotary_dim / 2
+    return query_blocks * pairs * ROTATE_FLOPS_PER_PAIR
+
+
+def pre_rotation_cost(problem: RotationProblem, rates: GpuRates) -> float:
+    """The same cost, in FLOP-equivalents, of rotating K once in its own pass: read and write
+    every key element (the kernel then reads the rotated copy instead of the original), the
+    rotation itself, and a launch."""
+    elements = problem.batch_heads_kv * problem.seq_len_k * problem.head_dim
+    traffic = 2 * elements * problem.elem_bytes
+    launch = LAUNCH_SECONDS * rates.bytes_per_second
+    rotate = problem.batch_heads_kv * problem.seq_len_k * problem.rotary_dim / 2
+    return rates.flops_per_byte * (traffic + launch) + rotate * ROTATE_FLOPS_PER_PAIR
+
+
+def fuse_key_rotation(problem: RotationProblem, rates: GpuRates = H200) -> bool:
+    """True when rotating K inside the fused kernel is expected to be the faster placement."""
+    return fused_key_rotation_cost(problem) <= pre_rotation_cost(problem, rates)

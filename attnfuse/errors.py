@@ -19,3 +19,16 @@ class CompositionError(AttnFuseError):
 
 class ArgumentError(AttnFuseError):
     """A call-time tensor or keyword argument that does not fit the compiled variant."""
+
+
+class IRError(AttnFuseError):
+    """A program the compiler cannot handle; `op` is the operation at fault, if known, so that
+    tools can point at its source location."""
+
+    def __init__(self, message: str, op: object | None = None):
+        super().__init__(message)
+        self.op = op
+
+
+class PassOptionError(AttnFuseError):
+    """A pass pipeline option out of range (e.g. `lower-to-tile{block-m=24}`)."""

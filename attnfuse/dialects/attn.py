@@ -159,7 +159,10 @@ class WindowAttr(MaskPredicate):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         with parser.in_angle_brackets():
-            return (IntAttr(parser.parse_integer(allow_boolean=False)),)
+            size = parser.parse_integer(allow_boolean=False)
+            if size <= 0:
+                parser.raise_error(f"window size must be positive, got {size}")
+            return (IntAttr(size),)
 
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string(f"<{self.size.data}>")
@@ -213,6 +216,8 @@ class BandAttr(ParametrizedAttribute):
                 if parser.parse_optional_punctuation(",") is None:
                     break
         lower, upper = found.get("lower"), found.get("upper")
+        if lower is not None and upper is not None and lower > upper:
+            parser.raise_error(f"band keeps no key: lower {lower} > upper {upper}")
         return (
             UnitAttr() if lower is None else IntegerAttr(lower, i64),
             UnitAttr() if upper is None else IntegerAttr(upper, i64),

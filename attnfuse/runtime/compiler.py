@@ -16,7 +16,7 @@ from xdsl.utils.exceptions import PassFailedException, VerifyException
 import attnfuse
 from attnfuse.dialects import make_context
 from attnfuse.dsl.spec import AttentionSpec
-from attnfuse.errors import AttnFuseError
+from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.lowering.triton import TritonProgram, emit_module
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.config import TileConfig
@@ -69,7 +69,7 @@ def lower_spec(spec: AttentionSpec, key: CompileKey) -> ModuleOp:
     try:
         PassPipeline.parse_spec(PASSES, key.pipeline()).apply(ctx, module)
         module.verify()
-    except (PassFailedException, VerifyException) as err:
+    except (PassFailedException, VerifyException, IRError) as err:
         raise AttnFuseError(f"cannot compile {spec!r}: {err}") from err
     return module
 

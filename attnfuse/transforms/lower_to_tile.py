@@ -37,9 +37,9 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 from xdsl.rewriter import InsertPoint
-from xdsl.utils.exceptions import PassFailedException
 
 from attnfuse.dialects import attn, tile
+from attnfuse.errors import IRError, PassOptionError
 
 # --------------------------------------------------------------------------------------------
 # What the attn program asks for
@@ -73,8 +73,8 @@ class VariantFacts:
         return any(r is not None and r.fused for r in (self.query_rotation, self.key_rotation))
 
 
-def _fail(op: Operation, message: str) -> PassFailedException:
-    return PassFailedException(f"lower-to-tile: {message} (at {op.name})")
+def _fail(op: Operation, message: str) -> IRError:
+    return IRError(f"lower-to-tile: {message}", op)
 
 
 def read_variant(variant: attn.VariantOp) -> VariantFacts:
@@ -317,16 +317,16 @@ class LowerToTilePass(ModulePass):
     def config(self) -> KernelConfig:
         """The options, checked."""
         if self.element_type not in tile.ELEMENT_TYPES:
-            raise PassFailedException(
+            raise PassOptionError(
                 f"lower-to-tile: element-type must be f16, bf16 or f32, got '{self.element_type}'"
             )
         for key, value in (("block-m", self.block_m), ("block-n", self.block_n)):
             if not (_power_of_two(value) and value >= 16):
-                raise PassFailedException(f"lower-to-tile: {key} must be a power of two >= 16, got {value}")
+                raise PassOptionError(f"lower-to-tile: {key} must be a power of two >= 16, got {value}")
         head_dim_v = self.head_dim_v or self.head_dim
         for key, value in (("head-dim", self.head_dim), ("head-dim-v", head_dim_v)):
             if not 1 <= value <= 256:
-                raise PassFailedException(f"lower-to-tile: {key} must be in [1, 256], got {value}")
+                raise PassOptionError(f"lower-to-tile: {key} must be in [1, 256], got {value}")
         return KernelConfig(self.head_dim, head_dim_v, self.element_type, self.block_m,
                             self.block_n, self.num_warps, self.num_stages)
 

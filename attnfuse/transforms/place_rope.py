@@ -23,9 +23,9 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
     op_type_rewrite_pattern,
 )
-from xdsl.utils.exceptions import PassFailedException
 
 from attnfuse.dialects.attn import QueryType, RopeOp
+from attnfuse.errors import PassOptionError
 from attnfuse.transforms.rotation_calculus import (
     H200,
     GpuRates,
@@ -79,7 +79,7 @@ class PlaceRopePass(ModulePass):
         """The (query, key) placements these options ask for."""
         for operand, choice in (("query", self.query), ("key", self.key)):
             if choice not in PLACEMENT_CHOICES:
-                raise PassFailedException(
+                raise PassOptionError(
                     f"place-rope: {operand} must be one of {', '.join(PLACEMENT_CHOICES)}, "
                     f"got '{choice}'"
                 )

@@ -1,0 +1,1 @@
+"""Command-line tools: attnfuse-opt and attnfuse-bench."""

@@ -1,0 +1,171 @@
+"""`attnfuse-opt`: parse attn/tile IR, run a pass pipeline, print IR or Triton source.
+
+    attnfuse-opt variant.mlir -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile
+    attnfuse-opt variant.mlir -p ... -t triton
+
+A thin layer over xDSL's opt main: it registers AttnFuse's dialects, passes and the `triton`
+target, and turns every failure into one located line on stderr (`file:line:col: error: ...`)
+and exit code 1, never a Python traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from typing import IO
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import Builtin, ModuleOp
+from xdsl.ir import Operation
+from xdsl.parser import Parser
+from xdsl.utils.exceptions import (
+    ArgSpecParseError,
+    DiagnosticException,
+    ParseError,
+    PassFailedException,
+    VerifyException,
+)
+from xdsl.utils.lexer import Span
+from xdsl.xdsl_opt_main import xDSLOptMain
+
+from attnfuse.dialects.attn import Attn
+from attnfuse.dialects.tile import Tile
+from attnfuse.errors import AttnFuseError, PassOptionError
+from attnfuse.transforms import PASSES
+
+
+class LocatingParser(Parser):
+    """A parser that remembers where each operation starts, for located diagnostics."""
+
+    def __init__(self, ctx: Context, text: str, name: str, locations: dict[int, Span]):
+        super().__init__(ctx, text, name)
+        self.locations = locations
+
+    def parse_operation(self) -> Operation:
+        span = self._current_token.span
+        op = super().parse_operation()
+        self.locations[id(op)] = span
+        return op
+
+
+class AttnFuseOptMain(xDSLOptMain):
+    """xDSL's opt main with AttnFuse's dialects, passes and targets registered."""
+
+    def __init__(self, args: Sequence[str] | None = None):
+        self.locations: dict[int, Span] = {}
+        self.modules: list[ModuleOp] = []
+        super().__init__(description="AttnFuse modular optimizer driver", args=args)
+
+    def register_all_dialects(self) -> None:
+        for dialect in (Builtin, Attn, Tile):
+            self.ctx.register_dialect(dialect.name, lambda d=dialect: d)
+
+    def register_all_passes(self) -> None:
+        for name, factory in PASSES.items():
+            self.register_pass(name, factory)
+
+    def register_all_targets(self) -> None:
+        super().register_all_targets()
+
+        def triton_target():
+            from attnfuse.lowering.triton import TritonTarget
+
+            return TritonTarget
+
+        self.available_targets["triton"] = triton_target
+
+    def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
+        text = chunk.read().decode()
+        # Pad with the lines before this chunk so that locations count from the file's start.
+        parser = LocatingParser(self.ctx, "\n" * start_offset + text, self.get_input_name(), self.locations)
+        module = parser.parse_module()
+        self.modules.append(module)
+        return module
+
+    def locate(self, op: Operation | None) -> str:
+        """`file:line:col` of an op, or of the input when the op was not parsed from it."""
+        while op is not None:
+            span = self.locations.get(id(op))
+            if span is not None:
+                return str(span.get_location())
+            op = op.parent_op()
+        return f"{self.get_input_name()}:1:1"
+
+    def failing_op(self) -> tuple[Operation | None, str] | None:
+        """The first op whose own verifier fails, and its message."""
+        for module in self.modules:
+            for op in module.walk():
+                try:
+                    op.verify(verify_nested_ops=False)
+                except (VerifyException, DiagnosticException) as err:
+                    return op, _first_line(err)
+        return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    match = re.search(r"Operation does not verify: (.*)", text)
+    if match:
+        return match.group(1).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _pipeline_error(argv: Sequence[str], message: str) -> str:
+    """`-p:1:col: error: ...`, pointing at the named pass inside the pipeline argument."""
+    pipeline = ""
+    for i, arg in enumerate(argv):
+        if arg in ("-p", "--passes") and i + 1 < len(argv):
+            pipeline = argv[i + 1]
+        elif arg.startswith("--passes="):
+            pipeline = arg.split("=", 1)[1]
+    col = 1
+    quoted = re.search(r"'([^']+)'", message)
+    if quoted and quoted.group(1) in pipeline:
+        col = pipeline.index(quoted.group(1)) + 1
+    return f"<pass-pipeline>:1:{col}: error: {message}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the tool; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        tool = AttnFuseOptMain(args=argv)
+    except SystemExit as exit_:  # argparse already printed its usage message
+        return int(exit_.code or 0)
+    except (ArgSpecParseError, ValueError, PassFailedException) as err:
+        message = str(err).strip().replace("\n", " ")
+        print(_pipeline_error(argv, message), file=sys.stderr)
+        return 1
+    try:
+        tool.run()
+    except ParseError as err:
+        print(f"{err.span.get_location()}: error: {err.msg}", file=sys.stderr)
+        return 1
+    except (VerifyException, DiagnosticException) as err:
+        found = tool.failing_op()
+        op, message = found if found is not None else (None, _first_line(err))
+        print(f"{tool.locate(op)}: error: {message}", file=sys.stderr)
+        return 1
+    except PassOptionError as err:
+        print(_pipeline_error(argv, str(err)), file=sys.stderr)
+        return 1
+    except (PassFailedException, AttnFuseError) as err:
+        op = getattr(err, "op", None)
+        found = tool.failing_op() if op is None else None
+        if found is not None:
+            op, message = found
+        else:
+            message = _first_line(err)
+        print(f"{tool.locate(op)}: error: {message}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"attnfuse-opt: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+__all__ = ["AttnFuseOptMain", "main"]

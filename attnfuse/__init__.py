@@ -3,23 +3,15 @@
     import attnfuse as af
     spec = af.attention(af.rope(theta=10000.0), af.causal())
     out = spec(q, k, v)
+
+The compiler (DSL, dialects, passes, Triton printer) imports without torch or Triton, so
+`attnfuse-opt` starts fast; the runtime names below load on first use.
 """
 
+from importlib import import_module
+from typing import Any
+
 __version__ = "0.1.0"
-
-
-def _use_interpreter_without_gpu() -> None:
-    # Triton picks interpreter or GPU compilation when `triton.language` is imported, so the
-    # choice must be made before anything imports it: without a CUDA device, interpret.
-    import os
-
-    import torch
-
-    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-
-
-_use_interpreter_without_gpu()
 
 from attnfuse.dsl import (  # noqa: E402
     AttentionSpec,
@@ -32,9 +24,20 @@ from attnfuse.dsl import (  # noqa: E402
     softmax,
 )
 from attnfuse.errors import AttnFuseError  # noqa: E402
-from attnfuse.runtime.api import CompiledAttention, compile  # noqa: E402
-from attnfuse.runtime.config import TileConfig  # noqa: E402
-from attnfuse.runtime.reference import reference_attention  # noqa: E402
+
+_RUNTIME_NAMES = {
+    "compile": "attnfuse.runtime.api",
+    "CompiledAttention": "attnfuse.runtime.api",
+    "TileConfig": "attnfuse.runtime.config",
+    "reference_attention": "attnfuse.runtime.reference",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RUNTIME_NAMES:
+        return getattr(import_module(_RUNTIME_NAMES[name]), name)
+    raise AttributeError(f"module 'attnfuse' has no attribute {name!r}")
+
 
 __all__ = [
     "AttentionSpec",

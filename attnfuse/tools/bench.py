@@ -711,7 +711,9 @@ def _error_text(err: BaseException, caught: Sequence[warnings.WarningMessage] = 
     kernel not used because ..."), so those are folded into the message.
     """
     text = f"{type(err).__name__}: {err}"
-    reasons = _unique_warnings(caught)
+    # Deprecation notices from libraries never explain a failure; skip them.
+    explanatory = [w for w in caught if not issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    reasons = _unique_warnings(explanatory)
     if reasons:
         text += " | " + " | ".join(reasons)
     return " ".join(text.split())[:2000]
@@ -1006,6 +1008,21 @@ def _json_safe(value: Any) -> Any:
 # --------------------------------------------------------------------------
 
 
+def _load_attnfuse_runtime() -> None:
+    """Load AttnFuse's runtime before any baseline imports ``triton.language``.
+
+    Without a GPU the runtime selects Triton's interpreter when it loads, and
+    that choice only takes effect if ``triton.language`` has not been
+    imported yet; ``af.compile`` loads lazily, after torch.compile (flex) has
+    imported Triton, which would leave the interpreted kernels broken. A
+    failure here is left for the attnfuse rows to report.
+    """
+    with contextlib.suppress(Exception):
+        import attnfuse
+
+        attnfuse.compile  # noqa: B018 - the attribute access is the load
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 when every checked row passed, 1 on any FAIL, 2 on setup errors."""
     parser = build_parser()
@@ -1026,6 +1043,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))  # exits with status 2
 
+    if "attnfuse" in config.impls:
+        _load_attnfuse_runtime()
     # The reference must be true float32 (no TF32 matmuls).
     torch.set_float32_matmul_precision("highest")
     _configure_dynamo()

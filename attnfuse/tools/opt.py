@@ -162,6 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:
         print(f"attnfuse-opt: error: {err}", file=sys.stderr)
         return 1
+    except Exception as err:  # a compiler bug: still one located line, never a traceback
+        found = tool.failing_op()
+        op = found[0] if found is not None else None
+        print(
+            f"{tool.locate(op)}: error: internal compiler error: {type(err).__name__}: "
+            f"{_first_line(err)}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

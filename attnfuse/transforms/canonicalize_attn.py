@@ -44,7 +44,7 @@ class MergeAdjacentMasks(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: MaskOp, rewriter: PatternRewriter) -> None:
         inner = op.input.owner
-        if not isinstance(inner, MaskOp) or len(inner.result.uses) != 1:
+        if not isinstance(inner, MaskOp) or not inner.result.has_one_use():
             return
         # Intersecting two masks is concatenating their predicates; the sort pattern then
         # orders and deduplicates them.

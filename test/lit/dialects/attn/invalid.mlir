@@ -1,0 +1,133 @@
+// RUN: attnfuse-opt %s --split-input-file --verify-diagnostics | filecheck %s
+// Each attn verifier error, one per split.
+
+attn.variant @two_normalizers(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %p = attn.softmax %s
+  %p2 = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: a variant needs exactly one normalizer, found 2
+
+// -----
+
+attn.variant @no_scores(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %s2 = attn.scores %q, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: a variant needs exactly one attn.scores
+
+// -----
+
+attn.variant @mismatched_rope(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+  %kr = attn.rope %k {theta = 1.000000e+04 : f64, interleaved} : !attn.key
+  %s = attn.scores %qr, %kr
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: the query and key rotations must use the same theta, rotary_dim and layout
+
+// -----
+
+attn.variant @twice_rotated(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %q1 = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+  %q2 = attn.rope %q1 {theta = 1.000000e+04 : f64} : !attn.query
+  %s = attn.scores %q2, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: attn.query is rotated more than once
+
+// -----
+
+attn.variant @odd_rotary(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64, rotary_dim = 7 : i64} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rope rotary_dim must be positive and even, got 7
+
+// -----
+
+attn.variant @bad_theta(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = -1.000000e+00 : f64} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rope theta must be positive, got -1.0
+
+// -----
+
+attn.variant @bad_placement(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64, placement = "sideways"} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rope placement must be one of fused, pre_rotated, got 'sideways'
+
+// -----
+
+attn.variant @bad_scale(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k {scale = 0.000000e+00 : f64}
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: scores scale must be positive, got 0.0
+
+// -----
+
+attn.variant @wrong_band(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal] {band = #attn.band<lower = -4, upper = 0>}
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: band (-4, 0) does not match the predicates' band (None, 0)
+
+// -----
+
+attn.variant @not_a_predicate(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [42 : i64]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: mask predicate expected, got 42 : i64
+
+// -----
+
+attn.variant @bad_signature(%q : !attn.query, %k : !attn.key, %v : !attn.value, %w : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value), got (!attn.query, !attn.key, !attn.value, !attn.value)
+
+// -----
+
+attn.variant @rope_on_value(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %vr = attn.rope %v {theta = 1.000000e+04 : f64} : !attn.value
+  %s = attn.scores %q, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %vr
+  attn.yield %o
+}
+// CHECK: Unexpected attribute !attn.value
+

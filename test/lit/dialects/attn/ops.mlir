@@ -1,0 +1,38 @@
+// RUN: attnfuse-opt %s | filecheck %s
+// RUN: %roundtrip | filecheck %s
+// Every attn op and attribute prints in its custom form and survives a generic round trip.
+
+// CHECK-LABEL: attn.variant @everything(%q: !attn.query, %k: !attn.key, %v: !attn.value) -> !attn.output {
+attn.variant @everything(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  // CHECK-NEXT: %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+  // CHECK-NEXT: %kr = attn.rope %k {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.key
+  %kr = attn.rope %k {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.key
+  // CHECK-NEXT: %s = attn.scores %qr, %kr {scale = 1.250000e-01 : f64}
+  %s = attn.scores %qr, %kr {scale = 1.250000e-01 : f64}
+  // CHECK-NEXT: %m = attn.mask %s [#attn.causal, #attn.window<128>] {band = #attn.band<lower = -127, upper = 0>}
+  %m = attn.mask %s [#attn.causal, #attn.window<128>] {band = #attn.band<lower = -127, upper = 0>}
+  // CHECK-NEXT: %f = attn.mask %m []
+  %f = attn.mask %m []
+  // CHECK-NEXT: %p = attn.softmax %f
+  %p = attn.softmax %f
+  // CHECK-NEXT: %o = attn.pv %p, %v
+  %o = attn.pv %p, %v
+  // CHECK-NEXT: attn.yield %o
+  attn.yield %o
+}
+
+// CHECK-LABEL: attn.variant @interleaved_partial
+attn.variant @interleaved_partial(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  // CHECK: attn.rope %q {theta = 5.000000e+05 : f64, rotary_dim = 32 : i64, interleaved} : !attn.query
+  %qr = attn.rope %q {theta = 5.000000e+05 : f64, rotary_dim = 32 : i64, interleaved} : !attn.query
+  %kr = attn.rope %k {theta = 5.000000e+05 : f64, rotary_dim = 32 : i64, interleaved} : !attn.key
+  %s = attn.scores %qr, %kr
+  // CHECK: attn.mask %s [] {band = #attn.band<>}
+  %m = attn.mask %s [] {band = #attn.band<>}
+  // CHECK: attn.mask %m [#attn.window<4>] {band = #attn.band<lower = -3, upper = 3>}
+  %w = attn.mask %m [#attn.window<4>] {band = #attn.band<lower = -3, upper = 3>}
+  %p = attn.softmax %w
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -1,0 +1,315 @@
+// RUN: attnfuse-opt %s --split-input-file --parsing-diagnostics --verify-diagnostics | filecheck %s
+// Each tile verifier error (and tile type parse error), one per split.
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x q x f16>
+  tile.return
+}
+// CHECK: unknown tile dimension 'q'
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x n x f16>
+  tile.return
+}
+// CHECK: a tile has one or two dimensions, got 3
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f64>
+  tile.return
+}
+// CHECK: tile element type must be one of f16, bf16, f32, got 'f64'
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<query>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: unknown tensor role 'query'
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "diagonal", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: kernel grid must be one of query_blocks, key_blocks
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: kernel needs an integer attribute 'num_stages'
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 48 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: block_m must be a power of two >= 16, got 48
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 3 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: num_warps must be 1, 2, 4, 8 or 16, got 3
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 0 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: num_stages must be >= 1, got 0
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 512 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: head_dim must be in [1, 256], got 512
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 80 : i64} {
+
+  tile.return
+}
+// CHECK: rotary_dim must be even and in (0, head_dim=64], got 80
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = i32, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: unsupported tile element type i32
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %q2: !tile.tensor<q>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: each tensor role may be bound to one kernel parameter only
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %x: index) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+
+  tile.return
+}
+// CHECK: kernel parameters must all be !tile.tensor
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<n x d x f16>
+  tile.return
+}
+// CHECK: loaded tile must be a m x d tile, got n x d
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %v[program, all] : !tile.tensor<v> -> !tile.tile<m x d x f16>
+  tile.return
+}
+// CHECK: loaded tile must be a m x dv tile, got m x d
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  tile.return
+}
+// CHECK: loaded tile must be a m x half tile, got m x d
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x bf16>
+  tile.return
+}
+// CHECK: loaded tile must have the kernel's element type f16, got bf16
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[loop, all] : !tile.tensor<q> -> !tile.tile<n x d x f16>
+  tile.return
+}
+// CHECK: loop rows can only be accessed inside a tile.kv_loop
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[diagonal, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  tile.return
+}
+// CHECK: rows must be one of program, loop, got 'diagonal'
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, middle] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  tile.return
+}
+// CHECK: columns must be one of all, half_lo, half_hi, even, odd, pass, got 'middle'
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %lse[program, all] : !tile.tensor<lse> -> !tile.tile<m x f32>
+  tile.return
+}
+// CHECK: a lse tensor has no columns to select
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %inv_freq[program] : !tile.tensor<inv_freq> -> !tile.tile<m x f32>
+  tile.return
+}
+// CHECK: a inv_freq tensor is not accessed by blocks
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  tile.store %x, %o[program, all] : !tile.tile<m x d x f16> -> !tile.tensor<o>
+  tile.return
+}
+// CHECK: stored tile must be a m x dv tile, got m x d
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  %a, %b = tile.rotate %x, %x, %inv_freq {positions = "query"} : !tile.tile<m x d x f16>, !tile.tensor<inv_freq>
+  tile.return
+}
+// CHECK: rotated tiles must be <rows x half>, got m x d
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+  %a, %b = tile.rotate %x, %x, %inv_freq {positions = "value"} : !tile.tile<m x half x f16>, !tile.tensor<inv_freq>
+  tile.return
+}
+// CHECK: positions must be query or key, got 'value'
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+  %a, %b = tile.rotate %x, %x, %q {positions = "query"} : !tile.tile<m x half x f16>, !tile.tensor<q>
+  tile.return
+}
+// CHECK: the frequency operand must be the inv_freq tensor
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a, %mx, %sm = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<upper = 0>}
+  %r:3 = tile.kv_loop %s to %e masked iter_args(%a, %mx, %sm) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>, %m0: !tile.tile<m x f32>, %l0: !tile.tile<m x f32>):
+    %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+    %y = tile.load %k[loop, half_lo] : !tile.tensor<k> -> !tile.tile<n x half x f16>
+    %s1 = tile.scores(%x) x(%y) : (!tile.tile<m x d x f16>) x(!tile.tile<n x half x f16>) -> !tile.tile<m x n x f32>
+    tile.yield %a0, %m0, %l0 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  }
+  tile.return
+}
+// CHECK: query part 0 and key part 0 contract different dims: d vs half
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a, %mx, %sm = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<upper = 0>}
+  %r:3 = tile.kv_loop %s to %e masked iter_args(%a, %mx, %sm) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>, %m0: !tile.tile<m x f32>, %l0: !tile.tile<m x f32>):
+    %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+    %s1 = tile.scores(%x) x(%x) : (!tile.tile<m x d x f16>) x(!tile.tile<m x d x f16>) -> !tile.tile<m x n x f32>
+    tile.yield %a0, %m0, %l0 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  }
+  tile.return
+}
+// CHECK: key part 0 must be <n x _>, got m x d
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a, %mx, %sm = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<upper = 0>}
+  %r:3 = tile.kv_loop %s to %e masked iter_args(%a, %mx, %sm) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>, %m0: !tile.tile<m x f32>, %l0: !tile.tile<m x f32>):
+    %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+    %y = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    %s1 = tile.scores(%x, %x) x(%y) : (!tile.tile<m x d x f16>, !tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    tile.yield %a0, %m0, %l0 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  }
+  tile.return
+}
+// CHECK: scores needs as many query parts as key parts (at least one), got 2 and 1
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a, %mx, %sm = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<upper = 0>}
+  %r:3 = tile.kv_loop %s to %e iter_args(%a, %mx, %sm) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>, %m0: !tile.tile<m x f32>, %l0: !tile.tile<m x f32>):
+    %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+    %y = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    %s1 = tile.scores(%x) x(%y) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    %s2 = tile.mask %s1 {band = #attn.band<upper = 0>} : !tile.tile<m x n x f32>
+    tile.yield %a0, %m0, %l0 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  }
+  tile.return
+}
+// CHECK: tile.mask belongs in a masked tile.kv_loop
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a, %mx, %sm = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<upper = 0>}
+  %r:3 = tile.kv_loop %s to %e masked iter_args(%a, %mx, %sm) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>, %m0: !tile.tile<m x f32>, %l0: !tile.tile<m x f32>):
+    tile.yield %a0, %m0, %a0 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x dv x f32>
+  }
+  tile.return
+}
+// CHECK: tile.yield must yield the types of the loop's iter_args
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<upper = 0>}
+  tile.return
+}
+// CHECK: tile.kv_bounds needs a kernel whose programs own query blocks
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a, %mx, %sm = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %o1, %l1 = tile.softmax_finalize %a, %mx, %sm : !tile.tile<m x dv x f32>, !tile.tile<m x f32>
+  %o2, %l2 = tile.softmax_finalize %o1, %o1, %o1 : !tile.tile<m x dv x f32>, !tile.tile<m x dv x f32>
+  tile.return
+}
+// CHECK: row max must be a m tile, got m x dv

@@ -1,0 +1,55 @@
+// RUN: attnfuse-opt %s | filecheck %s
+// RUN: %roundtrip | filecheck %s
+// Every tile op and type prints in its custom form and survives a generic round trip.
+
+// CHECK-LABEL: tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "key_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
+tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "key_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
+  // CHECK-NEXT: %k_even = tile.load %k[program, even] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
+  %k_even = tile.load %k[program, even] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
+  // CHECK-NEXT: %k_odd = tile.load %k[program, odd] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
+  %k_odd = tile.load %k[program, odd] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
+  // CHECK-NEXT: %a, %b = tile.rotate %k_even, %k_odd, %inv_freq {positions = "key", inverse} : !tile.tile<m x half x bf16>, !tile.tensor<inv_freq>
+  %a, %b = tile.rotate %k_even, %k_odd, %inv_freq {positions = "key", inverse} : !tile.tile<m x half x bf16>, !tile.tensor<inv_freq>
+  // CHECK-NEXT: tile.store %a, %k_rot[program, even] : !tile.tile<m x half x bf16> -> !tile.tensor<k_rot>
+  tile.store %a, %k_rot[program, even] : !tile.tile<m x half x bf16> -> !tile.tensor<k_rot>
+  // CHECK-NEXT: %k_pass = tile.load %k[program, pass] : !tile.tensor<k> -> !tile.tile<m x pass x bf16>
+  %k_pass = tile.load %k[program, pass] : !tile.tensor<k> -> !tile.tile<m x pass x bf16>
+  // CHECK-NEXT: tile.return
+  tile.return
+}
+
+// CHECK-LABEL: tile.kernel @attention_fwd
+tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>) attributes {grid = "query_blocks", element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 128 : i64, head_dim_v = 128 : i64} {
+  // CHECK-NEXT: %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  // CHECK-NEXT: %acc, %row_max, %row_sum = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %acc, %row_max, %row_sum = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  // CHECK-NEXT: %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<lower = -255, upper = 0>}
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<lower = -255, upper = 0>}
+  // CHECK-NEXT: %acc_1, %row_max_1, %row_sum_1 = tile.kv_loop %s to %fs masked iter_args(%acc, %row_max, %row_sum) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  %acc_1, %row_max_1, %row_sum_1 = tile.kv_loop %s to %fs masked iter_args(%acc, %row_max, %row_sum) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>, %m0: !tile.tile<m x f32>, %l0: !tile.tile<m x f32>):
+    // CHECK: %k_1 = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    %k_1 = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    // CHECK-NEXT: %scores = tile.scores(%q_1) x(%k_1) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    %scores = tile.scores(%q_1) x(%k_1) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    // CHECK-NEXT: %kept = tile.mask %scores {band = #attn.band<lower = -255, upper = 0>} : !tile.tile<m x n x f32>
+    %kept = tile.mask %scores {band = #attn.band<lower = -255, upper = 0>} : !tile.tile<m x n x f32>
+    // CHECK-NEXT: %p, %m1, %l1, %alpha = tile.softmax_update %kept, %m0, %l0 : !tile.tile<m x n x f32>, !tile.tile<m x f32>
+    %p, %m1, %l1, %alpha = tile.softmax_update %kept, %m0, %l0 : !tile.tile<m x n x f32>, !tile.tile<m x f32>
+    %v_1 = tile.load %v[loop, all] : !tile.tensor<v> -> !tile.tile<n x dv x f16>
+    // CHECK: %a1 = tile.accumulate %a0, %p, %v_1 rescaled %alpha : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f16>, !tile.tile<m x f32>
+    %a1 = tile.accumulate %a0, %p, %v_1 rescaled %alpha : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f16>, !tile.tile<m x f32>
+    // CHECK-NEXT: %a2 = tile.accumulate %a1, %p, %v_1 : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f16>
+    %a2 = tile.accumulate %a1, %p, %v_1 : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f16>
+    // CHECK-NEXT: tile.yield %a2, %m1, %l1 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+    tile.yield %a2, %m1, %l1 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  }
+  // CHECK: %out, %lse_1 = tile.softmax_finalize %acc_1, %row_max_1, %row_sum_1 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>
+  %out, %lse_1 = tile.softmax_finalize %acc_1, %row_max_1, %row_sum_1 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>
+  // CHECK-NEXT: tile.store %out, %o[program, all] : !tile.tile<m x dv x f32> -> !tile.tensor<o>
+  tile.store %out, %o[program, all] : !tile.tile<m x dv x f32> -> !tile.tensor<o>
+  // CHECK-NEXT: tile.store %lse_1, %lse[program] : !tile.tile<m x f32> -> !tile.tensor<lse>
+  tile.store %lse_1, %lse[program] : !tile.tile<m x f32> -> !tile.tensor<lse>
+  tile.return
+}

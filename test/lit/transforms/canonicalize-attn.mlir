@@ -1,0 +1,61 @@
+// RUN: attnfuse-opt %s -p canonicalize-attn --split-input-file | filecheck %s
+
+// Adjacent masks merge into one, predicates sorted; the empty mask (full) disappears.
+// CHECK-LABEL: attn.variant @merge
+// CHECK-NEXT:    %s = attn.scores %q, %k
+// CHECK-NEXT:    %{{.*}} = attn.mask %s [#attn.causal, #attn.window<64>]
+// CHECK-NEXT:    %p = attn.softmax %{{.*}}
+attn.variant @merge(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %f = attn.mask %s []
+  %w = attn.mask %f [#attn.window<64>]
+  %c = attn.mask %w [#attn.causal]
+  %p = attn.softmax %c
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// Duplicate predicates are removed and windows intersect to the narrowest.
+// CHECK-LABEL: attn.variant @dedupe
+// CHECK:         attn.mask %s [#attn.causal, #attn.window<16>]{{$}}
+attn.variant @dedupe(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.window<32>, #attn.causal, #attn.window<16>, #attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// A variant that is already canonical is left alone; rotations are untouched.
+// CHECK-LABEL: attn.variant @canonical
+// CHECK-NEXT:    %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+// CHECK-NEXT:    %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key
+// CHECK-NEXT:    %s = attn.scores %qr, %kr
+// CHECK-NEXT:    %m = attn.mask %s [#attn.causal]
+attn.variant @canonical(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+  %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key
+  %s = attn.scores %qr, %kr
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// Only a full mask: the scores flow straight into the normalizer.
+// CHECK-LABEL: attn.variant @only_full
+// CHECK-NEXT:    %s = attn.scores %q, %k
+// CHECK-NEXT:    %p = attn.softmax %s
+attn.variant @only_full(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %f = attn.mask %s []
+  %p = attn.softmax %f
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

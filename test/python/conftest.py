@@ -1,0 +1,148 @@
+"""Shared fixtures and helpers of the pytest suite.
+
+The kernel cache is pointed at a fresh temporary directory *before* `attnfuse` is imported
+anywhere, so a test run never reads entries a previous run (or another checkout) wrote and
+never litters the user's `~/.cache/attnfuse`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+_CACHE_DIR = tempfile.mkdtemp(prefix="attnfuse-test-cache-")
+os.environ["ATTNFUSE_CACHE_DIR"] = _CACHE_DIR
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import attnfuse as af  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without CUDA)
+
+HAS_CUDA = torch.cuda.is_available()
+
+# Acceptance tolerances (DESIGN.md / the brief).
+FP32_MAX_ABS = 1e-4
+HALF_MAX_REL = 1e-2
+
+
+# --------------------------------------------------------------------------------------------
+# Session plumbing
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def attnfuse_cache_dir():
+    """The kernel cache directory of this test session (removed at the end)."""
+    yield _CACHE_DIR
+    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.gpu` tests skip without a CUDA device."""
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+# --------------------------------------------------------------------------------------------
+# Numerics helpers
+# --------------------------------------------------------------------------------------------
+
+
+def error_of(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """The quantity the tolerance applies to: max abs error in fp32, relative L2 otherwise."""
+    o, r = out.detach().to("cpu", torch.float64), ref.detach().to("cpu", torch.float64)
+    if dtype == torch.float32:
+        return (o - r).abs().max().item() if o.numel() else 0.0
+    denom = r.norm().item()
+    num = (o - r).norm().item()
+    if denom == 0.0:
+        return num
+    return num / denom
+
+
+def assert_close_to_reference(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """Acceptance: fp32 max abs error <= 1e-4; fp16/bf16 ||out-ref||/||ref|| <= 1e-2.
+
+    NaN (or inf) in the output never passes, whatever the reference says.
+    """
+    assert out.dtype == dtype, f"output dtype {out.dtype}, expected {dtype}"
+    assert tuple(out.shape) == tuple(ref.shape), f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    o = out.detach().to("cpu", torch.float64)
+    assert not torch.isnan(o).any(), f"output has {int(torch.isnan(o).sum())} NaN values"
+    assert torch.isfinite(o).all(), "output has non-finite values"
+    err = error_of(out, ref, dtype)
+    if dtype == torch.float32:
+        assert err <= FP32_MAX_ABS, f"fp32 max abs error {err:.3e} > {FP32_MAX_ABS:.0e}"
+    else:
+        assert err <= HALF_MAX_REL, f"{dtype} relative error {err:.3e} > {HALF_MAX_REL:.0e}"
+
+
+def assert_lse_close(lse: torch.Tensor, ref_lse: torch.Tensor, atol: float = 1e-3) -> None:
+    """The log-sum-exp is fp32 in every dtype; -inf rows must be exactly -inf in both."""
+    assert lse.dtype == torch.float32, f"lse dtype {lse.dtype}, expected float32"
+    assert tuple(lse.shape) == tuple(ref_lse.shape)
+    lse, ref_lse = lse.detach().cpu().double(), ref_lse.detach().cpu().double()
+    assert not torch.isnan(lse).any(), "lse has NaN values"
+    ref_empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), ref_empty), "lse is -inf on other rows than the reference"
+    assert torch.isfinite(lse[~ref_empty]).all()
+    if (~ref_empty).any():
+        err = (lse[~ref_empty] - ref_lse[~ref_empty]).abs().max().item()
+        assert err <= atol, f"lse max abs error {err:.3e} > {atol:.0e}"
+
+
+def make_qkv(
+    b: int = 1,
+    hq: int = 2,
+    hkv: int | None = None,
+    nq: int = 32,
+    nk: int | None = None,
+    d: int = 32,
+    dv: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    *,
+    seed: int = 0,
+    strided: bool = False,
+    device: str | torch.device = "cpu",
+    requires_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded random q [B,Hq,Nq,D], k [B,Hkv,Nk,D], v [B,Hkv,Nk,Dv] (never zeros).
+
+    `strided=True` makes [B, N, H, D] tensors and returns their `.transpose(1, 2)` views, the
+    layout a model's projections produce: the kernels must honour arbitrary strides.
+    """
+    hkv = hq if hkv is None else hkv
+    nk = nq if nk is None else nk
+    dv = d if dv is None else dv
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(h: int, n: int, dim: int) -> torch.Tensor:
+        shape = (b, n, h, dim) if strided else (b, h, n, dim)
+        t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
+        if strided:
+            t = t.transpose(1, 2)
+        return t.requires_grad_(requires_grad) if requires_grad else t
+
+    q, k, v = rand(hq, nq, d), rand(hkv, nk, d), rand(hkv, nk, dv)
+    if strided and min(q.shape) > 1:
+        assert not q.is_contiguous()
+    return q, k, v
+
+
+def check_against_reference(fn, spec, q, k, v, *, lse: bool = True, **kwargs):
+    """Runs `fn` (a spec or compiled function) and checks output (and lse) against the reference."""
+    if lse:
+        out, out_lse = fn(q, k, v, return_lse=True, **kwargs)
+        ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True)
+        assert_close_to_reference(out, ref, q.dtype)
+        assert_lse_close(out_lse, ref_lse)
+        return out, out_lse
+    out = fn(q, k, v, **kwargs)
+    ref = af.reference_attention(spec, q, k, v)
+    assert_close_to_reference(out, ref, q.dtype)
+    return out

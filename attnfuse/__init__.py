@@ -13,6 +13,21 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+
+def _choose_triton_mode_early() -> None:
+    # Triton fixes interpreter-or-GPU when `triton.language` is first imported. If torch is
+    # already loaded, decide now (it is cheap), before something like torch.compile imports
+    # Triton; otherwise the runtime decides when it loads, keeping attnfuse-opt torch-free.
+    import sys
+
+    if "torch" in sys.modules:
+        from attnfuse.runtime import select_triton_mode
+
+        select_triton_mode()
+
+
+_choose_triton_mode_early()
+
 from attnfuse.dsl import (  # noqa: E402
     AttentionSpec,
     attention,

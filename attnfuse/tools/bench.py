@@ -893,7 +893,12 @@ def default_out_dir() -> Path:
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
+    """Format a number for the table; '-' when absent, never a misleading 0.00."""
+    if value is None:
+        return "-"
+    if value and abs(value) < 0.01 and spec.endswith("f"):
+        spec = ".1e"
+    return f"{value:{spec}}{suffix}"
 
 
 def table_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:

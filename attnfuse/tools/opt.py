@@ -10,6 +10,7 @@ and exit code 1, never a Python traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Sequence
@@ -140,7 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         tool.run()
     except ParseError as err:
-        print(f"{err.span.get_location()}: error: {err.msg}", file=sys.stderr)
+        # Chunks are parsed with their preceding lines padded in, so the span's own line is
+        # already the file's: drop the offset xDSL adds for --split-input-file.
+        location = dataclasses.replace(err.span, line_offset=0).get_location()
+        print(f"{location}: error: {err.msg}", file=sys.stderr)
         return 1
     except (VerifyException, DiagnosticException) as err:
         found = tool.failing_op()

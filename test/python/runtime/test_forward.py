@@ -425,7 +425,11 @@ def test_placement_without_rope_is_ignored():
     check_against_reference(af.compile(spec, rope_placement="pre_rotated"), spec, q, k, v)
 
 
-@pytest.mark.parametrize("bad", ["fuse", "", ("fused",), ("fused", "bogus")], ids=str)
+@pytest.mark.parametrize(
+    "bad",
+    ["fuse", "", ("fused",), ("fused", "bogus"), ("fused", "fused", "fused"), None, 3],
+    ids=repr,
+)
 def test_bad_placement_raises(bad):
     spec = af.attention(af.rope())
     q, k, v = make_qkv(1, 1, nq=8, d=16)
@@ -492,6 +496,10 @@ def test_other_strided_views():
     k = big_k[:, ::2, :, 32:]
     v = big_v[:, 1::2, :, 8:40]
     check_against_reference(spec, spec, q, k, v)
+    # Last dim not unit-stride: [B, H, D, N] storage seen as [B, H, N, D].
+    qt, kt, vt = (t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (q, k, v))
+    assert qt.stride(-1) != 1
+    check_against_reference(spec, spec, qt, kt, vt)
     k1 = big_k[:, :1, :, :32].expand(1, 2, 40, 32)
     v1 = big_v[:, :1, :, :32].expand(1, 2, 40, 32)
     check_against_reference(spec, spec, q, k1, v1)
@@ -560,6 +568,18 @@ def test_source_is_triton():
     after = fn.source
     assert "@triton.jit" in after
     assert "HEAD_DIM: tl.constexpr = 32" in after
+
+
+def test_source_before_a_call_does_not_need_the_interpreter(monkeypatch):
+    """`fn.source` is text: reading it must not import/run kernels through the interpreter.
+
+    On a CUDA machine TRITON_INTERPRET is unset; `source` before the first call must still
+    work there. Simulated here by clearing the variable for a variant never compiled before.
+    """
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    fn = af.compile(af.attention(af.sliding_window(4321), af.causal()))
+    src = fn.source
+    assert "@triton.jit" in src
 
 
 def test_pre_rotated_source_has_rotation_kernels():

@@ -26,7 +26,8 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, block: Rope) -> torch.Tenso
     d = x.shape[-1]
     r = block.rotary_dim or d
     # The angle is an fp32 product, as the semantics say the rotation is computed in fp32.
-    angle = positions.to(torch.float32)[:, None] * rope_inverse_frequencies(block.theta, r)[None, :]
+    inv_freq = rope_inverse_frequencies(block.theta, r).to(positions.device)
+    angle = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     cos, sin = angle.double().cos().to(x.dtype), angle.double().sin().to(x.dtype)
     if block.interleaved:
         a, b = x[..., 0:r:2], x[..., 1:r:2]
@@ -62,9 +63,11 @@ def reference_attention(
     *,
     return_lse: bool = False,
     dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
 ):
-    """The variant's output (and log-sum-exp) computed naively in `dtype` on the CPU."""
-    q, k, v = (t.detach().to("cpu", dtype) for t in (q, k, v))
+    """The variant's output (and log-sum-exp) computed naively in `dtype` on `device`
+    (float64 on the CPU by default: slow and plainly right)."""
+    q, k, v = (t.detach().to(device, dtype) for t in (q, k, v))
     b, h_q, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
     group = h_q // h_kv
@@ -72,12 +75,12 @@ def reference_attention(
     v = v.repeat_interleave(group, dim=1)
     rope = spec.block(Rope)
     if isinstance(rope, Rope):
-        q = rotate(q, torch.arange(n_q) + (n_k - n_q), rope)
-        k = rotate(k, torch.arange(n_k), rope)
+        q = rotate(q, torch.arange(n_q, device=device) + (n_k - n_q), rope)
+        k = rotate(k, torch.arange(n_k, device=device), rope)
     sdp = spec.block(ScaledDotProduct)
     scale = sdp.scale if isinstance(sdp, ScaledDotProduct) and sdp.scale is not None else 1 / math.sqrt(d)
     scores = scale * q @ k.transpose(-1, -2)
-    keep = keep_mask(spec, n_q, n_k)
+    keep = keep_mask(spec, n_q, n_k).to(device)
     scores = scores.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # -inf on rows with no kept key
     # exp(s - lse) is NaN on empty rows (-inf - -inf): those rows output 0 by definition.

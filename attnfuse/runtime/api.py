@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,7 +13,17 @@ from attnfuse.errors import ArgumentError, AttnFuseError
 from attnfuse.runtime.compiler import CompiledProgram, CompileKey, compile_program, lower_spec
 from attnfuse.runtime.config import TileConfig, choose_tile_config, rope_placement
 from attnfuse.runtime.inputs import Problem, check_inputs
-from attnfuse.runtime.launch import default_scale, inverse_frequencies, launch
+from attnfuse.runtime.launch import KernelLaunch, default_scale, inverse_frequencies, prepare
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What a call of one shape runs: decided once per shape, then reused."""
+
+    problem: Problem
+    compiled: CompiledProgram | None
+    launches: tuple[KernelLaunch, ...]
+    inv_freq: torch.Tensor | None
 
 
 class CompiledAttention:
@@ -35,6 +46,9 @@ class CompiledAttention:
         self.rope_placement = rope_placement
         self.config = config
         self.last: CompiledProgram | None = None
+        self._plans: dict[tuple, CallPlan] = {}
+        sdp = spec.block(ScaledDotProduct)
+        self._scale = sdp.scale if isinstance(sdp, ScaledDotProduct) else None
 
     def __repr__(self) -> str:
         return f"CompiledAttention({self.spec!r})"
@@ -54,17 +68,47 @@ class CompiledAttention:
 
     @property
     def source(self) -> str:
-        """The generated Triton source: of the last call, or for head dim 64, fp16 before one."""
+        """The generated Triton source: of the last call, or, before one, for head dim 64 in
+        fp16 on this machine's default device (the GPU if there is one)."""
         if self.last is not None:
             return self.last.source
-        q = torch.empty(1, 1, 1, 64, dtype=torch.float16, device="meta")
-        problem = check_inputs(self.spec, q, q, q)
-        return compile_program(self.spec, self.compile_key(problem), True).source
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        problem = Problem(1, 1, 1, 1, 1, 64, 64, torch.float16, device)
+        return compile_program(self.spec, self.compile_key(problem), device.type != "cuda").source
 
     def tile_ir(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
         """The tile IR a call with these tensors compiles to, as text."""
         problem = check_inputs(self.spec, q, k, v)
         return str(lower_spec(self.spec, self.compile_key(problem)))
+
+    def plan(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> CallPlan:
+        """The checked, compiled and prepared launches for tensors of these shapes."""
+        try:
+            key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
+        except AttributeError:
+            key = None  # not tensors: check_inputs says which argument is wrong
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None:
+            # Validation depends only on what the key holds, so a cached plan is a checked one.
+            problem = check_inputs(self.spec, q, k, v)
+            plan = self._make_plan(problem)
+            if key is not None:
+                self._plans[key] = plan
+        return plan
+
+    def _make_plan(self, problem: Problem) -> CallPlan:
+        if problem.empty:
+            return CallPlan(problem, None, (), None)
+        compiled = compile_program(
+            self.spec, self.compile_key(problem), problem.device.type != "cuda"
+        )
+        scale = self._scale if self._scale is not None else default_scale(problem.head_dim)
+        rope = self.spec.block(Rope)
+        inv_freq = None
+        if isinstance(rope, Rope):
+            rotary_dim = rope.rotary_dim or problem.head_dim
+            inv_freq = inverse_frequencies(rope.theta, rotary_dim, problem.device)
+        return CallPlan(problem, compiled, tuple(prepare(compiled, problem, scale)), inv_freq)
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -81,41 +125,36 @@ class CompiledAttention:
             raise ArgumentError(
                 f"unexpected argument(s) {', '.join(sorted(unexpected))} for {self.spec!r}"
             )
-        problem = check_inputs(self.spec, q, k, v)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            out, lse = _AttentionFunction.apply(self, problem, q, k, v)
+        plan = self.plan(q, k, v)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            out, lse = _AttentionFunction.apply(self, plan, q, k, v)
         else:
-            out, lse = self.forward(problem, q, k, v)
+            out, lse = self.forward(plan, q, k, v)
         return (out, lse) if return_lse else out
 
     def forward(
-        self, problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self, plan: CallPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Runs the forward kernels; returns the output and the fp32 log-sum-exp."""
-        out = torch.empty(problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v,
-                          dtype=q.dtype, device=q.device)
-        lse = torch.empty(problem.batch, problem.heads_q, problem.seq_q, dtype=torch.float32,
-                          device=q.device)
-        if problem.empty:
+        p = plan.problem
+        out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=q.dtype, device=q.device)
+        lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
+        if plan.compiled is None:
             # No key: every row outputs 0 with lse -inf; no row or batch: nothing to compute.
             out.zero_()
             lse.fill_(float("-inf"))
             return out, lse
-        compiled = compile_program(self.spec, self.compile_key(problem), q.device.type != "cuda")
-        self.last = compiled
+        self.last = plan.compiled
         tensors = {"q": q, "k": k, "v": v, "o": out, "lse": lse}
-        rope = self.spec.block(Rope)
-        if isinstance(rope, Rope):
-            rotary_dim = rope.rotary_dim or problem.head_dim
-            tensors["inv_freq"] = inverse_frequencies(rope.theta, rotary_dim, q.device)
-        sdp = self.spec.block(ScaledDotProduct)
-        scale = sdp.scale if isinstance(sdp, ScaledDotProduct) and sdp.scale is not None else default_scale(problem.head_dim)
-        for info in compiled.program.kernels:
-            if info.name == "rotate_query":
-                tensors["q_rot"] = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            elif info.name == "rotate_key":
-                tensors["k_rot"] = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-            launch(compiled, info.name, problem, tensors, scale)
+        if plan.inv_freq is not None:
+            tensors["inv_freq"] = plan.inv_freq
+        for launch in plan.launches:
+            # A pre-rotation kernel writes the rotated copy the attention kernel reads.
+            if launch.info.name == "rotate_query":
+                tensors["q_rot"] = torch.empty_like(q, memory_format=torch.contiguous_format)
+            elif launch.info.name == "rotate_key":
+                tensors["k_rot"] = torch.empty_like(k, memory_format=torch.contiguous_format)
+            launch(tensors)
         return out, lse
 
 
@@ -124,9 +163,9 @@ class _AttentionFunction(torch.autograd.Function):
     error rather than silently differentiating something else."""
 
     @staticmethod
-    def forward(ctx, fn: CompiledAttention, problem: Problem, q, k, v):  # type: ignore[override]
+    def forward(ctx, fn: CompiledAttention, plan: CallPlan, q, k, v):  # type: ignore[override]
         ctx.spec = fn.spec
-        out, lse = fn.forward(problem, q, k, v)
+        out, lse = fn.forward(plan, q, k, v)
         ctx.mark_non_differentiable(lse)
         return out, lse
 

@@ -1,9 +1,15 @@
-"""Launch generated kernels: bind tensors to roles, pass strides and scalars, size the grid."""
+"""Launch generated kernels: bind tensors to roles, pass strides and scalars, size the grid.
+
+Everything that depends only on the call's shapes is worked out once, in `prepare`; a call
+then only collects pointers and strides.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 import triton
@@ -20,33 +26,42 @@ def inverse_frequencies(theta: float, rotary_dim: int, device: torch.device) -> 
     return rope_inverse_frequencies(theta, rotary_dim).to(device)
 
 
-def _grid(info: KernelInfo, problem: Problem) -> tuple[int, int]:
-    if info.grid == "query_blocks":
-        return (triton.cdiv(problem.seq_q, info.block_m), problem.batch * problem.heads_q)
-    return (triton.cdiv(problem.seq_k, info.block_m), problem.batch * problem.heads_kv)
-
-
-def launch(
-    compiled: CompiledProgram,
-    name: str,
-    problem: Problem,
-    tensors: dict[str, torch.Tensor],
-    sm_scale: float,
-) -> None:
-    """Runs kernel `name` with `tensors` bound to its roles."""
-    info = compiled.program.kernel(name)
-    args: list[object] = []
-    for role in info.roles:
-        t = tensors[role]
-        args.append(t)
-        if role != "inv_freq":
-            args.extend(t.stride())
-    num_heads = problem.heads_q if info.grid == "query_blocks" else problem.heads_kv
-    args += [sm_scale, problem.seq_q, problem.seq_k, num_heads, problem.group_size]
-    kernel = compiled.function(name)
-    kernel[_grid(info, problem)](*args, num_warps=info.num_warps, num_stages=info.num_stages)
-
-
 def default_scale(head_dim: int) -> float:
     """`1/sqrt(D)`, the scale of `scaled_dot_product()` without an argument."""
     return 1.0 / math.sqrt(head_dim)
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel of a compiled variant, ready to launch for one problem shape."""
+
+    info: KernelInfo
+    kernel: Any
+    grid: tuple[int, int]
+    scalars: tuple[object, ...]
+
+    def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
+        args: list[object] = []
+        for role in self.info.roles:
+            t = tensors[role]
+            args.append(t)
+            if role != "inv_freq":
+                args.extend(t.stride())
+        self.kernel[self.grid](
+            *args, *self.scalars, num_warps=self.info.num_warps, num_stages=self.info.num_stages
+        )
+
+
+def prepare(compiled: CompiledProgram, problem: Problem, sm_scale: float) -> list[KernelLaunch]:
+    """The launches of every kernel of `compiled`, in order, for `problem`."""
+    launches = []
+    for info in compiled.program.kernels:
+        if info.grid == "query_blocks":
+            grid = (triton.cdiv(problem.seq_q, info.block_m), problem.batch * problem.heads_q)
+            num_heads = problem.heads_q
+        else:
+            grid = (triton.cdiv(problem.seq_k, info.block_m), problem.batch * problem.heads_kv)
+            num_heads = problem.heads_kv
+        scalars = (sm_scale, problem.seq_q, problem.seq_k, num_heads, problem.group_size)
+        launches.append(KernelLaunch(info, compiled.function(info.name), grid, scalars))
+    return launches

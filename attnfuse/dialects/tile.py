@@ -36,6 +36,7 @@ from xdsl.dialects.builtin import (
     BFloat16Type,
     Float16Type,
     Float32Type,
+    FloatAttr,
     FunctionType,
     IndexType,
     IntegerAttr,
@@ -45,6 +46,7 @@ from xdsl.dialects.builtin import (
     bf16,
     f16,
     f32,
+    f64,
     i64,
 )
 from xdsl.dialects.utils import parse_func_op_like, print_func_op_like
@@ -638,26 +640,31 @@ class RotateOp(IRDLOperation):
 
 @irdl_op_definition
 class ScoresOp(IRDLOperation):
-    """`s = sum_p q_p @ k_p^T * scale`: the scores of the program's query rows against the
-    loop's key rows, summed over matching column parts (fp32 accumulation). The scale is the
-    kernel's `sm_scale` argument."""
+    """`s = scale * sum_p q_p @ k_p^T`: the scores of the program's query rows against the
+    loop's key rows, summed over matching column parts (fp32 accumulation). `scale` is static
+    when given, else the kernel's `sm_scale` argument."""
 
     name = "tile.scores"
 
     queries = var_operand_def(TileType)
     keys = var_operand_def(TileType)
     result = result_def(TileType)
+    scale = opt_prop_def(FloatAttr)
 
-    irdl_options = (AttrSizedOperandSegments(),)
+    irdl_options = (AttrSizedOperandSegments(), ParsePropInAttrDict())
     assembly_format = (
         "`(` $queries `)` `x` `(` $keys `)` attr-dict `:` `(` type($queries) `)` `x`"
         " `(` type($keys) `)` `->` type($result)"
     )
     traits = traits_def(Pure())
 
-    def __init__(self, queries: Sequence[SSAValue], keys: Sequence[SSAValue]):
+    def __init__(
+        self, queries: Sequence[SSAValue], keys: Sequence[SSAValue], scale: float | None = None
+    ):
         super().__init__(
-            operands=[queries, keys], result_types=[TileType(("m", "n"), f32)]
+            operands=[queries, keys],
+            result_types=[TileType(("m", "n"), f32)],
+            properties={"scale": None if scale is None else FloatAttr(scale, f64)},
         )
 
     def verify_(self) -> None:
@@ -680,6 +687,8 @@ class ScoresOp(IRDLOperation):
             if qt.element_type != kt.element_type:
                 raise VerifyException(f"query part {i} and key part {i} differ in element type")
         _expect_shape(self.result, ("m", "n"), "scores")
+        if self.scale is not None and not self.scale.value.data > 0:
+            raise VerifyException(f"scores scale must be positive, got {self.scale.value.data}")
 
 
 @irdl_op_definition

@@ -67,6 +67,12 @@ class AttentionSpec:
     def __repr__(self) -> str:
         return f"attention({', '.join(repr(b) for b in self.blocks)})"
 
+    @property
+    def canonical_blocks(self) -> tuple[Block, ...]:
+        """The blocks in canonical order, without the default `full()`: equal specs have
+        equal canonical blocks."""
+        return self._key
+
     def block(self, kind: type[Block]) -> Block | None:
         """The block of a kind, or None."""
         return next((b for b in self.blocks if isinstance(b, kind)), None)

@@ -351,7 +351,11 @@ class KernelEmitter:
         for i, (q, k) in enumerate(zip(op.queries, op.keys)):
             acc = f", acc={name}" if i else ""
             self.emit(f"{name} = tl.dot({self.namer[q]}, tl.trans({self.namer[k]}){acc}{self.dot_options()})")
-        self.emit(f"{name} = {name} * qk_scale")
+        if op.scale is None:
+            self.emit(f"{name} = {name} * qk_scale")
+        else:
+            scale = op.scale.value.data
+            self.emit(f"{name} = {name} * {scale * LOG2E!r}  # static scale {scale!r}, in base 2")
 
     def emit_mask(self, op: tile.MaskOp) -> None:
         keys, key_mask = self.loop_vars[-1]

@@ -75,7 +75,9 @@ def lower_spec(spec: AttentionSpec, key: CompileKey) -> ModuleOp:
 
 
 def _cache_key(spec: AttentionSpec, key: CompileKey) -> str:
-    text = "\n".join([spec.ir(), key.pipeline(), attnfuse.__version__, triton.__version__])
+    # The spec's canonical form, so that equal specs (blocks in another order) share entries.
+    canonical = AttentionSpec(spec.canonical_blocks).ir()
+    text = "\n".join([canonical, key.pipeline(), attnfuse.__version__, triton.__version__])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -63,6 +63,8 @@ class VariantFacts:
     query_rotation: Rotation | None
     key_rotation: Rotation | None
     band: attn.BandAttr
+    scale: float | None
+    """The static score scale, or None for the kernel's `sm_scale` argument (1/sqrt(D))."""
 
     @property
     def rotation(self) -> Rotation | None:
@@ -81,8 +83,11 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
     """Checks that the variant is ready to lower and collects what the kernels need."""
     rotations: dict[type, Rotation] = {}
     band = attn.BandAttr(None, None)
+    scale = None
     masks = 0
     for op in variant.body.block.ops:
+        if isinstance(op, attn.ScoresOp) and op.scale is not None:
+            scale = op.scale.value.data
         if isinstance(op, attn.RopeOp):
             if op.placement is None:
                 raise _fail(op, "rotation has no placement; run place-rope first")
@@ -98,8 +103,11 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
                 raise _fail(op, "mask has no band; run analyze-masks first")
             if masks > 1:
                 raise _fail(op, "more than one mask; run canonicalize-attn first")
+            for predicate in op.predicate_list:
+                if predicate.band() is None:
+                    raise _fail(op, f"cannot lower mask predicate {predicate}: only bands are supported")
             band = op.band
-    return VariantFacts(rotations.get(attn.QueryType), rotations.get(attn.KeyType), band)
+    return VariantFacts(rotations.get(attn.QueryType), rotations.get(attn.KeyType), band, scale)
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,7 +245,7 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
             rotate = inner.add(tile.RotateOp(k_parts[0], k_parts[1], k.arg("inv_freq"), "key"),
                                f"k{PART_SUFFIX[parts[0]]}_rot", f"k{PART_SUFFIX[parts[1]]}_rot")
             k_parts[:2] = rotate.results
-        scores = inner.add(tile.ScoresOp(q_parts, k_parts), "scores").results[0]
+        scores = inner.add(tile.ScoresOp(q_parts, k_parts, facts.scale), "scores").results[0]
         if masked:
             scores = inner.add(tile.MaskOp(scores, facts.band), "scores").results[0]
         update = inner.add(tile.SoftmaxUpdateOp(scores, row_max, row_sum),

@@ -4,8 +4,9 @@ Sets `placement = "fused"` (rotated in registers inside the attention kernel) or
 `"pre_rotated"` (rotated by its own kernel before attention) on every `attn.rope`.
 
 Options `query` and `key` force a placement or leave it to the Rotation Calculus (`auto`, see
-`rotation_calculus.py`), which needs the call's shape: `batch-heads`, `seq-len-q`,
-`seq-len-k`, `head-dim`, `block-m`, `elem-bytes` and the GPU's `flops-per-byte`. Under `auto`
+`rotation_calculus.py`), which needs the call's shape: `batch-heads`, `kv-heads-ratio`,
+`seq-len-q`, `seq-len-k`, `head-dim`, `rotary-dim`, `block-m`, `elem-bytes` and the GPU's
+`flops-per-byte` (the H200's by default: the runtime does not yet pass per-GPU rates). Under `auto`
 the query rotation is always fused (it is done once per element either way), and the key
 rotation is fused only when recomputing it per query block is cheaper than a memory pass.
 """

@@ -2,16 +2,19 @@
 
 A rotation fused into the attention kernel costs arithmetic each time a program rotates a
 block; a pre-rotation costs one extra pass over the operand through memory (read it, write the
-rotated copy) plus a launch. The query block is loaded once per program, so a fused query
-rotation is done exactly once per element: it always beats a memory pass. A key block is
-loaded, and so rotated, once per *query block*: `ceil(Nq / block_m)` times per element. So:
+rotated copy), the rotation itself once, and a launch. The query block is loaded once per
+program, so a fused query rotation is done exactly once per element: it always beats a memory
+pass. A key block is loaded, and so rotated, once per *query block* of every query head that
+reads it. In FLOP-equivalents (bytes are converted at the GPU's `flops_per_byte`):
 
-    fuse K  iff  query_blocks * rotate_cost_per_pair  <  flops_per_byte * pre_rotation_bytes_per_pair
-                                                          + launch cost spread over the pairs
+    fused   = ceil(Nq / block_m) * (B * Hq) * Nk * r/2 * ROTATE_FLOPS_PER_PAIR
+    pre     = flops_per_byte * (2 * (B * Hkv) * Nk * D * elem_bytes + LAUNCH_SECONDS * bandwidth)
+              + (B * Hkv) * Nk * r/2 * ROTATE_FLOPS_PER_PAIR
+    fuse K  iff  fused <= pre
 
 `flops_per_byte` is the GPU's CUDA-core (not tensor-core) arithmetic rate over its memory
-bandwidth: the rotation runs on the CUDA cores and the special-function units. The numbers
-below are estimates; `attnfuse-tune` and the benchmarks are where they are checked.
+bandwidth: the rotation runs on the CUDA cores and the special-function units. The constants
+are estimates; the benchmarks (`attnfuse-bench --placement ...`) are where they are checked.
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ class GpuRates:
     """What the decision needs to know about a GPU."""
 
     flops_per_byte: float
-    """CUDA-core fp32 rate over memory bandwidth (H200: ~67 TFLOP/s / 4.8 TB/s = 14)."""
+    """CUDA-core fp32 rate over memory bandwidth (H200: ~67 TFLOP/s over ~4.8 TB/s)."""
     bytes_per_second: float
-    """Memory bandwidth (H200: ~4.3e12 measured by a device copy)."""
+    """Memory bandwidth achieved by a device-to-device copy (H200: ~4.3e12 measured here)."""
 
 
 H200 = GpuRates(flops_per_byte=14.0, bytes_per_second=4.3e12)

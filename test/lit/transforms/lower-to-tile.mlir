@@ -73,16 +73,17 @@ attn.variant @interleaved(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
 // -----
 
 // No mask, no rotation: whole-width tiles; full blocks, then the ragged tail (masked).
+// A static scale travels to tile.scores.
 // FUSED:       {{^}}builtin.module
 // FUSED:       tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>)
 // FUSED:         %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
 // FUSED:         tile.kv_bounds {band = #attn.band<>}
 // FUSED-NEXT:    tile.kv_loop %kv_start to %full_end iter_args
-// FUSED:           tile.scores(%q_1) x(%k_1)
+// FUSED:           tile.scores(%q_1) x(%k_1) {scale = 5.000000e-01 : f64}
 // FUSED:         tile.kv_loop %full_end to %kv_end masked iter_args
 // FUSED:           tile.mask {{.*}} {band = #attn.band<>}
 attn.variant @dense(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
-  %s = attn.scores %q, %k
+  %s = attn.scores %q, %k {scale = 5.000000e-01 : f64}
   %p = attn.softmax %s
   %o = attn.pv %p, %v
   attn.yield %o

@@ -98,6 +98,20 @@ class ValueType(ParametrizedAttribute, TypeAttribute):
 
 
 @irdl_attr_definition
+class BiasType(ParametrizedAttribute, TypeAttribute):
+    """A call-time additive bias, broadcastable to `[B, Hq, Nq, Nk]`."""
+
+    name = "attn.bias"
+
+
+@irdl_attr_definition
+class LayoutType(ParametrizedAttribute, TypeAttribute):
+    """A call-time block-sparsity layout: bool `[ceil(Nq/bs), ceil(Nk/bs)]` or `[Hq, ...]`."""
+
+    name = "attn.layout"
+
+
+@irdl_attr_definition
 class ScoresType(ParametrizedAttribute, TypeAttribute):
     """The score matrix of one query head: `[Nq, Nk]`, with dropped entries marked."""
 
@@ -271,6 +285,9 @@ class RopeOp(IRDLOperation):
     theta = prop_def(FloatAttr)
     rotary_dim = opt_prop_def(IntegerAttr)
     interleaved = opt_prop_def(UnitAttr)
+    llama3_scaling = opt_prop_def(ArrayAttr[FloatAttr])
+    """Llama-3.1 frequency scaling: [factor, low_freq_factor, high_freq_factor,
+    original_max_position]."""
     placement = opt_prop_def(StringAttr)
 
     assembly_format = "$input attr-dict `:` type($input)"
@@ -285,6 +302,7 @@ class RopeOp(IRDLOperation):
         rotary_dim: int | None = None,
         interleaved: bool = False,
         placement: str | None = None,
+        scaling: Sequence[float] | None = None,
     ):
         super().__init__(
             operands=[operand],
@@ -293,15 +311,25 @@ class RopeOp(IRDLOperation):
                 "theta": FloatAttr(theta, f64),
                 "rotary_dim": None if rotary_dim is None else IntegerAttr(rotary_dim, i64),
                 "interleaved": UnitAttr() if interleaved else None,
+                "llama3_scaling": None
+                if scaling is None
+                else ArrayAttr([FloatAttr(float(x), f64) for x in scaling]),
                 "placement": None if placement is None else StringAttr(placement),
             },
         )
 
     @property
-    def rope_key(self) -> tuple[float, int | None, bool]:
+    def scaling(self) -> tuple[float, ...] | None:
+        """The Llama-3.1 scaling parameters, or None."""
+        if self.llama3_scaling is None:
+            return None
+        return tuple(a.value.data for a in self.llama3_scaling.data)
+
+    @property
+    def rope_key(self) -> tuple[float, int | None, bool, tuple[float, ...] | None]:
         """What must agree between the query and key rotations of one variant."""
         dim = None if self.rotary_dim is None else self.rotary_dim.value.data
-        return (self.theta.value.data, dim, self.interleaved is not None)
+        return (self.theta.value.data, dim, self.interleaved is not None, self.scaling)
 
     def verify_(self) -> None:
         if self.theta.value.data <= 0:
@@ -310,6 +338,13 @@ class RopeOp(IRDLOperation):
             dim = self.rotary_dim.value.data
             if dim <= 0 or dim % 2:
                 raise VerifyException(f"rope rotary_dim must be positive and even, got {dim}")
+        if self.llama3_scaling is not None:
+            values = self.scaling or ()
+            if len(values) != 4 or not all(x > 0 for x in values) or values[2] <= values[1]:
+                raise VerifyException(
+                    "rope llama3_scaling must be [factor, low_freq_factor, high_freq_factor, "
+                    "original_max_position], all positive, high > low"
+                )
         if self.placement is not None and self.placement.data not in ROPE_PLACEMENTS:
             raise VerifyException(
                 f"rope placement must be one of {', '.join(ROPE_PLACEMENTS)}, "
@@ -396,6 +431,104 @@ class MaskOp(IRDLOperation):
 
 
 @irdl_op_definition
+class AlibiOp(IRDLOperation):
+    """ALiBi: `s[i, j] += slope[h] * (k_pos(j) - q_pos(i))`.
+
+    `slopes` lists one slope per query head; absent, they are the ALiBi paper's geometric
+    sequence for the call's head count (its rule for a non-power-of-two count included).
+    """
+
+    name = "attn.alibi"
+
+    input = operand_def(ScoresType)
+    result = result_def(ScoresType)
+    slopes = opt_prop_def(ArrayAttr[FloatAttr])
+
+    assembly_format = "$input attr-dict"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, slopes: Sequence[float] | None = None):
+        super().__init__(
+            operands=[scores],
+            result_types=[ScoresType()],
+            properties={
+                "slopes": None if slopes is None else ArrayAttr([FloatAttr(x, f64) for x in slopes])
+            },
+        )
+
+    @property
+    def slope_values(self) -> tuple[float, ...] | None:
+        """The explicit slopes, or None for the default sequence."""
+        return None if self.slopes is None else tuple(a.value.data for a in self.slopes.data)
+
+    def verify_(self) -> None:
+        if self.slopes is not None and not self.slopes.data:
+            raise VerifyException("alibi slopes, when given, must list one slope per head")
+
+
+@irdl_op_definition
+class AddBiasOp(IRDLOperation):
+    """`s[i, j] += bias[b, h, i, j]`, the bias broadcast to `[B, Hq, Nq, Nk]`."""
+
+    name = "attn.add_bias"
+
+    input = operand_def(ScoresType)
+    bias = operand_def(BiasType)
+    result = result_def(ScoresType)
+
+    assembly_format = "$input `,` $bias attr-dict"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, bias: SSAValue):
+        super().__init__(operands=[scores, bias], result_types=[ScoresType()])
+
+
+@irdl_op_definition
+class BlockSparseOp(IRDLOperation):
+    """Drops key j for query i unless `layout[i // block_size, j // block_size]` (per head when
+    the layout has a head dim). `block_size` is a power of two >= 16."""
+
+    name = "attn.block_sparse"
+
+    input = operand_def(ScoresType)
+    layout = operand_def(LayoutType)
+    result = result_def(ScoresType)
+    block_size = prop_def(IntegerAttr)
+
+    assembly_format = "$input `,` $layout attr-dict"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, layout: SSAValue, block_size: int):
+        super().__init__(
+            operands=[scores, layout],
+            result_types=[ScoresType()],
+            properties={"block_size": IntegerAttr(block_size, i64)},
+        )
+
+    def verify_(self) -> None:
+        bs = self.block_size.value.data
+        if bs < 16 or bs & (bs - 1):
+            raise VerifyException(f"block_sparse block_size must be a power of two >= 16, got {bs}")
+
+
+@irdl_op_definition
+class ReluOp(IRDLOperation):
+    """ReLU attention: `p[i, j] = relu(s[i, j]) / Nk` on kept keys, 0 elsewhere."""
+
+    name = "attn.relu"
+
+    input = operand_def(ScoresType)
+    result = result_def(ProbsType)
+    assembly_format = "$input attr-dict"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue):
+        super().__init__(operands=[scores], result_types=[ProbsType()])
+
+
+@irdl_op_definition
 class SoftmaxOp(IRDLOperation):
     """Row-wise softmax over the kept keys; a row with no kept key is all zeros."""
 
@@ -440,7 +573,7 @@ class YieldOp(IRDLOperation):
         super().__init__(operands=[output])
 
 
-NORMALIZER_OPS: tuple[type[IRDLOperation], ...] = (SoftmaxOp,)
+NORMALIZER_OPS: tuple[type[IRDLOperation], ...] = (SoftmaxOp, ReluOp)
 """Ops that turn scores into probabilities; a variant has exactly one."""
 
 
@@ -462,11 +595,14 @@ class VariantOp(IRDLOperation):
     traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
 
     ARGUMENT_TYPES: ClassVar[tuple[Attribute, ...]] = (QueryType(), KeyType(), ValueType())
+    EXTRA_ARGUMENT_TYPES: ClassVar[tuple[Attribute, ...]] = (BiasType(), LayoutType())
+    """Call-time data a variant may take after (q, k, v), at most once each, in this order."""
 
-    def __init__(self, name: str, body: Region | None = None):
-        function_type = FunctionType.from_lists(list(self.ARGUMENT_TYPES), [OutputType()])
+    def __init__(self, name: str, body: Region | None = None, extra: Sequence[Attribute] = ()):
+        inputs = [*self.ARGUMENT_TYPES, *extra]
+        function_type = FunctionType.from_lists(inputs, [OutputType()])
         if body is None:
-            body = Region(Block(arg_types=self.ARGUMENT_TYPES))
+            body = Region(Block(arg_types=inputs))
         super().__init__(
             properties={"sym_name": StringAttr(name), "function_type": function_type},
             regions=[body],
@@ -484,20 +620,30 @@ class VariantOp(IRDLOperation):
     def value(self) -> SSAValue:
         return self.body.block.args[2]
 
+    def argument(self, kind: type[Attribute]) -> SSAValue | None:
+        """The block argument of a call-time data type (bias, layout), if the variant has one."""
+        for arg in self.body.block.args[3:]:
+            if isinstance(arg.type, kind):
+                return arg
+        return None
+
     def ops_of(self, kind: type[IRDLOperation]) -> list[IRDLOperation]:
         """The ops of one kind in the body, in order."""
         return [op for op in self.body.block.ops if isinstance(op, kind)]
 
     def verify_(self) -> None:
-        if tuple(self.function_type.inputs.data) != self.ARGUMENT_TYPES:
+        inputs = tuple(self.function_type.inputs.data)
+        extra = inputs[3:]
+        allowed = [t for t in self.EXTRA_ARGUMENT_TYPES if t in extra]
+        if inputs[:3] != self.ARGUMENT_TYPES or list(extra) != allowed:
             raise VerifyException(
-                "attn.variant takes (!attn.query, !attn.key, !attn.value), got "
-                f"({', '.join(str(t) for t in self.function_type.inputs.data)})"
+                "attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally "
+                f"!attn.bias and !attn.layout, got ({', '.join(str(t) for t in inputs)})"
             )
         if tuple(self.function_type.outputs.data) != (OutputType(),):
             raise VerifyException("attn.variant returns one !attn.output")
         block = self.body.block
-        if tuple(block.arg_types) != self.ARGUMENT_TYPES:
+        if tuple(block.arg_types) != inputs:
             raise VerifyException("entry block arguments must match the variant's inputs")
         for kind, what in ((ScoresOp, "attn.scores"), (PVOp, "attn.pv")):
             if len(self.ops_of(kind)) != 1:
@@ -522,7 +668,7 @@ class VariantOp(IRDLOperation):
         name, inputs, outputs, region, extra, _arg_attrs, _res_attrs = parse_func_op_like(
             parser, reserved_attr_names=("sym_name", "function_type")
         )
-        op = cls(name, region)
+        op = cls(name, region, inputs[3:])
         op.properties["function_type"] = FunctionType.from_lists(inputs, outputs)
         if extra is not None:
             op.attributes |= extra.data
@@ -541,11 +687,25 @@ class VariantOp(IRDLOperation):
 
 Attn = Dialect(
     "attn",
-    [RopeOp, ScoresOp, MaskOp, SoftmaxOp, PVOp, YieldOp, VariantOp],
+    [
+        RopeOp,
+        ScoresOp,
+        AlibiOp,
+        AddBiasOp,
+        MaskOp,
+        BlockSparseOp,
+        SoftmaxOp,
+        ReluOp,
+        PVOp,
+        YieldOp,
+        VariantOp,
+    ],
     [
         QueryType,
         KeyType,
         ValueType,
+        BiasType,
+        LayoutType,
         ScoresType,
         ProbsType,
         OutputType,
@@ -557,7 +717,13 @@ Attn = Dialect(
 """The attention dialect."""
 
 __all__ = [
+    "AddBiasOp",
+    "AlibiOp",
     "Attn",
+    "BiasType",
+    "BlockSparseOp",
+    "LayoutType",
+    "ReluOp",
     "BandAttr",
     "CausalAttr",
     "KeyType",

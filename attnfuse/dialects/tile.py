@@ -160,18 +160,34 @@ class TileType(ParametrizedAttribute, TypeAttribute):
         element_type_name(self.element_type)
 
 
-TENSOR_ROLES: dict[str, int] = {
-    "q": 4,
-    "k": 4,
-    "v": 4,
-    "o": 4,
-    "q_rot": 4,
-    "k_rot": 4,
-    "lse": 3,
-    "inv_freq": 1,
+TENSOR_AXES: dict[str, str] = {
+    "q": "bhnd",
+    "k": "bhnd",
+    "v": "bhnd",
+    "o": "bhnd",
+    "q_rot": "bhnd",
+    "k_rot": "bhnd",
+    "lse": "bhn",
+    "inv_freq": "",
+    "slopes": "",
+    "bias": "bhnd",
+    "full_blocks": "hnd",
+    "full_count": "hn",
+    "partial_blocks": "hnd",
+    "partial_count": "hn",
 }
-"""Kernel tensor parameters by role, with their rank: `[B, H, N, D]` operands, the
-log-sum-exp `[B, Hq, Nq]`, and the rotary frequency table `[rotary_dim / 2]`."""
+"""Kernel tensor parameters by role, with the axes the kernel indexes them by (each axis
+gets a stride argument; an empty string means a contiguous vector):
+`[B, H, N, D]` operands; the log-sum-exp `[B, Hq, Nq]`; the rotary frequencies
+`[rotary_dim / 2]`; ALiBi slopes `[Hq]`; the additive bias `[B, Hq, Nq, Nk]` (broadcast
+through zero strides); and block-sparse key-block lists `[H, query blocks, entries]` with
+their lengths `[H, query blocks]` (`full_*`: blocks needing no mask, `partial_*`: masked)."""
+
+TENSOR_ROLES: dict[str, int] = {role: max(1, len(axes)) for role, axes in TENSOR_AXES.items()}
+"""The rank of each role's tensor."""
+
+BLOCK_ROLES = ("q", "k", "v", "o", "q_rot", "k_rot", "lse")
+"""Roles accessed by `tile.load` / `tile.store` blocks of rows."""
 
 
 @irdl_attr_definition
@@ -232,6 +248,14 @@ def _expect_shape(value: SSAValue, shape: tuple[str, ...], what: str) -> TileTyp
 def _enclosing(op: Operation, kind: type[Operation]) -> Operation | None:
     parent = op.parent_op()
     while parent is not None and not isinstance(parent, kind):
+        parent = parent.parent_op()
+    return parent
+
+
+def _enclosing_loop(op: Operation) -> Operation | None:
+    """The innermost key loop (`tile.kv_loop` or `tile.sparse_kv_loop`) around `op`."""
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, LOOP_OPS):
         parent = parent.parent_op()
     return parent
 
@@ -442,8 +466,10 @@ def _parse_block_ref(parser: Parser) -> tuple[str, str | None]:
 def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> None:
     if rows not in ROW_SOURCES:
         raise VerifyException(f"rows must be one of {', '.join(ROW_SOURCES)}, got '{rows}'")
-    if rows == "loop" and _enclosing(op, KVLoopOp) is None:
+    if rows == "loop" and _enclosing_loop(op) is None:
         raise VerifyException("loop rows can only be accessed inside a tile.kv_loop")
+    if role not in BLOCK_ROLES:
+        raise VerifyException(f"a {role} tensor is not accessed by blocks")
     rank = TENSOR_ROLES[role]
     if rank == 4:
         if cols not in COLUMN_PARTS:
@@ -715,8 +741,8 @@ class MaskOp(IRDLOperation):
         _expect_shape(self.input, ("m", "n"), "masked scores")
         if self.result.type != self.input.type:
             raise VerifyException("tile.mask keeps the type of its input")
-        loop = _enclosing(self, KVLoopOp)
-        if not isinstance(loop, KVLoopOp) or loop.masked is None:
+        loop = _enclosing_loop(self)
+        if loop is None or loop.properties.get("masked") is None:
             raise VerifyException("tile.mask belongs in a masked tile.kv_loop")
 
 
@@ -787,34 +813,181 @@ class KVLoopOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
-        init_types = [v.type for v in self.inits]
-        if [r.type for r in self.results_] != init_types:
-            raise VerifyException("kv_loop results must have the types of its iter_args")
-        block = self.body.block
-        if list(block.arg_types) != init_types:
-            raise VerifyException("kv_loop body arguments must have the types of its iter_args")
-        terminator = block.last_op
-        if not isinstance(terminator, YieldOp):
-            raise VerifyException("kv_loop body must end in tile.yield")
-        if [v.type for v in terminator.values] != init_types:
-            raise VerifyException("tile.yield must yield the types of the loop's iter_args")
-        kernel = _kernel_of(self)
-        if kernel is not None and kernel.grid != "query_blocks":
-            raise VerifyException("tile.kv_loop needs a kernel whose programs own query blocks")
+        _verify_loop(self, self.inits, self.results_)
+
+
+def _verify_loop(loop: IRDLOperation, inits: Sequence[SSAValue], results: Sequence[SSAValue]) -> None:
+    """What every key loop must satisfy: carried types agree, the body ends in tile.yield."""
+    init_types = [v.type for v in inits]
+    if [r.type for r in results] != init_types:
+        raise VerifyException("kv_loop results must have the types of its iter_args")
+    block = loop.regions[0].block
+    if list(block.arg_types) != init_types:
+        raise VerifyException("kv_loop body arguments must have the types of its iter_args")
+    terminator = block.last_op
+    if not isinstance(terminator, YieldOp):
+        raise VerifyException("kv_loop body must end in tile.yield")
+    if [v.type for v in terminator.values] != init_types:
+        raise VerifyException("tile.yield must yield the types of the loop's iter_args")
+    kernel = _kernel_of(loop)
+    if kernel is not None and kernel.grid != "query_blocks":
+        raise VerifyException("tile.kv_loop needs a kernel whose programs own query blocks")
+
+
+@irdl_op_definition
+class SparseKVLoopOp(IRDLOperation):
+    """Loops over the key blocks a block-sparse layout lists for the program's query block:
+    entries `[0, count)` of `blocks[head, query block]`, each a key-block index (in units of
+    `block_n`). Empty blocks are not in the list, so time scales with the layout's density.
+    `masked` as for `tile.kv_loop`."""
+
+    name = "tile.sparse_kv_loop"
+
+    blocks = operand_def(TensorType)
+    count = operand_def(TensorType)
+    inits = var_operand_def(TileType)
+    results_ = var_result_def(TileType)
+    masked = opt_prop_def(UnitAttr)
+    body = region_def("single_block")
+
+    assembly_format = (
+        "$blocks `,` $count (`masked` $masked^)? `iter_args` `(` $inits `)` attr-dict"
+        " `:` type($blocks) `,` type($count) `,` type($inits) `->` type($results_) $body"
+    )
+
+    def __init__(
+        self,
+        blocks: SSAValue,
+        count: SSAValue,
+        inits: Sequence[SSAValue],
+        body: Region,
+        masked: bool,
+    ):
+        super().__init__(
+            operands=[blocks, count, inits],
+            result_types=[[v.type for v in inits]],
+            properties={"masked": UnitAttr() if masked else None},
+            regions=[body],
+        )
+
+    def verify_(self) -> None:
+        _verify_loop(self, self.inits, self.results_)
+        roles = tuple(
+            t.role.data for t in (self.blocks.type, self.count.type) if isinstance(t, TensorType)
+        )
+        if roles not in (("full_blocks", "full_count"), ("partial_blocks", "partial_count")):
+            raise VerifyException(
+                "sparse_kv_loop reads a block list and its count: full_blocks and full_count, "
+                "or partial_blocks and partial_count"
+            )
+
+
+LOOP_OPS = (KVLoopOp, SparseKVLoopOp)
+"""Ops whose body runs once per key block."""
 
 
 @irdl_op_definition
 class YieldOp(IRDLOperation):
-    """Ends a `tile.kv_loop` body with the next values of its iter_args."""
+    """Ends a key loop body with the next values of its iter_args."""
 
     name = "tile.yield"
 
     values = var_operand_def(TileType)
     assembly_format = "$values attr-dict `:` type($values)"
-    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(KVLoopOp)))
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(KVLoopOp, SparseKVLoopOp)))
 
     def __init__(self, values: Sequence[SSAValue]):
         super().__init__(operands=[values])
+
+
+def _verify_loop_scores(op: Operation, scores: SSAValue, what: str) -> None:
+    _expect_shape(scores, ("m", "n"), what)
+    if _enclosing_loop(op) is None:
+        raise VerifyException(f"{op.name} works on a key block: it belongs in a key loop")
+
+
+@irdl_op_definition
+class AlibiOp(IRDLOperation):
+    """`s += slope[head] * (key_pos - q_pos)` for the loop's key block; slopes are a tensor
+    of one fp32 value per query head."""
+
+    name = "tile.alibi"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    input = operand_def(T)
+    slopes = operand_def(TensorType)
+    result = result_def(T)
+
+    assembly_format = "$input `,` $slopes attr-dict `:` type($input) `,` type($slopes)"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, slopes: SSAValue):
+        super().__init__(operands=[scores, slopes], result_types=[scores.type])
+
+    def verify_(self) -> None:
+        _verify_loop_scores(self, self.input, "ALiBi scores")
+        assert isinstance(self.slopes.type, TensorType)
+        if self.slopes.type.role.data != "slopes":
+            raise VerifyException("the ALiBi operand must be the slopes tensor")
+
+
+@irdl_op_definition
+class AddBiasOp(IRDLOperation):
+    """`s += bias[batch, head, rows, keys]` for the program's rows and the loop's key block
+    (out-of-bounds entries read as 0: they are masked or discarded)."""
+
+    name = "tile.add_bias"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    input = operand_def(T)
+    bias = operand_def(TensorType)
+    result = result_def(T)
+
+    assembly_format = "$input `,` $bias attr-dict `:` type($input) `,` type($bias)"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, bias: SSAValue):
+        super().__init__(operands=[scores, bias], result_types=[scores.type])
+
+    def verify_(self) -> None:
+        _verify_loop_scores(self, self.input, "biased scores")
+        assert isinstance(self.bias.type, TensorType)
+        if self.bias.type.role.data != "bias":
+            raise VerifyException("the bias operand must be the bias tensor")
+
+
+@irdl_op_definition
+class ReluProbsOp(IRDLOperation):
+    """ReLU attention weights `p = relu(s) / Nk` (dropped keys, at -inf, give 0)."""
+
+    name = "tile.relu_probs"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    input = operand_def(T)
+    result = result_def(T)
+
+    assembly_format = "$input attr-dict `:` type($input)"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue):
+        super().__init__(operands=[scores], result_types=[scores.type])
+
+    def verify_(self) -> None:
+        _verify_f32_state([(self.input, ("m", "n"), "scores")])
+
+
+@irdl_op_definition
+class ZerosOp(IRDLOperation):
+    """A tile of zeros."""
+
+    name = "tile.zeros"
+
+    result = result_def(TileType)
+    assembly_format = "attr-dict `:` type($result)"
+    traits = traits_def(Pure())
+
+    def __init__(self, result_type: TileType):
+        super().__init__(result_types=[result_type])
 
 
 @irdl_op_definition
@@ -982,6 +1155,11 @@ Tile = Dialect(
         SoftmaxUpdateOp,
         AccumulateOp,
         SoftmaxFinalizeOp,
+        SparseKVLoopOp,
+        AlibiOp,
+        AddBiasOp,
+        ReluProbsOp,
+        ZerosOp,
     ],
     [TileType, TensorType],
 )
@@ -989,6 +1167,13 @@ Tile = Dialect(
 
 __all__ = [
     "AccumulateOp",
+    "AddBiasOp",
+    "AlibiOp",
+    "LOOP_OPS",
+    "ReluProbsOp",
+    "SparseKVLoopOp",
+    "TENSOR_AXES",
+    "ZerosOp",
     "COLUMN_PARTS",
     "ELEMENT_TYPES",
     "GRIDS",

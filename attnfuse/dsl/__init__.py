@@ -1,8 +1,13 @@
 """The DSL: building blocks and `attention(...)`, which composes them."""
 
 from attnfuse.dsl.blocks import (
+    additive_bias,
+    alibi,
+    block_sparse,
     causal,
     full,
+    llama3_scaling,
+    relu,
     rope,
     scaled_dot_product,
     sliding_window,
@@ -12,9 +17,14 @@ from attnfuse.dsl.spec import AttentionSpec, attention
 
 __all__ = [
     "AttentionSpec",
+    "additive_bias",
+    "alibi",
     "attention",
+    "block_sparse",
     "causal",
     "full",
+    "llama3_scaling",
+    "relu",
     "rope",
     "scaled_dot_product",
     "sliding_window",

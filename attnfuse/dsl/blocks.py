@@ -19,7 +19,8 @@ class Block:
     """Base class of the building blocks."""
 
     category: ClassVar[str]
-    """What the block is: 'transform' (before QK^T), 'scores', 'mask' or 'normalizer'."""
+    """What the block is: 'transform' (before QK^T), 'scores', 'modifier' (added to the
+    scores), 'mask' or 'normalizer'."""
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items() if v is not None and v is not False)
@@ -50,6 +51,35 @@ class ScaledDotProduct(Block):
         return "scaled_dot_product"
 
 
+@dataclass(frozen=True)
+class Llama3Scaling:
+    """Llama-3.1's RoPE frequency scaling: long wavelengths are divided by `factor`, short
+    ones kept, and those between blended (see `docs/semantics.md`)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    def __repr__(self) -> str:
+        return (
+            f"llama3_scaling(factor={self.factor!r}, low_freq_factor={self.low_freq_factor!r}, "
+            f"high_freq_factor={self.high_freq_factor!r}, "
+            f"original_max_position={self.original_max_position!r})"
+        )
+
+    def __post_init__(self) -> None:
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise CompositionError(f"llama3_scaling: {name} must be positive, got {value!r}")
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise CompositionError(
+                "llama3_scaling: high_freq_factor must exceed low_freq_factor, got "
+                f"{self.high_freq_factor} <= {self.low_freq_factor}"
+            )
+
+
 @dataclass(frozen=True, repr=False)
 class Rope(Block):
     """Rotary position embedding of q and k (see DESIGN.md for the exact rotation)."""
@@ -57,6 +87,7 @@ class Rope(Block):
     theta: float = 10000.0
     rotary_dim: int | None = None
     interleaved: bool = False
+    scaling: Llama3Scaling | None = None
     category: ClassVar[str] = "transform"
 
     def __post_init__(self) -> None:
@@ -70,6 +101,10 @@ class Rope(Block):
                 raise CompositionError(f"rope: rotary_dim must be positive and even, got {self.rotary_dim}")
         if not isinstance(self.interleaved, bool):
             raise CompositionError(f"rope: interleaved must be a bool, got {self.interleaved!r}")
+        if self.scaling is not None and not isinstance(self.scaling, Llama3Scaling):
+            raise CompositionError(
+                f"rope: scaling must be af.llama3_scaling(...) or None, got {self.scaling!r}"
+            )
 
 
 @dataclass(frozen=True, repr=False)
@@ -103,6 +138,62 @@ class SlidingWindow(Block):
 
 
 @dataclass(frozen=True, repr=False)
+class BlockSparse(Block):
+    """Keep key j for query i iff `block_layout[i // block_size, j // block_size]`."""
+
+    block_size: int = 0
+    category: ClassVar[str] = "mask"
+
+    def __post_init__(self) -> None:
+        bs = self.block_size
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 16 or bs & (bs - 1):
+            raise CompositionError(
+                f"block_sparse: block_size must be a power of two >= 16, got {bs!r}"
+            )
+
+    @property
+    def block_name(self) -> str:
+        return "block_sparse"
+
+
+@dataclass(frozen=True, repr=False)
+class Alibi(Block):
+    """`s += slope[h] * (k_pos - q_pos)`; default slopes from the ALiBi paper."""
+
+    slopes: tuple[float, ...] | None = None
+    category: ClassVar[str] = "modifier"
+
+    def __post_init__(self) -> None:
+        if self.slopes is None:
+            return
+        try:
+            slopes = tuple(float(x) for x in self.slopes)
+        except (TypeError, ValueError):
+            raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}") from None
+        if not slopes or not all(math.isfinite(x) for x in slopes):
+            raise CompositionError(f"alibi: slopes must be a non-empty list of finite numbers, got {self.slopes!r}")
+        object.__setattr__(self, "slopes", slopes)
+
+
+@dataclass(frozen=True, repr=False)
+class AdditiveBias(Block):
+    """`s += bias[b, h, i, j]`; the bias tensor is passed at call time as `bias=`."""
+
+    category: ClassVar[str] = "modifier"
+
+    @property
+    def block_name(self) -> str:
+        return "additive_bias"
+
+
+@dataclass(frozen=True, repr=False)
+class Relu(Block):
+    """ReLU attention: `p = relu(s) / Nk` on kept keys, 0 elsewhere."""
+
+    category: ClassVar[str] = "normalizer"
+
+
+@dataclass(frozen=True, repr=False)
 class Softmax(Block):
     """Softmax over the kept keys (the default normalizer)."""
 
@@ -114,13 +205,52 @@ def scaled_dot_product(scale: float | None = None) -> ScaledDotProduct:
     return ScaledDotProduct(scale)
 
 
-def rope(theta: float = 10000.0, rotary_dim: int | None = None, interleaved: bool = False) -> Rope:
+def rope(
+    theta: float = 10000.0,
+    rotary_dim: int | None = None,
+    interleaved: bool = False,
+    scaling: Llama3Scaling | None = None,
+) -> Rope:
     """Rotary position embedding of q and k, fused into the kernel where that pays.
 
     `rotary_dim` (even, <= D; default D) dims are rotated, the rest pass through; pairs are
     `(x_t, x_{t+r/2})` (Llama, NeoX) or, with `interleaved=True`, `(x_{2t}, x_{2t+1})` (GPT-J).
+    `scaling=af.llama3_scaling(...)` applies Llama-3.1's frequency scaling (Llama 3 itself is
+    `theta=500000.0`).
     """
-    return Rope(theta, rotary_dim, interleaved)
+    return Rope(theta, rotary_dim, interleaved, scaling)
+
+
+def llama3_scaling(
+    factor: float = 8.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_max_position: int = 8192,
+) -> Llama3Scaling:
+    """Llama-3.1's RoPE frequency scaling, for `rope(scaling=...)`."""
+    return Llama3Scaling(factor, low_freq_factor, high_freq_factor, original_max_position)
+
+
+def alibi(slopes=None) -> Alibi:
+    """ALiBi: `s += slope[h] * (k_pos - q_pos)`. Default slopes: the ALiBi paper's geometric
+    sequence for the call's number of query heads (non-powers of two included)."""
+    return Alibi(slopes)
+
+
+def additive_bias() -> AdditiveBias:
+    """`s += bias[b, h, i, j]`: pass `bias=` (broadcastable to `[B, Hq, Nq, Nk]`) at call time."""
+    return AdditiveBias()
+
+
+def block_sparse(block_size: int) -> BlockSparse:
+    """Keep the blocks `block_layout[i // bs, j // bs]` marks; pass `block_layout=` (bool
+    `[ceil(Nq/bs), ceil(Nk/bs)]` or per head `[Hq, ...]`) at call time."""
+    return BlockSparse(block_size)
+
+
+def relu() -> Relu:
+    """Normalize with ReLU instead of softmax: `p = relu(s) / Nk` on kept keys."""
+    return Relu()
 
 
 def full() -> Full:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from attnfuse.runtime.api import CompiledAttention
 
-CATEGORY_ORDER = {"transform": 0, "scores": 1, "mask": 2, "normalizer": 3}
+CATEGORY_ORDER = {"transform": 0, "scores": 1, "modifier": 2, "mask": 3, "normalizer": 4}
 
 
 def validate_blocks(blocks: tuple[Block, ...]) -> None:

@@ -11,9 +11,10 @@ The kernel ABI is uniform so the runtime can launch any kernel from its `KernelI
            sm_scale, n_q, n_k, num_heads, group_size,
            <constexprs with defaults: block sizes and static dims>)
 
-Two facts of the generated code, not of the IR: scores are kept in base 2 (multiplied by
-log2(e)) so the softmax uses `exp2`, and the kernel's static dims are padded to powers of two
-(at least 16, the smallest `tl.dot` operand) with masked loads and stores.
+Two facts of the generated code, not of the IR: the softmax computes `exp` as `exp2` of
+scores multiplied by log2(e) (folded into one FMA with the row max), and the kernel's static
+dims are padded to powers of two (at least 16, the smallest `tl.dot` operand) with masked
+loads and stores.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ class KernelEmitter:
     def reserved_names(self) -> set[str]:
         names = {
             "tl", "triton", "block_id", "batch_head", "batch", "head", "kv_head", "rows",
-            "row_in_bounds", "keys", "key_in_bounds", "q_pos", "qk_scale", "sm_scale", "n_q", "n_k", "num_heads",
+            "row_in_bounds", "keys", "key_in_bounds", "q_pos", "slope", "entry", "sm_scale", "n_q", "n_k", "num_heads",
             "group_size", "start_n", "inv_freq", "q_first", "q_last",
             "cols_d", "cols_dv", "cols_half", "cols_pass",
         }
@@ -163,8 +164,7 @@ class KernelEmitter:
         return ', input_precision="ieee"' if self.elem == "f32" else ""
 
     def strides(self, role: str) -> list[str]:
-        rank = tile.TENSOR_ROLES[role]
-        return [f"stride_{role}_{a}" for a in "bhnd"[: 4 if rank == 4 else rank]] if rank > 1 else []
+        return [f"stride_{role}_{axis}" for axis in tile.TENSOR_AXES[role]]
 
     def head_of(self, role: str) -> str:
         if self.grid == "query_blocks" and role in ("k", "v", "k_rot"):
@@ -256,16 +256,20 @@ class KernelEmitter:
         self.emit(f"row_in_bounds = rows < {n_rows}")
         if self.grid == "query_blocks":
             self.emit("q_pos = rows + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key")
-            self.emit(f"qk_scale = sm_scale * {LOG2E}  # scores in base 2, so the softmax uses exp2")
         used_cols = self.used_column_sets()
         for name, width in (("cols_d", "BLOCK_D"), ("cols_dv", "BLOCK_DV"), ("cols_half", "BLOCK_HALF"), ("cols_pass", "BLOCK_PASS")):
             if name in used_cols:
                 self.emit(f"{name} = tl.arange(0, {width})")
         for role in self.roles:
-            if role == "inv_freq":
-                continue
-            strides = self.strides(role)
-            self.emit(f"{role}_base = {role}_ptr + batch * {strides[0]} + {self.head_of(role)} * {strides[1]}")
+            axes = tile.TENSOR_AXES[role]
+            if axes.startswith("bh"):
+                self.emit(f"{role}_base = {role}_ptr + batch * stride_{role}_b + {self.head_of(role)} * stride_{role}_h")
+            elif axes.startswith("hn"):
+                # Block-sparse lists: this head's (a shared layout has head stride 0) entry
+                # for this program's query block.
+                self.emit(f"{role}_base = {role}_ptr + head * stride_{role}_h + block_id * stride_{role}_n")
+        if "slopes" in self.roles:
+            self.emit("slope = tl.load(slopes_ptr + head)  # this head's ALiBi slope")
         if "inv_freq" in self.roles:
             self.emit("# Rotary frequencies theta^(-2t/r), one per pair, fp32 (computed by the runtime).")
             mask = ", mask=cols_half < ROT_HALF, other=0.0" if padded(self.rot_half) != self.rot_half else ""
@@ -352,10 +356,9 @@ class KernelEmitter:
             acc = f", acc={name}" if i else ""
             self.emit(f"{name} = tl.dot({self.namer[q]}, tl.trans({self.namer[k]}){acc}{self.dot_options()})")
         if op.scale is None:
-            self.emit(f"{name} = {name} * qk_scale")
+            self.emit(f"{name} = {name} * sm_scale")
         else:
-            scale = op.scale.value.data
-            self.emit(f"{name} = {name} * {scale * LOG2E!r}  # static scale {scale!r}, in base 2")
+            self.emit(f"{name} = {name} * {op.scale.value.data!r}  # static scale")
 
     def emit_mask(self, op: tile.MaskOp) -> None:
         keys, key_mask = self.loop_vars[-1]
@@ -422,7 +425,7 @@ class KernelEmitter:
 
     def emit_yield(self, op: tile.YieldOp) -> None:
         loop = op.parent_op()
-        assert isinstance(loop, tile.KVLoopOp)
+        assert isinstance(loop, tile.LOOP_OPS)
         targets = [self.namer[v] for v in loop.inits]
         values = [self.namer[v] for v in op.values]
         if targets != values:
@@ -444,8 +447,9 @@ class KernelEmitter:
         self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
         probs = self.fresh_result(op.probs)
         alpha = self.fresh_result(op.alpha)
-        self.emit(f"{probs} = tl.math.exp2({scores} - {safe}[:, None])")
-        self.emit(f"{alpha} = tl.math.exp2({row_max} - {safe})")
+        # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
+        self.emit(f"{probs} = tl.math.exp2({scores} * {LOG2E} - ({safe} * {LOG2E})[:, None])")
+        self.emit(f"{alpha} = tl.math.exp2(({row_max} - {safe}) * {LOG2E})")
         self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
         self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")
 
@@ -464,7 +468,7 @@ class KernelEmitter:
         if len(uses) != 1 or not isinstance(uses[0].operation, tile.YieldOp):
             return None
         loop = uses[0].operation.parent_op()
-        assert isinstance(loop, tile.KVLoopOp)
+        assert isinstance(loop, tile.LOOP_OPS)
         arg = loop.body.block.args[uses[0].index]
         producer = value.owner
         assert isinstance(producer, Operation)
@@ -476,7 +480,7 @@ class KernelEmitter:
 
     def emit_accumulate(self, op: tile.AccumulateOp) -> None:
         acc, probs, value = self.namer[op.acc], self.namer[op.probs], self.namer[op.value]
-        self.emit("# tile.accumulate: acc * alpha + p @ v")
+        self.emit("# tile.accumulate: " + ("acc * alpha + p @ v" if op.alpha is not None else "acc + p @ v"))
         scaled = f"{acc} * {self.namer[op.alpha]}[:, None]" if op.alpha is not None else acc
         result = self.fresh_result(op.result)
         self.emit(f"{result} = tl.dot({probs}.to({value}.dtype), {value}, acc={scaled}{self.dot_options()})")
@@ -490,7 +494,64 @@ class KernelEmitter:
         self.emit(f"{safe_sum} = tl.where({has_keys}, {row_sum}, 1.0)")
         self.emit(f"{self.namer.define(op.output)} = {acc} / {safe_sum}[:, None]")
         lse = self.namer.define(op.lse)
-        self.emit(f"{lse} = tl.where({has_keys}, ({row_max} + tl.math.log2({safe_sum})) * {LN2}, float(\"-inf\"))")
+        self.emit(f"{lse} = tl.where({has_keys}, {row_max} + tl.math.log2({safe_sum}) * {LN2}, float(\"-inf\"))")
+
+    def emit_alibi(self, op: tile.AlibiOp) -> None:
+        keys = self.loop_vars[-1][0]
+        self.emit("# tile.alibi: slope * (k_pos - q_pos)")
+        self.emit(
+            f"{self.namer.define(op.result)} = {self.namer[op.input]}"
+            f" + slope * ({keys}[None, :] - q_pos[:, None]).to(tl.float32)"
+        )
+
+    def emit_add_bias(self, op: tile.AddBiasOp) -> None:
+        keys, key_mask = self.loop_vars[-1]
+        masks = ["row_in_bounds[:, None]"] + ([f"{key_mask}[None, :]"] if key_mask else [])
+        block = self.namer.fresh("bias_block")
+        self.emit("# tile.add_bias: bias[batch, head, rows, keys], broadcast through its strides")
+        self.emit(
+            f"{block} = tl.load(bias_base + rows[:, None] * stride_bias_n + {keys}[None, :] * stride_bias_d,"
+            f" mask={' & '.join(masks)}, other=0.0).to(tl.float32)"
+        )
+        self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + {block}")
+
+    def emit_relu_probs(self, op: tile.ReluProbsOp) -> None:
+        self.emit("# tile.relu_probs: relu(s) / Nk (dropped keys are -inf: weight 0)")
+        self.emit(f"{self.namer.define(op.result)} = tl.maximum({self.namer[op.input]}, 0.0) / n_k")
+
+    def emit_zeros(self, op: tile.ZerosOp) -> None:
+        assert isinstance(op.result.type, tile.TileType)
+        sizes = {"m": "BLOCK_M", "n": "BLOCK_N", "d": "BLOCK_D", "dv": "BLOCK_DV", "half": "BLOCK_HALF", "pass": "BLOCK_PASS"}
+        shape = ", ".join(sizes[d] for d in op.result.type.shape)
+        self.emit("# tile.zeros")
+        self.emit(f"{self.namer.define(op.result)} = tl.zeros([{shape}], dtype=tl.float32)")
+
+    def emit_sparse_kv_loop(self, op: tile.SparseKVLoopOp) -> None:
+        block = op.body.block
+        carried = [self.namer[v] for v in op.inits]
+        for arg, name in zip(block.args, carried):
+            self.namer.alias(arg, name)
+        masked = op.masked is not None
+        blocks, count = self.role_of(op.blocks), self.role_of(op.count)
+        kind = "partial: masked and bounds-checked" if masked else "full: no mask work"
+        self.emit(f"# tile.sparse_kv_loop over the key blocks the layout lists ({kind})")
+        count_name = self.namer.fresh(f"{count}")
+        self.emit(f"{count_name} = tl.load({count}_base)")
+        self.emit(f"for entry in range(0, {count_name}):")
+        self.indent += 1
+        self.emit(f"start_n = tl.load({blocks}_base + entry * stride_{blocks}_d) * BLOCK_N")
+        self.emit("start_n = tl.multiple_of(start_n, BLOCK_N)")
+        self.emit("keys = start_n + tl.arange(0, BLOCK_N)")
+        key_mask = ""
+        if masked:
+            key_mask = "key_in_bounds"
+            self.emit(f"{key_mask} = keys < n_k")
+        self.loop_vars.append(("keys", key_mask))
+        self.emit_block(block)
+        self.loop_vars.pop()
+        self.indent -= 1
+        for result, name in zip(op.results, carried):
+            self.namer.alias(result, name)
 
     def emit_return(self, op: tile.ReturnOp) -> None:
         del op  # the function just ends
@@ -512,6 +573,11 @@ KernelEmitter.HANDLERS = {
     tile.AccumulateOp: KernelEmitter.emit_accumulate,
     tile.SoftmaxFinalizeOp: KernelEmitter.emit_softmax_finalize,
     tile.ReturnOp: KernelEmitter.emit_return,
+    tile.AlibiOp: KernelEmitter.emit_alibi,
+    tile.AddBiasOp: KernelEmitter.emit_add_bias,
+    tile.ReluProbsOp: KernelEmitter.emit_relu_probs,
+    tile.ZerosOp: KernelEmitter.emit_zeros,
+    tile.SparseKVLoopOp: KernelEmitter.emit_sparse_kv_loop,
 }
 
 

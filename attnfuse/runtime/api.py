@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from attnfuse.dsl.blocks import Rope, ScaledDotProduct
+from attnfuse.dsl.blocks import AdditiveBias, Alibi, BlockSparse, Relu, Rope, ScaledDotProduct
+from attnfuse.dsl.build_ir import mask_band
 from attnfuse.dsl.spec import AttentionSpec
 from attnfuse.errors import ArgumentError, AttnFuseError
 from attnfuse.runtime.compiler import CompiledProgram, CompileKey, compile_program, lower_spec
+from attnfuse.runtime.call_data import alibi_slopes, bias_view, check_layout, sparse_block_lists
 from attnfuse.runtime.config import TileConfig, choose_tile_config, rope_placement
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.launch import KernelLaunch, default_scale, inverse_frequencies, prepare
@@ -23,7 +25,9 @@ class CallPlan:
     problem: Problem
     compiled: CompiledProgram | None
     launches: tuple[KernelLaunch, ...]
-    inv_freq: torch.Tensor | None
+    constants: dict[str, torch.Tensor]
+    """Tensors that depend only on the shape: rotary frequencies, ALiBi slopes."""
+    config: TileConfig | None
 
 
 class CompiledAttention:
@@ -47,6 +51,7 @@ class CompiledAttention:
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
+        self._sparse_cache: tuple[tuple, dict[str, torch.Tensor]] | None = None
         sdp = spec.block(ScaledDotProduct)
         self._scale = sdp.scale if isinstance(sdp, ScaledDotProduct) else None
 
@@ -55,9 +60,19 @@ class CompiledAttention:
 
     # -- compile -----------------------------------------------------------------------------
 
+    def tile_config(self, problem: Problem) -> TileConfig:
+        """The tile configuration for a problem: the user's, else the dispatcher's; blocks
+        never exceed a block-sparse layout's block size."""
+        config = self.config or choose_tile_config(problem)
+        sparse = self.spec.block(BlockSparse)
+        if isinstance(sparse, BlockSparse):
+            bs = sparse.block_size
+            config = replace(config, block_m=min(config.block_m, bs), block_n=min(config.block_n, bs))
+        return config
+
     def compile_key(self, problem: Problem) -> CompileKey:
         """What this call's kernels are specialized on."""
-        config = self.config or choose_tile_config(problem)
+        config = self.tile_config(problem)
         placement = rope_placement(self.spec, problem, config, self.rope_placement)
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config, placement)
 
@@ -98,17 +113,53 @@ class CompiledAttention:
 
     def _make_plan(self, problem: Problem) -> CallPlan:
         if problem.empty:
-            return CallPlan(problem, None, (), None)
-        compiled = compile_program(
-            self.spec, self.compile_key(problem), problem.device.type != "cuda"
-        )
+            return CallPlan(problem, None, (), {}, None)
+        key = self.compile_key(problem)
+        compiled = compile_program(self.spec, key, problem.device.type != "cuda")
         scale = self._scale if self._scale is not None else default_scale(problem.head_dim)
+        constants: dict[str, torch.Tensor] = {}
         rope = self.spec.block(Rope)
-        inv_freq = None
         if isinstance(rope, Rope):
             rotary_dim = rope.rotary_dim or problem.head_dim
-            inv_freq = inverse_frequencies(rope.theta, rotary_dim, problem.device)
-        return CallPlan(problem, compiled, tuple(prepare(compiled, problem, scale)), inv_freq)
+            constants["inv_freq"] = inverse_frequencies(rope.theta, rotary_dim, rope.scaling, problem.device)
+        alibi = self.spec.block(Alibi)
+        if isinstance(alibi, Alibi):
+            constants["slopes"] = alibi_slopes(alibi.slopes, problem)
+        launches = tuple(prepare(compiled, problem, scale))
+        return CallPlan(problem, compiled, launches, constants, key.config)
+
+    def call_tensors(
+        self, plan: CallPlan, bias: object, block_layout: object
+    ) -> dict[str, torch.Tensor]:
+        """The call-time data tensors (bias, block-sparse lists), checked."""
+        tensors: dict[str, torch.Tensor] = {}
+        if self.spec.block(AdditiveBias) is not None:
+            tensors["bias"] = bias_view(bias, plan.problem)
+        elif bias is not None:
+            raise ArgumentError(f"bias= given, but {self.spec!r} has no additive_bias()")
+        sparse = self.spec.block(BlockSparse)
+        if isinstance(sparse, BlockSparse):
+            layout = check_layout(block_layout, sparse.block_size, plan.problem)
+            if plan.config is not None:
+                tensors |= self._sparse_lists(layout, sparse.block_size, plan)
+        elif block_layout is not None:
+            raise ArgumentError(f"block_layout= given, but {self.spec!r} has no block_sparse()")
+        return tensors
+
+    def _sparse_lists(self, layout: torch.Tensor, block_size: int, plan: CallPlan) -> dict[str, torch.Tensor]:
+        # Layouts are usually reused across calls (every layer of a model): keep the lists of
+        # the last layout seen, keyed by its storage and in-place version.
+        key = (layout.data_ptr(), layout._version, tuple(layout.shape), plan.problem)
+        cached = self._sparse_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        assert plan.config is not None
+        lists = sparse_block_lists(
+            layout, block_size, mask_band(self.spec), plan.problem,
+            plan.config.block_m, plan.config.block_n,
+        )
+        self._sparse_cache = (key, lists)
+        return lists
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -119,23 +170,36 @@ class CompiledAttention:
         v: torch.Tensor,
         *,
         return_lse: bool = False,
+        bias: torch.Tensor | None = None,
+        block_layout: torch.Tensor | None = None,
         **unexpected: Any,
     ):
         if unexpected:
             raise ArgumentError(
                 f"unexpected argument(s) {', '.join(sorted(unexpected))} for {self.spec!r}"
             )
+        if return_lse and self.spec.block(Relu) is not None:
+            raise ArgumentError("return_lse=True needs softmax(): relu() attention has no log-sum-exp")
         plan = self.plan(q, k, v)
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            out, lse = _AttentionFunction.apply(self, plan, q, k, v)
+        data = self.call_tensors(plan, bias, block_layout)
+        if torch.is_grad_enabled() and any(
+            t.requires_grad for t in (q, k, v, *data.values())
+        ):
+            out, lse = _AttentionFunction.apply(self, plan, data, q, k, v)
         else:
-            out, lse = self.forward(plan, q, k, v)
+            out, lse = self.forward(plan, data, q, k, v)
         return (out, lse) if return_lse else out
 
     def forward(
-        self, plan: CallPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self,
+        plan: CallPlan,
+        data: dict[str, torch.Tensor],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Runs the forward kernels; returns the output and the fp32 log-sum-exp."""
+        """Runs the forward kernels; returns the output and the fp32 log-sum-exp (all -inf
+        for relu attention, which has none)."""
         p = plan.problem
         out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=q.dtype, device=q.device)
         lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
@@ -145,9 +209,7 @@ class CompiledAttention:
             lse.fill_(float("-inf"))
             return out, lse
         self.last = plan.compiled
-        tensors = {"q": q, "k": k, "v": v, "o": out, "lse": lse}
-        if plan.inv_freq is not None:
-            tensors["inv_freq"] = plan.inv_freq
+        tensors = {"q": q, "k": k, "v": v, "o": out, "lse": lse, **plan.constants, **data}
         for launch in plan.launches:
             # A pre-rotation kernel writes the rotated copy the attention kernel reads.
             if launch.info.name == "rotate_query":
@@ -163,9 +225,9 @@ class _AttentionFunction(torch.autograd.Function):
     error rather than silently differentiating something else."""
 
     @staticmethod
-    def forward(ctx, fn: CompiledAttention, plan: CallPlan, q, k, v):  # type: ignore[override]
+    def forward(ctx, fn: CompiledAttention, plan: CallPlan, data, q, k, v):  # type: ignore[override]
         ctx.spec = fn.spec
-        out, lse = fn.forward(plan, q, k, v)
+        out, lse = fn.forward(plan, data, q, k, v)
         ctx.mark_non_differentiable(lse)
         return out, lse
 

@@ -11,14 +11,55 @@ import math
 
 import torch
 
-from attnfuse.dsl.blocks import Causal, Rope, ScaledDotProduct, SlidingWindow
+from attnfuse.dsl.blocks import (
+    AdditiveBias,
+    Alibi,
+    BlockSparse,
+    Causal,
+    Llama3Scaling,
+    Relu,
+    Rope,
+    ScaledDotProduct,
+    SlidingWindow,
+)
 from attnfuse.dsl.spec import AttentionSpec
 
 
-def rope_inverse_frequencies(theta: float, rotary_dim: int) -> torch.Tensor:
-    """`theta^(-2t/r)` for `t < r/2`, rounded to fp32 (the rotation is computed in fp32)."""
+def rope_inverse_frequencies(
+    theta: float, rotary_dim: int, scaling: Llama3Scaling | None = None
+) -> torch.Tensor:
+    """`theta^(-2t/r)` for `t < r/2` (with Llama-3.1 scaling if given), computed in float64
+    and rounded to fp32 (the rotation is computed in fp32)."""
     t = torch.arange(rotary_dim // 2, dtype=torch.float64)
-    return (theta ** (-2.0 * t / rotary_dim)).to(torch.float32)
+    freq = theta ** (-2.0 * t / rotary_dim)
+    if scaling is not None:
+        # Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+        wavelength = 2 * math.pi / freq
+        low_wavelength = scaling.original_max_position / scaling.low_freq_factor
+        high_wavelength = scaling.original_max_position / scaling.high_freq_factor
+        smooth = (scaling.original_max_position / wavelength - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        blended = (1 - smooth) * freq / scaling.factor + smooth * freq
+        freq = torch.where(
+            wavelength < high_wavelength,
+            freq,
+            torch.where(wavelength > low_wavelength, freq / scaling.factor, blended),
+        )
+    return freq.to(torch.float32)
+
+
+def default_alibi_slopes(heads: int) -> list[float]:
+    """The ALiBi paper's slopes for `heads` heads (its rule for non-powers of two included)."""
+
+    def geometric(n: int) -> list[float]:
+        first = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [first * first**i for i in range(n)]
+
+    if math.log2(heads).is_integer():
+        return geometric(heads)
+    closest = 2 ** math.floor(math.log2(heads))
+    return geometric(closest) + default_alibi_slopes(2 * closest)[0::2][: heads - closest]
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, block: Rope) -> torch.Tensor:
@@ -26,7 +67,7 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, block: Rope) -> torch.Tenso
     d = x.shape[-1]
     r = block.rotary_dim or d
     # The angle is an fp32 product, as the semantics say the rotation is computed in fp32.
-    inv_freq = rope_inverse_frequencies(block.theta, r).to(positions.device)
+    inv_freq = rope_inverse_frequencies(block.theta, r, block.scaling).to(positions.device)
     angle = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     cos, sin = angle.double().cos().to(x.dtype), angle.double().sin().to(x.dtype)
     if block.interleaved:
@@ -42,8 +83,11 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, block: Rope) -> torch.Tenso
     return out
 
 
-def keep_mask(spec: AttentionSpec, n_q: int, n_k: int) -> torch.Tensor:
-    """`[Nq, Nk]` bool: key j kept for query i by every mask of the spec."""
+def keep_mask(
+    spec: AttentionSpec, n_q: int, n_k: int, block_layout: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`[Nq, Nk]` (or `[Hq, Nq, Nk]` for a per-head layout) bool: key j kept for query i by
+    every mask of the spec."""
     q_pos = torch.arange(n_q)[:, None] + (n_k - n_q)
     k_pos = torch.arange(n_k)[None, :]
     keep = torch.ones(n_q, n_k, dtype=torch.bool)
@@ -52,6 +96,12 @@ def keep_mask(spec: AttentionSpec, n_q: int, n_k: int) -> torch.Tensor:
     window = spec.block(SlidingWindow)
     if isinstance(window, SlidingWindow):
         keep &= (q_pos - k_pos).abs() < window.window
+    sparse = spec.block(BlockSparse)
+    if isinstance(sparse, BlockSparse) and block_layout is not None:
+        rows = torch.arange(n_q) // sparse.block_size
+        cols = torch.arange(n_k) // sparse.block_size
+        layout = block_layout.cpu()
+        keep = keep & layout[..., rows, :][..., cols]
     return keep
 
 
@@ -62,6 +112,8 @@ def reference_attention(
     v: torch.Tensor,
     *,
     return_lse: bool = False,
+    bias: torch.Tensor | None = None,
+    block_layout: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
 ):
@@ -80,11 +132,24 @@ def reference_attention(
     sdp = spec.block(ScaledDotProduct)
     scale = sdp.scale if isinstance(sdp, ScaledDotProduct) and sdp.scale is not None else 1 / math.sqrt(d)
     scores = scale * q @ k.transpose(-1, -2)
-    keep = keep_mask(spec, n_q, n_k).to(device)
+    alibi = spec.block(Alibi)
+    if isinstance(alibi, Alibi):
+        slopes = alibi.slopes if alibi.slopes is not None else default_alibi_slopes(h_q)
+        slope = torch.tensor(slopes, dtype=dtype, device=device)[None, :, None, None]
+        distance = (torch.arange(n_k)[None, :] - (torch.arange(n_q)[:, None] + (n_k - n_q)))
+        scores = scores + slope * distance.to(device, dtype)
+    if spec.block(AdditiveBias) is not None and bias is not None:
+        scores = scores + bias.detach().to(device, dtype)
+    keep = keep_mask(spec, n_q, n_k, block_layout).to(device)
+    if keep.dim() == 3:
+        keep = keep[None]
     scores = scores.masked_fill(~keep, float("-inf"))
+    if spec.block(Relu) is not None:
+        probs = torch.where(keep, torch.relu(scores) / n_k, torch.zeros((), dtype=dtype, device=device))
+        return probs @ v
     lse = torch.logsumexp(scores, dim=-1)  # -inf on rows with no kept key
     # exp(s - lse) is NaN on empty rows (-inf - -inf): those rows output 0 by definition.
-    probs = torch.where(keep, torch.exp(scores - lse[..., None]), torch.zeros((), dtype=dtype))
+    probs = torch.where(keep, torch.exp(scores - lse[..., None]), torch.zeros((), dtype=dtype, device=device))
     out = probs @ v
     if return_lse:
         return out, lse.to(torch.float32)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from xdsl.builder import Builder
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, f32
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -65,6 +65,12 @@ class VariantFacts:
     band: attn.BandAttr
     scale: float | None
     """The static score scale, or None for the kernel's `sm_scale` argument (1/sqrt(D))."""
+    alibi: bool = False
+    bias: bool = False
+    sparse_block_size: int | None = None
+    """The block-sparse layout's block size, when the variant has one."""
+    normalizer: str = "softmax"
+    """softmax or relu."""
 
     @property
     def rotation(self) -> Rotation | None:
@@ -85,13 +91,16 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
     band = attn.BandAttr(None, None)
     scale = None
     masks = 0
+    alibi = bias = False
+    sparse: int | None = None
+    normalizer = "softmax"
     for op in variant.body.block.ops:
         if isinstance(op, attn.ScoresOp) and op.scale is not None:
             scale = op.scale.value.data
-        if isinstance(op, attn.RopeOp):
+        elif isinstance(op, attn.RopeOp):
             if op.placement is None:
                 raise _fail(op, "rotation has no placement; run place-rope first")
-            theta, dim, interleaved = op.rope_key
+            theta, dim, interleaved, _scaling = op.rope_key
             rotations[type(op.input.type)] = Rotation(
                 theta, dim, interleaved, op.placement.data == "fused"
             )
@@ -107,7 +116,18 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
                 if predicate.band() is None:
                     raise _fail(op, f"cannot lower mask predicate {predicate}: only bands are supported")
             band = op.band
-    return VariantFacts(rotations.get(attn.QueryType), rotations.get(attn.KeyType), band, scale)
+        elif isinstance(op, attn.AlibiOp):
+            alibi = True
+        elif isinstance(op, attn.AddBiasOp):
+            bias = True
+        elif isinstance(op, attn.BlockSparseOp):
+            sparse = op.block_size.value.data
+        elif isinstance(op, attn.ReluOp):
+            normalizer = "relu"
+    return VariantFacts(
+        rotations.get(attn.QueryType), rotations.get(attn.KeyType), band, scale,
+        alibi, bias, sparse, normalizer,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,13 +233,38 @@ def build_rotation_kernel(operand: str, rotation: Rotation, config: KernelConfig
     return k.finish()
 
 
+def forward_roles(facts: VariantFacts) -> list[str]:
+    """The forward kernel's tensor parameters, in order."""
+    q_rot, k_rot = facts.query_rotation, facts.key_rotation
+    roles = [
+        "q_rot" if q_rot is not None and not q_rot.fused else "q",
+        "k_rot" if k_rot is not None and not k_rot.fused else "k",
+        "v",
+        "o",
+    ]
+    if facts.normalizer == "softmax":
+        roles.append("lse")
+    if facts.any_fused:
+        roles.append("inv_freq")
+    if facts.alibi:
+        roles.append("slopes")
+    if facts.bias:
+        roles.append("bias")
+    if facts.sparse_block_size is not None:
+        roles += ["full_blocks", "full_count", "partial_blocks", "partial_count"]
+    return roles
+
+
+STATE_NAMES = {"softmax": ("acc", "row_max", "row_sum"), "relu": ("acc",)}
+"""The values each normalizer carries across key blocks."""
+
+
 def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
     """The fused attention forward kernel (see the module docstring)."""
     rotation = facts.rotation
     q_rot, k_rot = facts.query_rotation, facts.key_rotation
-    q_source = "q_rot" if q_rot is not None and not q_rot.fused else "q"
-    k_source = "k_rot" if k_rot is not None and not k_rot.fused else "k"
-    roles = [q_source, k_source, "v", "o", "lse"] + (["inv_freq"] if facts.any_fused else [])
+    roles = forward_roles(facts)
+    q_source, k_source = roles[0], roles[1]
     k = KernelBuilder("attention_fwd", roles, "query_blocks", config,
                       rotation.rotary_dim if rotation else None)
     # Split q and k into column parts only when some rotation runs in registers.
@@ -232,13 +277,13 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
                        f"q{PART_SUFFIX[parts[0]]}_rot", f"q{PART_SUFFIX[parts[1]]}_rot")
         q_parts[:2] = rotate.results
 
-    init = k.add(tile.SoftmaxInitOp(), "acc", "row_max", "row_sum")
-    bounds = k.add(tile.KVBoundsOp(facts.band), "kv_start", "full_start", "full_end", "kv_end")
-    start, full_start, full_end, end = bounds.results
-    lower, _upper = facts.band.bounds
+    names = STATE_NAMES[facts.normalizer]
+    if facts.normalizer == "softmax":
+        state: Sequence[SSAValue] = k.add(tile.SoftmaxInitOp(), *names).results
+    else:
+        state = k.add(tile.ZerosOp(tile.TileType(("m", "dv"), f32)), *names).results
 
     def body(block: Block, masked: bool) -> None:
-        acc, row_max, row_sum = block.args
         inner = k.inside(block)
         k_parts = [inner.load("k", "loop", p, f"k{PART_SUFFIX[p]}", source=k_source) for p in parts]
         if k_rot is not None and k_rot.fused:
@@ -246,33 +291,64 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
                                f"k{PART_SUFFIX[parts[0]]}_rot", f"k{PART_SUFFIX[parts[1]]}_rot")
             k_parts[:2] = rotate.results
         scores = inner.add(tile.ScoresOp(q_parts, k_parts, facts.scale), "scores").results[0]
+        # Score modifications come before the mask: a dropped key stays dropped.
+        if facts.alibi:
+            scores = inner.add(tile.AlibiOp(scores, k.arg("slopes")), "scores").results[0]
+        if facts.bias:
+            scores = inner.add(tile.AddBiasOp(scores, k.arg("bias")), "scores").results[0]
         if masked:
             scores = inner.add(tile.MaskOp(scores, facts.band), "scores").results[0]
-        update = inner.add(tile.SoftmaxUpdateOp(scores, row_max, row_sum),
-                           "probs", "row_max", "row_sum", "alpha")
-        probs, new_max, new_sum, alpha = update.results
         v = inner.load("v", "loop", "all", "v")
-        new_acc = inner.add(tile.AccumulateOp(acc, probs, v, alpha), "acc").results[0]
-        inner.builder.insert(tile.YieldOp([new_acc, new_max, new_sum]))
+        if facts.normalizer == "softmax":
+            acc, row_max, row_sum = block.args
+            update = inner.add(tile.SoftmaxUpdateOp(scores, row_max, row_sum),
+                               "probs", "row_max", "row_sum", "alpha")
+            probs, new_max, new_sum, alpha = update.results
+            new_acc = inner.add(tile.AccumulateOp(acc, probs, v, alpha), "acc").results[0]
+            inner.builder.insert(tile.YieldOp([new_acc, new_max, new_sum]))
+        else:
+            (acc,) = block.args
+            probs = inner.add(tile.ReluProbsOp(scores), "probs").results[0]
+            new_acc = inner.add(tile.AccumulateOp(acc, probs, v), "acc").results[0]
+            inner.builder.insert(tile.YieldOp([new_acc]))
 
-    state: Sequence[SSAValue] = init.results
-    # Partial blocks before the full ones exist only when the band has a lower edge; the
-    # trailing partial loop always exists, since it also covers a ragged last key block.
-    loops = ([(start, full_start, True)] if lower is not None else []) + [
-        (full_start if lower is not None else start, full_end, False),
-        (full_end, end, True),
-    ]
-    for lo, hi, masked in loops:
+    def new_body() -> Block:
         block = Block(arg_types=[v.type for v in state])
-        for arg, name in zip(block.args, ("acc", "row_max", "row_sum")):
+        for arg, name in zip(block.args, names):
             arg.name_hint = name
-        body(block, masked)
-        loop = k.add(tile.KVLoopOp(lo, hi, state, Region(block), masked), "acc", "row_max", "row_sum")
-        state = loop.results
+        return block
 
-    final = k.add(tile.SoftmaxFinalizeOp(*state), "out", "lse")
-    k.builder.insert(tile.StoreOp(final.results[0], k.arg("o"), "program", "all"))
-    k.builder.insert(tile.StoreOp(final.results[1], k.arg("lse"), "program", None))
+    if facts.sparse_block_size is not None:
+        # The layout's listed key blocks: first those every row keeps whole (no mask work),
+        # then those the band or the sequence end cuts (masked). Unlisted blocks are empty.
+        for prefix, masked in (("full", False), ("partial", True)):
+            block = new_body()
+            body(block, masked)
+            loop = tile.SparseKVLoopOp(k.arg(f"{prefix}_blocks"), k.arg(f"{prefix}_count"),
+                                       state, Region(block), masked)
+            state = k.add(loop, *names).results
+    else:
+        bounds = k.add(tile.KVBoundsOp(facts.band), "kv_start", "full_start", "full_end", "kv_end")
+        start, full_start, full_end, end = bounds.results
+        lower, _upper = facts.band.bounds
+        # Partial blocks before the full ones exist only when the band has a lower edge; the
+        # trailing partial loop always exists, since it also covers a ragged last key block.
+        loops = ([(start, full_start, True)] if lower is not None else []) + [
+            (full_start if lower is not None else start, full_end, False),
+            (full_end, end, True),
+        ]
+        for lo, hi, masked in loops:
+            block = new_body()
+            body(block, masked)
+            state = k.add(tile.KVLoopOp(lo, hi, state, Region(block), masked), *names).results
+
+    if facts.normalizer == "softmax":
+        final = k.add(tile.SoftmaxFinalizeOp(*state), "out", "lse")
+        k.builder.insert(tile.StoreOp(final.results[0], k.arg("o"), "program", "all"))
+        k.builder.insert(tile.StoreOp(final.results[1], k.arg("lse"), "program", None))
+    else:
+        # ReLU weights are already normalized (by 1/Nk): the accumulator is the output.
+        k.builder.insert(tile.StoreOp(state[0], k.arg("o"), "program", "all"))
     return k.finish()
 
 
@@ -290,6 +366,13 @@ class LowerVariant(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: attn.VariantOp, rewriter: PatternRewriter) -> None:
         facts = read_variant(op)
+        bs = facts.sparse_block_size
+        if bs is not None and max(self.config.block_m, self.config.block_n) > bs:
+            raise _fail(
+                op,
+                f"block-m ({self.config.block_m}) and block-n ({self.config.block_n}) must not "
+                f"exceed the block_sparse block size ({bs})",
+            )
         rotation = facts.rotation
         if rotation is not None and rotation.rotary_dim is not None:
             if rotation.rotary_dim > self.config.head_dim:

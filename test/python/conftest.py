@@ -20,6 +20,9 @@ import torch  # noqa: E402
 import attnfuse as af  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without CUDA)
 
 HAS_CUDA = torch.cuda.is_available()
+# `import attnfuse` turned the interpreter on if there is no CUDA device; on a CUDA machine it
+# is on only if the user asked for it.
+INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Acceptance tolerances (DESIGN.md / the brief).
 FP32_MAX_ABS = 1e-4
@@ -38,14 +41,29 @@ def attnfuse_cache_dir():
     shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "interpreter: runs generated kernels on CPU tensors through Triton's interpreter "
+        "(skipped when TRITON_INTERPRET is off, as on a CUDA machine by default)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.gpu` tests skip without a CUDA device."""
-    if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    """`@pytest.mark.gpu` tests skip without a CUDA device (or under the interpreter, which
+    would run them on the CPU at real sizes); `@pytest.mark.interpreter` tests skip when the
+    interpreter is off (a CUDA machine: run them with TRITON_INTERPRET=1, or on a CPU one)."""
+    skip_gpu = None
+    if not HAS_CUDA:
+        skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    elif INTERPRETER:
+        skip_gpu = pytest.mark.skip(reason="TRITON_INTERPRET=1: GPU tests need compiled kernels")
+    skip_interp = pytest.mark.skip(reason="needs Triton's interpreter (TRITON_INTERPRET=1)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if skip_gpu is not None and "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+        if not INTERPRETER and "interpreter" in item.keywords:
+            item.add_marker(skip_interp)
 
 
 # --------------------------------------------------------------------------------------------

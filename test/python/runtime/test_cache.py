@@ -179,6 +179,7 @@ def test_cache_dir_that_is_a_file_falls_back(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.interpreter
 def test_compile_writes_entries_and_reuses_them(cache_dir):
     # A variant no other test compiles, so the in-memory cache cannot hide the disk cache.
     spec = af.attention(af.sliding_window(777), af.causal())
@@ -196,6 +197,7 @@ def test_compile_writes_entries_and_reuses_them(cache_dir):
     assert program.source == af.compile(spec).program_for(q, k, v).source
 
 
+@pytest.mark.interpreter
 def test_corrupted_kernel_source_is_rebuilt_end_to_end(cache_dir, monkeypatch):
     spec = af.attention(af.sliding_window(778))
     q, k, v = make_qkv(1, 1, nq=20, d=16, seed=2)
@@ -213,6 +215,7 @@ def test_corrupted_kernel_source_is_rebuilt_end_to_end(cache_dir, monkeypatch):
     assert py.read_text() == good, "the truncated entry must be rewritten"
 
 
+@pytest.mark.interpreter
 def test_different_head_dims_get_different_entries(cache_dir):
     spec = af.attention(af.sliding_window(779))
     for d in (16, 32):

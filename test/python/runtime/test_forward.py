@@ -18,6 +18,8 @@ from conftest import (
 
 import attnfuse as af
 
+pytestmark = pytest.mark.interpreter
+
 SMALL = af.TileConfig(16, 16, 4, 1)
 
 MASKS = {

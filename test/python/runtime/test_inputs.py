@@ -90,12 +90,14 @@ def test_bad_inputs_through_tile_ir():
         af.compile(spec).tile_ir(q, k, v)
 
 
+@pytest.mark.interpreter
 def test_rotary_dim_equal_to_d_is_fine():
     spec = af.attention(af.rope(rotary_dim=32))
     q, k, v = make_qkv(1, 1, nq=8, d=32)
     assert spec(q, k, v).shape == (1, 1, 8, 32)
 
 
+@pytest.mark.interpreter
 def test_odd_d_without_rope_is_fine():
     q, k, v = make_qkv(1, 1, nq=8, d=33)
     out = CAUSAL(q, k, v)
@@ -176,6 +178,7 @@ def test_empty_inputs_are_still_checked():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("which", ["q", "k", "v", "all"])
 def test_backward_raises(which):
     q, k, v = make_qkv(1, 2, nq=16, d=16)
@@ -188,6 +191,7 @@ def test_backward_raises(which):
         out.sum().backward()
 
 
+@pytest.mark.interpreter
 def test_backward_through_lse_output_raises():
     q, k, v = make_qkv(1, 2, nq=16, d=16, requires_grad=True)
     out, lse = CAUSAL(q, k, v, return_lse=True)
@@ -195,6 +199,7 @@ def test_backward_through_lse_output_raises():
         (out.float().sum() + lse.sum()).backward()
 
 
+@pytest.mark.interpreter
 def test_autograd_grad_raises():
     q, k, v = make_qkv(1, 2, nq=16, d=16, requires_grad=True)
     out = CAUSAL(q, k, v)

@@ -118,7 +118,7 @@ attn.variant @bad_signature(%q : !attn.query, %k : !attn.key, %v : !attn.value, 
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value), got (!attn.query, !attn.key, !attn.value, !attn.value)
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally !attn.bias and !attn.layout, got (!attn.query, !attn.key, !attn.value, !attn.value)
 
 // -----
 

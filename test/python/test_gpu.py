@@ -1,0 +1,288 @@
+"""The forward kernels compiled for a CUDA device at real sizes, against the fp64 reference.
+
+Skipped without CUDA. The reference runs on the CPU in float64, one (batch, query head) at a
+time so that a 4096 x 4096 score matrix (128 MiB in fp64) is the largest thing it holds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close_to_reference, assert_lse_close, make_qkv
+
+import attnfuse as af
+
+pytestmark = pytest.mark.gpu
+
+HALF = [torch.float16, torch.bfloat16]
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+
+
+def reference_by_head(spec, q, k, v):
+    """`af.reference_attention` (fp64, CPU), one batch entry and query head at a time."""
+    b, hq = q.shape[:2]
+    group = hq // k.shape[1]
+    q, k, v = (t.detach().cpu() for t in (q, k, v))
+    out = torch.empty(b, hq, q.shape[2], v.shape[3], dtype=torch.float64)
+    lse = torch.empty(b, hq, q.shape[2], dtype=torch.float32)
+    for bi in range(b):
+        for h in range(hq):
+            kv = h // group
+            o, l = af.reference_attention(
+                spec, q[bi : bi + 1, h : h + 1], k[bi : bi + 1, kv : kv + 1], v[bi : bi + 1, kv : kv + 1],
+                return_lse=True,
+            )
+            out[bi, h], lse[bi, h] = o[0, 0], l[0, 0]
+    return out, lse
+
+
+def check(fn, spec, q, k, v, *, lse_atol: float | None = None):
+    out, lse = fn(q, k, v, return_lse=True)
+    torch.cuda.synchronize()
+    assert out.device.type == "cuda" and lse.device.type == "cuda"
+    ref, ref_lse = reference_by_head(spec, q, k, v)
+    assert_close_to_reference(out, ref, q.dtype)
+    if lse_atol is None:
+        lse_atol = 1e-3 if q.dtype == torch.float32 else 2e-2
+    assert_lse_close(lse, ref_lse, atol=lse_atol)
+    return out, lse
+
+
+def qkv(b=1, hq=4, hkv=None, nq=4096, nk=None, d=64, dv=None, dtype=torch.float16, seed=0, strided=False):
+    return make_qkv(b, hq, hkv, nq, nk, d, dv, dtype, seed=seed, strided=strided, device="cuda")
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE + causal at N = 4096 (the headline variant)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("d", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("hq, hkv", [(4, 4), (8, 2)], ids=["mha-h4", "gqa-8-2"])
+def test_rope_causal_4096(hq, hkv, d, dtype):
+    spec = af.attention(af.rope(), af.causal())
+    q, k, v = qkv(1, hq, hkv, d=d, dtype=dtype, seed=d)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("rope", [af.rope(interleaved=True), af.rope(theta=500000.0, rotary_dim=64)],
+                         ids=["interleaved", "partial64-theta5e5"])
+def test_rope_variants_4096(rope, dtype):
+    spec = af.attention(rope, af.causal())
+    q, k, v = qkv(1, 2, d=128, dtype=dtype, seed=1)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize("placement", ["auto", "fused", "pre_rotated", "q_fused"])
+@pytest.mark.parametrize("d", [64, 128], ids=lambda d: f"d{d}")
+def test_rope_placements_4096(placement, d):
+    spec = af.attention(af.rope(), af.causal())
+    q, k, v = qkv(1, 2, d=d, dtype=torch.float16, seed=2)
+    fn = af.compile(spec, rope_placement=placement)
+    out, _ = check(fn, spec, q, k, v)
+    fused = af.compile(spec, rope_placement="fused")(q, k, v)
+    # Same rotation wherever it runs: the answers agree to fp16 rounding.
+    assert (out.float() - fused.float()).abs().max().item() <= 2e-3
+
+
+# --------------------------------------------------------------------------------------------
+# Masks without rope, windows, decoding
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("d", [64, 128], ids=lambda d: f"d{d}")
+def test_causal_4096(d, dtype):
+    spec = af.attention(af.causal())
+    q, k, v = qkv(1, 2, d=d, dtype=dtype, seed=3)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+def test_no_mask_4096(dtype):
+    spec = af.attention()
+    q, k, v = qkv(1, 2, d=128, dtype=dtype, seed=4)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        pytest.param(lambda: [af.sliding_window(256), af.causal()], id="window256+causal"),
+        pytest.param(lambda: [af.sliding_window(256), af.causal(), af.rope()], id="window256+causal+rope"),
+        pytest.param(lambda: [af.sliding_window(256)], id="window256"),
+        pytest.param(lambda: [af.sliding_window(1000), af.causal()], id="window1000+causal"),
+    ],
+)
+def test_sliding_window_4096(blocks, dtype):
+    spec = af.attention(*blocks())
+    q, k, v = qkv(1, 2, d=64, dtype=dtype, seed=5)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("d", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("nq", [1, 16], ids=lambda n: f"nq{n}")
+@pytest.mark.parametrize("hq, hkv", [(8, 8), (8, 1)], ids=["mha", "mqa"])
+def test_decode_vs_4096_keys(hq, hkv, nq, d, dtype):
+    spec = af.attention(af.rope(), af.causal())
+    q, k, v = qkv(2, hq, hkv, nq=nq, nk=4096, d=d, dtype=dtype, seed=6)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize("nk", [4095, 4097, 1000], ids=lambda n: f"nk{n}")
+def test_decode_ragged_keys(nk):
+    spec = af.attention(af.rope(), af.causal(), af.sliding_window(512))
+    q, k, v = qkv(1, 4, 2, nq=1, nk=nk, d=128, seed=7)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("n", [4095, 3333, 1000, 129], ids=lambda n: f"n{n}")
+def test_ragged_lengths(n, dtype):
+    spec = af.attention(af.rope(), af.causal())
+    q, k, v = qkv(1, 2, nq=n, d=128, dtype=dtype, seed=n)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize(
+    "blocks, nq, nk",
+    [
+        pytest.param(lambda: [af.causal()], 1024, 300, id="causal-1024x300"),
+        pytest.param(lambda: [af.rope(), af.causal()], 2000, 77, id="rope+causal-2000x77"),
+        pytest.param(lambda: [af.sliding_window(64)], 1500, 1000, id="window-1500x1000"),
+        pytest.param(lambda: [af.causal(), af.sliding_window(100)], 3000, 2000, id="causal+window-3000x2000"),
+    ],
+)
+def test_rows_without_keys_on_gpu(blocks, nq, nk):
+    """More queries than keys: leading rows keep no key and give exactly 0 and lse -inf.
+    (Integer division of negative positions truncates on the GPU but floors on the CPU.)"""
+    spec = af.attention(*blocks())
+    q, k, v = qkv(1, 2, nq=nq, nk=nk, d=64, seed=8)
+    out, lse = check(spec, spec, q, k, v)
+    from attnfuse.runtime.reference import keep_mask
+
+    empty = ~keep_mask(spec, nq, nk).any(dim=1)
+    assert empty.any()
+    empty = empty.cuda()
+    assert (out[:, :, empty] == 0).all()
+    assert torch.isneginf(lse[:, :, empty]).all()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+
+
+# --------------------------------------------------------------------------------------------
+# fp32 (IEEE products): max abs error <= 1e-4
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        pytest.param(lambda: [af.rope(), af.causal()], id="rope+causal"),
+        pytest.param(lambda: [], id="none"),
+        pytest.param(lambda: [af.sliding_window(128), af.causal()], id="window+causal"),
+        pytest.param(lambda: [af.rope(interleaved=True, rotary_dim=32)], id="rope-partial-interleaved"),
+    ],
+)
+def test_fp32_1024(blocks, d):
+    spec = af.attention(*blocks())
+    q, k, v = qkv(1, 4, 2, nq=1024, d=d, dtype=torch.float32, seed=9)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize("placement", ["fused", "pre_rotated", "q_fused"])
+def test_fp32_placements_1024(placement):
+    spec = af.attention(af.rope(), af.causal())
+    q, k, v = qkv(1, 2, nq=1024, d=128, dtype=torch.float32, seed=10)
+    check(af.compile(spec, rope_placement=placement), spec, q, k, v)
+
+
+# --------------------------------------------------------------------------------------------
+# Layouts, head dims, batch and heads, tile configurations
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+def test_strided_inputs_2048(dtype):
+    spec = af.attention(af.rope(), af.causal())
+    q, k, v = qkv(2, 8, 2, nq=2048, d=128, dtype=dtype, seed=11, strided=True)
+    assert not q.is_contiguous()
+    out, _ = check(spec, spec, q, k, v)
+    contiguous = spec(q.contiguous(), k.contiguous(), v.contiguous())
+    assert torch.equal(out, contiguous)
+
+
+@pytest.mark.parametrize("d, dv", [(128, 64), (64, 128), (80, 80), (96, 96), (256, 256), (24, 40)],
+                         ids=lambda x: str(x))
+def test_head_dims(d, dv):
+    spec = af.attention(af.rope(rotary_dim=d - d % 16 if d % 16 else None), af.causal())
+    q, k, v = qkv(1, 2, nq=1024, d=d, dv=dv, seed=d)
+    check(spec, spec, q, k, v)
+
+
+def test_many_heads_and_batch():
+    spec = af.attention(af.rope(), af.causal())
+    q, k, v = qkv(4, 16, 4, nq=1024, d=64, seed=12)
+    check(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [af.TileConfig(64, 64, 4, 3), af.TileConfig(128, 64, 8, 3), af.TileConfig(128, 128, 8, 2),
+     af.TileConfig(32, 32, 4, 2), af.TileConfig(16, 16, 4, 1)],
+    ids=lambda c: f"m{c.block_m}n{c.block_n}w{c.num_warps}s{c.num_stages}",
+)
+def test_tile_configs(config):
+    spec = af.attention(af.rope(), af.causal(), af.sliding_window(300))
+    q, k, v = qkv(1, 2, nq=1500, nk=1700, d=64, seed=13)
+    check(af.compile(spec, config=config), spec, q, k, v)
+
+
+# --------------------------------------------------------------------------------------------
+# API on a CUDA machine
+# --------------------------------------------------------------------------------------------
+
+
+def test_source_before_first_call_on_gpu():
+    """`print(fn.source)` before any call (the documented use) must work with the
+    interpreter off, as it is on a CUDA machine."""
+    fn = af.compile(af.attention(af.rope(), af.causal(), af.sliding_window(333)))
+    assert "@triton.jit" in fn.source
+
+
+def test_source_after_call_on_gpu():
+    fn = af.compile(af.attention(af.rope(), af.causal()))
+    q, k, v = qkv(1, 1, nq=256, d=128, seed=14)
+    fn(q, k, v)
+    assert "@triton.jit" in fn.source
+    assert "HEAD_DIM: tl.constexpr = 128" in fn.source
+
+
+def test_empty_and_zero_key_inputs_on_gpu():
+    spec = af.attention(af.rope(), af.causal())
+    q, k, v = qkv(1, 2, nq=16, nk=0, d=64)
+    out, lse = spec(q, k, v, return_lse=True)
+    assert out.device.type == "cuda" and (out == 0).all() and torch.isneginf(lse).all()
+    q, k, v = qkv(0, 2, nq=16, d=64)
+    assert spec(q, k, v).shape == (0, 2, 16, 64)
+
+
+def test_backward_raises_on_gpu():
+    q, k, v = qkv(1, 2, nq=128, d=64)
+    q.requires_grad_(True)
+    out = af.attention(af.causal())(q, k, v)
+    with pytest.raises(af.AttnFuseError, match="backward"):
+        out.sum().backward()
+
+
+def test_cpu_and_gpu_tensors_mixed_raise():
+    q, k, v = qkv(1, 2, nq=16, d=64)
+    with pytest.raises(af.AttnFuseError, match="device"):
+        af.attention(af.causal())(q, k.cpu(), v)

@@ -59,3 +59,26 @@ attn.variant @only_full(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// Score modifications move above masks (alibi before add_bias, mask before block_sparse);
+// the masks, now adjacent, merge.
+// CHECK-LABEL: attn.variant @order
+// CHECK-NEXT:    %s = attn.scores %q, %k
+// CHECK-NEXT:    %{{.*}} = attn.alibi %s
+// CHECK-NEXT:    %{{.*}} = attn.add_bias %{{.*}}, %bias
+// CHECK-NEXT:    %{{.*}} = attn.mask %{{.*}} [#attn.causal, #attn.window<16>]
+// CHECK-NEXT:    %{{.*}} = attn.block_sparse %{{.*}}, %layout {block_size = 64 : i64}
+// CHECK-NEXT:    %p = attn.softmax
+attn.variant @order(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias : !attn.bias, %layout : !attn.layout) -> !attn.output {
+  %s = attn.scores %q, %k
+  %c = attn.mask %s [#attn.causal]
+  %b = attn.add_bias %c, %bias
+  %l = attn.block_sparse %b, %layout {block_size = 64 : i64}
+  %a = attn.alibi %l
+  %w = attn.mask %a [#attn.window<16>]
+  %p = attn.softmax %w
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -19,3 +19,7 @@ attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+// RUN: not attnfuse-opt %S/../inputs/sparse.mlir -p 'analyze-masks,lower-to-tile{block-m=64}' 2>&1 | filecheck %s --check-prefix=SPARSE
+// SPARSE: sparse.mlir:3:1: error: lower-to-tile: block-m (64) and block-n (64) must not exceed the block_sparse block size (32)

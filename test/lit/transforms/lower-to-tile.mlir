@@ -106,3 +106,32 @@ attn.variant @window(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !att
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// Block-sparse relu attention with ALiBi and a bias: the layout's listed key blocks are
+// visited in two sparse loops (full ones unmasked, partial ones masked); relu carries only
+// the accumulator, which is the output (no log-sum-exp).
+// FUSED:       {{^}}builtin.module
+// FUSED:       tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %slopes: !tile.tensor<slopes>, %bias: !tile.tensor<bias>, %full_blocks: !tile.tensor<full_blocks>, %full_count: !tile.tensor<full_count>, %partial_blocks: !tile.tensor<partial_blocks>, %partial_count: !tile.tensor<partial_count>)
+// FUSED:         %acc = tile.zeros : !tile.tile<m x dv x f32>
+// FUSED-NEXT:    %acc_1 = tile.sparse_kv_loop %full_blocks, %full_count iter_args(%acc)
+// FUSED:           tile.alibi %scores, %slopes
+// FUSED-NEXT:      tile.add_bias %scores_1, %bias
+// FUSED-NOT:       tile.mask
+// FUSED:           tile.relu_probs
+// FUSED:           tile.accumulate %acc_2, %probs, %v_1 :
+// FUSED:         tile.sparse_kv_loop %partial_blocks, %partial_count masked iter_args(%acc_1)
+// FUSED:           tile.mask {{.*}} {band = #attn.band<upper = 0>}
+// FUSED:         tile.store %acc_4, %o[program, all]
+// FUSED-NEXT:    tile.return
+attn.variant @sparse(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias : !attn.bias, %layout : !attn.layout) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %l = attn.block_sparse %m, %layout {block_size = 128 : i64}
+  %a = attn.alibi %l
+  %b = attn.add_bias %a, %bias
+  %p = attn.relu %b
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -131,3 +131,57 @@ attn.variant @rope_on_value(%q : !attn.query, %k : !attn.key, %v : !attn.value) 
 }
 // CHECK: Unexpected attribute !attn.value
 
+
+// -----
+
+attn.variant @bad_block_size(%q : !attn.query, %k : !attn.key, %v : !attn.value, %layout : !attn.layout) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.block_sparse %s, %layout {block_size = 24 : i64}
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: block_sparse block_size must be a power of two >= 16, got 24
+
+// -----
+
+attn.variant @empty_slopes(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %a = attn.alibi %s {slopes = []}
+  %p = attn.softmax %a
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: alibi slopes, when given, must list one slope per head
+
+// -----
+
+attn.variant @bad_scaling(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64, llama3_scaling = [8.000000e+00 : f64, 4.000000e+00 : f64, 1.000000e+00 : f64, 8.192000e+03 : f64]} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rope llama3_scaling must be [factor, low_freq_factor, high_freq_factor, original_max_position], all positive, high > low
+
+// -----
+
+attn.variant @two_normalizers_relu(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %p = attn.relu %s
+  %p2 = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: a variant needs exactly one normalizer, found 2
+
+// -----
+
+attn.variant @extra_args_out_of_order(%q : !attn.query, %k : !attn.key, %v : !attn.value, %layout : !attn.layout, %bias : !attn.bias) -> !attn.output {
+  %s = attn.scores %q, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally !attn.bias and !attn.layout, got (!attn.query, !attn.key, !attn.value, !attn.layout, !attn.bias)

@@ -36,3 +36,22 @@ attn.variant @interleaved_partial(%q : !attn.query, %k : !attn.key, %v : !attn.v
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// CHECK-LABEL: attn.variant @data_blocks(%q: !attn.query, %k: !attn.key, %v: !attn.value, %bias: !attn.bias, %layout: !attn.layout) -> !attn.output {
+attn.variant @data_blocks(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias : !attn.bias, %layout : !attn.layout) -> !attn.output {
+  // CHECK-NEXT: %qr = attn.rope %q {theta = 5.000000e+05 : f64, llama3_scaling = [8.000000e+00 : f64, 1.000000e+00 : f64, 4.000000e+00 : f64, 8.192000e+03 : f64]} : !attn.query
+  %qr = attn.rope %q {theta = 5.000000e+05 : f64, llama3_scaling = [8.000000e+00 : f64, 1.000000e+00 : f64, 4.000000e+00 : f64, 8.192000e+03 : f64]} : !attn.query
+  %s = attn.scores %qr, %k
+  // CHECK: %a = attn.alibi %s
+  %a = attn.alibi %s
+  // CHECK-NEXT: %a2 = attn.alibi %a {slopes = [5.000000e-01 : f64, 2.500000e-01 : f64]}
+  %a2 = attn.alibi %a {slopes = [5.000000e-01 : f64, 2.500000e-01 : f64]}
+  // CHECK-NEXT: %b = attn.add_bias %a2, %bias
+  %b = attn.add_bias %a2, %bias
+  // CHECK-NEXT: %m = attn.block_sparse %b, %layout {block_size = 64 : i64}
+  %m = attn.block_sparse %b, %layout {block_size = 64 : i64}
+  // CHECK-NEXT: %p = attn.relu %m
+  %p = attn.relu %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -53,3 +53,27 @@ tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.t
   tile.store %lse_1, %lse[program] : !tile.tile<m x f32> -> !tile.tensor<lse>
   tile.return
 }
+
+// CHECK-LABEL: tile.kernel @sparse_relu
+tile.kernel @sparse_relu(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %slopes: !tile.tensor<slopes>, %bias: !tile.tensor<bias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>) attributes {grid = "query_blocks", element_type = f32, block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
+  %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f32>
+  // CHECK: %acc = tile.zeros : !tile.tile<m x dv x f32>
+  %acc = tile.zeros : !tile.tile<m x dv x f32>
+  // CHECK-NEXT: %acc_1 = tile.sparse_kv_loop %fb, %fc iter_args(%acc) : !tile.tensor<full_blocks>, !tile.tensor<full_count>, !tile.tile<m x dv x f32> -> !tile.tile<m x dv x f32> {
+  %acc_1 = tile.sparse_kv_loop %fb, %fc iter_args(%acc) : !tile.tensor<full_blocks>, !tile.tensor<full_count>, !tile.tile<m x dv x f32> -> !tile.tile<m x dv x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>):
+    %k_1 = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f32>
+    %s = tile.scores(%q_1) x(%k_1) : (!tile.tile<m x d x f32>) x(!tile.tile<n x d x f32>) -> !tile.tile<m x n x f32>
+    // CHECK: %s1 = tile.alibi %s, %slopes : !tile.tile<m x n x f32>, !tile.tensor<slopes>
+    %s1 = tile.alibi %s, %slopes : !tile.tile<m x n x f32>, !tile.tensor<slopes>
+    // CHECK-NEXT: %s2 = tile.add_bias %s1, %bias : !tile.tile<m x n x f32>, !tile.tensor<bias>
+    %s2 = tile.add_bias %s1, %bias : !tile.tile<m x n x f32>, !tile.tensor<bias>
+    // CHECK-NEXT: %p = tile.relu_probs %s2 : !tile.tile<m x n x f32>
+    %p = tile.relu_probs %s2 : !tile.tile<m x n x f32>
+    %v_1 = tile.load %v[loop, all] : !tile.tensor<v> -> !tile.tile<n x dv x f32>
+    %a1 = tile.accumulate %a0, %p, %v_1 : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f32>
+    tile.yield %a1 : !tile.tile<m x dv x f32>
+  }
+  tile.store %acc_1, %o[program, all] : !tile.tile<m x dv x f32> -> !tile.tensor<o>
+  tile.return
+}

@@ -127,6 +127,9 @@ class KernelEmitter:
     """Emits one `tile.kernel` as a `@triton.jit` function."""
 
     kernel: tile.KernelOp
+    interpreter: bool = False
+    """Emit for Triton's CPU interpreter, which miscomputes bf16 matrix products: there they
+    are computed from fp32 copies of the operands (same values, exact products)."""
     lines: list[str] = field(default_factory=list)
     indent: int = 1
 
@@ -161,7 +164,15 @@ class KernelEmitter:
 
     def dot_options(self) -> str:
         # fp32 inputs: Triton's default tf32 products lose ~1e-3; keep IEEE fp32 accuracy.
-        return ', input_precision="ieee"' if self.elem == "f32" else ""
+        return ', input_precision="ieee"' if self.elem == "f32" or self.upcast_dots else ""
+
+    @property
+    def upcast_dots(self) -> bool:
+        return self.interpreter and self.elem == "bf16"
+
+    def dot_operand(self, value: str) -> str:
+        """A matrix-product operand, upcast where the interpreter needs it."""
+        return f"{value}.to(tl.float32)" if self.upcast_dots else value
 
     def strides(self, role: str) -> list[str]:
         return [f"stride_{role}_{axis}" for axis in tile.TENSOR_AXES[role]]
@@ -354,7 +365,8 @@ class KernelEmitter:
         self.emit("# tile.scores: q @ k^T summed over column parts, fp32 accumulation")
         for i, (q, k) in enumerate(zip(op.queries, op.keys)):
             acc = f", acc={name}" if i else ""
-            self.emit(f"{name} = tl.dot({self.namer[q]}, tl.trans({self.namer[k]}){acc}{self.dot_options()})")
+            q_op, k_op = self.dot_operand(self.namer[q]), self.dot_operand(self.namer[k])
+            self.emit(f"{name} = tl.dot({q_op}, tl.trans({k_op}){acc}{self.dot_options()})")
         if op.scale is None:
             self.emit(f"{name} = {name} * sm_scale")
         else:
@@ -483,7 +495,8 @@ class KernelEmitter:
         self.emit("# tile.accumulate: " + ("acc * alpha + p @ v" if op.alpha is not None else "acc + p @ v"))
         scaled = f"{acc} * {self.namer[op.alpha]}[:, None]" if op.alpha is not None else acc
         result = self.fresh_result(op.result)
-        self.emit(f"{result} = tl.dot({probs}.to({value}.dtype), {value}, acc={scaled}{self.dot_options()})")
+        p_op = self.dot_operand(f"{probs}.to({value}.dtype)")
+        self.emit(f"{result} = tl.dot({p_op}, {self.dot_operand(value)}, acc={scaled}{self.dot_options()})")
 
     def emit_softmax_finalize(self, op: tile.SoftmaxFinalizeOp) -> None:
         acc, row_max, row_sum = (self.namer[v] for v in op.operands)
@@ -588,8 +601,9 @@ import triton.language as tl
 '''
 
 
-def emit_module(module: ModuleOp) -> TritonProgram:
-    """The Triton source of every `tile.kernel` in `module`, with launch information."""
+def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
+    """The Triton source of every `tile.kernel` in `module`, with launch information
+    (`interpreter`: for Triton's CPU interpreter, see `KernelEmitter.interpreter`)."""
     kernels = [op for op in module.ops if isinstance(op, tile.KernelOp)]
     if not kernels:
         raise AttnFuseError("no tile.kernel to print: run lower-to-tile first")
@@ -599,7 +613,7 @@ def emit_module(module: ModuleOp) -> TritonProgram:
     parts = [HEADER]
     infos = []
     for kernel in kernels:
-        parts.append("\n\n" + "\n".join(KernelEmitter(kernel).run()) + "\n")
+        parts.append("\n\n" + "\n".join(KernelEmitter(kernel, interpreter).run()) + "\n")
         infos.append(
             KernelInfo(
                 name=kernel.sym_name.data,
@@ -619,8 +633,11 @@ class TritonTarget(Target):
 
     name = "triton"
 
+    interpreter: bool = False
+    """`-t 'triton{interpreter=true}'`: the variant run on Triton's CPU interpreter."""
+
     def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
-        output.write(emit_module(module).source)
+        output.write(emit_module(module, self.interpreter).source)
 
 
 __all__ = ["KernelInfo", "TritonProgram", "TritonTarget", "emit_module", "padded"]

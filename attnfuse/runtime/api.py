@@ -11,7 +11,13 @@ from attnfuse.dsl.blocks import AdditiveBias, Alibi, BlockSparse, Relu, Rope, Sc
 from attnfuse.dsl.build_ir import mask_band
 from attnfuse.dsl.spec import AttentionSpec
 from attnfuse.errors import ArgumentError, AttnFuseError
-from attnfuse.runtime.compiler import CompiledProgram, CompileKey, compile_program, lower_spec
+from attnfuse.runtime.compiler import (
+    CompiledProgram,
+    CompileKey,
+    compile_program,
+    generate_program,
+    lower_spec,
+)
 from attnfuse.runtime.call_data import alibi_slopes, bias_view, check_layout, sparse_block_lists
 from attnfuse.runtime.config import TileConfig, choose_tile_config, rope_placement
 from attnfuse.runtime.inputs import Problem, check_inputs
@@ -89,7 +95,8 @@ class CompiledAttention:
             return self.last.source
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         problem = Problem(1, 1, 1, 1, 1, 64, 64, torch.float16, device)
-        return compile_program(self.spec, self.compile_key(problem), device.type != "cuda").source
+        program, _path, _key = generate_program(self.spec, self.compile_key(problem), device.type != "cuda")
+        return program.source
 
     def tile_ir(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
         """The tile IR a call with these tensors compiles to, as text."""

@@ -81,7 +81,7 @@ def lookup(key: str) -> tuple[TritonProgram, Path] | None:
     try:
         meta = json.loads(meta_path.read_text())
         source = source_path.read_text()
-        if meta.get("sha256") != _digest(source):
+        if not isinstance(meta, dict) or meta.get("sha256") != _digest(source):
             return None
         kernels = tuple(
             KernelInfo(**{**k, "roles": tuple(k["roles"])}) for k in meta["kernels"]

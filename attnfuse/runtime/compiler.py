@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -74,17 +75,35 @@ def lower_spec(spec: AttentionSpec, key: CompileKey) -> ModuleOp:
     return module
 
 
-def _cache_key(spec: AttentionSpec, key: CompileKey) -> str:
+def _cache_key(spec: AttentionSpec, key: CompileKey, interpret: bool) -> str:
     # The spec's canonical form, so that equal specs (blocks in another order) share entries.
     canonical = AttentionSpec(spec.canonical_blocks).ir()
-    text = "\n".join([canonical, key.pipeline(), attnfuse.__version__, triton.__version__])
+    target = "interpreter" if interpret else "gpu"
+    text = "\n".join([canonical, key.pipeline(), target, attnfuse.__version__, triton.__version__])
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@cache
+def generate_program(
+    spec: AttentionSpec, key: CompileKey, interpret: bool
+) -> tuple[TritonProgram, Path, str]:
+    """The generated source of `spec` for one `CompileKey` (from the caches, or compiled and
+    stored), its path on disk and its cache key. Loads nothing."""
+    digest = _cache_key(spec, key, interpret)
+    program, path = kernel_cache.get_or_build(
+        digest, lambda: emit_module(lower_spec(spec, key), interpreter=interpret)
+    )
+    return program, path, digest
 
 
 @cache
 def compile_program(spec: AttentionSpec, key: CompileKey, interpret: bool) -> CompiledProgram:
     """Compiles (or loads from the caches) the kernels of `spec` for one `CompileKey`."""
-    digest = _cache_key(spec, key)
-    program, path = kernel_cache.get_or_build(digest, lambda: emit_module(lower_spec(spec, key)))
+    program, path, digest = generate_program(spec, key, interpret)
+    # The file may have changed since it was generated (another process, a crash mid-write,
+    # a cleaned cache): import only a verified copy of the source in hand.
+    stored = kernel_cache.lookup(digest)
+    if stored is None or stored[0].source != program.source:
+        path = kernel_cache.store(digest, program)
     module = kernel_cache.load_module(path, digest, interpret)
     return CompiledProgram(program, module, key.pipeline())

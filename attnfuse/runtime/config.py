@@ -71,8 +71,13 @@ def rope_placement(
                 f"pair, got {requested!r}"
             )
         query, key = PLACEMENT_ALIASES[requested]
-    else:
+    elif isinstance(requested, tuple) and len(requested) == 2:
         query, key = requested
+    else:
+        raise ArgumentError(
+            f"rope_placement must be one of {', '.join(PLACEMENT_ALIASES)} or a (query, key) "
+            f"pair, got {requested!r}"
+        )
     for which, choice in (("query", query), ("key", key)):
         if choice not in ("auto", "fused", "pre_rotated"):
             raise ArgumentError(f"rope_placement {which} must be auto, fused or pre_rotated, got {choice!r}")

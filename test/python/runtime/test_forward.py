@@ -304,7 +304,7 @@ def test_rows_without_keys_are_zero_with_lse_neg_inf(blocks, nq, nk, dtype):
     assert torch.isfinite(lse[:, :, ~empty_rows]).all()
     ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True)
     assert_close_to_reference(out, ref, dtype)
-    assert_lse_close(lse, ref_lse, atol=1e-3 if dtype == torch.float32 else 1e-2)
+    assert_lse_close(lse, ref_lse, dtype)
 
 
 @pytest.mark.parametrize("window", [1, 2, 64, 200], ids=lambda w: f"w{w}")
@@ -352,7 +352,7 @@ def test_return_lse(blocks, dtype):
     ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True)
     assert lse.shape == (2, 2, 37)
     assert_close_to_reference(out, ref, dtype)
-    assert_lse_close(lse, ref_lse, atol=1e-3 if dtype == torch.float32 else 1e-2)
+    assert_lse_close(lse, ref_lse, dtype)
     # The output without lse is the same output.
     torch.testing.assert_close(spec(q, k, v), out, rtol=0, atol=0)
 
@@ -457,6 +457,16 @@ def test_bad_placement_raises(bad):
 def test_half_dtypes(blocks, d, dtype):
     spec = af.attention(*blocks())
     q, k, v = make_qkv(1, 4, 2, nq=47, nk=61, d=d, dtype=dtype, seed=d)
+    check_against_reference(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_16bit_products_minimal(dtype):
+    """The smallest 16-bit case: one head, 16 x 16, no block. Under Triton's interpreter a
+    bf16 `tl.dot` multiplies the raw bit patterns (triton-lang/triton#11584, unsupported
+    upstream), giving values around 1e9: the generated code must not rely on it."""
+    spec = af.attention()
+    q, k, v = make_qkv(1, 1, nq=16, d=16, dtype=dtype, seed=35)
     check_against_reference(spec, spec, q, k, v)
 
 

@@ -35,16 +35,32 @@ def main() -> int:
         cases.append((af.attention(af.rope(interleaved=True, rotary_dim=d // 2), af.causal(), af.sliding_window(256)), d, hq, hkv, n, n, torch.float16, "auto"))
         cases.append((af.attention(af.rope(theta=500000.0), af.causal()), d, hq, hkv, 1, n, torch.bfloat16, "auto"))
         cases.append((af.attention(af.rope()), d, hq, hkv, n // 4 + 3, n // 4 + 3, torch.float32, "auto"))
+        for dtype in (torch.float16, torch.bfloat16):
+            cases.append((af.attention(af.alibi(), af.causal()), d, hq, hkv, n, n, dtype, "auto"))
+            cases.append((af.attention(af.additive_bias(), af.rope()), d, hq, hkv, n, n, dtype, "auto"))
+            cases.append((af.attention(af.relu(), af.causal(), af.rope(theta=500000.0, scaling=af.llama3_scaling())), d, hq, hkv, n, n, dtype, "auto"))
+            cases.append((af.attention(af.block_sparse(128), af.causal()), d, hq, hkv, n, n, dtype, "auto"))
+            cases.append((af.attention(af.block_sparse(64), af.sliding_window(1000), af.alibi()), d, hq, hkv, n - 5, n, dtype, "auto"))
     for spec, d, hq, hkv, nq, nk, dtype, placement in cases:
         q = torch.randn(1, hq, nq, d, device=dev, dtype=dtype)
         k = torch.randn(1, hkv, nk, d, device=dev, dtype=dtype)
         v = torch.randn(1, hkv, nk, d, device=dev, dtype=dtype)
         fn = af.compile(spec, rope_placement=placement)
-        out, lse = fn(q, k, v, return_lse=True)
-        ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True, device=dev)
+        data = {}
+        if "additive_bias" in repr(spec):
+            data["bias"] = torch.randn(1, hq, nq, nk, device=dev, dtype=torch.float32)
+        sparse = next((b for b in spec.blocks if type(b).__name__ == "BlockSparse"), None)
+        if sparse is not None:
+            blocks = (-(-nq // sparse.block_size), -(-nk // sparse.block_size))
+            data["block_layout"] = torch.rand(hq, *blocks, device=dev) < 0.4
+        relu = "relu" in repr(spec)
+        result = fn(q, k, v, return_lse=not relu, **data)
+        out, lse = (result, None) if relu else result
+        ref = af.reference_attention(spec, q, k, v, return_lse=not relu, device=dev, **data)
+        ref, ref_lse = (ref, None) if relu else ref
         err = rel_err(out, ref)
         max_abs = (out.double() - ref).abs().max().item()
-        lse_err = (lse - ref_lse).abs().nan_to_num(0.0).max().item()
+        lse_err = 0.0 if lse is None else (lse - ref_lse).abs().nan_to_num(0.0).max().item()
         ok = (max_abs <= 1e-4 if dtype == torch.float32 else err <= 1e-2) and torch.isfinite(out).all().item()
         failures += not ok
         print(f"{'ok ' if ok else 'FAIL'} {spec!r:70} D={d} Hq={hq} Hkv={hkv} Nq={nq} Nk={nk} {str(dtype)[6:]:9} "

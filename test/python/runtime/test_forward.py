@@ -13,6 +13,8 @@ from conftest import (
     assert_close_to_reference,
     assert_lse_close,
     check_against_reference,
+    error_of,
+    lse_tolerance,
     make_qkv,
 )
 
@@ -304,7 +306,7 @@ def test_rows_without_keys_are_zero_with_lse_neg_inf(blocks, nq, nk, dtype):
     assert torch.isfinite(lse[:, :, ~empty_rows]).all()
     ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True)
     assert_close_to_reference(out, ref, dtype)
-    assert_lse_close(lse, ref_lse, dtype)
+    assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, k))
 
 
 @pytest.mark.parametrize("window", [1, 2, 64, 200], ids=lambda w: f"w{w}")
@@ -352,7 +354,7 @@ def test_return_lse(blocks, dtype):
     ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True)
     assert lse.shape == (2, 2, 37)
     assert_close_to_reference(out, ref, dtype)
-    assert_lse_close(lse, ref_lse, dtype)
+    assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, k))
     # The output without lse is the same output.
     torch.testing.assert_close(spec(q, k, v), out, rtol=0, atol=0)
 
@@ -468,6 +470,25 @@ def test_16bit_products_minimal(dtype):
     spec = af.attention()
     q, k, v = make_qkv(1, 1, nq=16, d=16, dtype=dtype, seed=35)
     check_against_reference(spec, spec, q, k, v)
+
+
+@pytest.mark.parametrize(
+    "nq, nk, d", [(16, 72, 64), (1, 200, 128), (1, 72, 16)], ids=["16x72-d64", "decode-1x200-d128", "decode-1x72-d16"]
+)
+def test_bf16_rope_error_is_within_acceptance_across_seeds(nq, nk, d):
+    """bf16 with RoPE, ten seeds: every call within the acceptance tolerance, not only lucky
+    ones. Rounding q~, k~, P and o to bf16 to nearest costs ~0.3% relative error here; rounding
+    toward zero (what Triton's interpreter does for fp32 -> bf16 casts, although Triton's
+    semantics say round-to-nearest-even) costs ~1.0%, half the calls over the 1e-2 limit."""
+    spec = af.attention(af.rope())
+    errors = []
+    for seed in range(10):
+        q, k, v = make_qkv(1, 2, nq=nq, nk=nk, d=d, dtype=torch.bfloat16, seed=seed)
+        out = spec(q, k, v)
+        errors.append(error_of(out, af.reference_attention(spec, q, k, v), torch.bfloat16))
+    worst = max(errors)
+    mean = sum(errors) / len(errors)
+    assert worst <= 1e-2, f"bf16 relative errors over 10 seeds: max {worst:.4f}, mean {mean:.4f} (limit 1e-2)"
 
 
 def test_output_dtype_follows_input():

@@ -168,7 +168,7 @@ TENSOR_AXES: dict[str, str] = {
     "q_rot": "bhnd",
     "k_rot": "bhnd",
     "lse": "bhn",
-    "inv_freq": "",
+    "rope_table": "cnd",
     "slopes": "",
     "bias": "bhnd",
     "full_blocks": "hnd",
@@ -178,8 +178,8 @@ TENSOR_AXES: dict[str, str] = {
 }
 """Kernel tensor parameters by role, with the axes the kernel indexes them by (each axis
 gets a stride argument; an empty string means a contiguous vector):
-`[B, H, N, D]` operands; the log-sum-exp `[B, Hq, Nq]`; the rotary frequencies
-`[rotary_dim / 2]`; ALiBi slopes `[Hq]`; the additive bias `[B, Hq, Nq, Nk]` (broadcast
+`[B, H, N, D]` operands; the log-sum-exp `[B, Hq, Nq]`; the rotary table
+`[2, positions, rotary_dim / 2]` (cos, then sin, of each position's angle per pair); ALiBi slopes `[Hq]`; the additive bias `[B, Hq, Nq, Nk]` (broadcast
 through zero strides); and block-sparse key-block lists `[H, query blocks, entries]` with
 their lengths `[H, query blocks]` (`full_*`: blocks needing no mask, `partial_*`: masked)."""
 
@@ -624,9 +624,11 @@ class RotateOp(IRDLOperation):
     """Rotates rotary pairs in registers: `(a, b) -> (a cos - b sin, a sin + b cos)`.
 
     `lo` and `hi` hold the two elements of each pair (see `COLUMN_PARTS`); the angle of row r,
-    pair t is `pos(r) * inv_freq[t]`, in fp32, with `pos` a query position
-    (`row + Nk - Nq`) or a key position (`row`). With `inverse`, rotates by `-angle` (the
-    transpose, for gradients).
+    pair t is `pos(r) * theta^(-2t/r)`, with `pos` a query position (`row + Nk - Nq`) or a key
+    position (`row`); its cos and sin come from the runtime's `rope_table` (computed once per
+    length: a table row costs two loads, far less than evaluating cos and sin per element).
+    The rotation is done in fp32. With `inverse`, rotates by `-angle` (the transpose, for
+    gradients).
     """
 
     name = "tile.rotate"
@@ -634,19 +636,19 @@ class RotateOp(IRDLOperation):
     T: ClassVar = VarConstraint("T", BaseAttr(TileType))
     lo = operand_def(T)
     hi = operand_def(T)
-    inv_freq = operand_def(TensorType)
+    table = operand_def(TensorType)
     lo_out = result_def(T)
     hi_out = result_def(T)
     positions = prop_def(StringAttr)
     inverse = opt_prop_def(UnitAttr)
 
-    assembly_format = "$lo `,` $hi `,` $inv_freq attr-dict `:` type($lo) `,` type($inv_freq)"
+    assembly_format = "$lo `,` $hi `,` $table attr-dict `:` type($lo) `,` type($table)"
     irdl_options = (ParsePropInAttrDict(),)
     traits = traits_def(Pure())
 
-    def __init__(self, lo: SSAValue, hi: SSAValue, inv_freq: SSAValue, positions: str):
+    def __init__(self, lo: SSAValue, hi: SSAValue, table: SSAValue, positions: str):
         super().__init__(
-            operands=[lo, hi, inv_freq],
+            operands=[lo, hi, table],
             result_types=[lo.type, hi.type],
             properties={"positions": StringAttr(positions)},
         )
@@ -659,9 +661,9 @@ class RotateOp(IRDLOperation):
             raise VerifyException(f"rotated tiles must be <rows x half>, got {' x '.join(lo.shape)}")
         if self.positions.data not in POSITION_KINDS:
             raise VerifyException(f"positions must be query or key, got '{self.positions.data}'")
-        assert isinstance(self.inv_freq.type, TensorType)
-        if self.inv_freq.type.role.data != "inv_freq":
-            raise VerifyException("the frequency operand must be the inv_freq tensor")
+        assert isinstance(self.table.type, TensorType)
+        if self.table.type.role.data != "rope_table":
+            raise VerifyException("the table operand must be the rope_table tensor")
 
 
 @irdl_op_definition

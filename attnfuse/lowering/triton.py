@@ -7,7 +7,7 @@ roles in order, its grid and its launch parameters.
 
 The kernel ABI is uniform so the runtime can launch any kernel from its `KernelInfo`:
 
-    kernel(<for each role: {role}_ptr, then its strides (none for inv_freq)>,
+    kernel(<for each role: {role}_ptr, then one stride per axis of tile.TENSOR_AXES[role]>,
            sm_scale, n_q, n_k, num_heads, group_size,
            <constexprs with defaults: block sizes and static dims>)
 
@@ -152,7 +152,7 @@ class KernelEmitter:
         names = {
             "tl", "triton", "block_id", "batch_head", "batch", "head", "kv_head", "rows",
             "row_in_bounds", "keys", "key_in_bounds", "q_pos", "slope", "entry", "sm_scale", "n_q", "n_k", "num_heads",
-            "group_size", "start_n", "inv_freq", "q_first", "q_last",
+            "group_size", "start_n", "q_first", "q_last",
             "cols_d", "cols_dv", "cols_half", "cols_pass",
         }
         for role in self.roles:
@@ -281,15 +281,11 @@ class KernelEmitter:
                 self.emit(f"{role}_base = {role}_ptr + head * stride_{role}_h + block_id * stride_{role}_n")
         if "slopes" in self.roles:
             self.emit("slope = tl.load(slopes_ptr + head)  # this head's ALiBi slope")
-        if "inv_freq" in self.roles:
-            self.emit("# Rotary frequencies theta^(-2t/r), one per pair, fp32 (computed by the runtime).")
-            mask = ", mask=cols_half < ROT_HALF, other=0.0" if padded(self.rot_half) != self.rot_half else ""
-            self.emit(f"inv_freq = tl.load(inv_freq_ptr + cols_half{mask})")
         del k
 
     def used_column_sets(self) -> set[str]:
         used = set()
-        if "inv_freq" in self.roles:
+        if "rope_table" in self.roles:
             used.add("cols_half")
         for op in self.kernel.walk():
             if isinstance(op, (tile.LoadOp, tile.StoreOp)) and op.cols is not None:
@@ -340,21 +336,36 @@ class KernelEmitter:
         value = f"{self.namer[op.value]}.to({role}_ptr.dtype.element_ty)"
         self.emit(f"tl.store({ptrs}, {value}{masking})")
 
-    def positions(self, op: tile.RotateOp) -> str:
+    def positions(self, op: tile.RotateOp) -> tuple[str, str | None]:
+        """(positions of the rotated rows, their in-bounds mask or None)."""
         assert isinstance(op.lo.type, tile.TileType)
         if op.lo.type.shape[0] == "n":
-            return self.loop_vars[-1][0]
-        return "q_pos" if op.positions.data == "query" else "rows"
+            keys, key_mask = self.loop_vars[-1]
+            return keys, key_mask or None
+        return ("q_pos" if op.positions.data == "query" else "rows"), "row_in_bounds"
 
     def emit_rotate(self, op: tile.RotateOp) -> None:
         lo, hi = self.namer[op.lo], self.namer[op.hi]
         self.emit(f"# tile.rotate: RoPE at {op.positions.data} positions, in fp32, pairs ({lo}, {hi})")
-        angle, cos, sin = (self.namer.fresh(n) for n in ("angle", "cos", "sin"))
+        cos, sin, table_rows = (self.namer.fresh(n) for n in ("cos", "sin", "table_rows"))
         a, b = self.namer.fresh(f"{lo}_f32"), self.namer.fresh(f"{hi}_f32")
-        sign = "-" if op.inverse is not None else ""
-        self.emit(f"{angle} = {sign}{self.positions(op)}.to(tl.float32)[:, None] * inv_freq[None, :]")
-        self.emit(f"{cos} = tl.cos({angle})")
-        self.emit(f"{sin} = tl.sin({angle})")
+        pos, row_mask = self.positions(op)
+        col_mask = "(cols_half < ROT_HALF)[None, :]" if padded(self.rot_half) != self.rot_half else None
+        masks = [m for m in (row_mask and f"{row_mask}[:, None]", col_mask) if m]
+        masking = f", mask={' & '.join(masks)}" if masks else ""
+        # Query positions are negative when Nq > Nk: cos(-x) = cos(x), sin(-x) = -sin(x).
+        negative = op.positions.data == "query"
+        self.emit(f"{table_rows} = {'tl.abs(' + pos + ')' if negative else pos}")
+        ptrs = f"rope_table_ptr + {table_rows}[:, None] * stride_rope_table_n + cols_half[None, :] * stride_rope_table_d"
+        self.emit(f"{cos} = tl.load({ptrs}{masking + ', other=1.0' if masking else ''})")
+        self.emit(f"{sin} = tl.load({ptrs} + stride_rope_table_c{masking + ', other=0.0' if masking else ''})")
+        sign = []
+        if negative:
+            sign.append(f"tl.where({pos} < 0, -1.0, 1.0)[:, None]")
+        if op.inverse is not None:
+            sign.append("-1.0")
+        if sign:
+            self.emit(f"{sin} = {sin} * {' * '.join(sign)}")
         self.emit(f"{a} = {lo}.to(tl.float32)")
         self.emit(f"{b} = {hi}.to(tl.float32)")
         self.emit(f"{self.namer.define(op.lo_out)} = ({a} * {cos} - {b} * {sin}).to({lo}.dtype)")

@@ -21,7 +21,7 @@ from attnfuse.runtime.compiler import (
 from attnfuse.runtime.call_data import alibi_slopes, bias_view, check_layout, sparse_block_lists
 from attnfuse.runtime.config import TileConfig, choose_tile_config, rope_placement
 from attnfuse.runtime.inputs import Problem, check_inputs
-from attnfuse.runtime.launch import KernelLaunch, default_scale, inverse_frequencies, prepare
+from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,8 @@ class CompiledAttention:
         rope = self.spec.block(Rope)
         if isinstance(rope, Rope):
             rotary_dim = rope.rotary_dim or problem.head_dim
-            constants["inv_freq"] = inverse_frequencies(rope.theta, rotary_dim, rope.scaling, problem.device)
+            length = max(problem.seq_q, problem.seq_k)
+            constants["rope_table"] = rope_table(rope.theta, rotary_dim, rope.scaling, problem.device, length)
         alibi = self.spec.block(Alibi)
         if isinstance(alibi, Alibi):
             constants["slopes"] = alibi_slopes(alibi.slopes, problem)

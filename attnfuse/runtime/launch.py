@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -38,13 +37,27 @@ def rope_frequency(theta: float, rotary_dim: int, pair: int, scaling: Llama3Scal
     return (1 - t) * freq / scaling.factor + t * freq
 
 
-@lru_cache(maxsize=64)
-def inverse_frequencies(
-    theta: float, rotary_dim: int, scaling: Llama3Scaling | None, device: torch.device
+_rope_tables: dict[tuple, torch.Tensor] = {}
+
+
+def rope_table(
+    theta: float, rotary_dim: int, scaling: Llama3Scaling | None, device: torch.device, length: int
 ) -> torch.Tensor:
-    """The fp32 frequency table a fused or pre-rotation kernel reads, cached per device."""
-    table = [rope_frequency(theta, rotary_dim, t, scaling) for t in range(rotary_dim // 2)]
-    return torch.tensor(table, dtype=torch.float64).to(device=device, dtype=torch.float32)
+    """`[2, L, rotary_dim / 2]` fp32: cos and sin of `pos * f_t` for positions `pos < L`
+    (L >= length). The angle is the fp32 product of the fp32 position and frequency, as the
+    semantics say; cos and sin of it are taken in float64 and rounded. Cached per device and
+    grown by doubling, so the kernels read a table rather than evaluate cos and sin."""
+    key = (theta, rotary_dim, scaling, device)
+    table = _rope_tables.get(key)
+    if table is not None and table.shape[1] >= length:
+        return table
+    size = 1 << max(length - 1, 1).bit_length()
+    freqs = [rope_frequency(theta, rotary_dim, t, scaling) for t in range(rotary_dim // 2)]
+    inv_freq = torch.tensor(freqs, dtype=torch.float64).to(torch.float32)
+    angle = (torch.arange(size, dtype=torch.float32)[:, None] * inv_freq[None, :]).double()
+    table = torch.stack([angle.cos(), angle.sin()]).to(device=device, dtype=torch.float32)
+    _rope_tables[key] = table
+    return table
 
 
 def default_scale(head_dim: int) -> float:

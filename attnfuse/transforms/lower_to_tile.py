@@ -218,12 +218,12 @@ def build_rotation_kernel(operand: str, rotation: Rotation, config: KernelConfig
     """A kernel that writes `R(pos) x` for x = q (`operand == "q"`) or k into `{x}_rot`."""
     grid = "query_blocks" if operand == "q" else "key_blocks"
     positions = "query" if operand == "q" else "key"
-    k = KernelBuilder(f"rotate_{positions}", [operand, f"{operand}_rot", "inv_freq"], grid,
+    k = KernelBuilder(f"rotate_{positions}", [operand, f"{operand}_rot", "rope_table"], grid,
                       config, rotation.rotary_dim)
     parts = column_parts(rotation, config.head_dim)
     lo = k.load(operand, "program", parts[0], f"{operand}{PART_SUFFIX[parts[0]]}")
     hi = k.load(operand, "program", parts[1], f"{operand}{PART_SUFFIX[parts[1]]}")
-    rotate = k.add(tile.RotateOp(lo, hi, k.arg("inv_freq"), positions),
+    rotate = k.add(tile.RotateOp(lo, hi, k.arg("rope_table"), positions),
                    f"{operand}{PART_SUFFIX[parts[0]]}_rot", f"{operand}{PART_SUFFIX[parts[1]]}_rot")
     for value, part in zip(rotate.results, parts[:2]):
         k.builder.insert(tile.StoreOp(value, k.arg(f"{operand}_rot"), "program", part))
@@ -245,7 +245,7 @@ def forward_roles(facts: VariantFacts) -> list[str]:
     if facts.normalizer == "softmax":
         roles.append("lse")
     if facts.any_fused:
-        roles.append("inv_freq")
+        roles.append("rope_table")
     if facts.alibi:
         roles.append("slopes")
     if facts.bias:
@@ -273,7 +273,7 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
     # Load the program's query block once; rotate it here if that rotation is fused.
     q_parts = [k.load("q", "program", p, f"q{PART_SUFFIX[p]}", source=q_source) for p in parts]
     if q_rot is not None and q_rot.fused:
-        rotate = k.add(tile.RotateOp(q_parts[0], q_parts[1], k.arg("inv_freq"), "query"),
+        rotate = k.add(tile.RotateOp(q_parts[0], q_parts[1], k.arg("rope_table"), "query"),
                        f"q{PART_SUFFIX[parts[0]]}_rot", f"q{PART_SUFFIX[parts[1]]}_rot")
         q_parts[:2] = rotate.results
 
@@ -287,7 +287,7 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
         inner = k.inside(block)
         k_parts = [inner.load("k", "loop", p, f"k{PART_SUFFIX[p]}", source=k_source) for p in parts]
         if k_rot is not None and k_rot.fused:
-            rotate = inner.add(tile.RotateOp(k_parts[0], k_parts[1], k.arg("inv_freq"), "key"),
+            rotate = inner.add(tile.RotateOp(k_parts[0], k_parts[1], k.arg("rope_table"), "key"),
                                f"k{PART_SUFFIX[parts[0]]}_rot", f"k{PART_SUFFIX[parts[1]]}_rot")
             k_parts[:2] = rotate.results
         scores = inner.add(tile.ScoresOp(q_parts, k_parts, facts.scale), "scores").results[0]

@@ -9,7 +9,7 @@
 // CHECK-NEXT: def rotate_key(
 // CHECK-NEXT:     k_ptr, stride_k_b, stride_k_h, stride_k_n, stride_k_d,
 // CHECK-NEXT:     k_rot_ptr, stride_k_rot_b, stride_k_rot_h, stride_k_rot_n, stride_k_rot_d,
-// CHECK-NEXT:     inv_freq_ptr,
+// CHECK-NEXT:     rope_table_ptr, stride_rope_table_c, stride_rope_table_n, stride_rope_table_d,
 // CHECK-NEXT:     sm_scale, n_q, n_k, num_heads, group_size,
 // CHECK-NEXT:     BLOCK_M: tl.constexpr = 64,
 // CHECK-NEXT:     BLOCK_N: tl.constexpr = 32,
@@ -19,17 +19,23 @@
 // CHECK-NEXT:     ROT_HALF: tl.constexpr = 40,
 // CHECK-NEXT:     BLOCK_HALF: tl.constexpr = 64,
 // CHECK:      row_in_bounds = rows < n_k
-// Key rows are their own positions in the rotation kernel.
+// Key rows are their own positions in the rotation kernel; cos and sin come from the table.
 // CHECK:      tile.rotate: RoPE at key positions
-// CHECK-NEXT: angle = rows.to(tl.float32)[:, None] * inv_freq[None, :]
+// CHECK-NEXT: table_rows = rows
+// CHECK-NEXT: cos = tl.load(rope_table_ptr + table_rows[:, None] * stride_rope_table_n + cols_half[None, :] * stride_rope_table_d, mask=row_in_bounds[:, None] & (cols_half < ROT_HALF)[None, :], other=1.0)
+// CHECK-NEXT: sin = tl.load(rope_table_ptr + table_rows[:, None] * stride_rope_table_n + cols_half[None, :] * stride_rope_table_d + stride_rope_table_c, mask=row_in_bounds[:, None] & (cols_half < ROT_HALF)[None, :], other=0.0)
+// CHECK:      k_lo_rot = (k_lo_f32 * cos - k_hi_f32 * sin).to(k_lo.dtype)
+// CHECK-NEXT: k_hi_rot = (k_lo_f32 * sin + k_hi_f32 * cos).to(k_hi.dtype)
 
 // CHECK:      def attention_fwd(
 // CHECK:      kv_head = head // group_size
 // CHECK:      q_pos = rows + (n_k - n_q)
 // Half of 80 is not a power of two: loads of rotary halves are masked on columns.
 // CHECK:      q_lo = tl.load(q_base + rows[:, None] * stride_q_n + (cols_half)[None, :] * stride_q_d, mask=row_in_bounds[:, None] & (cols_half < ROT_HALF)[None, :], other=0.0)
+// Query positions are negative when Nq > Nk: the table holds |pos|, sin takes the sign.
 // CHECK:      tile.rotate: RoPE at query positions
-// CHECK-NEXT: angle = q_pos.to(tl.float32)[:, None] * inv_freq[None, :]
+// CHECK-NEXT: table_rows = tl.abs(q_pos)
+// CHECK:      sin = sin * tl.where(q_pos < 0, -1.0, 1.0)[:, None]
 // CHECK:      tile.kv_bounds
 // CHECK:      kv_end = tl.minimum(q_last + 1, n_k)
 // CHECK:      full_end = tl.maximum(tl.minimum(q_first + 1, n_k), 0) // BLOCK_N * BLOCK_N

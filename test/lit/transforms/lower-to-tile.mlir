@@ -3,11 +3,11 @@
 
 // Causal RoPE, both rotations fused: one kernel. q and k are loaded as the two halves of
 // each rotary pair and rotated in registers; only blocks crossing the diagonal are masked.
-// FUSED:      tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %inv_freq: !tile.tensor<inv_freq>)
+// FUSED:      tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>)
 // FUSED-SAME: grid = "query_blocks", element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 64 : i64
 // FUSED-NEXT:   %q_lo = tile.load %q[program, half_lo]
 // FUSED-NEXT:   %q_hi = tile.load %q[program, half_hi]
-// FUSED-NEXT:   %q_lo_rot, %q_hi_rot = tile.rotate %q_lo, %q_hi, %inv_freq {positions = "query"}
+// FUSED-NEXT:   %q_lo_rot, %q_hi_rot = tile.rotate %q_lo, %q_hi, %rope_table {positions = "query"}
 // FUSED-NEXT:   %acc, %row_max, %row_sum = tile.softmax_init
 // FUSED-NEXT:   %kv_start, %full_start, %full_end, %kv_end = tile.kv_bounds {band = #attn.band<upper = 0>}
 // The blocks fully below the diagonal: no mask.
@@ -29,8 +29,8 @@
 
 // With the key pre-rotated: a rotation kernel over key blocks, and the attention kernel
 // reads its output (still split into halves, to pair with the fused query rotation).
-// PRE:      tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "key_blocks"
-// PRE:        tile.rotate %k_lo, %k_hi, %inv_freq {positions = "key"}
+// PRE:      tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks"
+// PRE:        tile.rotate %k_lo, %k_hi, %rope_table {positions = "key"}
 // PRE:        tile.store %k_lo_rot, %k_rot[program, half_lo]
 // PRE:        tile.store %k_hi_rot, %k_rot[program, half_hi]
 // PRE:      tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k_rot: !tile.tensor<k_rot>

@@ -2,14 +2,14 @@
 // RUN: %roundtrip | filecheck %s
 // Every tile op and type prints in its custom form and survives a generic round trip.
 
-// CHECK-LABEL: tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "key_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
-tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %inv_freq: !tile.tensor<inv_freq>) attributes {grid = "key_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
+// CHECK-LABEL: tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
+tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
   // CHECK-NEXT: %k_even = tile.load %k[program, even] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
   %k_even = tile.load %k[program, even] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
   // CHECK-NEXT: %k_odd = tile.load %k[program, odd] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
   %k_odd = tile.load %k[program, odd] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
-  // CHECK-NEXT: %a, %b = tile.rotate %k_even, %k_odd, %inv_freq {positions = "key", inverse} : !tile.tile<m x half x bf16>, !tile.tensor<inv_freq>
-  %a, %b = tile.rotate %k_even, %k_odd, %inv_freq {positions = "key", inverse} : !tile.tile<m x half x bf16>, !tile.tensor<inv_freq>
+  // CHECK-NEXT: %a, %b = tile.rotate %k_even, %k_odd, %rope_table {positions = "key", inverse} : !tile.tile<m x half x bf16>, !tile.tensor<rope_table>
+  %a, %b = tile.rotate %k_even, %k_odd, %rope_table {positions = "key", inverse} : !tile.tile<m x half x bf16>, !tile.tensor<rope_table>
   // CHECK-NEXT: tile.store %a, %k_rot[program, even] : !tile.tile<m x half x bf16> -> !tile.tensor<k_rot>
   tile.store %a, %k_rot[program, even] : !tile.tile<m x half x bf16> -> !tile.tensor<k_rot>
   // CHECK-NEXT: %k_pass = tile.load %k[program, pass] : !tile.tensor<k> -> !tile.tile<m x pass x bf16>

@@ -22,9 +22,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-ROTATE_FLOPS_PER_PAIR = 24.0
-"""Arithmetic to rotate one pair in registers: the angle, cos and sin (special-function
-unit, counted as ~8 flops each), four multiplies, two adds and the conversions."""
+ROTATE_FLOPS_PER_PAIR = 40.0
+"""What rotating one pair in registers costs, in fp32 FLOP-equivalents: two table loads (cos,
+sin; L2-resident), four multiplies, two adds, the conversions. Measured on the H200: fusing
+the key rotation added 0.128 ms over pre-rotating it for causal B=4 H=12 N=4096 D=64 fp16,
+i.e. 201M extra pair rotations at ~0.64 ns each, ~43 FLOP at 67 TFLOP/s
+(bench/results/*-placement-*.md)."""
 
 LAUNCH_SECONDS = 4e-6
 """What one extra kernel launch costs on the critical path."""

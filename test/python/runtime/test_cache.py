@@ -162,6 +162,28 @@ def test_unwritable_dir_falls_back_with_warning(tmp_path, monkeypatch):
         locked.chmod(0o700)
 
 
+def test_permission_error_falls_back(tmp_path, monkeypatch):
+    """The unwritable-directory case for users the chmod test cannot run as (root): the
+    write probe fails with EACCES."""
+    target = tmp_path / "denied"
+    monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(target))
+    monkeypatch.setattr(cache, "_fallback_dir", None)
+    real = cache.tempfile.NamedTemporaryFile
+
+    def deny(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == target:
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(cache.tempfile, "NamedTemporaryFile", deny)
+    with pytest.warns(RuntimeWarning, match="not writable"):
+        directory = cache.cache_dir()
+    assert directory != target and os.access(directory, os.W_OK)
+    path = cache.store("denied-entry", PROGRAM)
+    assert path.parent == directory
+    assert cache.lookup("denied-entry") == (PROGRAM, path)
+
+
 def test_cache_dir_that_is_a_file_falls_back(tmp_path, monkeypatch):
     """A path that cannot be a directory (a regular file is in the way) also falls back;
     this one fails for root too."""

@@ -53,6 +53,7 @@ from xdsl.ir import (
 )
 from xdsl.irdl import (
     AnyOf,
+    opt_operand_def,
     IRDLOperation,
     ParsePropInAttrDict,
     VarConstraint,
@@ -109,6 +110,33 @@ class LayoutType(ParametrizedAttribute, TypeAttribute):
     """A call-time block-sparsity layout: bool `[ceil(Nq/bs), ceil(Nk/bs)]` or `[Hq, ...]`."""
 
     name = "attn.layout"
+
+
+@irdl_attr_definition
+class PositionsType(ParametrizedAttribute, TypeAttribute):
+    """Call-time RoPE positions of the query or key rows: int `[N]` or `[B, N]`.
+
+    `!attn.positions<query>` / `!attn.positions<key>`. Masks keep using the default positions
+    (`i + Nk - Nq`, `j`); only the rotation reads these.
+    """
+
+    name = "attn.positions"
+
+    role: StringAttr
+
+    def __init__(self, role: str):
+        super().__init__(StringAttr(role))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            role = parser.parse_identifier()
+            if role not in ("query", "key"):
+                parser.raise_error(f"positions are of query or key rows, got '{role}'")
+            return (StringAttr(role),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.role.data}>")
 
 
 @irdl_attr_definition
@@ -280,6 +308,7 @@ class RopeOp(IRDLOperation):
 
     T: ClassVar = VarConstraint("T", AnyOf.get(QueryType, KeyType))
     input = operand_def(T)
+    positions = opt_operand_def(PositionsType)
     output = result_def(T)
 
     theta = prop_def(FloatAttr)
@@ -290,7 +319,9 @@ class RopeOp(IRDLOperation):
     original_max_position]."""
     placement = opt_prop_def(StringAttr)
 
-    assembly_format = "$input attr-dict `:` type($input)"
+    assembly_format = (
+        "$input (`at` $positions^)? attr-dict `:` type($input) (`,` type($positions)^)?"
+    )
     irdl_options = (ParsePropInAttrDict(),)
 
     traits = traits_def(Pure())
@@ -303,9 +334,10 @@ class RopeOp(IRDLOperation):
         interleaved: bool = False,
         placement: str | None = None,
         scaling: Sequence[float] | None = None,
+        positions: SSAValue | None = None,
     ):
         super().__init__(
-            operands=[operand],
+            operands=[operand, [] if positions is None else [positions]],
             result_types=[operand.type],
             properties={
                 "theta": FloatAttr(theta, f64),
@@ -344,6 +376,13 @@ class RopeOp(IRDLOperation):
                 raise VerifyException(
                     "rope llama3_scaling must be [factor, low_freq_factor, high_freq_factor, "
                     "original_max_position], all positive, high > low"
+                )
+        if self.positions is not None:
+            assert isinstance(self.positions.type, PositionsType)
+            role = "query" if isinstance(self.input.type, QueryType) else "key"
+            if self.positions.type.role.data != role:
+                raise VerifyException(
+                    f"rotating {role} rows needs !attn.positions<{role}>, got {self.positions.type}"
                 )
         if self.placement is not None and self.placement.data not in ROPE_PLACEMENTS:
             raise VerifyException(
@@ -595,7 +634,12 @@ class VariantOp(IRDLOperation):
     traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
 
     ARGUMENT_TYPES: ClassVar[tuple[Attribute, ...]] = (QueryType(), KeyType(), ValueType())
-    EXTRA_ARGUMENT_TYPES: ClassVar[tuple[Attribute, ...]] = (BiasType(), LayoutType())
+    EXTRA_ARGUMENT_TYPES: ClassVar[tuple[Attribute, ...]] = (
+        BiasType(),
+        LayoutType(),
+        PositionsType("query"),
+        PositionsType("key"),
+    )
     """Call-time data a variant may take after (q, k, v), at most once each, in this order."""
 
     def __init__(self, name: str, body: Region | None = None, extra: Sequence[Attribute] = ()):
@@ -620,10 +664,10 @@ class VariantOp(IRDLOperation):
     def value(self) -> SSAValue:
         return self.body.block.args[2]
 
-    def argument(self, kind: type[Attribute]) -> SSAValue | None:
-        """The block argument of a call-time data type (bias, layout), if the variant has one."""
+    def argument(self, kind: Attribute) -> SSAValue | None:
+        """The block argument of a call-time data type (bias, layout, positions), if any."""
         for arg in self.body.block.args[3:]:
-            if isinstance(arg.type, kind):
+            if arg.type == kind:
                 return arg
         return None
 
@@ -637,8 +681,9 @@ class VariantOp(IRDLOperation):
         allowed = [t for t in self.EXTRA_ARGUMENT_TYPES if t in extra]
         if inputs[:3] != self.ARGUMENT_TYPES or list(extra) != allowed:
             raise VerifyException(
-                "attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally "
-                f"!attn.bias and !attn.layout, got ({', '.join(str(t) for t in inputs)})"
+                "attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in "
+                "this order, !attn.bias, !attn.layout, !attn.positions<query>, "
+                f"!attn.positions<key>; got ({', '.join(str(t) for t in inputs)})"
             )
         if tuple(self.function_type.outputs.data) != (OutputType(),):
             raise VerifyException("attn.variant returns one !attn.output")
@@ -706,6 +751,7 @@ Attn = Dialect(
         ValueType,
         BiasType,
         LayoutType,
+        PositionsType,
         ScoresType,
         ProbsType,
         OutputType,
@@ -723,6 +769,7 @@ __all__ = [
     "BiasType",
     "BlockSparseOp",
     "LayoutType",
+    "PositionsType",
     "ReluOp",
     "BandAttr",
     "CausalAttr",

@@ -169,6 +169,8 @@ TENSOR_AXES: dict[str, str] = {
     "k_rot": "bhnd",
     "lse": "bhn",
     "rope_table": "cnd",
+    "q_positions": "bn",
+    "k_positions": "bn",
     "slopes": "",
     "bias": "bhnd",
     "full_blocks": "hnd",
@@ -179,7 +181,8 @@ TENSOR_AXES: dict[str, str] = {
 """Kernel tensor parameters by role, with the axes the kernel indexes them by (each axis
 gets a stride argument; an empty string means a contiguous vector):
 `[B, H, N, D]` operands; the log-sum-exp `[B, Hq, Nq]`; the rotary table
-`[2, positions, rotary_dim / 2]` (cos, then sin, of each position's angle per pair); ALiBi slopes `[Hq]`; the additive bias `[B, Hq, Nq, Nk]` (broadcast
+`[2, positions, rotary_dim / 2]` (cos, then sin, of each position's angle per pair);
+call-time RoPE positions `[B, N]` (a shared `[N]` has batch stride 0); ALiBi slopes `[Hq]`; the additive bias `[B, Hq, Nq, Nk]` (broadcast
 through zero strides); and block-sparse key-block lists `[H, query blocks, entries]` with
 their lengths `[H, query blocks]` (`full_*`: blocks needing no mask, `partial_*`: masked)."""
 
@@ -533,15 +536,16 @@ class LoadOp(IRDLOperation):
 
     @classmethod
     def parse(cls, parser: Parser) -> LoadOp:
-        source = parser.parse_operand()
+        unresolved = parser.parse_unresolved_operand()
         rows, cols = _parse_block_ref(parser)
         attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
-        parser.parse_type()
+        source_type = parser.parse_type()
         parser.parse_punctuation("->")
         result_type = parser.parse_type()
         if not isinstance(result_type, TileType):
             parser.raise_error(f"tile.load produces a !tile.tile, got {result_type}")
+        source = parser.resolve_operand(unresolved, source_type)
         op = cls(source, rows, cols, result_type)
         op.attributes |= attrs
         return op
@@ -588,15 +592,17 @@ class StoreOp(IRDLOperation):
 
     @classmethod
     def parse(cls, parser: Parser) -> StoreOp:
-        value = parser.parse_operand()
+        unresolved_value = parser.parse_unresolved_operand()
         parser.parse_punctuation(",")
-        dest = parser.parse_operand()
+        unresolved_dest = parser.parse_unresolved_operand()
         rows, cols = _parse_block_ref(parser)
         attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
-        parser.parse_type()
+        value_type = parser.parse_type()
         parser.parse_punctuation("->")
-        parser.parse_type()
+        dest_type = parser.parse_type()
+        value = parser.resolve_operand(unresolved_value, value_type)
+        dest = parser.resolve_operand(unresolved_dest, dest_type)
         op = cls(value, dest, rows, cols)
         op.attributes |= attrs
         return op
@@ -625,7 +631,7 @@ class RotateOp(IRDLOperation):
 
     `lo` and `hi` hold the two elements of each pair (see `COLUMN_PARTS`); the angle of row r,
     pair t is `pos(r) * theta^(-2t/r)`, with `pos` a query position (`row + Nk - Nq`) or a key
-    position (`row`); its cos and sin come from the runtime's `rope_table` (computed once per
+    position (`row`), or read from `given_positions` (call-time positions); its cos and sin come from the runtime's `rope_table` (computed once per
     length: a table row costs two loads, far less than evaluating cos and sin per element).
     The rotation is done in fp32. With `inverse`, rotates by `-angle` (the transpose, for
     gradients).
@@ -637,18 +643,29 @@ class RotateOp(IRDLOperation):
     lo = operand_def(T)
     hi = operand_def(T)
     table = operand_def(TensorType)
+    given_positions = opt_operand_def(TensorType)
     lo_out = result_def(T)
     hi_out = result_def(T)
     positions = prop_def(StringAttr)
     inverse = opt_prop_def(UnitAttr)
 
-    assembly_format = "$lo `,` $hi `,` $table attr-dict `:` type($lo) `,` type($table)"
+    assembly_format = (
+        "$lo `,` $hi `,` $table (`at` $given_positions^)? attr-dict `:` type($lo) `,` type($table)"
+        " (`,` type($given_positions)^)?"
+    )
     irdl_options = (ParsePropInAttrDict(),)
     traits = traits_def(Pure())
 
-    def __init__(self, lo: SSAValue, hi: SSAValue, table: SSAValue, positions: str):
+    def __init__(
+        self,
+        lo: SSAValue,
+        hi: SSAValue,
+        table: SSAValue,
+        positions: str,
+        given_positions: SSAValue | None = None,
+    ):
         super().__init__(
-            operands=[lo, hi, table],
+            operands=[lo, hi, table, [] if given_positions is None else [given_positions]],
             result_types=[lo.type, hi.type],
             properties={"positions": StringAttr(positions)},
         )
@@ -664,6 +681,14 @@ class RotateOp(IRDLOperation):
         assert isinstance(self.table.type, TensorType)
         if self.table.type.role.data != "rope_table":
             raise VerifyException("the table operand must be the rope_table tensor")
+        if self.given_positions is not None:
+            assert isinstance(self.given_positions.type, TensorType)
+            expected = "q_positions" if self.positions.data == "query" else "k_positions"
+            if self.given_positions.type.role.data != expected:
+                raise VerifyException(
+                    f"{self.positions.data} rows are rotated at {expected}, got "
+                    f"{self.given_positions.type.role.data}"
+                )
 
 
 @irdl_op_definition

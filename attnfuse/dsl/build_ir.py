@@ -30,7 +30,7 @@ from attnfuse.dsl.blocks import (
 )
 
 
-def rope_op(operand: SSAValue, block: Rope) -> attn.RopeOp:
+def rope_op(operand: SSAValue, block: Rope, positions: SSAValue | None) -> attn.RopeOp:
     """The `attn.rope` of one operand for a `rope(...)` block."""
     scaling = block.scaling
     return attn.RopeOp(
@@ -46,6 +46,7 @@ def rope_op(operand: SSAValue, block: Rope) -> attn.RopeOp:
             scaling.high_freq_factor,
             scaling.original_max_position,
         ),
+        positions=positions,
     )
 
 
@@ -66,17 +67,29 @@ def mask_band(spec) -> tuple[int | None, int | None]:
     return attn.intersect_bands([b for b in bands if b is not None])
 
 
-def build_module(blocks: Sequence[Block], name: str = "attention") -> ModuleOp:
-    """The `attn` program of a (validated) list of blocks."""
+def build_module(
+    blocks: Sequence[Block],
+    name: str = "attention",
+    explicit_positions: tuple[bool, bool] = (False, False),
+) -> ModuleOp:
+    """The `attn` program of a (validated) list of blocks. `explicit_positions` says whether
+    the query / key RoPE positions are call-time tensors."""
     extra = []
     if any(isinstance(b, AdditiveBias) for b in blocks):
         extra.append(attn.BiasType())
     if any(isinstance(b, BlockSparse) for b in blocks):
         extra.append(attn.LayoutType())
+    has_rope = any(isinstance(b, Rope) for b in blocks)
+    for role, given in zip(("query", "key"), explicit_positions):
+        if given and has_rope:
+            extra.append(attn.PositionsType(role))
     variant = attn.VariantOp(name, extra=extra)
-    for arg in variant.body.block.args:
-        arg.name_hint = {attn.QueryType: "q", attn.KeyType: "k", attn.ValueType: "v",
-                         attn.BiasType: "bias", attn.LayoutType: "layout"}[type(arg.type)]
+    hints = {attn.BiasType(): "bias", attn.LayoutType(): "layout",
+             attn.PositionsType("query"): "q_positions", attn.PositionsType("key"): "k_positions"}
+    for arg, hint in zip(variant.body.block.args, ("q", "k", "v")):
+        arg.name_hint = hint
+    for arg in variant.body.block.args[3:]:
+        arg.name_hint = hints[arg.type]
     b = Builder(InsertPoint.at_end(variant.body.block))
 
     def add(op: Operation, hint: str) -> SSAValue:
@@ -87,8 +100,8 @@ def build_module(blocks: Sequence[Block], name: str = "attention") -> ModuleOp:
     q, k, v = variant.query, variant.key, variant.value
     for block in blocks:
         if isinstance(block, Rope):
-            q = add(rope_op(q, block), "q_rot")
-            k = add(rope_op(k, block), "k_rot")
+            q = add(rope_op(q, block, variant.argument(attn.PositionsType("query"))), "q_rot")
+            k = add(rope_op(k, block, variant.argument(attn.PositionsType("key"))), "k_rot")
     scale = next((blk.scale for blk in blocks if isinstance(blk, ScaledDotProduct)), None)
     scores = add(attn.ScoresOp(q, k, scale), "scores")
     for block in blocks:
@@ -97,13 +110,13 @@ def build_module(blocks: Sequence[Block], name: str = "attention") -> ModuleOp:
         elif isinstance(block, (Causal, SlidingWindow)):
             scores = add(attn.MaskOp(scores, mask_predicates([block])), "kept")
         elif isinstance(block, BlockSparse):
-            layout = variant.argument(attn.LayoutType)
+            layout = variant.argument(attn.LayoutType())
             assert layout is not None
             scores = add(attn.BlockSparseOp(scores, layout, block.block_size), "kept")
         elif isinstance(block, Alibi):
             scores = add(attn.AlibiOp(scores, block.slopes), "biased")
         elif isinstance(block, AdditiveBias):
-            bias = variant.argument(attn.BiasType)
+            bias = variant.argument(attn.BiasType())
             assert bias is not None
             scores = add(attn.AddBiasOp(scores, bias), "biased")
     relu = any(isinstance(block, Relu) for block in blocks)

@@ -77,15 +77,16 @@ class AttentionSpec:
         """The block of a kind, or None."""
         return next((b for b in self.blocks if isinstance(b, kind)), None)
 
-    def module(self):
-        """The variant as an `attn` module (a fresh xDSL `ModuleOp`)."""
+    def module(self, explicit_positions: tuple[bool, bool] = (False, False)):
+        """The variant as an `attn` module (a fresh xDSL `ModuleOp`); `explicit_positions`:
+        whether query / key RoPE positions are passed at call time."""
         from attnfuse.dsl.build_ir import build_module
 
-        return build_module(self.blocks)
+        return build_module(self.blocks, explicit_positions=explicit_positions)
 
-    def ir(self) -> str:
+    def ir(self, explicit_positions: tuple[bool, bool] = (False, False)) -> str:
         """The variant in the attn dialect, as text that `attnfuse-opt` parses."""
-        return str(self.module())
+        return str(self.module(explicit_positions))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any):
         """Runs the variant (compiling it on first use; the compiled form is cached)."""

@@ -128,8 +128,10 @@ class KernelEmitter:
 
     kernel: tile.KernelOp
     interpreter: bool = False
-    """Emit for Triton's CPU interpreter, which miscomputes bf16 matrix products: there they
-    are computed from fp32 copies of the operands (same values, exact products)."""
+    """Emit for Triton's CPU interpreter, whose bf16 support is broken (a bf16 `tl.dot`
+    multiplies raw bit patterns, triton-lang/triton#11584; fp32 -> bf16 conversion truncates):
+    there bf16 operands go to the matrix products as fp32 copies and intermediate results
+    (rotated q/k, probabilities) stay fp32. Only the final output is rounded to bf16."""
     lines: list[str] = field(default_factory=list)
     indent: int = 1
 
@@ -275,6 +277,8 @@ class KernelEmitter:
             axes = tile.TENSOR_AXES[role]
             if axes.startswith("bh"):
                 self.emit(f"{role}_base = {role}_ptr + batch * stride_{role}_b + {self.head_of(role)} * stride_{role}_h")
+            elif axes == "bn":
+                self.emit(f"{role}_base = {role}_ptr + batch * stride_{role}_b")
             elif axes.startswith("hn"):
                 # Block-sparse lists: this head's (a shared layout has head stride 0) entry
                 # for this program's query block.
@@ -350,11 +354,19 @@ class KernelEmitter:
         cos, sin, table_rows = (self.namer.fresh(n) for n in ("cos", "sin", "table_rows"))
         a, b = self.namer.fresh(f"{lo}_f32"), self.namer.fresh(f"{hi}_f32")
         pos, row_mask = self.positions(op)
+        if op.given_positions is not None:
+            role = self.role_of(op.given_positions)
+            # Given positions are indexed by row (query i or key j), not by default position.
+            rows = "rows" if pos in ("q_pos", "rows") else pos
+            pos = self.namer.fresh(f"{role}_rows")
+            masking = f", mask={row_mask}, other=0" if row_mask else ""
+            self.emit(f"{pos} = tl.load({role}_base + {rows} * stride_{role}_n{masking})")
         col_mask = "(cols_half < ROT_HALF)[None, :]" if padded(self.rot_half) != self.rot_half else None
         masks = [m for m in (row_mask and f"{row_mask}[:, None]", col_mask) if m]
         masking = f", mask={' & '.join(masks)}" if masks else ""
-        # Query positions are negative when Nq > Nk: cos(-x) = cos(x), sin(-x) = -sin(x).
-        negative = op.positions.data == "query"
+        # Query positions are negative when Nq > Nk (and given ones may be):
+        # cos(-x) = cos(x), sin(-x) = -sin(x).
+        negative = op.positions.data == "query" or op.given_positions is not None
         self.emit(f"{table_rows} = {'tl.abs(' + pos + ')' if negative else pos}")
         ptrs = f"rope_table_ptr + {table_rows}[:, None] * stride_rope_table_n + cols_half[None, :] * stride_rope_table_d"
         self.emit(f"{cos} = tl.load({ptrs}{masking + ', other=1.0' if masking else ''})")
@@ -368,8 +380,12 @@ class KernelEmitter:
             self.emit(f"{sin} = {sin} * {' * '.join(sign)}")
         self.emit(f"{a} = {lo}.to(tl.float32)")
         self.emit(f"{b} = {hi}.to(tl.float32)")
-        self.emit(f"{self.namer.define(op.lo_out)} = ({a} * {cos} - {b} * {sin}).to({lo}.dtype)")
-        self.emit(f"{self.namer.define(op.hi_out)} = ({a} * {sin} + {b} * {cos}).to({hi}.dtype)")
+        # Back to the input type for the tensor cores (the interpreter's bf16 path keeps fp32:
+        # its fp32 -> bf16 conversion truncates instead of rounding).
+        lo_cast = "" if self.upcast_dots else f".to({lo}.dtype)"
+        hi_cast = "" if self.upcast_dots else f".to({hi}.dtype)"
+        self.emit(f"{self.namer.define(op.lo_out)} = ({a} * {cos} - {b} * {sin}){lo_cast}")
+        self.emit(f"{self.namer.define(op.hi_out)} = ({a} * {sin} + {b} * {cos}){hi_cast}")
 
     def emit_scores(self, op: tile.ScoresOp) -> None:
         name = self.namer.define(op.result)
@@ -506,7 +522,7 @@ class KernelEmitter:
         self.emit("# tile.accumulate: " + ("acc * alpha + p @ v" if op.alpha is not None else "acc + p @ v"))
         scaled = f"{acc} * {self.namer[op.alpha]}[:, None]" if op.alpha is not None else acc
         result = self.fresh_result(op.result)
-        p_op = self.dot_operand(f"{probs}.to({value}.dtype)")
+        p_op = probs if self.upcast_dots else f"{probs}.to({value}.dtype)"
         self.emit(f"{result} = tl.dot({p_op}, {self.dot_operand(value)}, acc={scaled}{self.dot_options()})")
 
     def emit_softmax_finalize(self, op: tile.SoftmaxFinalizeOp) -> None:

@@ -18,7 +18,13 @@ from attnfuse.runtime.compiler import (
     generate_program,
     lower_spec,
 )
-from attnfuse.runtime.call_data import alibi_slopes, bias_view, check_layout, sparse_block_lists
+from attnfuse.runtime.call_data import (
+    alibi_slopes,
+    bias_view,
+    check_layout,
+    positions_view,
+    sparse_block_lists,
+)
 from attnfuse.runtime.config import TileConfig, choose_tile_config, rope_placement
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
@@ -76,11 +82,14 @@ class CompiledAttention:
             config = replace(config, block_m=min(config.block_m, bs), block_n=min(config.block_n, bs))
         return config
 
-    def compile_key(self, problem: Problem) -> CompileKey:
+    def compile_key(
+        self, problem: Problem, explicit_positions: tuple[bool, bool] = (False, False)
+    ) -> CompileKey:
         """What this call's kernels are specialized on."""
         config = self.tile_config(problem)
         placement = rope_placement(self.spec, problem, config, self.rope_placement)
-        return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config, placement)
+        return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
+                          placement, explicit_positions)
 
     def program_for(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> CompiledProgram:
         """The compiled kernels that a call with these tensors runs."""
@@ -103,25 +112,32 @@ class CompiledAttention:
         problem = check_inputs(self.spec, q, k, v)
         return str(lower_spec(self.spec, self.compile_key(problem)))
 
-    def plan(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> CallPlan:
+    def plan(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        explicit_positions: tuple[bool, bool] = (False, False),
+    ) -> CallPlan:
         """The checked, compiled and prepared launches for tensors of these shapes."""
         try:
-            key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
+            key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
+                   v.device, explicit_positions)
         except AttributeError:
             key = None  # not tensors: check_inputs says which argument is wrong
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
             # Validation depends only on what the key holds, so a cached plan is a checked one.
             problem = check_inputs(self.spec, q, k, v)
-            plan = self._make_plan(problem)
+            plan = self._make_plan(problem, explicit_positions)
             if key is not None:
                 self._plans[key] = plan
         return plan
 
-    def _make_plan(self, problem: Problem) -> CallPlan:
+    def _make_plan(self, problem: Problem, explicit_positions: tuple[bool, bool]) -> CallPlan:
         if problem.empty:
             return CallPlan(problem, None, (), {}, None)
-        key = self.compile_key(problem)
+        key = self.compile_key(problem, explicit_positions)
         compiled = compile_program(self.spec, key, problem.device.type != "cuda")
         scale = self._scale if self._scale is not None else default_scale(problem.head_dim)
         constants: dict[str, torch.Tensor] = {}
@@ -137,10 +153,35 @@ class CompiledAttention:
         return CallPlan(problem, compiled, launches, constants, key.config)
 
     def call_tensors(
-        self, plan: CallPlan, bias: object, block_layout: object
+        self,
+        plan: CallPlan,
+        bias: object,
+        block_layout: object,
+        q_positions: object = None,
+        k_positions: object = None,
     ) -> dict[str, torch.Tensor]:
-        """The call-time data tensors (bias, block-sparse lists), checked."""
+        """The call-time data tensors (bias, block-sparse lists, RoPE positions), checked."""
         tensors: dict[str, torch.Tensor] = {}
+        problem = plan.problem
+        rope = self.spec.block(Rope)
+        for name, given, length in (
+            ("q_positions", q_positions, problem.seq_q),
+            ("k_positions", k_positions, problem.seq_k),
+        ):
+            if given is None:
+                continue
+            if not isinstance(rope, Rope):
+                raise ArgumentError(f"{name}= given, but {self.spec!r} has no rope()")
+            tensors[name] = positions_view(given, name, length, problem)
+        if "q_positions" in tensors or "k_positions" in tensors:
+            # The table must reach the largest |position| (one host sync per such call).
+            furthest = max(int(t.abs().max()) + 1 for t in tensors.values() if t.numel())
+            if furthest > plan.constants["rope_table"].shape[1]:
+                assert isinstance(rope, Rope)
+                tensors["rope_table"] = rope_table(
+                    rope.theta, rope.rotary_dim or problem.head_dim, rope.scaling,
+                    problem.device, furthest,
+                )
         if self.spec.block(AdditiveBias) is not None:
             tensors["bias"] = bias_view(bias, plan.problem)
         elif bias is not None:
@@ -180,6 +221,8 @@ class CompiledAttention:
         return_lse: bool = False,
         bias: torch.Tensor | None = None,
         block_layout: torch.Tensor | None = None,
+        q_positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
         **unexpected: Any,
     ):
         if unexpected:
@@ -188,8 +231,9 @@ class CompiledAttention:
             )
         if return_lse and self.spec.block(Relu) is not None:
             raise ArgumentError("return_lse=True needs softmax(): relu() attention has no log-sum-exp")
-        plan = self.plan(q, k, v)
-        data = self.call_tensors(plan, bias, block_layout)
+        explicit = (q_positions is not None, k_positions is not None)
+        plan = self.plan(q, k, v, explicit)
+        data = self.call_tensors(plan, bias, block_layout, q_positions, k_positions)
         if torch.is_grad_enabled() and any(
             t.requires_grad for t in (q, k, v, *data.values())
         ):

@@ -129,3 +129,21 @@ def sparse_block_lists(
         lists[f"{name}_blocks"] = blocks.expand(problem.heads_q, -1, -1)
         lists[f"{name}_count"] = count.expand(problem.heads_q, -1)
     return lists
+
+
+def positions_view(positions: object, name: str, length: int, problem: Problem) -> torch.Tensor:
+    """Call-time RoPE positions as a `[B, N]` integer view (a shared `[N]` gets batch stride
+    0)."""
+    if not isinstance(positions, torch.Tensor):
+        raise ArgumentError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.dtype not in (torch.int32, torch.int64):
+        raise ArgumentError(f"{name} must be int32 or int64, got {positions.dtype}")
+    if positions.device != problem.device:
+        raise ArgumentError(f"{name} is on {positions.device}, but q is on {problem.device}")
+    shapes = ([length], [problem.batch, length])
+    if list(positions.shape) not in shapes:
+        raise ArgumentError(
+            f"{name} must have shape [{length}] or [{problem.batch}, {length}], got "
+            f"{list(positions.shape)}"
+        )
+    return positions.expand(problem.batch, length)

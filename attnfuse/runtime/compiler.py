@@ -33,6 +33,8 @@ class CompileKey:
     element_type: str
     config: TileConfig
     placement: tuple[str, str] | None
+    explicit_positions: tuple[bool, bool] = (False, False)
+    """Whether query / key RoPE positions are call-time tensors."""
 
     def pipeline(self) -> str:
         """The `attnfuse-opt -p` pipeline that produces this compile's tile IR."""
@@ -66,7 +68,7 @@ class CompiledProgram:
 def lower_spec(spec: AttentionSpec, key: CompileKey) -> ModuleOp:
     """The tile IR of a spec: its attn module run through the pass pipeline."""
     ctx = make_context()
-    module = spec.module()
+    module = spec.module(key.explicit_positions)
     try:
         PassPipeline.parse_spec(PASSES, key.pipeline()).apply(ctx, module)
         module.verify()
@@ -90,7 +92,7 @@ def compiler_fingerprint() -> str:
 
 def _cache_key(spec: AttentionSpec, key: CompileKey, interpret: bool) -> str:
     # The spec's canonical form, so that equal specs (blocks in another order) share entries.
-    canonical = AttentionSpec(spec.canonical_blocks).ir()
+    canonical = AttentionSpec(spec.canonical_blocks).ir(key.explicit_positions)
     target = "interpreter" if interpret else "gpu"
     text = "\n".join(
         [canonical, key.pipeline(), target, compiler_fingerprint(), triton.__version__]

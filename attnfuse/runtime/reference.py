@@ -63,12 +63,15 @@ def default_alibi_slopes(heads: int) -> list[float]:
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, block: Rope) -> torch.Tensor:
-    """`R(pos) x` over the last dim of `x [..., N, D]`, in the dtype of `x` (fp64 here)."""
+    """`R(pos) x` over the last dim of `x [B, H, N, D]`, in the dtype of `x` (fp64 here);
+    `positions` is `[N]` or per batch `[B, N]`."""
     d = x.shape[-1]
     r = block.rotary_dim or d
     # The angle is an fp32 product, as the semantics say the rotation is computed in fp32.
     inv_freq = rope_inverse_frequencies(block.theta, r, block.scaling).to(positions.device)
-    angle = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    angle = positions.to(torch.float32)[..., None] * inv_freq
+    if angle.dim() == 3:  # [B, N, r/2]: broadcast over heads
+        angle = angle[:, None]
     cos, sin = angle.double().cos().to(x.dtype), angle.double().sin().to(x.dtype)
     if block.interleaved:
         a, b = x[..., 0:r:2], x[..., 1:r:2]
@@ -114,6 +117,8 @@ def reference_attention(
     return_lse: bool = False,
     bias: torch.Tensor | None = None,
     block_layout: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
 ):
@@ -127,8 +132,11 @@ def reference_attention(
     v = v.repeat_interleave(group, dim=1)
     rope = spec.block(Rope)
     if isinstance(rope, Rope):
-        q = rotate(q, torch.arange(n_q, device=device) + (n_k - n_q), rope)
-        k = rotate(k, torch.arange(n_k, device=device), rope)
+        # RoPE positions: given per call ([N] or [B, N]), else the default ones.
+        q_at = torch.arange(n_q) + (n_k - n_q) if q_positions is None else q_positions.cpu()
+        k_at = torch.arange(n_k) if k_positions is None else k_positions.cpu()
+        q = rotate(q, q_at.to(device), rope)
+        k = rotate(k, k_at.to(device), rope)
     sdp = spec.block(ScaledDotProduct)
     scale = sdp.scale if isinstance(sdp, ScaledDotProduct) and sdp.scale is not None else 1 / math.sqrt(d)
     scores = scale * q @ k.transpose(-1, -2)

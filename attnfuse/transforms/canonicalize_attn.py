@@ -73,8 +73,8 @@ class OrderScoreChain(RewritePattern):
         moved_down = inner.clone()
         moved_down.operands[0] = moved_up.results[0]
         rewriter.insert_op([moved_up, moved_down], InsertPoint.before(inner))
-        rewriter.replace_op(op, [], [moved_down.results[0]])
-        rewriter.erase_op(inner)
+        rewriter.replace(op, [], [moved_down.results[0]])
+        rewriter.erase(inner)
 
 
 class MergeAdjacentMasks(RewritePattern):
@@ -88,8 +88,8 @@ class MergeAdjacentMasks(RewritePattern):
         # Intersecting two masks is concatenating their predicates; the sort pattern then
         # orders and deduplicates them.
         merged = MaskOp(inner.input, inner.predicate_list + op.predicate_list)
-        rewriter.replace_op(op, merged)
-        rewriter.erase_op(inner)
+        rewriter.replace(op, merged)
+        rewriter.erase(inner)
 
 
 class SortMaskPredicates(RewritePattern):
@@ -113,7 +113,7 @@ class DropEmptyMask(RewritePattern):
     def match_and_rewrite(self, op: MaskOp, rewriter: PatternRewriter) -> None:
         if op.predicate_list:
             return
-        rewriter.replace_op(op, [], [op.input])
+        rewriter.replace(op, [], [op.input])
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ class Rotation:
     rotary_dim: int | None
     interleaved: bool
     fused: bool
+    given_positions: bool = False
+    """Positions come from a call-time tensor rather than the row index."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
                 raise _fail(op, "rotation has no placement; run place-rope first")
             theta, dim, interleaved, _scaling = op.rope_key
             rotations[type(op.input.type)] = Rotation(
-                theta, dim, interleaved, op.placement.data == "fused"
+                theta, dim, interleaved, op.placement.data == "fused", op.positions is not None
             )
             if op.input != (variant.query if isinstance(op.input.type, attn.QueryType) else variant.key):
                 raise _fail(op, "rotations must apply to the variant's q or k arguments")
@@ -218,12 +220,14 @@ def build_rotation_kernel(operand: str, rotation: Rotation, config: KernelConfig
     """A kernel that writes `R(pos) x` for x = q (`operand == "q"`) or k into `{x}_rot`."""
     grid = "query_blocks" if operand == "q" else "key_blocks"
     positions = "query" if operand == "q" else "key"
-    k = KernelBuilder(f"rotate_{positions}", [operand, f"{operand}_rot", "rope_table"], grid,
-                      config, rotation.rotary_dim)
+    position_role = [f"{operand}_positions"] if rotation.given_positions else []
+    k = KernelBuilder(f"rotate_{positions}", [operand, f"{operand}_rot", "rope_table", *position_role],
+                      grid, config, rotation.rotary_dim)
     parts = column_parts(rotation, config.head_dim)
     lo = k.load(operand, "program", parts[0], f"{operand}{PART_SUFFIX[parts[0]]}")
     hi = k.load(operand, "program", parts[1], f"{operand}{PART_SUFFIX[parts[1]]}")
-    rotate = k.add(tile.RotateOp(lo, hi, k.arg("rope_table"), positions),
+    given = k.arg(position_role[0]) if position_role else None
+    rotate = k.add(tile.RotateOp(lo, hi, k.arg("rope_table"), positions, given),
                    f"{operand}{PART_SUFFIX[parts[0]]}_rot", f"{operand}{PART_SUFFIX[parts[1]]}_rot")
     for value, part in zip(rotate.results, parts[:2]):
         k.builder.insert(tile.StoreOp(value, k.arg(f"{operand}_rot"), "program", part))
@@ -246,6 +250,9 @@ def forward_roles(facts: VariantFacts) -> list[str]:
         roles.append("lse")
     if facts.any_fused:
         roles.append("rope_table")
+    for operand, rotation in (("q", q_rot), ("k", k_rot)):
+        if rotation is not None and rotation.fused and rotation.given_positions:
+            roles.append(f"{operand}_positions")
     if facts.alibi:
         roles.append("slopes")
     if facts.bias:
@@ -273,7 +280,8 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
     # Load the program's query block once; rotate it here if that rotation is fused.
     q_parts = [k.load("q", "program", p, f"q{PART_SUFFIX[p]}", source=q_source) for p in parts]
     if q_rot is not None and q_rot.fused:
-        rotate = k.add(tile.RotateOp(q_parts[0], q_parts[1], k.arg("rope_table"), "query"),
+        given = k.arg("q_positions") if q_rot.given_positions else None
+        rotate = k.add(tile.RotateOp(q_parts[0], q_parts[1], k.arg("rope_table"), "query", given),
                        f"q{PART_SUFFIX[parts[0]]}_rot", f"q{PART_SUFFIX[parts[1]]}_rot")
         q_parts[:2] = rotate.results
 
@@ -287,7 +295,8 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
         inner = k.inside(block)
         k_parts = [inner.load("k", "loop", p, f"k{PART_SUFFIX[p]}", source=k_source) for p in parts]
         if k_rot is not None and k_rot.fused:
-            rotate = inner.add(tile.RotateOp(k_parts[0], k_parts[1], k.arg("rope_table"), "key"),
+            given = k.arg("k_positions") if k_rot.given_positions else None
+            rotate = inner.add(tile.RotateOp(k_parts[0], k_parts[1], k.arg("rope_table"), "key", given),
                                f"k{PART_SUFFIX[parts[0]]}_rot", f"k{PART_SUFFIX[parts[1]]}_rot")
             k_parts[:2] = rotate.results
         scores = inner.add(tile.ScoresOp(q_parts, k_parts, facts.scale), "scores").results[0]
@@ -383,7 +392,7 @@ class LowerVariant(RewritePattern):
                 kernels.append(build_rotation_kernel(operand, rot, self.config))
         kernels.append(build_forward_kernel(facts, self.config))
         rewriter.insert_op(kernels, InsertPoint.before(op))
-        rewriter.erase_op(op)
+        rewriter.erase(op)
 
 
 def _power_of_two(x: int) -> bool:

@@ -135,3 +135,22 @@ attn.variant @sparse(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias :
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// Call-time positions: the rotation reads them (rows index the positions tensor).
+// FUSED:       {{^}}builtin.module
+// FUSED:       tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>, %q_positions: !tile.tensor<q_positions>, %k_positions: !tile.tensor<k_positions>)
+// FUSED:         tile.rotate %q_lo, %q_hi, %rope_table at %q_positions {positions = "query"} : !tile.tile<m x half x f16>, !tile.tensor<rope_table>, !tile.tensor<q_positions>
+// FUSED:         tile.rotate %k_lo, %k_hi, %rope_table at %k_positions {positions = "key"}
+// PRE:         {{^}}builtin.module
+// PRE:         tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>, %k_positions: !tile.tensor<k_positions>)
+// PRE:         tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>, %q_positions: !tile.tensor<q_positions>)
+attn.variant @given(%q : !attn.query, %k : !attn.key, %v : !attn.value, %qp : !attn.positions<query>, %kp : !attn.positions<key>) -> !attn.output {
+  %qr = attn.rope %q at %qp {theta = 1.000000e+04 : f64} : !attn.query, !attn.positions<query>
+  %kr = attn.rope %k at %kp {theta = 1.000000e+04 : f64} : !attn.key, !attn.positions<key>
+  %s = attn.scores %qr, %kr
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -118,7 +118,7 @@ attn.variant @bad_signature(%q : !attn.query, %k : !attn.key, %v : !attn.value, 
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally !attn.bias and !attn.layout, got (!attn.query, !attn.key, !attn.value, !attn.value)
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.value)
 
 // -----
 
@@ -184,4 +184,15 @@ attn.variant @extra_args_out_of_order(%q : !attn.query, %k : !attn.key, %v : !at
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally !attn.bias and !attn.layout, got (!attn.query, !attn.key, !attn.value, !attn.layout, !attn.bias)
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.layout, !attn.bias)
+
+// -----
+
+attn.variant @wrong_positions(%q : !attn.query, %k : !attn.key, %v : !attn.value, %kp : !attn.positions<key>) -> !attn.output {
+  %qr = attn.rope %q at %kp {theta = 1.000000e+04 : f64} : !attn.query, !attn.positions<key>
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rotating query rows needs !attn.positions<query>, got !attn.positions<key>

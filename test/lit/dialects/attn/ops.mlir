@@ -55,3 +55,16 @@ attn.variant @data_blocks(%q : !attn.query, %k : !attn.key, %v : !attn.value, %b
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// Call-time RoPE positions: extra variant arguments, read by attn.rope.
+// CHECK-LABEL: attn.variant @given_positions(%q: !attn.query, %k: !attn.key, %v: !attn.value, %qp: !attn.positions<query>, %kp: !attn.positions<key>) -> !attn.output {
+attn.variant @given_positions(%q : !attn.query, %k : !attn.key, %v : !attn.value, %qp : !attn.positions<query>, %kp : !attn.positions<key>) -> !attn.output {
+  // CHECK-NEXT: %qr = attn.rope %q at %qp {theta = 1.000000e+04 : f64} : !attn.query, !attn.positions<query>
+  %qr = attn.rope %q at %qp {theta = 1.000000e+04 : f64} : !attn.query, !attn.positions<query>
+  // CHECK-NEXT: %kr = attn.rope %k at %kp {theta = 1.000000e+04 : f64} : !attn.key, !attn.positions<key>
+  %kr = attn.rope %k at %kp {theta = 1.000000e+04 : f64} : !attn.key, !attn.positions<key>
+  %s = attn.scores %qr, %kr
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -72,7 +72,7 @@ class OrderScoreChain(RewritePattern):
         moved_up.operands[0] = inner.operands[0]
         moved_down = inner.clone()
         moved_down.operands[0] = moved_up.results[0]
-        rewriter.insert_op([moved_up, moved_down], InsertPoint.before(inner))
+        rewriter.insert([moved_up, moved_down], InsertPoint.before(inner))
         rewriter.replace(op, [], [moved_down.results[0]])
         rewriter.erase(inner)
 

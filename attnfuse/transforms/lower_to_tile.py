@@ -391,7 +391,7 @@ class LowerVariant(RewritePattern):
             if rot is not None and not rot.fused:
                 kernels.append(build_rotation_kernel(operand, rot, self.config))
         kernels.append(build_forward_kernel(facts, self.config))
-        rewriter.insert_op(kernels, InsertPoint.before(op))
+        rewriter.insert(kernels, InsertPoint.before(op))
         rewriter.erase(op)
 
 

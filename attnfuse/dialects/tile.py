@@ -691,6 +691,56 @@ class RotateOp(IRDLOperation):
                 )
 
 
+PAIR_LAYOUTS = ("half", "interleaved")
+
+
+@irdl_op_definition
+class JoinOp(IRDLOperation):
+    """Reassembles the two elements of every rotary pair into one full-width tile: the first
+    and second halves side by side (`half`), or alternating (`interleaved`). Done once per
+    program on the rotated query, it lets every key step use one full-width matrix product
+    against a pre-rotated key instead of one product per part. Needs a rotary width equal to
+    the head dim, a power of two >= 32 (so both halves fill their tiles exactly)."""
+
+    name = "tile.join"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    lo = operand_def(T)
+    hi = operand_def(T)
+    result = result_def(TileType)
+    pairs = prop_def(StringAttr)
+
+    assembly_format = "$lo `,` $hi attr-dict `:` type($lo) `->` type($result)"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, lo: SSAValue, hi: SSAValue, pairs: str):
+        lo_type = lo.type
+        assert isinstance(lo_type, TileType)
+        result = TileType((lo_type.shape[0], "d"), lo_type.element_type)
+        super().__init__(
+            operands=[lo, hi], result_types=[result], properties={"pairs": StringAttr(pairs)}
+        )
+
+    def verify_(self) -> None:
+        lo = _tile(self.lo, "joined lo")
+        if len(lo.shape) != 2 or lo.shape[1] != "half":
+            raise VerifyException(f"joined tiles must be <rows x half>, got {' x '.join(lo.shape)}")
+        _expect_shape(self.result, (lo.shape[0], "d"), "joined tile")
+        if _tile(self.result, "joined tile").element_type != lo.element_type:
+            raise VerifyException("tile.join keeps the element type of its operands")
+        if self.pairs.data not in PAIR_LAYOUTS:
+            raise VerifyException(f"pairs must be half or interleaved, got '{self.pairs.data}'")
+        kernel = _kernel_of(self)
+        if kernel is not None:
+            d = kernel.get("head_dim")
+            if kernel.rotary_dim != d or d < 32 or d & (d - 1):
+                raise VerifyException(
+                    "tile.join needs rotary_dim == head_dim, a power of two >= 32; got "
+                    f"rotary_dim {kernel.rotary_dim}, head_dim {d}"
+                )
+
+
 @irdl_op_definition
 class ScoresOp(IRDLOperation):
     """`s = scale * sum_p q_p @ k_p^T`: the scores of the program's query rows against the
@@ -1187,6 +1237,7 @@ Tile = Dialect(
         AddBiasOp,
         ReluProbsOp,
         ZerosOp,
+        JoinOp,
     ],
     [TileType, TensorType],
 )
@@ -1194,6 +1245,7 @@ Tile = Dialect(
 
 __all__ = [
     "AccumulateOp",
+    "JoinOp",
     "AddBiasOp",
     "AlibiOp",
     "LOOP_OPS",

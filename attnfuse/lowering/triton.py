@@ -387,6 +387,20 @@ class KernelEmitter:
         self.emit(f"{self.namer.define(op.lo_out)} = ({a} * {cos} - {b} * {sin}){lo_cast}")
         self.emit(f"{self.namer.define(op.hi_out)} = ({a} * {sin} + {b} * {cos}){hi_cast}")
 
+    def emit_join(self, op: tile.JoinOp) -> None:
+        lo, hi = self.namer[op.lo], self.namer[op.hi]
+        assert isinstance(op.lo.type, tile.TileType)
+        rows = "BLOCK_M" if op.lo.type.shape[0] == "m" else "BLOCK_N"
+        joined = f"tl.join({lo}, {hi})"  # [rows, half, 2]: pairs side by side
+        if op.pairs.data == "half":
+            # [rows, 2, half]: all first elements, then all second elements.
+            joined = f"tl.permute({joined}, (0, 2, 1))"
+            what = "halves side by side"
+        else:
+            what = "pair elements alternating"
+        self.emit(f"# tile.join: back to full width ({what}), once per program")
+        self.emit(f"{self.namer.define(op.result)} = tl.reshape({joined}, ({rows}, BLOCK_D))")
+
     def emit_scores(self, op: tile.ScoresOp) -> None:
         name = self.namer.define(op.result)
         self.emit("# tile.scores: q @ k^T summed over column parts, fp32 accumulation")
@@ -617,6 +631,7 @@ KernelEmitter.HANDLERS = {
     tile.AddBiasOp: KernelEmitter.emit_add_bias,
     tile.ReluProbsOp: KernelEmitter.emit_relu_probs,
     tile.ZerosOp: KernelEmitter.emit_zeros,
+    tile.JoinOp: KernelEmitter.emit_join,
     tile.SparseKVLoopOp: KernelEmitter.emit_sparse_kv_loop,
 }
 

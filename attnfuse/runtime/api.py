@@ -173,7 +173,7 @@ class CompiledAttention:
             if not isinstance(rope, Rope):
                 raise ArgumentError(f"{name}= given, but {self.spec!r} has no rope()")
             tensors[name] = positions_view(given, name, length, problem)
-        if "q_positions" in tensors or "k_positions" in tensors:
+        if ("q_positions" in tensors or "k_positions" in tensors) and plan.compiled is not None:
             # The table must reach the largest |position| (one host sync per such call).
             furthest = max(int(t.abs().max()) + 1 for t in tensors.values() if t.numel())
             if furthest > plan.constants["rope_table"].shape[1]:
@@ -250,8 +250,8 @@ class CompiledAttention:
         k: torch.Tensor,
         v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Runs the forward kernels; returns the output and the fp32 log-sum-exp (all -inf
-        for relu attention, which has none)."""
+        """Runs the forward kernels; returns the output and the fp32 log-sum-exp (for relu
+        attention, which has none, an unwritten buffer that is never returned to users)."""
         p = plan.problem
         out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=q.dtype, device=q.device)
         lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)

@@ -156,8 +156,10 @@ def reference_attention(
         probs = torch.where(keep, torch.relu(scores) / n_k, torch.zeros((), dtype=dtype, device=device))
         return probs @ v
     lse = torch.logsumexp(scores, dim=-1)  # -inf on rows with no kept key
-    # exp(s - lse) is NaN on empty rows (-inf - -inf): those rows output 0 by definition.
-    probs = torch.where(keep, torch.exp(scores - lse[..., None]), torch.zeros((), dtype=dtype, device=device))
+    # exp(s - lse) is NaN on empty rows (-inf - -inf): those rows output 0 by definition,
+    # as do rows whose every kept score is -inf (a bias of -inf drops a key like a mask).
+    weighted = keep & torch.isfinite(lse)[..., None]
+    probs = torch.where(weighted, torch.exp(scores - lse[..., None]), torch.zeros((), dtype=dtype, device=device))
     out = probs @ v
     if return_lse:
         return out, lse.to(torch.float32)

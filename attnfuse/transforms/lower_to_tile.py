@@ -262,6 +262,17 @@ def forward_roles(facts: VariantFacts) -> list[str]:
     return roles
 
 
+def joins_query(facts: VariantFacts, head_dim: int) -> bool:
+    """Whether the rotated query is reassembled to full width (`tile.join`): when only the
+    query rotation is fused and its halves fill their tiles exactly, so that each key step
+    does one full-width product instead of one per part."""
+    q_rot, k_rot = facts.query_rotation, facts.key_rotation
+    if q_rot is None or not q_rot.fused or (k_rot is not None and k_rot.fused):
+        return False
+    full_width = q_rot.rotary_dim in (None, head_dim)
+    return full_width and head_dim >= 32 and head_dim & (head_dim - 1) == 0
+
+
 STATE_NAMES = {"softmax": ("acc", "row_max", "row_sum"), "relu": ("acc",)}
 """The values each normalizer carries across key blocks."""
 
@@ -276,6 +287,7 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
                       rotation.rotary_dim if rotation else None)
     # Split q and k into column parts only when some rotation runs in registers.
     parts = column_parts(rotation if facts.any_fused else None, config.head_dim)
+    join = joins_query(facts, config.head_dim)
 
     # Load the program's query block once; rotate it here if that rotation is fused.
     q_parts = [k.load("q", "program", p, f"q{PART_SUFFIX[p]}", source=q_source) for p in parts]
@@ -284,6 +296,11 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
         rotate = k.add(tile.RotateOp(q_parts[0], q_parts[1], k.arg("rope_table"), "query", given),
                        f"q{PART_SUFFIX[parts[0]]}_rot", f"q{PART_SUFFIX[parts[1]]}_rot")
         q_parts[:2] = rotate.results
+        if join:
+            pairs = "interleaved" if q_rot.interleaved else "half"
+            q_parts = [k.add(tile.JoinOp(*rotate.results, pairs), "q_rot").results[0]]
+            # The key is rotated outside: its full width pairs with the joined query.
+            parts = ["all"]
 
     names = STATE_NAMES[facts.normalizer]
     if facts.normalizer == "softmax":

@@ -28,13 +28,17 @@
 // FUSED-NEXT:   tile.return
 
 // With the key pre-rotated: a rotation kernel over key blocks, and the attention kernel
-// reads its output (still split into halves, to pair with the fused query rotation).
+// reads its output. The rotated query halves are joined back to full width once, so each key
+// step is one full-width product.
 // PRE:      tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks"
 // PRE:        tile.rotate %k_lo, %k_hi, %rope_table {positions = "key"}
 // PRE:        tile.store %k_lo_rot, %k_rot[program, half_lo]
 // PRE:        tile.store %k_hi_rot, %k_rot[program, half_hi]
 // PRE:      tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k_rot: !tile.tensor<k_rot>
-// PRE:        tile.load %k_rot[loop, half_lo]
+// PRE:        %q_lo_rot, %q_hi_rot = tile.rotate %q_lo, %q_hi, %rope_table {positions = "query"}
+// PRE-NEXT:   %q_rot = tile.join %q_lo_rot, %q_hi_rot {pairs = "half"} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
+// PRE:        tile.load %k_rot[loop, all]
+// PRE-NEXT:   tile.scores(%q_rot) x(
 // PRE-NOT:    positions = "key"
 // PRE:        tile.return
 attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {

@@ -260,12 +260,15 @@ def test_bias_combined(extra, dtype_name):
     check(spec, q, k, v, bias=randn(B, 1, NQ, NK, dtype=dtype, seed=16))
 
 
-def test_bias_requiring_grad_runs_forward():
+def test_bias_requiring_grad_is_not_silently_detached():
+    """A learned bias (requires_grad) must not lose its gradient silently: until backward
+    kernels exist, the output stays attached and backward() raises AttnFuseError."""
     spec = af.attention(af.additive_bias())
     q, k, v = make_qkv(b=1, hq=2, nq=16, nk=24, d=16)
     bias = randn(16, 24).requires_grad_()
     out = spec(q, k, v, bias=bias)
     assert_close_to_reference(out, af.reference_attention(spec, q, k, v, bias=bias), torch.float32)
+    assert out.requires_grad, "bias requires grad, but the output is detached from it"
     with pytest.raises(af.AttnFuseError):
         out.sum().backward()
 

@@ -69,3 +69,21 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
   tile.return
 }
 // CHECK: a slopes tensor is not accessed by blocks
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
+  %a = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+  %j = tile.join %a, %a {pairs = "half"} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
+  tile.return
+}
+// CHECK: tile.join needs rotary_dim == head_dim, a power of two >= 32; got rotary_dim 32, head_dim 64
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+  %j = tile.join %a, %a {pairs = "zigzag"} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
+  tile.return
+}
+// CHECK: pairs must be half or interleaved, got 'zigzag'

@@ -77,3 +77,12 @@ tile.kernel @sparse_relu(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.ten
   tile.store %acc_1, %o[program, all] : !tile.tile<m x dv x f32> -> !tile.tensor<o>
   tile.return
 }
+
+// CHECK-LABEL: tile.kernel @join
+tile.kernel @join(%q: !tile.tensor<q>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.load %q[program, even] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+  %b = tile.load %q[program, odd] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+  // CHECK: %j = tile.join %a, %b {pairs = "interleaved"} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
+  %j = tile.join %a, %b {pairs = "interleaved"} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
+  tile.return
+}

@@ -6,9 +6,10 @@ Sets `placement = "fused"` (rotated in registers inside the attention kernel) or
 Options `query` and `key` force a placement or leave it to the Rotation Calculus (`auto`, see
 `rotation_calculus.py`), which needs the call's shape: `batch-heads`, `kv-heads-ratio`,
 `seq-len-q`, `seq-len-k`, `head-dim`, `rotary-dim`, `block-m`, `elem-bytes` and the GPU's
-`flops-per-byte` (the H200's by default: the runtime does not yet pass per-GPU rates). Under `auto`
-the query rotation is always fused (it is done once per element either way), and the key
-rotation is fused only when recomputing it per query block is cheaper than a memory pass.
+`flops-per-byte` (the H200's by default: the runtime does not yet pass per-GPU rates). Under
+`auto` the key rotation is fused only when recomputing it per query block is cheaper than a
+memory pass, and the query rotation is fused (done once per element either way) except at
+long query lengths with a pre-rotated key, where measurement says pre-rotation wins.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from attnfuse.transforms.rotation_calculus import (
     GpuRates,
     RotationProblem,
     fuse_key_rotation,
+    fuse_query_rotation,
 )
 
 PLACEMENT_CHOICES = ("auto", "fused", "pre_rotated")
@@ -84,9 +86,8 @@ class PlaceRopePass(ModulePass):
                     f"place-rope: {operand} must be one of {', '.join(PLACEMENT_CHOICES)}, "
                     f"got '{choice}'"
                 )
-        query = "fused" if self.query == "auto" else self.query
-        key = self.key
-        if key == "auto":
+        query, key = self.query, self.key
+        if "auto" in (query, key):
             problem = RotationProblem(
                 batch_heads_q=self.batch_heads,
                 batch_heads_kv=max(1, self.batch_heads // max(1, self.kv_heads_ratio)),
@@ -98,7 +99,10 @@ class PlaceRopePass(ModulePass):
                 block_m=self.block_m,
             )
             rates = GpuRates(self.flops_per_byte, H200.bytes_per_second)
-            key = "fused" if fuse_key_rotation(problem, rates) else "pre_rotated"
+            if key == "auto":
+                key = "fused" if fuse_key_rotation(problem, rates) else "pre_rotated"
+            if query == "auto":
+                query = "fused" if fuse_query_rotation(problem, key == "fused") else "pre_rotated"
         return query, key
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

@@ -61,6 +61,20 @@ H200 = GpuRates(flops_per_byte=14.0, bytes_per_second=4.3e12)
 """Rates of the GPU the defaults were chosen on."""
 
 
+QUERY_PRE_ROTATION_MIN_SEQ = 8192
+"""From this query length on, the query is pre-rotated too (when the key is). Measured on the
+H200 (causal B=4 H=12 D=64 fp16, bench/results/20261129T1051*-placement-*.md): rotating the
+query in registers ties pre-rotation at N=4096 (0.369 vs 0.369 ms) but costs 4% at N=16384
+(4.68 vs 4.50 ms), although it is done once per program: the slowdown is in the key loop
+(the fused variant's generated code, not its arithmetic), which this model does not capture."""
+
+
+def fuse_query_rotation(problem: RotationProblem, key_fused: bool) -> bool:
+    """True when rotating Q inside the kernel is expected to pay (see
+    `QUERY_PRE_ROTATION_MIN_SEQ`): always when K is rotated in the kernel anyway."""
+    return key_fused or problem.seq_len_q < QUERY_PRE_ROTATION_MIN_SEQ
+
+
 def fused_key_rotation_cost(problem: RotationProblem) -> float:
     """FLOPs spent rotating K inside the kernel: every query block rotates every key pair."""
     query_blocks = math.ceil(problem.seq_len_q / problem.block_m)

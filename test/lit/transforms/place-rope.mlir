@@ -4,12 +4,13 @@
 // RUN: attnfuse-opt %s -p 'place-rope{query=pre_rotated key=fused}' | filecheck %s --check-prefix=FORCED
 // RUN: attnfuse-opt %s -p 'place-rope{query=pre_rotated},place-rope{query=fused key=fused}' | filecheck %s --check-prefix=REPLACED
 
-// The query rotation is fused under auto: it happens once per element either way.
+// The query rotation is fused under auto (once per element either way) up to long query
+// lengths, where measurement says pre-rotating it too is faster (see rotation_calculus.py).
 // The key rotation is recomputed by every query block when fused, so auto pre-rotates it
 // unless the problem has few query blocks.
 // AUTO-SHORT: attn.rope %q {theta = 1.000000e+04 : f64, placement = "fused"} : !attn.query
 // AUTO-SHORT: attn.rope %k {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.key
-// AUTO-LONG: attn.rope %q {theta = 1.000000e+04 : f64, placement = "fused"} : !attn.query
+// AUTO-LONG: attn.rope %q {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.query
 // AUTO-LONG: attn.rope %k {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.key
 // AUTO-TINY: attn.rope %q {theta = 1.000000e+04 : f64, placement = "fused"} : !attn.query
 // AUTO-TINY: attn.rope %k {theta = 1.000000e+04 : f64, placement = "fused"} : !attn.key

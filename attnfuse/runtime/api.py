@@ -237,7 +237,8 @@ class CompiledAttention:
         if torch.is_grad_enabled() and any(
             t.requires_grad for t in (q, k, v, *data.values())
         ):
-            out, lse = _AttentionFunction.apply(self, plan, data, q, k, v)
+            # The bias goes in as an input of its own so autograd tracks it.
+            out, lse = _AttentionFunction.apply(self, plan, data, q, k, v, data.get("bias"))
         else:
             out, lse = self.forward(plan, data, q, k, v)
         return (out, lse) if return_lse else out
@@ -277,7 +278,8 @@ class _AttentionFunction(torch.autograd.Function):
     error rather than silently differentiating something else."""
 
     @staticmethod
-    def forward(ctx, fn: CompiledAttention, plan: CallPlan, data, q, k, v):  # type: ignore[override]
+    def forward(ctx, fn: CompiledAttention, plan: CallPlan, data, q, k, v, bias):  # type: ignore[override]
+        del bias  # read from `data`; an input only so that autograd sees it
         ctx.spec = fn.spec
         out, lse = fn.forward(plan, data, q, k, v)
         ctx.mark_non_differentiable(lse)

@@ -62,7 +62,7 @@ class PlaceRopePass(ModulePass):
     name = "place-rope"
 
     query: str = "auto"
-    """fused, pre_rotated, or auto (fused)."""
+    """fused, pre_rotated, or auto (the Rotation Calculus decides)."""
     key: str = "auto"
     """fused, pre_rotated, or auto (the Rotation Calculus decides)."""
     batch_heads: int = 1

@@ -52,8 +52,9 @@ def check(spec, q, k, v, *, fn=None, bias=None, block_layout=None, **compile_kwa
     ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True, **data)
     assert_close_to_reference(out, ref, q.dtype)
     assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, k))
-    assert torch.equal(torch.isneginf(ref_lse), empty)
-    assert (out[empty] == 0).all(), "a row with no kept key is not exactly 0"
+    assert torch.isneginf(ref_lse[empty]).all()
+    # Rows with no kept key, or whose kept scores are all -inf (a -inf bias): exactly 0.
+    assert (out[torch.isneginf(ref_lse)] == 0).all(), "a row with no kept key is not exactly 0"
     return out, lse
 
 
@@ -139,6 +140,16 @@ def test_alibi_combined(extra, nq, nk):
     spec = af.attention(af.alibi(), *extra())
     q, k, v = make_qkv(b=1, hq=6, hkv=2, nq=nq, nk=nk, d=32, seed=7)
     check(spec, q, k, v)
+
+
+def test_alibi_default_slopes_follow_the_head_count():
+    """One compiled function called with 4, then 6, then 4 query heads: the default slopes are
+    those of each call's head count."""
+    spec = af.attention(af.alibi(), af.causal())
+    fn = af.compile(spec)
+    for hq in (4, 6, 4, 1):
+        q, k, v = make_qkv(b=1, hq=hq, hkv=1, nq=20, nk=30, d=16, seed=hq)
+        check(spec, q, k, v, fn=fn)
 
 
 @pytest.mark.parametrize("slopes", [[0.5], [0.5, 0.25, 0.125], [0.5] * 8])
@@ -271,6 +282,19 @@ def test_bias_requiring_grad_is_not_silently_detached():
     assert out.requires_grad, "bias requires grad, but the output is detached from it"
     with pytest.raises(af.AttnFuseError):
         out.sum().backward()
+
+
+def test_bias_row_of_minus_inf():
+    """A row whose every kept key has bias -inf keeps no probability mass: 0 (lse -inf), never
+    NaN, as a row with no kept key."""
+    q, k, v = make_qkv(b=1, hq=2, nq=4, nk=40, d=16, seed=34)
+    bias = torch.zeros(4, 40)
+    bias[1] = float("-inf")
+    out, lse = af.attention(af.additive_bias())(q, k, v, bias=bias, return_lse=True)
+    ref = af.reference_attention(af.attention(af.additive_bias()), q, k, v, bias=bias)
+    assert_close_to_reference(out, ref, torch.float32)
+    assert (out[:, :, 1] == 0).all() and torch.isneginf(lse[:, :, 1]).all()
+    assert torch.isfinite(lse[:, :, [0, 2, 3]]).all()
 
 
 BAD_BIAS = {
@@ -481,6 +505,20 @@ def test_block_sparse_layouts_change_between_calls():
     check(spec, q, k, v, fn=fn, block_layout=layout)
 
 
+def test_block_sparse_layouts_sharing_storage():
+    """A layout and its transpose share storage, in-place version and shape, yet differ: each
+    call must use the layout it is given (not lists cached for the other). The same holds for
+    a fresh layout that happens to reuse a freed one's memory, as CUDA's caching allocator
+    does for `fn(q, k, v, block_layout=make_layout())` in a loop."""
+    spec = af.attention(af.block_sparse(16))
+    fn = af.compile(spec)
+    q, k, v = make_qkv(b=1, hq=2, nq=48, nk=48, d=16, seed=33)
+    layout = torch.tensor([[True, False, False], [True, True, False], [True, True, True]])
+    check(spec, q, k, v, fn=fn, block_layout=layout)
+    check(spec, q, k, v, fn=fn, block_layout=layout.T)
+    check(spec, q, k, v, fn=fn, block_layout=layout)
+
+
 def test_block_sparse_layout_reused_across_shapes():
     spec = af.attention(af.block_sparse(32))
     fn = af.compile(spec)
@@ -542,6 +580,30 @@ def test_unknown_keyword_is_an_error():
     q, k, v = make_qkv(b=1, hq=2, nq=16, nk=16, d=16)
     with pytest.raises(af.AttnFuseError, match="layout"):
         af.attention(af.block_sparse(16))(q, k, v, layout=torch.ones(1, 1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("nq, nk", [(0, 20), (20, 0), (0, 0)])
+def test_empty_sequences(nq, nk):
+    """No query or no key: the output is [B, Hq, Nq, Dv] zeros, lse -inf; call-time data is
+    still checked against the (empty) shapes."""
+    q, k, v = make_qkv(b=1, hq=2, nq=nq, nk=nk, d=16)
+    rows, cols = -(-nq // 16), -(-nk // 16)
+    cases = [
+        (af.attention(af.block_sparse(16), af.causal()), {"block_layout": torch.ones(rows, cols, dtype=torch.bool)}),
+        (af.attention(af.additive_bias(), af.alibi()), {"bias": torch.zeros(nq, nk)}),
+        (af.attention(af.relu(), af.block_sparse(16)), {"block_layout": torch.ones(2, rows, cols, dtype=torch.bool)}),
+    ]
+    for spec, data in cases:
+        if spec.block(Relu) is None:
+            out, lse = spec(q, k, v, return_lse=True, **data)
+            assert lse.shape == (1, 2, nq) and torch.isneginf(lse).all()
+        else:
+            out = spec(q, k, v, **data)
+        assert out.shape == (1, 2, nq, 16) and (out == 0).all()
+        wrong = {name: torch.ones(rows + 1, cols + 1, dtype=torch.bool) if name == "block_layout"
+                 else torch.zeros(nq + 2, nk + 2) for name in data}
+        with pytest.raises(af.AttnFuseError):
+            spec(q, k, v, **wrong)
 
 
 # --------------------------------------------------------------------------------------------

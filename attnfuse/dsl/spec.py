@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from attnfuse.dsl.blocks import Block, Full
+from attnfuse.dsl.blocks import Block, Full, ScaledDotProduct, Softmax
 from attnfuse.errors import CompositionError
 
 if TYPE_CHECKING:
@@ -41,6 +41,13 @@ def validate_blocks(blocks: tuple[Block, ...]) -> None:
         raise CompositionError(f"full() keeps every key and cannot be combined with {others}")
 
 
+def is_default(block: Block) -> bool:
+    """Whether a block only restates what a variant does without it."""
+    if isinstance(block, ScaledDotProduct):
+        return block.scale is None
+    return isinstance(block, (Full, Softmax))
+
+
 class AttentionSpec:
     """An attention variant: its blocks, validated. Call it like a function of (q, k, v)."""
 
@@ -49,10 +56,10 @@ class AttentionSpec:
     def __init__(self, blocks: tuple[Block, ...]):
         validate_blocks(blocks)
         self.blocks = blocks
-        # The canonical key: blocks ordered by category, then name. Full() is the default
-        # mask, so it does not change the variant.
+        # The canonical key: blocks ordered by category, then name, without the blocks that
+        # only restate a default (full(), softmax(), scaled_dot_product() without a scale).
         ordered = sorted(
-            (b for b in blocks if not isinstance(b, Full)),
+            (b for b in blocks if not is_default(b)),
             key=lambda b: (CATEGORY_ORDER[b.category], b.block_name),
         )
         self._key = tuple(ordered)
@@ -69,8 +76,8 @@ class AttentionSpec:
 
     @property
     def canonical_blocks(self) -> tuple[Block, ...]:
-        """The blocks in canonical order, without the default `full()`: equal specs have
-        equal canonical blocks."""
+        """The blocks in canonical order, without blocks that restate defaults: equal specs
+        have equal canonical blocks."""
         return self._key
 
     def block(self, kind: type[Block]) -> Block | None:

@@ -63,7 +63,7 @@ class CompiledAttention:
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
-        self._sparse_cache: tuple[tuple, dict[str, torch.Tensor]] | None = None
+        self._sparse_cache: tuple[torch.Tensor, tuple, dict[str, torch.Tensor]] | None = None
         sdp = spec.block(ScaledDotProduct)
         self._scale = sdp.scale if isinstance(sdp, ScaledDotProduct) else None
 
@@ -197,17 +197,19 @@ class CompiledAttention:
 
     def _sparse_lists(self, layout: torch.Tensor, block_size: int, plan: CallPlan) -> dict[str, torch.Tensor]:
         # Layouts are usually reused across calls (every layer of a model): keep the lists of
-        # the last layout seen, keyed by its storage and in-place version.
-        key = (layout.data_ptr(), layout._version, tuple(layout.shape), plan.problem)
+        # the last layout seen. Reuse them only for that very tensor object, unmodified since
+        # (its in-place version counter unchanged): another tensor may share its storage or,
+        # once it is freed, its address.
+        key = (layout._version, plan.problem, plan.config)
         cached = self._sparse_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        if cached is not None and cached[0] is layout and cached[1] == key:
+            return cached[2]
         assert plan.config is not None
         lists = sparse_block_lists(
             layout, block_size, mask_band(self.spec), plan.problem,
             plan.config.block_m, plan.config.block_n,
         )
-        self._sparse_cache = (key, lists)
+        self._sparse_cache = (layout, key, lists)
         return lists
 
     # -- run ---------------------------------------------------------------------------------

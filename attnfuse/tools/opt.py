@@ -78,6 +78,11 @@ class AttnFuseOptMain(xDSLOptMain):
 
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
         text = chunk.read().decode()
+        if not re.sub(r"//[^\n]*", "", text).strip():
+            # Nothing but comments and whitespace: an empty module, as mlir-opt prints.
+            module = ModuleOp([])
+            self.modules.append(module)
+            return module
         # Pad with the lines before this chunk so that locations count from the file's start.
         parser = LocatingParser(self.ctx, "\n" * start_offset + text, self.get_input_name(), self.locations)
         module = parser.parse_module()
@@ -165,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as err:
         print(f"attnfuse-opt: error: {err}", file=sys.stderr)
+        return 1
+    except UnicodeDecodeError as err:
+        print(
+            f"{tool.get_input_name()}:1:1: error: input is not utf-8 text "
+            f"({err.reason} at byte {err.start})",
+            file=sys.stderr,
+        )
         return 1
     except Exception as err:  # a compiler bug: still one located line, never a traceback
         found = tool.failing_op()

@@ -40,7 +40,12 @@ class ScaledDotProduct(Block):
 
     def __post_init__(self) -> None:
         if self.scale is not None:
-            if not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale) or self.scale <= 0:
+            if (
+                isinstance(self.scale, bool)
+                or not isinstance(self.scale, (int, float))
+                or not math.isfinite(self.scale)
+                or self.scale <= 0
+            ):
                 raise CompositionError(
                     f"scaled_dot_product: scale must be a positive finite number, got {self.scale!r}"
                 )

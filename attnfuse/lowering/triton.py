@@ -543,7 +543,8 @@ class KernelEmitter:
         acc, row_max, row_sum = (self.namer[v] for v in op.operands)
         has_keys = self.namer.fresh("has_keys")
         self.emit("# tile.softmax_finalize: normalize; a row with no kept key gives 0 and lse = -inf")
-        self.emit(f"{has_keys} = {row_sum} > 0.0")
+        # != rather than >: a NaN row sum (NaN inputs) must give NaN, not an empty row.
+        self.emit(f"{has_keys} = {row_sum} != 0.0")
         safe_sum = self.namer.fresh("row_sum_safe")
         self.emit(f"{safe_sum} = tl.where({has_keys}, {row_sum}, 1.0)")
         self.emit(f"{self.namer.define(op.output)} = {acc} / {safe_sum}[:, None]")
@@ -571,7 +572,11 @@ class KernelEmitter:
 
     def emit_relu_probs(self, op: tile.ReluProbsOp) -> None:
         self.emit("# tile.relu_probs: relu(s) / Nk (dropped keys are -inf: weight 0)")
-        self.emit(f"{self.namer.define(op.result)} = tl.maximum({self.namer[op.input]}, 0.0) / n_k")
+        # NaN scores stay NaN (as torch.relu keeps them): tl.maximum would drop them.
+        self.emit(
+            f"{self.namer.define(op.result)} = tl.maximum({self.namer[op.input]}, 0.0, "
+            "propagate_nan=tl.PropagateNan.ALL) / n_k"
+        )
 
     def emit_zeros(self, op: tile.ZerosOp) -> None:
         assert isinstance(op.result.type, tile.TileType)

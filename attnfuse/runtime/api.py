@@ -25,7 +25,12 @@ from attnfuse.runtime.call_data import (
     positions_view,
     sparse_block_lists,
 )
-from attnfuse.runtime.config import TileConfig, choose_tile_config, rope_placement
+from attnfuse.runtime.config import (
+    TileConfig,
+    check_placement_request,
+    choose_tile_config,
+    rope_placement,
+)
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 
@@ -40,6 +45,10 @@ class CallPlan:
     constants: dict[str, torch.Tensor]
     """Tensors that depend only on the shape: rotary frequencies, ALiBi slopes."""
     config: TileConfig | None
+
+
+MAX_ROPE_POSITION = 2**24
+"""Positions beyond this are not exact in fp32, the precision the rotation is defined in."""
 
 
 class CompiledAttention:
@@ -58,6 +67,9 @@ class CompiledAttention:
     ):
         if not isinstance(spec, AttentionSpec):
             raise AttnFuseError(f"compile() takes a spec made by af.attention(...), got {spec!r}")
+        if config is not None and not isinstance(config, TileConfig):
+            raise ArgumentError(f"config must be an af.TileConfig or None, got {config!r}")
+        check_placement_request(rope_placement)
         self.spec = spec
         self.rope_placement = rope_placement
         self.config = config
@@ -122,9 +134,9 @@ class CompiledAttention:
         """The checked, compiled and prepared launches for tensors of these shapes."""
         try:
             key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
-                   v.device, explicit_positions)
-        except AttributeError:
-            key = None  # not tensors: check_inputs says which argument is wrong
+                   v.device, q.layout, k.layout, v.layout, explicit_positions)
+        except (AttributeError, RuntimeError):
+            key = None  # not dense tensors: check_inputs says which argument is wrong
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
             # Validation depends only on what the key holds, so a cached plan is a checked one.
@@ -135,6 +147,9 @@ class CompiledAttention:
         return plan
 
     def _make_plan(self, problem: Problem, explicit_positions: tuple[bool, bool]) -> CallPlan:
+        alibi = self.spec.block(Alibi)
+        if isinstance(alibi, Alibi) and alibi.slopes is not None:
+            alibi_slopes(alibi.slopes, problem)  # the slope count is checked for every call
         if problem.empty:
             return CallPlan(problem, None, (), {}, None)
         key = self.compile_key(problem, explicit_positions)
@@ -175,7 +190,17 @@ class CompiledAttention:
             tensors[name] = positions_view(given, name, length, problem)
         if ("q_positions" in tensors or "k_positions" in tensors) and plan.compiled is not None:
             # The table must reach the largest |position| (one host sync per such call).
-            furthest = max(int(t.abs().max()) + 1 for t in tensors.values() if t.numel())
+            furthest = 0
+            for name in ("q_positions", "k_positions"):
+                if name not in tensors or not tensors[name].numel():
+                    continue
+                largest = int(tensors[name].to(torch.int64).abs().max())
+                if largest > MAX_ROPE_POSITION:
+                    raise ArgumentError(
+                        f"{name} must lie in [-{MAX_ROPE_POSITION}, {MAX_ROPE_POSITION}] (fp32 "
+                        f"represents them exactly), got |position| = {largest}"
+                    )
+                furthest = max(furthest, largest + 1)
             if furthest > plan.constants["rope_table"].shape[1]:
                 assert isinstance(rope, Rope)
                 tensors["rope_table"] = rope_table(

@@ -53,6 +53,23 @@ PLACEMENT_ALIASES = {
 }
 
 
+def check_placement_request(requested: object) -> tuple[str, str]:
+    """The (query, key) placements a `rope_placement=` argument asks for, checked."""
+    if isinstance(requested, str) and requested in PLACEMENT_ALIASES:
+        return PLACEMENT_ALIASES[requested]
+    if isinstance(requested, tuple) and len(requested) == 2:
+        for which, choice in zip(("query", "key"), requested):
+            if choice not in ("auto", "fused", "pre_rotated"):
+                raise ArgumentError(
+                    f"rope_placement {which} must be auto, fused or pre_rotated, got {choice!r}"
+                )
+        return requested
+    raise ArgumentError(
+        f"rope_placement must be one of {', '.join(PLACEMENT_ALIASES)} or a (query, key) "
+        f"pair, got {requested!r}"
+    )
+
+
 def rope_placement(
     spec: AttentionSpec, problem: Problem, config: TileConfig, requested: str | tuple[str, str]
 ) -> tuple[str, str] | None:
@@ -64,23 +81,7 @@ def rope_placement(
     rope = spec.block(Rope)
     if not isinstance(rope, Rope):
         return None
-    if isinstance(requested, str):
-        if requested not in PLACEMENT_ALIASES:
-            raise ArgumentError(
-                f"rope_placement must be one of {', '.join(PLACEMENT_ALIASES)} or a (query, key) "
-                f"pair, got {requested!r}"
-            )
-        query, key = PLACEMENT_ALIASES[requested]
-    elif isinstance(requested, tuple) and len(requested) == 2:
-        query, key = requested
-    else:
-        raise ArgumentError(
-            f"rope_placement must be one of {', '.join(PLACEMENT_ALIASES)} or a (query, key) "
-            f"pair, got {requested!r}"
-        )
-    for which, choice in (("query", query), ("key", key)):
-        if choice not in ("auto", "fused", "pre_rotated"):
-            raise ArgumentError(f"rope_placement {which} must be auto, fused or pre_rotated, got {choice!r}")
+    query, key = check_placement_request(requested)
     elem_bytes = torch.tensor([], dtype=problem.dtype).element_size()
     decision = PlaceRopePass(
         query=query,

@@ -47,6 +47,9 @@ def check_inputs(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided or t.is_nested:
+            raise ArgumentError(f"{name} must be a dense (strided) tensor, got layout {t.layout}"
+                                + (" (nested)" if t.is_nested else ""))
         if t.dim() != 4:
             raise ArgumentError(f"{name} must be 4-D [batch, heads, seq, dim], got shape {tuple(t.shape)}")
         if t.dtype not in SUPPORTED_DTYPES:
@@ -57,6 +60,11 @@ def check_inputs(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch
         raise ArgumentError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ArgumentError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type not in ("cuda", "cpu"):
+        raise ArgumentError(
+            f"q, k, v are on {q.device}; AttnFuse runs on cuda (or on the cpu through Triton's "
+            "interpreter)"
+        )
     b, h_q, n_q, d = q.shape
     if k.shape[0] != b or v.shape[0] != b:
         raise ArgumentError(f"batch sizes differ: q {b}, k {k.shape[0]}, v {v.shape[0]}")

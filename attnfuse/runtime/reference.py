@@ -56,6 +56,8 @@ def default_alibi_slopes(heads: int) -> list[float]:
         first = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
         return [first * first**i for i in range(n)]
 
+    if heads == 0:
+        return []
     if math.log2(heads).is_integer():
         return geometric(heads)
     closest = 2 ** math.floor(math.log2(heads))
@@ -158,7 +160,8 @@ def reference_attention(
     lse = torch.logsumexp(scores, dim=-1)  # -inf on rows with no kept key
     # exp(s - lse) is NaN on empty rows (-inf - -inf): those rows output 0 by definition,
     # as do rows whose every kept score is -inf (a bias of -inf drops a key like a mask).
-    weighted = keep & torch.isfinite(lse)[..., None]
+    # NaN and +inf scores are not special: they propagate as in any softmax.
+    weighted = keep & ~torch.isneginf(lse)[..., None]
     probs = torch.where(weighted, torch.exp(scores - lse[..., None]), torch.zeros((), dtype=dtype, device=device))
     out = probs @ v
     if return_lse:

@@ -451,25 +451,31 @@ class KernelEmitter:
         self.emit(f"{full_end} = tl.minimum(tl.maximum({full_end}, {full_start}), {end})")
 
     def emit_kv_loop(self, op: tile.KVLoopOp) -> None:
-        block = op.body.block
-        carried = [self.namer[v] for v in op.inits]
-        for arg, name in zip(block.args, carried):
-            self.namer.alias(arg, name)
         masked = op.masked is not None
         kind = "partial key blocks: masked and bounds-checked" if masked else "full key blocks: no mask work"
         self.emit(f"# tile.kv_loop over {kind}")
         lo, hi = self.namer[op.lower], self.namer[op.upper]
-        self.emit(f"for start_n in range({lo}, {hi}, BLOCK_N):")
+        self.emit_key_loop(op, f"for start_n in range({lo}, {hi}, BLOCK_N):", [], masked)
+
+    def emit_key_loop(self, op: Operation, header: str, first: list[str], masked: bool) -> None:
+        """A key loop: `header`, the statements `first` that set `start_n`, the key indices
+        (bounds-checked when `masked`), then the body; loop-carried values keep one name."""
+        block = op.regions[0].block
+        carried = [self.namer[v] for v in op.operands if isinstance(v.type, tile.TileType)]
+        for arg, name in zip(block.args, carried):
+            self.namer.alias(arg, name)
+        self.emit(header)
         self.indent += 1
+        for line in first:
+            self.emit(line)
         self.emit("start_n = tl.multiple_of(start_n, BLOCK_N)")
         # Loops are never nested, so each loop can reuse the names of its key indices.
-        keys = "keys"
-        self.emit(f"{keys} = start_n + tl.arange(0, BLOCK_N)")
+        self.emit("keys = start_n + tl.arange(0, BLOCK_N)")
         key_mask = ""
         if masked:
             key_mask = "key_in_bounds"
-            self.emit(f"{key_mask} = {keys} < n_k")
-        self.loop_vars.append((keys, key_mask))
+            self.emit(f"{key_mask} = keys < n_k")
+        self.loop_vars.append(("keys", key_mask))
         self.emit_block(block)
         self.loop_vars.pop()
         self.indent -= 1
@@ -586,31 +592,14 @@ class KernelEmitter:
         self.emit(f"{self.namer.define(op.result)} = tl.zeros([{shape}], dtype=tl.float32)")
 
     def emit_sparse_kv_loop(self, op: tile.SparseKVLoopOp) -> None:
-        block = op.body.block
-        carried = [self.namer[v] for v in op.inits]
-        for arg, name in zip(block.args, carried):
-            self.namer.alias(arg, name)
         masked = op.masked is not None
         blocks, count = self.role_of(op.blocks), self.role_of(op.count)
         kind = "partial: masked and bounds-checked" if masked else "full: no mask work"
         self.emit(f"# tile.sparse_kv_loop over the key blocks the layout lists ({kind})")
         count_name = self.namer.fresh(f"{count}")
         self.emit(f"{count_name} = tl.load({count}_base)")
-        self.emit(f"for entry in range(0, {count_name}):")
-        self.indent += 1
-        self.emit(f"start_n = tl.load({blocks}_base + entry * stride_{blocks}_d) * BLOCK_N")
-        self.emit("start_n = tl.multiple_of(start_n, BLOCK_N)")
-        self.emit("keys = start_n + tl.arange(0, BLOCK_N)")
-        key_mask = ""
-        if masked:
-            key_mask = "key_in_bounds"
-            self.emit(f"{key_mask} = keys < n_k")
-        self.loop_vars.append(("keys", key_mask))
-        self.emit_block(block)
-        self.loop_vars.pop()
-        self.indent -= 1
-        for result, name in zip(op.results, carried):
-            self.namer.alias(result, name)
+        start = f"start_n = tl.load({blocks}_base + entry * stride_{blocks}_d) * BLOCK_N"
+        self.emit_key_loop(op, f"for entry in range(0, {count_name}):", [start], masked)
 
     def emit_return(self, op: tile.ReturnOp) -> None:
         del op  # the function just ends

@@ -33,9 +33,6 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
-    BFloat16Type,
-    Float16Type,
-    Float32Type,
     FloatAttr,
     FunctionType,
     IndexType,

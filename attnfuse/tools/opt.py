@@ -27,7 +27,7 @@ from xdsl.utils.exceptions import (
     PassFailedException,
     VerifyException,
 )
-from xdsl.utils.lexer import Span
+from xdsl.utils.lexer import Input, Span
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from attnfuse.dialects.attn import Attn
@@ -78,6 +78,14 @@ class AttnFuseOptMain(xDSLOptMain):
 
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
         text = chunk.read().decode()
+        unterminated = _unterminated_string(text)
+        if unterminated is not None:
+            # xDSL's lexer backtracks exponentially on an unclosed string: refuse it first.
+            line, col = unterminated
+            raise ParseError(
+                _span_at(text, line, col, self.get_input_name(), start_offset),
+                "unterminated string literal (strings end on the line they start)",
+            )
         if not re.sub(r"//[^\n]*", "", text).strip():
             # Nothing but comments and whitespace: an empty module, as mlir-opt prints.
             module = ModuleOp([])
@@ -99,14 +107,57 @@ class AttnFuseOptMain(xDSLOptMain):
         return f"{self.get_input_name()}:1:1"
 
     def failing_op(self) -> tuple[Operation | None, str] | None:
-        """The first op whose own verifier fails, and its message."""
+        """The innermost op whose own verifier fails, and its message.
+
+        Innermost first: a parent's verifier may read its children (a variant reads its
+        rotations' properties) and fail obscurely where the child reports the real problem.
+        Any exception counts as a failure here: this runs while reporting an error.
+        """
+        found: list[tuple[int, Operation, str]] = []
         for module in self.modules:
             for op in module.walk():
                 try:
                     op.verify(verify_nested_ops=False)
-                except (VerifyException, DiagnosticException) as err:
-                    return op, _first_line(err)
-        return None
+                except Exception as err:  # noqa: BLE001 - reporting, never re-raising
+                    depth, parent = 0, op.parent_op()
+                    while parent is not None:
+                        depth, parent = depth + 1, parent.parent_op()
+                    found.append((depth, op, _first_line(err)))
+        if not found:
+            return None
+        _depth, op, message = max(found, key=lambda f: f[0])
+        return op, message
+
+
+def _unterminated_string(text: str) -> tuple[int, int] | None:
+    """(line, column), 1-based, of a string literal that its line does not close, if any.
+    MLIR strings cannot span lines; `//` outside a string starts a comment."""
+    for number, line in enumerate(text.split("\n"), start=1):
+        start, i = None, 0
+        while i < len(line):
+            c = line[i]
+            if start is None:
+                if line.startswith("//", i):
+                    break
+                if c == '"':
+                    start = i
+            elif c == "\\":
+                i += 1  # the escaped character
+            elif c == '"':
+                start = None
+            i += 1
+        if start is not None:
+            return number, start + 1
+    return None
+
+
+def _span_at(text: str, line: int, col: int, name: str, start_offset: int) -> Span:
+    """A one-character span at (line, col) of a chunk that starts `start_offset` lines in."""
+    lines = text.split("\n")
+    position = sum(len(lines[i]) + 1 for i in range(line - 1)) + col - 1
+    padded = "\n" * start_offset + text
+    position += start_offset
+    return Span(position, position + 1, Input(padded, name))
 
 
 def _first_line(err: BaseException) -> str:

@@ -252,6 +252,13 @@ def _enclosing(op: Operation, kind: type[Operation]) -> Operation | None:
     return parent
 
 
+def _expect_role(value: SSAValue, roles: str | tuple[str, ...], message: str) -> None:
+    """Raises `message` unless `value` is a tensor bound to one of `roles`."""
+    wanted = (roles,) if isinstance(roles, str) else roles
+    if not isinstance(value.type, TensorType) or value.type.role.data not in wanted:
+        raise VerifyException(message)
+
+
 def _enclosing_loop(op: Operation) -> Operation | None:
     """The innermost key loop (`tile.kv_loop` or `tile.sparse_kv_loop`) around `op`."""
     parent = op.parent_op()
@@ -483,7 +490,8 @@ def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> 
         raise VerifyException(f"a {role} tensor is not accessed by blocks")
 
 
-def _expected_tile_shape(role: str, rows: str, cols: str | None) -> tuple[str, ...]:
+def expected_tile_shape(role: str, rows: str, cols: str | None) -> tuple[str, ...]:
+    """The symbolic shape of a `[rows, cols]` block of a tensor of `role`."""
     row_dim = "m" if rows == "program" else "n"
     return (row_dim,) if cols is None else (row_dim, _column_dim(role, cols))
 
@@ -523,7 +531,7 @@ class LoadOp(IRDLOperation):
     def verify_(self) -> None:
         cols = None if self.cols is None else self.cols.data
         _verify_block_ref(self, self.role, self.rows.data, cols)
-        expected = _expected_tile_shape(self.role, self.rows.data, cols)
+        expected = expected_tile_shape(self.role, self.rows.data, cols)
         ty = _expect_shape(self.result, expected, "loaded tile")
         kernel = _kernel_of(self)
         if kernel is not None and ty.elem != kernel.elem:
@@ -585,7 +593,7 @@ class StoreOp(IRDLOperation):
     def verify_(self) -> None:
         cols = None if self.cols is None else self.cols.data
         _verify_block_ref(self, self.role, self.rows.data, cols)
-        _expect_shape(self.value, _expected_tile_shape(self.role, self.rows.data, cols), "stored tile")
+        _expect_shape(self.value, expected_tile_shape(self.role, self.rows.data, cols), "stored tile")
 
     @classmethod
     def parse(cls, parser: Parser) -> StoreOp:
@@ -675,17 +683,15 @@ class RotateOp(IRDLOperation):
             raise VerifyException(f"rotated tiles must be <rows x half>, got {' x '.join(lo.shape)}")
         if self.positions.data not in POSITION_KINDS:
             raise VerifyException(f"positions must be query or key, got '{self.positions.data}'")
-        assert isinstance(self.table.type, TensorType)
-        if self.table.type.role.data != "rope_table":
-            raise VerifyException("the table operand must be the rope_table tensor")
+        _expect_role(self.table, "rope_table", "the table operand must be the rope_table tensor")
         if self.given_positions is not None:
-            assert isinstance(self.given_positions.type, TensorType)
             expected = "q_positions" if self.positions.data == "query" else "k_positions"
-            if self.given_positions.type.role.data != expected:
-                raise VerifyException(
-                    f"{self.positions.data} rows are rotated at {expected}, got "
-                    f"{self.given_positions.type.role.data}"
-                )
+            _expect_role(
+                self.given_positions,
+                expected,
+                f"{self.positions.data} rows are rotated at {expected}, got "
+                f"{self.given_positions.type}",
+            )
 
 
 PAIR_LAYOUTS = ("half", "interleaved")
@@ -1000,9 +1006,7 @@ class AlibiOp(IRDLOperation):
 
     def verify_(self) -> None:
         _verify_loop_scores(self, self.input, "ALiBi scores")
-        assert isinstance(self.slopes.type, TensorType)
-        if self.slopes.type.role.data != "slopes":
-            raise VerifyException("the ALiBi operand must be the slopes tensor")
+        _expect_role(self.slopes, "slopes", "the ALiBi operand must be the slopes tensor")
 
 
 @irdl_op_definition
@@ -1025,9 +1029,7 @@ class AddBiasOp(IRDLOperation):
 
     def verify_(self) -> None:
         _verify_loop_scores(self, self.input, "biased scores")
-        assert isinstance(self.bias.type, TensorType)
-        if self.bias.type.role.data != "bias":
-            raise VerifyException("the bias operand must be the bias tensor")
+        _expect_role(self.bias, "bias", "the bias operand must be the bias tensor")
 
 
 @irdl_op_definition

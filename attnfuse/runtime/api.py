@@ -147,23 +147,21 @@ class CompiledAttention:
         return plan
 
     def _make_plan(self, problem: Problem, explicit_positions: tuple[bool, bool]) -> CallPlan:
+        constants: dict[str, torch.Tensor] = {}
         alibi = self.spec.block(Alibi)
-        if isinstance(alibi, Alibi) and alibi.slopes is not None:
-            alibi_slopes(alibi.slopes, problem)  # the slope count is checked for every call
+        if isinstance(alibi, Alibi):
+            # Before the empty-problem exit: the slope count is checked for every call.
+            constants["slopes"] = alibi_slopes(alibi.slopes, problem)
         if problem.empty:
             return CallPlan(problem, None, (), {}, None)
         key = self.compile_key(problem, explicit_positions)
         compiled = compile_program(self.spec, key, problem.device.type != "cuda")
         scale = self._scale if self._scale is not None else default_scale(problem.head_dim)
-        constants: dict[str, torch.Tensor] = {}
         rope = self.spec.block(Rope)
         if isinstance(rope, Rope):
             rotary_dim = rope.rotary_dim or problem.head_dim
             length = max(problem.seq_q, problem.seq_k)
             constants["rope_table"] = rope_table(rope.theta, rotary_dim, rope.scaling, problem.device, length)
-        alibi = self.spec.block(Alibi)
-        if isinstance(alibi, Alibi):
-            constants["slopes"] = alibi_slopes(alibi.slopes, problem)
         launches = tuple(prepare(compiled, problem, scale))
         return CallPlan(problem, compiled, launches, constants, key.config)
 

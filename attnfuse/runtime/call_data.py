@@ -23,6 +23,8 @@ def default_alibi_slopes(heads: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
         return [start ** (i + 1) for i in range(n)]
 
+    if heads == 0:
+        return []
     if heads & (heads - 1) == 0:
         return power_of_two_slopes(heads)
     lower = 2 ** math.floor(math.log2(heads))

@@ -204,7 +204,7 @@ class KernelBuilder:
         return op
 
     def load(self, role: str, rows: str, cols: str, name: str, source: str | None = None) -> SSAValue:
-        shape = tile._expected_tile_shape(role, rows, cols)
+        shape = tile.expected_tile_shape(role, rows, cols)
         load = tile.LoadOp(self.arg(source or role), rows, cols, tile.TileType(shape, self.elem))
         return self.add(load, name).results[0]
 

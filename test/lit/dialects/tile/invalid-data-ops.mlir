@@ -87,3 +87,12 @@ tile.kernel @k(%q: !tile.tensor<q>) attributes {grid = "query_blocks", element_t
   tile.return
 }
 // CHECK: pairs must be half or interleaved, got 'zigzag'
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %rope_table: !tile.tensor<rope_table>, %k_positions: !tile.tensor<k_positions>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+  %r1, %r2 = tile.rotate %a, %a, %rope_table at %k_positions {positions = "query"} : !tile.tile<m x half x f16>, !tile.tensor<rope_table>, !tile.tensor<k_positions>
+  tile.return
+}
+// CHECK: query rows are rotated at q_positions, got !tile.tensor<k_positions>

@@ -174,6 +174,18 @@ TENSOR_AXES: dict[str, str] = {
     "full_count": "hn",
     "partial_blocks": "hnd",
     "partial_count": "hn",
+    # Backward: the output gradient, the per-row delta = rowsum(dO * O), the input gradients,
+    # the full-size bias gradient, and block-sparse query-block lists per key block.
+    "do": "bhnd",
+    "delta": "bhn",
+    "dq": "bhnd",
+    "dk": "bhnd",
+    "dv": "bhnd",
+    "dbias": "bhnd",
+    "full_q_blocks": "hnd",
+    "full_q_count": "hn",
+    "partial_q_blocks": "hnd",
+    "partial_q_count": "hn",
 }
 """Kernel tensor parameters by role, with the axes the kernel indexes them by (each axis
 gets a stride argument; an empty string means a contiguous vector):
@@ -181,13 +193,20 @@ gets a stride argument; an empty string means a contiguous vector):
 `[2, positions, rotary_dim / 2]` (cos, then sin, of each position's angle per pair);
 call-time RoPE positions `[B, N]` (a shared `[N]` has batch stride 0); ALiBi slopes `[Hq]`; the additive bias `[B, Hq, Nq, Nk]` (broadcast
 through zero strides); and block-sparse key-block lists `[H, query blocks, entries]` with
-their lengths `[H, query blocks]` (`full_*`: blocks needing no mask, `partial_*`: masked)."""
+their lengths `[H, query blocks]` (`full_*`: blocks needing no mask, `partial_*`: masked).
+Backward kernels add `do` (dL/dO), `delta` `[B, Hq, Nq]` (rowsum(dO * O), fp32), the
+gradients `dq`, `dk`, `dv`, `dbias` `[B, Hq, Nq, Nk]` (before reduction over broadcast dims),
+and, for key-block programs, the transposed block-sparse lists `*_q_blocks` / `*_q_count`
+`[H, key blocks, ...]` (query blocks per key block)."""
 
 TENSOR_ROLES: dict[str, int] = {role: max(1, len(axes)) for role, axes in TENSOR_AXES.items()}
 """The rank of each role's tensor."""
 
-BLOCK_ROLES = ("q", "k", "v", "o", "q_rot", "k_rot", "lse")
+BLOCK_ROLES = ("q", "k", "v", "o", "q_rot", "k_rot", "lse", "do", "delta", "dq", "dk", "dv")
 """Roles accessed by `tile.load` / `tile.store` blocks of rows."""
+
+FP32_ROLES = ("lse", "delta")
+"""Block roles that are fp32 whatever the kernel's element type (per-row statistics)."""
 
 
 @irdl_attr_definition
@@ -280,6 +299,11 @@ GRIDS = {
     "query_blocks": "one program per (query block, batch x query head)",
     "key_blocks": "one program per (key block, batch x key/value head)",
 }
+"""Launch grids. The grid fixes the orientation of score tiles: in a `query_blocks` kernel
+the program's rows are queries and a loop's rows are keys, so scores are `query x key`; in a
+`key_blocks` kernel (the dK/dV backward) the program's rows are keys and a loop's rows are
+queries, so every score-shaped tile is transposed, `key x query`. Ops that need positions
+(masks, ALiBi, bias, RoPE) read the orientation from the grid."""
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -455,9 +479,13 @@ for half-split RoPE, even or odd dims for interleaved), or the dims after the ro
 Loading a pair's elements as separate tiles lets the rotation run without register shuffles."""
 
 
+VALUE_WIDTH_ROLES = ("v", "o", "do", "dv")
+"""Roles whose columns are the value head dim `dv` rather than `d`."""
+
+
 def _column_dim(role: str, cols: str) -> str:
     if cols == "all":
-        return "dv" if role in ("v", "o") else "d"
+        return "dv" if role in VALUE_WIDTH_ROLES else "d"
     return "pass" if cols == "pass" else "half"
 
 
@@ -474,7 +502,7 @@ def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> 
     if rows not in ROW_SOURCES:
         raise VerifyException(f"rows must be one of {', '.join(ROW_SOURCES)}, got '{rows}'")
     if rows == "loop" and _enclosing_loop(op) is None:
-        raise VerifyException("loop rows can only be accessed inside a tile.kv_loop")
+        raise VerifyException("loop rows can only be accessed inside a tile.kv_loop or tile.q_loop")
     if role not in BLOCK_ROLES:
         raise VerifyException(f"a {role} tensor is not accessed by blocks")
     rank = TENSOR_ROLES[role]
@@ -534,9 +562,10 @@ class LoadOp(IRDLOperation):
         expected = expected_tile_shape(self.role, self.rows.data, cols)
         ty = _expect_shape(self.result, expected, "loaded tile")
         kernel = _kernel_of(self)
-        if kernel is not None and ty.elem != kernel.elem:
+        wanted = "f32" if self.role in FP32_ROLES else (kernel.elem if kernel is not None else None)
+        if wanted is not None and ty.elem != wanted:
             raise VerifyException(
-                f"loaded tile must have the kernel's element type {kernel.elem}, got {ty.elem}"
+                f"a loaded {self.role} tile must have element type {wanted}, got {ty.elem}"
             )
 
     @classmethod
@@ -668,11 +697,15 @@ class RotateOp(IRDLOperation):
         table: SSAValue,
         positions: str,
         given_positions: SSAValue | None = None,
+        inverse: bool = False,
     ):
         super().__init__(
             operands=[lo, hi, table, [] if given_positions is None else [given_positions]],
             result_types=[lo.type, hi.type],
-            properties={"positions": StringAttr(positions)},
+            properties={
+                "positions": StringAttr(positions),
+                "inverse": UnitAttr() if inverse else None,
+            },
         )
 
     def verify_(self) -> None:
@@ -823,7 +856,7 @@ class MaskOp(IRDLOperation):
             raise VerifyException("tile.mask keeps the type of its input")
         loop = _enclosing_loop(self)
         if loop is None or loop.properties.get("masked") is None:
-            raise VerifyException("tile.mask belongs in a masked tile.kv_loop")
+            raise VerifyException("tile.mask belongs in a masked tile.kv_loop or tile.q_loop")
 
 
 @irdl_op_definition
@@ -897,21 +930,25 @@ class KVLoopOp(IRDLOperation):
 
 
 def _verify_loop(loop: IRDLOperation, inits: Sequence[SSAValue], results: Sequence[SSAValue]) -> None:
-    """What every key loop must satisfy: carried types agree, the body ends in tile.yield."""
+    """What every loop must satisfy: carried types agree, the body ends in tile.yield, and the
+    kernel's programs own the blocks the loop does not walk (keys for key loops, queries for
+    query loops)."""
     init_types = [v.type for v in inits]
     if [r.type for r in results] != init_types:
-        raise VerifyException("kv_loop results must have the types of its iter_args")
+        raise VerifyException(f"{loop.name} results must have the types of its iter_args")
     block = loop.regions[0].block
     if list(block.arg_types) != init_types:
-        raise VerifyException("kv_loop body arguments must have the types of its iter_args")
+        raise VerifyException(f"{loop.name} body arguments must have the types of its iter_args")
     terminator = block.last_op
     if not isinstance(terminator, YieldOp):
-        raise VerifyException("kv_loop body must end in tile.yield")
+        raise VerifyException(f"{loop.name} body must end in tile.yield")
     if [v.type for v in terminator.values] != init_types:
         raise VerifyException("tile.yield must yield the types of the loop's iter_args")
     kernel = _kernel_of(loop)
-    if kernel is not None and kernel.grid != "query_blocks":
-        raise VerifyException("tile.kv_loop needs a kernel whose programs own query blocks")
+    grid = "key_blocks" if isinstance(loop, QUERY_LOOP_OPS) else "query_blocks"
+    if kernel is not None and kernel.grid != grid:
+        owner = "key" if grid == "key_blocks" else "query"
+        raise VerifyException(f"{loop.name} needs a kernel whose programs own {owner} blocks")
 
 
 @irdl_op_definition
@@ -962,19 +999,130 @@ class SparseKVLoopOp(IRDLOperation):
             )
 
 
-LOOP_OPS = (KVLoopOp, SparseKVLoopOp)
-"""Ops whose body runs once per key block."""
+@irdl_op_definition
+class QBoundsOp(IRDLOperation):
+    """The query range that visits the program's key block (in a `key_blocks` kernel), split
+    like `tile.kv_bounds`: `[start, full_start)` partial query blocks, `[full_start,
+    full_end)` full ones (every query keeps every key of the block), `[full_end, end)` partial.
+    Query blocks outside `[start, end)` drop the whole key block and are never visited."""
+
+    name = "tile.q_bounds"
+
+    band = prop_def(BandAttr)
+    start = result_def(IndexType)
+    full_start = result_def(IndexType)
+    full_end = result_def(IndexType)
+    end = result_def(IndexType)
+
+    assembly_format = "attr-dict"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, band: BandAttr):
+        super().__init__(result_types=[IndexType()] * 4, properties={"band": band})
+
+    def verify_(self) -> None:
+        kernel = _kernel_of(self)
+        if kernel is not None and kernel.grid != "key_blocks":
+            raise VerifyException("tile.q_bounds needs a kernel whose programs own key blocks")
+
+
+@irdl_op_definition
+class QLoopOp(IRDLOperation):
+    """Loops over query blocks `[lower, upper)` in steps of `block_n`, for every query head
+    that shares the program's key/value head (GQA: the group's gradients are summed here, in
+    a fixed order, so the result is deterministic), carrying `iter_args`. `masked` as for
+    `tile.kv_loop`: loads of loop rows are bounds-checked and `tile.mask` may drop pairs."""
+
+    name = "tile.q_loop"
+
+    lower = operand_def(IndexType)
+    upper = operand_def(IndexType)
+    inits = var_operand_def(TileType)
+    results_ = var_result_def(TileType)
+    masked = opt_prop_def(UnitAttr)
+    body = region_def("single_block")
+
+    assembly_format = (
+        "$lower `to` $upper (`masked` $masked^)? `iter_args` `(` $inits `)` attr-dict"
+        " `:` type($inits) `->` type($results_) $body"
+    )
+
+    def __init__(
+        self, lower: SSAValue, upper: SSAValue, inits: Sequence[SSAValue], body: Region, masked: bool
+    ):
+        super().__init__(
+            operands=[lower, upper, inits],
+            result_types=[[v.type for v in inits]],
+            properties={"masked": UnitAttr() if masked else None},
+            regions=[body],
+        )
+
+    def verify_(self) -> None:
+        _verify_loop(self, self.inits, self.results_)
+
+
+@irdl_op_definition
+class SparseQLoopOp(IRDLOperation):
+    """Loops over the query blocks a block-sparse layout lists for the program's key block
+    (`blocks[head, key block]`, entries `[0, count)`, in units of `block_n`), for every query
+    head of the program's key/value head. `masked` as for `tile.kv_loop`."""
+
+    name = "tile.sparse_q_loop"
+
+    blocks = operand_def(TensorType)
+    count = operand_def(TensorType)
+    inits = var_operand_def(TileType)
+    results_ = var_result_def(TileType)
+    masked = opt_prop_def(UnitAttr)
+    body = region_def("single_block")
+
+    assembly_format = (
+        "$blocks `,` $count (`masked` $masked^)? `iter_args` `(` $inits `)` attr-dict"
+        " `:` type($blocks) `,` type($count) `,` type($inits) `->` type($results_) $body"
+    )
+
+    def __init__(
+        self, blocks: SSAValue, count: SSAValue, inits: Sequence[SSAValue], body: Region, masked: bool
+    ):
+        super().__init__(
+            operands=[blocks, count, inits],
+            result_types=[[v.type for v in inits]],
+            properties={"masked": UnitAttr() if masked else None},
+            regions=[body],
+        )
+
+    def verify_(self) -> None:
+        _verify_loop(self, self.inits, self.results_)
+        roles = tuple(
+            t.role.data for t in (self.blocks.type, self.count.type) if isinstance(t, TensorType)
+        )
+        if roles not in (("full_q_blocks", "full_q_count"), ("partial_q_blocks", "partial_q_count")):
+            raise VerifyException(
+                "sparse_q_loop reads a block list and its count: full_q_blocks and full_q_count, "
+                "or partial_q_blocks and partial_q_count"
+            )
+
+
+KEY_LOOP_OPS = (KVLoopOp, SparseKVLoopOp)
+"""Loops over key blocks (in `query_blocks` kernels)."""
+
+QUERY_LOOP_OPS = (QLoopOp, SparseQLoopOp)
+"""Loops over query blocks and the query heads of a key/value head (in `key_blocks` kernels)."""
+
+LOOP_OPS = KEY_LOOP_OPS + QUERY_LOOP_OPS
+"""Ops whose body runs once per loop block."""
 
 
 @irdl_op_definition
 class YieldOp(IRDLOperation):
-    """Ends a key loop body with the next values of its iter_args."""
+    """Ends a loop body with the next values of its iter_args."""
 
     name = "tile.yield"
 
     values = var_operand_def(TileType)
     assembly_format = "$values attr-dict `:` type($values)"
-    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(KVLoopOp, SparseKVLoopOp)))
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(*LOOP_OPS)))
 
     def __init__(self, values: Sequence[SSAValue]):
         super().__init__(operands=[values])
@@ -1141,9 +1289,11 @@ class SoftmaxUpdateOp(IRDLOperation):
 
 @irdl_op_definition
 class AccumulateOp(IRDLOperation):
-    """`acc' = acc * alpha + p @ v`: adds a key block's weighted values to the accumulator
-    (`p` is converted to the values' type for the matrix product; accumulation is fp32).
-    Without `alpha` the accumulator is not rescaled."""
+    """`acc' = acc * alpha + p @ v`: adds a loop block's weighted rows to the accumulator
+    (`p` is converted to `v`'s type for the matrix product; accumulation is fp32). Without
+    `alpha` the accumulator is not rescaled. `acc` is `m x c` and `v` is `n x c` for any column
+    dim `c`: the forward's `p @ V`, and the backward's `dS @ K` (dQ), `P^T @ dO` (dV) and
+    `dS^T @ Q` (dK), per column part."""
 
     name = "tile.accumulate"
 
@@ -1169,10 +1319,13 @@ class AccumulateOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
+        acc = _tile(self.acc, "accumulator")
+        if len(acc.shape) != 2 or acc.shape[0] != "m":
+            raise VerifyException(f"accumulator must be <m x _>, got {' x '.join(acc.shape)}")
         _verify_f32_state(
-            [(self.acc, ("m", "dv"), "accumulator"), (self.probs, ("m", "n"), "probabilities")]
+            [(self.acc, acc.shape, "accumulator"), (self.probs, ("m", "n"), "probabilities")]
         )
-        _expect_shape(self.value, ("n", "dv"), "value block")
+        _expect_shape(self.value, ("n", acc.shape[1]), "value block")
         if self.alpha is not None:
             _verify_f32_state([(self.alpha, ("m",), "rescale factor")])
         if self.result.type != self.acc.type:
@@ -1214,6 +1367,199 @@ class SoftmaxFinalizeOp(IRDLOperation):
         )
 
 
+# --------------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------------
+
+
+def _verify_row_vector(op: Operation, scores: SSAValue, vector: SSAValue, what: str) -> None:
+    """A per-query vector (lse, delta) must run along the query axis of the score tile: the
+    program's rows (`m`) in a `query_blocks` kernel, the loop's rows (`n`) in a `key_blocks`
+    one."""
+    _verify_f32_state([(scores, ("m", "n"), "scores")])
+    ty = _tile(vector, what)
+    if ty.elem != "f32" or ty.shape not in (("m",), ("n",)):
+        raise VerifyException(f"{what} must be an f32 <m> or <n> tile, got {ty}")
+    kernel = _kernel_of(op)
+    if kernel is not None:
+        wanted = ("m",) if kernel.grid == "query_blocks" else ("n",)
+        if ty.shape != wanted:
+            raise VerifyException(
+                f"{what} must run along the query axis, <{wanted[0]}> in a {kernel.grid} kernel"
+            )
+
+
+@irdl_op_definition
+class RowDotOp(IRDLOperation):
+    """`delta = rowsum(a * b)` in fp32: the backward preprocess's `rowsum(dO * O)`."""
+
+    name = "tile.row_dot"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    lhs = operand_def(T)
+    rhs = operand_def(T)
+    result = result_def(TileType)
+
+    assembly_format = "$lhs `,` $rhs attr-dict `:` type($lhs) `->` type($result)"
+    traits = traits_def(Pure())
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue):
+        super().__init__(operands=[lhs, rhs], result_types=[TileType(("m",), f32)])
+
+    def verify_(self) -> None:
+        ty = _tile(self.lhs, "row_dot operand")
+        if len(ty.shape) != 2 or ty.shape[0] != "m":
+            raise VerifyException(f"row_dot operands must be <m x _>, got {' x '.join(ty.shape)}")
+        _verify_f32_state([(self.result, ("m",), "row dot")])
+
+
+@irdl_op_definition
+class DotTransposedOp(IRDLOperation):
+    """`r = a @ b^T` in fp32, for `a` over the program's rows and `b` over the loop's rows:
+    the backward's `dP = dO @ V^T` (or `dP^T = V @ dO^T` in a `key_blocks` kernel)."""
+
+    name = "tile.dot_transposed"
+
+    lhs = operand_def(TileType)
+    rhs = operand_def(TileType)
+    result = result_def(TileType)
+
+    assembly_format = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
+    traits = traits_def(Pure())
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue):
+        super().__init__(operands=[lhs, rhs], result_types=[TileType(("m", "n"), f32)])
+
+    def verify_(self) -> None:
+        lhs, rhs = _tile(self.lhs, "left operand"), _tile(self.rhs, "right operand")
+        if len(lhs.shape) != 2 or lhs.shape[0] != "m":
+            raise VerifyException(f"left operand must be <m x _>, got {' x '.join(lhs.shape)}")
+        if len(rhs.shape) != 2 or rhs.shape[0] != "n" or rhs.shape[1] != lhs.shape[1]:
+            raise VerifyException(
+                f"right operand must be <n x {lhs.shape[1]}>, got {' x '.join(rhs.shape)}"
+            )
+        if lhs.element_type != rhs.element_type:
+            raise VerifyException("dot_transposed operands differ in element type")
+        _verify_f32_state([(self.result, ("m", "n"), "product")])
+
+
+@irdl_op_definition
+class RecomputeProbsOp(IRDLOperation):
+    """Softmax probabilities from the forward's log-sum-exp: `p = exp(s - lse)`, 0 for
+    dropped pairs and for rows with no kept key (`lse = -inf`, never NaN)."""
+
+    name = "tile.recompute_probs"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    scores = operand_def(T)
+    lse = operand_def(TileType)
+    result = result_def(T)
+
+    assembly_format = "$scores `,` $lse attr-dict `:` type($scores) `,` type($lse)"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, lse: SSAValue):
+        super().__init__(operands=[scores, lse], result_types=[scores.type])
+
+    def verify_(self) -> None:
+        _verify_row_vector(self, self.scores, self.lse, "log-sum-exp")
+
+
+@irdl_op_definition
+class SoftmaxGradOp(IRDLOperation):
+    """The gradient of the scores through softmax: `dS = P * (dP - delta)`, with `delta` the
+    per-query `rowsum(dO * O)` (minus any gradient of the log-sum-exp)."""
+
+    name = "tile.softmax_grad"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    probs = operand_def(T)
+    grad_probs = operand_def(T)
+    delta = operand_def(TileType)
+    result = result_def(T)
+
+    assembly_format = "$probs `,` $grad_probs `,` $delta attr-dict `:` type($probs) `,` type($delta)"
+    traits = traits_def(Pure())
+
+    def __init__(self, probs: SSAValue, grad_probs: SSAValue, delta: SSAValue):
+        super().__init__(operands=[probs, grad_probs, delta], result_types=[probs.type])
+
+    def verify_(self) -> None:
+        _verify_row_vector(self, self.probs, self.delta, "delta")
+
+
+@irdl_op_definition
+class ReluGradOp(IRDLOperation):
+    """The gradient of the scores through ReLU attention: `dS = dP / Nk` where `s > 0`, else
+    0 (dropped pairs, at -inf, get 0)."""
+
+    name = "tile.relu_grad"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    scores = operand_def(T)
+    grad_probs = operand_def(T)
+    result = result_def(T)
+
+    assembly_format = "$scores `,` $grad_probs attr-dict `:` type($scores)"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, grad_probs: SSAValue):
+        super().__init__(operands=[scores, grad_probs], result_types=[scores.type])
+
+    def verify_(self) -> None:
+        _verify_f32_state([(self.scores, ("m", "n"), "scores")])
+
+
+@irdl_op_definition
+class ApplyScaleOp(IRDLOperation):
+    """`x * scale`: the score scale (static when given, else the kernel's `sm_scale`) applied
+    once to an accumulated gradient (`dQ`, `dK`) instead of to every score gradient."""
+
+    name = "tile.apply_scale"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    input = operand_def(T)
+    result = result_def(T)
+    scale = opt_prop_def(FloatAttr)
+
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input attr-dict `:` type($input)"
+    traits = traits_def(Pure())
+
+    def __init__(self, value: SSAValue, scale: float | None = None):
+        super().__init__(
+            operands=[value],
+            result_types=[value.type],
+            properties={"scale": None if scale is None else FloatAttr(scale, f64)},
+        )
+
+    def verify_(self) -> None:
+        _verify_f32_state([(self.input, _tile(self.input, "scaled tile").shape, "scaled tile")])
+        if self.scale is not None and not self.scale.value.data > 0:
+            raise VerifyException(f"scale must be positive, got {self.scale.value.data}")
+
+
+@irdl_op_definition
+class StoreScoresOp(IRDLOperation):
+    """Stores a score-shaped tile into a `[B, H, Nq, Nk]` tensor (the bias gradient) at the
+    (query, key) pairs of the current block, in the grid's orientation; pairs past either
+    sequence end are not written."""
+
+    name = "tile.store_scores"
+
+    value = operand_def(TileType)
+    dest = operand_def(TensorType)
+
+    assembly_format = "$value `,` $dest attr-dict `:` type($value) `,` type($dest)"
+
+    def __init__(self, value: SSAValue, dest: SSAValue):
+        super().__init__(operands=[value, dest])
+
+    def verify_(self) -> None:
+        _verify_loop_scores(self, self.value, "stored scores")
+        _expect_role(self.dest, "dbias", "tile.store_scores writes the dbias tensor")
+
+
 Tile = Dialect(
     "tile",
     [
@@ -1237,6 +1583,16 @@ Tile = Dialect(
         ReluProbsOp,
         ZerosOp,
         JoinOp,
+        QBoundsOp,
+        QLoopOp,
+        SparseQLoopOp,
+        RowDotOp,
+        DotTransposedOp,
+        RecomputeProbsOp,
+        SoftmaxGradOp,
+        ReluGradOp,
+        ApplyScaleOp,
+        StoreScoresOp,
     ],
     [TileType, TensorType],
 )
@@ -1244,6 +1600,18 @@ Tile = Dialect(
 
 __all__ = [
     "AccumulateOp",
+    "ApplyScaleOp",
+    "DotTransposedOp",
+    "KEY_LOOP_OPS",
+    "QBoundsOp",
+    "QLoopOp",
+    "QUERY_LOOP_OPS",
+    "RecomputeProbsOp",
+    "ReluGradOp",
+    "RowDotOp",
+    "SoftmaxGradOp",
+    "SparseQLoopOp",
+    "StoreScoresOp",
     "JoinOp",
     "AddBiasOp",
     "AlibiOp",

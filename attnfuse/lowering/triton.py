@@ -112,6 +112,26 @@ class Namer:
 # Kernel emission
 # --------------------------------------------------------------------------------------------
 
+
+@dataclass(frozen=True)
+class LoopRows:
+    """The rows of the current loop step, as names in the generated code."""
+
+    index: str
+    """Row indices (`keys` or `queries`)."""
+    mask: str
+    """Their in-bounds mask, or "" in a loop over full blocks."""
+    position: str
+    """Their positions (a key's is its index; a query's is bottom-right aligned)."""
+
+
+KV_ROLES = ("k", "v", "k_rot", "dk", "dv")
+"""Roles indexed by the key/value head."""
+
+QUERY_SIDE_ROLES = ("q", "q_rot", "o", "lse", "do", "delta", "dq", "bias", "dbias")
+"""Roles indexed by the query head; in a `key_blocks` kernel that head changes inside the loop
+over the GQA group, so their base pointers are set there."""
+
 COLUMN_COMMENT = {
     "all": "all columns",
     "half_lo": "first halves of the rotary pairs",
@@ -146,7 +166,7 @@ class KernelEmitter:
         self.pass_dim = self.head_dim - self.rotary_dim
         self.roles = k.roles
         self.namer = Namer(reserved=self.reserved_names())
-        self.loop_vars: list[tuple[str, str]] = []  # (key index name, key mask name or "")
+        self.loop_vars: list[LoopRows] = []
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -154,7 +174,8 @@ class KernelEmitter:
         names = {
             "tl", "triton", "block_id", "batch_head", "batch", "head", "kv_head", "rows",
             "row_in_bounds", "keys", "key_in_bounds", "q_pos", "slope", "entry", "sm_scale", "n_q", "n_k", "num_heads",
-            "group_size", "start_n", "q_first", "q_last",
+            "group_size", "start_n", "q_first", "q_last", "queries", "query_in_bounds", "start_m",
+            "head_in_group", "diag_first", "diag_last", "lse_safe",
             "cols_d", "cols_dv", "cols_half", "cols_pass",
         }
         for role in self.roles:
@@ -180,9 +201,47 @@ class KernelEmitter:
         return [f"stride_{role}_{axis}" for axis in tile.TENSOR_AXES[role]]
 
     def head_of(self, role: str) -> str:
-        if self.grid == "query_blocks" and role in ("k", "v", "k_rot"):
-            return "kv_head"
-        return "head"
+        return "kv_head" if role in KV_ROLES else "head"
+
+    def set_in_query_head_loop(self, role: str) -> bool:
+        """Whether `role`'s base pointer depends on a query head that a `key_blocks` kernel
+        only knows inside its loop over the GQA group."""
+        if self.grid != "key_blocks":
+            return False
+        return role in QUERY_SIDE_ROLES or tile.TENSOR_AXES[role].startswith("hn")
+
+    def base_line(self, role: str) -> str | None:
+        """The statement that points `{role}_base` at this program's slice, if it has one."""
+        axes = tile.TENSOR_AXES[role]
+        if axes.startswith("bh"):
+            return f"{role}_base = {role}_ptr + batch * stride_{role}_b + {self.head_of(role)} * stride_{role}_h"
+        if axes == "bn":
+            return f"{role}_base = {role}_ptr + batch * stride_{role}_b"
+        if axes.startswith("hn"):
+            # Block-sparse lists: this head's (a shared layout has head stride 0) entry for
+            # this program's block.
+            return f"{role}_base = {role}_ptr + head * stride_{role}_h + block_id * stride_{role}_n"
+        return None
+
+    def oriented(self) -> dict[str, str]:
+        """2-D expressions for the current block's pairs: query and key positions and
+        indices, in the grid's orientation (program rows down, loop rows across)."""
+        loop = self.loop_vars[-1]
+        if self.grid == "query_blocks":
+            return {"q_pos": "q_pos[:, None]", "k_pos": f"{loop.position}[None, :]",
+                    "q_idx": "rows[:, None]", "k_idx": f"{loop.index}[None, :]"}
+        return {"q_pos": f"{loop.position}[None, :]", "k_pos": "rows[:, None]",
+                "q_idx": f"{loop.index}[None, :]", "k_idx": "rows[:, None]"}
+
+    def block_bounds(self) -> str:
+        """The in-bounds mask of the current (program rows x loop rows) block."""
+        loop = self.loop_vars[-1]
+        return " & ".join(["row_in_bounds[:, None]"] + ([f"{loop.mask}[None, :]"] if loop.mask else []))
+
+    def along_queries(self, vector: SSAValue) -> str:
+        """A per-query vector broadcast against a score tile."""
+        assert isinstance(vector.type, tile.TileType)
+        return f"{self.namer[vector]}[:, None]" if vector.type.shape == ("m",) else f"{self.namer[vector]}[None, :]"
 
     def role_of(self, value: SSAValue) -> str:
         assert isinstance(value.type, tile.TensorType)
@@ -191,7 +250,7 @@ class KernelEmitter:
     def columns(self, role: str, cols: str) -> tuple[str, str | None]:
         """(column index expression, column mask or None) of a column part."""
         if cols == "all":
-            if role in ("v", "o"):
+            if role in tile.VALUE_WIDTH_ROLES:
                 mask = "cols_dv < HEAD_DIM_V" if padded(self.head_dim_v) != self.head_dim_v else None
                 return "cols_dv", mask
             mask = "cols_d < HEAD_DIM" if padded(self.head_dim) != self.head_dim else None
@@ -212,8 +271,8 @@ class KernelEmitter:
         """(row index expression, row mask or None) of the program's or the loop's rows."""
         if rows == "program":
             return "rows", "row_in_bounds"
-        keys, key_mask = self.loop_vars[-1]
-        return keys, key_mask or None
+        loop = self.loop_vars[-1]
+        return loop.index, loop.mask or None
 
     def block_pointer(self, role: str, rows: str, cols: str | None) -> tuple[str, str | None]:
         row_index, row_mask = self.rows(rows)
@@ -264,6 +323,8 @@ class KernelEmitter:
         self.emit("head = (batch_head % num_heads).to(tl.int64)")
         if self.grid == "query_blocks":
             self.emit("kv_head = head // group_size  # GQA/MQA: query heads share a key/value head")
+        else:
+            self.emit("kv_head = head  # programs of a key_blocks grid own a key/value head")
         self.emit("rows = block_id * BLOCK_M + tl.arange(0, BLOCK_M)")
         n_rows = "n_q" if self.grid == "query_blocks" else "n_k"
         self.emit(f"row_in_bounds = rows < {n_rows}")
@@ -274,18 +335,23 @@ class KernelEmitter:
             if name in used_cols:
                 self.emit(f"{name} = tl.arange(0, {width})")
         for role in self.roles:
-            axes = tile.TENSOR_AXES[role]
-            if axes.startswith("bh"):
-                self.emit(f"{role}_base = {role}_ptr + batch * stride_{role}_b + {self.head_of(role)} * stride_{role}_h")
-            elif axes == "bn":
-                self.emit(f"{role}_base = {role}_ptr + batch * stride_{role}_b")
-            elif axes.startswith("hn"):
-                # Block-sparse lists: this head's (a shared layout has head stride 0) entry
-                # for this program's query block.
-                self.emit(f"{role}_base = {role}_ptr + head * stride_{role}_h + block_id * stride_{role}_n")
-        if "slopes" in self.roles:
+            line = self.base_line(role)
+            if line is not None and not self.set_in_query_head_loop(role):
+                self.emit(line)
+        if "slopes" in self.roles and self.grid == "query_blocks":
             self.emit("slope = tl.load(slopes_ptr + head)  # this head's ALiBi slope")
         del k
+
+    def emit_query_head_bases(self) -> None:
+        """In a `key_blocks` kernel's loop over the GQA group: point the query-head roles at
+        the current query head."""
+        self.emit("head = kv_head * group_size + head_in_group")
+        for role in self.roles:
+            line = self.base_line(role)
+            if line is not None and self.set_in_query_head_loop(role):
+                self.emit(line)
+        if "slopes" in self.roles:
+            self.emit("slope = tl.load(slopes_ptr + head)  # this head's ALiBi slope")
 
     def used_column_sets(self) -> set[str]:
         used = set()
@@ -296,7 +362,7 @@ class KernelEmitter:
                 role = op.role
                 cols = op.cols.data
                 if cols == "all":
-                    used.add("cols_dv" if role in ("v", "o") else "cols_d")
+                    used.add("cols_dv" if role in tile.VALUE_WIDTH_ROLES else "cols_d")
                 elif cols == "pass":
                     used.add("cols_pass")
                 else:
@@ -344,9 +410,14 @@ class KernelEmitter:
         """(positions of the rotated rows, their in-bounds mask or None)."""
         assert isinstance(op.lo.type, tile.TileType)
         if op.lo.type.shape[0] == "n":
-            keys, key_mask = self.loop_vars[-1]
-            return keys, key_mask or None
+            loop = self.loop_vars[-1]
+            return loop.position, loop.mask or None
         return ("q_pos" if op.positions.data == "query" else "rows"), "row_in_bounds"
+
+    def position_rows(self, op: tile.RotateOp) -> str:
+        """The row indices of the rotated rows (call-time positions are indexed by row)."""
+        assert isinstance(op.lo.type, tile.TileType)
+        return self.loop_vars[-1].index if op.lo.type.shape[0] == "n" else "rows"
 
     def emit_rotate(self, op: tile.RotateOp) -> None:
         lo, hi = self.namer[op.lo], self.namer[op.hi]
@@ -357,7 +428,7 @@ class KernelEmitter:
         if op.given_positions is not None:
             role = self.role_of(op.given_positions)
             # Given positions are indexed by row (query i or key j), not by default position.
-            rows = "rows" if pos in ("q_pos", "rows") else pos
+            rows = self.position_rows(op)
             pos = self.namer.fresh(f"{role}_rows")
             masking = f", mask={row_mask}, other=0" if row_mask else ""
             self.emit(f"{pos} = tl.load({role}_base + {rows} * stride_{role}_n{masking})")
@@ -414,13 +485,14 @@ class KernelEmitter:
             self.emit(f"{name} = {name} * {op.scale.value.data!r}  # static scale")
 
     def emit_mask(self, op: tile.MaskOp) -> None:
-        keys, key_mask = self.loop_vars[-1]
+        loop = self.loop_vars[-1]
+        pair = self.oriented()
         lower, upper = op.band.bounds
-        conds = [f"{key_mask}[None, :]"] if key_mask else []
+        conds = [f"{loop.mask}[None, :]"] if loop.mask else []
         if upper is not None:
-            conds.append(f"({keys}[None, :] <= {plus('q_pos[:, None]', upper)})")
+            conds.append(f"({pair['k_pos']} <= {plus(pair['q_pos'], upper)})")
         if lower is not None:
-            conds.append(f"({keys}[None, :] >= {plus('q_pos[:, None]', lower)})")
+            conds.append(f"({pair['k_pos']} >= {plus(pair['q_pos'], lower)})")
         self.emit(f"# tile.mask: keep keys in q_pos + [{lower}, {upper}] and inside the sequence")
         keep = self.namer.fresh("keep")
         self.emit(f"{keep} = {' & '.join(conds) if conds else 'True'}")
@@ -455,30 +527,59 @@ class KernelEmitter:
         kind = "partial key blocks: masked and bounds-checked" if masked else "full key blocks: no mask work"
         self.emit(f"# tile.kv_loop over {kind}")
         lo, hi = self.namer[op.lower], self.namer[op.upper]
-        self.emit_key_loop(op, f"for start_n in range({lo}, {hi}, BLOCK_N):", [], masked)
+        self.emit_block_loop(op, f"for start_n in range({lo}, {hi}, BLOCK_N):", [], masked)
 
-    def emit_key_loop(self, op: Operation, header: str, first: list[str], masked: bool) -> None:
-        """A key loop: `header`, the statements `first` that set `start_n`, the key indices
-        (bounds-checked when `masked`), then the body; loop-carried values keep one name."""
+    def emit_q_loop(self, op: tile.QLoopOp) -> None:
+        masked = op.masked is not None
+        kind = "partial query blocks: masked and bounds-checked" if masked else "full query blocks: no mask work"
+        self.emit(f"# tile.q_loop over {kind}, for each query head of this key/value head")
+        lo, hi = self.namer[op.lower], self.namer[op.upper]
+        self.emit_block_loop(op, f"for start_m in range({lo}, {hi}, BLOCK_N):", [], masked)
+
+    def emit_block_loop(
+        self, op: Operation, header: str, first: list[str], masked: bool,
+        prelude: Callable[[], None] | None = None,
+    ) -> None:
+        """A loop over key blocks (`query_blocks` kernels) or over query blocks of every query
+        head of the GQA group (`key_blocks` kernels): `prelude` (run once per head), `header`,
+        the statements `first` that set the step's start, the row indices (bounds-checked when
+        `masked`), then the body; loop-carried values keep one name."""
         block = op.regions[0].block
         carried = [self.namer[v] for v in op.operands if isinstance(v.type, tile.TileType)]
         for arg, name in zip(block.args, carried):
             self.namer.alias(arg, name)
+        over_queries = isinstance(op, tile.QUERY_LOOP_OPS)
+        opened = 0
+        if over_queries:
+            self.emit("for head_in_group in range(0, group_size):")
+            self.indent += 1
+            opened += 1
+            self.emit_query_head_bases()
+        if prelude is not None:
+            prelude()
         self.emit(header)
         self.indent += 1
+        opened += 1
         for line in first:
             self.emit(line)
-        self.emit("start_n = tl.multiple_of(start_n, BLOCK_N)")
-        # Loops are never nested, so each loop can reuse the names of its key indices.
-        self.emit("keys = start_n + tl.arange(0, BLOCK_N)")
-        key_mask = ""
-        if masked:
-            key_mask = "key_in_bounds"
-            self.emit(f"{key_mask} = keys < n_k")
-        self.loop_vars.append(("keys", key_mask))
+        # Loops are never nested, so each loop can reuse the names of its row indices.
+        if over_queries:
+            self.emit("start_m = tl.multiple_of(start_m, BLOCK_N)")
+            self.emit("queries = start_m + tl.arange(0, BLOCK_N)")
+            rows = LoopRows("queries", "query_in_bounds" if masked else "", "q_pos")
+            if masked:
+                self.emit("query_in_bounds = queries < n_q")
+            self.emit("q_pos = queries + (n_k - n_q)")
+        else:
+            self.emit("start_n = tl.multiple_of(start_n, BLOCK_N)")
+            self.emit("keys = start_n + tl.arange(0, BLOCK_N)")
+            rows = LoopRows("keys", "key_in_bounds" if masked else "", "keys")
+            if masked:
+                self.emit("key_in_bounds = keys < n_k")
+        self.loop_vars.append(rows)
         self.emit_block(block)
         self.loop_vars.pop()
-        self.indent -= 1
+        self.indent -= opened
         for result, name in zip(op.results, carried):
             self.namer.alias(result, name)
 
@@ -558,21 +659,24 @@ class KernelEmitter:
         self.emit(f"{lse} = tl.where({has_keys}, {row_max} + tl.math.log2({safe_sum}) * {LN2}, float(\"-inf\"))")
 
     def emit_alibi(self, op: tile.AlibiOp) -> None:
-        keys = self.loop_vars[-1][0]
+        pair = self.oriented()
         self.emit("# tile.alibi: slope * (k_pos - q_pos)")
         self.emit(
             f"{self.namer.define(op.result)} = {self.namer[op.input]}"
-            f" + slope * ({keys}[None, :] - q_pos[:, None]).to(tl.float32)"
+            f" + slope * ({pair['k_pos']} - {pair['q_pos']}).to(tl.float32)"
         )
 
+    def score_pointers(self, role: str) -> str:
+        """Pointers to `role[batch, head, i, j]` for the current block's (query, key) pairs."""
+        pair = self.oriented()
+        return f"{role}_base + {pair['q_idx']} * stride_{role}_n + {pair['k_idx']} * stride_{role}_d"
+
     def emit_add_bias(self, op: tile.AddBiasOp) -> None:
-        keys, key_mask = self.loop_vars[-1]
-        masks = ["row_in_bounds[:, None]"] + ([f"{key_mask}[None, :]"] if key_mask else [])
         block = self.namer.fresh("bias_block")
-        self.emit("# tile.add_bias: bias[batch, head, rows, keys], broadcast through its strides")
+        self.emit("# tile.add_bias: bias[batch, head, query, key], broadcast through its strides")
         self.emit(
-            f"{block} = tl.load(bias_base + rows[:, None] * stride_bias_n + {keys}[None, :] * stride_bias_d,"
-            f" mask={' & '.join(masks)}, other=0.0).to(tl.float32)"
+            f"{block} = tl.load({self.score_pointers('bias')},"
+            f" mask={self.block_bounds()}, other=0.0).to(tl.float32)"
         )
         self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + {block}")
 
@@ -591,15 +695,90 @@ class KernelEmitter:
         self.emit("# tile.zeros")
         self.emit(f"{self.namer.define(op.result)} = tl.zeros([{shape}], dtype=tl.float32)")
 
-    def emit_sparse_kv_loop(self, op: tile.SparseKVLoopOp) -> None:
+    def emit_sparse_kv_loop(self, op: tile.SparseKVLoopOp | tile.SparseQLoopOp) -> None:
         masked = op.masked is not None
         blocks, count = self.role_of(op.blocks), self.role_of(op.count)
         kind = "partial: masked and bounds-checked" if masked else "full: no mask work"
-        self.emit(f"# tile.sparse_kv_loop over the key blocks the layout lists ({kind})")
+        over = "query" if isinstance(op, tile.SparseQLoopOp) else "key"
+        self.emit(f"# {op.name} over the {over} blocks the layout lists ({kind})")
         count_name = self.namer.fresh(f"{count}")
-        self.emit(f"{count_name} = tl.load({count}_base)")
-        start = f"start_n = tl.load({blocks}_base + entry * stride_{blocks}_d) * BLOCK_N"
-        self.emit_key_loop(op, f"for entry in range(0, {count_name}):", [start], masked)
+        start = "start_m" if over == "query" else "start_n"
+        first = [f"{start} = tl.load({blocks}_base + entry * stride_{blocks}_d) * BLOCK_N"]
+        self.emit_block_loop(op, f"for entry in range(0, {count_name}):", first, masked,
+                             prelude=lambda: self.emit(f"{count_name} = tl.load({count}_base)"))
+
+    # -- backward ops ----------------------------------------------------------------------
+
+    def emit_q_bounds(self, op: tile.QBoundsOp) -> None:
+        lower, upper = op.band.bounds
+        start, full_start, full_end, end = (self.namer.define(r) for r in op.results)
+        self.emit(f"# tile.q_bounds: query blocks that visit this key block (band q_pos + [{lower}, {upper}])")
+        # The query rows whose positions equal the block's first and last keys.
+        self.emit("diag_first = block_id * BLOCK_M - (n_k - n_q)")
+        self.emit("diag_last = tl.minimum(block_id * BLOCK_M + BLOCK_M, n_k) - 1 - (n_k - n_q)")
+        if upper is None:
+            self.emit(f"{start} = 0")
+            self.emit(f"{full_start} = 0")
+        else:
+            self.emit(f"{start} = tl.maximum({plus('diag_first', -upper)}, 0) // BLOCK_N * BLOCK_N")
+            self.emit(f"{full_start} = (tl.maximum({plus('diag_last', -upper)}, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N")
+        if lower is None:
+            self.emit(f"{end} = n_q")
+            self.emit(f"{full_end} = n_q // BLOCK_N * BLOCK_N")
+        else:
+            self.emit(f"{end} = tl.minimum({plus('diag_last', 1 - lower)}, n_q)")
+            self.emit(f"{full_end} = tl.maximum(tl.minimum({plus('diag_first', 1 - lower)}, n_q), 0) // BLOCK_N * BLOCK_N")
+        self.emit("# Full blocks lie inside [start, end); blocks outside it are empty and skipped.")
+        self.emit(f"{full_start} = tl.minimum(tl.maximum({full_start}, {start}), {end})")
+        self.emit(f"{full_end} = tl.minimum(tl.maximum({full_end}, {full_start}), {end})")
+
+    def emit_row_dot(self, op: tile.RowDotOp) -> None:
+        a, b = self.namer[op.lhs], self.namer[op.rhs]
+        self.emit("# tile.row_dot: rowsum(a * b) in fp32")
+        self.emit(f"{self.namer.define(op.result)} = tl.sum({a}.to(tl.float32) * {b}.to(tl.float32), 1)")
+
+    def emit_dot_transposed(self, op: tile.DotTransposedOp) -> None:
+        a, b = self.dot_operand(self.namer[op.lhs]), self.dot_operand(self.namer[op.rhs])
+        self.emit("# tile.dot_transposed: a @ b^T, fp32 accumulation")
+        self.emit(f"{self.namer.define(op.result)} = tl.dot({a}, tl.trans({b}){self.dot_options()})")
+
+    def emit_recompute_probs(self, op: tile.RecomputeProbsOp) -> None:
+        lse = self.namer[op.lse]
+        self.emit("# tile.recompute_probs: p = exp(s - lse); a row with no kept key (lse = -inf) gives 0")
+        safe = self.namer.fresh("lse_safe")
+        self.emit(f"{safe} = tl.where({lse} == float(\"-inf\"), float(\"inf\"), {lse})")
+        bcast = "[:, None]" if op.lse.type.shape == ("m",) else "[None, :]"  # type: ignore[union-attr]
+        self.emit(
+            f"{self.namer.define(op.result)} = tl.math.exp2({self.namer[op.scores]} * {LOG2E}"
+            f" - ({safe} * {LOG2E}){bcast})"
+        )
+
+    def emit_softmax_grad(self, op: tile.SoftmaxGradOp) -> None:
+        self.emit("# tile.softmax_grad: dS = P * (dP - delta)")
+        self.emit(
+            f"{self.namer.define(op.result)} = {self.namer[op.probs]} * "
+            f"({self.namer[op.grad_probs]} - {self.along_queries(op.delta)})"
+        )
+
+    def emit_relu_grad(self, op: tile.ReluGradOp) -> None:
+        self.emit("# tile.relu_grad: dS = dP / Nk where s > 0")
+        self.emit(
+            f"{self.namer.define(op.result)} = tl.where({self.namer[op.scores]} > 0.0, "
+            f"{self.namer[op.grad_probs]}, 0.0) / n_k"
+        )
+
+    def emit_apply_scale(self, op: tile.ApplyScaleOp) -> None:
+        scale = "sm_scale" if op.scale is None else repr(op.scale.value.data)
+        self.emit(f"# tile.apply_scale: times the score scale ({'static' if op.scale else 'sm_scale'})")
+        self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} * {scale}")
+
+    def emit_store_scores(self, op: tile.StoreScoresOp) -> None:
+        role = self.role_of(op.dest)
+        self.emit(f"# tile.store_scores: {role}[batch, head, query, key] for this block")
+        self.emit(
+            f"tl.store({self.score_pointers(role)}, {self.namer[op.value]}.to({role}_ptr.dtype.element_ty),"
+            f" mask={self.block_bounds()})"
+        )
 
     def emit_return(self, op: tile.ReturnOp) -> None:
         del op  # the function just ends
@@ -627,6 +806,16 @@ KernelEmitter.HANDLERS = {
     tile.ZerosOp: KernelEmitter.emit_zeros,
     tile.JoinOp: KernelEmitter.emit_join,
     tile.SparseKVLoopOp: KernelEmitter.emit_sparse_kv_loop,
+    tile.QBoundsOp: KernelEmitter.emit_q_bounds,
+    tile.QLoopOp: KernelEmitter.emit_q_loop,
+    tile.SparseQLoopOp: KernelEmitter.emit_sparse_kv_loop,
+    tile.RowDotOp: KernelEmitter.emit_row_dot,
+    tile.DotTransposedOp: KernelEmitter.emit_dot_transposed,
+    tile.RecomputeProbsOp: KernelEmitter.emit_recompute_probs,
+    tile.SoftmaxGradOp: KernelEmitter.emit_softmax_grad,
+    tile.ReluGradOp: KernelEmitter.emit_relu_grad,
+    tile.ApplyScaleOp: KernelEmitter.emit_apply_scale,
+    tile.StoreScoresOp: KernelEmitter.emit_store_scores,
 }
 
 

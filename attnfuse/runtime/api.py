@@ -24,6 +24,7 @@ from attnfuse.runtime.call_data import (
     check_layout,
     positions_view,
     sparse_block_lists,
+    transposed_block_lists,
 )
 from attnfuse.runtime.config import (
     TileConfig,
@@ -75,7 +76,7 @@ class CompiledAttention:
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
-        self._sparse_cache: tuple[torch.Tensor, tuple, dict[str, torch.Tensor]] | None = None
+        self._sparse_cache: dict[bool, tuple[torch.Tensor, tuple, dict[str, torch.Tensor]]] = {}
         sdp = spec.block(ScaledDotProduct)
         self._scale = sdp.scale if isinstance(sdp, ScaledDotProduct) else None
 
@@ -91,7 +92,9 @@ class CompiledAttention:
         sparse = self.spec.block(BlockSparse)
         if isinstance(sparse, BlockSparse):
             bs = sparse.block_size
-            config = replace(config, block_m=min(config.block_m, bs), block_n=min(config.block_n, bs))
+            bm, bn, _warps, _stages = config.backward()
+            config = replace(config, block_m=min(config.block_m, bs), block_n=min(config.block_n, bs),
+                             bwd_block_m=min(bm, bs), bwd_block_n=min(bn, bs))
         return config
 
     def compile_key(
@@ -165,6 +168,30 @@ class CompiledAttention:
         launches = tuple(prepare(compiled, problem, scale))
         return CallPlan(problem, compiled, launches, constants, key.config)
 
+    def _layout_lists(
+        self, layout: torch.Tensor, block_size: int, plan: CallPlan, backward: bool
+    ) -> dict[str, torch.Tensor]:
+        """The block lists the forward (or the backward) kernels read, cached per layout."""
+        # Layouts are usually reused across calls (every layer of a model): keep the lists of
+        # the last layout seen. Reuse them only for that very tensor object, unmodified since
+        # (its in-place version counter unchanged): another tensor may share its storage or,
+        # once it is freed, its address.
+        key = (layout._version, plan.problem, plan.config, backward)
+        cached = self._sparse_cache.get(backward)
+        if cached is not None and cached[0] is layout and cached[1] == key:
+            return cached[2]
+        assert plan.config is not None
+        band = mask_band(self.spec)
+        if backward:
+            bm, bn, _warps, _stages = plan.config.backward()
+            lists = sparse_block_lists(layout, block_size, band, plan.problem, bm, bn)
+            lists |= transposed_block_lists(layout, block_size, band, plan.problem, bm, bn)
+        else:
+            lists = sparse_block_lists(layout, block_size, band, plan.problem,
+                                       plan.config.block_m, plan.config.block_n)
+        self._sparse_cache[backward] = (layout, key, lists)
+        return lists
+
     def call_tensors(
         self,
         plan: CallPlan,
@@ -212,28 +239,12 @@ class CompiledAttention:
         sparse = self.spec.block(BlockSparse)
         if isinstance(sparse, BlockSparse):
             layout = check_layout(block_layout, sparse.block_size, plan.problem)
+            tensors["block_layout"] = layout
             if plan.config is not None:
-                tensors |= self._sparse_lists(layout, sparse.block_size, plan)
+                tensors |= self._layout_lists(layout, sparse.block_size, plan, backward=False)
         elif block_layout is not None:
             raise ArgumentError(f"block_layout= given, but {self.spec!r} has no block_sparse()")
         return tensors
-
-    def _sparse_lists(self, layout: torch.Tensor, block_size: int, plan: CallPlan) -> dict[str, torch.Tensor]:
-        # Layouts are usually reused across calls (every layer of a model): keep the lists of
-        # the last layout seen. Reuse them only for that very tensor object, unmodified since
-        # (its in-place version counter unchanged): another tensor may share its storage or,
-        # once it is freed, its address.
-        key = (layout._version, plan.problem, plan.config)
-        cached = self._sparse_cache
-        if cached is not None and cached[0] is layout and cached[1] == key:
-            return cached[2]
-        assert plan.config is not None
-        lists = sparse_block_lists(
-            layout, block_size, mask_band(self.spec), plan.problem,
-            plan.config.block_m, plan.config.block_n,
-        )
-        self._sparse_cache = (layout, key, lists)
-        return lists
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -288,34 +299,93 @@ class CompiledAttention:
             return out, lse
         self.last = plan.compiled
         tensors = {"q": q, "k": k, "v": v, "o": out, "lse": lse, **plan.constants, **data}
-        for launch in plan.launches:
-            # A pre-rotation kernel writes the rotated copy the attention kernel reads.
-            if launch.info.name == "rotate_query":
-                tensors["q_rot"] = torch.empty_like(q, memory_format=torch.contiguous_format)
-            elif launch.info.name == "rotate_key":
-                tensors["k_rot"] = torch.empty_like(k, memory_format=torch.contiguous_format)
-            launch(tensors)
+        self._run(plan, tensors, FORWARD_KERNELS)
         return out, lse
+
+    def _run(self, plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]) -> None:
+        """Launches the plan's kernels named in `kernels`, in program order."""
+        for launch in plan.launches:
+            name = launch.info.name
+            if name not in kernels:
+                continue
+            # A pre-rotation kernel writes the rotated copy the attention kernels read.
+            if name == "rotate_query":
+                tensors["q_rot"] = torch.empty_like(tensors["q"], memory_format=torch.contiguous_format)
+            elif name == "rotate_key":
+                tensors["k_rot"] = torch.empty_like(tensors["k"], memory_format=torch.contiguous_format)
+            launch(tensors)
+
+    def backward(
+        self,
+        plan: CallPlan,
+        data: dict[str, torch.Tensor],
+        saved: tuple[torch.Tensor, ...],
+        grad_out: torch.Tensor,
+        grad_lse: torch.Tensor | None,
+        bias_grad: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Runs the backward kernels: (dq, dk, dv, dbias) from the saved (q, k, v, o, lse), the
+        output gradient and, for softmax, the log-sum-exp's gradient. `dbias` is full-size
+        `[B, Hq, Nq, Nk]` (autograd reduces it onto the bias's broadcast shape), or None."""
+        q, k, v, out, lse = saved
+        p = plan.problem
+        # Every program stores all its rows, so the kernels fill the gradients whole.
+        alloc = torch.zeros_like if plan.compiled is None else torch.empty_like
+        dq, dk, dv = (alloc(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+        dbias = None
+        if bias_grad:
+            bias = data["bias"]
+            # Pairs in blocks the kernels skip (dropped by the mask) keep gradient 0.
+            dbias = torch.zeros(p.batch, p.heads_q, p.seq_q, p.seq_k, dtype=torch.float32, device=q.device)
+        if plan.compiled is None:
+            return dq, dk, dv, None if dbias is None else dbias.to(bias.dtype)
+        tensors = {"q": q, "k": k, "v": v, "o": out, "lse": lse, "do": grad_out, "dq": dq, "dk": dk,
+                   "dv": dv, **plan.constants, **data}
+        sparse = self.spec.block(BlockSparse)
+        if isinstance(sparse, BlockSparse):
+            tensors |= self._layout_lists(data["block_layout"], sparse.block_size, plan, backward=True)
+        if self.spec.block(Relu) is None:
+            delta = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
+            tensors["delta"] = delta
+            self._run(plan, tensors, ("attention_bwd_preprocess",))
+            if grad_lse is not None:
+                # d lse_i / d s_ij = p_ij: a gradient of the lse shifts delta (dS = P (dP - delta)).
+                delta.sub_(grad_lse)
+        if dbias is not None:
+            tensors["dbias"] = dbias
+        dq_kernel = "attention_bwd_dq_bias" if dbias is not None else "attention_bwd_dq"
+        self._run(plan, tensors, ("rotate_query", "rotate_key", "attention_bwd_dkdv", dq_kernel))
+        return dq, dk, dv, None if dbias is None else dbias.to(bias.dtype)
+
+
+FORWARD_KERNELS = ("rotate_query", "rotate_key", "attention_fwd")
+"""The kernels a forward call launches (the program also holds the backward kernels)."""
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """Autograd glue. The backward kernels are not generated yet: backward raises a clear
-    error rather than silently differentiating something else."""
+    """Autograd glue: saves q, k, v, the output and the log-sum-exp (never the score matrix);
+    the backward kernels recompute the rest."""
 
     @staticmethod
     def forward(ctx, fn: CompiledAttention, plan: CallPlan, data, q, k, v, bias):  # type: ignore[override]
         del bias  # read from `data`; an input only so that autograd sees it
-        ctx.spec = fn.spec
         out, lse = fn.forward(plan, data, q, k, v)
-        ctx.mark_non_differentiable(lse)
+        ctx.fn, ctx.plan, ctx.data = fn, plan, data
+        ctx.save_for_backward(q, k, v, out, lse)
+        if fn.spec.block(Relu) is not None:
+            ctx.mark_non_differentiable(lse)  # relu attention has no log-sum-exp
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
-        raise AttnFuseError(
-            f"the backward pass of {ctx.spec!r} is not available yet: AttnFuse generates "
-            "forward kernels only in this version"
-        )
+        fn: CompiledAttention = ctx.fn
+        bias_grad = ctx.needs_input_grad[6]
+        if grad_out is None:
+            grad_out = torch.zeros_like(ctx.saved_tensors[3])
+        if fn.spec.block(Relu) is not None:
+            grad_lse = None
+        dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, ctx.saved_tensors, grad_out, grad_lse, bias_grad)
+        return None, None, None, dq, dk, dv, dbias
 
 
 def compile(

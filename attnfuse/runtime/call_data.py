@@ -7,6 +7,7 @@ otherwise) and returns the tensor the kernel reads.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -131,6 +132,31 @@ def sparse_block_lists(
         lists[f"{name}_blocks"] = blocks.expand(problem.heads_q, -1, -1)
         lists[f"{name}_count"] = count.expand(problem.heads_q, -1)
     return lists
+
+
+def transposed_block_lists(
+    layout: torch.Tensor,
+    block_size: int,
+    band: tuple[int | None, int | None],
+    problem: Problem,
+    block_m: int,
+    block_n: int,
+) -> dict[str, torch.Tensor]:
+    """For every kernel *key* block (of `block_m` keys), the query blocks (of `block_n`
+    queries) that keep some of its pairs, split into full and partial ones as
+    `sparse_block_lists` does: `full_q_blocks`/`partial_q_blocks` `[Hq, key blocks, entries]`
+    and their counts. These drive the dK/dV kernel, whose programs own key blocks.
+
+    They are `sparse_block_lists` of the transposed problem: keys become rows at positions
+    `j - (Nk - Nq)` and queries become columns at positions `i`, so that a pair's
+    `k_pos - q_pos` changes sign and the band `[lower, upper]` becomes `[-upper, -lower]`.
+    """
+    lower, upper = band
+    transposed_band = (None if upper is None else -upper, None if lower is None else -lower)
+    transposed = replace(problem, seq_q=problem.seq_k, seq_k=problem.seq_q)
+    lists = sparse_block_lists(layout.transpose(-1, -2), block_size, transposed_band, transposed,
+                               block_m, block_n)
+    return {name.replace("_", "_q_", 1): value for name, value in lists.items()}
 
 
 def positions_view(positions: object, name: str, length: int, problem: Problem) -> torch.Tensor:

@@ -40,12 +40,14 @@ class CompileKey:
         """The `attnfuse-opt -p` pipeline that produces this compile's tile IR."""
         query, key = self.placement or ("fused", "fused")
         c = self.config
+        bm, bn, warps, stages = c.backward()
         return (
             "canonicalize-attn,analyze-masks,"
             f"place-rope{{query={query} key={key}}},"
             f"lower-to-tile{{head-dim={self.head_dim} head-dim-v={self.head_dim_v} "
             f"element-type={self.element_type} block-m={c.block_m} block-n={c.block_n} "
-            f"num-warps={c.num_warps} num-stages={c.num_stages}}}"
+            f"num-warps={c.num_warps} num-stages={c.num_stages} "
+            f"bwd-block-m={bm} bwd-block-n={bn} bwd-num-warps={warps} bwd-num-stages={stages}}}"
         )
 
 

@@ -15,12 +15,34 @@ from attnfuse.transforms.place_rope import PlaceRopePass
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Tuning parameters of the kernels (attributes of `tile.kernel`)."""
+    """Tuning parameters of the kernels (attributes of `tile.kernel`).
+
+    `block_m` / `block_n` are the rows a forward program owns and the key rows per loop step.
+    The `bwd_*` fields tune the backward kernels (rows a dQ or dK/dV program owns, rows per
+    loop step, warps, stages); None takes the forward's value."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    bwd_block_m: int | None = None
+    bwd_block_n: int | None = None
+    bwd_num_warps: int | None = None
+    bwd_num_stages: int | None = None
+
+    def backward(self) -> tuple[int, int, int, int]:
+        """The backward kernels' (block_m, block_n, num_warps, num_stages)."""
+        return (
+            self.block_m if self.bwd_block_m is None else self.bwd_block_m,
+            self.block_n if self.bwd_block_n is None else self.bwd_block_n,
+            self.num_warps if self.bwd_num_warps is None else self.bwd_num_warps,
+            self.num_stages if self.bwd_num_stages is None else self.bwd_num_stages,
+        )
+
+
+BACKWARD_HOPPER_D64 = (128, 64, 8, 3)
+BACKWARD_HOPPER_D128 = (128, 64, 8, 2)
+"""Backward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16."""
 
 
 def choose_tile_config(problem: Problem) -> TileConfig:
@@ -28,21 +50,25 @@ def choose_tile_config(problem: Problem) -> TileConfig:
     if problem.device.type != "cuda":
         # The interpreter runs each program in numpy: small blocks keep edge cases
         # (ragged blocks, diagonal blocks) exercised at test sizes.
-        return TileConfig(32, 32, 4, 1)
+        return TileConfig(32, 32, 4, 1, 32, 16, 4, 1)
     major, _ = torch.cuda.get_device_capability(problem.device)
     d = max(problem.head_dim, problem.head_dim_v)
     big_elem = problem.dtype == torch.float32
     if major >= 9:  # Hopper
+        # Backward: programs own 128 rows (keys for dK/dV) and step over 32-64, which keeps
+        # dK, dV (or dQ) accumulators and the loop's operands within the register file.
         if d <= 64:
-            return TileConfig(128, 64, 4, 3) if not big_elem else TileConfig(64, 32, 4, 2)
+            return (TileConfig(128, 64, 4, 3, *BACKWARD_HOPPER_D64) if not big_elem
+                    else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))
         if d <= 128:
-            return TileConfig(128, 64, 8, 3) if not big_elem else TileConfig(64, 32, 4, 2)
-        return TileConfig(64, 32, 4, 2)
+            return (TileConfig(128, 64, 8, 3, *BACKWARD_HOPPER_D128) if not big_elem
+                    else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))
+        return TileConfig(64, 32, 4, 2, 64, 32, 4, 1)
     if d <= 64:
-        return TileConfig(64, 64, 4, 3) if not big_elem else TileConfig(64, 32, 4, 2)
+        return TileConfig(64, 64, 4, 3, 64, 32, 4, 2) if not big_elem else TileConfig(64, 32, 4, 2, 32, 32, 4, 2)
     if d <= 128:
-        return TileConfig(64, 64, 4, 2) if not big_elem else TileConfig(32, 32, 4, 2)
-    return TileConfig(32, 32, 4, 2)
+        return TileConfig(64, 64, 4, 2, 64, 32, 4, 2) if not big_elem else TileConfig(32, 32, 4, 2, 32, 32, 4, 1)
+    return TileConfig(32, 32, 4, 2, 32, 32, 4, 1)
 
 
 PLACEMENT_ALIASES = {

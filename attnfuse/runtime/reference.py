@@ -123,10 +123,16 @@ def reference_attention(
     k_positions: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
+    differentiable: bool = False,
 ):
     """The variant's output (and log-sum-exp) computed naively in `dtype` on `device`
-    (float64 on the CPU by default: slow and plainly right)."""
-    q, k, v = (t.detach().to(device, dtype) for t in (q, k, v))
+    (float64 on the CPU by default: slow and plainly right). With `differentiable`, the
+    result stays in the autograd graph of q, k, v and bias (see `reference_gradients`)."""
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        return (t if differentiable else t.detach()).to(device, dtype)
+
+    q, k, v = (convert(t) for t in (q, k, v))
     b, h_q, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
     group = h_q // h_kv
@@ -149,7 +155,7 @@ def reference_attention(
         distance = (torch.arange(n_k)[None, :] - (torch.arange(n_q)[:, None] + (n_k - n_q)))
         scores = scores + slope * distance.to(device, dtype)
     if spec.block(AdditiveBias) is not None and bias is not None:
-        scores = scores + bias.detach().to(device, dtype)
+        scores = scores + convert(bias)
     keep = keep_mask(spec, n_q, n_k, block_layout).to(device)
     if keep.dim() == 3:
         keep = keep[None]
@@ -157,13 +163,49 @@ def reference_attention(
     if spec.block(Relu) is not None:
         probs = torch.where(keep, torch.relu(scores) / n_k, torch.zeros((), dtype=dtype, device=device))
         return probs @ v
-    lse = torch.logsumexp(scores, dim=-1)  # -inf on rows with no kept key
-    # exp(s - lse) is NaN on empty rows (-inf - -inf): those rows output 0 by definition,
-    # as do rows whose every kept score is -inf (a bias of -inf drops a key like a mask).
-    # NaN and +inf scores are not special: they propagate as in any softmax.
-    weighted = keep & ~torch.isneginf(lse)[..., None]
+    # Rows with no kept key output 0 and have lse -inf by definition, as do rows whose every
+    # kept score is -inf (a bias of -inf drops a key like a mask). Their scores are replaced by
+    # 0 before the softmax so that neither exp(-inf - -inf) nor its gradient is NaN. NaN and
+    # +inf scores are not special: they propagate as in any softmax.
+    empty = torch.isneginf(torch.logsumexp(scores.detach(), dim=-1))
+    scores = scores.masked_fill(empty[..., None], 0.0)
+    lse = torch.logsumexp(scores, dim=-1)
+    weighted = keep & ~empty[..., None]
     probs = torch.where(weighted, torch.exp(scores - lse[..., None]), torch.zeros((), dtype=dtype, device=device))
+    lse = lse.masked_fill(empty, float("-inf"))
     out = probs @ v
     if return_lse:
-        return out, lse.to(torch.float32)
+        return out, (lse if differentiable else lse.to(torch.float32))
     return out
+
+
+def reference_gradients(
+    spec: AttentionSpec,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    grad_lse: torch.Tensor | None = None,
+    **kwargs,
+) -> dict[str, torch.Tensor]:
+    """Gradients of `sum(out * grad_out) + sum(lse * grad_lse)` with respect to q, k, v (and
+    `bias`, at its own broadcast shape, when given), by autograd through the float64 reference.
+    """
+    leaves = {name: t.detach().double().requires_grad_() for name, t in (("q", q), ("k", k), ("v", v))}
+    if bias is not None:
+        leaves["bias"] = bias.detach().double().requires_grad_()
+    result = reference_attention(
+        spec, leaves["q"], leaves["k"], leaves["v"], bias=leaves.get("bias"),
+        return_lse=grad_lse is not None, differentiable=True, **kwargs,
+    )
+    if grad_lse is not None:
+        out, lse = result
+        # The returned lse is fp32 (the kernels' type): differentiate the fp64 one instead.
+        loss = (out * grad_out.double()).sum() + (lse.double().masked_fill(torch.isneginf(lse), 0.0) * grad_lse.double()).sum()
+    else:
+        loss = (result * grad_out.double()).sum()
+    names = list(leaves)
+    grads = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
+    return {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(names, grads)}

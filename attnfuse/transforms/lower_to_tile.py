@@ -21,14 +21,12 @@ Options set the kernel's static facts and tuning: `head-dim`, `head-dim-v` (0: t
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xdsl.builder import Builder
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, f32
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
@@ -40,47 +38,20 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn, tile
 from attnfuse.errors import IRError, PassOptionError
+from attnfuse.transforms.kernel_builder import (
+    PART_SUFFIX,
+    KernelBuilder,
+    KernelConfig,
+    Rotation,
+    VariantFacts,
+    build_band_loops,
+    column_parts,
+)
+from attnfuse.transforms.lower_backward import build_backward_kernels
 
 # --------------------------------------------------------------------------------------------
 # What the attn program asks for
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rotation:
-    """One RoPE rotation and where it runs."""
-
-    theta: float
-    rotary_dim: int | None
-    interleaved: bool
-    fused: bool
-    given_positions: bool = False
-    """Positions come from a call-time tensor rather than the row index."""
-
-
-@dataclass(frozen=True)
-class VariantFacts:
-    """Everything the kernels need from an `attn.variant`, read off its ops."""
-
-    query_rotation: Rotation | None
-    key_rotation: Rotation | None
-    band: attn.BandAttr
-    scale: float | None
-    """The static score scale, or None for the kernel's `sm_scale` argument (1/sqrt(D))."""
-    alibi: bool = False
-    bias: bool = False
-    sparse_block_size: int | None = None
-    """The block-sparse layout's block size, when the variant has one."""
-    normalizer: str = "softmax"
-    """softmax or relu."""
-
-    @property
-    def rotation(self) -> Rotation | None:
-        return self.query_rotation or self.key_rotation
-
-    @property
-    def any_fused(self) -> bool:
-        return any(r is not None and r.fused for r in (self.query_rotation, self.key_rotation))
 
 
 def _fail(op: Operation, message: str) -> IRError:
@@ -135,85 +106,6 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
 # --------------------------------------------------------------------------------------------
 # Building kernels
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """Static facts and tuning parameters shared by the kernels of one variant."""
-
-    head_dim: int
-    head_dim_v: int
-    element_type: str
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-    def attributes(self, rotary_dim: int | None) -> dict[str, int]:
-        attrs = {
-            "block_m": self.block_m,
-            "block_n": self.block_n,
-            "num_warps": self.num_warps,
-            "num_stages": self.num_stages,
-            "head_dim": self.head_dim,
-            "head_dim_v": self.head_dim_v,
-        }
-        if rotary_dim is not None:
-            attrs["rotary_dim"] = rotary_dim
-        return attrs
-
-
-def column_parts(rotation: Rotation | None, head_dim: int) -> list[str]:
-    """How q and k are split into column tiles: one tile, or the rotary pairs' two elements
-    plus the pass-through dims."""
-    if rotation is None:
-        return ["all"]
-    parts = ["even", "odd"] if rotation.interleaved else ["half_lo", "half_hi"]
-    rotary_dim = rotation.rotary_dim or head_dim
-    if rotary_dim < head_dim:
-        parts.append("pass")
-    return parts
-
-
-class KernelBuilder:
-    """Builds one `tile.kernel`, naming values so that the emitted code reads well."""
-
-    def __init__(self, name: str, roles: Sequence[str], grid: str, config: KernelConfig,
-                 rotary_dim: int | None):
-        self.config = config
-        self.elem = tile.ELEMENT_TYPES[config.element_type]
-        self.kernel = tile.KernelOp(
-            name, roles, grid=grid, element_type=self.elem,
-            config=config.attributes(rotary_dim),
-        )
-        self.builder = Builder(InsertPoint.at_end(self.kernel.body.block))
-
-    def inside(self, block: Block) -> KernelBuilder:
-        """A builder for the same kernel that appends to `block` (a loop body)."""
-        nested = copy.copy(self)
-        nested.builder = Builder(InsertPoint.at_end(block))
-        return nested
-
-    def arg(self, role: str) -> SSAValue:
-        return self.kernel.argument(role)
-
-    def add(self, op: Operation, *names: str) -> Operation:
-        self.builder.insert(op)
-        for result, name in zip(op.results, names):
-            result.name_hint = name
-        return op
-
-    def load(self, role: str, rows: str, cols: str, name: str, source: str | None = None) -> SSAValue:
-        shape = tile.expected_tile_shape(role, rows, cols)
-        load = tile.LoadOp(self.arg(source or role), rows, cols, tile.TileType(shape, self.elem))
-        return self.add(load, name).results[0]
-
-    def finish(self) -> tile.KernelOp:
-        self.builder.insert(tile.ReturnOp())
-        return self.kernel
-
-
-PART_SUFFIX = {"all": "", "half_lo": "_lo", "half_hi": "_hi", "even": "_even", "odd": "_odd", "pass": "_pass"}
 
 
 def build_rotation_kernel(operand: str, rotation: Rotation, config: KernelConfig) -> tile.KernelOp:
@@ -338,35 +230,7 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
             new_acc = inner.add(tile.AccumulateOp(acc, probs, v), "acc").results[0]
             inner.builder.insert(tile.YieldOp([new_acc]))
 
-    def new_body() -> Block:
-        block = Block(arg_types=[v.type for v in state])
-        for arg, name in zip(block.args, names):
-            arg.name_hint = name
-        return block
-
-    if facts.sparse_block_size is not None:
-        # The layout's listed key blocks: first those every row keeps whole (no mask work),
-        # then those the band or the sequence end cuts (masked). Unlisted blocks are empty.
-        for prefix, masked in (("full", False), ("partial", True)):
-            block = new_body()
-            body(block, masked)
-            loop = tile.SparseKVLoopOp(k.arg(f"{prefix}_blocks"), k.arg(f"{prefix}_count"),
-                                       state, Region(block), masked)
-            state = k.add(loop, *names).results
-    else:
-        bounds = k.add(tile.KVBoundsOp(facts.band), "kv_start", "full_start", "full_end", "kv_end")
-        start, full_start, full_end, end = bounds.results
-        lower, _upper = facts.band.bounds
-        # Partial blocks before the full ones exist only when the band has a lower edge; the
-        # trailing partial loop always exists, since it also covers a ragged last key block.
-        loops = ([(start, full_start, True)] if lower is not None else []) + [
-            (full_start if lower is not None else start, full_end, False),
-            (full_end, end, True),
-        ]
-        for lo, hi, masked in loops:
-            block = new_body()
-            body(block, masked)
-            state = k.add(tile.KVLoopOp(lo, hi, state, Region(block), masked), *names).results
+    state = build_band_loops(k, facts, state, names, body, over="keys")
 
     if facts.normalizer == "softmax":
         final = k.add(tile.SoftmaxFinalizeOp(*state), "out", "lse")
@@ -393,10 +257,17 @@ class LowerVariant(RewritePattern):
     def match_and_rewrite(self, op: attn.VariantOp, rewriter: PatternRewriter) -> None:
         facts = read_variant(op)
         bs = facts.sparse_block_size
-        if bs is not None and max(self.config.block_m, self.config.block_n) > bs:
+        c = self.config
+        if bs is not None and max(c.block_m, c.block_n) > bs:
             raise _fail(
                 op,
-                f"block-m ({self.config.block_m}) and block-n ({self.config.block_n}) must not "
+                f"block-m ({c.block_m}) and block-n ({c.block_n}) must not "
+                f"exceed the block_sparse block size ({bs})",
+            )
+        if bs is not None and c.backward and max(c.bwd_block_m, c.bwd_block_n) > bs:
+            raise _fail(
+                op,
+                f"bwd-block-m ({c.bwd_block_m}) and bwd-block-n ({c.bwd_block_n}) must not "
                 f"exceed the block_sparse block size ({bs})",
             )
         rotation = facts.rotation
@@ -408,6 +279,8 @@ class LowerVariant(RewritePattern):
             if rot is not None and not rot.fused:
                 kernels.append(build_rotation_kernel(operand, rot, self.config))
         kernels.append(build_forward_kernel(facts, self.config))
+        if self.config.backward:
+            kernels += build_backward_kernels(facts, self.config.for_backward())
         rewriter.insert(kernels, InsertPoint.before(op))
         rewriter.erase(op)
 
@@ -430,6 +303,12 @@ class LowerToTilePass(ModulePass):
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    backward: bool = True
+    """Also build the backward kernels (preprocess, dK/dV, dQ)."""
+    bwd_block_m: int = 64
+    bwd_block_n: int = 32
+    bwd_num_warps: int = 4
+    bwd_num_stages: int = 2
 
     def config(self) -> KernelConfig:
         """The options, checked."""
@@ -437,15 +316,24 @@ class LowerToTilePass(ModulePass):
             raise PassOptionError(
                 f"lower-to-tile: element-type must be f16, bf16 or f32, got '{self.element_type}'"
             )
-        for key, value in (("block-m", self.block_m), ("block-n", self.block_n)):
+        for key, value in (("block-m", self.block_m), ("block-n", self.block_n),
+                           ("bwd-block-m", self.bwd_block_m), ("bwd-block-n", self.bwd_block_n)):
             if not (_power_of_two(value) and value >= 16):
                 raise PassOptionError(f"lower-to-tile: {key} must be a power of two >= 16, got {value}")
         head_dim_v = self.head_dim_v or self.head_dim
         for key, value in (("head-dim", self.head_dim), ("head-dim-v", head_dim_v)):
             if not 1 <= value <= 256:
                 raise PassOptionError(f"lower-to-tile: {key} must be in [1, 256], got {value}")
+        for key, value in (("num-warps", self.num_warps), ("bwd-num-warps", self.bwd_num_warps)):
+            if value not in (1, 2, 4, 8, 16):
+                raise PassOptionError(f"lower-to-tile: {key} must be 1, 2, 4, 8 or 16, got {value}")
+        for key, value in (("num-stages", self.num_stages), ("bwd-num-stages", self.bwd_num_stages)):
+            if value < 1:
+                raise PassOptionError(f"lower-to-tile: {key} must be >= 1, got {value}")
         return KernelConfig(self.head_dim, head_dim_v, self.element_type, self.block_m,
-                            self.block_n, self.num_warps, self.num_stages)
+                            self.block_n, self.num_warps, self.num_stages, self.bwd_block_m,
+                            self.bwd_block_n, self.bwd_num_warps, self.bwd_num_stages,
+                            self.backward)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

@@ -1,0 +1,260 @@
+"""The backward kernels `lower-to-tile` builds next to the forward (FlashAttention-2's split).
+
+Given dO, the forward's output O and per-row log-sum-exp, three kernels compute dQ, dK, dV
+(and dBias) without ever storing the score matrix:
+
+- `attention_bwd_preprocess` (query blocks): `delta = rowsum(dO * O)` per query row, the
+  softmax backward's correction term. ReLU attention has none and skips it.
+- `attention_bwd_dkdv` (key blocks): a program owns `block_m` keys of one key/value head. It
+  loads them once and walks the query blocks (of every query head of its GQA group) that the
+  mask band or layout leaves non-empty, recomputing the transposed scores `S^T = K Q^T` and
+  probabilities, and accumulating `dV += P^T dO` and `dK += dS^T Q`. Each program owns its
+  rows of dK and dV outright, so the GQA sum over query heads needs no atomics.
+- `attention_bwd_dq` (query blocks): a program owns `block_m` queries, walks the same key
+  blocks as the forward and accumulates `dQ += dS K`. A second copy, `attention_bwd_dq_bias`,
+  also writes dS into the full-size bias gradient; the runtime launches it only when the bias
+  requires a gradient, and reduces that gradient over the bias's broadcast dims.
+
+Every sum runs in a fixed order inside one program: results are bit-for-bit deterministic.
+
+RoPE: the kernels see rotated operands (rotated in registers where the forward placement
+fused the rotation, read from the pre-rotation kernels' output otherwise) and, at the end,
+apply the rotation's transpose (`tile.rotate ... inverse`) to dQ and dK in registers, so they
+return gradients of the unrotated q and k. Operands with a rotation are split into the two
+elements of each rotary pair plus the pass-through dims, so each gradient part is its own
+accumulator and the transpose is elementwise, as in the forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xdsl.dialects.builtin import f32
+from xdsl.ir import Block, SSAValue
+
+from attnfuse.dialects import tile
+from attnfuse.transforms.kernel_builder import (
+    PART_SUFFIX,
+    KernelBuilder,
+    KernelConfig,
+    Rotation,
+    VariantFacts,
+    build_band_loops,
+    column_parts,
+)
+
+
+def _sources(facts: VariantFacts) -> tuple[str, str]:
+    """The roles q and k are read from: the pre-rotated copy where the rotation runs outside."""
+    q_rot, k_rot = facts.query_rotation, facts.key_rotation
+    return (
+        "q_rot" if q_rot is not None and not q_rot.fused else "q",
+        "k_rot" if k_rot is not None and not k_rot.fused else "k",
+    )
+
+
+def _rotation_roles(facts: VariantFacts) -> list[str]:
+    """The table, and call-time positions, that rotations and their transposes read."""
+    if facts.rotation is None:
+        return []
+    roles = ["rope_table"]
+    for operand, rotation in (("q", facts.query_rotation), ("k", facts.key_rotation)):
+        if rotation is not None and rotation.given_positions:
+            roles.append(f"{operand}_positions")
+    return roles
+
+
+def _score_data_roles(facts: VariantFacts) -> list[str]:
+    roles = ["slopes"] if facts.alibi else []
+    return roles + (["bias"] if facts.bias else [])
+
+
+def _parts(facts: VariantFacts, config: KernelConfig) -> list[str]:
+    return column_parts(facts.rotation, config.head_dim)
+
+
+def _part_type(part: str, rows: str, config: KernelConfig, elem=f32) -> tile.TileType:
+    return tile.TileType(tile.expected_tile_shape("q", rows, part), elem)
+
+
+def _load_rotated(
+    k: KernelBuilder,
+    operand: str,
+    source: str,
+    rows: str,
+    parts: Sequence[str],
+    rotation: Rotation | None,
+    positions: str,
+) -> list[SSAValue]:
+    """Loads `operand`'s column parts, rotating them in registers if its rotation is fused."""
+    values = [k.load(operand, rows, p, f"{operand}{PART_SUFFIX[p]}", source=source) for p in parts]
+    if rotation is not None and rotation.fused:
+        given = k.arg(f"{operand}_positions") if rotation.given_positions else None
+        rotate = k.add(tile.RotateOp(values[0], values[1], k.arg("rope_table"), positions, given),
+                       f"{operand}{PART_SUFFIX[parts[0]]}_rot", f"{operand}{PART_SUFFIX[parts[1]]}_rot")
+        values[:2] = rotate.results
+    return values
+
+
+def _score_chain(k: KernelBuilder, facts: VariantFacts, scores: SSAValue, masked: bool) -> SSAValue:
+    """The forward's score modifications and mask, in the same order."""
+    if facts.alibi:
+        scores = k.add(tile.AlibiOp(scores, k.arg("slopes")), "scores").results[0]
+    if facts.bias:
+        scores = k.add(tile.AddBiasOp(scores, k.arg("bias")), "scores").results[0]
+    if masked:
+        scores = k.add(tile.MaskOp(scores, facts.band), "scores").results[0]
+    return scores
+
+
+def _store_gradient(
+    k: KernelBuilder,
+    operand: str,
+    grads: Sequence[SSAValue],
+    parts: Sequence[str],
+    rotation: Rotation | None,
+    positions: str,
+    scale: float | None,
+) -> None:
+    """Scales an accumulated q or k gradient, applies the rotation's transpose, stores it."""
+    role = f"d{operand}"
+    grads = [k.add(tile.ApplyScaleOp(g, scale), f"{role}{PART_SUFFIX[p]}").results[0]
+             for g, p in zip(grads, parts)]
+    if rotation is not None:
+        given = k.arg(f"{operand}_positions") if rotation.given_positions else None
+        rotate = tile.RotateOp(grads[0], grads[1], k.arg("rope_table"), positions, given, inverse=True)
+        grads = [*k.add(rotate, f"{role}{PART_SUFFIX[parts[0]]}",
+                        f"{role}{PART_SUFFIX[parts[1]]}").results, *grads[2:]]
+    for grad, part in zip(grads, parts):
+        k.builder.insert(tile.StoreOp(grad, k.arg(role), "program", part))
+
+
+def build_preprocess_kernel(config: KernelConfig) -> tile.KernelOp:
+    """`delta = rowsum(dO * O)` per query row."""
+    k = KernelBuilder("attention_bwd_preprocess", ["o", "do", "delta"], "query_blocks", config, None)
+    out = k.load("o", "program", "all", "out")
+    grad_out = k.load("do", "program", "all", "grad_out")
+    delta = k.add(tile.RowDotOp(grad_out, out), "delta").results[0]
+    k.builder.insert(tile.StoreOp(delta, k.arg("delta"), "program", None))
+    return k.finish()
+
+
+def _grad_scores(
+    k: KernelBuilder,
+    facts: VariantFacts,
+    scores: SSAValue,
+    lse: SSAValue | None,
+    delta: SSAValue | None,
+    grad_probs_of: tuple[SSAValue, SSAValue],
+) -> tuple[SSAValue, SSAValue]:
+    """(probabilities, score gradient) of one block; `grad_probs_of` are the operands of
+    `dP = a @ b^T` in the kernel's orientation."""
+    if facts.normalizer == "softmax":
+        assert lse is not None and delta is not None
+        probs = k.add(tile.RecomputeProbsOp(scores, lse), "probs").results[0]
+    else:
+        probs = k.add(tile.ReluProbsOp(scores), "probs").results[0]
+    grad_probs = k.add(tile.DotTransposedOp(*grad_probs_of), "grad_probs").results[0]
+    if facts.normalizer == "softmax":
+        grad = tile.SoftmaxGradOp(probs, grad_probs, delta)
+    else:
+        grad = tile.ReluGradOp(scores, grad_probs)
+    return probs, k.add(grad, "grad_scores").results[0]
+
+
+def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
+    """dK and dV: programs own key blocks and walk query blocks (see the module docstring)."""
+    q_source, k_source = _sources(facts)
+    softmax = facts.normalizer == "softmax"
+    roles = [q_source, k_source, "v", "do", *(["lse", "delta"] if softmax else []), "dk", "dv",
+             *_rotation_roles(facts), *_score_data_roles(facts)]
+    if facts.sparse_block_size is not None:
+        roles += ["full_q_blocks", "full_q_count", "partial_q_blocks", "partial_q_count"]
+    rotation = facts.rotation
+    k = KernelBuilder("attention_bwd_dkdv", roles, "key_blocks", config,
+                      rotation.rotary_dim if rotation else None)
+    parts = _parts(facts, config)
+    # Program rows are keys: load them (and their values) once.
+    key_parts = _load_rotated(k, "k", k_source, "program", parts, facts.key_rotation, "key")
+    value = k.load("v", "program", "all", "v")
+    names = [f"dk{PART_SUFFIX[p]}" for p in parts] + ["dv"]
+    state: Sequence[SSAValue] = [
+        k.add(tile.ZerosOp(_part_type(p, "program", config)), name).results[0]
+        for p, name in zip(parts, names)
+    ] + [k.add(tile.ZerosOp(tile.TileType(("m", "dv"), f32)), "dv").results[0]]
+
+    def body(block: Block, masked: bool) -> None:
+        inner = k.inside(block)
+        query_parts = _load_rotated(inner, "q", q_source, "loop", parts, facts.query_rotation, "query")
+        grad_out = inner.load("do", "loop", "all", "grad_out")
+        lse = inner.load("lse", "loop", None, "lse") if softmax else None
+        delta = inner.load("delta", "loop", None, "delta") if softmax else None
+        # Transposed scores, key x query: S^T = K Q^T.
+        scores = inner.add(tile.ScoresOp(key_parts, query_parts, facts.scale), "scores").results[0]
+        scores = _score_chain(inner, facts, scores, masked)
+        probs, grad_scores = _grad_scores(inner, facts, scores, lse, delta, (value, grad_out))
+        *dk, dv = block.args
+        new_dv = inner.add(tile.AccumulateOp(dv, probs, grad_out), "dv").results[0]
+        new_dk = [inner.add(tile.AccumulateOp(acc, grad_scores, q), name).results[0]
+                  for acc, q, name in zip(dk, query_parts, names)]
+        inner.builder.insert(tile.YieldOp([*new_dk, new_dv]))
+
+    *dk, dv = build_band_loops(k, facts, state, names, body, over="queries")
+    _store_gradient(k, "k", dk, parts, facts.key_rotation, "key", facts.scale)
+    k.builder.insert(tile.StoreOp(dv, k.arg("dv"), "program", "all"))
+    return k.finish()
+
+
+def build_dq_kernel(facts: VariantFacts, config: KernelConfig, bias_grad: bool) -> tile.KernelOp:
+    """dQ (and, with `bias_grad`, the full-size dBias): programs own query blocks."""
+    q_source, k_source = _sources(facts)
+    softmax = facts.normalizer == "softmax"
+    roles = [q_source, k_source, "v", "do", *(["lse", "delta"] if softmax else []), "dq",
+             *_rotation_roles(facts), *_score_data_roles(facts)]
+    if bias_grad:
+        roles.append("dbias")
+    if facts.sparse_block_size is not None:
+        roles += ["full_blocks", "full_count", "partial_blocks", "partial_count"]
+    rotation = facts.rotation
+    name = "attention_bwd_dq_bias" if bias_grad else "attention_bwd_dq"
+    k = KernelBuilder(name, roles, "query_blocks", config, rotation.rotary_dim if rotation else None)
+    parts = _parts(facts, config)
+    query_parts = _load_rotated(k, "q", q_source, "program", parts, facts.query_rotation, "query")
+    grad_out = k.load("do", "program", "all", "grad_out")
+    lse = k.load("lse", "program", None, "lse") if softmax else None
+    delta = k.load("delta", "program", None, "delta") if softmax else None
+    names = [f"dq{PART_SUFFIX[p]}" for p in parts]
+    state: Sequence[SSAValue] = [
+        k.add(tile.ZerosOp(_part_type(p, "program", config)), n).results[0]
+        for p, n in zip(parts, names)
+    ]
+
+    def body(block: Block, masked: bool) -> None:
+        inner = k.inside(block)
+        key_parts = _load_rotated(inner, "k", k_source, "loop", parts, facts.key_rotation, "key")
+        value = inner.load("v", "loop", "all", "v")
+        scores = inner.add(tile.ScoresOp(query_parts, key_parts, facts.scale), "scores").results[0]
+        scores = _score_chain(inner, facts, scores, masked)
+        _probs, grad_scores = _grad_scores(inner, facts, scores, lse, delta, (grad_out, value))
+        if bias_grad:
+            # s = scale * q.k + bias: the bias gradient is dS itself.
+            inner.builder.insert(tile.StoreScoresOp(grad_scores, k.arg("dbias")))
+        new_dq = [inner.add(tile.AccumulateOp(acc, grad_scores, key), n).results[0]
+                  for acc, key, n in zip(block.args, key_parts, names)]
+        inner.builder.insert(tile.YieldOp(new_dq))
+
+    dq = build_band_loops(k, facts, state, names, body, over="keys")
+    _store_gradient(k, "q", dq, parts, facts.query_rotation, "query", facts.scale)
+    return k.finish()
+
+
+def build_backward_kernels(facts: VariantFacts, config: KernelConfig) -> list[tile.KernelOp]:
+    """The backward kernels of a variant, in launch order."""
+    kernels = [build_preprocess_kernel(config)] if facts.normalizer == "softmax" else []
+    kernels += [build_dkdv_kernel(facts, config), build_dq_kernel(facts, config, bias_grad=False)]
+    if facts.bias:
+        kernels.append(build_dq_kernel(facts, config, bias_grad=True))
+    return kernels
+
+
+__all__ = ["build_backward_kernels"]

@@ -19,7 +19,7 @@ import attnfuse as af
 from attnfuse.runtime.config import choose_tile_config
 from attnfuse.runtime.inputs import check_inputs
 
-BACKWARD_CONFIGS = [(128, 64, 8, 2), (128, 32, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3)]
+BACKWARD_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 2)]
 
 
 def time_fwd_bwd(fn, q, k, v, grad_out) -> float:
@@ -49,7 +49,7 @@ def main() -> None:
         v = torch.randn(shape_k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         grad_out = torch.randn_like(q)
         base = choose_tile_config(check_inputs(spec, q, k, v))
-        for placement in ("fused", "pre_rotated", "auto"):
+        for placement in ("auto", "fused"):
             for bwd in BACKWARD_CONFIGS:
                 config = af.TileConfig(base.block_m, base.block_n, base.num_warps, base.num_stages, *bwd)
                 fn = af.compile(spec, rope_placement=placement, config=config)
@@ -60,7 +60,7 @@ def main() -> None:
                     continue
                 rows.append({"n": n, "placement": placement, "bwd": bwd, "ms": ms})
                 print(f"N={n} {placement:12s} bwd={bwd}: {ms:.4f} ms", flush=True)
-                if placement == "auto":
+                if placement == "fused" and len(rows) > 1 and rows[-2]["placement"] == "fused":
                     break
     if args.out:
         with open(args.out, "w") as f:

@@ -778,6 +778,51 @@ class JoinOp(IRDLOperation):
 
 
 @irdl_op_definition
+class SplitOp(IRDLOperation):
+    """The inverse of `tile.join`: splits a full-width tile into the two elements of every
+    rotary pair (`half`: the first and second halves; `interleaved`: even and odd dims). Done
+    once per program on an accumulated gradient, it lets the backward keep full-width
+    accumulators (one matrix product per step) and still apply the rotation's transpose
+    elementwise at the end. Same width restriction as `tile.join`."""
+
+    name = "tile.split"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    input = operand_def(TileType)
+    lo = result_def(T)
+    hi = result_def(T)
+    pairs = prop_def(StringAttr)
+
+    assembly_format = "$input attr-dict `:` type($input) `->` type($lo)"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, value: SSAValue, pairs: str):
+        ty = value.type
+        assert isinstance(ty, TileType)
+        half = TileType((ty.shape[0], "half"), ty.element_type)
+        super().__init__(operands=[value], result_types=[half, half], properties={"pairs": StringAttr(pairs)})
+
+    def verify_(self) -> None:
+        ty = _tile(self.input, "split tile")
+        if len(ty.shape) != 2 or ty.shape[1] != "d":
+            raise VerifyException(f"a split tile must be <rows x d>, got {' x '.join(ty.shape)}")
+        _expect_shape(self.lo, (ty.shape[0], "half"), "split halves")
+        if _tile(self.lo, "split halves").element_type != ty.element_type:
+            raise VerifyException("tile.split keeps the element type of its operand")
+        if self.pairs.data not in PAIR_LAYOUTS:
+            raise VerifyException(f"pairs must be half or interleaved, got '{self.pairs.data}'")
+        kernel = _kernel_of(self)
+        if kernel is not None:
+            d = kernel.get("head_dim")
+            if kernel.rotary_dim != d or d < 32 or d & (d - 1):
+                raise VerifyException(
+                    "tile.split needs rotary_dim == head_dim, a power of two >= 32; got "
+                    f"rotary_dim {kernel.rotary_dim}, head_dim {d}"
+                )
+
+
+@irdl_op_definition
 class ScoresOp(IRDLOperation):
     """`s = scale * sum_p q_p @ k_p^T`: the scores of the program's query rows against the
     loop's key rows, summed over matching column parts (fp32 accumulation). `scale` is static
@@ -1583,6 +1628,7 @@ Tile = Dialect(
         ReluProbsOp,
         ZerosOp,
         JoinOp,
+        SplitOp,
         QBoundsOp,
         QLoopOp,
         SparseQLoopOp,
@@ -1611,6 +1657,7 @@ __all__ = [
     "RowDotOp",
     "SoftmaxGradOp",
     "SparseQLoopOp",
+    "SplitOp",
     "StoreScoresOp",
     "JoinOp",
     "AddBiasOp",

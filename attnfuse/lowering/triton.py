@@ -316,7 +316,12 @@ class KernelEmitter:
         k = self.kernel
         what = tile.GRIDS[self.grid]
         self.emit(f"# Program grid ({what}).")
-        self.emit("block_id = tl.program_id(0)")
+        if self.grid == "query_blocks":
+            # Last query blocks first: under a causal mask they visit the most key blocks, and
+            # starting the longest programs first shortens the tail of the launch.
+            self.emit("block_id = tl.num_programs(0) - 1 - tl.program_id(0)")
+        else:
+            self.emit("block_id = tl.program_id(0)")
         self.emit("batch_head = tl.program_id(1)")
         # int64 offsets: B * H * N * D can pass 2**31 elements.
         self.emit("batch = (batch_head // num_heads).to(tl.int64)")
@@ -471,6 +476,19 @@ class KernelEmitter:
             what = "pair elements alternating"
         self.emit(f"# tile.join: back to full width ({what}), once per program")
         self.emit(f"{self.namer.define(op.result)} = tl.reshape({joined}, ({rows}, BLOCK_D))")
+
+    def emit_split(self, op: tile.SplitOp) -> None:
+        value = self.namer[op.input]
+        assert isinstance(op.input.type, tile.TileType)
+        rows = "BLOCK_M" if op.input.type.shape[0] == "m" else "BLOCK_N"
+        lo, hi = self.namer.define(op.lo), self.namer.define(op.hi)
+        if op.pairs.data == "half":
+            self.emit("# tile.split: full width into the halves of the rotary pairs, once per program")
+            pairs = f"tl.permute(tl.reshape({value}, ({rows}, 2, BLOCK_HALF)), (0, 2, 1))"
+        else:
+            self.emit("# tile.split: full width into even and odd dims, once per program")
+            pairs = f"tl.reshape({value}, ({rows}, BLOCK_HALF, 2))"
+        self.emit(f"{lo}, {hi} = tl.split({pairs})")
 
     def emit_scores(self, op: tile.ScoresOp) -> None:
         name = self.namer.define(op.result)
@@ -805,6 +823,7 @@ KernelEmitter.HANDLERS = {
     tile.ReluProbsOp: KernelEmitter.emit_relu_probs,
     tile.ZerosOp: KernelEmitter.emit_zeros,
     tile.JoinOp: KernelEmitter.emit_join,
+    tile.SplitOp: KernelEmitter.emit_split,
     tile.SparseKVLoopOp: KernelEmitter.emit_sparse_kv_loop,
     tile.QBoundsOp: KernelEmitter.emit_q_bounds,
     tile.QLoopOp: KernelEmitter.emit_q_loop,

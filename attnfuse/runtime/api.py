@@ -103,8 +103,12 @@ class CompiledAttention:
         """What this call's kernels are specialized on."""
         config = self.tile_config(problem)
         placement = rope_placement(self.spec, problem, config, self.rope_placement)
+        # The backward pre-rotates unless a placement was asked for explicitly: each of its
+        # kernels loops over q or k, so in-loop rotation is paid per program for both
+        # (measured slower at every N on the H200, docs/performance.md).
+        bwd_rope = "pre_rotated" if self.rope_placement == "auto" else "as_forward"
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
-                          placement, explicit_positions)
+                          placement, explicit_positions, bwd_rope)
 
     def program_for(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> CompiledProgram:
         """The compiled kernels that a call with these tensors runs."""
@@ -299,20 +303,27 @@ class CompiledAttention:
             return out, lse
         self.last = plan.compiled
         tensors = {"q": q, "k": k, "v": v, "o": out, "lse": lse, **plan.constants, **data}
-        self._run(plan, tensors, FORWARD_KERNELS)
+        self._run(plan, tensors, ("attention_fwd",))
         return out, lse
 
     def _run(self, plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]) -> None:
-        """Launches the plan's kernels named in `kernels`, in program order."""
+        """Launches the plan's kernels named in `kernels`, in program order, preceded by the
+        rotation kernels whose output (`q_rot`, `k_rot`) they read."""
+        roles = {role for launch in plan.launches if launch.info.name in kernels
+                 for role in launch.info.roles}
+        wanted = set(kernels) | {name for name, role in ROTATION_KERNELS.items() if role in roles}
         for launch in plan.launches:
             name = launch.info.name
-            if name not in kernels:
+            if name not in wanted:
                 continue
-            # A pre-rotation kernel writes the rotated copy the attention kernels read.
-            if name == "rotate_query":
-                tensors["q_rot"] = torch.empty_like(tensors["q"], memory_format=torch.contiguous_format)
-            elif name == "rotate_key":
-                tensors["k_rot"] = torch.empty_like(tensors["k"], memory_format=torch.contiguous_format)
+            if name in ROTATION_KERNELS:
+                # A pre-rotation kernel writes the rotated copy the attention kernels read.
+                source = tensors[ROTATION_KERNELS[name][0]]
+                # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding
+                # (triton-lang/triton#11584): keep its bf16 copies in fp32; GPUs round.
+                dtype = torch.float32 if source.dtype == torch.bfloat16 and source.device.type != "cuda" else None
+                tensors[ROTATION_KERNELS[name]] = torch.empty_like(
+                    source, dtype=dtype, memory_format=torch.contiguous_format)
             launch(tensors)
 
     def backward(
@@ -354,12 +365,12 @@ class CompiledAttention:
         if dbias is not None:
             tensors["dbias"] = dbias
         dq_kernel = "attention_bwd_dq_bias" if dbias is not None else "attention_bwd_dq"
-        self._run(plan, tensors, ("rotate_query", "rotate_key", "attention_bwd_dkdv", dq_kernel))
+        self._run(plan, tensors, ("attention_bwd_dkdv", dq_kernel))
         return dq, dk, dv, None if dbias is None else dbias.to(bias.dtype)
 
 
-FORWARD_KERNELS = ("rotate_query", "rotate_key", "attention_fwd")
-"""The kernels a forward call launches (the program also holds the backward kernels)."""
+ROTATION_KERNELS = {"rotate_query": "q_rot", "rotate_key": "k_rot"}
+"""The pre-rotation kernels and the rotated copy each writes."""
 
 
 class _AttentionFunction(torch.autograd.Function):

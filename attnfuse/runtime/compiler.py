@@ -35,6 +35,8 @@ class CompileKey:
     placement: tuple[str, str] | None
     explicit_positions: tuple[bool, bool] = (False, False)
     """Whether query / key RoPE positions are call-time tensors."""
+    bwd_rope: str = "pre_rotated"
+    """Where the backward rotates q and k (`lower-to-tile`'s `bwd-rope`)."""
 
     def pipeline(self) -> str:
         """The `attnfuse-opt -p` pipeline that produces this compile's tile IR."""
@@ -47,7 +49,8 @@ class CompileKey:
             f"lower-to-tile{{head-dim={self.head_dim} head-dim-v={self.head_dim_v} "
             f"element-type={self.element_type} block-m={c.block_m} block-n={c.block_n} "
             f"num-warps={c.num_warps} num-stages={c.num_stages} "
-            f"bwd-block-m={bm} bwd-block-n={bn} bwd-num-warps={warps} bwd-num-stages={stages}}}"
+            f"bwd-block-m={bm} bwd-block-n={bn} bwd-num-warps={warps} bwd-num-stages={stages} "
+            f"bwd-rope={self.bwd_rope}}}"
         )
 
 

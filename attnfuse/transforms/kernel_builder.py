@@ -71,6 +71,9 @@ class KernelConfig:
     bwd_num_stages: int = 2
     backward: bool = True
     """Whether to build the backward kernels too."""
+    bwd_rope: str = "pre_rotated"
+    """Where the backward kernels rotate q and k: "pre_rotated" (read the rotation kernels'
+    copies) or "as_forward" (the forward's placement)."""
 
     def for_backward(self) -> KernelConfig:
         """The configuration backward kernels are built with."""

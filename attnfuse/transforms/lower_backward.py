@@ -28,6 +28,7 @@ accumulator and the transpose is elementwise, as in the forward.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from xdsl.dialects.builtin import f32
 from xdsl.ir import Block, SSAValue
@@ -69,7 +70,32 @@ def _score_data_roles(facts: VariantFacts) -> list[str]:
     return roles + (["bias"] if facts.bias else [])
 
 
+def backward_facts(facts: VariantFacts, bwd_rope: str) -> VariantFacts:
+    """The variant as the backward kernels see it: with `bwd_rope == "pre_rotated"` every
+    rotation reads the rotation kernel's copy (see `LowerToTilePass.bwd_rope`)."""
+    if bwd_rope != "pre_rotated":
+        return facts
+    return replace(
+        facts,
+        query_rotation=facts.query_rotation and replace(facts.query_rotation, fused=False),
+        key_rotation=facts.key_rotation and replace(facts.key_rotation, fused=False),
+    )
+
+
+def splits_gradients(facts: VariantFacts, config: KernelConfig) -> bool:
+    """Whether q, k and their gradients stay full width, split into rotary pairs only for the
+    final transpose (`tile.split`): when no rotation runs in the loops and the pairs fill
+    their tiles exactly (as `tile.join` needs)."""
+    rotation = facts.rotation
+    if rotation is None or facts.any_fused:
+        return False
+    d = config.head_dim
+    return rotation.rotary_dim in (None, d) and d >= 32 and d & (d - 1) == 0
+
+
 def _parts(facts: VariantFacts, config: KernelConfig) -> list[str]:
+    if splits_gradients(facts, config):
+        return ["all"]
     return column_parts(facts.rotation, config.head_dim)
 
 
@@ -120,6 +146,12 @@ def _store_gradient(
     role = f"d{operand}"
     grads = [k.add(tile.ApplyScaleOp(g, scale), f"{role}{PART_SUFFIX[p]}").results[0]
              for g, p in zip(grads, parts)]
+    if rotation is not None and parts == ["all"]:
+        # Full-width accumulators: split into the rotary pairs for the transpose.
+        pairs = "interleaved" if rotation.interleaved else "half"
+        split = k.add(tile.SplitOp(grads[0], pairs), f"{role}_lo", f"{role}_hi")
+        grads = list(split.results)
+        parts = ["even", "odd"] if rotation.interleaved else ["half_lo", "half_hi"]
     if rotation is not None:
         given = k.arg(f"{operand}_positions") if rotation.given_positions else None
         rotate = tile.RotateOp(grads[0], grads[1], k.arg("rope_table"), positions, given, inverse=True)
@@ -257,4 +289,4 @@ def build_backward_kernels(facts: VariantFacts, config: KernelConfig) -> list[ti
     return kernels
 
 
-__all__ = ["build_backward_kernels"]
+__all__ = ["backward_facts", "build_backward_kernels"]

@@ -47,7 +47,7 @@ from attnfuse.transforms.kernel_builder import (
     build_band_loops,
     column_parts,
 )
-from attnfuse.transforms.lower_backward import build_backward_kernels
+from attnfuse.transforms.lower_backward import backward_facts, build_backward_kernels
 
 # --------------------------------------------------------------------------------------------
 # What the attn program asks for
@@ -274,13 +274,20 @@ class LowerVariant(RewritePattern):
         if rotation is not None and rotation.rotary_dim is not None:
             if rotation.rotary_dim > self.config.head_dim:
                 raise _fail(op, f"rotary_dim {rotation.rotary_dim} exceeds head-dim {self.config.head_dim}")
+        # The backward may place rotations differently from the forward; the rotation kernels
+        # of both come first, each built once.
+        backward = backward_facts(facts, c.bwd_rope) if c.backward else None
         kernels: list[Operation] = []
-        for operand, rot in (("q", facts.query_rotation), ("k", facts.key_rotation)):
-            if rot is not None and not rot.fused:
-                kernels.append(build_rotation_kernel(operand, rot, self.config))
-        kernels.append(build_forward_kernel(facts, self.config))
-        if self.config.backward:
-            kernels += build_backward_kernels(facts, self.config.for_backward())
+        for operand, fwd, bwd in (
+            ("q", facts.query_rotation, backward and backward.query_rotation),
+            ("k", facts.key_rotation, backward and backward.key_rotation),
+        ):
+            pre_rotated = [r for r in (fwd, bwd) if r is not None and not r.fused]
+            if pre_rotated:
+                kernels.append(build_rotation_kernel(operand, pre_rotated[0], c))
+        kernels.append(build_forward_kernel(facts, c))
+        if backward is not None:
+            kernels += build_backward_kernels(backward, c.for_backward())
         rewriter.insert(kernels, InsertPoint.before(op))
         rewriter.erase(op)
 
@@ -309,6 +316,10 @@ class LowerToTilePass(ModulePass):
     bwd_block_n: int = 32
     bwd_num_warps: int = 4
     bwd_num_stages: int = 2
+    bwd_rope: str = "pre_rotated"
+    """pre_rotated: the backward reads rotated copies of q and k (each backward kernel loops
+    over one of them, so an in-loop rotation would be paid once per program for both);
+    as_forward: the forward's placement."""
 
     def config(self) -> KernelConfig:
         """The options, checked."""
@@ -330,10 +341,14 @@ class LowerToTilePass(ModulePass):
         for key, value in (("num-stages", self.num_stages), ("bwd-num-stages", self.bwd_num_stages)):
             if value < 1:
                 raise PassOptionError(f"lower-to-tile: {key} must be >= 1, got {value}")
+        if self.bwd_rope not in ("pre_rotated", "as_forward"):
+            raise PassOptionError(
+                f"lower-to-tile: bwd-rope must be pre_rotated or as_forward, got '{self.bwd_rope}'"
+            )
         return KernelConfig(self.head_dim, head_dim_v, self.element_type, self.block_m,
                             self.block_n, self.num_warps, self.num_stages, self.bwd_block_m,
                             self.bwd_block_n, self.bwd_num_warps, self.bwd_num_stages,
-                            self.backward)
+                            self.backward, self.bwd_rope)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

@@ -41,7 +41,7 @@ class TileConfig:
 
 
 BACKWARD_HOPPER_D64 = (128, 64, 8, 3)
-BACKWARD_HOPPER_D128 = (128, 64, 8, 2)
+BACKWARD_HOPPER_D128 = (128, 64, 8, 3)
 """Backward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16."""
 
 

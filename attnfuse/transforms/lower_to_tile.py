@@ -312,10 +312,14 @@ class LowerToTilePass(ModulePass):
     num_stages: int = 2
     backward: bool = True
     """Also build the backward kernels (preprocess, dK/dV, dQ)."""
-    bwd_block_m: int = 64
-    bwd_block_n: int = 32
-    bwd_num_warps: int = 4
-    bwd_num_stages: int = 2
+    bwd_block_m: int = 0
+    """Backward kernels' program rows; 0: block-m."""
+    bwd_block_n: int = 0
+    """Backward kernels' loop rows; 0: block-n."""
+    bwd_num_warps: int = 0
+    """0: num-warps."""
+    bwd_num_stages: int = 0
+    """0: num-stages."""
     bwd_rope: str = "pre_rotated"
     """pre_rotated: the backward reads rotated copies of q and k (each backward kernel loops
     over one of them, so an in-loop rotation would be paid once per program for both);
@@ -327,18 +331,22 @@ class LowerToTilePass(ModulePass):
             raise PassOptionError(
                 f"lower-to-tile: element-type must be f16, bf16 or f32, got '{self.element_type}'"
             )
+        bwd_block_m = self.bwd_block_m or self.block_m
+        bwd_block_n = self.bwd_block_n or self.block_n
+        bwd_num_warps = self.bwd_num_warps or self.num_warps
+        bwd_num_stages = self.bwd_num_stages or self.num_stages
         for key, value in (("block-m", self.block_m), ("block-n", self.block_n),
-                           ("bwd-block-m", self.bwd_block_m), ("bwd-block-n", self.bwd_block_n)):
+                           ("bwd-block-m", bwd_block_m), ("bwd-block-n", bwd_block_n)):
             if not (_power_of_two(value) and value >= 16):
                 raise PassOptionError(f"lower-to-tile: {key} must be a power of two >= 16, got {value}")
         head_dim_v = self.head_dim_v or self.head_dim
         for key, value in (("head-dim", self.head_dim), ("head-dim-v", head_dim_v)):
             if not 1 <= value <= 256:
                 raise PassOptionError(f"lower-to-tile: {key} must be in [1, 256], got {value}")
-        for key, value in (("num-warps", self.num_warps), ("bwd-num-warps", self.bwd_num_warps)):
+        for key, value in (("num-warps", self.num_warps), ("bwd-num-warps", bwd_num_warps)):
             if value not in (1, 2, 4, 8, 16):
                 raise PassOptionError(f"lower-to-tile: {key} must be 1, 2, 4, 8 or 16, got {value}")
-        for key, value in (("num-stages", self.num_stages), ("bwd-num-stages", self.bwd_num_stages)):
+        for key, value in (("num-stages", self.num_stages), ("bwd-num-stages", bwd_num_stages)):
             if value < 1:
                 raise PassOptionError(f"lower-to-tile: {key} must be >= 1, got {value}")
         if self.bwd_rope not in ("pre_rotated", "as_forward"):
@@ -346,9 +354,9 @@ class LowerToTilePass(ModulePass):
                 f"lower-to-tile: bwd-rope must be pre_rotated or as_forward, got '{self.bwd_rope}'"
             )
         return KernelConfig(self.head_dim, head_dim_v, self.element_type, self.block_m,
-                            self.block_n, self.num_warps, self.num_stages, self.bwd_block_m,
-                            self.bwd_block_n, self.bwd_num_warps, self.bwd_num_stages,
-                            self.backward, self.bwd_rope)
+                            self.block_n, self.num_warps, self.num_stages, bwd_block_m,
+                            bwd_block_n, bwd_num_warps, bwd_num_stages, self.backward,
+                            self.bwd_rope)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

@@ -27,12 +27,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--only", default="", help="run only cases whose spec contains this text")
+    parser.add_argument("--head-dims", default="64,128", help="head dims to check (64: H=8/8, 128: H=32/8)")
     args = parser.parse_args()
     n = args.seq
     dev = "cuda"
     torch.manual_seed(0)
     cases = []
-    for d, hq, hkv in ((64, 8, 8), (128, 32, 8)):
+    geometries = {64: (64, 8, 8), 128: (128, 32, 8)}
+    for d, hq, hkv in (geometries[int(d)] for d in args.head_dims.split(",")):
         for dtype in (torch.float16, torch.bfloat16):
             for placement in ("auto", "fused", "pre_rotated", "q_fused"):
                 cases.append((af.attention(af.rope(), af.causal()), d, hq, hkv, n, n, dtype, placement))
@@ -40,6 +42,7 @@ def main() -> int:
             cases.append((af.attention(af.alibi(), af.causal()), d, hq, hkv, n, n, dtype, "auto"))
             cases.append((af.attention(af.additive_bias(), af.rope()), d, hq, hkv, n // 2, n // 2, dtype, "auto"))
             cases.append((af.attention(af.relu(), af.causal(), af.rope(theta=500000.0, scaling=af.llama3_scaling())), d, hq, hkv, n, n, dtype, "auto"))
+            cases.append((af.attention(af.relu(), af.causal()), d, hq, hkv, n, n, dtype, "auto"))
             cases.append((af.attention(af.block_sparse(128), af.causal()), d, hq, hkv, n, n, dtype, "auto"))
             cases.append((af.attention(af.block_sparse(64), af.sliding_window(1000), af.alibi()), d, hq, hkv, n - 5, n, dtype, "auto"))
             cases.append((af.attention(af.rope(interleaved=True, rotary_dim=d // 2), af.causal(), af.sliding_window(256)), d, hq, hkv, n, n, dtype, "auto"))

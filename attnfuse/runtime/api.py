@@ -7,17 +7,17 @@ from typing import Any
 
 import torch
 
-from attnfuse.dsl.blocks import AdditiveBias, Alibi, BlockSparse, Relu, Rope, ScaledDotProduct
+from attnfuse.dsl.blocks import (
+    AdditiveBias,
+    Alibi,
+    BlockSparse,
+    Relu,
+    Rope,
+    ScaledDotProduct,
+)
 from attnfuse.dsl.build_ir import mask_band
 from attnfuse.dsl.spec import AttentionSpec
 from attnfuse.errors import ArgumentError, AttnFuseError
-from attnfuse.runtime.compiler import (
-    CompiledProgram,
-    CompileKey,
-    compile_program,
-    generate_program,
-    lower_spec,
-)
 from attnfuse.runtime.call_data import (
     alibi_slopes,
     bias_view,
@@ -25,6 +25,13 @@ from attnfuse.runtime.call_data import (
     positions_view,
     sparse_block_lists,
     transposed_block_lists,
+)
+from attnfuse.runtime.compiler import (
+    CompiledProgram,
+    CompileKey,
+    compile_program,
+    generate_program,
+    lower_spec,
 )
 from attnfuse.runtime.config import (
     TileConfig,

@@ -7,17 +7,18 @@ then only collects pointers and strides.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
+from attnfuse.dialects.tile import TENSOR_AXES
+from attnfuse.dsl.blocks import Llama3Scaling
 from attnfuse.lowering.triton import KernelInfo
 from attnfuse.runtime.compiler import CompiledProgram
 from attnfuse.runtime.inputs import Problem
-from attnfuse.dialects.tile import TENSOR_AXES
-from attnfuse.dsl.blocks import Llama3Scaling
 
 
 def rope_frequency(theta: float, rotary_dim: int, pair: int, scaling: Llama3Scaling | None) -> float:
@@ -76,6 +77,9 @@ class KernelLaunch:
     strided: tuple[bool, ...]
     """Per role, whether its strides follow its pointer (all but contiguous vectors)."""
 
+    stages: list[int] = field(default_factory=list)
+    """The pipelining depth actually launched with (see `__call__`), once known."""
+
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         args: list[object] = []
         for role, strided in zip(self.info.roles, self.strided):
@@ -83,9 +87,21 @@ class KernelLaunch:
             args.append(t)
             if strided:
                 args.extend(t.stride())
-        self.kernel[self.grid](
-            *args, *self.scalars, num_warps=self.info.num_warps, num_stages=self.info.num_stages
-        )
+        if not self.stages:
+            self.stages.append(self.info.num_stages)
+        while True:
+            try:
+                self.kernel[self.grid](
+                    *args, *self.scalars, num_warps=self.info.num_warps, num_stages=self.stages[0]
+                )
+                return
+            except OutOfResources:
+                # Software pipelining keeps `num_stages` copies of the loop's operands in shared
+                # memory; a variant that loads more per step (a bias tile, say) may not fit the
+                # configured depth. One stage less is the smallest change that fits.
+                if self.stages[0] <= 1:
+                    raise
+                self.stages[0] -= 1
 
 
 def prepare(compiled: CompiledProgram, problem: Problem, sm_scale: float) -> list[KernelLaunch]:

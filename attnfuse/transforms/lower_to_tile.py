@@ -343,12 +343,6 @@ class LowerToTilePass(ModulePass):
         for key, value in (("head-dim", self.head_dim), ("head-dim-v", head_dim_v)):
             if not 1 <= value <= 256:
                 raise PassOptionError(f"lower-to-tile: {key} must be in [1, 256], got {value}")
-        for key, value in (("num-warps", self.num_warps), ("bwd-num-warps", bwd_num_warps)):
-            if value not in (1, 2, 4, 8, 16):
-                raise PassOptionError(f"lower-to-tile: {key} must be 1, 2, 4, 8 or 16, got {value}")
-        for key, value in (("num-stages", self.num_stages), ("bwd-num-stages", bwd_num_stages)):
-            if value < 1:
-                raise PassOptionError(f"lower-to-tile: {key} must be >= 1, got {value}")
         if self.bwd_rope not in ("pre_rotated", "as_forward"):
             raise PassOptionError(
                 f"lower-to-tile: bwd-rope must be pre_rotated or as_forward, got '{self.bwd_rope}'"

@@ -100,8 +100,10 @@ class CompiledAttention:
         if isinstance(sparse, BlockSparse):
             bs = sparse.block_size
             bm, bn, _warps, _stages = config.backward()
+            kv_bm, kv_bn, _warps, _stages = config.dkdv()
             config = replace(config, block_m=min(config.block_m, bs), block_n=min(config.block_n, bs),
-                             bwd_block_m=min(bm, bs), bwd_block_n=min(bn, bs))
+                             bwd_block_m=min(bm, bs), bwd_block_n=min(bn, bs),
+                             dkdv_block_m=min(kv_bm, bs), dkdv_block_n=min(kv_bn, bs))
         return config
 
     def compile_key(
@@ -196,7 +198,8 @@ class CompiledAttention:
         if backward:
             bm, bn, _warps, _stages = plan.config.backward()
             lists = sparse_block_lists(layout, block_size, band, plan.problem, bm, bn)
-            lists |= transposed_block_lists(layout, block_size, band, plan.problem, bm, bn)
+            kv_bm, kv_bn, _warps, _stages = plan.config.dkdv()
+            lists |= transposed_block_lists(layout, block_size, band, plan.problem, kv_bm, kv_bn)
         else:
             lists = sparse_block_lists(layout, block_size, band, plan.problem,
                                        plan.config.block_m, plan.config.block_n)

@@ -43,6 +43,7 @@ class CompileKey:
         query, key = self.placement or ("fused", "fused")
         c = self.config
         bm, bn, warps, stages = c.backward()
+        kv_bm, kv_bn, kv_warps, kv_stages = c.dkdv()
         return (
             "canonicalize-attn,analyze-masks,"
             f"place-rope{{query={query} key={key}}},"
@@ -50,7 +51,8 @@ class CompileKey:
             f"element-type={self.element_type} block-m={c.block_m} block-n={c.block_n} "
             f"num-warps={c.num_warps} num-stages={c.num_stages} "
             f"bwd-block-m={bm} bwd-block-n={bn} bwd-num-warps={warps} bwd-num-stages={stages} "
-            f"bwd-rope={self.bwd_rope}}}"
+            f"dkdv-block-m={kv_bm} dkdv-block-n={kv_bn} dkdv-num-warps={kv_warps} "
+            f"dkdv-num-stages={kv_stages} bwd-rope={self.bwd_rope}}}"
         )
 
 

@@ -19,7 +19,8 @@ class TileConfig:
 
     `block_m` / `block_n` are the rows a forward program owns and the key rows per loop step.
     The `bwd_*` fields tune the backward kernels (rows a dQ or dK/dV program owns, rows per
-    loop step, warps, stages); None takes the forward's value."""
+    loop step, warps, stages); None takes the forward's value. The `dkdv_*` fields override
+    them for the dK/dV kernel alone."""
 
     block_m: int
     block_n: int
@@ -29,6 +30,21 @@ class TileConfig:
     bwd_block_n: int | None = None
     bwd_num_warps: int | None = None
     bwd_num_stages: int | None = None
+    dkdv_block_m: int | None = None
+    dkdv_block_n: int | None = None
+    dkdv_num_warps: int | None = None
+    dkdv_num_stages: int | None = None
+
+    def dkdv(self) -> tuple[int, int, int, int]:
+        """The dK/dV kernel's (block_m, block_n, num_warps, num_stages): its programs own
+        `block_m` keys and step over `block_n` queries; None takes the `bwd_*` value."""
+        bm, bn, warps, stages = self.backward()
+        return (
+            bm if self.dkdv_block_m is None else self.dkdv_block_m,
+            bn if self.dkdv_block_n is None else self.dkdv_block_n,
+            warps if self.dkdv_num_warps is None else self.dkdv_num_warps,
+            stages if self.dkdv_num_stages is None else self.dkdv_num_stages,
+        )
 
     def backward(self) -> tuple[int, int, int, int]:
         """The backward kernels' (block_m, block_n, num_warps, num_stages)."""
@@ -40,9 +56,12 @@ class TileConfig:
         )
 
 
-BACKWARD_HOPPER_D64 = (128, 64, 8, 3)
-BACKWARD_HOPPER_D128 = (128, 64, 8, 3)
-"""Backward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16."""
+BACKWARD_HOPPER_D64 = (128, 64, 8, 3, 128, 64, 8, 3)
+BACKWARD_HOPPER_D128 = (64, 64, 4, 2, 64, 32, 4, 3)
+"""Backward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16: for dQ (and the
+preprocess), then for dK/dV. D=128 is the per-kernel optimum of bench/backward_kernels.py at
+the Llama-3-8B geometry (bench/results/20261129T1255Z-backward_kernels.log); D=64 is not
+tuned."""
 
 
 def choose_tile_config(problem: Problem) -> TileConfig:
@@ -50,7 +69,7 @@ def choose_tile_config(problem: Problem) -> TileConfig:
     if problem.device.type != "cuda":
         # The interpreter runs each program in numpy: small blocks keep edge cases
         # (ragged blocks, diagonal blocks) exercised at test sizes.
-        return TileConfig(32, 32, 4, 1, 32, 16, 4, 1)
+        return TileConfig(32, 32, 4, 1, 32, 16, 4, 1, 16, 32, 4, 1)
     major, _ = torch.cuda.get_device_capability(problem.device)
     d = max(problem.head_dim, problem.head_dim_v)
     big_elem = problem.dtype == torch.float32

@@ -69,6 +69,12 @@ class KernelConfig:
     """Backward kernels: rows per loop step (keys for dQ, queries for dK/dV)."""
     bwd_num_warps: int = 4
     bwd_num_stages: int = 2
+    dkdv_block_m: int = 64
+    """The dK/dV kernel's program rows (keys)."""
+    dkdv_block_n: int = 32
+    """The dK/dV kernel's loop rows (queries)."""
+    dkdv_num_warps: int = 4
+    dkdv_num_stages: int = 2
     backward: bool = True
     """Whether to build the backward kernels too."""
     bwd_rope: str = "pre_rotated"
@@ -76,9 +82,14 @@ class KernelConfig:
     copies) or "as_forward" (the forward's placement)."""
 
     def for_backward(self) -> KernelConfig:
-        """The configuration backward kernels are built with."""
+        """The configuration the dQ and preprocess kernels are built with."""
         return KernelConfig(self.head_dim, self.head_dim_v, self.element_type, self.bwd_block_m,
                             self.bwd_block_n, self.bwd_num_warps, self.bwd_num_stages)
+
+    def for_dkdv(self) -> KernelConfig:
+        """The configuration the dK/dV kernel is built with."""
+        return KernelConfig(self.head_dim, self.head_dim_v, self.element_type, self.dkdv_block_m,
+                            self.dkdv_block_n, self.dkdv_num_warps, self.dkdv_num_stages)
 
     def attributes(self, rotary_dim: int | None) -> dict[str, int]:
         attrs = {

@@ -280,10 +280,13 @@ def build_dq_kernel(facts: VariantFacts, config: KernelConfig, bias_grad: bool) 
     return k.finish()
 
 
-def build_backward_kernels(facts: VariantFacts, config: KernelConfig) -> list[tile.KernelOp]:
-    """The backward kernels of a variant, in launch order."""
+def build_backward_kernels(
+    facts: VariantFacts, config: KernelConfig, dkdv_config: KernelConfig
+) -> list[tile.KernelOp]:
+    """The backward kernels of a variant, in launch order (`dkdv_config` tunes the dK/dV
+    kernel, `config` the others)."""
     kernels = [build_preprocess_kernel(config)] if facts.normalizer == "softmax" else []
-    kernels += [build_dkdv_kernel(facts, config), build_dq_kernel(facts, config, bias_grad=False)]
+    kernels += [build_dkdv_kernel(facts, dkdv_config), build_dq_kernel(facts, config, bias_grad=False)]
     if facts.bias:
         kernels.append(build_dq_kernel(facts, config, bias_grad=True))
     return kernels

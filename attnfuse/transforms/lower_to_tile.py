@@ -264,12 +264,15 @@ class LowerVariant(RewritePattern):
                 f"block-m ({c.block_m}) and block-n ({c.block_n}) must not "
                 f"exceed the block_sparse block size ({bs})",
             )
-        if bs is not None and c.backward and max(c.bwd_block_m, c.bwd_block_n) > bs:
-            raise _fail(
-                op,
-                f"bwd-block-m ({c.bwd_block_m}) and bwd-block-n ({c.bwd_block_n}) must not "
-                f"exceed the block_sparse block size ({bs})",
-            )
+        if bs is not None and c.backward:
+            for prefix, sizes in (("bwd", (c.bwd_block_m, c.bwd_block_n)),
+                                  ("dkdv", (c.dkdv_block_m, c.dkdv_block_n))):
+                if max(sizes) > bs:
+                    raise _fail(
+                        op,
+                        f"{prefix}-block-m ({sizes[0]}) and {prefix}-block-n ({sizes[1]}) must "
+                        f"not exceed the block_sparse block size ({bs})",
+                    )
         rotation = facts.rotation
         if rotation is not None and rotation.rotary_dim is not None:
             if rotation.rotary_dim > self.config.head_dim:
@@ -287,7 +290,7 @@ class LowerVariant(RewritePattern):
                 kernels.append(build_rotation_kernel(operand, pre_rotated[0], c))
         kernels.append(build_forward_kernel(facts, c))
         if backward is not None:
-            kernels += build_backward_kernels(backward, c.for_backward())
+            kernels += build_backward_kernels(backward, c.for_backward(), c.for_dkdv())
         rewriter.insert(kernels, InsertPoint.before(op))
         rewriter.erase(op)
 
@@ -320,6 +323,14 @@ class LowerToTilePass(ModulePass):
     """0: num-warps."""
     bwd_num_stages: int = 0
     """0: num-stages."""
+    dkdv_block_m: int = 0
+    """The dK/dV kernel's program rows (keys); 0: bwd-block-m."""
+    dkdv_block_n: int = 0
+    """The dK/dV kernel's loop rows (queries); 0: bwd-block-n."""
+    dkdv_num_warps: int = 0
+    """0: bwd-num-warps."""
+    dkdv_num_stages: int = 0
+    """0: bwd-num-stages."""
     bwd_rope: str = "pre_rotated"
     """pre_rotated: the backward reads rotated copies of q and k (each backward kernel loops
     over one of them, so an in-loop rotation would be paid once per program for both);
@@ -335,8 +346,11 @@ class LowerToTilePass(ModulePass):
         bwd_block_n = self.bwd_block_n or self.block_n
         bwd_num_warps = self.bwd_num_warps or self.num_warps
         bwd_num_stages = self.bwd_num_stages or self.num_stages
+        dkdv = (self.dkdv_block_m or bwd_block_m, self.dkdv_block_n or bwd_block_n,
+                self.dkdv_num_warps or bwd_num_warps, self.dkdv_num_stages or bwd_num_stages)
         for key, value in (("block-m", self.block_m), ("block-n", self.block_n),
-                           ("bwd-block-m", bwd_block_m), ("bwd-block-n", bwd_block_n)):
+                           ("bwd-block-m", bwd_block_m), ("bwd-block-n", bwd_block_n),
+                           ("dkdv-block-m", dkdv[0]), ("dkdv-block-n", dkdv[1])):
             if not (_power_of_two(value) and value >= 16):
                 raise PassOptionError(f"lower-to-tile: {key} must be a power of two >= 16, got {value}")
         head_dim_v = self.head_dim_v or self.head_dim
@@ -349,8 +363,8 @@ class LowerToTilePass(ModulePass):
             )
         return KernelConfig(self.head_dim, head_dim_v, self.element_type, self.block_m,
                             self.block_n, self.num_warps, self.num_stages, bwd_block_m,
-                            bwd_block_n, bwd_num_warps, bwd_num_stages, self.backward,
-                            self.bwd_rope)
+                            bwd_block_n, bwd_num_warps, bwd_num_stages, *dkdv,
+                            self.backward, self.bwd_rope)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

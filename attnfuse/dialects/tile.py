@@ -211,6 +211,17 @@ TENSOR_ROLES: dict[str, int] = {role: max(1, len(axes)) for role, axes in TENSOR
 BLOCK_ROLES = ("q", "k", "v", "o", "q_rot", "k_rot", "lse", "do", "delta", "dq", "dk", "dv")
 """Roles accessed by `tile.load` / `tile.store` blocks of rows."""
 
+QUERY_ROW_ROLES = ("q", "q_rot", "o", "lse", "do", "delta", "dq")
+"""Block roles whose rows are queries; the others (k, k_rot, v, dk, dv) have key rows."""
+
+
+def rows_axis(grid: str, rows: str) -> str:
+    """Whether the program's or the loop's rows of a kernel on `grid` are queries or keys."""
+    program = "query" if grid == "query_blocks" else "key"
+    loop = "key" if grid == "query_blocks" else "query"
+    return program if rows == "program" else loop
+
+
 FP32_ROLES = ("lse", "delta")
 """Block roles that are fp32 whatever the kernel's element type (per-row statistics)."""
 
@@ -511,6 +522,14 @@ def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> 
         raise VerifyException("loop rows can only be accessed inside a tile.kv_loop or tile.q_loop")
     if role not in BLOCK_ROLES:
         raise VerifyException(f"a {role} tensor is not accessed by blocks")
+    kernel = _kernel_of(op)
+    if kernel is not None and kernel.grid in GRIDS:
+        axis = "query" if role in QUERY_ROW_ROLES else "key"
+        if axis != rows_axis(kernel.grid, rows):
+            raise VerifyException(
+                f"{role} rows are {axis} rows, but the {rows} rows of a {kernel.grid} kernel "
+                f"are {rows_axis(kernel.grid, rows)} rows"
+            )
     rank = TENSOR_ROLES[role]
     if rank == 4:
         if cols not in COLUMN_PARTS:
@@ -723,6 +742,15 @@ class RotateOp(IRDLOperation):
         if self.positions.data not in POSITION_KINDS:
             raise VerifyException(f"positions must be query or key, got '{self.positions.data}'")
         _expect_role(self.table, "rope_table", "the table operand must be the rope_table tensor")
+        kernel = _kernel_of(self)
+        if kernel is not None and kernel.grid in GRIDS:
+            rows = "program" if lo.shape[0] == "m" else "loop"
+            axis = rows_axis(kernel.grid, rows)
+            if axis != self.positions.data:
+                raise VerifyException(
+                    f"{self.positions.data} positions, but the {rows} rows of a {kernel.grid} "
+                    f"kernel are {axis} rows"
+                )
         if self.given_positions is not None:
             expected = "q_positions" if self.positions.data == "query" else "k_positions"
             _expect_role(

@@ -122,7 +122,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 
 // recompute_probs: in a key_blocks kernel the queries are the loop rows, so lse is <n>.
 tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
-  %lse_m = tile.load %lse[program] : !tile.tensor<lse> -> !tile.tile<m x f32>
+  %lse_m = tile.zeros : !tile.tile<m x f32>
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -148,7 +148,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
     %qb = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
     %kb = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
     %s = tile.scores(%qb) x(%kb) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
-    %lse_n = tile.load %lse[loop] : !tile.tensor<lse> -> !tile.tile<n x f32>
+    %lse_n = tile.zeros : !tile.tile<n x f32>
     %p = tile.recompute_probs %s, %lse_n : !tile.tile<m x n x f32>, !tile.tile<n x f32>
     tile.yield %a0 : !tile.tile<m x d x f32>
   }
@@ -160,7 +160,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 
 // softmax_grad: delta along the wrong axis (<m> in a key_blocks kernel).
 tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
-  %delta_m = tile.load %delta[program] : !tile.tensor<delta> -> !tile.tile<m x f32>
+  %delta_m = tile.zeros : !tile.tile<m x f32>
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -186,7 +186,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
     %qb = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
     %kb = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
     %s = tile.scores(%qb) x(%kb) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
-    %delta_n = tile.load %delta[loop] : !tile.tensor<delta> -> !tile.tile<n x f32>
+    %delta_n = tile.zeros : !tile.tile<n x f32>
     %ds = tile.softmax_grad %s, %s, %delta_n : !tile.tile<m x n x f32>, !tile.tile<n x f32>
     tile.yield %a0 : !tile.tile<m x d x f32>
   }
@@ -216,7 +216,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 
 // recompute_probs works on fp32 scores.
 tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
-  %lse_m = tile.load %lse[program] : !tile.tensor<lse> -> !tile.tile<m x f32>
+  %lse_m = tile.zeros : !tile.tile<m x f32>
   %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
   %p = tile.recompute_probs %x, %lse_m : !tile.tile<m x d x f16>, !tile.tile<m x f32>
   tile.return
@@ -523,3 +523,33 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
   tile.return
 }
 // CHECK: {{^}}a dbias tensor is not accessed by blocks
+
+// -----
+
+// Block roles must match the grid's row axes: q rows are queries, the program's rows of a
+// key_blocks kernel are keys.
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  tile.return
+}
+// CHECK: {{^}}q rows are query rows, but the program rows of a key_blocks kernel are key rows
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %dk: !tile.tensor<dk>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.zeros : !tile.tile<m x d x f32>
+  tile.store %x, %dk[program, all] : !tile.tile<m x d x f32> -> !tile.tensor<dk>
+  tile.return
+}
+// CHECK: {{^}}dk rows are key rows, but the program rows of a query_blocks kernel are query rows
+
+// -----
+
+// tile.rotate's positions must be those of the rows it rotates.
+tile.kernel @k(%k: !tile.tensor<k>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %lo = tile.load %k[program, half_lo] : !tile.tensor<k> -> !tile.tile<m x half x f16>
+  %hi = tile.load %k[program, half_hi] : !tile.tensor<k> -> !tile.tile<m x half x f16>
+  %a, %b = tile.rotate %lo, %hi, %rope_table {positions = "query"} : !tile.tile<m x half x f16>, !tile.tensor<rope_table>
+  tile.return
+}
+// CHECK: {{^}}query positions, but the program rows of a key_blocks kernel are key rows

@@ -122,7 +122,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
-  %x = tile.load %v[program, all] : !tile.tensor<v> -> !tile.tile<m x d x f16>
+  %x = tile.load %o[program, all] : !tile.tensor<o> -> !tile.tile<m x d x f16>
   tile.return
 }
 // CHECK: loaded tile must be a m x dv tile, got m x d

@@ -1,6 +1,6 @@
-"""`python -m attnfuse`: compile a RoPE + causal variant, run it, check it against the
-reference, and show what it became (on the GPU if there is one, else on Triton's CPU
-interpreter)."""
+"""`python -m attnfuse`: compile a RoPE + causal variant, run it forward and backward, check
+both against the reference, and show what it became (on the GPU if there is one, else on
+Triton's CPU interpreter)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import argparse
 import torch
 
 import attnfuse as af
+from attnfuse.runtime.reference import reference_gradients
 
 
 def main() -> None:
@@ -26,9 +27,9 @@ def main() -> None:
 
     torch.manual_seed(0)
     # Llama-style GQA: 8 query heads share 2 key/value heads.
-    q = torch.randn(1, 8, n, 64, device=device, dtype=dtype)
-    k = torch.randn(1, 2, n, 64, device=device, dtype=dtype)
-    v = torch.randn(1, 2, n, 64, device=device, dtype=dtype)
+    q = torch.randn(1, 8, n, 64, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, 2, n, 64, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, 2, n, 64, device=device, dtype=dtype, requires_grad=True)
     fn = af.compile(spec)
     out, lse = fn(q, k, v, return_lse=True)
     ref = af.reference_attention(spec, q, k, v, device=device)
@@ -36,7 +37,17 @@ def main() -> None:
     where = "GPU" if device == "cuda" else "CPU (Triton interpreter)"
     print(f"ran on {where}: out {tuple(out.shape)} {out.dtype}, lse {tuple(lse.shape)}")
     print(f"relative error vs the float64 reference: {err:.2e} ({'ok' if err < 1e-2 else 'TOO LARGE'})")
-    print(f"kernels launched: {', '.join(k.info.name for k in fn.plan(q, k, v).launches)}")
+    # Training: gradients of the unrotated q and k, through the fused backward kernels.
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    ref_grads = reference_gradients(spec, q, k, v, grad_out, device=device)
+    grad_errs = {name: ((t.grad.double() - ref_grads[name]).norm() / ref_grads[name].norm()).item()
+                 for name, t in (("q", q), ("k", k), ("v", v))}
+    err = max(err, *grad_errs.values())
+    shown_errs = ", ".join(f"d{name} {e:.2e}" for name, e in grad_errs.items())
+    print(f"backward, relative error of the gradients: {shown_errs} ({'ok' if err < 1e-2 else 'TOO LARGE'})")
+    launches = [launch.info.name for launch in fn.plan(q, k, v).launches]
+    print(f"kernels generated: {', '.join(launches)}")
     print(f"pipeline: attnfuse-opt -p '{fn.last.pipeline}'\n")
     source = fn.source
     lines = source.splitlines()

@@ -28,7 +28,7 @@ def _choose_triton_mode_early() -> None:
 
 _choose_triton_mode_early()
 
-from attnfuse.dsl import (
+from attnfuse.dsl import (  # noqa: E402
     AttentionSpec,
     additive_bias,
     alibi,
@@ -43,7 +43,7 @@ from attnfuse.dsl import (
     sliding_window,
     softmax,
 )
-from attnfuse.errors import AttnFuseError
+from attnfuse.errors import AttnFuseError  # noqa: E402
 
 _RUNTIME_NAMES = {
     "compile": "attnfuse.runtime.api",
@@ -69,11 +69,11 @@ __all__ = [
     "attention",
     "block_sparse",
     "causal",
+    "llama3_scaling",
+    "relu",
     "compile",
     "full",
-    "llama3_scaling",
     "reference_attention",
-    "relu",
     "rope",
     "scaled_dot_product",
     "sliding_window",

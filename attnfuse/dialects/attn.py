@@ -29,10 +29,12 @@ from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     ArrayAttr,
+
     FloatAttr,
     FunctionType,
     IntAttr,
     IntegerAttr,
+
     StringAttr,
     SymbolNameConstraint,
     UnitAttr,
@@ -51,6 +53,7 @@ from xdsl.ir import (
 )
 from xdsl.irdl import (
     AnyOf,
+    opt_operand_def,
     IRDLOperation,
     ParsePropInAttrDict,
     VarConstraint,
@@ -58,7 +61,6 @@ from xdsl.irdl import (
     irdl_op_definition,
     lazy_traits_def,
     operand_def,
-    opt_operand_def,
     opt_prop_def,
     prop_def,
     region_def,
@@ -67,13 +69,7 @@ from xdsl.irdl import (
 )
 from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
-from xdsl.traits import (
-    HasParent,
-    IsolatedFromAbove,
-    IsTerminator,
-    Pure,
-    SymbolOpInterface,
-)
+from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
 # --------------------------------------------------------------------------------------------
@@ -770,20 +766,20 @@ __all__ = [
     "AddBiasOp",
     "AlibiOp",
     "Attn",
-    "BandAttr",
     "BiasType",
     "BlockSparseOp",
+    "LayoutType",
+    "PositionsType",
+    "ReluOp",
+    "BandAttr",
     "CausalAttr",
     "KeyType",
-    "LayoutType",
     "MaskOp",
     "MaskPredicate",
     "OutputType",
     "PVOp",
-    "PositionsType",
     "ProbsType",
     "QueryType",
-    "ReluOp",
     "RopeOp",
     "ScoresOp",
     "ScoresType",

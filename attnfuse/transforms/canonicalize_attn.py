@@ -21,6 +21,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -28,7 +29,6 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
     op_type_rewrite_pattern,
 )
-from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects.attn import (
     AddBiasOp,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -53,6 +53,8 @@ class CallPlan:
     constants: dict[str, torch.Tensor]
     """Tensors that depend only on the shape: rotary frequencies, ALiBi slopes."""
     config: TileConfig | None
+    schedules: dict[tuple[str, ...], tuple[KernelLaunch, ...]] = field(default_factory=dict)
+    """The launches `CompiledAttention._run` makes for a set of kernels, worked out once."""
 
 
 MAX_ROPE_POSITION = 2**24
@@ -319,13 +321,15 @@ class CompiledAttention:
     def _run(self, plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]) -> None:
         """Launches the plan's kernels named in `kernels`, in program order, preceded by the
         rotation kernels whose output (`q_rot`, `k_rot`) they read."""
-        roles = {role for launch in plan.launches if launch.info.name in kernels
-                 for role in launch.info.roles}
-        wanted = set(kernels) | {name for name, role in ROTATION_KERNELS.items() if role in roles}
-        for launch in plan.launches:
+        schedule = plan.schedules.get(kernels)
+        if schedule is None:
+            roles = {role for launch in plan.launches if launch.info.name in kernels
+                     for role in launch.info.roles}
+            wanted = set(kernels) | {name for name, role in ROTATION_KERNELS.items() if role in roles}
+            schedule = tuple(launch for launch in plan.launches if launch.info.name in wanted)
+            plan.schedules[kernels] = schedule
+        for launch in schedule:
             name = launch.info.name
-            if name not in wanted:
-                continue
             if name in ROTATION_KERNELS:
                 # A pre-rotation kernel writes the rotated copy the attention kernels read.
                 source = tensors[ROTATION_KERNELS[name][0]]
@@ -393,6 +397,9 @@ class _AttentionFunction(torch.autograd.Function):
         out, lse = fn.forward(plan, data, q, k, v)
         ctx.fn, ctx.plan, ctx.data = fn, plan, data
         ctx.save_for_backward(q, k, v, out, lse)
+        # An output nobody differentiated (usually lse) arrives as None, not as a tensor of
+        # zeros that would cost a fill and a subtraction on the device.
+        ctx.set_materialize_grads(False)
         if fn.spec.block(Relu) is not None:
             ctx.mark_non_differentiable(lse)  # relu attention has no log-sum-exp
         return out, lse

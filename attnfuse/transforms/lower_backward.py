@@ -99,8 +99,9 @@ def _parts(facts: VariantFacts, config: KernelConfig) -> list[str]:
     return column_parts(facts.rotation, config.head_dim)
 
 
-def _part_type(part: str, rows: str, config: KernelConfig, elem=f32) -> tile.TileType:
-    return tile.TileType(tile.expected_tile_shape("q", rows, part), elem)
+def _accumulator_type(part: str) -> tile.TileType:
+    """An fp32 accumulator for one column part of the program's rows."""
+    return tile.TileType(tile.expected_tile_shape("q", "program", part), f32)
 
 
 def _load_rotated(
@@ -211,7 +212,7 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelO
     value = k.load("v", "program", "all", "v")
     names = [f"dk{PART_SUFFIX[p]}" for p in parts] + ["dv"]
     state: Sequence[SSAValue] = [
-        k.add(tile.ZerosOp(_part_type(p, "program", config)), name).results[0]
+        k.add(tile.ZerosOp(_accumulator_type(p)), name).results[0]
         for p, name in zip(parts, names)
     ] + [k.add(tile.ZerosOp(tile.TileType(("m", "dv"), f32)), "dv").results[0]]
 
@@ -257,7 +258,7 @@ def build_dq_kernel(facts: VariantFacts, config: KernelConfig, bias_grad: bool) 
     delta = k.load("delta", "program", None, "delta") if softmax else None
     names = [f"dq{PART_SUFFIX[p]}" for p in parts]
     state: Sequence[SSAValue] = [
-        k.add(tile.ZerosOp(_part_type(p, "program", config)), n).results[0]
+        k.add(tile.ZerosOp(_accumulator_type(p)), n).results[0]
         for p, n in zip(parts, names)
     ]
 

@@ -399,7 +399,10 @@ class KernelEmitter:
         ptrs, mask = self.block_pointer(role, op.rows.data, cols)
         what = COLUMN_COMMENT.get(cols or "", "one value per row")
         self.emit(f"# tile.load: {role} rows ({op.rows.data}), {what}")
-        masking = f", mask={mask}, other=0.0" if mask else ""
+        # Padded rows read 0, except the log-sum-exp: +inf there makes exp(s - lse) = 0, so
+        # no probability is ever formed on a row past the sequence end.
+        other = 'float("inf")' if role == "lse" else "0.0"
+        masking = f", mask={mask}, other={other}" if mask else ""
         self.emit(f"{self.namer.define(op.result)} = tl.load({ptrs}{masking})")
 
     def emit_store(self, op: tile.StoreOp) -> None:
@@ -507,6 +510,10 @@ class KernelEmitter:
         pair = self.oriented()
         lower, upper = op.band.bounds
         conds = [f"{loop.mask}[None, :]"] if loop.mask else []
+        if self.grid == "key_blocks":
+            # Program rows are keys: padded rows of a ragged last key block are dropped too,
+            # so that nothing (ALiBi at far positions, say) overflows on them.
+            conds.append("row_in_bounds[:, None]")
         if upper is not None:
             conds.append(f"({pair['k_pos']} <= {plus(pair['q_pos'], upper)})")
         if lower is not None:
@@ -749,6 +756,8 @@ class KernelEmitter:
         self.emit("# Full blocks lie inside [start, end); blocks outside it are empty and skipped.")
         self.emit(f"{full_start} = tl.minimum(tl.maximum({full_start}, {start}), {end})")
         self.emit(f"{full_end} = tl.minimum(tl.maximum({full_end}, {full_start}), {end})")
+        self.emit("# A ragged last key block has padded rows: every query block is partial for it.")
+        self.emit(f"{full_end} = tl.where(block_id * BLOCK_M + BLOCK_M <= n_k, {full_end}, {full_start})")
 
     def emit_row_dot(self, op: tile.RowDotOp) -> None:
         a, b = self.namer[op.lhs], self.namer[op.rhs]

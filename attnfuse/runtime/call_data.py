@@ -91,10 +91,14 @@ def sparse_block_lists(
     problem: Problem,
     block_m: int,
     block_n: int,
+    padded_rows_partial: bool = False,
 ) -> dict[str, torch.Tensor]:
     """For every kernel query block, the key blocks the layout keeps, split into *full* ones
     (every row keeps every key: no mask work) and *partial* ones (the band or the sequence end
     cuts them); blocks the layout drops or the band leaves empty are not listed.
+
+    With `padded_rows_partial`, a ragged last program block (rows past the sequence end) has
+    only partial blocks.
 
     Returns `full_blocks`/`partial_blocks` `[Hq, query blocks, entries]` (int32 key-block
     indices, in units of `block_n`) and `full_count`/`partial_count` `[Hq, query blocks]`; a
@@ -114,6 +118,9 @@ def sparse_block_lists(
     lower, upper = band
     nonempty = torch.ones(n_qb, n_kb, dtype=torch.bool, device=device)
     full = (kb * block_n + block_n <= problem.seq_k)[None, :].expand(n_qb, n_kb).clone()
+    if padded_rows_partial:
+        # The program's padded rows must be masked too (see transposed_block_lists).
+        full &= (qb * block_m + block_m <= problem.seq_q)[:, None]
     if lower is not None:
         nonempty &= k_last >= q_first + lower
         full &= k_first >= q_last + lower
@@ -154,8 +161,10 @@ def transposed_block_lists(
     lower, upper = band
     transposed_band = (None if upper is None else -upper, None if lower is None else -lower)
     transposed = replace(problem, seq_q=problem.seq_k, seq_k=problem.seq_q)
+    # The dK/dV kernel's ragged last key block has padded rows, which only a masked step
+    # drops: every block it visits is listed as partial.
     lists = sparse_block_lists(layout.transpose(-1, -2), block_size, transposed_band, transposed,
-                               block_m, block_n)
+                               block_m, block_n, padded_rows_partial=True)
     return {name.replace("_", "_q_", 1): value for name, value in lists.items()}
 
 

@@ -51,6 +51,8 @@
 // CHECK-NEXT:     # Full blocks lie inside [start, end); blocks outside it are empty and skipped.
 // CHECK-NEXT:     full_start = tl.minimum(tl.maximum(full_start, q_start), q_end)
 // CHECK-NEXT:     full_end = tl.minimum(tl.maximum(full_end, full_start), q_end)
+// CHECK-NEXT:     # A ragged last key block has padded rows: every query block is partial for it.
+// CHECK-NEXT:     full_end = tl.where(block_id * BLOCK_M + BLOCK_M <= n_k, full_end, full_start)
 
 // The first q_loop (partial blocks): an outer loop over the query heads of the group, each
 // rebasing the per-query tensors, then the query blocks, bounds-checked and masked.
@@ -68,13 +70,13 @@
 // CHECK-NEXT:             q_pos = queries + (n_k - n_q)
 // CHECK-NEXT:             # tile.load: q_rot rows (loop), all columns
 // CHECK-NEXT:             q = tl.load(q_rot_base + queries[:, None] * stride_q_rot_n + (cols_d)[None, :] * stride_q_rot_d, mask=query_in_bounds[:, None], other=0.0)
-// CHECK:                  lse = tl.load(lse_base + queries * stride_lse_n, mask=query_in_bounds, other=0.0)
+// CHECK:                  lse = tl.load(lse_base + queries * stride_lse_n, mask=query_in_bounds, other=float("inf"))
 // CHECK:                  delta = tl.load(delta_base + queries * stride_delta_n, mask=query_in_bounds, other=0.0)
 // Scores are key x query: keys are the program's rows.
 // CHECK:                  scores = tl.dot(k, tl.trans(q))
 // CHECK-NEXT:             scores = scores * sm_scale
 // CHECK-NEXT:             # tile.mask: keep keys in q_pos + [None, 0] and inside the sequence
-// CHECK-NEXT:             keep = query_in_bounds[None, :] & (rows[:, None] <= q_pos[None, :])
+// CHECK-NEXT:             keep = query_in_bounds[None, :] & row_in_bounds[:, None] & (rows[:, None] <= q_pos[None, :])
 // CHECK-NEXT:             scores_1 = tl.where(keep, scores, float("-inf"))
 // lse is per query: a column vector of the transposed scores; -inf (a query with no kept key)
 // turns into +inf so that p = 0 rather than NaN.
@@ -110,7 +112,7 @@
 // CHECK-NEXT:     for head_in_group in range(0, group_size):
 // CHECK-NEXT:         head = kv_head * group_size + head_in_group
 // CHECK:              for start_m in range(full_end, q_end, BLOCK_N):
-// CHECK:                  keep_1 = query_in_bounds[None, :] & (rows[:, None] <= q_pos[None, :])
+// CHECK:                  keep_1 = query_in_bounds[None, :] & row_in_bounds[:, None] & (rows[:, None] <= q_pos[None, :])
 // CHECK:                  dk = tl.dot(grad_scores_2.to(q_2.dtype), q_2, acc=dk)
 
 // dK: scaled once, split from full width into the halves of the rotary pairs, rotated back at

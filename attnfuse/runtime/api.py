@@ -289,8 +289,9 @@ class CompiledAttention:
         if torch.is_grad_enabled() and any(
             t.requires_grad for t in (q, k, v, *data.values())
         ):
-            # The bias goes in as an input of its own so autograd tracks it.
-            out, lse = _AttentionFunction.apply(self, plan, data, q, k, v, data.get("bias"))
+            # The user's bias goes in as an input of its own so autograd tracks it.
+            given_bias = bias if "bias" in data else None
+            out, lse = _AttentionFunction.apply(self, plan, data, q, k, v, given_bias)
         else:
             out, lse = self.forward(plan, data, q, k, v)
         return (out, lse) if return_lse else out
@@ -350,8 +351,8 @@ class CompiledAttention:
         bias_grad: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Runs the backward kernels: (dq, dk, dv, dbias) from the saved (q, k, v, o, lse), the
-        output gradient and, for softmax, the log-sum-exp's gradient. `dbias` is full-size
-        `[B, Hq, Nq, Nk]` (autograd reduces it onto the bias's broadcast shape), or None."""
+        output gradient and, for softmax, the log-sum-exp's gradient. `dbias` is the full-size
+        `[B, Hq, Nq, Nk]` fp32 gradient of the broadcast bias, or None."""
         q, k, v, out, lse = saved
         p = plan.problem
         # Every program stores all its rows, so the kernels fill the gradients whole.
@@ -359,11 +360,10 @@ class CompiledAttention:
         dq, dk, dv = (alloc(t, memory_format=torch.contiguous_format) for t in (q, k, v))
         dbias = None
         if bias_grad:
-            bias = data["bias"]
             # Pairs in blocks the kernels skip (dropped by the mask) keep gradient 0.
             dbias = torch.zeros(p.batch, p.heads_q, p.seq_q, p.seq_k, dtype=torch.float32, device=q.device)
         if plan.compiled is None:
-            return dq, dk, dv, None if dbias is None else dbias.to(bias.dtype)
+            return dq, dk, dv, dbias
         tensors = {"q": q, "k": k, "v": v, "o": out, "lse": lse, "do": grad_out, "dq": dq, "dk": dk,
                    "dv": dv, **plan.constants, **data}
         sparse = self.spec.block(BlockSparse)
@@ -380,7 +380,7 @@ class CompiledAttention:
             tensors["dbias"] = dbias
         dq_kernel = "attention_bwd_dq_bias" if dbias is not None else "attention_bwd_dq"
         self._run(plan, tensors, ("attention_bwd_dkdv", dq_kernel))
-        return dq, dk, dv, None if dbias is None else dbias.to(bias.dtype)
+        return dq, dk, dv, dbias
 
 
 ROTATION_KERNELS = {"rotate_query": "q_rot", "rotate_key": "k_rot"}
@@ -393,7 +393,9 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fn: CompiledAttention, plan: CallPlan, data, q, k, v, bias):  # type: ignore[override]
-        del bias  # read from `data`; an input only so that autograd sees it
+        # The kernels read the broadcast view in `data`; the user's bias is an input so that
+        # autograd sees it, and its shape is where its gradient is summed to.
+        ctx.bias_layout = None if bias is None else (bias.shape, bias.dtype)
         out, lse = fn.forward(plan, data, q, k, v)
         ctx.fn, ctx.plan, ctx.data = fn, plan, data
         ctx.save_for_backward(q, k, v, out, lse)
@@ -413,6 +415,10 @@ class _AttentionFunction(torch.autograd.Function):
         if fn.spec.block(Relu) is not None:
             grad_lse = None
         dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, ctx.saved_tensors, grad_out, grad_lse, bias_grad)
+        if dbias is not None:
+            # Summed over the broadcast dims in fp32, then rounded once to the bias's type.
+            shape, dtype = ctx.bias_layout
+            dbias = dbias.sum_to_size(shape).to(dtype)
         return None, None, None, dq, dk, dv, dbias
 
 

@@ -967,15 +967,9 @@ class KVBoundsOp(IRDLOperation):
             raise VerifyException("tile.kv_bounds needs a kernel whose programs own query blocks")
 
 
-@irdl_op_definition
-class KVLoopOp(IRDLOperation):
-    """Loops over key blocks `[lower, upper)` in steps of `block_n`, carrying `iter_args`.
-
-    With `masked`, the blocks may be partial: loads of loop rows are bounds-checked and
-    `tile.mask` may drop keys. Without it, every visited block is full and in bounds.
-    """
-
-    name = "tile.kv_loop"
+class _RangeLoop(IRDLOperation):
+    """What `tile.kv_loop` and `tile.q_loop` share: a block range `[lower, upper)`, stepped by
+    `block_n`, carrying `iter_args`; `masked` when its blocks may be partial."""
 
     lower = operand_def(IndexType)
     upper = operand_def(IndexType)
@@ -1008,6 +1002,17 @@ class KVLoopOp(IRDLOperation):
         _verify_loop(self, self.inits, self.results_)
 
 
+@irdl_op_definition
+class KVLoopOp(_RangeLoop):
+    """Loops over key blocks `[lower, upper)` in steps of `block_n`, carrying `iter_args`.
+
+    With `masked`, the blocks may be partial: loads of loop rows are bounds-checked and
+    `tile.mask` may drop keys. Without it, every visited block is full and in bounds.
+    """
+
+    name = "tile.kv_loop"
+
+
 def _verify_loop(loop: IRDLOperation, inits: Sequence[SSAValue], results: Sequence[SSAValue]) -> None:
     """What every loop must satisfy: carried types agree, the body ends in tile.yield, and the
     kernel's programs own the blocks the loop does not walk (keys for key loops, queries for
@@ -1030,14 +1035,13 @@ def _verify_loop(loop: IRDLOperation, inits: Sequence[SSAValue], results: Sequen
         raise VerifyException(f"{loop.name} needs a kernel whose programs own {owner} blocks")
 
 
-@irdl_op_definition
-class SparseKVLoopOp(IRDLOperation):
-    """Loops over the key blocks a block-sparse layout lists for the program's query block:
-    entries `[0, count)` of `blocks[head, query block]`, each a key-block index (in units of
-    `block_n`). Empty blocks are not in the list, so time scales with the layout's density.
-    `masked` as for `tile.kv_loop`."""
+class _ListLoop(IRDLOperation):
+    """What `tile.sparse_kv_loop` and `tile.sparse_q_loop` share: entries `[0, count)` of a
+    block-sparse list for the program's block, each a block index in units of `block_n`,
+    carrying `iter_args`; `masked` as for the range loops. `LISTS` are the (blocks, count)
+    role pairs the loop may read."""
 
-    name = "tile.sparse_kv_loop"
+    LISTS: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     blocks = operand_def(TensorType)
     count = operand_def(TensorType)
@@ -1071,11 +1075,27 @@ class SparseKVLoopOp(IRDLOperation):
         roles = tuple(
             t.role.data for t in (self.blocks.type, self.count.type) if isinstance(t, TensorType)
         )
-        if roles not in (("full_blocks", "full_count"), ("partial_blocks", "partial_count")):
+        if roles not in self.LISTS:
+            (full, full_count), (partial, partial_count) = self.LISTS
             raise VerifyException(
-                "sparse_kv_loop reads a block list and its count: full_blocks and full_count, "
-                "or partial_blocks and partial_count"
+                f"{self.name[len('tile.'):]} reads a block list and its count: {full} and "
+                f"{full_count}, or {partial} and {partial_count}"
             )
+
+
+@irdl_op_definition
+class SparseKVLoopOp(_ListLoop):
+    """Loops over the key blocks a block-sparse layout lists for the program's query block:
+    entries `[0, count)` of `blocks[head, query block]`, each a key-block index (in units of
+    `block_n`). Empty blocks are not in the list, so time scales with the layout's density.
+    `masked` as for `tile.kv_loop`."""
+
+    name = "tile.sparse_kv_loop"
+
+    LISTS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("full_blocks", "full_count"),
+        ("partial_blocks", "partial_count"),
+    )
 
 
 @irdl_op_definition
@@ -1107,7 +1127,7 @@ class QBoundsOp(IRDLOperation):
 
 
 @irdl_op_definition
-class QLoopOp(IRDLOperation):
+class QLoopOp(_RangeLoop):
     """Loops over query blocks `[lower, upper)` in steps of `block_n`, for every query head
     that shares the program's key/value head (GQA: the group's gradients are summed here, in
     a fixed order, so the result is deterministic), carrying `iter_args`. `masked` as for
@@ -1115,72 +1135,19 @@ class QLoopOp(IRDLOperation):
 
     name = "tile.q_loop"
 
-    lower = operand_def(IndexType)
-    upper = operand_def(IndexType)
-    inits = var_operand_def(TileType)
-    results_ = var_result_def(TileType)
-    masked = opt_prop_def(UnitAttr)
-    body = region_def("single_block")
-
-    assembly_format = (
-        "$lower `to` $upper (`masked` $masked^)? `iter_args` `(` $inits `)` attr-dict"
-        " `:` type($inits) `->` type($results_) $body"
-    )
-
-    def __init__(
-        self, lower: SSAValue, upper: SSAValue, inits: Sequence[SSAValue], body: Region, masked: bool
-    ):
-        super().__init__(
-            operands=[lower, upper, inits],
-            result_types=[[v.type for v in inits]],
-            properties={"masked": UnitAttr() if masked else None},
-            regions=[body],
-        )
-
-    def verify_(self) -> None:
-        _verify_loop(self, self.inits, self.results_)
-
 
 @irdl_op_definition
-class SparseQLoopOp(IRDLOperation):
+class SparseQLoopOp(_ListLoop):
     """Loops over the query blocks a block-sparse layout lists for the program's key block
     (`blocks[head, key block]`, entries `[0, count)`, in units of `block_n`), for every query
     head of the program's key/value head. `masked` as for `tile.kv_loop`."""
 
     name = "tile.sparse_q_loop"
 
-    blocks = operand_def(TensorType)
-    count = operand_def(TensorType)
-    inits = var_operand_def(TileType)
-    results_ = var_result_def(TileType)
-    masked = opt_prop_def(UnitAttr)
-    body = region_def("single_block")
-
-    assembly_format = (
-        "$blocks `,` $count (`masked` $masked^)? `iter_args` `(` $inits `)` attr-dict"
-        " `:` type($blocks) `,` type($count) `,` type($inits) `->` type($results_) $body"
+    LISTS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("full_q_blocks", "full_q_count"),
+        ("partial_q_blocks", "partial_q_count"),
     )
-
-    def __init__(
-        self, blocks: SSAValue, count: SSAValue, inits: Sequence[SSAValue], body: Region, masked: bool
-    ):
-        super().__init__(
-            operands=[blocks, count, inits],
-            result_types=[[v.type for v in inits]],
-            properties={"masked": UnitAttr() if masked else None},
-            regions=[body],
-        )
-
-    def verify_(self) -> None:
-        _verify_loop(self, self.inits, self.results_)
-        roles = tuple(
-            t.role.data for t in (self.blocks.type, self.count.type) if isinstance(t, TensorType)
-        )
-        if roles not in (("full_q_blocks", "full_q_count"), ("partial_q_blocks", "partial_q_count")):
-            raise VerifyException(
-                "sparse_q_loop reads a block list and its count: full_q_blocks and full_q_count, "
-                "or partial_q_blocks and partial_q_count"
-            )
 
 
 KEY_LOOP_OPS = (KVLoopOp, SparseKVLoopOp)

@@ -222,6 +222,9 @@ def rows_axis(grid: str, rows: str) -> str:
     return program if rows == "program" else loop
 
 
+KEY_ROW_ROLES = tuple(role for role in BLOCK_ROLES if role not in QUERY_ROW_ROLES)
+"""Block roles whose rows are keys, indexed by the key/value head."""
+
 FP32_ROLES = ("lse", "delta")
 """Block roles that are fp32 whatever the kernel's element type (per-row statistics)."""
 
@@ -762,6 +765,26 @@ class RotateOp(IRDLOperation):
 
 
 PAIR_LAYOUTS = ("half", "interleaved")
+"""How `tile.join` and `tile.split` lay out the two elements of each rotary pair."""
+
+
+def pairs_fill_tiles(rotary_dim: int | None, head_dim: int) -> bool:
+    """Whether the rotary pairs' halves fill their tiles exactly, so that a full-width tile can
+    be joined from, or split into, them: the rotation covers the head dim (`rotary_dim` None
+    means all of it), a power of two >= 32."""
+    return rotary_dim in (None, head_dim) and head_dim >= 32 and head_dim & (head_dim - 1) == 0
+
+
+def _verify_pair_layout(op: Operation, pairs: str) -> None:
+    """What `tile.join` and `tile.split` need of their pair layout and kernel."""
+    if pairs not in PAIR_LAYOUTS:
+        raise VerifyException(f"pairs must be half or interleaved, got '{pairs}'")
+    kernel = _kernel_of(op)
+    if kernel is not None and not pairs_fill_tiles(kernel.rotary_dim, kernel.get("head_dim")):
+        raise VerifyException(
+            f"{op.name} needs rotary_dim == head_dim, a power of two >= 32; got "
+            f"rotary_dim {kernel.rotary_dim}, head_dim {kernel.get('head_dim')}"
+        )
 
 
 @irdl_op_definition
@@ -799,16 +822,7 @@ class JoinOp(IRDLOperation):
         _expect_shape(self.result, (lo.shape[0], "d"), "joined tile")
         if _tile(self.result, "joined tile").element_type != lo.element_type:
             raise VerifyException("tile.join keeps the element type of its operands")
-        if self.pairs.data not in PAIR_LAYOUTS:
-            raise VerifyException(f"pairs must be half or interleaved, got '{self.pairs.data}'")
-        kernel = _kernel_of(self)
-        if kernel is not None:
-            d = kernel.get("head_dim")
-            if kernel.rotary_dim != d or d < 32 or d & (d - 1):
-                raise VerifyException(
-                    "tile.join needs rotary_dim == head_dim, a power of two >= 32; got "
-                    f"rotary_dim {kernel.rotary_dim}, head_dim {d}"
-                )
+        _verify_pair_layout(self, self.pairs.data)
 
 
 @irdl_op_definition
@@ -844,16 +858,7 @@ class SplitOp(IRDLOperation):
         _expect_shape(self.lo, (ty.shape[0], "half"), "split halves")
         if _tile(self.lo, "split halves").element_type != ty.element_type:
             raise VerifyException("tile.split keeps the element type of its operand")
-        if self.pairs.data not in PAIR_LAYOUTS:
-            raise VerifyException(f"pairs must be half or interleaved, got '{self.pairs.data}'")
-        kernel = _kernel_of(self)
-        if kernel is not None:
-            d = kernel.get("head_dim")
-            if kernel.rotary_dim != d or d < 32 or d & (d - 1):
-                raise VerifyException(
-                    "tile.split needs rotary_dim == head_dim, a power of two >= 32; got "
-                    f"rotary_dim {kernel.rotary_dim}, head_dim {d}"
-                )
+        _verify_pair_layout(self, self.pairs.data)
 
 
 @irdl_op_definition
@@ -1650,8 +1655,10 @@ __all__ = [
     "ELEMENT_TYPES",
     "GRIDS",
     "KEY_LOOP_OPS",
+    "KEY_ROW_ROLES",
     "LOOP_OPS",
     "QUERY_LOOP_OPS",
+    "QUERY_ROW_ROLES",
     "TENSOR_AXES",
     "AccumulateOp",
     "AddBiasOp",
@@ -1687,4 +1694,5 @@ __all__ = [
     "TileType",
     "YieldOp",
     "ZerosOp",
+    "pairs_fill_tiles",
 ]

@@ -125,12 +125,6 @@ class LoopRows:
     """Their positions (a key's is its index; a query's is bottom-right aligned)."""
 
 
-KV_ROLES = ("k", "v", "k_rot", "dk", "dv")
-"""Roles indexed by the key/value head."""
-
-QUERY_SIDE_ROLES = ("q", "q_rot", "o", "lse", "do", "delta", "dq", "bias", "dbias")
-"""Roles indexed by the query head; in a `key_blocks` kernel that head changes inside the loop
-over the GQA group, so their base pointers are set there."""
 
 COLUMN_COMMENT = {
     "all": "all columns",
@@ -201,14 +195,16 @@ class KernelEmitter:
         return [f"stride_{role}_{axis}" for axis in tile.TENSOR_AXES[role]]
 
     def head_of(self, role: str) -> str:
-        return "kv_head" if role in KV_ROLES else "head"
+        return "kv_head" if role in tile.KEY_ROW_ROLES else "head"
 
     def set_in_query_head_loop(self, role: str) -> bool:
-        """Whether `role`'s base pointer depends on a query head that a `key_blocks` kernel
-        only knows inside its loop over the GQA group."""
+        """Whether `role`'s base pointer depends on the query head (every per-head role but
+        the key-row ones), which a `key_blocks` kernel only knows inside its loop over the
+        GQA group."""
         if self.grid != "key_blocks":
             return False
-        return role in QUERY_SIDE_ROLES or tile.TENSOR_AXES[role].startswith("hn")
+        axes = tile.TENSOR_AXES[role]
+        return axes.startswith("hn") or (axes.startswith("bh") and role not in tile.KEY_ROW_ROLES)
 
     def base_line(self, role: str) -> str | None:
         """The statement that points `{role}_base` at this program's slice, if it has one."""

@@ -7,7 +7,7 @@ then only collects pointers and strides.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,8 +77,9 @@ class KernelLaunch:
     strided: tuple[bool, ...]
     """Per role, whether its strides follow its pointer (all but contiguous vectors)."""
 
-    stages: list[int] = field(default_factory=list)
-    """The pipelining depth actually launched with (see `__call__`), once known."""
+    stages: list[int]
+    """The pipelining depth launched with: the kernel's `num_stages`, lowered by `__call__`
+    if it does not fit (a one-element list, so that the frozen launch can update it)."""
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         args: list[object] = []
@@ -87,8 +88,6 @@ class KernelLaunch:
             args.append(t)
             if strided:
                 args.extend(t.stride())
-        if not self.stages:
-            self.stages.append(self.info.num_stages)
         while True:
             try:
                 self.kernel[self.grid](
@@ -116,5 +115,6 @@ def prepare(compiled: CompiledProgram, problem: Problem, sm_scale: float) -> lis
             num_heads = problem.heads_kv
         scalars = (sm_scale, problem.seq_q, problem.seq_k, num_heads, problem.group_size)
         strided = tuple(bool(TENSOR_AXES[role]) for role in info.roles)
-        launches.append(KernelLaunch(info, compiled.function(info.name), grid, scalars, strided))
+        launches.append(KernelLaunch(info, compiled.function(info.name), grid, scalars, strided,
+                                     [info.num_stages]))
     return launches

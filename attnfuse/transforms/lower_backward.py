@@ -89,8 +89,7 @@ def splits_gradients(facts: VariantFacts, config: KernelConfig) -> bool:
     rotation = facts.rotation
     if rotation is None or facts.any_fused:
         return False
-    d = config.head_dim
-    return rotation.rotary_dim in (None, d) and d >= 32 and d & (d - 1) == 0
+    return tile.pairs_fill_tiles(rotation.rotary_dim, config.head_dim)
 
 
 def _parts(facts: VariantFacts, config: KernelConfig) -> list[str]:

@@ -161,8 +161,7 @@ def joins_query(facts: VariantFacts, head_dim: int) -> bool:
     q_rot, k_rot = facts.query_rotation, facts.key_rotation
     if q_rot is None or not q_rot.fused or (k_rot is not None and k_rot.fused):
         return False
-    full_width = q_rot.rotary_dim in (None, head_dim)
-    return full_width and head_dim >= 32 and head_dim & (head_dim - 1) == 0
+    return tile.pairs_fill_tiles(q_rot.rotary_dim, head_dim)
 
 
 STATE_NAMES = {"softmax": ("acc", "row_max", "row_sum"), "relu": ("acc",)}

@@ -557,7 +557,9 @@ class LoadOp(IRDLOperation):
     """Loads a block of a tensor into a tile: `[rows, cols]` of the program's (batch, head).
 
     Rows past the tensor's length and columns past its width read as 0, so ragged sizes
-    never read out of bounds.
+    never read out of bounds. The tile has the kernel's element type (fp32 for the per-row
+    statistics of `FP32_ROLES`), or is widened to fp32 on load: a kernel that needs exact
+    products of an operand (see `ScoresOp`) reads it as f32.
     """
 
     name = "tile.load"
@@ -590,10 +592,12 @@ class LoadOp(IRDLOperation):
         expected = expected_tile_shape(self.role, self.rows.data, cols)
         ty = _expect_shape(self.result, expected, "loaded tile")
         kernel = _kernel_of(self)
-        wanted = "f32" if self.role in FP32_ROLES else (kernel.elem if kernel is not None else None)
-        if wanted is not None and ty.elem != wanted:
+        if self.role in FP32_ROLES and ty.elem != "f32":
+            raise VerifyException(f"a loaded {self.role} tile must have element type f32, got {ty.elem}")
+        if kernel is not None and ty.elem not in (kernel.elem, "f32"):
             raise VerifyException(
-                f"a loaded {self.role} tile must have element type {wanted}, got {ty.elem}"
+                f"a loaded {self.role} tile must have element type {kernel.elem} (or be widened "
+                f"to f32), got {ty.elem}"
             )
 
     @classmethod
@@ -865,7 +869,12 @@ class SplitOp(IRDLOperation):
 class ScoresOp(IRDLOperation):
     """`s = scale * sum_p q_p @ k_p^T`: the scores of the program's query rows against the
     loop's key rows, summed over matching column parts (fp32 accumulation). `scale` is static
-    when given, else the kernel's `sm_scale` argument."""
+    when given, else the kernel's `sm_scale` argument.
+
+    Parts of the kernel's element type are multiplied at that precision. f32 parts in an
+    f16/bf16 kernel are multiplied at fp32 accuracy (not rounded to tf32): the backward of
+    ReLU attention with RoPE reads its rotated operands that way, because relu's derivative
+    jumps at s = 0 and rounding the rotated q and k would move scores across it."""
 
     name = "tile.scores"
 

@@ -399,7 +399,10 @@ class KernelEmitter:
         # no probability is ever formed on a row past the sequence end.
         other = 'float("inf")' if role == "lse" else "0.0"
         masking = f", mask={mask}, other={other}" if mask else ""
-        self.emit(f"{self.namer.define(op.result)} = tl.load({ptrs}{masking})")
+        assert isinstance(op.result.type, tile.TileType)
+        widened = op.result.type.elem == "f32" and role not in tile.FP32_ROLES and self.elem != "f32"
+        widen = ".to(tl.float32)" if widened else ""
+        self.emit(f"{self.namer.define(op.result)} = tl.load({ptrs}{masking}){widen}")
 
     def emit_store(self, op: tile.StoreOp) -> None:
         role = op.role
@@ -495,7 +498,13 @@ class KernelEmitter:
         for i, (q, k) in enumerate(zip(op.queries, op.keys)):
             acc = f", acc={name}" if i else ""
             q_op, k_op = self.dot_operand(self.namer[q]), self.dot_operand(self.namer[k])
-            self.emit(f"{name} = tl.dot({q_op}, tl.trans({k_op}){acc}{self.dot_options()})")
+            assert isinstance(q.type, tile.TileType)
+            options = self.dot_options()
+            if q.type.elem == "f32" and self.elem != "f32" and not self.interpreter:
+                # Widened operands of a half-precision kernel: three tf32 products recover
+                # fp32 accuracy on tensor cores (plain tf32 keeps 10 mantissa bits).
+                options = ', input_precision="tf32x3"'
+            self.emit(f"{name} = tl.dot({q_op}, tl.trans({k_op}){acc}{options})")
         if op.scale is None:
             self.emit(f"{name} = {name} * sm_scale")
         else:

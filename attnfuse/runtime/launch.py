@@ -7,7 +7,8 @@ then only collects pointers and strides.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -81,19 +82,53 @@ class KernelLaunch:
     """The pipelining depth launched with: the kernel's `num_stages`, lowered by `__call__`
     if it does not fit (a one-element list, so that the frozen launch can update it)."""
 
+    runners: dict[tuple, Any] = field(default_factory=dict)
+    """Compiled kernels ready to launch, by the arguments' specialization (see `__call__`)."""
+
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         args: list[object] = []
+        # What Triton specializes a compiled kernel on: each tensor's dtype and 16-byte
+        # alignment, each integer's value (strides; the scalars are fixed per launch).
+        key: list[object] = []
         for role, strided in zip(self.info.roles, self.strided):
             t = tensors[role]
             args.append(t)
+            key += (t.dtype, t.data_ptr() % 16 == 0)
             if strided:
-                args.extend(t.stride())
+                stride = t.stride()
+                args.extend(stride)
+                key.append(stride)
+        signature = tuple(key)
+        runner = self.runners.get(signature)
+        if runner is not None:
+            # The compiled kernel's own launcher: skips the JIT's per-call argument binding
+            # and specialization (most of a launch's host time, and a step launches up to 8).
+            runner(*args, *self.scalars, *self.constexprs)
+            return
+        compiled = self.launch_jit(args)
+        if _launchable(compiled) and self.constexprs is not None and (
+            len(self.kernel.params) == len(args) + len(self.scalars) + len(self.constexprs)
+        ):
+            self.runners[signature] = compiled[self.grid]
+
+    @cached_property
+    def constexprs(self) -> tuple[object, ...] | None:
+        """The values of the kernel's trailing constexpr parameters (their defaults), which a
+        compiled kernel's launcher takes after the runtime arguments; None if the parameters
+        are not laid out that way (then every launch goes through the JIT)."""
+        params = self.kernel.params
+        first = next((i for i, p in enumerate(params) if p.is_constexpr), len(params))
+        if not all(p.is_constexpr for p in params[first:]):
+            return None
+        return tuple(p.default for p in params[first:])
+
+    def launch_jit(self, args: list[object]) -> object:
+        """Launches through the JIT (compiling on first use); returns what it launched."""
         while True:
             try:
-                self.kernel[self.grid](
+                return self.kernel[self.grid](
                     *args, *self.scalars, num_warps=self.info.num_warps, num_stages=self.stages[0]
                 )
-                return
             except OutOfResources:
                 # Software pipelining keeps `num_stages` copies of the loop's operands in shared
                 # memory; a variant that loads more per step (a bias tile, say) may not fit the
@@ -101,6 +136,12 @@ class KernelLaunch:
                 if self.stages[0] <= 1:
                     raise
                 self.stages[0] -= 1
+
+
+def _launchable(compiled: object) -> bool:
+    """Whether the JIT returned a compiled GPU kernel that can be launched directly (the CPU
+    interpreter returns none)."""
+    return hasattr(compiled, "packed_metadata") and hasattr(compiled, "__getitem__")
 
 
 def prepare(compiled: CompiledProgram, problem: Problem, sm_scale: float) -> list[KernelLaunch]:

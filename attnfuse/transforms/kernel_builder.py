@@ -42,6 +42,9 @@ class VariantFacts:
     """The block-sparse layout's block size, when the variant has one."""
     normalizer: str = "softmax"
     """softmax or relu."""
+    exact_scores: bool = False
+    """q and k are read widened to fp32 (and rotated in registers), so that their scores are
+    products at fp32 accuracy rather than of operands rounded to the element type."""
 
     @property
     def rotation(self) -> Rotation | None:
@@ -145,9 +148,13 @@ class KernelBuilder:
             result.name_hint = name
         return op
 
-    def load(self, role: str, rows: str, cols: str, name: str, source: str | None = None) -> SSAValue:
+    def load(
+        self, role: str, rows: str, cols: str, name: str, source: str | None = None, widen: bool = False
+    ) -> SSAValue:
+        """Loads a block of `source` (default `role`) into a tile named `name`; `widen` reads
+        it as f32."""
         shape = tile.expected_tile_shape(role, rows, cols)
-        elem = f32 if role in tile.FP32_ROLES else self.elem
+        elem = f32 if role in tile.FP32_ROLES or widen else self.elem
         load = tile.LoadOp(self.arg(source or role), rows, cols, tile.TileType(shape, elem))
         return self.add(load, name).results[0]
 

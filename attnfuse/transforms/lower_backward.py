@@ -70,9 +70,29 @@ def _score_data_roles(facts: VariantFacts) -> list[str]:
     return roles + (["bias"] if facts.bias else [])
 
 
-def backward_facts(facts: VariantFacts, bwd_rope: str) -> VariantFacts:
+def needs_exact_scores(facts: VariantFacts, element_type: str) -> bool:
+    """Whether the backward must form scores from unrounded rotated q and k: ReLU attention
+    with RoPE in f16/bf16. relu's derivative jumps at s = 0, so rounding the rotated operands
+    to the element type moves scores near 0 across the jump and flips their gradient (bf16
+    gradients then miss the reference by ~4e-2 on the H200). Softmax is smooth, and without
+    RoPE the operands are the inputs themselves, already exact."""
+    both_rotated = facts.query_rotation is not None and facts.key_rotation is not None
+    return facts.normalizer == "relu" and both_rotated and element_type != "f32"
+
+
+def backward_facts(facts: VariantFacts, bwd_rope: str, element_type: str) -> VariantFacts:
     """The variant as the backward kernels see it: with `bwd_rope == "pre_rotated"` every
-    rotation reads the rotation kernel's copy (see `LowerToTilePass.bwd_rope`)."""
+    rotation reads the rotation kernel's copy (see `LowerToTilePass.bwd_rope`); where
+    `needs_exact_scores`, q and k are read widened to fp32 and rotated in registers instead
+    (a pre-rotated copy would already be rounded)."""
+    if needs_exact_scores(facts, element_type):
+        assert facts.query_rotation is not None and facts.key_rotation is not None
+        return replace(
+            facts,
+            query_rotation=replace(facts.query_rotation, fused=True),
+            key_rotation=replace(facts.key_rotation, fused=True),
+            exact_scores=True,
+        )
     if bwd_rope != "pre_rotated":
         return facts
     return replace(
@@ -111,9 +131,12 @@ def _load_rotated(
     parts: Sequence[str],
     rotation: Rotation | None,
     positions: str,
+    widen: bool,
 ) -> list[SSAValue]:
-    """Loads `operand`'s column parts, rotating them in registers if its rotation is fused."""
-    values = [k.load(operand, rows, p, f"{operand}{PART_SUFFIX[p]}", source=source) for p in parts]
+    """Loads `operand`'s column parts (widened to f32 with `widen`), rotating them in
+    registers if its rotation is fused."""
+    values = [k.load(operand, rows, p, f"{operand}{PART_SUFFIX[p]}", source=source, widen=widen)
+              for p in parts]
     if rotation is not None and rotation.fused:
         given = k.arg(f"{operand}_positions") if rotation.given_positions else None
         rotate = k.add(tile.RotateOp(values[0], values[1], k.arg("rope_table"), positions, given),
@@ -207,7 +230,8 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelO
                       rotation.rotary_dim if rotation else None)
     parts = _parts(facts, config)
     # Program rows are keys: load them (and their values) once.
-    key_parts = _load_rotated(k, "k", k_source, "program", parts, facts.key_rotation, "key")
+    key_parts = _load_rotated(k, "k", k_source, "program", parts, facts.key_rotation, "key",
+                              facts.exact_scores)
     value = k.load("v", "program", "all", "v")
     names = [f"dk{PART_SUFFIX[p]}" for p in parts] + ["dv"]
     state: Sequence[SSAValue] = [
@@ -217,7 +241,8 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelO
 
     def body(block: Block, masked: bool) -> None:
         inner = k.inside(block)
-        query_parts = _load_rotated(inner, "q", q_source, "loop", parts, facts.query_rotation, "query")
+        query_parts = _load_rotated(inner, "q", q_source, "loop", parts, facts.query_rotation, "query",
+                                    facts.exact_scores)
         grad_out = inner.load("do", "loop", "all", "grad_out")
         lse = inner.load("lse", "loop", None, "lse") if softmax else None
         delta = inner.load("delta", "loop", None, "delta") if softmax else None
@@ -251,7 +276,8 @@ def build_dq_kernel(facts: VariantFacts, config: KernelConfig, bias_grad: bool) 
     name = "attention_bwd_dq_bias" if bias_grad else "attention_bwd_dq"
     k = KernelBuilder(name, roles, "query_blocks", config, rotation.rotary_dim if rotation else None)
     parts = _parts(facts, config)
-    query_parts = _load_rotated(k, "q", q_source, "program", parts, facts.query_rotation, "query")
+    query_parts = _load_rotated(k, "q", q_source, "program", parts, facts.query_rotation, "query",
+                                facts.exact_scores)
     grad_out = k.load("do", "program", "all", "grad_out")
     lse = k.load("lse", "program", None, "lse") if softmax else None
     delta = k.load("delta", "program", None, "delta") if softmax else None
@@ -263,7 +289,8 @@ def build_dq_kernel(facts: VariantFacts, config: KernelConfig, bias_grad: bool) 
 
     def body(block: Block, masked: bool) -> None:
         inner = k.inside(block)
-        key_parts = _load_rotated(inner, "k", k_source, "loop", parts, facts.key_rotation, "key")
+        key_parts = _load_rotated(inner, "k", k_source, "loop", parts, facts.key_rotation, "key",
+                                  facts.exact_scores)
         value = inner.load("v", "loop", "all", "v")
         scores = inner.add(tile.ScoresOp(query_parts, key_parts, facts.scale), "scores").results[0]
         scores = _score_chain(inner, facts, scores, masked)
@@ -292,4 +319,4 @@ def build_backward_kernels(
     return kernels
 
 
-__all__ = ["backward_facts", "build_backward_kernels"]
+__all__ = ["backward_facts", "build_backward_kernels", "needs_exact_scores"]

@@ -278,7 +278,7 @@ class LowerVariant(RewritePattern):
                 raise _fail(op, f"rotary_dim {rotation.rotary_dim} exceeds head-dim {self.config.head_dim}")
         # The backward may place rotations differently from the forward; the rotation kernels
         # of both come first, each built once.
-        backward = backward_facts(facts, c.bwd_rope) if c.backward else None
+        backward = backward_facts(facts, c.bwd_rope, c.element_type) if c.backward else None
         kernels: list[Operation] = []
         for operand, fwd, bwd in (
             ("q", facts.query_rotation, backward and backward.query_rotation),

@@ -141,7 +141,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
   %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x bf16>
   tile.return
 }
-// CHECK: a loaded q tile must have element type f16, got bf16
+// CHECK: a loaded q tile must have element type f16 (or be widened to f32), got bf16
 
 // -----
 

@@ -1,0 +1,124 @@
+"""`KernelLaunch`: arguments in the generated kernels' order, the out-of-shared-memory retry,
+and the direct-launch cache (a compiled kernel is reused only for arguments Triton would have
+specialized the same way). The JIT is replaced by a recording fake, so these run anywhere."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from triton.runtime.errors import OutOfResources
+
+from attnfuse.lowering.triton import KernelInfo
+from attnfuse.runtime.launch import KernelLaunch
+
+
+class FakeParam:
+    def __init__(self, name: str, default: object = inspect.Parameter.empty, constexpr: bool = False):
+        self.name, self.default, self.is_constexpr = name, default, constexpr
+
+
+class FakeCompiled:
+    """What the JIT returns on a GPU: indexable by grid, with launch metadata."""
+
+    packed_metadata = object()
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("direct", grid, args))
+
+
+class FakeJit:
+    """Records launches through the JIT; can fail a number of times for lack of shared memory."""
+
+    def __init__(self, params: list[FakeParam], compiled: bool = True, out_of_memory: int = 0):
+        self.params, self.compiled, self.out_of_memory = params, compiled, out_of_memory
+        self.log: list = []
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps, num_stages):
+            if self.out_of_memory:
+                self.out_of_memory -= 1
+                raise OutOfResources(1, 0, "shared memory")
+            self.log.append(("jit", grid, args, num_stages))
+            return FakeCompiled(self.log) if self.compiled else None
+
+        return launch
+
+
+def make_launch(jit: FakeJit, stages: int = 3) -> KernelLaunch:
+    info = KernelInfo("attention_fwd", ("q", "lse"), "query_blocks", 64, 4, stages)
+    return KernelLaunch(info, jit, (2, 3), (0.5, 7), (True, True), [stages])
+
+
+def params() -> list[FakeParam]:
+    names = ["q_ptr", "sq_b", "sq_h", "sq_n", "sq_d", "lse_ptr", "sl_b", "sl_h", "sl_n", "sm_scale", "n"]
+    return [FakeParam(n) for n in names] + [FakeParam("BLOCK_M", 64, True), FakeParam("HEAD_DIM", 32, True)]
+
+
+def tensors(q: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    return {"q": torch.zeros(1, 2, 8, 4) if q is None else q, "lse": torch.zeros(1, 2, 8)}
+
+
+def test_first_call_goes_through_the_jit_with_strides_and_scalars_in_order():
+    jit = FakeJit(params())
+    t = tensors()
+    make_launch(jit)(t)
+    kind, grid, args, stages = jit.log[0]
+    assert (kind, grid, stages) == ("jit", (2, 3), 3)
+    assert args == (t["q"], 64, 32, 4, 1, t["lse"], 16, 8, 1, 0.5, 7)
+
+
+def test_later_calls_launch_the_compiled_kernel_with_constexprs_appended():
+    jit = FakeJit(params())
+    launch = make_launch(jit)
+    t = tensors()
+    launch(t)
+    launch(t)
+    kind, grid, args = jit.log[1]
+    assert (kind, grid) == ("direct", (2, 3))
+    assert args == (t["q"], 64, 32, 4, 1, t["lse"], 16, 8, 1, 0.5, 7, 64, 32)
+
+
+def test_other_strides_alignment_or_dtype_go_back_to_the_jit():
+    jit = FakeJit(params())
+    launch = make_launch(jit)
+    launch(tensors())
+    launch(tensors(torch.zeros(1, 8, 2, 4).transpose(1, 2)))  # same shape, other strides
+    launch(tensors(torch.zeros(1 * 2 * 8 * 4 + 1)[1:].view(1, 2, 8, 4)))  # 4-byte offset
+    launch(tensors(torch.zeros(1, 2, 8, 4, dtype=torch.float16)))
+    assert [entry[0] for entry in jit.log] == ["jit", "jit", "jit", "jit"]
+    launch(tensors(torch.zeros(1, 8, 2, 4).transpose(1, 2)))
+    assert jit.log[-1][0] == "direct"
+
+
+def test_interpreter_launches_always_go_through_the_jit():
+    jit = FakeJit(params(), compiled=False)
+    launch = make_launch(jit)
+    launch(tensors())
+    launch(tensors())
+    assert [entry[0] for entry in jit.log] == ["jit", "jit"]
+
+
+def test_a_kernel_whose_parameters_do_not_match_is_never_launched_directly():
+    jit = FakeJit(params()[:-1] + [FakeParam("extra")])  # a runtime parameter after a constexpr
+    launch = make_launch(jit)
+    launch(tensors())
+    launch(tensors())
+    assert [entry[0] for entry in jit.log] == ["jit", "jit"]
+
+
+def test_out_of_shared_memory_retries_with_fewer_stages_and_remembers():
+    jit = FakeJit(params(), out_of_memory=2)
+    launch = make_launch(jit, stages=3)
+    launch(tensors())
+    assert jit.log[0][3] == 1 and launch.stages == [1]
+
+
+def test_out_of_shared_memory_at_one_stage_raises():
+    jit = FakeJit(params(), out_of_memory=5)
+    with pytest.raises(OutOfResources):
+        make_launch(jit, stages=2)(tensors())

@@ -75,7 +75,12 @@ def main() -> None:
                 except Exception as err:  # a configuration that does not fit is reported
                     times.append(f"{name} failed ({type(err).__name__})")
                     continue
-                rate = f" ({PRODUCTS[name] * causal_flops / ms / 1e9:.0f} TFLOP/s)" if name in PRODUCTS else ""
+                rate = ""
+                if name in PRODUCTS:
+                    compiled = launch.launch_jit(launch.arguments(tensors)[0])
+                    rate = (f" ({PRODUCTS[name] * causal_flops / ms / 1e9:.0f} TFLOP/s, "
+                            f"{compiled.n_regs} regs, {compiled.n_spills} spills, "
+                            f"{compiled.metadata.shared} B shared)")
                 times.append(f"{name} {ms:.4f}{rate}")
             print(f"N={n} D={d} {kernel} cfg={cfg}: " + ", ".join(times), flush=True)
 

@@ -85,10 +85,12 @@ class KernelLaunch:
     runners: dict[tuple, Any] = field(default_factory=dict)
     """Compiled kernels ready to launch, by the arguments' specialization (see `__call__`)."""
 
-    def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
+    def arguments(self, tensors: dict[str, torch.Tensor]) -> tuple[list[object], tuple]:
+        """The kernel's runtime arguments before the scalars (each role's tensor, then its
+        strides), and their specialization: what Triton specializes a compiled kernel on,
+        each tensor's dtype and 16-byte alignment and each integer's value (the scalars are
+        fixed per launch)."""
         args: list[object] = []
-        # What Triton specializes a compiled kernel on: each tensor's dtype and 16-byte
-        # alignment, each integer's value (strides; the scalars are fixed per launch).
         key: list[object] = []
         for role, strided in zip(self.info.roles, self.strided):
             t = tensors[role]
@@ -98,7 +100,10 @@ class KernelLaunch:
                 stride = t.stride()
                 args.extend(stride)
                 key.append(stride)
-        signature = tuple(key)
+        return args, tuple(key)
+
+    def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
+        args, signature = self.arguments(tensors)
         runner = self.runners.get(signature)
         if runner is not None:
             # The compiled kernel's own launcher: skips the JIT's per-call argument binding

@@ -1,0 +1,132 @@
+"""Which formulation of the dK/dV kernel suits Hopper: an experiment outside the compiler.
+
+Two hand-written Triton kernels compute causal dK and dV (GQA: a program owns a key block of
+one key/value head and loops over its query heads), both with the log2-domain exponent:
+
+- `transposed`: S^T = K Q^T, as `lower-to-tile` emits it (K and V are A operands, kept in
+  registers);
+- `natural`: S = Q K^T and P^T = trans(P) (K and V are B operands, read from shared memory),
+  which frees registers for larger key blocks.
+
+Each is timed beside the compiler's own dK/dV kernel for plain causal attention at the same
+tile configuration, and checked against it. Prints ms, TFLOP/s (4 causal products), registers
+and spills per configuration.
+
+    python bench/dkdv_formulations.py [--seq-len 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+
+import attnfuse as af
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N, GROUP: tl.constexpr,
+                BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, NATURAL: tl.constexpr):
+    block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    keys = block * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = tl.arange(0, D)
+    kv_offsets = kv_head * N * D + keys[:, None] * D + cols[None, :]
+    k = tl.load(K + kv_offsets)
+    v = tl.load(V + kv_offsets)
+    dk = tl.zeros([BLOCK_K, D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_K, D], dtype=tl.float32)
+    first = block * BLOCK_K
+    full = first + BLOCK_K  # query blocks from here on see every key of the block
+    for g in range(GROUP):
+        head = kv_head * GROUP + g
+        for start in range(first, N, BLOCK_Q):
+            queries = start + tl.arange(0, BLOCK_Q)
+            q_offsets = head * N * D + queries[:, None] * D + cols[None, :]
+            q = tl.load(Q + q_offsets)
+            do = tl.load(DO + q_offsets)
+            lse2 = tl.load(LSE2 + head * N + queries)
+            delta = tl.load(DELTA + head * N + queries)
+            if NATURAL:
+                s = tl.dot(q, tl.trans(k))
+                p = tl.math.exp2(s * qk_scale - lse2[:, None])
+                if start < full:
+                    p = tl.where(keys[None, :] <= queries[:, None], p, 0.0)
+                dv = tl.dot(tl.trans(p.to(do.dtype)), do, acc=dv)
+                dp = tl.dot(do, tl.trans(v))
+                ds = p * (dp - delta[:, None])
+                dk = tl.dot(tl.trans(ds.to(q.dtype)), q, acc=dk)
+            else:
+                st = tl.dot(k, tl.trans(q))
+                pt = tl.math.exp2(st * qk_scale - lse2[None, :])
+                if start < full:
+                    pt = tl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+                dv = tl.dot(pt.to(do.dtype), do, acc=dv)
+                dpt = tl.dot(v, tl.trans(do))
+                dst = pt * (dpt - delta[None, :])
+                dk = tl.dot(dst.to(q.dtype), q, acc=dk)
+    tl.store(DK + kv_offsets, (dk * sm_scale).to(DK.dtype.element_ty))
+    tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty))
+
+
+CONFIGS = [(64, 32, 4, 3), (64, 64, 4, 2), (128, 32, 8, 3), (128, 64, 8, 2), (128, 32, 8, 2),
+           (128, 64, 8, 3), (128, 32, 4, 3), (64, 32, 4, 2)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seq-len", type=int, default=4096)
+    args = parser.parse_args()
+    n, d, hq, hkv = args.seq_len, 128, 32, 8
+    torch.manual_seed(0)
+    q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16)
+    grad_out = torch.randn_like(q)
+    spec = af.attention(af.causal())
+    flops = 4 * 2 * hq * n * n * d / 2
+    sm_scale = d ** -0.5
+    for bm, bn, warps, stages in CONFIGS:
+        fn = af.compile(spec, config=af.TileConfig(128, 64, 8, 3, 64, 64, 4, 2, bm, bn, warps, stages))
+        plan = fn.plan(q, k, v)
+        out, lse = fn.forward(plan, {}, q, k, v)
+        delta = (out.float() * grad_out.float()).sum(-1)
+        tensors = {"q": q, "k": k, "v": v, "o": out, "lse": lse, "do": grad_out, "delta": delta,
+                   "dq": torch.empty_like(q), "dk": torch.empty_like(k), "dv": torch.empty_like(v)}
+        ours = next(launch for launch in plan.launches if launch.info.name == "attention_bwd_dkdv")
+        line = [f"cfg=({bm},{bn},{warps},{stages})"]
+        try:
+            ours(tensors)
+            ms = triton.testing.do_bench(lambda: ours(tensors), warmup=10, rep=50, return_mode="median")
+            compiled = ours.launch_jit(ours.arguments(tensors)[0])
+            line.append(f"compiler {ms:.4f} ms {flops / ms / 1e9:.0f} TF/s {compiled.n_regs}r/{compiled.n_spills}s")
+        except Exception as err:  # a configuration that does not fit
+            line.append(f"compiler failed ({type(err).__name__})")
+        lse2 = (lse * LOG2E).contiguous()
+        for natural in (False, True):
+            dk, dv = torch.empty_like(k), torch.empty_like(v)
+
+            def run(natural=natural, dk=dk, dv=dv):
+                return dkdv_kernel[(n // bm, hkv)](
+                    q, k, v, grad_out, lse2, delta, dk, dv, sm_scale * LOG2E, sm_scale, n,
+                    GROUP=hq // hkv, BLOCK_K=bm, BLOCK_Q=bn, D=d, NATURAL=natural,
+                    num_warps=warps, num_stages=stages)
+            name = "natural" if natural else "transposed"
+            try:
+                compiled = run()
+                ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
+                err = max(((a.float() - b.float()).norm() / b.float().norm()).item()
+                          for a, b in ((dk, tensors["dk"]), (dv, tensors["dv"])))
+                line.append(f"{name} {ms:.4f} ms {flops / ms / 1e9:.0f} TF/s "
+                            f"{compiled.n_regs}r/{compiled.n_spills}s err {err:.1e}")
+            except Exception as err:
+                line.append(f"{name} failed ({type(err).__name__}: {str(err)[:80]})")
+        print(" | ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

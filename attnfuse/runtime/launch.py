@@ -114,7 +114,8 @@ class KernelLaunch:
         if _launchable(compiled) and self.constexprs is not None and (
             len(self.kernel.params) == len(args) + len(self.scalars) + len(self.constexprs)
         ):
-            self.runners[signature] = compiled[self.grid]
+            # A compiled kernel's launcher takes all three grid dimensions.
+            self.runners[signature] = compiled[(*self.grid, 1)]
 
     @cached_property
     def constexprs(self) -> tuple[object, ...] | None:

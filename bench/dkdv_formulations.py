@@ -10,9 +10,12 @@ one key/value head and loops over its query heads), both with the log2-domain ex
 
 Each is timed beside the compiler's own dK/dV kernel for plain causal attention at the same
 tile configuration, and checked against it. Prints ms, TFLOP/s (4 causal products), registers
-and spills per configuration.
+and spills per configuration. `--ablation` instead steps the transposed kernel towards the
+compiler's emitted code (scale applied before the log2 conversion rather than folded into it;
+separate loops for the diagonal and the full query blocks), to find which difference costs
+time.
 
-    python bench/dkdv_formulations.py [--seq-len 4096]
+    python bench/dkdv_formulations.py [--seq-len 4096] [--ablation] [--configs 64,32,4,3;...]
 """
 
 from __future__ import annotations
@@ -29,8 +32,49 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale, sm_scale, N,
+          D: tl.constexpr, BLOCK_Q: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr,
+          MASKED: tl.constexpr):
+    """One query block's contribution to dK and dV."""
+    queries = start + tl.arange(0, BLOCK_Q)
+    q_offsets = head * N * D + queries[:, None] * D + cols[None, :]
+    q = tl.load(Q + q_offsets)
+    do = tl.load(DO + q_offsets)
+    lse2 = tl.load(LSE2 + head * N + queries)
+    delta = tl.load(DELTA + head * N + queries)
+    if NATURAL:
+        s = tl.dot(q, tl.trans(k))
+        if FOLD:
+            p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        else:  # as lower-to-tile emits it: scale, then the log2 conversion
+            s = s * sm_scale
+            p = tl.math.exp2(s * 1.4426950408889634 - lse2[:, None])
+        if MASKED:
+            p = tl.where(keys[None, :] <= queries[:, None], p, 0.0)
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do, acc=dv)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, acc=dk)
+    else:
+        st = tl.dot(k, tl.trans(q))
+        if FOLD:
+            pt = tl.math.exp2(st * qk_scale - lse2[None, :])
+        else:
+            st = st * sm_scale
+            pt = tl.math.exp2(st * 1.4426950408889634 - lse2[None, :])
+        if MASKED:
+            pt = tl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+        dv = tl.dot(pt.to(do.dtype), do, acc=dv)
+        dpt = tl.dot(v, tl.trans(do))
+        dst = pt * (dpt - delta[None, :])
+        dk = tl.dot(dst.to(q.dtype), q, acc=dk)
+    return dk, dv
+
+
+@triton.jit
 def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N, GROUP: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, NATURAL: tl.constexpr):
+                BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, NATURAL: tl.constexpr,
+                FOLD: tl.constexpr, SPLIT: tl.constexpr):
     block = tl.program_id(0)
     kv_head = tl.program_id(1)
     keys = block * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -42,45 +86,61 @@ def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N, GROUP: 
     dv = tl.zeros([BLOCK_K, D], dtype=tl.float32)
     first = block * BLOCK_K
     full = first + BLOCK_K  # query blocks from here on see every key of the block
-    for g in range(GROUP):
-        head = kv_head * GROUP + g
-        for start in range(first, N, BLOCK_Q):
-            queries = start + tl.arange(0, BLOCK_Q)
-            q_offsets = head * N * D + queries[:, None] * D + cols[None, :]
-            q = tl.load(Q + q_offsets)
-            do = tl.load(DO + q_offsets)
-            lse2 = tl.load(LSE2 + head * N + queries)
-            delta = tl.load(DELTA + head * N + queries)
-            if NATURAL:
-                s = tl.dot(q, tl.trans(k))
-                p = tl.math.exp2(s * qk_scale - lse2[:, None])
+    if SPLIT:
+        # As lower-to-tile emits it: the diagonal (masked) blocks of every query head, then
+        # the full blocks of every query head, each its own loop.
+        for g in range(GROUP):
+            head = kv_head * GROUP + g
+            for start in range(first, full, BLOCK_Q):
+                dk, dv = _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale,
+                               sm_scale, N, D, BLOCK_Q, NATURAL, FOLD, True)
+        for g in range(GROUP):
+            head = kv_head * GROUP + g
+            for start in range(full, N, BLOCK_Q):
+                dk, dv = _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale,
+                               sm_scale, N, D, BLOCK_Q, NATURAL, FOLD, False)
+    else:
+        # One loop per query head, the mask chosen per block at run time.
+        for g in range(GROUP):
+            head = kv_head * GROUP + g
+            for start in range(first, N, BLOCK_Q):
                 if start < full:
-                    p = tl.where(keys[None, :] <= queries[:, None], p, 0.0)
-                dv = tl.dot(tl.trans(p.to(do.dtype)), do, acc=dv)
-                dp = tl.dot(do, tl.trans(v))
-                ds = p * (dp - delta[:, None])
-                dk = tl.dot(tl.trans(ds.to(q.dtype)), q, acc=dk)
-            else:
-                st = tl.dot(k, tl.trans(q))
-                pt = tl.math.exp2(st * qk_scale - lse2[None, :])
-                if start < full:
-                    pt = tl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-                dv = tl.dot(pt.to(do.dtype), do, acc=dv)
-                dpt = tl.dot(v, tl.trans(do))
-                dst = pt * (dpt - delta[None, :])
-                dk = tl.dot(dst.to(q.dtype), q, acc=dk)
+                    dk, dv = _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols,
+                                   qk_scale, sm_scale, N, D, BLOCK_Q, NATURAL, FOLD, True)
+                else:
+                    dk, dv = _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols,
+                                   qk_scale, sm_scale, N, D, BLOCK_Q, NATURAL, FOLD, False)
     tl.store(DK + kv_offsets, (dk * sm_scale).to(DK.dtype.element_ty))
     tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty))
 
 
 CONFIGS = [(64, 32, 4, 3), (64, 64, 4, 2), (128, 32, 8, 3), (128, 64, 8, 2), (128, 32, 8, 2),
            (128, 64, 8, 3), (128, 32, 4, 3), (64, 32, 4, 2)]
+VARIANTS = {
+    "transposed": (False, True, False),
+    "natural": (True, True, False),
+}
+"""name -> (NATURAL, FOLD, SPLIT)."""
+ABLATION = {
+    "transposed": (False, True, False),
+    "transposed-unfolded": (False, False, False),
+    "transposed-split": (False, True, True),
+    "transposed-unfolded-split": (False, False, True),
+}
+"""The transposed kernel stepped towards the compiler's (scale not folded into the exponent,
+separate diagonal and full loops), to find which difference costs time."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--ablation", action="store_true",
+                        help="compare the transposed kernel's steps towards the compiler's instead")
+    parser.add_argument("--configs", help="block_k,block_q,warps,stages;... (default: all)")
     args = parser.parse_args()
+    variants = ABLATION if args.ablation else VARIANTS
+    configs = CONFIGS if not args.configs else [
+        tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
     n, d, hq, hkv = args.seq_len, 128, 32, 8
     torch.manual_seed(0)
     q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16)
@@ -90,7 +150,7 @@ def main() -> None:
     spec = af.attention(af.causal())
     flops = 4 * 2 * hq * n * n * d / 2
     sm_scale = d ** -0.5
-    for bm, bn, warps, stages in CONFIGS:
+    for bm, bn, warps, stages in configs:
         fn = af.compile(spec, config=af.TileConfig(128, 64, 8, 3, 64, 64, 4, 2, bm, bn, warps, stages))
         plan = fn.plan(q, k, v)
         out, lse = fn.forward(plan, {}, q, k, v)
@@ -107,15 +167,14 @@ def main() -> None:
         except Exception as err:  # a configuration that does not fit
             line.append(f"compiler failed ({type(err).__name__})")
         lse2 = (lse * LOG2E).contiguous()
-        for natural in (False, True):
+        for name, (natural, fold, split) in variants.items():
             dk, dv = torch.empty_like(k), torch.empty_like(v)
 
-            def run(natural=natural, dk=dk, dv=dv):
+            def run(natural=natural, fold=fold, split=split, dk=dk, dv=dv):
                 return dkdv_kernel[(n // bm, hkv)](
                     q, k, v, grad_out, lse2, delta, dk, dv, sm_scale * LOG2E, sm_scale, n,
-                    GROUP=hq // hkv, BLOCK_K=bm, BLOCK_Q=bn, D=d, NATURAL=natural,
-                    num_warps=warps, num_stages=stages)
-            name = "natural" if natural else "transposed"
+                    GROUP=hq // hkv, BLOCK_K=bm, BLOCK_Q=bn, D=d, NATURAL=natural, FOLD=fold,
+                    SPLIT=split, num_warps=warps, num_stages=stages)
             try:
                 compiled = run()
                 ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")

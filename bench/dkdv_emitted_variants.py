@@ -1,0 +1,115 @@
+"""Edits of the emitted dK/dV kernel, timed against the unedited one: an experiment on the
+compiler's output, to find what makes it spill more than a hand-written kernel of the same
+structure (bench/dkdv_formulations.py --ablation).
+
+Plain causal attention at the Llama-3-8B geometry (N=4096, Hq=32, Hkv=8, D=128, bf16). Each
+edit is a text substitution on the generated Triton source, valid for these contiguous
+inputs only:
+
+- `shared-offsets`: dO's pointers reuse q's offsets (one address tensor per loop step
+  instead of two);
+- `dv-first`: dV's product is accumulated before dP is computed (the hand-written order);
+- both.
+
+    python bench/dkdv_emitted_variants.py [--configs 64,64,4,2;64,32,4,3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import re
+import tempfile
+
+import torch
+import triton
+
+import attnfuse as af
+from attnfuse.runtime.compiler import generate_program
+from attnfuse.runtime.inputs import check_inputs
+
+DO_POINTERS = re.compile(r"do_base \+ queries\[:, None\] \* stride_do_n \+ \(cols_dv\)\[None, :\] \* stride_do_d")
+SAME_AS_Q = "do_base + queries[:, None] * stride_q_n + (cols_d)[None, :] * stride_q_d"
+
+
+def dv_first(source: str) -> str:
+    """In the dK/dV kernel, moves each loop body's `dv = tl.dot(...)` above its
+    `tile.dot_transposed` (the dP product)."""
+    head, rest = source.split("def attention_bwd_dkdv(", 1)
+    body, tail = rest.split("\n@triton.jit", 1)
+    lines = body.splitlines()
+    i = 0
+    while i < len(lines):
+        if re.match(r"\s*# tile.dot_transposed", lines[i]):
+            j = next(j for j in range(i, len(lines)) if re.match(r"\s*dv = tl.dot\(", lines[j]))
+            lines.insert(i, lines.pop(j))
+            i += 1  # past the moved line, onto the comment
+        i += 1
+    return head + "def attention_bwd_dkdv(" + "\n".join(lines) + "\n@triton.jit" + tail
+
+
+def variant_source(source: str, edits: set[str]) -> str:
+    if "shared-offsets" in edits:
+        source, count = DO_POINTERS.subn(SAME_AS_Q, source)
+        assert count, "no dO pointer expression found"
+    if "dv-first" in edits:
+        source = dv_first(source)
+    return source
+
+
+def load_kernel(source: str, name: str):
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(f"dkdv_variant_{abs(hash(source))}", f.name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--configs", default="64,64,4,2;64,32,4,3")
+    args = parser.parse_args()
+    n, d, hq, hkv = 4096, 128, 32, 8
+    torch.manual_seed(0)
+    q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16)
+    grad_out = torch.randn_like(q)
+    spec = af.attention(af.causal())
+    flops = 4 * 2 * hq * n * n * d / 2
+    for text in args.configs.split(";"):
+        cfg = tuple(int(x) for x in text.split(","))
+        fn = af.compile(spec, config=af.TileConfig(128, 64, 8, 3, 64, 64, 4, 2, *cfg))
+        plan = fn.plan(q, k, v)
+        out, lse = fn.forward(plan, {}, q, k, v)
+        delta = (out.float() * grad_out.float()).sum(-1)
+        base = {"q": q, "k": k, "v": v, "o": out, "lse": lse, "do": grad_out, "delta": delta,
+                "dq": torch.empty_like(q)}
+        launch = next(x for x in plan.launches if x.info.name == "attention_bwd_dkdv")
+        program, _path, _key = generate_program(spec, fn.compile_key(check_inputs(spec, q, k, v)), False)
+        line = [f"cfg={cfg}"]
+        reference = None
+        for edits in (set(), {"shared-offsets"}, {"dv-first"}, {"shared-offsets", "dv-first"}):
+            name = "+".join(sorted(edits)) or "emitted"
+            try:
+                kernel = load_kernel(variant_source(program.source, edits), "attention_bwd_dkdv")
+                variant = dataclasses.replace(launch, kernel=kernel, runners={}, stages=[launch.info.num_stages])
+                tensors = base | {"dk": torch.empty_like(k), "dv": torch.empty_like(v)}
+                variant(tensors)
+                if reference is None:
+                    reference = (tensors["dk"].float(), tensors["dv"].float())
+                err = max(((tensors[r].float() - ref).norm() / ref.norm()).item()
+                          for r, ref in zip(("dk", "dv"), reference))
+                ms = triton.testing.do_bench(lambda: variant(tensors), warmup=10, rep=50, return_mode="median")
+                compiled = variant.launch_jit(variant.arguments(tensors)[0])
+                line.append(f"{name} {ms:.4f} ms {flops / ms / 1e9:.0f} TF/s "
+                            f"{compiled.n_regs}r/{compiled.n_spills}s diff {err:.0e}")
+            except Exception as err:  # an edit that does not apply or compile
+                line.append(f"{name} failed ({type(err).__name__}: {str(err)[:80]})")
+        print(" | ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -67,6 +67,10 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
+MAX_RUNNERS = 32
+"""Direct launchers kept per launch (one per argument specialization seen)."""
+
+
 @dataclass(frozen=True)
 class KernelLaunch:
     """One kernel of a compiled variant, ready to launch for one problem shape."""
@@ -114,6 +118,10 @@ class KernelLaunch:
         if _launchable(compiled) and self.constexprs is not None and (
             len(self.kernel.params) == len(args) + len(self.scalars) + len(self.constexprs)
         ):
+            if len(self.runners) >= MAX_RUNNERS:
+                # Views of ever-changing layouts (strides) would otherwise grow this forever;
+                # the JIT keeps its own compiled kernels, so forgetting costs one slow launch.
+                self.runners.clear()
             # A compiled kernel's launcher takes all three grid dimensions.
             self.runners[signature] = compiled[(*self.grid, 1)]
 

@@ -123,3 +123,15 @@ def test_out_of_shared_memory_at_one_stage_raises():
     jit = FakeJit(params(), out_of_memory=5)
     with pytest.raises(OutOfResources):
         make_launch(jit, stages=2)(tensors())
+
+
+def test_direct_launchers_are_bounded():
+    from attnfuse.runtime import launch as launch_module
+
+    jit = FakeJit(params())
+    launch = make_launch(jit)
+    storage = torch.zeros(64)
+    for batch_stride in range(64, 64 + launch_module.MAX_RUNNERS + 8):
+        # Same shape, another (unused) batch stride each time: a new specialization.
+        launch(tensors(storage.as_strided((1, 2, 8, 4), (batch_stride, 32, 4, 1))))
+    assert 0 < len(launch.runners) <= launch_module.MAX_RUNNERS

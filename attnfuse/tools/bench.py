@@ -60,6 +60,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import gc
+import hashlib
 import json
 import math
 import os
@@ -856,6 +857,18 @@ def _git_commit(repo: Path) -> str | None:
         return None
 
 
+def source_digest(package: Path | None = None) -> str:
+    """A digest of the attnfuse package's Python sources (or of those under `package`): it
+    names the code that ran even where the checkout's git metadata is missing or stale
+    (copies of a working tree). Run `python -c "from attnfuse.tools.bench import
+    source_digest; print(source_digest())"` in a checkout to match a result to a commit."""
+    package = package or Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def _source_root() -> Path | None:
     """The repository root when running from a source checkout."""
     root = Path(__file__).resolve().parents[2]
@@ -883,6 +896,7 @@ def collect_metadata(config: Config, started: _dt.datetime) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "git_commit": _git_commit(root) if root else None,
+        "source_digest": source_digest(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
 
@@ -963,7 +977,7 @@ def markdown_report(document: dict[str, Any]) -> str:
     meta, config = document["metadata"], document["config"]
     lines = [f"# attnfuse-bench {config['label']} ({config['mode']})", ""]
     for key in ("timestamp_utc", "gpu", "device", "torch", "triton", "attnfuse", "cuda", "cudnn",
-                "python", "git_commit"):
+                "python", "git_commit", "source_digest"):
         lines.append(f"- {key}: {meta.get(key)}")
     lines.append(
         f"- shape: B={config['batch']} Hq={config['heads']} Hkv={config['kv_heads']} "

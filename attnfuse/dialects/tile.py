@@ -227,6 +227,8 @@ KEY_ROW_ROLES = tuple(role for role in BLOCK_ROLES if role not in QUERY_ROW_ROLE
 
 FP32_ROLES = ("lse", "delta")
 """Block roles that are fp32 whatever the kernel's element type (per-row statistics)."""
+WIDENABLE_ROLES = ("q", "k", "q_rot", "k_rot")
+"""Operand roles a kernel may load widened to f32 (for score products at fp32 accuracy)."""
 
 
 @irdl_attr_definition
@@ -558,8 +560,8 @@ class LoadOp(IRDLOperation):
 
     Rows past the tensor's length and columns past its width read as 0, so ragged sizes
     never read out of bounds. The tile has the kernel's element type (fp32 for the per-row
-    statistics of `FP32_ROLES`), or is widened to fp32 on load: a kernel that needs exact
-    products of an operand (see `ScoresOp`) reads it as f32.
+    statistics of `FP32_ROLES`). q and k (`WIDENABLE_ROLES`) may also be widened to f32 on
+    load: a kernel that needs exact score products (see `ScoresOp`) reads them so.
     """
 
     name = "tile.load"
@@ -594,11 +596,13 @@ class LoadOp(IRDLOperation):
         kernel = _kernel_of(self)
         if self.role in FP32_ROLES and ty.elem != "f32":
             raise VerifyException(f"a loaded {self.role} tile must have element type f32, got {ty.elem}")
-        if kernel is not None and ty.elem not in (kernel.elem, "f32"):
-            raise VerifyException(
-                f"a loaded {self.role} tile must have element type {kernel.elem} (or be widened "
-                f"to f32), got {ty.elem}"
-            )
+        if kernel is not None and self.role not in FP32_ROLES and ty.elem != kernel.elem:
+            widenable = self.role in WIDENABLE_ROLES
+            if not (widenable and ty.elem == "f32"):
+                raise VerifyException(
+                    f"a loaded {self.role} tile must have element type {kernel.elem}"
+                    + (" (or be widened to f32)" if widenable else "") + f", got {ty.elem}"
+                )
 
     @classmethod
     def parse(cls, parser: Parser) -> LoadOp:
@@ -1350,7 +1354,9 @@ class SoftmaxUpdateOp(IRDLOperation):
 @irdl_op_definition
 class AccumulateOp(IRDLOperation):
     """`acc' = acc * alpha + p @ v`: adds a loop block's weighted rows to the accumulator
-    (`p` is converted to `v`'s type for the matrix product; accumulation is fp32). Without
+    (`p` is converted to `v`'s type for the matrix product; accumulation is fp32; a `v`
+    widened to f32 in an f16/bf16 kernel is rounded back to the kernel's type for it, so
+    every such product runs at the element type's precision and tensor-core rate). Without
     `alpha` the accumulator is not rescaled. `acc` is `m x c` and `v` is `n x c` for any column
     dim `c`: the forward's `p @ V`, and the backward's `dS @ K` (dQ), `P^T @ dO` (dV) and
     `dS^T @ Q` (dK), per column part."""

@@ -136,6 +136,10 @@ COLUMN_COMMENT = {
 }
 
 
+TRITON_TYPES = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32"}
+"""Triton's name of each tile element type."""
+
+
 @dataclass
 class KernelEmitter:
     """Emits one `tile.kernel` as a `@triton.jit` function."""
@@ -673,8 +677,16 @@ class KernelEmitter:
         self.emit("# tile.accumulate: " + ("acc * alpha + p @ v" if op.alpha is not None else "acc + p @ v"))
         scaled = f"{acc} * {self.namer[op.alpha]}[:, None]" if op.alpha is not None else acc
         result = self.fresh_result(op.result)
-        p_op = probs if self.upcast_dots else f"{probs}.to({value}.dtype)"
-        self.emit(f"{result} = tl.dot({p_op}, {self.dot_operand(value)}, acc={scaled}{self.dot_options()})")
+        assert isinstance(op.value.type, tile.TileType)
+        if op.value.type.elem == "f32" and self.elem != "f32" and not self.interpreter:
+            # An operand widened for exact scores: this product needs no more than the
+            # element type's precision, like every other gradient product.
+            elem = TRITON_TYPES[self.elem]
+            p_op, value_op = f"{probs}.to({elem})", f"{value}.to({elem})"
+        else:
+            value_op = self.dot_operand(value)
+            p_op = probs if self.upcast_dots else f"{probs}.to({value}.dtype)"
+        self.emit(f"{result} = tl.dot({p_op}, {value_op}, acc={scaled}{self.dot_options()})")
 
     def emit_softmax_finalize(self, op: tile.SoftmaxFinalizeOp) -> None:
         acc, row_max, row_sum = (self.namer[v] for v in op.operands)

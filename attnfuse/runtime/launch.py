@@ -86,8 +86,10 @@ class KernelLaunch:
     """The pipelining depth launched with: the kernel's `num_stages`, lowered by `__call__`
     if it does not fit (a one-element list, so that the frozen launch can update it)."""
 
-    runners: dict[tuple, Any] = field(default_factory=dict)
-    """Compiled kernels ready to launch, by the arguments' specialization (see `__call__`)."""
+    runners: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
+    """Compiled kernels' launchers, by the arguments' specialization (see `arguments`). A
+    launcher is bound to the device that was current at its first launch, as the JIT's
+    cache is; the runtime does not switch devices between calls of one plan."""
 
     def arguments(self, tensors: dict[str, torch.Tensor]) -> tuple[list[object], tuple]:
         """The kernel's runtime arguments before the scalars (each role's tensor, then its
@@ -95,20 +97,20 @@ class KernelLaunch:
         each tensor's dtype and 16-byte alignment and each integer's value (the scalars are
         fixed per launch)."""
         args: list[object] = []
-        key: list[object] = []
+        specialization: list[object] = []
         for role, strided in zip(self.info.roles, self.strided):
             t = tensors[role]
             args.append(t)
-            key += (t.dtype, t.data_ptr() % 16 == 0)
+            specialization += (t.dtype, t.data_ptr() % 16 == 0)
             if strided:
                 stride = t.stride()
                 args.extend(stride)
-                key.append(stride)
-        return args, tuple(key)
+                specialization.append(stride)
+        return args, tuple(specialization)
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
-        args, signature = self.arguments(tensors)
-        runner = self.runners.get(signature)
+        args, specialization = self.arguments(tensors)
+        runner = self.runners.get(specialization)
         if runner is not None:
             # The compiled kernel's own launcher: skips the JIT's per-call argument binding
             # and specialization (most of a launch's host time, and a step launches up to 8).
@@ -123,7 +125,7 @@ class KernelLaunch:
                 # the JIT keeps its own compiled kernels, so forgetting costs one slow launch.
                 self.runners.clear()
             # A compiled kernel's launcher takes all three grid dimensions.
-            self.runners[signature] = compiled[(*self.grid, 1)]
+            self.runners[specialization] = compiled[(*self.grid, 1)]
 
     @cached_property
     def constexprs(self) -> tuple[object, ...] | None:
@@ -154,7 +156,8 @@ class KernelLaunch:
 
 def _launchable(compiled: object) -> bool:
     """Whether the JIT returned a compiled GPU kernel that can be launched directly (the CPU
-    interpreter returns none)."""
+    interpreter returns none). `packed_metadata` is what the JIT itself hands the compiled
+    kernel's launcher; its absence means an interface this code does not know."""
     return hasattr(compiled, "packed_metadata") and hasattr(compiled, "__getitem__")
 
 

@@ -72,12 +72,11 @@ def _score_data_roles(facts: VariantFacts) -> list[str]:
 
 def needs_exact_scores(facts: VariantFacts, element_type: str) -> bool:
     """Whether the backward must form scores from unrounded rotated q and k: ReLU attention
-    with RoPE in f16/bf16. relu's derivative jumps at s = 0, so rounding the rotated operands
-    to the element type moves scores near 0 across the jump and flips their gradient (bf16
-    gradients then miss the reference by ~4e-2 on the H200). Softmax is smooth, and without
-    RoPE the operands are the inputs themselves, already exact."""
-    both_rotated = facts.query_rotation is not None and facts.key_rotation is not None
-    return facts.normalizer == "relu" and both_rotated and element_type != "f32"
+    with RoPE (on either operand) in f16/bf16. relu's derivative jumps at s = 0, so rounding
+    a rotated operand to the element type moves scores near 0 across the jump and flips
+    their gradient (bf16 gradients then missed the reference by ~4e-2 on the H200). Softmax
+    is smooth, and without RoPE the operands are the inputs themselves, already exact."""
+    return facts.normalizer == "relu" and facts.rotation is not None and element_type != "f32"
 
 
 def backward_facts(facts: VariantFacts, bwd_rope: str, element_type: str) -> VariantFacts:
@@ -86,11 +85,12 @@ def backward_facts(facts: VariantFacts, bwd_rope: str, element_type: str) -> Var
     `needs_exact_scores`, q and k are read widened to fp32 and rotated in registers instead
     (a pre-rotated copy would already be rounded)."""
     if needs_exact_scores(facts, element_type):
-        assert facts.query_rotation is not None and facts.key_rotation is not None
+        # Both operands are widened (a score's parts share one element type), and each
+        # rotation runs in registers on the unrounded input.
         return replace(
             facts,
-            query_rotation=replace(facts.query_rotation, fused=True),
-            key_rotation=replace(facts.key_rotation, fused=True),
+            query_rotation=facts.query_rotation and replace(facts.query_rotation, fused=True),
+            key_rotation=facts.key_rotation and replace(facts.key_rotation, fused=True),
             exact_scores=True,
         )
     if bwd_rope != "pre_rotated":

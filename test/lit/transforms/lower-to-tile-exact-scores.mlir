@@ -32,6 +32,7 @@
 // TRITON:           scores = tl.dot(k_lo_rot, tl.trans(q_lo_rot), input_precision="tf32x3")
 // TRITON-NEXT:      scores = tl.dot(k_hi_rot, tl.trans(q_hi_rot), acc=scores, input_precision="tf32x3")
 // TRITON:           grad_probs = tl.dot(v, tl.trans(grad_out))
+// TRITON:           dk_lo = tl.dot(grad_scores.to(tl.bfloat16), q_lo_rot.to(tl.bfloat16), acc=dk_lo)
 // TRITON-LABEL: def attention_bwd_dq(
 // TRITON:           scores = tl.dot(q_lo_rot, tl.trans(k_lo_rot), input_precision="tf32x3")
 attn.variant @relu_rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
@@ -48,16 +49,38 @@ attn.variant @relu_rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.valu
 
 // Softmax is smooth: its bf16 backward reads the rounded pre-rotated copies as usual.
 // CHECK:       tile.kernel @attention_bwd_dkdv(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>,
-// CHECK-NOT:     x f32> = tile.load %q
+// CHECK-NOT:     tile.load %{{[qk]}}_rot{{.*}}x f32>
 // CHECK:       tile.kernel @attention_bwd_dq(%q_rot: !tile.tensor<q_rot>,
+// CHECK-NOT:     tile.load %{{[qk]}}_rot{{.*}}x f32>
+// CHECK:       {{^}}}
 // TRITON-LABEL: def attention_bwd_dkdv(
 // TRITON-NOT:     tf32x3
+// TRITON-LABEL: def attention_bwd_dq(
+// TRITON-NOT:     tf32x3
+// TRITON:       {{^}}//{{ }}-----
 attn.variant @softmax_rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 5.000000e+05 : f64} : !attn.query
   %kr = attn.rope %k {theta = 5.000000e+05 : f64} : !attn.key
   %s = attn.scores %qr, %kr
   %m = attn.mask %s [#attn.causal]
   %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// A rotation of q alone (legal in the IR; the DSL rotates both): k is widened too, since a
+// score's parts share one element type.
+// CHECK:       tile.kernel @attention_bwd_dq(%q: !tile.tensor<q>, %k: !tile.tensor<k>,
+// CHECK:         %q_lo = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x half x f32>
+// CHECK:           %k_lo = tile.load %k[loop, half_lo] : !tile.tensor<k> -> !tile.tile<n x half x f32>
+// CHECK-NOT:       tile.rotate {{.*}}positions = "key"
+// CHECK:           tile.scores
+attn.variant @relu_rope_query_only(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.relu %s
   %o = attn.pv %p, %v
   attn.yield %o
 }

@@ -11,7 +11,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from attnfuse.lowering.triton import KernelInfo
-from attnfuse.runtime.launch import KernelLaunch
+from attnfuse.runtime.launch import MAX_RUNNERS, KernelLaunch
 
 
 class FakeParam:
@@ -51,16 +51,19 @@ class FakeJit:
 
 
 def make_launch(jit: FakeJit, stages: int = 3) -> KernelLaunch:
+    """A launch of a two-role kernel (q strided 4 ways, lse 3 ways) on a (2, 3) grid."""
     info = KernelInfo("attention_fwd", ("q", "lse"), "query_blocks", 64, 4, stages)
     return KernelLaunch(info, jit, (2, 3), (0.5, 7), (True, True), [stages])
 
 
 def params() -> list[FakeParam]:
+    """The fake kernel's parameters: pointers and strides, two scalars, two constexprs."""
     names = ["q_ptr", "sq_b", "sq_h", "sq_n", "sq_d", "lse_ptr", "sl_b", "sl_h", "sl_n", "sm_scale", "n"]
     return [FakeParam(n) for n in names] + [FakeParam("BLOCK_M", 64, True), FakeParam("HEAD_DIM", 32, True)]
 
 
 def tensors(q: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The launch's tensors by role (contiguous unless `q` is given)."""
     return {"q": torch.zeros(1, 2, 8, 4) if q is None else q, "lse": torch.zeros(1, 2, 8)}
 
 
@@ -126,12 +129,10 @@ def test_out_of_shared_memory_at_one_stage_raises():
 
 
 def test_direct_launchers_are_bounded():
-    from attnfuse.runtime import launch as launch_module
-
     jit = FakeJit(params())
     launch = make_launch(jit)
     storage = torch.zeros(64)
-    for batch_stride in range(64, 64 + launch_module.MAX_RUNNERS + 8):
+    for batch_stride in range(64, 64 + MAX_RUNNERS + 8):
         # Same shape, another (unused) batch stride each time: a new specialization.
         launch(tensors(storage.as_strided((1, 2, 8, 4), (batch_stride, 32, 4, 1))))
-    assert 0 < len(launch.runners) <= launch_module.MAX_RUNNERS
+    assert 0 < len(launch.runners) <= MAX_RUNNERS

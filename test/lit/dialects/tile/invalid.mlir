@@ -145,6 +145,15 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 
 // -----
 
+// Only q and k may be widened (for exact score products).
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %o[program, all] : !tile.tensor<o> -> !tile.tile<m x dv x f32>
+  tile.return
+}
+// CHECK: a loaded o tile must have element type f16, got f32
+
+// -----
+
 tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.load %q[loop, all] : !tile.tensor<q> -> !tile.tile<n x d x f16>
   tile.return

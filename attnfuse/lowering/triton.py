@@ -504,7 +504,7 @@ class KernelEmitter:
             q_op, k_op = self.dot_operand(self.namer[q]), self.dot_operand(self.namer[k])
             assert isinstance(q.type, tile.TileType)
             options = self.dot_options()
-            if q.type.elem == "f32" and self.elem != "f32" and not self.interpreter:
+            if q.type.elem == "f32" and self.elem != "f32" and not self.upcast_dots:
                 # Widened operands of a half-precision kernel: three tf32 products recover
                 # fp32 accuracy on tensor cores (plain tf32 keeps 10 mantissa bits).
                 options = ', input_precision="tf32x3"'
@@ -678,7 +678,7 @@ class KernelEmitter:
         scaled = f"{acc} * {self.namer[op.alpha]}[:, None]" if op.alpha is not None else acc
         result = self.fresh_result(op.result)
         assert isinstance(op.value.type, tile.TileType)
-        if op.value.type.elem == "f32" and self.elem != "f32" and not self.interpreter:
+        if op.value.type.elem == "f32" and self.elem != "f32" and not self.upcast_dots:
             # An operand widened for exact scores: this product needs no more than the
             # element type's precision, like every other gradient product.
             elem = TRITON_TYPES[self.elem]

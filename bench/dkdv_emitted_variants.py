@@ -9,9 +9,16 @@ inputs only:
 - `shared-offsets`: dO's pointers reuse q's offsets (one address tensor per loop step
   instead of two);
 - `dv-first`: dV's product is accumulated before dP is computed (the hand-written order);
-- both.
+- `no-licm`: the query-block loops are `tl.range(..., disable_licm=True)`, so that nothing
+  is hoisted out of them to live across the loop (fewer long-lived registers);
+- `flatten`: the loop over the GQA group's heads is `tl.range(..., flatten=True)`, one
+  pipelined loop instead of a pipeline restarted per head and band;
+- combinations of them.
 
     python bench/dkdv_emitted_variants.py [--configs 64,64,4,2;64,32,4,3]
+
+With `--cpu` it runs a small problem in Triton's interpreter instead, to check that every
+edit still computes the same dK and dV (the interpreter ignores the loop attributes).
 """
 
 from __future__ import annotations
@@ -49,12 +56,43 @@ def dv_first(source: str) -> str:
     return head + "def attention_bwd_dkdv(" + "\n".join(lines) + "\n@triton.jit" + tail
 
 
+QUERY_LOOPS = re.compile(r"for start_m in range\(([^,]+), ([^,]+), BLOCK_N\):")
+HEAD_LOOPS = re.compile(r"for head_in_group in range\(0, group_size\):")
+EDITS = [set(), {"shared-offsets"}, {"dv-first"}, {"no-licm"}, {"flatten"},
+         {"shared-offsets", "dv-first"}, {"shared-offsets", "dv-first", "no-licm"}]
+
+
+def in_dkdv(source: str, edit) -> str:
+    """Applies `edit` (text -> text) to the dK/dV kernel's source only."""
+    head, rest = source.split("def attention_bwd_dkdv(", 1)
+    body, tail = rest.split("\n@triton.jit", 1)
+    return head + "def attention_bwd_dkdv(" + edit(body) + "\n@triton.jit" + tail
+
+
 def variant_source(source: str, edits: set[str]) -> str:
+    """The emitted source with `edits` applied to its dK/dV kernel (each must change it)."""
+    for edit in edits:
+        if variant_source_one(source, edit) == source:
+            raise ValueError(f"edit {edit} does not apply to this kernel")
+    for edit in sorted(edits):
+        source = variant_source_one(source, edit)
+    return source
+
+
+def variant_source_one(source: str, edit: str) -> str:
+    """The source with one named edit applied."""
+    edits = {edit}
     if "shared-offsets" in edits:
         source, count = DO_POINTERS.subn(SAME_AS_Q, source)
         assert count, "no dO pointer expression found"
     if "dv-first" in edits:
         source = dv_first(source)
+    if "no-licm" in edits:
+        source = in_dkdv(source, lambda body: QUERY_LOOPS.sub(
+            r"for start_m in tl.range(\1, \2, BLOCK_N, disable_licm=True):", body))
+    if "flatten" in edits:
+        source = in_dkdv(source, lambda body: HEAD_LOOPS.sub(
+            "for head_in_group in tl.range(0, group_size, flatten=True):", body))
     return source
 
 
@@ -70,12 +108,15 @@ def load_kernel(source: str, name: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--configs", default="64,64,4,2;64,32,4,3")
+    parser.add_argument("--cpu", action="store_true", help="check the edits in the interpreter")
     args = parser.parse_args()
-    n, d, hq, hkv = 4096, 128, 32, 8
+    device = "cpu" if args.cpu else "cuda"
+    n, d, hq, hkv = (96, 32, 4, 2) if args.cpu else (4096, 128, 32, 8)
+    dtype = torch.float16 if args.cpu else torch.bfloat16
     torch.manual_seed(0)
-    q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, hq, n, d, device=device, dtype=dtype)
+    k = torch.randn(1, hkv, n, d, device=device, dtype=dtype)
+    v = torch.randn(1, hkv, n, d, device=device, dtype=dtype)
     grad_out = torch.randn_like(q)
     spec = af.attention(af.causal())
     flops = 4 * 2 * hq * n * n * d / 2
@@ -88,10 +129,10 @@ def main() -> None:
         base = {"q": q, "k": k, "v": v, "o": out, "lse": lse, "do": grad_out, "delta": delta,
                 "dq": torch.empty_like(q)}
         launch = next(x for x in plan.launches if x.info.name == "attention_bwd_dkdv")
-        program, _path, _key = generate_program(spec, fn.compile_key(check_inputs(spec, q, k, v)), False)
+        program, _path, _key = generate_program(spec, fn.compile_key(check_inputs(spec, q, k, v)), args.cpu)
         line = [f"cfg={cfg}"]
         reference = None
-        for edits in (set(), {"shared-offsets"}, {"dv-first"}, {"shared-offsets", "dv-first"}):
+        for edits in EDITS:
             name = "+".join(sorted(edits)) or "emitted"
             try:
                 kernel = load_kernel(variant_source(program.source, edits), "attention_bwd_dkdv")
@@ -102,7 +143,10 @@ def main() -> None:
                     reference = (tensors["dk"].float(), tensors["dv"].float())
                 err = max(((tensors[r].float() - ref).norm() / ref.norm()).item()
                           for r, ref in zip(("dk", "dv"), reference))
-                ms = triton.testing.do_bench(lambda: variant(tensors), warmup=10, rep=50, return_mode="median")
+                if args.cpu:
+                    line.append(f"{name} diff {err:.0e}")
+                    continue
+                ms = triton.testing.do_bench(lambda v=variant, t=tensors: v(t), warmup=10, rep=50, return_mode="median")
                 compiled = variant.launch_jit(variant.arguments(tensors)[0])
                 line.append(f"{name} {ms:.4f} ms {flops / ms / 1e9:.0f} TF/s "
                             f"{compiled.n_regs}r/{compiled.n_spills}s diff {err:.0e}")

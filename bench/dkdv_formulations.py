@@ -25,6 +25,7 @@ import argparse
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import attnfuse as af
 
@@ -114,21 +115,76 @@ def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N, GROUP: 
     tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty))
 
 
+@triton.jit
+def _step_tma(k, v, dk, dv, q_desc, do_desc, LSE2, DELTA, head, start, keys, qk_scale, N,
+              BLOCK_Q: tl.constexpr, MASKED: tl.constexpr):
+    """`_step` (transposed, folded scale) with q and dO read through tensor descriptors
+    (TMA on Hopper: no per-element addresses in registers)."""
+    queries = start + tl.arange(0, BLOCK_Q)
+    q = q_desc.load([head * N + start, 0])
+    do = do_desc.load([head * N + start, 0])
+    lse2 = tl.load(LSE2 + head * N + queries)
+    delta = tl.load(DELTA + head * N + queries)
+    st = tl.dot(k, tl.trans(q))
+    pt = tl.math.exp2(st * qk_scale - lse2[None, :])
+    if MASKED:
+        pt = tl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+    dv = tl.dot(pt.to(do.dtype), do, acc=dv)
+    dpt = tl.dot(v, tl.trans(do))
+    dst = pt * (dpt - delta[None, :])
+    dk = tl.dot(dst.to(q.dtype), q, acc=dk)
+    return dk, dv
+
+
+@triton.jit
+def dkdv_tma_kernel(q_desc, K, V, do_desc, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N,
+                    GROUP: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
+                    D: tl.constexpr):
+    """The split-loop transposed kernel with descriptor loads of the loop operands. q and dO
+    are 2-D `[Hq * N, D]` views: the prototype needs N to be a multiple of BLOCK_Q."""
+    block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    keys = block * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = tl.arange(0, D)
+    kv_offsets = kv_head * N * D + keys[:, None] * D + cols[None, :]
+    k = tl.load(K + kv_offsets)
+    v = tl.load(V + kv_offsets)
+    dk = tl.zeros([BLOCK_K, D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_K, D], dtype=tl.float32)
+    first = block * BLOCK_K
+    full = first + BLOCK_K
+    for g in range(GROUP):
+        head = kv_head * GROUP + g
+        for start in range(first, full, BLOCK_Q):
+            dk, dv = _step_tma(k, v, dk, dv, q_desc, do_desc, LSE2, DELTA, head, start, keys,
+                               qk_scale, N, BLOCK_Q, True)
+    for g in range(GROUP):
+        head = kv_head * GROUP + g
+        for start in range(full, N, BLOCK_Q):
+            dk, dv = _step_tma(k, v, dk, dv, q_desc, do_desc, LSE2, DELTA, head, start, keys,
+                               qk_scale, N, BLOCK_Q, False)
+    tl.store(DK + kv_offsets, (dk * sm_scale).to(DK.dtype.element_ty))
+    tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty))
+
+
 CONFIGS = [(64, 32, 4, 3), (64, 64, 4, 2), (128, 32, 8, 3), (128, 64, 8, 2), (128, 32, 8, 2),
            (128, 64, 8, 3), (128, 32, 4, 3), (64, 32, 4, 2)]
 VARIANTS = {
     "transposed": (False, True, False),
     "natural": (True, True, False),
 }
-"""name -> (NATURAL, FOLD, SPLIT)."""
+"""name -> (NATURAL, FOLD, SPLIT), or None for the tensor-descriptor kernel."""
 ABLATION = {
     "transposed": (False, True, False),
     "transposed-unfolded": (False, False, False),
     "transposed-split": (False, True, True),
     "transposed-unfolded-split": (False, False, True),
+    "transposed-split-tma": None,
 }
 """The transposed kernel stepped towards the compiler's (scale not folded into the exponent,
-separate diagonal and full loops), to find which difference costs time."""
+separate diagonal and full loops), to find which difference costs time; and the split kernel
+with q and dO read through tensor descriptors (TMA), which hold no per-element addresses in
+registers."""
 
 
 def main() -> None:
@@ -167,14 +223,25 @@ def main() -> None:
         except Exception as err:  # a configuration that does not fit
             line.append(f"compiler failed ({type(err).__name__})")
         lse2 = (lse * LOG2E).contiguous()
-        for name, (natural, fold, split) in variants.items():
+        for name, flags in variants.items():
             dk, dv = torch.empty_like(k), torch.empty_like(v)
+            if flags is None:  # tensor descriptors for q and dO
+                q_desc = TensorDescriptor.from_tensor(q.view(hq * n, d), [bn, d])
+                do_desc = TensorDescriptor.from_tensor(grad_out.view(hq * n, d), [bn, d])
 
-            def run(natural=natural, fold=fold, split=split, dk=dk, dv=dv):
-                return dkdv_kernel[(n // bm, hkv)](
-                    q, k, v, grad_out, lse2, delta, dk, dv, sm_scale * LOG2E, sm_scale, n,
-                    GROUP=hq // hkv, BLOCK_K=bm, BLOCK_Q=bn, D=d, NATURAL=natural, FOLD=fold,
-                    SPLIT=split, num_warps=warps, num_stages=stages)
+                def run(dk=dk, dv=dv, q_desc=q_desc, do_desc=do_desc):
+                    return dkdv_tma_kernel[(n // bm, hkv)](
+                        q_desc, k, v, do_desc, lse2, delta, dk, dv, sm_scale * LOG2E, sm_scale,
+                        n, GROUP=hq // hkv, BLOCK_K=bm, BLOCK_Q=bn, D=d, num_warps=warps,
+                        num_stages=stages)
+            else:
+                natural, fold, split = flags
+
+                def run(natural=natural, fold=fold, split=split, dk=dk, dv=dv):
+                    return dkdv_kernel[(n // bm, hkv)](
+                        q, k, v, grad_out, lse2, delta, dk, dv, sm_scale * LOG2E, sm_scale, n,
+                        GROUP=hq // hkv, BLOCK_K=bm, BLOCK_Q=bn, D=d, NATURAL=natural,
+                        FOLD=fold, SPLIT=split, num_warps=warps, num_stages=stages)
             try:
                 compiled = run()
                 ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")

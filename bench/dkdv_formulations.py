@@ -33,16 +33,9 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale, sm_scale, N,
-          D: tl.constexpr, BLOCK_Q: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr,
-          MASKED: tl.constexpr):
-    """One query block's contribution to dK and dV."""
-    queries = start + tl.arange(0, BLOCK_Q)
-    q_offsets = head * N * D + queries[:, None] * D + cols[None, :]
-    q = tl.load(Q + q_offsets)
-    do = tl.load(DO + q_offsets)
-    lse2 = tl.load(LSE2 + head * N + queries)
-    delta = tl.load(DELTA + head * N + queries)
+def _contribution(k, v, dk, dv, q, do, lse2, delta, queries, keys, qk_scale, sm_scale,
+                  NATURAL: tl.constexpr, FOLD: tl.constexpr, MASKED: tl.constexpr):
+    """One query block's contribution to dK and dV, from its loaded q, dO, lse and delta."""
     if NATURAL:
         s = tl.dot(q, tl.trans(k))
         if FOLD:
@@ -70,6 +63,21 @@ def _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale, s
         dst = pt * (dpt - delta[None, :])
         dk = tl.dot(dst.to(q.dtype), q, acc=dk)
     return dk, dv
+
+
+@triton.jit
+def _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale, sm_scale, N,
+          D: tl.constexpr, BLOCK_Q: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr,
+          MASKED: tl.constexpr):
+    """One query block's contribution, its q and dO read through pointers."""
+    queries = start + tl.arange(0, BLOCK_Q)
+    q_offsets = head * N * D + queries[:, None] * D + cols[None, :]
+    q = tl.load(Q + q_offsets)
+    do = tl.load(DO + q_offsets)
+    lse2 = tl.load(LSE2 + head * N + queries)
+    delta = tl.load(DELTA + head * N + queries)
+    return _contribution(k, v, dk, dv, q, do, lse2, delta, queries, keys, qk_scale, sm_scale,
+                         NATURAL, FOLD, MASKED)
 
 
 @triton.jit
@@ -118,22 +126,15 @@ def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N, GROUP: 
 @triton.jit
 def _step_tma(k, v, dk, dv, q_desc, do_desc, LSE2, DELTA, head, start, keys, qk_scale, N,
               BLOCK_Q: tl.constexpr, MASKED: tl.constexpr):
-    """`_step` (transposed, folded scale) with q and dO read through tensor descriptors
-    (TMA on Hopper: no per-element addresses in registers)."""
+    """One query block's contribution (transposed, folded scale), its q and dO read through
+    tensor descriptors (TMA on Hopper: no per-element addresses in registers)."""
     queries = start + tl.arange(0, BLOCK_Q)
     q = q_desc.load([head * N + start, 0])
     do = do_desc.load([head * N + start, 0])
     lse2 = tl.load(LSE2 + head * N + queries)
     delta = tl.load(DELTA + head * N + queries)
-    st = tl.dot(k, tl.trans(q))
-    pt = tl.math.exp2(st * qk_scale - lse2[None, :])
-    if MASKED:
-        pt = tl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-    dv = tl.dot(pt.to(do.dtype), do, acc=dv)
-    dpt = tl.dot(v, tl.trans(do))
-    dst = pt * (dpt - delta[None, :])
-    dk = tl.dot(dst.to(q.dtype), q, acc=dk)
-    return dk, dv
+    return _contribution(k, v, dk, dv, q, do, lse2, delta, queries, keys, qk_scale, 1.0,
+                         False, True, MASKED)
 
 
 @triton.jit

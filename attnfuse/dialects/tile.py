@@ -956,15 +956,15 @@ class MaskOp(IRDLOperation):
             raise VerifyException("tile.mask belongs in a masked tile.kv_loop or tile.q_loop")
 
 
-@irdl_op_definition
-class KVBoundsOp(IRDLOperation):
-    """The key range a query block visits, split into three consecutive ranges:
-    `[start, full_start)` partial blocks, `[full_start, full_end)` full blocks (every key kept
-    by every row: no mask work), `[full_end, end)` partial blocks. Key blocks outside
-    `[start, end)` are empty and never visited. Computed from the mask band and block sizes.
-    """
+class _BandBounds(IRDLOperation):
+    """What `tile.kv_bounds` and `tile.q_bounds` share: four index results splitting the
+    loop's block range into `[start, full_start)` partial blocks, `[full_start, full_end)` full
+    blocks (every pair kept: no mask work) and `[full_end, end)` partial blocks, computed from
+    the mask band and the block sizes. Blocks outside `[start, end)` are empty and never
+    visited. Each is legal only in the grid whose program rows it bounds against."""
 
-    name = "tile.kv_bounds"
+    GRID: ClassVar[str]
+    OWNS: ClassVar[str]
 
     band = prop_def(BandAttr)
     start = result_def(IndexType)
@@ -981,8 +981,18 @@ class KVBoundsOp(IRDLOperation):
 
     def verify_(self) -> None:
         kernel = _kernel_of(self)
-        if kernel is not None and kernel.grid != "query_blocks":
-            raise VerifyException("tile.kv_bounds needs a kernel whose programs own query blocks")
+        if kernel is not None and kernel.grid != self.GRID:
+            raise VerifyException(f"{self.name} needs a kernel whose programs own {self.OWNS} blocks")
+
+
+@irdl_op_definition
+class KVBoundsOp(_BandBounds):
+    """The key blocks a query block visits (in a `query_blocks` kernel), split as
+    `_BandBounds` says."""
+
+    name = "tile.kv_bounds"
+    GRID: ClassVar[str] = "query_blocks"
+    OWNS: ClassVar[str] = "query"
 
 
 class _RangeLoop(IRDLOperation):
@@ -1117,31 +1127,13 @@ class SparseKVLoopOp(_ListLoop):
 
 
 @irdl_op_definition
-class QBoundsOp(IRDLOperation):
-    """The query range that visits the program's key block (in a `key_blocks` kernel), split
-    like `tile.kv_bounds`: `[start, full_start)` partial query blocks, `[full_start,
-    full_end)` full ones (every query keeps every key of the block), `[full_end, end)` partial.
-    Query blocks outside `[start, end)` drop the whole key block and are never visited."""
+class QBoundsOp(_BandBounds):
+    """The query blocks that visit the program's key block (in a `key_blocks` kernel), split
+    as `_BandBounds` says: full query blocks keep every key of the block."""
 
     name = "tile.q_bounds"
-
-    band = prop_def(BandAttr)
-    start = result_def(IndexType)
-    full_start = result_def(IndexType)
-    full_end = result_def(IndexType)
-    end = result_def(IndexType)
-
-    assembly_format = "attr-dict"
-    irdl_options = (ParsePropInAttrDict(),)
-    traits = traits_def(Pure())
-
-    def __init__(self, band: BandAttr):
-        super().__init__(result_types=[IndexType()] * 4, properties={"band": band})
-
-    def verify_(self) -> None:
-        kernel = _kernel_of(self)
-        if kernel is not None and kernel.grid != "key_blocks":
-            raise VerifyException("tile.q_bounds needs a kernel whose programs own key blocks")
+    GRID: ClassVar[str] = "key_blocks"
+    OWNS: ClassVar[str] = "key"
 
 
 @irdl_op_definition

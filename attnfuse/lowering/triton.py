@@ -532,29 +532,36 @@ class KernelEmitter:
         self.emit(f"{keep} = {' & '.join(conds) if conds else 'True'}")
         self.emit(f"{self.namer.define(op.result)} = tl.where({keep}, {self.namer[op.input]}, float(\"-inf\"))")
 
-    def emit_kv_bounds(self, op: tile.KVBoundsOp) -> None:
-        lower, upper = op.band.bounds
+    def emit_band_range(self, op: tile.KVBoundsOp | tile.QBoundsOp, first: str, last: str,
+                        lower: int | None, upper: int | None, length: str) -> None:
+        """The loop's block range for program rows at positions `first..last`, which keep
+        loop rows at positions `row + [lower, upper]` of `length` loop rows, split into
+        partial / full / partial blocks (`tile._BandBounds`)."""
         start, full_start, full_end, end = (self.namer.define(r) for r in op.results)
-        self.emit(f"# tile.kv_bounds: key blocks this query block visits (band q_pos + [{lower}, {upper}])")
-        self.emit("q_first = block_id * BLOCK_M + (n_k - n_q)  # position of the block's first query")
-        self.emit("q_last = q_first + (BLOCK_M - 1)")
         # Clamp at 0 before dividing: integer division of negatives differs between the GPU
         # (truncation) and the interpreter (floor).
         if lower is None:
             self.emit(f"{start} = 0")
             self.emit(f"{full_start} = 0")
         else:
-            self.emit(f"{start} = tl.maximum({plus('q_first', lower)}, 0) // BLOCK_N * BLOCK_N")
-            self.emit(f"{full_start} = (tl.maximum({plus('q_last', lower)}, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N")
+            self.emit(f"{start} = tl.maximum({plus(first, lower)}, 0) // BLOCK_N * BLOCK_N")
+            self.emit(f"{full_start} = (tl.maximum({plus(last, lower)}, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N")
         if upper is None:
-            self.emit(f"{end} = n_k")
-            self.emit(f"{full_end} = n_k // BLOCK_N * BLOCK_N")
+            self.emit(f"{end} = {length}")
+            self.emit(f"{full_end} = {length} // BLOCK_N * BLOCK_N")
         else:
-            self.emit(f"{end} = tl.minimum({plus('q_last', upper + 1)}, n_k)")
-            self.emit(f"{full_end} = tl.maximum(tl.minimum({plus('q_first', upper + 1)}, n_k), 0) // BLOCK_N * BLOCK_N")
+            self.emit(f"{end} = tl.minimum({plus(last, upper + 1)}, {length})")
+            self.emit(f"{full_end} = tl.maximum(tl.minimum({plus(first, upper + 1)}, {length}), 0) // BLOCK_N * BLOCK_N")
         self.emit("# Full blocks lie inside [start, end); blocks outside it are empty and skipped.")
         self.emit(f"{full_start} = tl.minimum(tl.maximum({full_start}, {start}), {end})")
         self.emit(f"{full_end} = tl.minimum(tl.maximum({full_end}, {full_start}), {end})")
+
+    def emit_kv_bounds(self, op: tile.KVBoundsOp) -> None:
+        lower, upper = op.band.bounds
+        self.emit(f"# tile.kv_bounds: key blocks this query block visits (band q_pos + [{lower}, {upper}])")
+        self.emit("q_first = block_id * BLOCK_M + (n_k - n_q)  # position of the block's first query")
+        self.emit("q_last = q_first + (BLOCK_M - 1)")
+        self.emit_band_range(op, "q_first", "q_last", lower, upper, "n_k")
 
     def emit_kv_loop(self, op: tile.KVLoopOp) -> None:
         masked = op.masked is not None
@@ -753,27 +760,15 @@ class KernelEmitter:
 
     def emit_q_bounds(self, op: tile.QBoundsOp) -> None:
         lower, upper = op.band.bounds
-        start, full_start, full_end, end = (self.namer.define(r) for r in op.results)
         self.emit(f"# tile.q_bounds: query blocks that visit this key block (band q_pos + [{lower}, {upper}])")
-        # The query rows whose positions equal the block's first and last keys.
+        # The query rows whose positions equal the block's first and last keys. Seen from the
+        # key rows, a query row is kept at `key - (Nk - Nq) + [-upper, -lower]`.
         self.emit("diag_first = block_id * BLOCK_M - (n_k - n_q)")
         self.emit("diag_last = tl.minimum(block_id * BLOCK_M + BLOCK_M, n_k) - 1 - (n_k - n_q)")
-        if upper is None:
-            self.emit(f"{start} = 0")
-            self.emit(f"{full_start} = 0")
-        else:
-            self.emit(f"{start} = tl.maximum({plus('diag_first', -upper)}, 0) // BLOCK_N * BLOCK_N")
-            self.emit(f"{full_start} = (tl.maximum({plus('diag_last', -upper)}, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N")
-        if lower is None:
-            self.emit(f"{end} = n_q")
-            self.emit(f"{full_end} = n_q // BLOCK_N * BLOCK_N")
-        else:
-            self.emit(f"{end} = tl.minimum({plus('diag_last', 1 - lower)}, n_q)")
-            self.emit(f"{full_end} = tl.maximum(tl.minimum({plus('diag_first', 1 - lower)}, n_q), 0) // BLOCK_N * BLOCK_N")
-        self.emit("# Full blocks lie inside [start, end); blocks outside it are empty and skipped.")
-        self.emit(f"{full_start} = tl.minimum(tl.maximum({full_start}, {start}), {end})")
-        self.emit(f"{full_end} = tl.minimum(tl.maximum({full_end}, {full_start}), {end})")
+        self.emit_band_range(op, "diag_first", "diag_last", None if upper is None else -upper,
+                             None if lower is None else -lower, "n_q")
         self.emit("# A ragged last key block has padded rows: every query block is partial for it.")
+        full_start, full_end = (self.namer[r] for r in op.results[1:3])
         self.emit(f"{full_end} = tl.where(block_id * BLOCK_M + BLOCK_M <= n_k, {full_end}, {full_start})")
 
     def emit_row_dot(self, op: tile.RowDotOp) -> None:

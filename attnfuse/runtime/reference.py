@@ -209,3 +209,16 @@ def reference_gradients(
     names = list(leaves)
     grads = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
     return {n: (torch.zeros_like(leaves[n]) if g is None else g) for n, g in zip(names, grads)}
+
+
+def gradient_errors(got: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, float]:
+    """`||g - ref|| / ||ref||` per gradient in `got` (names as `reference_gradients` returns
+    them), the measure the backward's bounds are stated in. A gradient whose reference is
+    tiny against dv's (a bias constant along keys: softmax is shift-invariant) is measured
+    against 1e-3 of dv's norm instead, not against rounding noise."""
+    floor = reference["v"].norm().item() * 1e-3
+    return {
+        name: (grad.double() - reference[name].to(grad.device)).norm().item()
+        / max(reference[name].norm().item(), floor)
+        for name, grad in got.items()
+    }

@@ -95,3 +95,16 @@ def test_reference_position_zero_is_identity():
     spec = af.attention(af.rope())
     q, k, v = (t.double() for t in make_qkv(1, 1, nq=1, nk=1, d=16))
     torch.testing.assert_close(af.reference_attention(spec, q, k, v), v, rtol=0, atol=1e-12)
+
+
+def test_gradient_errors_are_norm_relative_with_a_floor_at_dv():
+    from attnfuse.runtime.reference import gradient_errors
+
+    ref = {"q": torch.full((4,), 2.0, dtype=torch.float64), "v": torch.full((4,), 1.0, dtype=torch.float64),
+           "bias": torch.zeros(4, dtype=torch.float64)}
+    got = {"q": ref["q"] * 1.01, "v": ref["v"].float(), "bias": torch.full((4,), 1e-3)}
+    errors = gradient_errors(got, ref)
+    assert errors["q"] == pytest.approx(0.01)
+    assert errors["v"] == 0.0
+    # ||bias - 0|| = 2e-3 is measured against 1e-3 * ||dv|| = 2e-3, not against ||0||.
+    assert errors["bias"] == pytest.approx(1.0)

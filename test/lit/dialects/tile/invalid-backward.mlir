@@ -553,3 +553,48 @@ tile.kernel @k(%k: !tile.tensor<k>, %rope_table: !tile.tensor<rope_table>) attri
   tile.return
 }
 // CHECK: {{^}}query positions, but the program rows of a key_blocks kernel are key rows
+
+// -----
+
+// dot_transposed multiplies operands of one element type (a widened q with an f16 k).
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %kk = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %qq = tile.load %q[loop, all] : !tile.tensor<q> -> !tile.tile<n x d x f32>
+    %dp = tile.dot_transposed %kk, %qq : !tile.tile<m x d x f16>, !tile.tile<n x d x f32> -> !tile.tile<m x n x f32>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}dot_transposed operands differ in element type
+
+// -----
+
+// A query loop's results have the types of its iter_args.
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x dv x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}tile.q_loop results must have the types of its iter_args
+
+// -----
+
+// A query loop's body arguments have the types of its iter_args.
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>):
+    tile.yield %a0 : !tile.tile<m x dv x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}tile.q_loop body arguments must have the types of its iter_args

@@ -56,6 +56,11 @@ class CallPlan:
     schedules: dict[tuple[str, ...], tuple[KernelLaunch, ...]] = field(default_factory=dict)
     """The launches `CompiledAttention._run` makes for a set of kernels, worked out once."""
 
+    def reads(self, role: str) -> bool:
+        """Whether any kernel of the plan takes a tensor of `role` (the compiled program, not
+        the spec, says which buffers a call must provide)."""
+        return any(role in launch.info.roles for launch in self.launches)
+
 
 MAX_ROPE_POSITION = 2**24
 """Positions beyond this are not exact in fp32, the precision the rotation is defined in."""
@@ -191,7 +196,7 @@ class CompiledAttention:
         # the last layout seen. Reuse them only for that very tensor object, unmodified since
         # (its in-place version counter unchanged): another tensor may share its storage or,
         # once it is freed, its address.
-        key = (layout._version, plan.problem, plan.config, backward)
+        key = (layout._version, plan.problem, plan.config)
         cached = self._sparse_cache.get(backward)
         if cached is not None and cached[0] is layout and cached[1] == key:
             return cached[2]
@@ -369,7 +374,7 @@ class CompiledAttention:
         sparse = self.spec.block(BlockSparse)
         if isinstance(sparse, BlockSparse):
             tensors |= self._layout_lists(data["block_layout"], sparse.block_size, plan, backward=True)
-        if self.spec.block(Relu) is None:
+        if plan.reads("delta"):  # softmax: relu attention has no delta and no preprocess
             delta = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
             tensors["delta"] = delta
             self._run(plan, tensors, ("attention_bwd_preprocess",))
@@ -412,8 +417,6 @@ class _AttentionFunction(torch.autograd.Function):
         bias_grad = ctx.needs_input_grad[6]
         if grad_out is None:
             grad_out = torch.zeros_like(ctx.saved_tensors[3])
-        if fn.spec.block(Relu) is not None:
-            grad_lse = None
         dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, ctx.saved_tensors, grad_out, grad_lse, bias_grad)
         if dbias is not None:
             # Summed over the broadcast dims in fp32, then rounded once to the bias's type.

@@ -79,6 +79,22 @@ def needs_exact_scores(facts: VariantFacts, element_type: str) -> bool:
     return facts.normalizer == "relu" and facts.rotation is not None and element_type != "f32"
 
 
+def _gradient_kernel_roles(
+    facts: VariantFacts, gradients: Sequence[str], list_suffix: str, bias_grad: bool = False
+) -> list[str]:
+    """The parameters of a dK/dV or dQ kernel: q and k (or their rotated copies), v, dO, the
+    softmax statistics, the `gradients` it writes, then what rotations and score
+    modifications read (and `dbias` with `bias_grad`), then the block-sparse lists it walks
+    (`list_suffix` "_q": lists of query blocks)."""
+    q_source, k_source = _sources(facts)
+    stats = ["lse", "delta"] if facts.normalizer == "softmax" else []
+    roles = [q_source, k_source, "v", "do", *stats, *gradients, *_rotation_roles(facts),
+             *_score_data_roles(facts), *(["dbias"] if bias_grad else [])]
+    if facts.sparse_block_size is not None:
+        roles += [f"{kind}{list_suffix}_{what}" for kind in ("full", "partial") for what in ("blocks", "count")]
+    return roles
+
+
 def backward_facts(facts: VariantFacts, bwd_rope: str, element_type: str) -> VariantFacts:
     """The variant as the backward kernels see it: with `bwd_rope == "pre_rotated"` every
     rotation reads the rotation kernel's copy (see `LowerToTilePass.bwd_rope`); where
@@ -221,10 +237,7 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelO
     """dK and dV: programs own key blocks and walk query blocks (see the module docstring)."""
     q_source, k_source = _sources(facts)
     softmax = facts.normalizer == "softmax"
-    roles = [q_source, k_source, "v", "do", *(["lse", "delta"] if softmax else []), "dk", "dv",
-             *_rotation_roles(facts), *_score_data_roles(facts)]
-    if facts.sparse_block_size is not None:
-        roles += ["full_q_blocks", "full_q_count", "partial_q_blocks", "partial_q_count"]
+    roles = _gradient_kernel_roles(facts, ["dk", "dv"], "_q")
     rotation = facts.rotation
     k = KernelBuilder("attention_bwd_dkdv", roles, "key_blocks", config,
                       rotation.rotary_dim if rotation else None)
@@ -266,12 +279,7 @@ def build_dq_kernel(facts: VariantFacts, config: KernelConfig, bias_grad: bool) 
     """dQ (and, with `bias_grad`, the full-size dBias): programs own query blocks."""
     q_source, k_source = _sources(facts)
     softmax = facts.normalizer == "softmax"
-    roles = [q_source, k_source, "v", "do", *(["lse", "delta"] if softmax else []), "dq",
-             *_rotation_roles(facts), *_score_data_roles(facts)]
-    if bias_grad:
-        roles.append("dbias")
-    if facts.sparse_block_size is not None:
-        roles += ["full_blocks", "full_count", "partial_blocks", "partial_count"]
+    roles = _gradient_kernel_roles(facts, ["dq"], "", bias_grad)
     rotation = facts.rotation
     name = "attention_bwd_dq_bias" if bias_grad else "attention_bwd_dq"
     k = KernelBuilder(name, roles, "query_blocks", config, rotation.rotary_dim if rotation else None)

@@ -499,20 +499,40 @@ class KernelEmitter:
     def emit_scores(self, op: tile.ScoresOp) -> None:
         name = self.namer.define(op.result)
         self.emit("# tile.scores: q @ k^T summed over column parts, fp32 accumulation")
-        for i, (q, k) in enumerate(zip(op.queries, op.keys)):
-            acc = f", acc={name}" if i else ""
-            q_op, k_op = self.dot_operand(self.namer[q]), self.dot_operand(self.namer[k])
+        products: list[tuple[str, str]] = []
+        for q, k in zip(op.queries, op.keys):
             assert isinstance(q.type, tile.TileType)
-            options = self.dot_options()
             if q.type.elem == "f32" and self.elem != "f32" and not self.upcast_dots:
-                # Widened operands of a half-precision kernel: three tf32 products recover
-                # fp32 accuracy on tensor cores (plain tf32 keeps 10 mantissa bits).
-                options = ', input_precision="tf32x3"'
-            self.emit(f"{name} = tl.dot({q_op}, tl.trans({k_op}){acc}{options})")
+                products += self.split_products(self.namer[q], self.namer[k])
+            else:
+                products.append((self.dot_operand(self.namer[q]), self.dot_operand(self.namer[k])))
+        for i, (q_op, k_op) in enumerate(products):
+            acc = f", acc={name}" if i else ""
+            self.emit(f"{name} = tl.dot({q_op}, tl.trans({k_op}){acc}{self.dot_options()})")
         if op.scale is None:
             self.emit(f"{name} = {name} * sm_scale")
         else:
             self.emit(f"{name} = {name} * {op.scale.value.data!r}  # static scale")
+
+    def split_products(self, q: str, k: str) -> list[tuple[str, str]]:
+        """The element-type products whose fp32 sum is q @ k^T of widened (fp32) operands to
+        about 2^-16 relative (bf16; 2^-22 in fp16), on the tensor cores' native half-precision
+        path: each operand is split into a rounded head and the rounded remainder, and the
+        three products that matter are summed, smallest first (head x head last).
+
+        Why not `input_precision="tf32x3"` on the fp32 operands: Triton 3.6 on the H200
+        miscompiled a dK/dV kernel that fed one widened operand to a tf32x3 product and its
+        rounding to a half-precision product (wrong dK, then an illegal memory access;
+        bench/results/20261129T1700Z-gpu_check_backward-relu-tf32x3.log)."""
+        elem = TRITON_TYPES[self.elem]
+        parts = {}
+        for value in (q, k):
+            head, rest = self.namer.fresh(f"{value}_head"), self.namer.fresh(f"{value}_rest")
+            self.emit(f"{head} = {value}.to({elem})")
+            self.emit(f"{rest} = ({value} - {head}.to(tl.float32)).to({elem})")
+            parts[value] = (head, rest)
+        (q_head, q_rest), (k_head, k_rest) = parts[q], parts[k]
+        return [(q_rest, k_head), (q_head, k_rest), (q_head, k_head)]
 
     def emit_mask(self, op: tile.MaskOp) -> None:
         loop = self.loop_vars[-1]

@@ -56,6 +56,14 @@ class TileConfig:
         )
 
 
+FORWARD_HOPPER = (64, 64, 4, 3)
+"""Forward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16, D=64 and D=128:
+the best or within 2% of the best of bench/forward_kernels.py at every measured point
+(bench/results/20261129T1710Z-forward_kernels.log: causal and RoPE + causal, Llama-3-8B
+geometry at N=2048/4096/8192 and the paper's D=64 shape at N=4096). Against the previous
+(128, 64, 8, 3) at D=128 it is 8-16% faster below N=8192 and 3-5% at N=8192; against the
+previous (128, 64, 4, 3) at D=64, 5-9% faster."""
+
 BACKWARD_HOPPER_D64 = (64, 32, 4, 3, 64, 64, 4, 3)
 BACKWARD_HOPPER_D128 = (64, 64, 4, 2, 64, 32, 4, 3)
 """Backward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16: for dQ (and the
@@ -75,13 +83,15 @@ def choose_tile_config(problem: Problem) -> TileConfig:
     d = max(problem.head_dim, problem.head_dim_v)
     big_elem = problem.dtype == torch.float32
     if major >= 9:  # Hopper
-        # Backward: programs own 128 rows (keys for dK/dV) and step over 32-64, which keeps
-        # dK, dV (or dQ) accumulators and the loop's operands within the register file.
+        # Programs own 64 rows (queries; keys for dK/dV) and step over 32-64 with one
+        # warpgroup: in the backward this keeps the dK, dV (or dQ) accumulators and the
+        # loop's operands within the register file; in the forward it measured faster than
+        # 128-row programs with two warpgroups (FORWARD_HOPPER).
         if d <= 64:
-            return (TileConfig(128, 64, 4, 3, *BACKWARD_HOPPER_D64) if not big_elem
+            return (TileConfig(*FORWARD_HOPPER, *BACKWARD_HOPPER_D64) if not big_elem
                     else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))
         if d <= 128:
-            return (TileConfig(128, 64, 8, 3, *BACKWARD_HOPPER_D128) if not big_elem
+            return (TileConfig(*FORWARD_HOPPER, *BACKWARD_HOPPER_D128) if not big_elem
                     else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))
         return TileConfig(64, 32, 4, 2, 64, 32, 4, 1)
     if d <= 64:

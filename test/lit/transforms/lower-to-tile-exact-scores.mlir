@@ -24,17 +24,27 @@
 // In f32 nothing is rounded: the backward reads the pre-rotated copies like softmax's.
 // F32:         tile.kernel @attention_bwd_dkdv(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>,
 
-// The printed kernels: widened loads, and three tf32 products (fp32 accuracy on tensor cores)
-// for the widened scores. The other products keep the default precision.
+// The printed kernels: widened loads, and for the widened scores each operand split into a
+// bf16 head and the bf16 rounding of its remainder, summed as three bf16 products per part
+// (rest x head, head x rest, head x head; about 2^-16 relative). The other products round the
+// widened operand to bf16.
 // TRITON-LABEL: def attention_bwd_dkdv(
 // TRITON:         k_lo = tl.load({{.*}}).to(tl.float32)
 // TRITON:           q_lo = tl.load({{.*}}).to(tl.float32)
-// TRITON:           scores = tl.dot(k_lo_rot, tl.trans(q_lo_rot), input_precision="tf32x3")
-// TRITON-NEXT:      scores = tl.dot(k_hi_rot, tl.trans(q_hi_rot), acc=scores, input_precision="tf32x3")
+// TRITON:           k_lo_rot_head = k_lo_rot.to(tl.bfloat16)
+// TRITON-NEXT:      k_lo_rot_rest = (k_lo_rot - k_lo_rot_head.to(tl.float32)).to(tl.bfloat16)
+// TRITON-NEXT:      q_lo_rot_head = q_lo_rot.to(tl.bfloat16)
+// TRITON-NEXT:      q_lo_rot_rest = (q_lo_rot - q_lo_rot_head.to(tl.float32)).to(tl.bfloat16)
+// TRITON:           scores = tl.dot(k_lo_rot_rest, tl.trans(q_lo_rot_head))
+// TRITON-NEXT:      scores = tl.dot(k_lo_rot_head, tl.trans(q_lo_rot_rest), acc=scores)
+// TRITON-NEXT:      scores = tl.dot(k_lo_rot_head, tl.trans(q_lo_rot_head), acc=scores)
+// TRITON-NEXT:      scores = tl.dot(k_hi_rot_rest, tl.trans(q_hi_rot_head), acc=scores)
+// TRITON-NEXT:      scores = tl.dot(k_hi_rot_head, tl.trans(q_hi_rot_rest), acc=scores)
+// TRITON-NEXT:      scores = tl.dot(k_hi_rot_head, tl.trans(q_hi_rot_head), acc=scores)
 // TRITON:           grad_probs = tl.dot(v, tl.trans(grad_out))
 // TRITON:           dk_lo = tl.dot(grad_scores.to(tl.bfloat16), q_lo_rot.to(tl.bfloat16), acc=dk_lo)
 // TRITON-LABEL: def attention_bwd_dq(
-// TRITON:           scores = tl.dot(q_lo_rot, tl.trans(k_lo_rot), input_precision="tf32x3")
+// TRITON:           scores = tl.dot(q_lo_rot_rest, tl.trans(k_lo_rot_head))
 attn.variant @relu_rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 5.000000e+05 : f64} : !attn.query
   %kr = attn.rope %k {theta = 5.000000e+05 : f64} : !attn.key
@@ -54,9 +64,9 @@ attn.variant @relu_rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.valu
 // CHECK-NOT:     tile.load %{{[qk]}}_rot{{.*}}x f32>
 // CHECK:       {{^}}}
 // TRITON-LABEL: def attention_bwd_dkdv(
-// TRITON-NOT:     tf32x3
+// TRITON-NOT:     _rest
 // TRITON-LABEL: def attention_bwd_dq(
-// TRITON-NOT:     tf32x3
+// TRITON-NOT:     _rest
 // TRITON:       {{^}}//{{ }}-----
 attn.variant @softmax_rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 5.000000e+05 : f64} : !attn.query

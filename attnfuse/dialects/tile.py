@@ -318,8 +318,8 @@ def _kernel_of(op: Operation) -> KernelOp | None:
 # --------------------------------------------------------------------------------------------
 
 GRIDS = {
-    "query_blocks": "one program per (query block, batch x query head)",
-    "key_blocks": "one program per (key block, batch x key/value head)",
+    "query_blocks": "one program per (batch x query head, query block)",
+    "key_blocks": "one program per (batch x key/value head, key block)",
 }
 """Launch grids. The grid fixes the orientation of score tiles: in a `query_blocks` kernel
 the program's rows are queries and a loop's rows are keys, so scores are `query x key`; in a

@@ -316,13 +316,17 @@ class KernelEmitter:
         k = self.kernel
         what = tile.GRIDS[self.grid]
         self.emit(f"# Program grid ({what}).")
+        # Longest programs first: the grid is (batch x head, block), block-major, because the
+        # GPU starts programs in order of axis 0 fastest; so every head's longest programs
+        # start before any head's shorter ones and the launch has a short tail. Under a
+        # causal mask the longest are the last query blocks and the first key blocks. (A
+        # head-major grid cost the H200 30% in dK/dV, 10% in dQ, 7% in the forward:
+        # docs/performance.md §6.8.)
         if self.grid == "query_blocks":
-            # Last query blocks first: under a causal mask they visit the most key blocks, and
-            # starting the longest programs first shortens the tail of the launch.
-            self.emit("block_id = tl.num_programs(0) - 1 - tl.program_id(0)")
+            self.emit("block_id = tl.num_programs(1) - 1 - tl.program_id(1)")
         else:
-            self.emit("block_id = tl.program_id(0)")
-        self.emit("batch_head = tl.program_id(1)")
+            self.emit("block_id = tl.program_id(1)")
+        self.emit("batch_head = tl.program_id(0)")
         # int64 offsets: B * H * N * D can pass 2**31 elements.
         self.emit("batch = (batch_head // num_heads).to(tl.int64)")
         self.emit("head = (batch_head % num_heads).to(tl.int64)")

@@ -17,6 +17,7 @@ from triton.runtime.errors import OutOfResources
 
 from attnfuse.dialects.tile import TENSOR_AXES
 from attnfuse.dsl.blocks import Llama3Scaling
+from attnfuse.errors import AttnFuseError
 from attnfuse.lowering.triton import KernelInfo
 from attnfuse.runtime.compiler import CompiledProgram
 from attnfuse.runtime.inputs import Problem
@@ -161,16 +162,31 @@ def _launchable(compiled: object) -> bool:
     return hasattr(compiled, "packed_metadata") and hasattr(compiled, "__getitem__")
 
 
+MAX_GRID_BLOCKS = 65535
+"""CUDA's limit on a grid's second axis, which holds the row blocks."""
+
+
+def launch_grid(rows: int, block_rows: int, batch_heads: int) -> tuple[int, int]:
+    """The grid of a kernel with one program per (batch x head, block of `block_rows` rows):
+    (batch x head) on axis 0 and the blocks on axis 1, the order the emitted prologue reads
+    (longest programs first, lowering/triton.py)."""
+    blocks = triton.cdiv(rows, block_rows)
+    if blocks > MAX_GRID_BLOCKS:
+        raise AttnFuseError(
+            f"sequence length {rows} needs {blocks} blocks of {block_rows} rows, more than the "
+            f"{MAX_GRID_BLOCKS} a CUDA grid axis holds; split the sequence")
+    return (batch_heads, blocks)
+
+
 def prepare(compiled: CompiledProgram, problem: Problem, sm_scale: float) -> list[KernelLaunch]:
     """The launches of every kernel of `compiled`, in order, for `problem`."""
     launches = []
     for info in compiled.program.kernels:
         if info.grid == "query_blocks":
-            grid = (triton.cdiv(problem.seq_q, info.block_m), problem.batch * problem.heads_q)
-            num_heads = problem.heads_q
+            rows, num_heads = problem.seq_q, problem.heads_q
         else:
-            grid = (triton.cdiv(problem.seq_k, info.block_m), problem.batch * problem.heads_kv)
-            num_heads = problem.heads_kv
+            rows, num_heads = problem.seq_k, problem.heads_kv
+        grid = launch_grid(rows, info.block_m, problem.batch * num_heads)
         scalars = (sm_scale, problem.seq_q, problem.seq_k, num_heads, problem.group_size)
         strided = tuple(bool(TENSOR_AXES[role]) for role in info.roles)
         launches.append(KernelLaunch(info, compiled.function(info.name), grid, scalars, strided,

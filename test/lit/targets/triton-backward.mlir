@@ -20,9 +20,9 @@
 // CHECK-NEXT:     BLOCK_N: tl.constexpr = 32,
 
 // The key_blocks prologue: the program's rows are keys of its key/value head.
-// CHECK:          # Program grid (one program per (key block, batch x key/value head)).
-// CHECK-NEXT:     block_id = tl.program_id(0)
-// CHECK-NEXT:     batch_head = tl.program_id(1)
+// CHECK:          # Program grid (one program per (batch x key/value head, key block)).
+// CHECK-NEXT:     block_id = tl.program_id(1)
+// CHECK-NEXT:     batch_head = tl.program_id(0)
 // CHECK-NEXT:     batch = (batch_head // num_heads).to(tl.int64)
 // CHECK-NEXT:     head = (batch_head % num_heads).to(tl.int64)
 // CHECK-NEXT:     kv_head = head  # programs of a key_blocks grid own a key/value head
@@ -137,9 +137,9 @@
 
 // dQ: query blocks in reverse order (under a causal mask the last blocks have the most keys).
 // CHECK-LABEL: def attention_bwd_dq(
-// CHECK:          # Program grid (one program per (query block, batch x query head)).
-// CHECK-NEXT:     block_id = tl.num_programs(0) - 1 - tl.program_id(0)
-// CHECK-NEXT:     batch_head = tl.program_id(1)
+// CHECK:          # Program grid (one program per (batch x query head, query block)).
+// CHECK-NEXT:     block_id = tl.num_programs(1) - 1 - tl.program_id(1)
+// CHECK-NEXT:     batch_head = tl.program_id(0)
 // CHECK-NEXT:     batch = (batch_head // num_heads).to(tl.int64)
 // CHECK-NEXT:     head = (batch_head % num_heads).to(tl.int64)
 // CHECK-NEXT:     kv_head = head // group_size  # GQA/MQA: query heads share a key/value head

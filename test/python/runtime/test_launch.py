@@ -11,7 +11,8 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from attnfuse.lowering.triton import KernelInfo
-from attnfuse.runtime.launch import MAX_RUNNERS, KernelLaunch
+from attnfuse.errors import AttnFuseError
+from attnfuse.runtime.launch import MAX_GRID_BLOCKS, MAX_RUNNERS, KernelLaunch, launch_grid
 
 
 class FakeParam:
@@ -136,3 +137,15 @@ def test_direct_launchers_are_bounded():
         # Same shape, another (unused) batch stride each time: a new specialization.
         launch(tensors(storage.as_strided((1, 2, 8, 4), (batch_stride, 32, 4, 1))))
     assert 0 < len(launch.runners) <= MAX_RUNNERS
+
+
+def test_grid_puts_heads_on_axis_0_and_blocks_on_axis_1():
+    # The emitted prologue reads the block from axis 1 (longest programs first).
+    assert launch_grid(rows=1000, block_rows=64, batch_heads=96) == (96, 16)
+    assert launch_grid(rows=64, block_rows=64, batch_heads=200_000) == (200_000, 1)
+
+
+def test_grid_with_too_many_blocks_is_a_clear_error():
+    assert launch_grid(rows=MAX_GRID_BLOCKS * 16, block_rows=16, batch_heads=1) == (1, MAX_GRID_BLOCKS)
+    with pytest.raises(AttnFuseError, match=r"sequence length 1048561 needs 65536 blocks of 16 rows"):
+        launch_grid(rows=MAX_GRID_BLOCKS * 16 + 1, block_rows=16, batch_heads=1)

@@ -57,12 +57,22 @@ class TileConfig:
 
 
 FORWARD_HOPPER = (64, 64, 4, 3)
-"""Forward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16, D=64 and D=128:
-the best or within 2% of the best of bench/forward_kernels.py at every measured point
-(bench/results/20261129T1710Z-forward_kernels.log: causal and RoPE + causal, Llama-3-8B
-geometry at N=2048/4096/8192 and the paper's D=64 shape at N=4096). Against the previous
-(128, 64, 8, 3) at D=128 it is 8-16% faster below N=8192 and 3-5% at N=8192; against the
-previous (128, 64, 4, 3) at D=64, 5-9% faster."""
+"""Forward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16: the best or within
+2% of the best of bench/forward_kernels.py at every point measured for D=128 (causal and
+RoPE + causal, Llama-3-8B geometry, N=2048-8192; causal at N=16384 is 3% slower per kernel, 1%
+per call, than (128, 128, 8, 3))
+and for D=64 up to N=4096 (paper shape). Logs: bench/results/20261129T1710Z-forward_kernels.log
+(head-major grid) and 20261129T1705Z-forward_kernels-lpt.log, 20261129T1715Z-forward_kernels-long.log
+(block-major grid). Against the previous (128, 64, 8, 3) at D=128 it is 8-16% faster below
+N=8192; against the previous (128, 64, 4, 3) at D=64 N=4096, 5-9%."""
+
+FORWARD_HOPPER_D64_LONG = (128, 64, 8, 3)
+"""The D=64 forward above FORWARD_HOPPER_D64_LONG_FROM query rows: at N=16384 (paper shape)
+64-row programs were 12-13% slower than 128-row ones (causal 4.91 against 4.31 ms, RoPE +
+causal 4.71 against 4.31), while at N=4096 they are as fast (causal) or 20% faster (RoPE +
+causal, whose fused rotation does badly with 8 warps there). N=8192 was not measured."""
+
+FORWARD_HOPPER_D64_LONG_FROM = 8193
 
 BACKWARD_HOPPER_D64 = (64, 32, 4, 3, 64, 64, 4, 3)
 BACKWARD_HOPPER_D128 = (64, 64, 4, 2, 64, 32, 4, 3)
@@ -88,7 +98,8 @@ def choose_tile_config(problem: Problem) -> TileConfig:
         # loop's operands within the register file; in the forward it measured faster than
         # 128-row programs with two warpgroups (FORWARD_HOPPER).
         if d <= 64:
-            return (TileConfig(*FORWARD_HOPPER, *BACKWARD_HOPPER_D64) if not big_elem
+            forward = FORWARD_HOPPER_D64_LONG if problem.seq_q >= FORWARD_HOPPER_D64_LONG_FROM else FORWARD_HOPPER
+            return (TileConfig(*forward, *BACKWARD_HOPPER_D64) if not big_elem
                     else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))
         if d <= 128:
             return (TileConfig(*FORWARD_HOPPER, *BACKWARD_HOPPER_D128) if not big_elem

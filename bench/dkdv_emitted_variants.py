@@ -216,5 +216,6 @@ def main() -> None:
                 line.append(f"{name} failed ({type(err).__name__}: {str(err)[:80]})")
         print(" | ".join(line), flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -9,7 +9,10 @@ one key/value head and loops over its query heads), both with the log2-domain ex
   which frees registers for larger key blocks.
 
 Each is timed beside the compiler's own dK/dV kernel for plain causal attention at the same
-tile configuration, and checked against it. Prints ms, TFLOP/s (4 causal products), registers
+tile configuration, and checked against it. Every kernel, like the compiler's since commit
+`4612aff`, reads a block-major grid (key/value head on axis 0, key block on axis 1: every
+head's longest programs first); the logs before 17:30 UTC on 2026-11-29 ran a head-major one.
+Prints ms, TFLOP/s (4 causal products), registers
 and spills per configuration. `--ablation` instead steps the transposed kernel towards the
 compiler's emitted code (scale applied before the log2 conversion rather than folded into it;
 separate loops for the diagonal and the full query blocks), to find which difference costs
@@ -84,8 +87,8 @@ def _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale, s
 def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N, GROUP: tl.constexpr,
                 BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, NATURAL: tl.constexpr,
                 FOLD: tl.constexpr, SPLIT: tl.constexpr):
-    block = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    block = tl.program_id(1)
+    kv_head = tl.program_id(0)
     keys = block * BLOCK_K + tl.arange(0, BLOCK_K)
     cols = tl.arange(0, D)
     kv_offsets = kv_head * N * D + keys[:, None] * D + cols[None, :]
@@ -143,8 +146,8 @@ def dkdv_tma_kernel(q_desc, K, V, do_desc, LSE2, DELTA, DK, DV, qk_scale, sm_sca
                     D: tl.constexpr):
     """The split-loop transposed kernel with descriptor loads of the loop operands. q and dO
     are 2-D `[Hq * N, D]` views: the prototype needs N to be a multiple of BLOCK_Q."""
-    block = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    block = tl.program_id(1)
+    kv_head = tl.program_id(0)
     keys = block * BLOCK_K + tl.arange(0, BLOCK_K)
     cols = tl.arange(0, D)
     kv_offsets = kv_head * N * D + keys[:, None] * D + cols[None, :]
@@ -175,8 +178,8 @@ def dkdv_atomic_dq_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQ, qk_scale, sm_sca
     """The split-loop transposed kernel that also accumulates dQ (fp32, pre-zeroed) with
     atomic adds: FlashAttention-2's design, 5 products per block pair instead of the split's 7,
     and no separate dQ kernel. Not deterministic: the adds' order varies run to run."""
-    block = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    block = tl.program_id(1)
+    kv_head = tl.program_id(0)
     keys = block * BLOCK_K + tl.arange(0, BLOCK_K)
     cols = tl.arange(0, D)
     kv_offsets = kv_head * N * D + keys[:, None] * D + cols[None, :]
@@ -273,12 +276,12 @@ def main() -> None:
         lse2 = (lse * LOG2E).contiguous()
         for name, flags in variants.items():
             dk, dv = torch.empty_like(k), torch.empty_like(v)
-            dq32, dq = torch.empty(q.shape, device="cuda"), torch.empty_like(q)
             if flags == "atomic":
+                dq32, dq = torch.empty(q.shape, device="cuda"), torch.empty_like(q)
 
                 def run(dk=dk, dv=dv, dq32=dq32, dq=dq):
                     dq32.zero_()
-                    compiled = dkdv_atomic_dq_kernel[(n // bm, hkv)](
+                    compiled = dkdv_atomic_dq_kernel[(hkv, n // bm)](
                         q, k, v, grad_out, lse2, delta, dk, dv, dq32, sm_scale * LOG2E, sm_scale,
                         n, GROUP=hq // hkv, BLOCK_K=bm, BLOCK_Q=bn, D=d, num_warps=warps,
                         num_stages=stages)
@@ -289,7 +292,7 @@ def main() -> None:
                 do_desc = TensorDescriptor.from_tensor(grad_out.view(hq * n, d), [bn, d])
 
                 def run(dk=dk, dv=dv, q_desc=q_desc, do_desc=do_desc):
-                    return dkdv_tma_kernel[(n // bm, hkv)](
+                    return dkdv_tma_kernel[(hkv, n // bm)](
                         q_desc, k, v, do_desc, lse2, delta, dk, dv, sm_scale * LOG2E, sm_scale,
                         n, GROUP=hq // hkv, BLOCK_K=bm, BLOCK_Q=bn, D=d, num_warps=warps,
                         num_stages=stages)
@@ -297,7 +300,7 @@ def main() -> None:
                 natural, fold, split = flags
 
                 def run(natural=natural, fold=fold, split=split, dk=dk, dv=dv):
-                    return dkdv_kernel[(n // bm, hkv)](
+                    return dkdv_kernel[(hkv, n // bm)](
                         q, k, v, grad_out, lse2, delta, dk, dv, sm_scale * LOG2E, sm_scale, n,
                         GROUP=hq // hkv, BLOCK_K=bm, BLOCK_Q=bn, D=d, NATURAL=natural,
                         FOLD=fold, SPLIT=split, num_warps=warps, num_stages=stages)

@@ -228,7 +228,8 @@ KEY_ROW_ROLES = tuple(role for role in BLOCK_ROLES if role not in QUERY_ROW_ROLE
 FP32_ROLES = ("lse", "delta")
 """Block roles that are fp32 whatever the kernel's element type (per-row statistics)."""
 WIDENABLE_ROLES = ("q", "k", "q_rot", "k_rot")
-"""Operand roles a kernel may load widened to f32 (for score products at fp32 accuracy)."""
+"""Operand roles a kernel may load widened to f32 (for score products far more exact than
+products of element-type operands)."""
 
 
 @irdl_attr_definition
@@ -876,7 +877,9 @@ class ScoresOp(IRDLOperation):
     when given, else the kernel's `sm_scale` argument.
 
     Parts of the kernel's element type are multiplied at that precision. f32 parts in an
-    f16/bf16 kernel are multiplied at fp32 accuracy (not rounded to tf32): the backward of
+    f16/bf16 kernel are multiplied far more exactly than element-type parts (the Triton
+    printer sums three half-precision products of split operands: about 2^-16 |q| |k| in
+    bf16, `KernelEmitter.split_products`): the backward of
     ReLU attention with RoPE reads its rotated operands that way, because relu's derivative
     jumps at s = 0 and rounding the rotated q and k would move scores across it."""
 

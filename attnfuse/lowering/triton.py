@@ -507,7 +507,7 @@ class KernelEmitter:
         for q, k in zip(op.queries, op.keys):
             assert isinstance(q.type, tile.TileType)
             if q.type.elem == "f32" and self.elem != "f32" and not self.upcast_dots:
-                products += self.split_products(self.namer[q], self.namer[k])
+                products += self.split_products(q, k)
             else:
                 products.append((self.dot_operand(self.namer[q]), self.dot_operand(self.namer[k])))
         for i, (q_op, k_op) in enumerate(products):
@@ -518,25 +518,36 @@ class KernelEmitter:
         else:
             self.emit(f"{name} = {name} * {op.scale.value.data!r}  # static scale")
 
-    def split_products(self, q: str, k: str) -> list[tuple[str, str]]:
-        """The element-type products whose fp32 sum is q @ k^T of widened (fp32) operands to
-        about 2^-16 relative (bf16; 2^-22 in fp16), on the tensor cores' native half-precision
-        path: each operand is split into a rounded head and the rounded remainder, and the
-        three products that matter are summed, smallest first (head x head last).
+    def split_products(self, q: SSAValue, k: SSAValue) -> list[tuple[str, str]]:
+        """The element-type products whose fp32 sum is q @ k^T of widened (fp32) operands, on
+        the tensor cores' native half-precision path. Each operand is split into its rounding
+        to the element type (head) and the rounding of the remainder (rest), and the products
+        that matter are summed smallest first: rest x head, head x rest, head x head. The
+        error is about 2^-16 |q| |k| in bf16; in fp16 about 2^-22 |q| |k| for elements of
+        magnitude 2^-3 and more, less exact below (the remainder turns subnormal).
+
+        An operand loaded straight from an element-type tensor (a widened `tile.load`, such as
+        the columns RoPE leaves alone) is its own head: its remainder is 0, so its rest
+        products are not emitted.
 
         Why not `input_precision="tf32x3"` on the fp32 operands: Triton 3.6 on the H200
         miscompiled a dK/dV kernel that fed one widened operand to a tf32x3 product and its
         rounding to a half-precision product (wrong dK, then an illegal memory access;
         bench/results/20261129T1700Z-gpu_check_backward-relu-tf32x3.log)."""
         elem = TRITON_TYPES[self.elem]
-        parts = {}
+        heads: dict[SSAValue, str] = {}
+        rests: dict[SSAValue, str | None] = {}
         for value in (q, k):
-            head, rest = self.namer.fresh(f"{value}_head"), self.namer.fresh(f"{value}_rest")
-            self.emit(f"{head} = {value}.to({elem})")
-            self.emit(f"{rest} = ({value} - {head}.to(tl.float32)).to({elem})")
-            parts[value] = (head, rest)
-        (q_head, q_rest), (k_head, k_rest) = parts[q], parts[k]
-        return [(q_rest, k_head), (q_head, k_rest), (q_head, k_head)]
+            name = self.namer[value]
+            heads[value] = self.namer.fresh(f"{name}_head")
+            self.emit(f"{heads[value]} = {name}.to({elem})")
+            if isinstance(value.owner, tile.LoadOp):
+                rests[value] = None  # element-type data widened: exact in its head
+            else:
+                rests[value] = self.namer.fresh(f"{name}_rest")
+                self.emit(f"{rests[value]} = ({name} - {heads[value]}.to(tl.float32)).to({elem})")
+        products = [(rests[q], heads[k]), (heads[q], rests[k]), (heads[q], heads[k])]
+        return [(a, b) for a, b in products if a is not None and b is not None]
 
     def emit_mask(self, op: tile.MaskOp) -> None:
         loop = self.loop_vars[-1]

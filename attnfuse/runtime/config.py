@@ -67,12 +67,15 @@ and for D=64 up to N=4096 (paper shape). Logs: bench/results/20261129T1710Z-forw
 N=8192; against the previous (128, 64, 4, 3) at D=64 N=4096, 5-9%."""
 
 FORWARD_HOPPER_D64_LONG = (128, 64, 8, 3)
-"""The D=64 forward above FORWARD_HOPPER_D64_LONG_FROM query rows: at N=16384 (paper shape)
+"""The D=64 forward from FORWARD_HOPPER_D64_LONG_FROM query rows on: at N=16384 (paper shape)
 64-row programs were 12-13% slower than 128-row ones (causal 4.91 against 4.31 ms, RoPE +
 causal 4.71 against 4.31), while at N=4096 they are as fast (causal) or 20% faster (RoPE +
 causal, whose fused rotation does badly with 8 warps there). N=8192 was not measured."""
 
 FORWARD_HOPPER_D64_LONG_FROM = 8193
+"""Query rows from which the D=64 forward uses FORWARD_HOPPER_D64_LONG: above the longest
+length measured faster with 64-row programs (4096) and the midpoint, 8192, which was not
+measured, below the shortest measured faster with 128-row ones (16384)."""
 
 BACKWARD_HOPPER_D64 = (64, 32, 4, 3, 64, 64, 4, 3)
 BACKWARD_HOPPER_D128 = (64, 64, 4, 2, 64, 32, 4, 3)
@@ -96,7 +99,8 @@ def choose_tile_config(problem: Problem) -> TileConfig:
         # Programs own 64 rows (queries; keys for dK/dV) and step over 32-64 with one
         # warpgroup: in the backward this keeps the dK, dV (or dQ) accumulators and the
         # loop's operands within the register file; in the forward it measured faster than
-        # 128-row programs with two warpgroups (FORWARD_HOPPER).
+        # 128-row programs with two warpgroups (FORWARD_HOPPER), except for D=64 at long
+        # sequences (FORWARD_HOPPER_D64_LONG).
         if d <= 64:
             forward = FORWARD_HOPPER_D64_LONG if problem.seq_q >= FORWARD_HOPPER_D64_LONG_FROM else FORWARD_HOPPER
             return (TileConfig(*forward, *BACKWARD_HOPPER_D64) if not big_elem

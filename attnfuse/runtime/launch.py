@@ -17,7 +17,7 @@ from triton.runtime.errors import OutOfResources
 
 from attnfuse.dialects.tile import TENSOR_AXES
 from attnfuse.dsl.blocks import Llama3Scaling
-from attnfuse.errors import AttnFuseError
+from attnfuse.errors import ArgumentError
 from attnfuse.lowering.triton import KernelInfo
 from attnfuse.runtime.compiler import CompiledProgram
 from attnfuse.runtime.inputs import Problem
@@ -109,7 +109,18 @@ class KernelLaunch:
                 specialization.append(stride)
         return args, tuple(specialization)
 
+    def check_grid(self) -> None:
+        """Raises `ArgumentError` if the grid has more row blocks than CUDA's axis 1 holds."""
+        blocks = self.grid[1]
+        if blocks > MAX_GRID_BLOCKS:
+            rows, plural = ("query", "queries") if self.info.grid == "query_blocks" else ("key", "keys")
+            raise ArgumentError(
+                f"{self.info.name}: the {rows} sequence needs {blocks} blocks of "
+                f"{self.info.block_m} rows, more than the {MAX_GRID_BLOCKS} that CUDA's grid "
+                f"axis 1 holds; at most {MAX_GRID_BLOCKS * self.info.block_m} {plural} per call")
+
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.check_grid()
         args, specialization = self.arguments(tensors)
         runner = self.runners.get(specialization)
         if runner is not None:
@@ -163,19 +174,16 @@ def _launchable(compiled: object) -> bool:
 
 
 MAX_GRID_BLOCKS = 65535
-"""CUDA's limit on a grid's second axis, which holds the row blocks."""
+"""CUDA's limit on a grid's axis 1 (y), which holds the row blocks (axis 0 holds 2^31 - 1)."""
 
 
 def launch_grid(rows: int, block_rows: int, batch_heads: int) -> tuple[int, int]:
     """The grid of a kernel with one program per (batch x head, block of `block_rows` rows):
     (batch x head) on axis 0 and the blocks on axis 1, the order the emitted prologue reads
-    (longest programs first, lowering/triton.py)."""
-    blocks = triton.cdiv(rows, block_rows)
-    if blocks > MAX_GRID_BLOCKS:
-        raise AttnFuseError(
-            f"sequence length {rows} needs {blocks} blocks of {block_rows} rows, more than the "
-            f"{MAX_GRID_BLOCKS} a CUDA grid axis holds; split the sequence")
-    return (batch_heads, blocks)
+    (longest programs first, lowering/triton.py). A launch checks the block count against
+    MAX_GRID_BLOCKS when it runs (`KernelLaunch.check_grid`), so that a kernel a call never
+    launches (a backward kernel, in a forward-only call) cannot fail it."""
+    return (batch_heads, triton.cdiv(rows, block_rows))
 
 
 def prepare(compiled: CompiledProgram, problem: Problem, sm_scale: float) -> list[KernelLaunch]:

@@ -44,7 +44,8 @@ class VariantFacts:
     """softmax or relu."""
     exact_scores: bool = False
     """q and k are read widened to fp32 (and rotated in registers), so that their scores are
-    products at fp32 accuracy rather than of operands rounded to the element type."""
+    products of the unrounded operands (to about 2^-16 |q| |k| in bf16) rather than of
+    operands rounded to the element type."""
 
     @property
     def rotation(self) -> Rotation | None:

@@ -355,7 +355,7 @@ def test_backward_blocks_2048(blocks, dtype):
 @pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
 @pytest.mark.parametrize("d", [64, 128], ids=lambda d: f"d{d}")
 def test_backward_relu_rope_llama3(d, dtype):
-    """relu's derivative jumps at s = 0: the backward forms these scores at fp32 accuracy
+    """relu's derivative jumps at s = 0: the backward forms these scores from unrounded operands
     (rounded rotated operands missed the bound in bf16, 3.7e-2)."""
     q, k, v = make_qkv(1, 8, 2, nq=2048, nk=2048, d=d, dtype=dtype, device="cuda")
     rope = af.rope(theta=500000.0, scaling=af.llama3_scaling())

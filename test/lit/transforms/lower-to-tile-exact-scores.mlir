@@ -6,7 +6,8 @@
 // its scores from unrounded rotated q and k. Whatever the placement, its kernels read the raw
 // q and k widened to f32 and rotate them in registers (a pre-rotated copy would already be
 // rounded to bf16); the forward keeps its placement (it reads the pre-rotated copies, which
-// only it needs now). The scores of widened operands are products at fp32 accuracy.
+// only it needs now). The scores of widened operands are formed far more exactly than bf16
+// products (about 2^-16 |q| |k|).
 // CHECK:       tile.kernel @rotate_query(
 // CHECK:       tile.kernel @rotate_key(
 // CHECK:       tile.kernel @attention_fwd(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>,
@@ -87,6 +88,18 @@ attn.variant @softmax_rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.v
 // CHECK:           %k_lo = tile.load %k[loop, half_lo] : !tile.tensor<k> -> !tile.tile<n x half x f32>
 // CHECK-NOT:       tile.rotate {{.*}}positions = "key"
 // CHECK:           tile.scores
+// The unrotated k is bf16 data widened, exact in its bf16 head: its remainder products (all
+// zero) are not emitted, two products per part instead of three.
+// TRITON-LABEL: def attention_bwd_dq(
+// TRITON:         q_lo_rot_head = q_lo_rot.to(tl.bfloat16)
+// TRITON-NEXT:    q_lo_rot_rest = (q_lo_rot - q_lo_rot_head.to(tl.float32)).to(tl.bfloat16)
+// TRITON-NEXT:    k_lo_head = k_lo.to(tl.bfloat16)
+// TRITON-NOT:     k_lo_rest
+// TRITON:         scores = tl.dot(q_lo_rot_rest, tl.trans(k_lo_head))
+// TRITON-NEXT:    scores = tl.dot(q_lo_rot_head, tl.trans(k_lo_head), acc=scores)
+// TRITON-NEXT:    scores = tl.dot(q_hi_rot_rest, tl.trans(k_hi_head), acc=scores)
+// TRITON-NEXT:    scores = tl.dot(q_hi_rot_head, tl.trans(k_hi_head), acc=scores)
+// TRITON-NEXT:    scores = scores * sm_scale
 attn.variant @relu_rope_query_only(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %s = attn.scores %qr, %k

@@ -1,5 +1,6 @@
-"""Tile configurations chosen per problem: the Hopper table (docs/performance.md), checked on
-the CPU with the device capability faked."""
+"""Tile configurations chosen per problem: the Hopper rows of docs/architecture.md's table,
+checked on the CPU with the device capability faked. The tuples are written out, so that a
+change of the table is a deliberate change of these tests."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from attnfuse.runtime import config
 from attnfuse.runtime.inputs import Problem
 
 
-def hopper_problem(head_dim: int, seq: int, dtype=torch.bfloat16) -> Problem:
-    return Problem(1, 32, 8, seq, seq, head_dim, head_dim, dtype, torch.device("cuda"))
+def hopper_tiles(head_dim: int, seq: int, dtype=torch.bfloat16) -> config.TileConfig:
+    problem = Problem(1, 32, 8, seq, seq, head_dim, head_dim, dtype, torch.device("cuda"))
+    return config.choose_tile_config(problem)
+
+
+def forward(tiles: config.TileConfig) -> tuple[int, int, int, int]:
+    return (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages)
 
 
 @pytest.fixture
@@ -20,25 +26,34 @@ def hopper(monkeypatch):
 
 
 @pytest.mark.parametrize("seq", [1, 4096, 16384])
-def test_hopper_d128_forward_programs_own_64_rows_at_every_length(hopper, seq):
-    tiles = config.choose_tile_config(hopper_problem(128, seq))
-    assert (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages) == config.FORWARD_HOPPER
-    assert tiles.backward() == config.BACKWARD_HOPPER_D128[:4]
-    assert tiles.dkdv() == config.BACKWARD_HOPPER_D128[4:]
+def test_hopper_d128_programs_own_64_rows_at_every_length(hopper, seq):
+    tiles = hopper_tiles(128, seq)
+    assert forward(tiles) == (64, 64, 4, 3)
+    assert tiles.backward() == (64, 64, 4, 2)
+    assert tiles.dkdv() == (64, 32, 4, 3)
 
 
-@pytest.mark.parametrize(("seq", "forward"), [
-    (4096, config.FORWARD_HOPPER),
-    (config.FORWARD_HOPPER_D64_LONG_FROM - 1, config.FORWARD_HOPPER),
-    (config.FORWARD_HOPPER_D64_LONG_FROM, config.FORWARD_HOPPER_D64_LONG),
-    (16384, config.FORWARD_HOPPER_D64_LONG),
+@pytest.mark.parametrize(("seq", "expected"), [
+    (4096, (64, 64, 4, 3)),
+    (8192, (64, 64, 4, 3)),
+    (8193, (128, 64, 8, 3)),
+    (16384, (128, 64, 8, 3)),
 ])
-def test_hopper_d64_forward_switches_to_128_row_programs_for_long_sequences(hopper, seq, forward):
-    tiles = config.choose_tile_config(hopper_problem(64, seq, torch.float16))
-    assert (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages) == forward
-    assert tiles.backward() == config.BACKWARD_HOPPER_D64[:4]
+def test_hopper_d64_forward_switches_to_128_row_programs_past_8192_rows(hopper, seq, expected):
+    tiles = hopper_tiles(64, seq, torch.float16)
+    assert forward(tiles) == expected
+    assert tiles.backward() == (64, 32, 4, 3)
+    assert tiles.dkdv() == (64, 64, 4, 3)
 
 
 def test_fp32_keeps_small_tiles(hopper):
-    tiles = config.choose_tile_config(hopper_problem(128, 4096, torch.float32))
-    assert (tiles.block_m, tiles.block_n) == (64, 32)
+    tiles = hopper_tiles(128, 4096, torch.float32)
+    assert forward(tiles) == (64, 32, 4, 2)
+    assert tiles.dkdv() == (64, 32, 4, 2)
+
+
+def test_pre_hopper_gpus_keep_their_own_row(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    tiles = hopper_tiles(128, 16384)
+    assert forward(tiles) == (64, 64, 4, 2)
+    assert tiles.dkdv() == (64, 32, 4, 2)

@@ -10,9 +10,15 @@ import pytest
 import torch
 from triton.runtime.errors import OutOfResources
 
+import attnfuse as af
+from attnfuse.errors import ArgumentError
 from attnfuse.lowering.triton import KernelInfo
-from attnfuse.errors import AttnFuseError
-from attnfuse.runtime.launch import MAX_GRID_BLOCKS, MAX_RUNNERS, KernelLaunch, launch_grid
+from attnfuse.runtime.launch import (
+    MAX_GRID_BLOCKS,
+    MAX_RUNNERS,
+    KernelLaunch,
+    launch_grid,
+)
 
 
 class FakeParam:
@@ -145,7 +151,34 @@ def test_grid_puts_heads_on_axis_0_and_blocks_on_axis_1():
     assert launch_grid(rows=64, block_rows=64, batch_heads=200_000) == (200_000, 1)
 
 
-def test_grid_with_too_many_blocks_is_a_clear_error():
-    assert launch_grid(rows=MAX_GRID_BLOCKS * 16, block_rows=16, batch_heads=1) == (1, MAX_GRID_BLOCKS)
-    with pytest.raises(AttnFuseError, match=r"sequence length 1048561 needs 65536 blocks of 16 rows"):
-        launch_grid(rows=MAX_GRID_BLOCKS * 16 + 1, block_rows=16, batch_heads=1)
+def test_prepare_sizes_query_grids_by_queries_and_key_grids_by_keys():
+    # Nq != Nk and Hq != Hkv, so a swapped axis or length shows.
+    spec = af.attention(af.causal())
+    q, k = torch.zeros(2, 6, 100, 32), torch.zeros(2, 3, 300, 32)
+    plan = af.compile(spec, config=af.TileConfig(32, 32, 4, 1, 32, 16, 4, 1, 16, 32, 4, 1)).plan(q, k, k)
+    grids = {launch.info.name: launch.grid for launch in plan.launches}
+    assert grids["attention_fwd"] == (2 * 6, 4)  # cdiv(100, 32) query blocks per query head
+    assert grids["attention_bwd_dq"] == (2 * 6, 4)
+    assert grids["attention_bwd_dkdv"] == (2 * 3, 19)  # cdiv(300, 16) key blocks per kv head
+
+
+def test_too_many_row_blocks_is_a_clear_error_when_launched():
+    jit = FakeJit(params())
+    info = KernelInfo("attention_bwd_dkdv", ("q", "lse"), "key_blocks", 16, 4, 1)
+    launch = KernelLaunch(info, jit, launch_grid(MAX_GRID_BLOCKS * 16 + 1, 16, 1), (0.5, 7), (True, True), [1])
+    with pytest.raises(ArgumentError, match=r"attention_bwd_dkdv: the key sequence needs 65536 blocks of "
+                                            r"16 rows, more than the 65535 .* at most 1048560 keys per call"):
+        launch(tensors())
+    assert not jit.log  # nothing was launched
+
+
+def test_a_decode_call_with_more_keys_than_the_backward_grid_holds_runs_its_forward():
+    # The dK/dV kernel (never launched here) would need more key blocks than a grid holds;
+    # the forward's grid has one query block.
+    spec = af.attention(af.causal())
+    tiles = af.TileConfig(32, 32, 4, 1, 32, 16, 4, 1, 16, 32, 4, 1)
+    q, k = torch.randn(1, 1, 1, 16), torch.zeros(1, 1, MAX_GRID_BLOCKS * 16 + 1, 16)
+    plan = af.compile(spec, config=tiles).plan(q, k, k)
+    assert {launch.info.name: launch.grid for launch in plan.launches}["attention_bwd_dkdv"][1] > MAX_GRID_BLOCKS
+    fwd = next(launch for launch in plan.launches if launch.info.name == "attention_fwd")
+    fwd.check_grid()  # does not raise

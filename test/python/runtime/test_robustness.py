@@ -198,6 +198,12 @@ BAD: dict[str, Bad] = {
                              ("alibi: 1 slopes given for 2 query heads",), compiles=True),
     "alibi-slopes-per-kv-head": Bad(_call(af.attention(af.alibi([0.5, 0.25])), *QKV(hq=4, hkv=2)),
                                     ArgumentError, ("alibi: 2 slopes given for 4 query heads",), compiles=True),
+    # -- sizes past CUDA's grid ---------------------------------------------------------------
+    # (CPU tiles: 32 query rows per forward program; built when run, being 134 MB.)
+    "grid-too-many-query-blocks": Bad(lambda: CAUSAL(*QKV(hq=1, nq=65535 * 32 + 1, nk=8)), ArgumentError,
+                                      ("attention_fwd: the query sequence needs 65536 blocks of 32 rows",
+                                       "more than the 65535", "at most 2097120 queries per call"),
+                                      compiles=True),
     # -- RoPE positions ----------------------------------------------------------------------
     "q_positions-float": Bad(_call(ROPE, *QKV(), q_positions=torch.arange(8.0)), ArgumentError,
                              ("q_positions must be int32 or int64", "got torch.float32"), compiles=True),

@@ -63,8 +63,8 @@ RoPE + causal, Llama-3-8B geometry, N=2048-8192; causal at N=16384 is 3% slower 
 per call, than (128, 128, 8, 3))
 and for D=64 up to N=4096 (paper shape). Logs: bench/results/20261129T1710Z-forward_kernels.log
 (head-major grid) and 20261129T1705Z-forward_kernels-lpt.log, 20261129T1715Z-forward_kernels-long.log
-(block-major grid). Against the previous (128, 64, 8, 3) at D=128 it is 8-16% faster below
-N=8192; against the previous (128, 64, 4, 3) at D=64 N=4096, 5-9%."""
+(block-major grid). Against the previous (128, 64, 8, 3) at D=128 it takes 6-16% less time below
+N=8192; against the previous (128, 64, 4, 3) at D=64 N=4096, 4-9% less."""
 
 FORWARD_HOPPER_D64_LONG = (128, 64, 8, 3)
 """The D=64 forward from FORWARD_HOPPER_D64_LONG_FROM query rows on: at N=16384 (paper shape)

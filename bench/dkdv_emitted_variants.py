@@ -19,7 +19,7 @@ inputs only:
 
 `--kernel attention_fwd` or `attention_bwd_dq` tries `tma` on those kernels. (An `lpt` edit,
 the grid read block-major so that every head's longest programs start first, measured
-30% faster dK/dV, 10% dQ and 7% forward and is now what the compiler emits:
+30% less time for dK/dV, 10% for dQ and 7% for the forward and is now what the compiler emits:
 bench/results/20261129T1725Z-emitted_variants-lpt.log.)
 
     python bench/dkdv_emitted_variants.py [--configs 64,64,4,2;64,32,4,3]

@@ -84,9 +84,10 @@ def _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale, s
 
 
 @triton.jit
-def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N, GROUP: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, NATURAL: tl.constexpr,
-                FOLD: tl.constexpr, SPLIT: tl.constexpr):
+def _key_block(K, V, N, BLOCK_K: tl.constexpr, D: tl.constexpr):
+    """The program's key block (block-major grid: key/value head on axis 0, block on axis 1):
+    its keys, columns and offsets, its K and V rows, zeroed dK and dV accumulators, and the
+    first query position that sees it and the first that sees all of it."""
     block = tl.program_id(1)
     kv_head = tl.program_id(0)
     keys = block * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -97,7 +98,14 @@ def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N, GROUP: 
     dk = tl.zeros([BLOCK_K, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_K, D], dtype=tl.float32)
     first = block * BLOCK_K
-    full = first + BLOCK_K  # query blocks from here on see every key of the block
+    return kv_head, keys, cols, kv_offsets, k, v, dk, dv, first, first + BLOCK_K
+
+
+@triton.jit
+def dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, qk_scale, sm_scale, N, GROUP: tl.constexpr,
+                BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr, D: tl.constexpr, NATURAL: tl.constexpr,
+                FOLD: tl.constexpr, SPLIT: tl.constexpr):
+    kv_head, keys, cols, kv_offsets, k, v, dk, dv, first, full = _key_block(K, V, N, BLOCK_K, D)
     if SPLIT:
         # As lower-to-tile emits it: the diagonal (masked) blocks of every query head, then
         # the full blocks of every query head, each its own loop.
@@ -146,17 +154,7 @@ def dkdv_tma_kernel(q_desc, K, V, do_desc, LSE2, DELTA, DK, DV, qk_scale, sm_sca
                     D: tl.constexpr):
     """The split-loop transposed kernel with descriptor loads of the loop operands. q and dO
     are 2-D `[Hq * N, D]` views: the prototype needs N to be a multiple of BLOCK_Q."""
-    block = tl.program_id(1)
-    kv_head = tl.program_id(0)
-    keys = block * BLOCK_K + tl.arange(0, BLOCK_K)
-    cols = tl.arange(0, D)
-    kv_offsets = kv_head * N * D + keys[:, None] * D + cols[None, :]
-    k = tl.load(K + kv_offsets)
-    v = tl.load(V + kv_offsets)
-    dk = tl.zeros([BLOCK_K, D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_K, D], dtype=tl.float32)
-    first = block * BLOCK_K
-    full = first + BLOCK_K
+    kv_head, keys, cols, kv_offsets, k, v, dk, dv, first, full = _key_block(K, V, N, BLOCK_K, D)
     for g in range(GROUP):
         head = kv_head * GROUP + g
         for start in range(first, full, BLOCK_Q):
@@ -178,17 +176,7 @@ def dkdv_atomic_dq_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQ, qk_scale, sm_sca
     """The split-loop transposed kernel that also accumulates dQ (fp32, pre-zeroed) with
     atomic adds: FlashAttention-2's design, 5 products per block pair instead of the split's 7,
     and no separate dQ kernel. Not deterministic: the adds' order varies run to run."""
-    block = tl.program_id(1)
-    kv_head = tl.program_id(0)
-    keys = block * BLOCK_K + tl.arange(0, BLOCK_K)
-    cols = tl.arange(0, D)
-    kv_offsets = kv_head * N * D + keys[:, None] * D + cols[None, :]
-    k = tl.load(K + kv_offsets)
-    v = tl.load(V + kv_offsets)
-    dk = tl.zeros([BLOCK_K, D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_K, D], dtype=tl.float32)
-    first = block * BLOCK_K
-    full = first + BLOCK_K
+    kv_head, keys, cols, kv_offsets, k, v, dk, dv, first, full = _key_block(K, V, N, BLOCK_K, D)
     for g in range(GROUP):
         head = kv_head * GROUP + g
         for start in range(first, N, BLOCK_Q):

@@ -28,6 +28,7 @@ PRODUCTS = {"attention_bwd_dq": 3, "attention_bwd_dkdv": 4}
 
 
 def parse_configs(text: str | None, default: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """`block_m,block_n,warps,stages;...` as tuples, or `default` when no text is given."""
     if not text:
         return default
     return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part]

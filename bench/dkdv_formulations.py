@@ -69,16 +69,25 @@ def _contribution(k, v, dk, dv, q, do, lse2, delta, queries, keys, qk_scale, sm_
 
 
 @triton.jit
-def _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale, sm_scale, N,
-          D: tl.constexpr, BLOCK_Q: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr,
-          MASKED: tl.constexpr):
-    """One query block's contribution, its q and dO read through pointers."""
+def _query_block(Q, DO, LSE2, DELTA, head, start, cols, N, D: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """A query block of one head read through pointers: its positions, offsets, q, dO, the
+    log2-domain lse and delta."""
     queries = start + tl.arange(0, BLOCK_Q)
     q_offsets = head * N * D + queries[:, None] * D + cols[None, :]
     q = tl.load(Q + q_offsets)
     do = tl.load(DO + q_offsets)
     lse2 = tl.load(LSE2 + head * N + queries)
     delta = tl.load(DELTA + head * N + queries)
+    return queries, q_offsets, q, do, lse2, delta
+
+
+@triton.jit
+def _step(k, v, dk, dv, Q, DO, LSE2, DELTA, head, start, keys, cols, qk_scale, sm_scale, N,
+          D: tl.constexpr, BLOCK_Q: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr,
+          MASKED: tl.constexpr):
+    """One query block's contribution, its q and dO read through pointers."""
+    queries, q_offsets, q, do, lse2, delta = _query_block(Q, DO, LSE2, DELTA, head, start, cols, N,
+                                                          D, BLOCK_Q)
     return _contribution(k, v, dk, dv, q, do, lse2, delta, queries, keys, qk_scale, sm_scale,
                          NATURAL, FOLD, MASKED)
 
@@ -180,12 +189,8 @@ def dkdv_atomic_dq_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, DQ, qk_scale, sm_sca
     for g in range(GROUP):
         head = kv_head * GROUP + g
         for start in range(first, N, BLOCK_Q):
-            queries = start + tl.arange(0, BLOCK_Q)
-            q_offsets = head * N * D + queries[:, None] * D + cols[None, :]
-            q = tl.load(Q + q_offsets)
-            do = tl.load(DO + q_offsets)
-            lse2 = tl.load(LSE2 + head * N + queries)
-            delta = tl.load(DELTA + head * N + queries)
+            queries, q_offsets, q, do, lse2, delta = _query_block(Q, DO, LSE2, DELTA, head, start,
+                                                                  cols, N, D, BLOCK_Q)
             st = tl.dot(k, tl.trans(q))
             pt = tl.math.exp2(st * qk_scale - lse2[None, :])
             if start < full:

@@ -19,6 +19,7 @@ import torch
 import triton
 
 import attnfuse as af
+from backward_kernels import parse_configs  # bench/ is on the path of a script run from it
 
 CONFIGS = [cfg for cfg in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))
            if not (cfg[0] == 128 and cfg[2] == 4 and cfg[1] == 128)]
@@ -29,12 +30,6 @@ VARIANTS = {
 }
 
 
-def parse_configs(text: str | None) -> list[tuple[int, ...]]:
-    if not text:
-        return CONFIGS
-    return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seq-lens", default="4096")
@@ -43,7 +38,7 @@ def main() -> None:
     parser.add_argument("--configs")
     args = parser.parse_args()
     b, hq, hkv, d, dtype = SHAPES[args.shape]
-    configs = parse_configs(args.configs)
+    configs = parse_configs(args.configs, CONFIGS)
     for n in map(int, args.seq_lens.split(",")):
         torch.manual_seed(0)
         q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype)

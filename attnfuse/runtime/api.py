@@ -333,6 +333,8 @@ class CompiledAttention:
                      for role in launch.info.roles}
             wanted = set(kernels) | {name for name, role in ROTATION_KERNELS.items() if role in roles}
             schedule = tuple(launch for launch in plan.launches if launch.info.name in wanted)
+            for launch in schedule:  # once per plan and kernel set, not per launch
+                launch.check_grid()
             plan.schedules[kernels] = schedule
         for launch in schedule:
             name = launch.info.name

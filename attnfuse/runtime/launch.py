@@ -120,7 +120,6 @@ class KernelLaunch:
                 f"axis 1 holds; at most {MAX_GRID_BLOCKS * self.info.block_m} {plural} per call")
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.check_grid()
         args, specialization = self.arguments(tensors)
         runner = self.runners.get(specialization)
         if runner is not None:
@@ -180,9 +179,10 @@ MAX_GRID_BLOCKS = 65535
 def launch_grid(rows: int, block_rows: int, batch_heads: int) -> tuple[int, int]:
     """The grid of a kernel with one program per (batch x head, block of `block_rows` rows):
     (batch x head) on axis 0 and the blocks on axis 1, the order the emitted prologue reads
-    (longest programs first, lowering/triton.py). A launch checks the block count against
-    MAX_GRID_BLOCKS when it runs (`KernelLaunch.check_grid`), so that a kernel a call never
-    launches (a backward kernel, in a forward-only call) cannot fail it."""
+    (longest programs first, lowering/triton.py). The block count is checked against
+    MAX_GRID_BLOCKS when a call first schedules the kernel (`KernelLaunch.check_grid`, from
+    `CompiledAttention._run`), so that a kernel a call never launches (a backward kernel, in
+    a forward-only call) cannot fail it, and the launch path itself checks nothing."""
     return (batch_heads, triton.cdiv(rows, block_rows))
 
 

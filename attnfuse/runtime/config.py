@@ -57,25 +57,25 @@ class TileConfig:
 
 
 FORWARD_HOPPER = (64, 64, 4, 3)
-"""Forward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16: the best or within
-2% of the best of bench/forward_kernels.py at every point measured for D=128 (causal and
-RoPE + causal, Llama-3-8B geometry, N=2048-8192; causal at N=16384 is 3% slower per kernel, 1%
-per call, than (128, 128, 8, 3))
-and for D=64 up to N=4096 (paper shape). Logs: bench/results/20261129T1710Z-forward_kernels.log
-(head-major grid) and 20261129T1705Z-forward_kernels-lpt.log, 20261129T1715Z-forward_kernels-long.log
-(block-major grid). Against the previous (128, 64, 8, 3) at D=128 it takes 6-16% less time below
-N=8192; against the previous (128, 64, 4, 3) at D=64 N=4096, 4-9% less."""
+"""Forward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16, from
+bench/forward_kernels.py (docs/performance.md §3.1). D=128 (Llama-3-8B geometry, causal and
+RoPE + causal): the best or within 1.5% of the best at N=2048-8192, and 3% slower per kernel
+(1% per call) than (128, 128, 8, 3) at N=16384; 6-16% less time than the previous
+(128, 64, 8, 3) below N=8192. D=64 (paper shape) up to N=4096: within 2.5% of the best for
+causal, the best by 20% for RoPE + causal; 4-9% less time than the previous (128, 64, 4, 3).
+Logs: bench/results/20261129T1710Z-forward_kernels.log (head-major grid),
+20261129T1705Z-forward_kernels-lpt.log and 20261129T1715Z-forward_kernels-long.log
+(block-major grid)."""
 
 FORWARD_HOPPER_D64_LONG = (128, 64, 8, 3)
-"""The D=64 forward from FORWARD_HOPPER_D64_LONG_FROM query rows on: at N=16384 (paper shape)
-64-row programs were 12-13% slower than 128-row ones (causal 4.91 against 4.31 ms, RoPE +
-causal 4.71 against 4.31), while at N=4096 they are as fast (causal) or 20% faster (RoPE +
-causal, whose fused rotation does badly with 8 warps there). N=8192 was not measured."""
+"""The D=64 forward from FORWARD_HOPPER_D64_LONG_FROM query rows on. At N=16384 (paper
+shape) 64-row kernels took 14% longer for causal (4.91 against 4.31 ms) and 9% for RoPE +
+causal (4.71 against 4.31). At N=4096 the 64-row ones stay: within 2.5% for causal, and
+RoPE + causal takes 23-25% longer with 128 rows and 8 warps."""
 
 FORWARD_HOPPER_D64_LONG_FROM = 8193
-"""Query rows from which the D=64 forward uses FORWARD_HOPPER_D64_LONG: above the longest
-length measured faster with 64-row programs (4096) and the midpoint, 8192, which was not
-measured, below the shortest measured faster with 128-row ones (16384)."""
+"""First query length on the 128-row D=64 forward: 64 rows were measured better at 4096
+and worse at 16384; 8192, in between, was not measured."""
 
 BACKWARD_HOPPER_D64 = (64, 32, 4, 3, 64, 64, 4, 3)
 BACKWARD_HOPPER_D128 = (64, 64, 4, 2, 64, 32, 4, 3)
@@ -102,7 +102,8 @@ def choose_tile_config(problem: Problem) -> TileConfig:
         # 128-row programs with two warpgroups (FORWARD_HOPPER), except for D=64 at long
         # sequences (FORWARD_HOPPER_D64_LONG).
         if d <= 64:
-            forward = FORWARD_HOPPER_D64_LONG if problem.seq_q >= FORWARD_HOPPER_D64_LONG_FROM else FORWARD_HOPPER
+            long_sequence = problem.seq_q >= FORWARD_HOPPER_D64_LONG_FROM
+            forward = FORWARD_HOPPER_D64_LONG if long_sequence else FORWARD_HOPPER
             return (TileConfig(*forward, *BACKWARD_HOPPER_D64) if not big_elem
                     else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))
         if d <= 128:

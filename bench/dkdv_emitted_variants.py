@@ -15,6 +15,9 @@ inputs only:
   pipelined loop instead of a pipeline restarted per head and band;
 - `tma`: loop operands (q and dO in dK/dV; k and v in the forward and dQ) read through
   on-device tensor descriptors (TMA);
+- `fold-scale`: the score scale is not applied to the scores but folded into the exp2
+  argument's multiplier (`s * (scale * log2 e) - m`, one FMA instead of a multiply and an
+  FMA per score) and into the row max (`max(s) * scale`, valid as the scale is positive);
 - combinations of them.
 
 `--kernel attention_fwd` or `attention_bwd_dq` tries `tma` on those kernels. (An `lpt` edit,
@@ -70,8 +73,9 @@ LOOP_LOADS = re.compile(
     r" \+ \((?P<cols>cols_\w+)\)\[None, :\] \* stride_(?P=role)_d(?:, mask=\w+\[:, None\], other=0\.0)?\)")
 EDITS = [set(), {"shared-offsets"}, {"dv-first"}, {"no-licm"}, {"flatten"},
          {"shared-offsets", "dv-first"}, {"shared-offsets", "dv-first", "no-licm"}, {"tma"},
-         {"tma", "dv-first"}, {"tma", "no-licm"}]
-OTHER_KERNEL_EDITS = [set(), {"tma"}]
+         {"tma", "dv-first"}, {"tma", "no-licm"}, {"fold-scale"}, {"fold-scale", "tma"},
+         {"fold-scale", "shared-offsets"}]
+OTHER_KERNEL_EDITS = [set(), {"tma"}, {"fold-scale"}]
 """Edits tried on the forward and dQ kernels (the others are specific to dK/dV)."""
 LOOP_START = {"queries": "start_m", "keys": "start_n"}
 LOOP_ROWS = {"queries": "n_q", "keys": "n_k"}
@@ -107,6 +111,20 @@ def kernel_descriptor_loads(source: str) -> str:
     return source
 
 
+SCALE_LINE = re.compile(r"^ *(\w+) = \1 \* sm_scale\n", re.MULTILINE)
+EXP2_OF_SCORES = re.compile(r"tl\.math\.exp2\((scores\w*) \* 1\.4426950408889634 -")
+MAX_OF_SCORES = re.compile(r"tl\.max\((scores\w*), 1\)")
+
+
+def fold_scale(source: str) -> str:
+    """Each kernel's `scores = scores * sm_scale` dropped; the scale applied instead where the
+    scores meet the exponential (`exp2(s * (sm_scale * log2 e) - ...)`) and the row max
+    (`max(s) * sm_scale`). Masks (`where(keep, s, -inf)`) commute with a positive scale."""
+    source = SCALE_LINE.sub("", source)
+    source = EXP2_OF_SCORES.sub(r"tl.math.exp2(\1 * (sm_scale * 1.4426950408889634) -", source)
+    return MAX_OF_SCORES.sub(r"(tl.max(\1, 1) * sm_scale)", source)
+
+
 def in_dkdv(source: str, edit) -> str:
     """Applies `edit` (text -> text) to the dK/dV kernel's source only."""
     head, rest = source.split("def attention_bwd_dkdv(", 1)
@@ -137,6 +155,8 @@ def variant_source_one(source: str, edit: str) -> str:
             r"for start_m in tl.range(\1, \2, BLOCK_N, disable_licm=True):", body))
     if "tma" in edits:
         source = tensor_descriptor_loads(source)
+    if "fold-scale" in edits:
+        source = fold_scale(source)
 
     if "flatten" in edits:
         source = in_dkdv(source, lambda body: HEAD_LOOPS.sub(
@@ -163,6 +183,8 @@ def main() -> None:
                         help="tile configs of the timed kernel (the others keep a fixed one)")
     parser.add_argument("--kernel", default="attention_bwd_dkdv", choices=sorted(KERNEL_OUTPUTS))
     parser.add_argument("--cpu", action="store_true", help="check the edits in the interpreter")
+    parser.add_argument("--edits", help="edit sets to time, ';'-separated, edits of a set joined by "
+                        "'+' (default: all of the kernel's); 'emitted' is the unedited kernel")
     args = parser.parse_args()
     device = "cpu" if args.cpu else "cuda"
     # The interpreter's length is ragged (not a multiple of any block): padded rows must read 0.
@@ -179,6 +201,8 @@ def main() -> None:
     flops = KERNEL_PRODUCTS[args.kernel] * 2 * hq * n * n * d / 2
     outputs = KERNEL_OUTPUTS[args.kernel]
     edit_sets = EDITS if args.kernel == "attention_bwd_dkdv" else OTHER_KERNEL_EDITS
+    if args.edits:
+        edit_sets = [set() if text == "emitted" else set(text.split("+")) for text in args.edits.split(";")]
     for text in args.configs.split(";"):
         cfg = tuple(int(x) for x in text.split(","))
         configs = {"attention_fwd": (64, 64, 4, 3), "attention_bwd_dq": (64, 64, 4, 2),

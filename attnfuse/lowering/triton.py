@@ -152,6 +152,9 @@ class KernelEmitter:
     (rotated q/k, probabilities) stay fp32. Only the final output is rounded to bf16."""
     lines: list[str] = field(default_factory=list)
     indent: int = 1
+    deferred_scales: dict[SSAValue, str] = field(default_factory=dict)
+    """Scores printed without their scale, and the scale (an expression) that the
+    exponential applies instead (`scale_folds_into_exponential`)."""
 
     def __post_init__(self) -> None:
         k = self.kernel
@@ -513,10 +516,41 @@ class KernelEmitter:
         for i, (q_op, k_op) in enumerate(products):
             acc = f", acc={name}" if i else ""
             self.emit(f"{name} = tl.dot({q_op}, tl.trans({k_op}){acc}{self.dot_options()})")
-        if op.scale is None:
+        scale = "sm_scale" if op.scale is None else repr(op.scale.value.data)
+        if self.scale_folds_into_exponential(op.result):
+            self.deferred_scales[op.result] = scale
+            self.emit(f"# (the scale, {scale}, is applied where the scores meet the exponential)")
+        elif op.scale is None:
             self.emit(f"{name} = {name} * sm_scale")
         else:
-            self.emit(f"{name} = {name} * {op.scale.value.data!r}  # static scale")
+            self.emit(f"{name} = {name} * {scale}  # static scale")
+
+    def scale_folds_into_exponential(self, scores: SSAValue) -> bool:
+        """Whether the scores reach nothing but masks and exponentials (`tile.softmax_update`,
+        `tile.recompute_probs`). Then the printer leaves them unscaled and the exponential
+        multiplies by `scale * log2(e)` in the FMA it does anyway, and the row max by the
+        scale once per row: one multiply per score less. Valid because the scale is
+        positive (the DSL checks it): a mask's -inf stays -inf, and the max of scaled scores
+        is the scaled max (rounding is monotonic, so even bit for bit)."""
+        for use in scores.uses:
+            user = use.operation
+            if isinstance(user, tile.MaskOp):
+                if not self.scale_folds_into_exponential(user.result):
+                    return False
+            elif not (isinstance(user, (tile.SoftmaxUpdateOp, tile.RecomputeProbsOp))
+                      and user.operands[use.index] is user.scores):
+                return False
+        return True
+
+    def exponent_factor(self, scores: SSAValue) -> str:
+        """What the exponential multiplies `scores` by: log2(e), times the scale if the
+        scores were printed without it."""
+        scale = self.deferred_scales.get(scores)
+        if scale is None:
+            return repr(LOG2E)
+        if scale == "sm_scale":
+            return f"(sm_scale * {LOG2E})"
+        return repr(float(scale) * LOG2E)
 
     def split_products(self, q: SSAValue, k: SSAValue) -> list[tuple[str, str]]:
         """The element-type products whose fp32 sum is q @ k^T of widened (fp32) operands, on
@@ -566,6 +600,8 @@ class KernelEmitter:
         keep = self.namer.fresh("keep")
         self.emit(f"{keep} = {' & '.join(conds) if conds else 'True'}")
         self.emit(f"{self.namer.define(op.result)} = tl.where({keep}, {self.namer[op.input]}, float(\"-inf\"))")
+        if op.input in self.deferred_scales:
+            self.deferred_scales[op.result] = self.deferred_scales[op.input]
 
     def emit_band_range(self, op: tile.KVBoundsOp | tile.QBoundsOp, first: str, last: str,
                         lower: int | None, upper: int | None, length: str) -> None:
@@ -678,13 +714,15 @@ class KernelEmitter:
         scores, row_max, row_sum = (self.namer[v] for v in op.operands)
         new_max, safe = self.namer.fresh("row_max_new"), self.namer.fresh("row_max_safe")
         self.emit("# tile.softmax_update: online softmax step")
-        self.emit(f"{new_max} = tl.maximum({row_max}, tl.max({scores}, 1))")
+        scale = self.deferred_scales.get(op.scores)
+        block_max = f"tl.max({scores}, 1)" if scale is None else f"tl.max({scores}, 1) * {scale}"
+        self.emit(f"{new_max} = tl.maximum({row_max}, {block_max})")
         self.emit("# A row with no kept key yet has max -inf: subtract 0 so exp2 gives 0, not NaN.")
         self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
         probs = self.fresh_result(op.probs)
         alpha = self.fresh_result(op.alpha)
         # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
-        self.emit(f"{probs} = tl.math.exp2({scores} * {LOG2E} - ({safe} * {LOG2E})[:, None])")
+        self.emit(f"{probs} = tl.math.exp2({scores} * {self.exponent_factor(op.scores)} - ({safe} * {LOG2E})[:, None])")
         self.emit(f"{alpha} = tl.math.exp2(({row_max} - {safe}) * {LOG2E})")
         self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
         self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")
@@ -823,7 +861,7 @@ class KernelEmitter:
         self.emit(f"{safe} = tl.where({lse} == float(\"-inf\"), float(\"inf\"), {lse})")
         bcast = "[:, None]" if op.lse.type.shape == ("m",) else "[None, :]"  # type: ignore[union-attr]
         self.emit(
-            f"{self.namer.define(op.result)} = tl.math.exp2({self.namer[op.scores]} * {LOG2E}"
+            f"{self.namer.define(op.result)} = tl.math.exp2({self.namer[op.scores]} * {self.exponent_factor(op.scores)}"
             f" - ({safe} * {LOG2E}){bcast})"
         )
 

@@ -74,7 +74,8 @@
 // CHECK:                  delta = tl.load(delta_base + queries * stride_delta_n, mask=query_in_bounds, other=0.0)
 // Scores are key x query: keys are the program's rows.
 // CHECK:                  scores = tl.dot(k, tl.trans(q))
-// CHECK-NEXT:             scores = scores * sm_scale
+// The scale is folded into the exponential's multiplier: no multiply of the scores.
+// CHECK-NEXT:             # (the scale, sm_scale, is applied where the scores meet the exponential)
 // CHECK-NEXT:             # tile.mask: keep keys in q_pos + [None, 0] and inside the sequence
 // CHECK-NEXT:             keep = query_in_bounds[None, :] & row_in_bounds[:, None] & (rows[:, None] <= q_pos[None, :])
 // CHECK-NEXT:             scores_1 = tl.where(keep, scores, float("-inf"))
@@ -82,7 +83,7 @@
 // turns into +inf so that p = 0 rather than NaN.
 // CHECK-NEXT:             # tile.recompute_probs: p = exp(s - lse); a row with no kept key (lse = -inf) gives 0
 // CHECK-NEXT:             lse_safe_1 = tl.where(lse == float("-inf"), float("inf"), lse)
-// CHECK-NEXT:             probs = tl.math.exp2(scores_1 * 1.4426950408889634 - (lse_safe_1 * 1.4426950408889634)[None, :])
+// CHECK-NEXT:             probs = tl.math.exp2(scores_1 * (sm_scale * 1.4426950408889634) - (lse_safe_1 * 1.4426950408889634)[None, :])
 // CHECK-NEXT:             # tile.dot_transposed: a @ b^T, fp32 accumulation
 // CHECK-NEXT:             grad_probs = tl.dot(v, tl.trans(grad_out))
 // CHECK-NEXT:             # tile.softmax_grad: dS = P * (dP - delta)
@@ -145,7 +146,8 @@
 // CHECK-NEXT:     kv_head = head // group_size  # GQA/MQA: query heads share a key/value head
 // CHECK-NOT:      head_in_group
 // lse is per query: a row vector here.
-// CHECK:          probs = tl.math.exp2(scores * 1.4426950408889634 - (lse_safe_1 * 1.4426950408889634)[:, None])
+// CHECK-NOT:      scores * sm_scale
+// CHECK:          probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - (lse_safe_1 * 1.4426950408889634)[:, None])
 // CHECK:          grad_scores = probs * (grad_probs - delta[:, None])
 // CHECK:          dq = tl.dot(grad_scores.to(k.dtype), k, acc=dq)
 // CHECK:          dq_lo, dq_hi = tl.split(tl.permute(tl.reshape(dq_1, (BLOCK_M, 2, BLOCK_HALF)), (0, 2, 1)))

@@ -10,7 +10,7 @@
 // CHECK:          k = tl.load(k_rot_base + keys[:, None] * stride_k_rot_n + (cols_d)[None, :] * stride_k_rot_d)
 // CHECK-NEXT:     # tile.scores
 // CHECK-NEXT:     scores = tl.dot(q_rot, tl.trans(k))
-// CHECK-NEXT:     scores = scores * sm_scale
+// CHECK-NEXT:     # (the scale, sm_scale, is applied where the scores meet the exponential)
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key

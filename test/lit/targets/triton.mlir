@@ -45,8 +45,11 @@
 // CHECK:          k_lo = tl.load(k_rot_base + keys[:, None] * stride_k_rot_n + (cols_half)[None, :] * stride_k_rot_d, mask=(cols_half < ROT_HALF)[None, :], other=0.0)
 // CHECK:          scores = tl.dot(q_lo_rot, tl.trans(k_lo))
 // CHECK-NEXT:     scores = tl.dot(q_hi_rot, tl.trans(k_hi), acc=scores)
-// CHECK-NEXT:     scores = scores * sm_scale
+// The positive scale is applied to the row max and folded into the exponential's FMA.
+// CHECK-NEXT:     # (the scale, sm_scale, is applied where the scores meet the exponential)
 // CHECK-NOT:      tl.where(keep
+// CHECK:          row_max_new = tl.maximum(row_max, tl.max(scores, 1) * sm_scale)
+// CHECK:          probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - (row_max_safe * 1.4426950408889634)[:, None])
 // CHECK:          row_max = row_max_new
 // CHECK:          acc = tl.dot(probs.to(v.dtype), v, acc=acc * alpha[:, None])
 // The diagonal blocks: bounds-checked and masked.

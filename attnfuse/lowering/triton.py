@@ -60,6 +60,10 @@ class KernelInfo:
     block_m: int
     num_warps: int
     num_stages: int
+    shared_offsets: tuple[str, str] | None = None
+    """(follower, leader): the kernel has a `SHARED_OFFSETS` constexpr; when the runtime sets
+    it (the two roles' row and column strides are equal), the follower's loop loads use the
+    leader's offsets (`KernelEmitter.find_shared_offsets`)."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,25 @@ class KernelEmitter:
         self.roles = k.roles
         self.namer = Namer(reserved=self.reserved_names())
         self.loop_vars: list[LoopRows] = []
+        self.shared_offsets = self.find_shared_offsets()
+
+    def find_shared_offsets(self) -> tuple[str, str] | None:
+        """(follower, leader) when a dK/dV kernel loads full rows of dO and of q (or its
+        rotated copy) in its query loop, with D = Dv: then dO's loads can reuse q's offset
+        expression when their strides match (`SHARED_OFFSETS`, set per call by the runtime).
+        One address computation per loop step instead of two measured 6% less time for the
+        dK/dV kernel at the Llama-3-8B geometry on the H200 (register pressure: the kernel
+        runs at the 255-register limit; bench/results/20261129T1833Z-emitted_variants-
+        fold-scale.log). Forward and dQ kernels (k and v) are not specialized: not measured."""
+        if self.grid != "key_blocks" or self.head_dim != self.head_dim_v:
+            return None
+        loop_loads = {
+            op.role for op in self.kernel.walk()
+            if isinstance(op, tile.LoadOp) and op.rows.data == "loop"
+            and op.cols is not None and op.cols.data == "all"
+        }
+        leader = next((role for role in ("q_rot", "q") if role in loop_loads), None)
+        return ("do", leader) if "do" in loop_loads and leader is not None else None
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -312,6 +335,8 @@ class KernelEmitter:
                 "PASS_DIM": self.pass_dim,
                 "BLOCK_PASS": padded(self.pass_dim),
             }
+        if self.shared_offsets is not None:
+            constexprs["SHARED_OFFSETS"] = False
         params += [f"{k}: tl.constexpr = {v}," for k, v in constexprs.items()]
         return params
 
@@ -413,7 +438,18 @@ class KernelEmitter:
         assert isinstance(op.result.type, tile.TileType)
         widened = op.result.type.elem == "f32" and role not in tile.FP32_ROLES and self.elem != "f32"
         widen = ".to(tl.float32)" if widened else ""
-        self.emit(f"{self.namer.define(op.result)} = tl.load({ptrs}{masking}){widen}")
+        name = self.namer.define(op.result)
+        if self.shared_offsets is not None and role == self.shared_offsets[0] and op.rows.data == "loop":
+            # Same strides as the leader (the runtime checked): its offsets, its strides.
+            leader = self.shared_offsets[1]
+            leader_ptrs, _ = self.block_pointer(leader, op.rows.data, cols)
+            shared_ptrs = f"{role}_base" + leader_ptrs.removeprefix(f"{leader}_base")
+            self.emit("if SHARED_OFFSETS:")
+            self.emit(f"    {name} = tl.load({shared_ptrs}{masking}){widen}")
+            self.emit("else:")
+            self.emit(f"    {name} = tl.load({ptrs}{masking}){widen}")
+            return
+        self.emit(f"{name} = tl.load({ptrs}{masking}){widen}")
 
     def emit_store(self, op: tile.StoreOp) -> None:
         role = op.role
@@ -951,7 +987,8 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
     parts = [HEADER]
     infos = []
     for kernel in kernels:
-        parts.append("\n\n" + "\n".join(KernelEmitter(kernel, interpreter).run()) + "\n")
+        emitter = KernelEmitter(kernel, interpreter)
+        parts.append("\n\n" + "\n".join(emitter.run()) + "\n")
         infos.append(
             KernelInfo(
                 name=kernel.sym_name.data,
@@ -960,6 +997,7 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
                 block_m=kernel.get("block_m"),
                 num_warps=kernel.get("num_warps"),
                 num_stages=kernel.get("num_stages"),
+                shared_offsets=emitter.shared_offsets,
             )
         )
     return TritonProgram("".join(parts), tuple(infos))

@@ -84,7 +84,9 @@ def lookup(key: str) -> tuple[TritonProgram, Path] | None:
         if not isinstance(meta, dict) or meta.get("sha256") != _digest(source):
             return None
         kernels = tuple(
-            KernelInfo(**{**k, "roles": tuple(k["roles"])}) for k in meta["kernels"]
+            KernelInfo(**{**k, "roles": tuple(k["roles"]),
+                          "shared_offsets": k.get("shared_offsets") and tuple(k["shared_offsets"])})
+            for k in meta["kernels"]
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -109,6 +109,15 @@ class KernelLaunch:
                 specialization.append(stride)
         return args, tuple(specialization)
 
+    def shares_offsets(self, tensors: dict[str, torch.Tensor]) -> bool:
+        """The kernel's `SHARED_OFFSETS` for these tensors: whether the follower role's row and
+        column strides equal the leader's (`KernelInfo.shared_offsets`)."""
+        pair = self.info.shared_offsets
+        if pair is None:
+            return False
+        follower, leader = (tensors[role].stride()[-2:] for role in pair)
+        return follower == leader
+
     def check_grid(self) -> None:
         """Raises `ArgumentError` if the grid has more row blocks than CUDA's axis 1 holds."""
         blocks = self.grid[1]
@@ -121,13 +130,14 @@ class KernelLaunch:
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         args, specialization = self.arguments(tensors)
-        runner = self.runners.get(specialization)
+        shared = self.shares_offsets(tensors)
+        runner = self.runners.get((specialization, shared))
         if runner is not None:
             # The compiled kernel's own launcher: skips the JIT's per-call argument binding
             # and specialization (most of a launch's host time, and a step launches up to 8).
-            runner(*args, *self.scalars, *self.constexprs)
+            runner(*args, *self.scalars, *self.constexpr_values(shared))
             return
-        compiled = self.launch_jit(args)
+        compiled = self.launch_jit(args, shared)
         if _launchable(compiled) and self.constexprs is not None and (
             len(self.kernel.params) == len(args) + len(self.scalars) + len(self.constexprs)
         ):
@@ -136,7 +146,7 @@ class KernelLaunch:
                 # the JIT keeps its own compiled kernels, so forgetting costs one slow launch.
                 self.runners.clear()
             # A compiled kernel's launcher takes all three grid dimensions.
-            self.runners[specialization] = compiled[(*self.grid, 1)]
+            self.runners[(specialization, shared)] = compiled[(*self.grid, 1)]
 
     @cached_property
     def constexprs(self) -> tuple[object, ...] | None:
@@ -149,12 +159,21 @@ class KernelLaunch:
             return None
         return tuple(p.default for p in params[first:])
 
-    def launch_jit(self, args: list[object]) -> object:
-        """Launches through the JIT (compiling on first use); returns what it launched."""
+    def constexpr_values(self, shared: bool) -> tuple[object, ...]:
+        """`constexprs` with `SHARED_OFFSETS` (the last one, where the kernel has it) set."""
+        assert self.constexprs is not None
+        if self.info.shared_offsets is None:
+            return self.constexprs
+        return (*self.constexprs[:-1], shared)
+
+    def launch_jit(self, args: list[object], shared: bool = False) -> object:
+        """Launches through the JIT (compiling on first use); returns what it launched.
+        `shared`: the kernel's `SHARED_OFFSETS` (`shares_offsets`), where it has one."""
+        flags = {"SHARED_OFFSETS": shared} if self.info.shared_offsets is not None else {}
         while True:
             try:
                 return self.kernel[self.grid](
-                    *args, *self.scalars, num_warps=self.info.num_warps, num_stages=self.stages[0]
+                    *args, *self.scalars, **flags, num_warps=self.info.num_warps, num_stages=self.stages[0]
                 )
             except OutOfResources:
                 # Software pipelining keeps `num_stages` copies of the loop's operands in shared

@@ -18,6 +18,10 @@
 // CHECK-NEXT:     sm_scale, n_q, n_k, num_heads, group_size,
 // CHECK-NEXT:     BLOCK_M: tl.constexpr = 64,
 // CHECK-NEXT:     BLOCK_N: tl.constexpr = 32,
+// dO and q are loaded full width in the query loop and D = Dv: the runtime sets SHARED_OFFSETS
+// when their strides match, and dO's loads then reuse q's offsets.
+// CHECK:          SHARED_OFFSETS: tl.constexpr = False,
+// CHECK-NEXT: ):
 
 // The key_blocks prologue: the program's rows are keys of its key/value head.
 // CHECK:          # Program grid (one program per (batch x key/value head, key block)).
@@ -70,6 +74,11 @@
 // CHECK-NEXT:             q_pos = queries + (n_k - n_q)
 // CHECK-NEXT:             # tile.load: q_rot rows (loop), all columns
 // CHECK-NEXT:             q = tl.load(q_rot_base + queries[:, None] * stride_q_rot_n + (cols_d)[None, :] * stride_q_rot_d, mask=query_in_bounds[:, None], other=0.0)
+// CHECK-NEXT:             # tile.load: do rows (loop), all columns
+// CHECK-NEXT:             if SHARED_OFFSETS:
+// CHECK-NEXT:                 grad_out = tl.load(do_base + queries[:, None] * stride_q_rot_n + (cols_d)[None, :] * stride_q_rot_d, mask=query_in_bounds[:, None], other=0.0)
+// CHECK-NEXT:             else:
+// CHECK-NEXT:                 grad_out = tl.load(do_base + queries[:, None] * stride_do_n + (cols_dv)[None, :] * stride_do_d, mask=query_in_bounds[:, None], other=0.0)
 // CHECK:                  lse = tl.load(lse_base + queries * stride_lse_n, mask=query_in_bounds, other=float("inf"))
 // CHECK:                  delta = tl.load(delta_base + queries * stride_delta_n, mask=query_in_bounds, other=0.0)
 // Scores are key x query: keys are the program's rows.
@@ -159,6 +168,8 @@
 // (bounds-checked in the partial blocks); dK accumulates per half and is never split.
 // ASFWD:          def attention_bwd_dkdv(
 // ASFWD-NEXT:         q_ptr, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
+// q is loaded in rotary halves here, not full width: no shared offsets.
+// ASFWD-NOT:          SHARED_OFFSETS
 // ASFWD:              kv_head = head  # programs of a key_blocks grid own a key/value head
 // ASFWD:              k_lo_rot = (k_lo_f32 * cos - k_hi_f32 * sin).to(k_lo.dtype)
 // ASFWD:              dk_lo = tl.zeros([BLOCK_M, BLOCK_HALF], dtype=tl.float32)

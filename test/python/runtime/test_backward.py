@@ -448,6 +448,75 @@ def test_rope_odd_head_dim():
     check_grads(spec, nq=19, nk=27, d=18, dv=24)
 
 
+@pytest.mark.parametrize(
+    "blocks, dtype_name, forward_rotations, backward_rotations",
+    [
+        # Softmax: the backward reads pre-rotated copies; the training forward makes them once.
+        (lambda: [af.rope(), af.causal()], "fp32", {"rotate_query", "rotate_key"}, set()),
+        (lambda: [af.rope(rotary_dim=16, interleaved=True)], "bf16", {"rotate_query", "rotate_key"}, set()),
+        # ReLU in fp16 rotates the unrounded q and k in its backward kernels (exact scores):
+        # nothing is saved rotated, and the forward keeps the Rotation Calculus' choice.
+        (lambda: [af.relu(), af.rope(), af.causal()], "fp16", set(), set()),
+    ],
+    ids=["softmax-fp32", "softmax-partial-bf16", "relu-exact-scores-fp16"],
+)
+def test_training_rotates_once(monkeypatch, blocks, dtype_name, forward_rotations, backward_rotations):
+    """A call autograd records rotates q and k in the forward where its backward reads the
+    rotated copies, saves the copies instead of q and k, and its backward launches no
+    rotation kernel; the gradients are still those of the unrotated q and k."""
+    from attnfuse.runtime.launch import KernelLaunch
+
+    launched: list[str] = []
+    original = KernelLaunch.__call__
+    monkeypatch.setattr(KernelLaunch, "__call__",
+                        lambda self, tensors: (launched.append(self.info.name), original(self, tensors))[1])
+    spec = af.attention(*blocks())
+    fn = af.compile(spec)
+    dtype = DTYPES[dtype_name]
+    q, k, v = make_qkv(1, 4, 2, 40, 40, 32, None, dtype, seed=11, requires_grad=True)
+    out = fn(q, k, v)
+    forward = set(launched)
+    launched.clear()
+    go = randn(*out.shape, dtype=dtype, seed=12)
+    out.backward(go)
+    rotations = {"rotate_query", "rotate_key"}
+    assert forward & rotations == forward_rotations
+    assert set(launched) & rotations == backward_rotations
+    assert "attention_bwd_dkdv" in launched
+    assert_gradients_match(spec, q, k, v, go, bias=None, glse=None, call={}, label=f"{spec!r} {dtype}")
+    # Without autograd the forward keeps the Rotation Calculus' placement: a fused query
+    # rotation at this length, so no query pre-rotation kernel.
+    launched.clear()
+    with torch.no_grad():
+        fn(q, k, v)
+    assert "rotate_query" not in launched
+
+
+@pytest.mark.parametrize("grad_layout", ["contiguous", "bnhd"])
+def test_grad_out_layouts(monkeypatch, grad_layout):
+    """The dK/dV kernel reads dO through q's offsets exactly when their row and column
+    strides match (`SHARED_OFFSETS`), and through its own otherwise; gradients are right
+    either way."""
+    from attnfuse.runtime.launch import KernelLaunch
+
+    decisions: list[bool] = []
+    original = KernelLaunch.shares_offsets
+    monkeypatch.setattr(KernelLaunch, "shares_offsets",
+                        lambda self, tensors: (decisions.append(original(self, tensors))
+                                               if self.info.shared_offsets else None,
+                                               original(self, tensors))[1])
+    spec = af.attention(af.rope(), af.causal())
+    q, k, v = make_qkv(1, 4, 2, 37, 45, 32, None, torch.float16, seed=21, requires_grad=True)
+    out = af.compile(spec)(q, k, v)
+    go = randn(1, 4, 37, 32, dtype=torch.float16, seed=22)
+    if grad_layout == "bnhd":
+        # The layout a model's `out.transpose(1, 2).reshape(B, N, H * D)` sends back.
+        go = go.transpose(1, 2).contiguous().transpose(1, 2)
+    out.backward(go)
+    assert decisions == [grad_layout == "contiguous"]
+    assert_gradients_match(spec, q, k, v, go, bias=None, glse=None, call={}, label=grad_layout)
+
+
 # --------------------------------------------------------------------------------------------
 # alibi
 # --------------------------------------------------------------------------------------------

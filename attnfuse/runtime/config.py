@@ -73,9 +73,12 @@ shape) 64-row kernels took 14% longer for causal (4.91 against 4.31 ms) and 9% f
 causal (4.71 against 4.31). At N=4096 the 64-row ones stay: within 2.5% for causal, and
 RoPE + causal takes 23-25% longer with 128 rows and 8 warps."""
 
-FORWARD_HOPPER_D64_LONG_FROM = 8193
+FORWARD_HOPPER_D64_LONG_FROM = 8192
 """First query length on the 128-row D=64 forward: 64 rows were measured better at 4096
-and worse at 16384; 8192, in between, was not measured."""
+and worse at 8192 and 16384. At N=8192 (paper shape) the 128-row kernel took 1.0356 ms
+against 1.1710 (causal) and 1.0460 against 1.1710 (RoPE + causal); whole calls 1.0278
+against 1.0794 and 1.0635 against 1.1116 (bench/results/20261129T1904Z-forward_kernels-
+d64-8192.log). Between 4096 and 8192 the crossover is not measured."""
 
 BACKWARD_HOPPER_D64 = (64, 32, 4, 3, 64, 64, 4, 3)
 BACKWARD_HOPPER_D128 = (64, 64, 4, 2, 64, 32, 4, 3)

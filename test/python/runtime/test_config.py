@@ -35,11 +35,11 @@ def test_hopper_d128_programs_own_64_rows_at_every_length(hopper, seq):
 
 @pytest.mark.parametrize(("seq", "expected"), [
     (4096, (64, 64, 4, 3)),
-    (8192, (64, 64, 4, 3)),
-    (8193, (128, 64, 8, 3)),
+    (8191, (64, 64, 4, 3)),
+    (8192, (128, 64, 8, 3)),
     (16384, (128, 64, 8, 3)),
 ])
-def test_hopper_d64_forward_switches_to_128_row_programs_past_8192_rows(hopper, seq, expected):
+def test_hopper_d64_forward_switches_to_128_row_programs_from_8192_rows(hopper, seq, expected):
     tiles = hopper_tiles(64, seq, torch.float16)
     assert forward(tiles) == expected
     assert tiles.backward() == (64, 32, 4, 3)

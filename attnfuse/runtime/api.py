@@ -423,13 +423,18 @@ class CompiledAttention:
         sparse = self.spec.block(BlockSparse)
         if isinstance(sparse, BlockSparse):
             tensors |= self._layout_lists(data["block_layout"], sparse.block_size, plan, backward=True)
-        if plan.reads("delta"):  # softmax: relu attention has no delta and no preprocess
-            delta = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
-            tensors["delta"] = delta
+        softmax = plan.reads("delta")  # relu attention has no delta and no preprocess
+        if softmax:
+            tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
+        if softmax and grad_lse is None and dbias is None:
+            # dQ forms delta itself and stores it; dK/dV, launched after it, reads it.
+            self._run(plan, tensors, ("attention_bwd_dq_delta", "attention_bwd_dkdv"))
+            return dq, dk, dv, dbias
+        if softmax:
             self._run(plan, tensors, ("attention_bwd_preprocess",))
             if grad_lse is not None:
                 # d lse_i / d s_ij = p_ij: a gradient of the lse shifts delta (dS = P (dP - delta)).
-                delta.sub_(grad_lse)
+                tensors["delta"].sub_(grad_lse)
         if dbias is not None:
             tensors["dbias"] = dbias
         dq_kernel = "attention_bwd_dq_bias" if dbias is not None else "attention_bwd_dq"

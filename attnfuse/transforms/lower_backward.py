@@ -4,7 +4,8 @@ Given dO, the forward's output O and per-row log-sum-exp, three kernels compute 
 (and dBias) without ever storing the score matrix:
 
 - `attention_bwd_preprocess` (query blocks): `delta = rowsum(dO * O)` per query row, the
-  softmax backward's correction term. ReLU attention has none and skips it.
+  softmax backward's correction term. ReLU attention has none and skips it. Usually it is
+  not launched: `attention_bwd_dq_delta` computes delta itself (below).
 - `attention_bwd_dkdv` (key blocks): a program owns `block_m` keys of one key/value head. It
   loads them once and walks the query blocks (of every query head of its GQA group) that the
   mask band or layout leaves non-empty, recomputing the transposed scores `S^T = K Q^T` and
@@ -14,6 +15,11 @@ Given dO, the forward's output O and per-row log-sum-exp, three kernels compute 
   blocks as the forward and accumulates `dQ += dS K`. A second copy, `attention_bwd_dq_bias`,
   also writes dS into the full-size bias gradient; the runtime launches it only when the bias
   requires a gradient, and reduces that gradient over the bias's broadcast dims.
+- `attention_bwd_dq_delta` (softmax only): the dQ kernel that forms its rows' `delta` from the
+  dO block it loads anyway and an O block, stores it, and uses it. Launched *before* dK/dV,
+  which reads the stored delta, it replaces the preprocess: one launch and one pass over O
+  and dO fewer. A call with a log-sum-exp gradient (which shifts delta) or a bias gradient
+  runs the preprocess and the plain dQ kernel instead.
 
 Every sum runs in a fixed order inside one program: results are bit-for-bit deterministic.
 
@@ -80,15 +86,17 @@ def needs_exact_scores(facts: VariantFacts, element_type: str) -> bool:
 
 
 def _gradient_kernel_roles(
-    facts: VariantFacts, gradients: Sequence[str], list_suffix: str, bias_grad: bool = False
+    facts: VariantFacts, gradients: Sequence[str], list_suffix: str, bias_grad: bool = False,
+    computes_delta: bool = False,
 ) -> list[str]:
-    """The parameters of a dK/dV or dQ kernel: q and k (or their rotated copies), v, dO, the
-    softmax statistics, the `gradients` it writes, then what rotations and score
-    modifications read (and `dbias` with `bias_grad`), then the block-sparse lists it walks
-    (`list_suffix` "_q": lists of query blocks)."""
+    """The parameters of a dK/dV or dQ kernel: q and k (or their rotated copies), v, dO (and
+    O with `computes_delta`), the softmax statistics, the `gradients` it writes, then what
+    rotations and score modifications read (and `dbias` with `bias_grad`), then the
+    block-sparse lists it walks (`list_suffix` "_q": lists of query blocks)."""
     q_source, k_source = _sources(facts)
     stats = ["lse", "delta"] if facts.normalizer == "softmax" else []
-    roles = [q_source, k_source, "v", "do", *stats, *gradients, *_rotation_roles(facts),
+    grad_out = ["do", "o"] if computes_delta else ["do"]
+    roles = [q_source, k_source, "v", *grad_out, *stats, *gradients, *_rotation_roles(facts),
              *_score_data_roles(facts), *(["dbias"] if bias_grad else [])]
     if facts.sparse_block_size is not None:
         roles += [f"{kind}{list_suffix}_{what}" for kind in ("full", "partial") for what in ("blocks", "count")]
@@ -275,20 +283,32 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelO
     return k.finish()
 
 
-def build_dq_kernel(facts: VariantFacts, config: KernelConfig, bias_grad: bool) -> tile.KernelOp:
-    """dQ (and, with `bias_grad`, the full-size dBias): programs own query blocks."""
+def build_dq_kernel(
+    facts: VariantFacts, config: KernelConfig, bias_grad: bool, computes_delta: bool = False
+) -> tile.KernelOp:
+    """dQ (and, with `bias_grad`, the full-size dBias): programs own query blocks. With
+    `computes_delta` (softmax, no `bias_grad`) the kernel forms and stores its rows' delta
+    instead of reading the preprocess's."""
     q_source, k_source = _sources(facts)
     softmax = facts.normalizer == "softmax"
-    roles = _gradient_kernel_roles(facts, ["dq"], "", bias_grad)
+    assert not computes_delta or (softmax and not bias_grad)
+    roles = _gradient_kernel_roles(facts, ["dq"], "", bias_grad, computes_delta)
     rotation = facts.rotation
-    name = "attention_bwd_dq_bias" if bias_grad else "attention_bwd_dq"
+    name = ("attention_bwd_dq_bias" if bias_grad
+            else "attention_bwd_dq_delta" if computes_delta else "attention_bwd_dq")
     k = KernelBuilder(name, roles, "query_blocks", config, rotation.rotary_dim if rotation else None)
     parts = _parts(facts, config)
     query_parts = _load_rotated(k, "q", q_source, "program", parts, facts.query_rotation, "query",
                                 facts.exact_scores)
     grad_out = k.load("do", "program", "all", "grad_out")
     lse = k.load("lse", "program", None, "lse") if softmax else None
-    delta = k.load("delta", "program", None, "delta") if softmax else None
+    if computes_delta:
+        # What the preprocess would compute for these rows; stored for the dK/dV kernel.
+        out = k.load("o", "program", "all", "out")
+        delta = k.add(tile.RowDotOp(grad_out, out), "delta").results[0]
+        k.builder.insert(tile.StoreOp(delta, k.arg("delta"), "program", None))
+    else:
+        delta = k.load("delta", "program", None, "delta") if softmax else None
     names = [f"dq{PART_SUFFIX[p]}" for p in parts]
     state: Sequence[SSAValue] = [
         k.add(tile.ZerosOp(_accumulator_type(p)), n).results[0]
@@ -318,9 +338,13 @@ def build_dq_kernel(facts: VariantFacts, config: KernelConfig, bias_grad: bool) 
 def build_backward_kernels(
     facts: VariantFacts, config: KernelConfig, dkdv_config: KernelConfig
 ) -> list[tile.KernelOp]:
-    """The backward kernels of a variant, in launch order (`dkdv_config` tunes the dK/dV
-    kernel, `config` the others)."""
-    kernels = [build_preprocess_kernel(config)] if facts.normalizer == "softmax" else []
+    """The backward kernels of a variant, in program order, which is the launch order of those
+    a call runs: `attention_bwd_dq_delta` and then dK/dV, or the preprocess, dK/dV and a dQ
+    kernel (`dkdv_config` tunes the dK/dV kernel, `config` the others)."""
+    kernels = []
+    if facts.normalizer == "softmax":
+        kernels += [build_preprocess_kernel(config),
+                    build_dq_kernel(facts, config, bias_grad=False, computes_delta=True)]
     kernels += [build_dkdv_kernel(facts, dkdv_config), build_dq_kernel(facts, config, bias_grad=False)]
     if facts.bias:
         kernels.append(build_dq_kernel(facts, config, bias_grad=True))

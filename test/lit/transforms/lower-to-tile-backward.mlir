@@ -38,6 +38,19 @@
 // CHECK-NEXT:      tile.store %delta_1, %delta[program] : !tile.tile<m x f32> -> !tile.tensor<delta>
 // CHECK-NEXT:      tile.return
 // CHECK-NEXT:    }
+// The dQ kernel launched before dK/dV in place of the preprocess: it also reads O, forms its
+// rows' delta from the dO block it loads anyway, stores it for dK/dV, and uses it.
+// CHECK-NEXT:    tile.kernel @attention_bwd_dq_delta(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks"
+// CHECK-NEXT:      %q = tile.load %q_rot[program, all] : !tile.tensor<q_rot> -> !tile.tile<m x d x f16>
+// CHECK-NEXT:      %grad_out = tile.load %do[program, all]
+// CHECK-NEXT:      %lse_1 = tile.load %lse[program] : !tile.tensor<lse> -> !tile.tile<m x f32>
+// CHECK-NEXT:      %out = tile.load %o[program, all] : !tile.tensor<o> -> !tile.tile<m x dv x f16>
+// CHECK-NEXT:      %delta_1 = tile.row_dot %grad_out, %out : !tile.tile<m x dv x f16> -> !tile.tile<m x f32>
+// CHECK-NEXT:      tile.store %delta_1, %delta[program] : !tile.tile<m x f32> -> !tile.tensor<delta>
+// CHECK-NEXT:      %dq_1 = tile.zeros : !tile.tile<m x d x f32>
+// CHECK:             tile.softmax_grad %probs, %grad_probs, %delta_1
+// CHECK:           tile.return
+// CHECK-NEXT:    }
 // CHECK-NEXT:    tile.kernel @attention_bwd_dkdv(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks"
 // CHECK-NEXT:      %k = tile.load %k_rot[program, all] : !tile.tensor<k_rot> -> !tile.tile<m x d x f16>
 // CHECK-NEXT:      %v_1 = tile.load %v[program, all] : !tile.tensor<v> -> !tile.tile<m x dv x f16>
@@ -200,6 +213,7 @@ attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
 // CHECK-NEXT:  {{^}}builtin.module {
 // CHECK-NEXT:    tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>) attributes
 // CHECK-NOT:     tile.kernel @attention_bwd_preprocess
+// CHECK-NOT:     tile.kernel @attention_bwd_dq_delta
 // CHECK:         tile.kernel @attention_bwd_dkdv(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = "key_blocks"
 // CHECK:           %q_start, %full_start, %full_end, %q_end = tile.q_bounds {band = #attn.band<>}
 // CHECK-NEXT:      tile.q_loop %q_start to %full_end iter_args

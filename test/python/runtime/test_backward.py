@@ -448,6 +448,18 @@ def test_rope_odd_head_dim():
     check_grads(spec, nq=19, nk=27, d=18, dv=24)
 
 
+@pytest.fixture
+def launched(monkeypatch) -> list[str]:
+    """The names of the kernels launched while the test runs, in order."""
+    from attnfuse.runtime.launch import KernelLaunch
+
+    names: list[str] = []
+    original = KernelLaunch.__call__
+    monkeypatch.setattr(KernelLaunch, "__call__",
+                        lambda self, tensors: (names.append(self.info.name), original(self, tensors))[1])
+    return names
+
+
 @pytest.mark.parametrize(
     "blocks, dtype_name, forward_rotations, backward_rotations",
     [
@@ -460,16 +472,10 @@ def test_rope_odd_head_dim():
     ],
     ids=["softmax-fp32", "softmax-partial-bf16", "relu-exact-scores-fp16"],
 )
-def test_training_rotates_once(monkeypatch, blocks, dtype_name, forward_rotations, backward_rotations):
+def test_training_rotates_once(launched, blocks, dtype_name, forward_rotations, backward_rotations):
     """A call autograd records rotates q and k in the forward where its backward reads the
     rotated copies, saves the copies instead of q and k, and its backward launches no
     rotation kernel; the gradients are still those of the unrotated q and k."""
-    from attnfuse.runtime.launch import KernelLaunch
-
-    launched: list[str] = []
-    original = KernelLaunch.__call__
-    monkeypatch.setattr(KernelLaunch, "__call__",
-                        lambda self, tensors: (launched.append(self.info.name), original(self, tensors))[1])
     spec = af.attention(*blocks())
     fn = af.compile(spec)
     dtype = DTYPES[dtype_name]
@@ -490,6 +496,30 @@ def test_training_rotates_once(monkeypatch, blocks, dtype_name, forward_rotation
     with torch.no_grad():
         fn(q, k, v)
     assert "rotate_query" not in launched
+
+
+@pytest.mark.parametrize(
+    "needs, expected",
+    [
+        ("out", ["attention_bwd_dq_delta", "attention_bwd_dkdv"]),
+        ("lse", ["attention_bwd_preprocess", "attention_bwd_dkdv", "attention_bwd_dq"]),
+        ("bias", ["attention_bwd_preprocess", "attention_bwd_dkdv", "attention_bwd_dq_bias"]),
+    ],
+)
+def test_backward_launches(launched, needs, expected):
+    """A plain backward forms delta inside its dQ kernel, launched before dK/dV, and runs no
+    preprocess; an lse gradient (which shifts delta) or a bias gradient takes the
+    preprocess, dK/dV and a dQ kernel. The gradients are right on every path."""
+    spec = af.attention(af.causal(), af.additive_bias())
+    q, k, v = make_qkv(1, 4, 2, 37, 45, 32, None, torch.float32, seed=31, requires_grad=True)
+    bias = randn(1, 4, 37, 45, seed=32).requires_grad_(needs == "bias")
+    out, lse = af.compile(spec)(q, k, v, bias=bias, return_lse=True)
+    go = randn(*out.shape, seed=33)
+    glse = randn(*lse.shape, seed=34) if needs == "lse" else None
+    launched.clear()
+    torch.autograd.backward([out, lse] if glse is not None else [out], [go, glse] if glse is not None else [go])
+    assert launched == expected
+    assert_gradients_match(spec, q, k, v, go, bias=bias, glse=glse, call={}, label=needs)
 
 
 @pytest.mark.parametrize("grad_layout", ["contiguous", "bnhd"])

@@ -1,4 +1,4 @@
-"""Time of each backward kernel alone (rotation, preprocess, dK/dV, dQ) for RoPE+causal at the
+"""Time of each backward kernel alone (rotation, preprocess, dQ forming delta, dK/dV, dQ) for RoPE+causal at the
 Llama-3-8B geometry, sweeping the dQ and the dK/dV tile configurations independently: where
 the backward's time goes, and which configuration suits each kernel.
 
@@ -24,7 +24,9 @@ DQ_CONFIGS = [(64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3),
               (128, 32, 4, 3), (64, 64, 4, 3)]
 DKDV_CONFIGS = [cfg for cfg in itertools.product((64, 128), (16, 32, 64), (4, 8), (2, 3, 4))
                 if not (cfg[0] == 128 and cfg[1] == 64 and cfg[2] == 4)]
-PRODUCTS = {"attention_bwd_dq": 3, "attention_bwd_dkdv": 4}
+PRODUCTS = {"attention_bwd_dq": 3, "attention_bwd_dq_delta": 3, "attention_bwd_dkdv": 4}
+SWEPT_AS = {"attention_bwd_dq_delta": "attention_bwd_dq"}
+"""Kernels that take another kernel's configuration (the dQ kernel that forms delta)."""
 
 
 def parse_configs(text: str | None, default: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -67,7 +69,7 @@ def main() -> None:
             times = []
             for launch in plan.launches:
                 name = launch.info.name
-                if name == "attention_fwd" or (name in PRODUCTS and name != kernel):
+                if name == "attention_fwd" or (name in PRODUCTS and SWEPT_AS.get(name, name) != kernel):
                     continue
                 try:
                     launch(tensors)  # compile, and fill what later kernels read

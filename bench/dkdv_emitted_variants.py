@@ -7,7 +7,8 @@ edit is a text substitution on the generated Triton source, valid for these cont
 inputs only:
 
 - `shared-offsets`: dO's pointers reuse q's offsets (one address tensor per loop step
-  instead of two);
+  instead of two). The compiler now emits this as the `SHARED_OFFSETS` branch, which the
+  runtime takes for these contiguous inputs; the edit then only rewrites the unused branch;
 - `dv-first`: dV's product is accumulated before dP is computed (the hand-written order);
 - `no-licm`: the query-block loops are `tl.range(..., disable_licm=True)`, so that nothing
   is hoisted out of them to live across the loop (fewer long-lived registers);

@@ -46,7 +46,8 @@ def main() -> None:
     err = max(err, *grad_errs.values())
     shown_errs = ", ".join(f"d{name} {e:.2e}" for name, e in grad_errs.items())
     print(f"backward, relative error of the gradients: {shown_errs} ({'ok' if err < 1e-2 else 'TOO LARGE'})")
-    launches = [launch.info.name for launch in fn.plan(q, k, v).launches]
+    # The plan of the call above: autograd recorded it (q, k, v require grad).
+    launches = [launch.info.name for launch in fn.plan(q, k, v, training=True).launches]
     print(f"kernels generated: {', '.join(launches)}")
     print(f"pipeline: attnfuse-opt -p '{fn.last.pipeline}'\n")
     source = fn.source

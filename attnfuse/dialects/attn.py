@@ -391,6 +391,16 @@ class RopeOp(IRDLOperation):
             )
 
 
+MIN_SCORE_SCALE = 2.0**-126
+"""The smallest score scale: the smallest normal fp32 number. Kernels multiply by the scale
+in fp32, GPUs may flush subnormals to 0, and the printer folds the scale into the softmax's
+exponent and row max, where a scale of 0 would turn masked scores (-inf) into NaN."""
+
+MAX_SCORE_SCALE = 3.4028234663852886e38 / 1.4426950408889634
+"""The largest score scale: scale * log2(e), the exponent's multiplier, must be a finite
+fp32 number."""
+
+
 @irdl_op_definition
 class ScoresOp(IRDLOperation):
     """The score matrix `s[i, j] = scale * <q_i, k_j>`; `scale` defaults to `1/sqrt(D)`."""
@@ -414,8 +424,15 @@ class ScoresOp(IRDLOperation):
         )
 
     def verify_(self) -> None:
-        if self.scale is not None and not self.scale.value.data > 0:
-            raise VerifyException(f"scores scale must be positive, got {self.scale.value.data}")
+        if self.scale is not None:
+            scale = self.scale.value.data
+            if not scale > 0:
+                raise VerifyException(f"scores scale must be positive, got {scale}")
+            if not MIN_SCORE_SCALE <= scale <= MAX_SCORE_SCALE:
+                raise VerifyException(
+                    f"scores scale must lie in [{MIN_SCORE_SCALE:.3g}, {MAX_SCORE_SCALE:.3g}] "
+                    f"(kernels scale in fp32), got {scale}"
+                )
 
 
 @irdl_op_definition

@@ -1452,7 +1452,8 @@ def _verify_row_vector(op: Operation, scores: SSAValue, vector: SSAValue, what: 
 
 @irdl_op_definition
 class RowDotOp(IRDLOperation):
-    """`delta = rowsum(a * b)` in fp32: the backward preprocess's `rowsum(dO * O)`."""
+    """`delta = rowsum(a * b)` in fp32: the softmax backward's `rowsum(dO * O)`, in the
+    preprocess kernel or in the dQ kernel that forms delta itself."""
 
     name = "tile.row_dot"
 

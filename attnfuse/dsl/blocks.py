@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from attnfuse.dialects.attn import MAX_SCORE_SCALE, MIN_SCORE_SCALE
 from attnfuse.errors import CompositionError
 
 
@@ -48,6 +49,11 @@ class ScaledDotProduct(Block):
             ):
                 raise CompositionError(
                     f"scaled_dot_product: scale must be a positive finite number, got {self.scale!r}"
+                )
+            if not MIN_SCORE_SCALE <= self.scale <= MAX_SCORE_SCALE:
+                raise CompositionError(
+                    f"scaled_dot_product: scale must lie in [{MIN_SCORE_SCALE:.3g}, "
+                    f"{MAX_SCORE_SCALE:.3g}] (kernels scale in fp32), got {self.scale!r}"
                 )
             object.__setattr__(self, "scale", float(self.scale))
 

@@ -565,9 +565,11 @@ class KernelEmitter:
         """Whether the scores reach nothing but masks and exponentials (`tile.softmax_update`,
         `tile.recompute_probs`). Then the printer leaves them unscaled and the exponential
         multiplies by `scale * log2(e)` in the FMA it does anyway, and the row max by the
-        scale once per row: one multiply per score less. Valid because the scale is
-        positive (the DSL checks it): a mask's -inf stays -inf, and the max of scaled scores
-        is the scaled max (rounding is monotonic, so even bit for bit)."""
+        scale once per row: one multiply per score less. Valid because the scale is a
+        positive normal fp32 number, and so is scale * log2(e) (the DSL and `attn.scores`'
+        verifier check it, `attn.MIN_SCORE_SCALE`): a mask's -inf stays -inf rather than
+        becoming NaN, and the max of scaled scores is the scaled max (rounding is monotonic,
+        so even bit for bit)."""
         for use in scores.uses:
             user = use.operation
             if isinstance(user, tile.MaskOp):

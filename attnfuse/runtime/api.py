@@ -151,10 +151,30 @@ class CompiledAttention:
                      "pre_rotated" if "k_rot" in bwd_roles else k_place)
         return key if placement == key.placement else replace(key, placement=placement)
 
-    def program_for(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> CompiledProgram:
-        """The compiled kernels that a call with these tensors runs."""
+    def compiled_for(
+        self, problem: Problem, explicit_positions: tuple[bool, bool], training: bool
+    ) -> tuple[CompileKey, CompiledProgram]:
+        """The compile key and compiled program of a call: `compile_key`, or for a call that
+        autograd records, `training_key`."""
+        key = self.compile_key(problem, explicit_positions)
+        interpret = problem.device.type != "cuda"
+        compiled = compile_program(self.spec, key, interpret)
+        if training:
+            training_key = self.training_key(key, compiled)
+            if training_key != key:
+                key, compiled = training_key, compile_program(self.spec, training_key, interpret)
+        return key, compiled
+
+    def program_for(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, training: bool | None = None
+    ) -> CompiledProgram:
+        """The compiled kernels that a call with these tensors runs. `training` (default: as
+        a call would decide, from grad mode and whether q, k or v require grad) selects the
+        program of a call that autograd records."""
         problem = check_inputs(self.spec, q, k, v)
-        return compile_program(self.spec, self.compile_key(problem), q.device.type != "cuda")
+        if training is None:
+            training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        return self.compiled_for(problem, (False, False), training)[1]
 
     @property
     def source(self) -> str:
@@ -167,10 +187,16 @@ class CompiledAttention:
         program, _path, _key = generate_program(self.spec, self.compile_key(problem), device.type != "cuda")
         return program.source
 
-    def tile_ir(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
-        """The tile IR a call with these tensors compiles to, as text."""
+    def tile_ir(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, training: bool | None = None
+    ) -> str:
+        """The tile IR a call with these tensors compiles to, as text (`training` as in
+        `program_for`)."""
         problem = check_inputs(self.spec, q, k, v)
-        return str(lower_spec(self.spec, self.compile_key(problem)))
+        if training is None:
+            training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        key, _compiled = self.compiled_for(problem, (False, False), training)
+        return str(lower_spec(self.spec, key))
 
     def plan(
         self,
@@ -204,13 +230,7 @@ class CompiledAttention:
             constants["slopes"] = alibi_slopes(alibi.slopes, problem)
         if problem.empty:
             return CallPlan(problem, None, (), {}, None)
-        key = self.compile_key(problem, explicit_positions)
-        interpret = problem.device.type != "cuda"
-        compiled = compile_program(self.spec, key, interpret)
-        if training:
-            training_key = self.training_key(key, compiled)
-            if training_key != key:
-                key, compiled = training_key, compile_program(self.spec, training_key, interpret)
+        key, compiled = self.compiled_for(problem, explicit_positions, training)
         scale = self._scale if self._scale is not None else default_scale(problem.head_dim)
         rope = self.spec.block(Rope)
         if isinstance(rope, Rope):
@@ -452,8 +472,10 @@ BACKWARD_KERNEL_PREFIX = "attention_bwd"
 class _AttentionFunction(torch.autograd.Function):
     """Autograd glue: saves q, k, v, the output and the log-sum-exp (never the score matrix);
     the backward kernels recompute the rest. For q and k it saves the forward's rotated copy
-    instead where the backward reads that copy (`CompiledAttention.training_key`): the same
-    memory, and no rotation in the backward."""
+    instead where the backward reads that copy (`CompiledAttention.training_key`): no rotation
+    in the backward, at the cost of the copies' memory until the backward (which replaces
+    q's and k's where nothing else keeps those alive; the interpreter's copies of bf16 inputs
+    are fp32, twice the size)."""
 
     @staticmethod
     def forward(ctx, fn: CompiledAttention, plan: CallPlan, data, q, k, v, bias):  # type: ignore[override]

@@ -88,7 +88,8 @@ class KernelLaunch:
     if it does not fit (a one-element list, so that the frozen launch can update it)."""
 
     runners: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
-    """Compiled kernels' launchers, by the arguments' specialization (see `arguments`). A
+    """Compiled kernels' launchers, by the arguments' specialization (see `arguments`) and
+    the kernel's `SHARED_OFFSETS` value (see `shares_offsets`). A
     launcher is bound to the device that was current at its first launch, as the JIT's
     cache is; the runtime does not switch devices between calls of one plan."""
 

@@ -1,7 +1,8 @@
 """The backward kernels `lower-to-tile` builds next to the forward (FlashAttention-2's split).
 
-Given dO, the forward's output O and per-row log-sum-exp, three kernels compute dQ, dK, dV
-(and dBias) without ever storing the score matrix:
+Given dO, the forward's output O and per-row log-sum-exp, these kernels compute dQ, dK, dV
+(and dBias) without ever storing the score matrix; a call launches two or three of them
+(`build_backward_kernels`):
 
 - `attention_bwd_preprocess` (query blocks): `delta = rowsum(dO * O)` per query row, the
   softmax backward's correction term. ReLU attention has none and skips it. Usually it is

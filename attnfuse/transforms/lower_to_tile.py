@@ -313,7 +313,8 @@ class LowerToTilePass(ModulePass):
     num_warps: int = 4
     num_stages: int = 2
     backward: bool = True
-    """Also build the backward kernels (preprocess, dK/dV, dQ)."""
+    """Also build the backward kernels (preprocess, dQ forming delta, dK/dV, dQ, and dQ with
+    the bias gradient where there is a bias)."""
     bwd_block_m: int = 0
     """Backward kernels' program rows; 0: block-m."""
     bwd_block_n: int = 0

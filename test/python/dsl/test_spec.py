@@ -209,6 +209,8 @@ BLOCK_PARAMETER_ERRORS = {
     "scale-neg": (lambda: af.scaled_dot_product(scale=-1), "scaled_dot_product"),
     "scale-nan": (lambda: af.scaled_dot_product(scale=math.nan), "scaled_dot_product"),
     "scale-inf": (lambda: af.scaled_dot_product(scale=math.inf), "scaled_dot_product"),
+    "scale-subnormal": (lambda: af.scaled_dot_product(scale=1e-40), "scaled_dot_product"),
+    "scale-huge": (lambda: af.scaled_dot_product(scale=1e38 * 3), "scaled_dot_product"),
     "scale-str": (lambda: af.scaled_dot_product(scale="0.5"), "scaled_dot_product"),
 }
 

@@ -498,6 +498,22 @@ def test_training_rotates_once(launched, blocks, dtype_name, forward_rotations, 
     assert "rotate_query" not in launched
 
 
+def test_program_for_names_what_a_training_call_runs():
+    """`program_for` and `tile_ir` follow the call: with tensors that require grad, the
+    program whose forward pre-rotates (what a recorded call runs); under no_grad, the
+    Rotation Calculus' placement."""
+    spec = af.attention(af.rope(), af.causal())
+    fn = af.compile(spec)
+    q, k, v = make_qkv(1, 4, 2, 40, 40, 32, None, torch.float32, seed=41, requires_grad=True)
+    fn(q, k, v).sum().backward()
+    assert fn.program_for(q, k, v).pipeline == fn.last.pipeline
+    assert "place-rope{query=pre_rotated key=pre_rotated}" in fn.last.pipeline
+    assert "tile.kernel @attention_fwd(%q_rot: " in fn.tile_ir(q, k, v)
+    with torch.no_grad():
+        assert "query=pre_rotated" not in fn.program_for(q, k, v).pipeline
+        assert "tile.kernel @attention_fwd(%q: " in fn.tile_ir(q, k, v)
+
+
 @pytest.mark.parametrize(
     "needs, expected",
     [
@@ -665,11 +681,14 @@ def test_bias_with_minus_inf():
 
 
 @pytest.mark.parametrize(
-    "layout_kind, dtype_name",
-    [("shared", "fp32"), ("per-head", "fp16"), ("all-false", "fp32"),
-     ("all-false", "bf16"), ("empty-row-block", "fp32"), ("all-true", "fp16")],
+    "layout_kind, dtype_name, lse_grad",
+    [("shared", "fp32", True), ("per-head", "fp16", True), ("all-false", "fp32", True),
+     ("all-false", "bf16", True), ("empty-row-block", "fp32", True), ("all-true", "fp16", True),
+     # Without an lse gradient delta comes from the dQ kernel (attention_bwd_dq_delta), which
+     # must store it for rows and blocks that no layout entry keeps too.
+     ("all-false", "fp32", False), ("empty-row-block", "bf16", False), ("per-head", "fp32", False)],
 )
-def test_block_sparse_layouts(layout_kind, dtype_name):
+def test_block_sparse_layouts(layout_kind, dtype_name, lse_grad):
     hq, nq, nk, bs = 4, 40, 45, 16
     rows, cols = -(-nq // bs), -(-nk // bs)
     gen = torch.Generator().manual_seed(21)
@@ -682,7 +701,7 @@ def test_block_sparse_layouts(layout_kind, dtype_name):
     }[layout_kind]()
     spec = af.attention(af.block_sparse(bs))
     grads, _ = check_grads(spec, hq=hq, hkv=2, nq=nq, nk=nk, d=16, dtype=DTYPES[dtype_name],
-                           block_layout=layout, lse_grad=True)
+                           block_layout=layout, lse_grad=lse_grad)
     if layout_kind == "all-false":
         assert all((g == 0).all() for g in grads.values())
     if layout_kind == "empty-row-block":
@@ -794,9 +813,10 @@ def test_tile_configs(config):
     ],
     ids=["causal-50x20-fp32", "rope-causal-64x16-fp16", "causal-window-40x10-bf16"],
 )
-def test_rows_without_keys(blocks, nq, nk, dtype_name):
+@pytest.mark.parametrize("lse_grad", [True, False], ids=["lse-grad", "dq-forms-delta"])
+def test_rows_without_keys(blocks, nq, nk, dtype_name, lse_grad):
     grads, _ = check_grads(af.attention(*blocks()), hq=4, hkv=2, nq=nq, nk=nk, d=16,
-                           dtype=DTYPES[dtype_name], lse_grad=True)
+                           dtype=DTYPES[dtype_name], lse_grad=lse_grad)
     # The first Nq - Nk rows see no key (bottom-right aligned causal).
     assert (grads["q"][:, :, : nq - nk] == 0).all()
 

@@ -283,6 +283,11 @@ BAD: dict[str, Bad] = {
                      ("scaled_dot_product: scale must be a positive finite number", "got nan")),
     "scale-inf": Bad(lambda: af.scaled_dot_product(math.inf), CompositionError,
                      ("scaled_dot_product: scale must be a positive finite number", "got inf")),
+    # 0 in fp32: folded into the softmax's exponent it would turn masked scores into NaN.
+    "scale-below-fp32": Bad(lambda: af.scaled_dot_product(1e-46), CompositionError,
+                            ("scaled_dot_product: scale must lie in [1.18e-38, 2.36e+38]", "got 1e-46")),
+    "scale-above-fp32": Bad(lambda: af.scaled_dot_product(3e38), CompositionError,
+                            ("scaled_dot_product: scale must lie in [1.18e-38, 2.36e+38]", "got 3e+38")),
     "alibi-empty": Bad(lambda: af.alibi([]), CompositionError,
                        ("alibi: slopes must be a non-empty list of finite numbers", "got []")),
     "alibi-nan": Bad(lambda: af.alibi([0.5, math.nan]), CompositionError,

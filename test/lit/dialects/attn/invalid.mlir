@@ -90,6 +90,17 @@ attn.variant @bad_scale(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
 
 // -----
 
+// Positive, but 0 in fp32, where the kernels scale.
+attn.variant @subnormal_scale(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k {scale = 1.000000e-46 : f64}
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: scores scale must lie in [1.18e-38, 2.36e+38] (kernels scale in fp32), got 1e-46
+
+// -----
+
 attn.variant @wrong_band(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k
   %m = attn.mask %s [#attn.causal] {band = #attn.band<lower = -4, upper = 0>}

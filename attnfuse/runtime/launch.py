@@ -88,8 +88,8 @@ class KernelLaunch:
     if it does not fit (a one-element list, so that the frozen launch can update it)."""
 
     runners: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
-    """Compiled kernels' launchers, by the arguments' specialization (see `arguments`) and
-    the kernel's `SHARED_OFFSETS` value (see `shares_offsets`). A
+    """Compiled kernels' launchers and the constexpr values they take (`SHARED_OFFSETS`
+    included, see `shares_offsets`), by the arguments' specialization (see `arguments`). A
     launcher is bound to the device that was current at its first launch, as the JIT's
     cache is; the runtime does not switch devices between calls of one plan."""
 
@@ -131,13 +131,16 @@ class KernelLaunch:
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         args, specialization = self.arguments(tensors)
-        shared = self.shares_offsets(tensors)
-        runner = self.runners.get((specialization, shared))
-        if runner is not None:
+        entry = self.runners.get(specialization)
+        if entry is not None:
             # The compiled kernel's own launcher: skips the JIT's per-call argument binding
             # and specialization (most of a launch's host time, and a step launches up to 8).
-            runner(*args, *self.scalars, *self.constexpr_values(shared))
+            runner, constexprs = entry
+            runner(*args, *self.scalars, *constexprs)
             return
+        # The specialization holds every strided role's strides, so it decides SHARED_OFFSETS
+        # too: worked out here, once per specialization, not on the direct path above.
+        shared = self.shares_offsets(tensors)
         compiled = self.launch_jit(args, shared)
         if _launchable(compiled) and self.constexprs is not None and (
             len(self.kernel.params) == len(args) + len(self.scalars) + len(self.constexprs)
@@ -147,7 +150,7 @@ class KernelLaunch:
                 # the JIT keeps its own compiled kernels, so forgetting costs one slow launch.
                 self.runners.clear()
             # A compiled kernel's launcher takes all three grid dimensions.
-            self.runners[(specialization, shared)] = compiled[(*self.grid, 1)]
+            self.runners[specialization] = (compiled[(*self.grid, 1)], self.constexpr_values(shared))
 
     @cached_property
     def constexprs(self) -> tuple[object, ...] | None:

@@ -182,3 +182,34 @@ def test_a_decode_call_with_more_keys_than_the_backward_grid_holds_runs_its_forw
     assert {launch.info.name: launch.grid for launch in plan.launches}["attention_bwd_dkdv"][1] > MAX_GRID_BLOCKS
     fwd = next(launch for launch in plan.launches if launch.info.name == "attention_fwd")
     fwd.check_grid()  # does not raise
+
+
+class FlagRecordingJit(FakeJit):
+    """A fake JIT that also records the constexpr keywords it is launched with."""
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps, num_stages, **constexprs):
+            self.log.append(("jit", constexprs))
+            return FakeCompiled(self.log)
+
+        return launch
+
+
+def test_shared_offsets_follows_the_strides_on_both_launch_paths():
+    """`SHARED_OFFSETS` is set exactly when dO's row and column strides equal q's, through the
+    JIT and through the direct launcher cached for those strides (its last constexpr)."""
+    names = ["q_ptr", "sq_b", "sq_h", "sq_n", "sq_d", "do_ptr", "sd_b", "sd_h", "sd_n", "sd_d", "sm_scale", "n"]
+    jit = FlagRecordingJit([FakeParam(n) for n in names]
+                           + [FakeParam("BLOCK_M", 64, True), FakeParam("SHARED_OFFSETS", False, True)])
+    info = KernelInfo("attention_bwd_dkdv", ("q", "do"), "key_blocks", 64, 4, 3, shared_offsets=("do", "q"))
+    launch = KernelLaunch(info, jit, (2, 3), (0.5, 7), (True, True), [3])
+    q = torch.zeros(1, 2, 8, 4)
+    same = {"q": q, "do": torch.zeros(1, 2, 8, 4)}
+    # Other head and batch strides, same row and column strides: still shared.
+    sliced = {"q": q, "do": torch.zeros(2, 3, 8, 4)[1:, 1:]}
+    transposed = {"q": q, "do": torch.zeros(1, 8, 2, 4).transpose(1, 2)}
+    for t in (same, transposed, sliced, same, transposed):
+        launch(t)
+    seen = [entry[1] if entry[0] == "jit" else ("direct", entry[2][-1]) for entry in jit.log]
+    assert seen == [{"SHARED_OFFSETS": True}, {"SHARED_OFFSETS": False}, {"SHARED_OFFSETS": True},
+                    ("direct", True), ("direct", False)]

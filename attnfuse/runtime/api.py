@@ -67,6 +67,14 @@ class CallPlan:
                    if launch.info.name.startswith(BACKWARD_KERNEL_PREFIX))
 
 
+def records_autograd(*inputs: object) -> bool:
+    """Whether autograd records a call with these inputs: grad mode is on and one of them is a
+    tensor that requires a gradient."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
+    )
+
+
 MAX_ROPE_POSITION = 2**24
 """Positions beyond this are not exact in fp32, the precision the rotation is defined in."""
 
@@ -173,7 +181,7 @@ class CompiledAttention:
         program of a call that autograd records."""
         problem = check_inputs(self.spec, q, k, v)
         if training is None:
-            training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            training = records_autograd(q, k, v)
         return self.compiled_for(problem, (False, False), training)[1]
 
     @property
@@ -194,7 +202,7 @@ class CompiledAttention:
         `program_for`)."""
         problem = check_inputs(self.spec, q, k, v)
         if training is None:
-            training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            training = records_autograd(q, k, v)
         key, _compiled = self.compiled_for(problem, (False, False), training)
         return str(lower_spec(self.spec, key))
 
@@ -341,11 +349,8 @@ class CompiledAttention:
         if return_lse and self.spec.block(Relu) is not None:
             raise ArgumentError("return_lse=True needs softmax(): relu() attention has no log-sum-exp")
         explicit = (q_positions is not None, k_positions is not None)
-        # Autograd records the call when an input it differentiates requires a gradient
-        # (positions and layouts are integer and bool tensors, which never do).
-        training = torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, bias)
-        )
+        # Positions and layouts are integer and bool tensors, which never require a gradient.
+        training = records_autograd(q, k, v, bias)
         plan = self.plan(q, k, v, explicit, training)
         data = self.call_tensors(plan, bias, block_layout, q_positions, k_positions)
         if training:

@@ -538,6 +538,37 @@ def test_backward_launches(launched, needs, expected):
     assert_gradients_match(spec, q, k, v, go, bias=bias, glse=glse, call={}, label=needs)
 
 
+def test_model_layout_shares_offsets(monkeypatch):
+    """q, k, v as a model makes them (`[B, N, H, D]` projections viewed as `[B, H, N, D]`):
+    the output, the rotated copies and the gradients keep that memory order, so the model's
+    `out.transpose(1, 2).reshape(B, N, H * D)` is a view, and the gradient it sends back has
+    the rotated q's strides (the dK/dV kernel shares their offsets)."""
+    from attnfuse.runtime.launch import KernelLaunch
+
+    decisions: list[bool] = []
+    original = KernelLaunch.shares_offsets
+    monkeypatch.setattr(KernelLaunch, "shares_offsets",
+                        lambda self, tensors: (decisions.append(original(self, tensors))
+                                               if self.info.shared_offsets else None,
+                                               original(self, tensors))[1])
+    b, n, hq, hkv, d = 2, 37, 4, 2, 32
+    gen = torch.Generator().manual_seed(51)
+    q = torch.randn(b, n, hq, d, generator=gen).to(torch.float16).transpose(1, 2).requires_grad_()
+    k = torch.randn(b, n, hkv, d, generator=gen).to(torch.float16).transpose(1, 2).requires_grad_()
+    v = torch.randn(b, n, hkv, d, generator=gen).to(torch.float16).transpose(1, 2).requires_grad_()
+    spec = af.attention(af.rope(), af.causal())
+    out = af.compile(spec)(q, k, v)
+    assert out.stride() == q.stride()
+    merged = out.transpose(1, 2).reshape(b, n, hq * d)
+    assert merged.data_ptr() == out.data_ptr() and merged.is_contiguous()  # a view, no copy
+    go = randn(b, n, hq * d, dtype=torch.float16, seed=52)
+    merged.backward(go)
+    assert decisions == [True]
+    assert q.grad.stride() == q.stride() and k.grad.stride() == k.stride() and v.grad.stride() == v.stride()
+    grad_out = go.view(b, n, hq, d).transpose(1, 2)
+    assert_gradients_match(spec, q, k, v, grad_out, bias=None, glse=None, call={}, label="bnhd")
+
+
 @pytest.mark.parametrize("grad_layout", ["contiguous", "bnhd"])
 def test_grad_out_layouts(monkeypatch, grad_layout):
     """The dK/dV kernel reads dO through q's offsets exactly when their row and column

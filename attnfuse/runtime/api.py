@@ -376,7 +376,7 @@ class CompiledAttention:
         The rotated copies the pre-rotation kernels wrote (`q_rot`, `k_rot`) are added to
         `rotated` when it is given."""
         p = plan.problem
-        out = empty_in_layout_of(q, (p.batch, p.heads_q, p.seq_q, p.head_dim_v), q.dtype)
+        out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=q.dtype, device=q.device)
         lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
         if plan.compiled is None:
             # No key: every row outputs 0 with lse -inf; no row or batch: nothing to compute.
@@ -412,6 +412,9 @@ class CompiledAttention:
                 # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding
                 # (triton-lang/triton#11584): keep its bf16 copies in fp32; GPUs round.
                 dtype = torch.float32 if source.dtype == torch.bfloat16 and source.device.type != "cuda" else None
+                # In the operand's memory order: a model's q is a [B, N, H, D] projection, and
+                # the output gradient comes back in that order too (the model's head merge),
+                # so the dK/dV kernel can share their offsets (SHARED_OFFSETS).
                 tensors[ROTATION_KERNELS[name]] = empty_in_layout_of(source, source.shape, dtype or source.dtype)
             launch(tensors)
 
@@ -432,10 +435,9 @@ class CompiledAttention:
         `_AttentionFunction.forward`); the gradients are those of the unrotated q and k."""
         q, k, v, out, lse = saved
         p = plan.problem
-        # Every program stores all its rows, so the kernels fill the gradients whole. The
-        # dtype comes from the problem (a rotated copy in the interpreter is fp32), the memory
-        # order from the saved tensors (the inputs' own, which their rotated copies keep).
-        dq, dk, dv = (empty_in_layout_of(t, t.shape, p.dtype) for t in (q, k, v))
+        # Every program stores all its rows, so the kernels fill the gradients whole. Shapes
+        # and dtypes come from the problem: a rotated copy in the interpreter is fp32.
+        dq, dk, dv = (torch.empty(t.shape, dtype=p.dtype, device=t.device) for t in (q, k, v))
         dbias = None
         if bias_grad:
             # Pairs in blocks the kernels skip (dropped by the mask) keep gradient 0.

@@ -1,5 +1,4 @@
-"""Memory order of the tensors the runtime allocates: outputs, gradients and rotated copies
-follow their input's, as FlashAttention's `empty_like(q)` does."""
+"""Memory order of the rotated copies the runtime allocates: their operand's."""
 
 from __future__ import annotations
 
@@ -12,10 +11,12 @@ def empty_in_layout_of(like: torch.Tensor, shape: Sequence[int], dtype: torch.dt
     """A new dense tensor of `shape` whose dims lie in memory in the order of `like`'s (same
     number of dims), or a contiguous one when `like`'s last dim is not its innermost.
 
-    Why: a model's q is usually a `[B, N, H, D]` projection viewed as `[B, H, N, D]`. An output
-    in that memory order makes the model's `out.transpose(1, 2).reshape(B, N, H * D)` a free
-    view; the output gradient then arrives in it too, and a rotated copy of q allocated the same
-    way has dO's row and column strides (the dK/dV kernel's `SHARED_OFFSETS`)."""
+    Why: a model's q is usually a `[B, N, H, D]` projection viewed as `[B, H, N, D]`, and the
+    gradient of the output comes back through the model's head merge
+    (`out.transpose(1, 2).reshape(B, N, H * D)`) in that memory order too. A rotated copy of q
+    allocated in q's order then has dO's row and column strides, and the dK/dV kernel shares
+    their offsets (`SHARED_OFFSETS`). The output itself stays contiguous
+    (docs/robustness.md §2)."""
     if like.dim() != len(shape) or like.stride(-1) != 1:
         return torch.empty(tuple(shape), dtype=dtype, device=like.device)
     # Outermost first; size-1 dims (any stride) keep their logical place among equal strides.

@@ -540,9 +540,9 @@ def test_backward_launches(launched, needs, expected):
 
 def test_model_layout_shares_offsets(monkeypatch):
     """q, k, v as a model makes them (`[B, N, H, D]` projections viewed as `[B, H, N, D]`):
-    the output, the rotated copies and the gradients keep that memory order, so the model's
-    `out.transpose(1, 2).reshape(B, N, H * D)` is a view, and the gradient it sends back has
-    the rotated q's strides (the dK/dV kernel shares their offsets)."""
+    the rotated copies keep that memory order, and the gradient the model's head merge
+    (`out.transpose(1, 2).reshape(B, N, H * D)`) sends back has the rotated q's strides, so
+    the dK/dV kernel shares their offsets. The output stays contiguous."""
     from attnfuse.runtime.launch import KernelLaunch
 
     decisions: list[bool] = []
@@ -558,13 +558,11 @@ def test_model_layout_shares_offsets(monkeypatch):
     v = torch.randn(b, n, hkv, d, generator=gen).to(torch.float16).transpose(1, 2).requires_grad_()
     spec = af.attention(af.rope(), af.causal())
     out = af.compile(spec)(q, k, v)
-    assert out.stride() == q.stride()
+    assert out.is_contiguous()
     merged = out.transpose(1, 2).reshape(b, n, hq * d)
-    assert merged.data_ptr() == out.data_ptr() and merged.is_contiguous()  # a view, no copy
     go = randn(b, n, hq * d, dtype=torch.float16, seed=52)
     merged.backward(go)
     assert decisions == [True]
-    assert q.grad.stride() == q.stride() and k.grad.stride() == k.stride() and v.grad.stride() == v.stride()
     grad_out = go.view(b, n, hq, d).transpose(1, 2)
     assert_gradients_match(spec, q, k, v, grad_out, bias=None, glse=None, call={}, label="bnhd")
 

@@ -538,19 +538,29 @@ def test_backward_launches(launched, needs, expected):
     assert_gradients_match(spec, q, k, v, go, bias=bias, glse=glse, call={}, label=needs)
 
 
-def test_model_layout_shares_offsets(monkeypatch):
-    """q, k, v as a model makes them (`[B, N, H, D]` projections viewed as `[B, H, N, D]`):
-    the rotated copies keep that memory order, and the gradient the model's head merge
-    (`out.transpose(1, 2).reshape(B, N, H * D)`) sends back has the rotated q's strides, so
-    the dK/dV kernel shares their offsets. The output stays contiguous."""
+@pytest.fixture
+def offset_decisions(monkeypatch) -> list[bool]:
+    """Each `SHARED_OFFSETS` value the runtime works out for a kernel that has one, in order."""
     from attnfuse.runtime.launch import KernelLaunch
 
     decisions: list[bool] = []
     original = KernelLaunch.shares_offsets
-    monkeypatch.setattr(KernelLaunch, "shares_offsets",
-                        lambda self, tensors: (decisions.append(original(self, tensors))
-                                               if self.info.shared_offsets else None,
-                                               original(self, tensors))[1])
+
+    def recording(self, tensors):
+        shared = original(self, tensors)
+        if self.info.shared_offsets is not None:
+            decisions.append(shared)
+        return shared
+
+    monkeypatch.setattr(KernelLaunch, "shares_offsets", recording)
+    return decisions
+
+
+def test_model_layout_shares_offsets(offset_decisions):
+    """q, k, v as a model makes them (`[B, N, H, D]` projections viewed as `[B, H, N, D]`):
+    the rotated copies keep that memory order, and the gradient the model's head merge
+    (`out.transpose(1, 2).reshape(B, N, H * D)`) sends back has the rotated q's strides, so
+    the dK/dV kernel shares their offsets. The output stays contiguous."""
     b, n, hq, hkv, d = 2, 37, 4, 2, 32
     gen = torch.Generator().manual_seed(51)
     q = torch.randn(b, n, hq, d, generator=gen).to(torch.float16).transpose(1, 2).requires_grad_()
@@ -562,24 +572,16 @@ def test_model_layout_shares_offsets(monkeypatch):
     merged = out.transpose(1, 2).reshape(b, n, hq * d)
     go = randn(b, n, hq * d, dtype=torch.float16, seed=52)
     merged.backward(go)
-    assert decisions == [True]
+    assert offset_decisions == [True]
     grad_out = go.view(b, n, hq, d).transpose(1, 2)
     assert_gradients_match(spec, q, k, v, grad_out, bias=None, glse=None, call={}, label="bnhd")
 
 
 @pytest.mark.parametrize("grad_layout", ["contiguous", "bnhd"])
-def test_grad_out_layouts(monkeypatch, grad_layout):
+def test_grad_out_layouts(offset_decisions, grad_layout):
     """The dK/dV kernel reads dO through q's offsets exactly when their row and column
     strides match (`SHARED_OFFSETS`), and through its own otherwise; gradients are right
     either way."""
-    from attnfuse.runtime.launch import KernelLaunch
-
-    decisions: list[bool] = []
-    original = KernelLaunch.shares_offsets
-    monkeypatch.setattr(KernelLaunch, "shares_offsets",
-                        lambda self, tensors: (decisions.append(original(self, tensors))
-                                               if self.info.shared_offsets else None,
-                                               original(self, tensors))[1])
     spec = af.attention(af.rope(), af.causal())
     q, k, v = make_qkv(1, 4, 2, 37, 45, 32, None, torch.float16, seed=21, requires_grad=True)
     out = af.compile(spec)(q, k, v)
@@ -588,7 +590,7 @@ def test_grad_out_layouts(monkeypatch, grad_layout):
         # The layout a model's `out.transpose(1, 2).reshape(B, N, H * D)` sends back.
         go = go.transpose(1, 2).contiguous().transpose(1, 2)
     out.backward(go)
-    assert decisions == [grad_layout == "contiguous"]
+    assert offset_decisions == [grad_layout == "contiguous"]
     assert_gradients_match(spec, q, k, v, go, bias=None, glse=None, call={}, label=grad_layout)
 
 

@@ -19,6 +19,10 @@ inputs only:
 - `fold-scale` (what the compiler emits since 6808ad5, so the edit no longer applies): the
   score scale is not applied to the scores but folded into the exp2 argument's multiplier (`s * (scale * log2 e) - m`, one FMA instead of a multiply and an
   FMA per score) and into the row max (`max(s) * scale`, valid as the scale is positive);
+- `ws`: the first key loop of the forward / dQ kernel (the full blocks, no masking) is
+  `tl.range(..., warp_specialize=True)`: Triton's Hopper warp specialization (a producer
+  warp loading, consumer warpgroups computing); with `tma`, the loads it specializes are
+  tensor-descriptor loads;
 - combinations of them.
 
 `--kernel attention_fwd` or `attention_bwd_dq` tries `tma` on those kernels. (An `lpt` edit,
@@ -76,7 +80,8 @@ EDITS = [set(), {"shared-offsets"}, {"dv-first"}, {"no-licm"}, {"flatten"},
          {"shared-offsets", "dv-first"}, {"shared-offsets", "dv-first", "no-licm"}, {"tma"},
          {"tma", "dv-first"}, {"tma", "no-licm"}, {"fold-scale"}, {"fold-scale", "tma"},
          {"fold-scale", "shared-offsets"}]
-OTHER_KERNEL_EDITS = [set(), {"tma"}, {"fold-scale"}]
+OTHER_KERNEL_EDITS = [set(), {"tma"}, {"ws"}, {"tma", "ws"}]
+FIRST_KEY_LOOP = re.compile(r"for start_n in range\(([^,]+), ([^,]+), BLOCK_N\):")
 """Edits tried on the forward and dQ kernels (the others are specific to dK/dV)."""
 LOOP_START = {"queries": "start_m", "keys": "start_n"}
 LOOP_ROWS = {"queries": "n_q", "keys": "n_k"}
@@ -161,6 +166,10 @@ def variant_source_one(source: str, edit: str) -> str:
     if "fold-scale" in edits:
         source = fold_scale(source)
 
+    if "ws" in edits:
+        source = "\n@triton.jit".join(FIRST_KEY_LOOP.sub(  # each kernel's first key loop
+            r"for start_n in tl.range(\1, \2, BLOCK_N, warp_specialize=True):", part, count=1)
+            for part in source.split("\n@triton.jit"))
     if "flatten" in edits:
         source = in_dkdv(source, lambda body: HEAD_LOOPS.sub(
             "for head_in_group in tl.range(0, group_size, flatten=True):", body))

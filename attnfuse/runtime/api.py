@@ -519,7 +519,36 @@ class _AttentionFunction(torch.autograd.Function):
             # Summed over the broadcast dims in fp32, then rounded once to the bias's type.
             shape, dtype = ctx.bias_layout
             dbias = dbias.sum_to_size(shape).to(dtype)
-        return None, None, None, dq, dk, dv, dbias
+        grads = [dq, dk, dv, dbias]
+        # With create_graph=True, grad mode is on here and the gradients should depend on q,
+        # k, v and dO through a graph; the kernels make none, so a second derivative through
+        # them would silently treat them as constants. Attach them to a node that raises.
+        depends_on = [t for t in (*ctx.saved_tensors, grad_out, grad_lse)
+                      if isinstance(t, torch.Tensor) and t.requires_grad]
+        if torch.is_grad_enabled() and depends_on:
+            present = [i for i, g in enumerate(grads) if g is not None]
+            attached = _NoSecondDerivative.apply(len(present), *(grads[i] for i in present), *depends_on)
+            for i, g in zip(present, attached):
+                grads[i] = g
+        return None, None, None, *grads
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """Passes first-order gradients through unchanged, as outputs that depend on what they
+    were computed from (`depends_on`), and raises if anything is differentiated through
+    them: the attention backward has no derivative of its own."""
+
+    @staticmethod
+    def forward(ctx, count: int, *tensors: torch.Tensor):  # type: ignore[override]
+        return tuple(g.view_as(g) for g in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *_grads):  # type: ignore[override]
+        raise AttnFuseError(
+            "second derivatives of attention are not implemented: a gradient that AttnFuse "
+            "computed with create_graph=True was differentiated again (a gradient penalty or "
+            "a Hessian-vector product through the attention)"
+        )
 
 
 def compile(

@@ -498,6 +498,29 @@ def test_training_rotates_once(launched, blocks, dtype_name, forward_rotations, 
     assert "rotate_query" not in launched
 
 
+def test_second_derivative_raises_instead_of_dropping_terms():
+    """With create_graph=True the first-order gradients are the usual ones, and a second
+    derivative through them raises: the backward kernels are not differentiable, and a
+    gradient silently treated as a constant would drop terms of a gradient penalty."""
+    spec = af.attention(af.rope(), af.causal())
+    fn = af.compile(spec)
+    q, k, v = make_qkv(1, 2, 2, 24, 24, 16, None, torch.float32, seed=5, requires_grad=True)
+    go = randn(1, 2, 24, 16, seed=6)
+    first = torch.autograd.grad(fn(q, k, v), (q, k, v), go)
+    with_graph = torch.autograd.grad(fn(q, k, v), (q, k, v), go, create_graph=True)
+    for plain, graphed in zip(first, with_graph):
+        torch.testing.assert_close(graphed, plain, rtol=0, atol=0)
+    # A penalty mixing the gradient with a term that is differentiable: the gradient's part
+    # must not vanish from its derivative without a word.
+    penalty = with_graph[0].square().sum() + v.square().sum()
+    with pytest.raises(af.AttnFuseError, match="second derivatives of attention are not implemented"):
+        penalty.backward()
+    # Asked for the derivative with respect to k alone, through dQ: raises too.
+    with_graph = torch.autograd.grad(fn(q, k, v), (q,), go, create_graph=True)
+    with pytest.raises(af.AttnFuseError, match="second derivatives"):
+        torch.autograd.grad(with_graph[0].sum() + k.sum(), (k,))
+
+
 def test_program_for_names_what_a_training_call_runs():
     """`program_for` and `tile_ir` follow the call: with tensors that require grad, the
     program whose forward pre-rotates (what a recorded call runs); under no_grad, the

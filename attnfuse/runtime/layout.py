@@ -17,7 +17,9 @@ def empty_in_layout_of(like: torch.Tensor, shape: Sequence[int], dtype: torch.dt
     allocated in q's order then has dO's row and column strides, and the dK/dV kernel shares
     their offsets (`SHARED_OFFSETS`). The output itself stays contiguous
     (docs/robustness.md §2)."""
-    if like.dim() != len(shape) or like.stride(-1) != 1:
+    if like.dim() != len(shape) or like.stride(-1) != 1 or like.is_contiguous():
+        # (Contiguous: the order below is the logical one; skip working it out, as every
+        # training step with contiguous inputs allocates two copies.)
         return torch.empty(tuple(shape), dtype=dtype, device=like.device)
     # Outermost first; size-1 dims (any stride) keep their logical place among equal strides.
     order = sorted(range(like.dim()), key=lambda i: (-like.stride(i), i))

@@ -369,3 +369,19 @@ def test_backward_bias_and_block_sparse_1024(dtype):
     check_gradients(af.attention(af.additive_bias(), af.causal()), q, k, v, bias=bias)
     layout = torch.rand(8, 8, 8, device="cuda") < 0.5
     check_gradients(af.attention(af.block_sparse(128), af.causal()), q, k, v, block_layout=layout)
+
+
+def test_second_derivative_raises_on_gpu():
+    """With create_graph=True on CUDA the first-order gradients equal the usual ones bit for
+    bit, and differentiating through them raises (the autograd thread of a CUDA backward
+    carries the error out as it does on the CPU)."""
+    fn = af.compile(af.attention(af.rope(theta=500000.0), af.causal()))
+    q, k, v = make_qkv(1, 32, 8, nq=1024, nk=1024, d=128, dtype=torch.bfloat16, device="cuda",
+                       requires_grad=True)
+    grad_out = torch.randn(1, 32, 1024, 128, device="cuda", dtype=torch.bfloat16)
+    plain = torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out)
+    graphed = torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out, create_graph=True)
+    for a, b in zip(plain, graphed):
+        assert torch.equal(a, b)
+    with pytest.raises(af.AttnFuseError, match="second derivatives of attention"):
+        (graphed[0].float().square().sum() + v.float().sum()).backward()

@@ -520,26 +520,35 @@ class _AttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
         fn: CompiledAttention = ctx.fn
         bias_grad = ctx.needs_input_grad[6]
+        saved = ctx.saved_tensors  # unpacked once: each access unpacks them all again
         if grad_out is None:
-            grad_out = torch.zeros_like(ctx.saved_tensors[3])
-        dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, ctx.saved_tensors, grad_out, grad_lse,
-                                        bias_grad, ctx.saved_roles)
+            grad_out = torch.zeros_like(saved[3])
+        dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, saved, grad_out, grad_lse, bias_grad,
+                                        ctx.saved_roles)
         if dbias is not None:
             # Summed over the broadcast dims in fp32, then rounded once to the bias's type.
             shape, dtype = ctx.bias_layout
             dbias = dbias.sum_to_size(shape).to(dtype)
-        grads = [dq, dk, dv, dbias]
-        # With create_graph=True, grad mode is on here and the gradients should depend on q,
-        # k, v and dO through a graph; the kernels make none, so a second derivative through
-        # them would silently treat them as constants. Attach them to a node that raises.
-        depends_on = [t for t in (*ctx.saved_tensors, grad_out, grad_lse)
-                      if isinstance(t, torch.Tensor) and t.requires_grad]
-        if torch.is_grad_enabled() and depends_on:
-            present = [i for i, g in enumerate(grads) if g is not None]
-            attached = _NoSecondDerivative.apply(len(present), *(grads[i] for i in present), *depends_on)
-            for i, g in zip(present, attached):
-                grads[i] = g
-        return None, None, None, *grads
+        if torch.is_grad_enabled():  # create_graph=True
+            dq, dk, dv, dbias = _without_second_derivative((dq, dk, dv, dbias), (*saved, grad_out, grad_lse))
+        return None, None, None, dq, dk, dv, dbias
+
+
+def _without_second_derivative(
+    grads: tuple[torch.Tensor | None, ...], inputs: tuple[torch.Tensor | None, ...]
+) -> tuple[torch.Tensor | None, ...]:
+    """`grads` attached to a node that raises if differentiated. Under create_graph=True the
+    gradients should depend on q, k, v and dO through a graph; the kernels make none, so a
+    second derivative would otherwise treat them as constants and drop their terms."""
+    depends_on = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not depends_on:
+        return grads  # nothing they depend on is differentiable: constants are the truth
+    present = [i for i, g in enumerate(grads) if g is not None]
+    attached = _NoSecondDerivative.apply(len(present), *(grads[i] for i in present), *depends_on)
+    result = list(grads)
+    for i, g in zip(present, attached):
+        result[i] = g
+    return tuple(result)
 
 
 class _NoSecondDerivative(torch.autograd.Function):

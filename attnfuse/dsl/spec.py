@@ -51,7 +51,7 @@ def is_default(block: Block) -> bool:
 class AttentionSpec:
     """An attention variant: its blocks, validated. Call it like a function of (q, k, v)."""
 
-    __slots__ = ("blocks", "_key", "_compiled", "_by_kind")
+    __slots__ = ("_by_kind", "_compiled", "_key", "blocks")
 
     def __init__(self, blocks: tuple[Block, ...]):
         validate_blocks(blocks)

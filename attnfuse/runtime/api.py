@@ -558,7 +558,9 @@ class _NoSecondDerivative(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, count: int, *tensors: torch.Tensor):  # type: ignore[override]
-        return tuple(g.view_as(g) for g in tensors[:count])
+        # Detached, not views: autograd forbids in-place changes of a multi-output Function's
+        # views, and callers may scale or clip gradients in place.
+        return tuple(g.detach() for g in tensors[:count])
 
     @staticmethod
     def backward(ctx, *_grads):  # type: ignore[override]

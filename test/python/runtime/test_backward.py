@@ -498,6 +498,7 @@ def test_training_rotates_once(launched, blocks, dtype_name, forward_rotations, 
     assert "rotate_query" not in launched
 
 
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True:UserWarning")
 def test_second_derivative_raises_instead_of_dropping_terms():
     """With create_graph=True the first-order gradients are the usual ones, and a second
     derivative through them raises: the backward kernels are not differentiable, and a
@@ -510,6 +511,19 @@ def test_second_derivative_raises_instead_of_dropping_terms():
     with_graph = torch.autograd.grad(fn(q, k, v), (q, k, v), go, create_graph=True)
     for plain, graphed in zip(first, with_graph):
         torch.testing.assert_close(graphed, plain, rtol=0, atol=0)
+        assert not plain.requires_grad and graphed.requires_grad
+    # Each gradient raises when differentiated, whatever it is differentiated against.
+    for grad, against in ((with_graph[2], q), (with_graph[1], v), (with_graph[0], k)):
+        with pytest.raises(af.AttnFuseError, match="second derivatives"):
+            torch.autograd.grad(grad.sum(), (against,), retain_graph=True)
+    # In-place changes of the gradients (scaling, clipping) stay allowed, in a hook too.
+    scaled = torch.autograd.grad(fn(q, k, v), (q,), go, create_graph=True)[0].mul_(2)
+    torch.testing.assert_close(scaled, 2 * first[0], rtol=0, atol=0)
+    handle = q.register_hook(lambda g: g.mul_(0.5))
+    fn(q, k, v).backward(go, create_graph=True)
+    handle.remove()
+    torch.testing.assert_close(q.grad, 0.5 * first[0], rtol=0, atol=0)
+    q.grad = None  # (under create_graph the gradient holds a graph back to q: a cycle)
     # A penalty mixing the gradient with a term that is differentiable: the gradient's part
     # must not vanish from its derivative without a word.
     penalty = with_graph[0].square().sum() + v.square().sum()

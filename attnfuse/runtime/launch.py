@@ -142,8 +142,8 @@ class KernelLaunch:
         # too: worked out here, once per specialization, not on the direct path above.
         shared = self.shares_offsets(tensors)
         compiled = self.launch_jit(args, shared)
-        if _launchable(compiled) and self.constexprs is not None and (
-            len(self.kernel.params) == len(args) + len(self.scalars) + len(self.constexprs)
+        if _launchable(compiled) and self.constexpr_params is not None and (
+            len(self.kernel.params) == len(args) + len(self.scalars) + len(self.constexpr_params)
         ):
             if len(self.runners) >= MAX_RUNNERS:
                 # Views of ever-changing layouts (strides) would otherwise grow this forever;
@@ -153,22 +153,30 @@ class KernelLaunch:
             self.runners[specialization] = (compiled[(*self.grid, 1)], self.constexpr_values(shared))
 
     @cached_property
-    def constexprs(self) -> tuple[object, ...] | None:
-        """The values of the kernel's trailing constexpr parameters (their defaults), which a
-        compiled kernel's launcher takes after the runtime arguments; None if the parameters
-        are not laid out that way (then every launch goes through the JIT)."""
+    def constexpr_params(self) -> tuple[Any, ...] | None:
+        """The kernel's trailing constexpr parameters, whose values a compiled kernel's
+        launcher takes after the runtime arguments; None if the parameters are not laid out
+        that way (then every launch goes through the JIT)."""
         params = self.kernel.params
         first = next((i for i, p in enumerate(params) if p.is_constexpr), len(params))
         if not all(p.is_constexpr for p in params[first:]):
             return None
-        return tuple(p.default for p in params[first:])
+        return tuple(params[first:])
+
+    @property
+    def constexprs(self) -> tuple[object, ...] | None:
+        """The values of `constexpr_params` (their defaults), or None."""
+        params = self.constexpr_params
+        return None if params is None else tuple(p.default for p in params)
 
     def constexpr_values(self, shared: bool) -> tuple[object, ...]:
-        """`constexprs` with `SHARED_OFFSETS` (the last one, where the kernel has it) set."""
-        assert self.constexprs is not None
+        """`constexprs` with `SHARED_OFFSETS` set to `shared` where the kernel has it (found by
+        name, wherever the emitter put it among the constexprs)."""
+        params = self.constexpr_params
+        assert params is not None
         if self.info.shared_offsets is None:
-            return self.constexprs
-        return (*self.constexprs[:-1], shared)
+            return tuple(p.default for p in params)
+        return tuple(shared if p.name == "SHARED_OFFSETS" else p.default for p in params)
 
     def launch_jit(self, args: list[object], shared: bool = False) -> object:
         """Launches through the JIT (compiling on first use); returns what it launched.

@@ -195,12 +195,14 @@ class FlagRecordingJit(FakeJit):
         return launch
 
 
-def test_shared_offsets_follows_the_strides_on_both_launch_paths():
+@pytest.mark.parametrize("flag_last", [True, False], ids=["flag-last", "flag-first"])
+def test_shared_offsets_follows_the_strides_on_both_launch_paths(flag_last):
     """`SHARED_OFFSETS` is set exactly when dO's row and column strides equal q's, through the
-    JIT and through the direct launcher cached for those strides (its last constexpr)."""
+    JIT and through the direct launcher cached for those strides (at its own place among the
+    constexprs, found by name)."""
     names = ["q_ptr", "sq_b", "sq_h", "sq_n", "sq_d", "do_ptr", "sd_b", "sd_h", "sd_n", "sd_d", "sm_scale", "n"]
-    jit = FlagRecordingJit([FakeParam(n) for n in names]
-                           + [FakeParam("BLOCK_M", 64, True), FakeParam("SHARED_OFFSETS", False, True)])
+    flags = [FakeParam("BLOCK_M", 64, True), FakeParam("SHARED_OFFSETS", False, True)]
+    jit = FlagRecordingJit([FakeParam(n) for n in names] + (flags if flag_last else flags[::-1]))
     info = KernelInfo("attention_bwd_dkdv", ("q", "do"), "key_blocks", 64, 4, 3, shared_offsets=("do", "q"))
     launch = KernelLaunch(info, jit, (2, 3), (0.5, 7), (True, True), [3])
     q = torch.zeros(1, 2, 8, 4)
@@ -210,6 +212,8 @@ def test_shared_offsets_follows_the_strides_on_both_launch_paths():
     transposed = {"q": q, "do": torch.zeros(1, 8, 2, 4).transpose(1, 2)}
     for t in (same, transposed, sliced, same, transposed):
         launch(t)
-    seen = [entry[1] if entry[0] == "jit" else ("direct", entry[2][-1]) for entry in jit.log]
+    constexprs = [entry[2][len(names):] for entry in jit.log if entry[0] == "direct"]
+    assert constexprs == ([(64, True), (64, False)] if flag_last else [(True, 64), (False, 64)])
+    seen = [entry[1] if entry[0] == "jit" else "direct" for entry in jit.log]
     assert seen == [{"SHARED_OFFSETS": True}, {"SHARED_OFFSETS": False}, {"SHARED_OFFSETS": True},
-                    ("direct", True), ("direct", False)]
+                    "direct", "direct"]

@@ -89,13 +89,15 @@ and 20261129T1500Z-backward_kernels-d128.log; D=64: 20261129T1521Z-backward_kern
 where they beat the previous untuned (128, 64, 8, 3) by 13% for dQ and 19% for dK/dV)."""
 
 
-def choose_tile_config(problem: Problem) -> TileConfig:
-    """Block sizes, warps and stages for a problem on its device."""
-    if problem.device.type != "cuda":
+def choose_tile_config(problem: Problem, capability: tuple[int, int] | None = None) -> TileConfig:
+    """Block sizes, warps and stages for a problem on its device, or, given a CUDA compute
+    `capability`, on a GPU of that capability (what tools that compile for a GPU on a
+    machine without one ask, bench/kernel_resources.py)."""
+    if capability is None and problem.device.type != "cuda":
         # The interpreter runs each program in numpy: small blocks keep edge cases
         # (ragged blocks, diagonal blocks) exercised at test sizes.
         return TileConfig(32, 32, 4, 1, 32, 16, 4, 1, 16, 32, 4, 1)
-    major, _ = torch.cuda.get_device_capability(problem.device)
+    major, _ = capability or torch.cuda.get_device_capability(problem.device)
     d = max(problem.head_dim, problem.head_dim_v)
     big_elem = problem.dtype == torch.float32
     if major >= 9:  # Hopper

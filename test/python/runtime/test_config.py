@@ -57,3 +57,12 @@ def test_pre_hopper_gpus_keep_their_own_row(monkeypatch):
     tiles = hopper_tiles(128, 16384)
     assert forward(tiles) == (64, 64, 4, 2)
     assert tiles.dkdv() == (64, 32, 4, 2)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_explicit_capability_gives_that_gpus_tiles_for_any_problem(hopper, head_dim):
+    """`capability=` picks a GPU's configuration for a problem on the CPU (tools that compile
+    for a GPU without one), the same as for that problem on such a GPU."""
+    cpu = Problem(1, 32, 8, 4096, 4096, head_dim, head_dim, torch.bfloat16, torch.device("cpu"))
+    assert config.choose_tile_config(cpu, capability=(9, 0)) == hopper_tiles(head_dim, 4096)
+    assert config.choose_tile_config(cpu) != hopper_tiles(head_dim, 4096)  # the interpreter's own

@@ -42,16 +42,20 @@ DKDV_DOT = re.compile(r"^(?P<indent> *)dk = tl\.dot\((?P<scores>grad_scores\w*)\
 DELTA_BASE = re.compile(r"^(?P<indent> *)delta_base = .*$", re.MULTILINE)
 
 
-def with_atomic_dq(source: str) -> str:
+def with_atomic_dq(source: str, tma: bool = False) -> str:
     """The dK/dV kernel of `source` edited to also add each step's dS^T K into `dq_acc_ptr`
-    (fp32, dO's strides) with atomics; dQ then still needs the score scale."""
-    return in_dkdv(source, _atomic_dq_body)
+    (fp32, dO's strides) with atomics; dQ then still needs the score scale. `tma`: one bulk
+    reduction of the whole tile per step through a tensor descriptor (on Hopper a TMA
+    reduce-add, FlashAttention-3's way) instead of one atomic per element."""
+    return in_dkdv(source, lambda body: _atomic_dq_body(body, tma))
 
 
-def _atomic_dq_body(body: str) -> str:
+def _atomic_dq_body(body: str, tma: bool) -> str:
     body = body.replace("    sm_scale, ", "    dq_acc_ptr, sm_scale, ", 1)
+    descriptor = ("\n{indent}dq_desc = tl.make_tensor_descriptor(dq_acc_base, shape=[n_q, HEAD_DIM], "
+                  "strides=[stride_do_n, 1], block_shape=[BLOCK_N, BLOCK_D])")
     body = DELTA_BASE.sub(lambda m: m[0] + f"\n{m['indent']}dq_acc_base = dq_acc_ptr + batch * stride_do_b"
-                          " + head * stride_do_h", body)
+                          " + head * stride_do_h" + (descriptor.format(indent=m["indent"]) if tma else ""), body)
     lines, out, masked = body.splitlines(), [], False
     for line in lines:
         out.append(line)
@@ -64,9 +68,12 @@ def _atomic_dq_body(body: str) -> str:
             ind, scores = match["indent"], match["scores"]
             mask = ", mask=query_in_bounds[:, None]" if masked else ""
             out.append(f"{ind}dq_part = tl.dot(tl.trans({scores}).to(k.dtype), k)")
-            out.append(f"{ind}tl.atomic_add(dq_acc_base + queries[:, None] * stride_do_n + cols_d[None, :]"
-                       f" * stride_do_d, dq_part{mask}, sem=\"relaxed\")")
-    assert sum("tl.atomic_add" in x for x in out) == 3, "expected three query loops"
+            if tma:  # rows past n_q fall outside the descriptor's shape: TMA drops them
+                out.append(f"{ind}dq_desc.atomic_add([start_m, 0], dq_part)")
+            else:
+                out.append(f"{ind}tl.atomic_add(dq_acc_base + queries[:, None] * stride_do_n + cols_d[None, :]"
+                           f" * stride_do_d, dq_part{mask}, sem=\"relaxed\")")
+    assert sum("atomic_add(" in x for x in out) == 3, "expected three query loops"
     return "\n".join(out)
 
 
@@ -159,14 +166,15 @@ def time_deterministic(causal, n, shape, device) -> tuple[dict[str, torch.Tensor
     return reference, ms_kv
 
 
-def time_atomic(causal, n, shape, cfg, reference, device) -> None:
-    """The dK/dV kernel with an atomic dQ at dK/dV configuration `cfg`: the backward it
-    makes (zeroing, preprocess, kernel, dQ's scale and cast) and the kernel alone."""
+def time_atomic(causal, n, shape, cfg, reference, device, tma: bool) -> None:
+    """The dK/dV kernel with an atomic dQ at dK/dV configuration `cfg` (per element, or with
+    `tma` per tile through a descriptor): the backward it makes (zeroing, preprocess,
+    kernel, dQ's scale and cast) and the kernel alone."""
     hq, hkv, d, dtype = shape
     config = None if device == "cpu" else af.TileConfig(64, 64, 4, 3, 64, 64, 4, 2, *cfg)
     _fn, plan, t = setup(causal, config, n, hq, hkv, d, dtype, device)
     pre, kv = launch_of(plan, "attention_bwd_preprocess"), launch_of(plan, "attention_bwd_dkdv")
-    kernel = load_kernel(with_atomic_dq(plan.compiled.source), "attention_bwd_dkdv")
+    kernel = load_kernel(with_atomic_dq(plan.compiled.source, tma), "attention_bwd_dkdv")
     dq_acc = torch.zeros(t["do"].shape, device=device, dtype=torch.float32)
     scale = d ** -0.5
 
@@ -183,7 +191,7 @@ def time_atomic(causal, n, shape, cfg, reference, device) -> None:
     compiled = run_edited(kv, kernel, t, (dq_acc,))
     regs = f"{compiled.n_regs}r/{compiled.n_spills}s" if hasattr(compiled, "n_regs") else ""
     products = 2 * hq * n * n * d / 2
-    print(f"N={n} atomic dkdv cfg={cfg}: step {ms_step:.4f} ms, fused kernel {ms_kernel:.4f} ms "
+    print(f"N={n} {'tma-reduce' if tma else 'atomic'} dkdv cfg={cfg}: step {ms_step:.4f} ms, fused kernel {ms_kernel:.4f} ms "
           f"({5 * products / ms_kernel / 1e9:.0f} TF/s) {regs}; vs emitted: {errors}", flush=True)
 
 
@@ -222,6 +230,8 @@ def main() -> None:
     parser.add_argument("--rope-only", action="store_true", help="time only the RoPE dK epilogue")
     args = parser.parse_args()
     device = "cpu" if args.cpu else "cuda"
+    # On-device tensor descriptors (the tma-reduce variant) need scratch memory.
+    triton.set_allocator(lambda size, _align, _stream: torch.empty(size, dtype=torch.int8, device=device))
     shape = (4, 2, 32, torch.float16) if args.cpu else (32, 8, 128, torch.bfloat16)
     seq_lens = [90] if args.cpu else [int(x) for x in args.seq_lens.split(",")]
     causal = af.attention(af.causal())
@@ -229,10 +239,12 @@ def main() -> None:
         reference, ms_causal = time_deterministic(causal, n, shape, device)
         for text in [] if args.rope_only else args.configs.split(";"):
             cfg = tuple(int(x) for x in text.split(","))
-            try:
-                time_atomic(causal, n, shape, cfg, reference, device)
-            except Exception as err:  # noqa: BLE001 (a configuration that does not compile or fit)
-                print(f"N={n} atomic dkdv cfg={cfg}: failed ({type(err).__name__}: {str(err)[:120]})", flush=True)
+            for tma in (False, True):
+                try:
+                    time_atomic(causal, n, shape, cfg, reference, device, tma)
+                except Exception as err:  # noqa: BLE001 (a configuration that does not compile or fit)
+                    print(f"N={n} {'tma-reduce' if tma else 'atomic'} dkdv cfg={cfg}: failed "
+                          f"({type(err).__name__}: {str(err)[:120]})", flush=True)
         time_rope_epilogue(n, shape, ms_causal, device)
 
 

@@ -11,6 +11,7 @@ between Triton versions.
 
     python bench/kernel_resources.py [--variant rope_causal] [--mode fwdbwd] [--head-dim 128]
         [--heads 32 --kv-heads 8] [--dtype bf16] [--capability 90] [--config F;B;KV]
+        [--edit no-licm|dv-first|atomic-dq|atomic-dq-tma]
 
 A call of the variant (B=1, N=256 by default; registers do not depend on N beyond N=1 and
 divisibility by 16) is planned on the CPU with the tile configuration that GPU would get
@@ -19,6 +20,10 @@ run, and each kernel of the GPU source for the same compile key is compiled with
 recorded arguments. One line per kernel: registers per thread, spill bytes per thread
 (cuobjdump's STACK; Triton reports spills as the local-memory size / 4), and static shared
 memory plus what Triton allocates dynamically.
+
+`--edit` compiles a text edit of the dK/dV kernel instead (bench/dkdv_emitted_variants.py,
+bench/dkdv_atomic_dq.py): a candidate's registers before any GPU time is spent on it. The
+atomic-dQ edits take an fp32 dQ buffer as an extra argument, which is passed.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ import tempfile
 
 import torch
 import triton
-from dkdv_emitted_variants import load_kernel  # bench/ is the script's directory
+from dkdv_atomic_dq import with_atomic_dq  # bench/ is the script's directory
+from dkdv_emitted_variants import dv_first, load_kernel, variant_source_one
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
@@ -41,6 +47,15 @@ from attnfuse.runtime.config import TileConfig, choose_tile_config
 from attnfuse.runtime.inputs import check_inputs
 from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.tools.bench import DTYPES, VARIANTS
+
+EDITS = {
+    "no-licm": lambda source: variant_source_one(source, "no-licm"),
+    "dv-first": dv_first,
+    "atomic-dq": lambda source: with_atomic_dq(source, tma=False),
+    "atomic-dq-tma": lambda source: with_atomic_dq(source, tma=True),
+}
+"""Edits of the dK/dV kernel's source that `--edit` names."""
+TAKES_DQ_BUFFER = {"atomic-dq", "atomic-dq-tma"}
 
 
 class TargetOnlyDriver:
@@ -103,6 +118,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--capability", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
     parser.add_argument("--config", help="tile configuration 'F;DQ;DKDV', each bm,bn,warps,stages")
+    parser.add_argument("--edit", choices=sorted(EDITS), help="compile this edit of the dK/dV kernel")
     args = parser.parse_args()
     os.environ["TRITON_INTERPRET"] = "1"  # the recorded CPU call plans for the interpreter
     dtype = DTYPES[args.dtype]
@@ -118,18 +134,23 @@ def main() -> None:
     records = recorded_launches(fn, q, k, v, training)
     key, _compiled = fn.compiled_for(problem, (False, False), training)
     program, _path, _digest = generate_program(spec, key, interpret=False)
+    source = EDITS[args.edit](program.source) if args.edit else program.source
 
     os.environ["TRITON_INTERPRET"] = "0"  # the GPU source's kernels: real JIT functions
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", args.capability, 32)))
     print(f"# Triton {triton.__version__}, sm_{args.capability}; {args.variant} {args.mode} "
-          f"B=1 Hq={args.heads} Hkv={args.kv_heads} D={args.head_dim} N={args.seq_len} {args.dtype}; {config}")
+          f"B=1 Hq={args.heads} Hkv={args.kv_heads} D={args.head_dim} N={args.seq_len} {args.dtype}; {config}"
+          + (f"; dK/dV edit {args.edit}" if args.edit else ""))
     for launch, tensors in records:
         # The interpreter keeps bf16 rotated copies in fp32; the GPU's are in the input dtype.
         tensors = {role: t.to(dtype) if t.dtype == torch.float32 and role in ("q_rot", "k_rot") else t
                    for role, t in tensors.items()}
-        kernel = load_kernel(program.source, launch.info.name)
+        kernel = load_kernel(source, launch.info.name)
         flags = {"SHARED_OFFSETS": launch.shares_offsets(tensors)} if launch.info.shared_offsets else {}
-        compiled = kernel.warmup(*launch.arguments(tensors)[0], *launch.scalars, grid=(1,), **flags,
+        extra = ()
+        if args.edit in TAKES_DQ_BUFFER and launch.info.name == "attention_bwd_dkdv":
+            extra = (torch.zeros(tensors["do"].shape, dtype=torch.float32),)
+        compiled = kernel.warmup(*launch.arguments(tensors)[0], *extra, *launch.scalars, grid=(1,), **flags,
                                  num_warps=launch.info.num_warps, num_stages=launch.info.num_stages)
         used = resources(compiled.asm["cubin"])
         shared = max(used.get("SHARED", 0), compiled.metadata.shared)

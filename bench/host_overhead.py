@@ -37,6 +37,18 @@ def host_ms(step, iters: int = 300) -> float:
     return elapsed / iters * 1e3
 
 
+def print_profile(step, iters: int, top: int = 30) -> None:
+    """cProfile's `top` entries, by own time, over `iters` calls of `step()`."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(iters):
+        step()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    print(text.getvalue())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -81,15 +93,8 @@ def main() -> None:
         print(f"  launch {launch.info.name}: {len(launch.info.roles)} roles, {us:.1f} us")
 
     if args.profile:
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(200):
-            fwd_bwd()
-        profiler.disable()
+        print_profile(fwd_bwd, 200)
         torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
-        print(text.getvalue())
 
 
 if __name__ == "__main__":

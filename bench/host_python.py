@@ -16,15 +16,13 @@ Llama-3-8B head layout (Hq=32, Hkv=8, D=128) with N=64, and the launches a step 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the one real call compiles for the interpreter
 
 import torch
+from host_overhead import print_profile  # bench/ is the script's directory
 
 import attnfuse as af
 from attnfuse.runtime import launch as launch_module
@@ -69,14 +67,7 @@ def main() -> None:
     print(f"training step: {per_call_us(training_step, args.steps):.1f} us per step")
     print(f"launches per step: {len(launched) / (args.steps + 50):.0f} ({', '.join(sorted(set(launched)))})")
     if args.profile:
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(500):
-            training_step()
-        profiler.disable()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
-        print(text.getvalue())
+        print_profile(training_step, 500, top=25)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def is_default(block: Block) -> bool:
 class AttentionSpec:
     """An attention variant: its blocks, validated. Call it like a function of (q, k, v)."""
 
-    __slots__ = ("_by_kind", "_compiled", "_key", "blocks")
+    __slots__ = ("blocks", "_key", "_compiled")
 
     def __init__(self, blocks: tuple[Block, ...]):
         validate_blocks(blocks)
@@ -64,7 +64,6 @@ class AttentionSpec:
         )
         self._key = tuple(ordered)
         self._compiled: CompiledAttention | None = None
-        self._by_kind: dict[type[Block], Block | None] = {}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, AttentionSpec) and self._key == other._key
@@ -83,12 +82,7 @@ class AttentionSpec:
 
     def block(self, kind: type[Block]) -> Block | None:
         """The block of a kind, or None."""
-        # Memoized: every call asks for a few kinds, and a spec's blocks never change.
-        try:
-            return self._by_kind[kind]
-        except KeyError:
-            found = self._by_kind[kind] = next((b for b in self.blocks if isinstance(b, kind)), None)
-            return found
+        return next((b for b in self.blocks if isinstance(b, kind)), None)
 
     def module(self, explicit_positions: tuple[bool, bool] = (False, False)):
         """The variant as an `attn` module (a fresh xDSL `ModuleOp`); `explicit_positions`:

@@ -56,25 +56,16 @@ class CallPlan:
     config: TileConfig | None
     schedules: dict[tuple[str, ...], tuple[KernelLaunch, ...]] = field(default_factory=dict)
     """The launches `CompiledAttention._run` makes for a set of kernels, worked out once."""
-    _reads: dict[tuple[str, bool], bool] = field(default_factory=dict, repr=False, compare=False)
 
     def reads(self, role: str) -> bool:
         """Whether any kernel of the plan takes a tensor of `role` (the compiled program, not
         the spec, says which buffers a call must provide)."""
-        return self._kernels_read(role, backward_only=False)
+        return any(role in launch.info.roles for launch in self.launches)
 
     def backward_reads(self, role: str) -> bool:
         """Whether a backward kernel of the plan takes a tensor of `role`."""
-        return self._kernels_read(role, backward_only=True)
-
-    def _kernels_read(self, role: str, backward_only: bool) -> bool:
-        # Asked on every call (host time of small, launch-bound calls): answered once per plan.
-        answer = self._reads.get((role, backward_only))
-        if answer is None:
-            answer = self._reads[(role, backward_only)] = any(
-                role in launch.info.roles for launch in self.launches
-                if not backward_only or launch.info.name.startswith(BACKWARD_KERNEL_PREFIX))
-        return answer
+        return any(role in launch.info.roles for launch in self.launches
+                   if launch.info.name.startswith(BACKWARD_KERNEL_PREFIX))
 
 
 def records_autograd(*inputs: object) -> bool:

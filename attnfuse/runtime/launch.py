@@ -163,19 +163,11 @@ class KernelLaunch:
             return None
         return tuple(params[first:])
 
-    @property
-    def constexprs(self) -> tuple[object, ...] | None:
-        """The values of `constexpr_params` (their defaults), or None."""
-        params = self.constexpr_params
-        return None if params is None else tuple(p.default for p in params)
-
     def constexpr_values(self, shared: bool) -> tuple[object, ...]:
-        """`constexprs` with `SHARED_OFFSETS` set to `shared` where the kernel has it (found by
-        name, wherever the emitter put it among the constexprs)."""
+        """The values of `constexpr_params`: their defaults, with `SHARED_OFFSETS` set to
+        `shared` where the kernel has it (found by name, wherever the emitter put it)."""
         params = self.constexpr_params
         assert params is not None
-        if self.info.shared_offsets is None:
-            return tuple(p.default for p in params)
         return tuple(shared if p.name == "SHARED_OFFSETS" else p.default for p in params)
 
     def launch_jit(self, args: list[object], shared: bool = False) -> object:

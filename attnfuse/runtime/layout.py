@@ -17,10 +17,7 @@ def empty_in_layout_of(like: torch.Tensor, shape: Sequence[int], dtype: torch.dt
     allocated in q's order then has dO's row and column strides, and the dK/dV kernel shares
     their offsets (`SHARED_OFFSETS`). The output itself stays contiguous
     (docs/robustness.md §2)."""
-    if like.dim() != len(shape) or like.stride(-1) != 1 or (like.is_contiguous() and 1 not in like.shape):
-        # (Contiguous: the order below is the logical one; skip working it out, as every
-        # training step with contiguous inputs allocates two copies. Size-1 dims may carry
-        # any stride in a contiguous tensor, and the order below keeps theirs.)
+    if like.dim() != len(shape) or like.stride(-1) != 1:
         return torch.empty(tuple(shape), dtype=dtype, device=like.device)
     # Outermost first; size-1 dims (any stride) keep their logical place among equal strides.
     order = sorted(range(like.dim()), key=lambda i: (-like.stride(i), i))

@@ -415,7 +415,7 @@ class CompiledAttention:
                 # In the operand's memory order: a model's q is a [B, N, H, D] projection, and
                 # the output gradient comes back in that order too (the model's head merge),
                 # so the dK/dV kernel can share their offsets (SHARED_OFFSETS).
-                tensors[ROTATION_KERNELS[name]] = empty_in_layout_of(source, source.shape, dtype or source.dtype)
+                tensors[ROTATION_KERNELS[name]] = empty_in_layout_of(source, dtype or source.dtype)
             launch(tensors)
 
     def backward(

@@ -32,7 +32,7 @@ def test_copy_has_the_operand_strides(like):
     its strides wherever the size is above 1, and its row and column strides always (what
     `KernelLaunch.shares_offsets` compares, size-1 rows included)."""
     like = like()
-    copy = empty_in_layout_of(like, like.shape, torch.float16)
+    copy = empty_in_layout_of(like, torch.float16)
     assert copy.shape == like.shape and copy.dtype == torch.float16
     for dim, size in enumerate(like.shape):
         if size > 1:
@@ -40,9 +40,18 @@ def test_copy_has_the_operand_strides(like):
     assert copy.stride()[-2:] == like.stride()[-2:]
 
 
+def test_view_of_a_fused_qkv_projection_gets_the_models_dense_order():
+    """q sliced out of a fused `[B, N, 3, H, D]` QKV projection is not dense: its copy is the
+    dense tensor in the same order, which is the order dO comes back in (the head merge)."""
+    like = torch.randn(2, 8, 3, 4, 32)[:, :, 0].transpose(1, 2)
+    copy = empty_in_layout_of(like, like.dtype)
+    assert copy.shape == like.shape
+    assert copy.stride() == model_layout(2, 8, 4, 32).stride()
+
+
 def test_last_dim_not_innermost_gives_contiguous():
     """An operand whose head dim is not innermost gets a contiguous copy (the kernels' loads
     want unit-stride rows)."""
     like = torch.randn(2, 4, 32, 8).transpose(2, 3)
-    copy = empty_in_layout_of(like, like.shape, like.dtype)
+    copy = empty_in_layout_of(like, like.dtype)
     assert copy.is_contiguous() and copy.shape == like.shape

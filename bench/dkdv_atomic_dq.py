@@ -13,11 +13,14 @@ bf16, N=4096 unless --seq-lens):
   backward today);
 - `atomic`: zeroing the fp32 dQ buffer, the preprocess (delta), the edited dK/dV kernel, and
   dQ's scale and cast (a torch elementwise op, standing in for a conversion kernel),
-  per dK/dV tile configuration in --configs.
+  per dK/dV tile configuration in --configs;
+- `tma-reduce`: the same, with each step's whole dQ tile added by one TMA reduce-add
+  through a tensor descriptor (`desc.atomic_add`, FlashAttention-3's mechanism) instead of
+  one atomic per element;
 
 and checks the edited kernel's dQ, dK and dV against the emitted kernels'. It also times the
 RoPE + causal dK/dV kernel against the plain causal one (the in-kernel rotation of dK's
-epilogue), emitted and with dV stored before dK is rotated (`--rope`).
+epilogue), emitted and with dV stored before dK is rotated (`--rope-only` times only that).
 
     python bench/dkdv_atomic_dq.py [--seq-lens 4096] [--configs 64,32,4,3;128,32,8,2]
 

@@ -9,8 +9,9 @@ the same clocks:
 1. Fresh inputs are drawn with ``torch.randn`` (never zeros: zeros hide
    masking and scaling bugs because every row of the softmax is uniform).
 2. A float32 reference is computed from the same inputs: upcast, rotated in
-   float32 with float64 RoPE tables, masked with an explicit bottom-right
-   causal mask, and evaluated with the math SDPA backend in query chunks so
+   float32 with float64 RoPE tables, masked with explicit bottom-right
+   causal and window masks, biased with ALiBi's slopes (computed here by the
+   paper's rule, independently of AttnFuse's), and evaluated with the math SDPA backend in query chunks so
    that N=16384 fits in memory. In ``fwdbwd`` mode the reference gradients
    come from autograd through the same (checkpointed) chunks.
 3. Each implementation runs once untimed and is compared with the reference
@@ -26,11 +27,14 @@ the same clocks:
 Baselines
 ---------
 ``flex``
-    ``torch.compile(flex_attention)`` with a ``BlockMask`` for causal
-    variants (bottom-right aligned) and no mask for full attention.
+    ``torch.compile(flex_attention)`` with a ``BlockMask`` for causal and
+    sliding-window variants (bottom-right aligned), no mask for full
+    attention, and a ``score_mod`` adding ALiBi's bias.
 ``sdpa-cudnn`` / ``sdpa-flash`` / ``sdpa-math``
     ``F.scaled_dot_product_attention`` pinned to one backend with
     ``sdpa_kernel``; a backend that cannot run the case is reported n/a.
+    Windows and ALiBi would need a dense ``attn_mask``, so those variants
+    are ``unsupported`` for SDPA.
 
 For the RoPE variants the baselines cannot fuse the rotation, so q and k are
 rotated first by a ``torch.compile``d, static-shape function (cos/sin tables
@@ -96,26 +100,53 @@ PLACEMENTS = ("auto", "fused", "pre_rotated", "q_fused")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+#: Keys a sliding-window variant keeps behind each query (--window), as in Mistral-style
+#: local attention: query i sees keys i - window + 1 .. i.
+DEFAULT_WINDOW = 1024
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One attention variant: how to spell it in AttnFuse and for baselines."""
+    """One attention variant, as the few facts every implementation is built from: the
+    AttnFuse spec, the baselines' masks and score modifications and the reference all derive
+    from these fields, so they cannot describe different functions."""
 
-    spec: Callable[[Any], Any]  # attnfuse module -> attention spec
     rope: bool  # rotate q and k with half-split RoPE before the scores
     mask: str  # "causal" (bottom-right aligned) or "full"
+    window: bool = False  # also keep only the last --window keys of each query
+    alibi: bool = False  # add ALiBi's slope[h] * (k_pos - q_pos) to the scores
+
+    def spec(self, af: Any, window: int = DEFAULT_WINDOW) -> Any:
+        """The AttnFuse spec of this variant (``af`` is the attnfuse module)."""
+        blocks = []
+        if self.rope:
+            blocks.append(af.rope(theta=ROPE_THETA))
+        if self.alibi:
+            blocks.append(af.alibi())  # the default slopes; the bench's own are alibi_slopes
+        if self.mask == "causal":
+            blocks.append(af.causal())
+        if self.window:
+            blocks.append(af.sliding_window(window))
+        if self.mask == "full" and not self.window:
+            blocks.append(af.full())
+        return af.attention(*blocks)
+
+    @property
+    def only_causal_or_full(self) -> bool:
+        """Whether SDPA's own flags express it (no window, no ALiBi)."""
+        return not (self.window or self.alibi)
 
 
-# Extend this table to benchmark more variants; the baselines derive
-# everything they need from ``rope`` and ``mask``.
+# Extend this table to benchmark more variants; every implementation derives what it
+# needs from the fields of Variant.
 VARIANTS: dict[str, Variant] = {
-    "causal": Variant(lambda af: af.attention(af.causal()), rope=False, mask="causal"),
-    "full": Variant(lambda af: af.attention(af.full()), rope=False, mask="full"),
-    "rope_causal": Variant(
-        lambda af: af.attention(af.rope(theta=ROPE_THETA), af.causal()), rope=True, mask="causal"
-    ),
-    "rope_full": Variant(
-        lambda af: af.attention(af.rope(theta=ROPE_THETA), af.full()), rope=True, mask="full"
-    ),
+    "causal": Variant(rope=False, mask="causal"),
+    "full": Variant(rope=False, mask="full"),
+    "rope_causal": Variant(rope=True, mask="causal"),
+    "rope_full": Variant(rope=True, mask="full"),
+    "window_causal": Variant(rope=False, mask="causal", window=True),
+    "rope_window_causal": Variant(rope=True, mask="causal", window=True),
+    "alibi_causal": Variant(rope=False, mask="causal", alibi=True),
 }
 
 #: Named shape sets. Explicit shape flags override single fields.
@@ -156,6 +187,7 @@ class Config:
     variants: list[str]
     impls: list[str]
     placement: str
+    window: int
     warmup_ms: float
     rep_ms: float
     tolerance: float
@@ -214,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--impls", type=_choice_list(list(IMPLS)),
                       help=f"comma-separated subset of {','.join(IMPLS)} "
                       f"(default {','.join(CUDA_DEFAULT_IMPLS)}; on CPU {','.join(CPU_DEFAULT_IMPLS)})")
+    what.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                      help=f"keys per query of the window variants (default {DEFAULT_WINDOW})")
     what.add_argument("--placement", choices=PLACEMENTS, default="auto",
                       help="RoPE placement passed to af.compile(spec, rope_placement=...) "
                       "for RoPE variants; 'auto' passes nothing")
@@ -266,6 +300,7 @@ def resolve_config(args: argparse.Namespace, device: str) -> Config:
         variants=list(args.variants),
         impls=list(args.impls or (CUDA_DEFAULT_IMPLS if device == "cuda" else CPU_DEFAULT_IMPLS)),
         placement=args.placement,
+        window=args.window,
         warmup_ms=args.warmup,
         rep_ms=args.rep,
         tolerance=args.tol,
@@ -281,6 +316,8 @@ def _validate(config: Config) -> None:
     for name in ("batch", "heads", "kv_heads", "head_dim"):
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    if config.window < 1:
+        raise ValueError("--window must be positive")
     if any(n < 1 for n in config.seq_lens):
         raise ValueError("--seq-lens must be positive")
     if config.heads % config.kv_heads:
@@ -422,18 +459,46 @@ class Reference:
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
 
 
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi's slopes for ``heads`` heads, by the paper's rule: for a power of two ``n``,
+    2^(-8i/n) for i = 1..n; otherwise the power of two below, then every other slope of
+    twice that count. Written here from the paper, apart from AttnFuse's own, so that the
+    reference checks AttnFuse's default slopes too."""
+
+    def power_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+
+    below = 2 ** math.floor(math.log2(heads))
+    return power_of_two(below) + power_of_two(2 * below)[0::2][: heads - below]
+
+
+def keep_mask(variant: Variant, distance: torch.Tensor, window: int) -> torch.Tensor | None:
+    """Which keys a query keeps, from ``distance = q_pos - k_pos`` (None: all of them)."""
+    keep = None
+    if variant.mask == "causal":
+        keep = distance >= 0
+    if variant.window:
+        inside = (distance < window) & (distance > -window)
+        keep = inside if keep is None else keep & inside
+    return keep
+
+
 def _reference_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int,
-                     causal: bool, offset: int) -> torch.Tensor:
-    """Math-SDPA attention of query rows [row0, row0 + q.shape[-2]).
+                     variant: Variant, window: int, slopes: torch.Tensor | None,
+                     offset: int) -> torch.Tensor:
+    """Math-SDPA attention of query rows [row0, row0 + q.shape[-2]), with the variant's
+    masks (bottom-right aligned) and ALiBi bias written out as an explicit ``attn_mask``.
 
     The backend is pinned inside the block (not around the caller) so the
     recomputation during a checkpointed backward uses the math path too.
     """
-    mask = None
-    if causal:
-        rows = torch.arange(row0, row0 + q.shape[-2], device=q.device)
-        cols = torch.arange(k.shape[-2], device=q.device)
-        mask = rows[:, None] + offset >= cols[None, :]  # bottom-right aligned
+    q_pos = torch.arange(row0, row0 + q.shape[-2], device=q.device) + offset
+    k_pos = torch.arange(k.shape[-2], device=q.device)
+    distance = q_pos[:, None] - k_pos[None, :]
+    mask = keep_mask(variant, distance, window)
+    if slopes is not None:
+        bias = -slopes[:, None, None] * distance  # slope[h] * (k_pos - q_pos)
+        mask = bias if mask is None else bias.masked_fill(~mask, -math.inf)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(SDPBackend.MATH):
@@ -461,12 +526,15 @@ def compute_reference(case: Case, max_scores: int = 1 << 26) -> Reference:
 
         n_q, n_k, heads = q.shape[-2], k.shape[-2], q.shape[1]
         rows_per_chunk = max(1, min(n_q, max_scores // (heads * n_k)))
-        causal = case.variant.mask == "causal"
+        slopes = None
+        if case.variant.alibi:
+            slopes = torch.tensor(alibi_slopes(heads), device=q.device, dtype=torch.float32)
         batches = []
         for b in range(q.shape[0]):
             chunks = []
             for row0 in range(0, n_q, rows_per_chunk):
-                args = (q[b, :, row0:row0 + rows_per_chunk], k[b], v[b], row0, causal, case.causal_offset)
+                args = (q[b, :, row0:row0 + rows_per_chunk], k[b], v[b], row0, case.variant,
+                        case.config.window, slopes, case.causal_offset)
                 if case.backward:
                     chunks.append(checkpoint(_reference_block, *args, use_reentrant=False))
                 else:
@@ -527,23 +595,29 @@ def build_flex(case: Case) -> list[Prepared]:
     """FlexAttention candidates: compiled; on CPU also eager as a fallback."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    block_mask = None
-    if case.variant.mask == "causal":
-        offset = case.causal_offset
+    variant, offset, window = case.variant, case.causal_offset, case.config.window
+    block_mask = score_mod = None
+    if variant.mask == "causal" or variant.window:
 
-        def causal_bottom_right(b, h, q_idx, kv_idx):
-            return q_idx + offset >= kv_idx
+        def keep(b, h, q_idx, kv_idx):
+            return keep_mask(variant, q_idx + offset - kv_idx, window)
 
         # Built once, outside timing, like a model would cache it per shape.
-        block_mask = create_block_mask(causal_bottom_right, B=None, H=None, Q_LEN=case.q.shape[-2],
+        block_mask = create_block_mask(keep, B=None, H=None, Q_LEN=case.q.shape[-2],
                                        KV_LEN=case.k.shape[-2], device=case.config.device)
+    if variant.alibi:
+        slopes = torch.tensor(alibi_slopes(case.config.heads), device=case.config.device, dtype=torch.float32)
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx - offset)
+
     rotate = _pre_rotation(case)
     gqa = case.gqa
 
     def with_attention(attention: Callable) -> Callable:
         def run(q, k, v):
             q, k = rotate(q, k)
-            return attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+            return attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
 
         return run
 
@@ -587,6 +661,10 @@ def sdpa_builder(backend_name: str) -> Callable[[Case], list[Prepared]]:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         backend = getattr(SDPBackend, backend_name)
+        if not case.variant.only_causal_or_full:
+            # A window or ALiBi needs an explicit [Nq, Nk] attn_mask, which the fused SDPA
+            # backends either refuse or read from memory: not the comparison this bench makes.
+            raise NotApplicable("needs a dense attn_mask (sliding window or ALiBi)")
         is_causal = case.variant.mask == "causal"
         if is_causal and case.causal_offset != 0:
             # SDPA's is_causal is top-left aligned; it only matches the
@@ -617,7 +695,7 @@ def build_attnfuse(case: Case) -> list[Prepared]:
     """AttnFuse on the raw q, k, v (it applies RoPE itself)."""
     import attnfuse as af
 
-    spec = case.variant.spec(af)
+    spec = case.variant.spec(af, case.config.window)
     note = ""
     if case.config.placement != "auto" and case.variant.rope:
         try:
@@ -982,6 +1060,7 @@ def markdown_report(document: dict[str, Any]) -> str:
     lines.append(
         f"- shape: B={config['batch']} Hq={config['heads']} Hkv={config['kv_heads']} "
         f"D={config['head_dim']} dtype={config['dtype']} placement={config['placement']}"
+        + (f" window={config['window']}" if any(VARIANTS[v].window for v in config["variants"]) else "")
     )
     timer = "triton do_bench median" if config["device"] == "cuda" else "wall-clock median (CPU smoke test)"
     lines.append(f"- timing: {timer}, warmup={config['warmup_ms']} ms, rep={config['rep_ms']} ms; "

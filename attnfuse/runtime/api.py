@@ -116,7 +116,7 @@ class CompiledAttention:
     def tile_config(self, problem: Problem) -> TileConfig:
         """The tile configuration for a problem: the user's, else the dispatcher's; blocks
         never exceed a block-sparse layout's block size."""
-        config = self.config or choose_tile_config(problem)
+        config = self.config or choose_tile_config(problem, keys_per_row=self._keys_per_row())
         sparse = self.spec.block(BlockSparse)
         if isinstance(sparse, BlockSparse):
             bs = sparse.block_size
@@ -126,6 +126,12 @@ class CompiledAttention:
                              bwd_block_m=min(bm, bs), bwd_block_n=min(bn, bs),
                              dkdv_block_m=min(kv_bm, bs), dkdv_block_n=min(kv_bn, bs))
         return config
+
+    def _keys_per_row(self) -> int | None:
+        """The most keys one query row keeps under the spec's band masks (a sliding window:
+        `window` with causal, `2 * window - 1` without), or None when no band bounds it."""
+        lo, hi = mask_band(self.spec)
+        return None if lo is None or hi is None else hi - lo + 1
 
     def compile_key(
         self, problem: Problem, explicit_positions: tuple[bool, bool] = (False, False)

@@ -75,7 +75,10 @@ RoPE + causal takes 23-25% longer with 128 rows and 8 warps."""
 
 FORWARD_HOPPER_D64_LONG_FROM = 8192
 """First query length on the 128-row D=64 forward: 64 rows were measured better at 4096
-and worse at 8192 and 16384. At N=8192 (paper shape) the 128-row kernel took 1.0356 ms
+and worse at 8192 and 16384. A band mask (a sliding window) that keeps fewer keys per row
+counts as that many rows: with a 1024- or 4096-key causal window at N=8192 and 16384, 64-row
+programs took 9-35% less time than 128-row ones (bench/results/20261129T2250Z-window-
+configs.log), because a program's rows then span the window, not the sequence. At N=8192 (paper shape) the 128-row kernel took 1.0356 ms
 against 1.1710 (causal) and 1.0460 against 1.1710 (RoPE + causal); whole calls 1.0278
 against 1.0794 and 1.0635 against 1.1116 (bench/results/20261129T1904Z-forward_kernels-
 d64-8192.log). Between 4096 and 8192 the crossover is not measured."""
@@ -89,10 +92,15 @@ and 20261129T1500Z-backward_kernels-d128.log; D=64: 20261129T1521Z-backward_kern
 where they beat the previous untuned (128, 64, 8, 3) by 13% for dQ and 19% for dK/dV)."""
 
 
-def choose_tile_config(problem: Problem, capability: tuple[int, int] | None = None) -> TileConfig:
+def choose_tile_config(
+    problem: Problem,
+    capability: tuple[int, int] | None = None,
+    keys_per_row: int | None = None,
+) -> TileConfig:
     """Block sizes, warps and stages for a problem on its device, or, given a CUDA compute
     `capability`, on a GPU of that capability (what tools that compile for a GPU on a
-    machine without one ask, bench/kernel_resources.py)."""
+    machine without one ask, bench/kernel_resources.py). `keys_per_row`: the most keys a
+    query row keeps when a band mask bounds it (a sliding window), None when unbounded."""
     if capability is None and problem.device.type != "cuda":
         # The interpreter runs each program in numpy: small blocks keep edge cases
         # (ragged blocks, diagonal blocks) exercised at test sizes.
@@ -107,7 +115,8 @@ def choose_tile_config(problem: Problem, capability: tuple[int, int] | None = No
         # 128-row programs with two warpgroups (FORWARD_HOPPER), except for D=64 at long
         # sequences (FORWARD_HOPPER_D64_LONG).
         if d <= 64:
-            long_sequence = problem.seq_q >= FORWARD_HOPPER_D64_LONG_FROM
+            row_length = problem.seq_q if keys_per_row is None else min(problem.seq_q, keys_per_row)
+            long_sequence = row_length >= FORWARD_HOPPER_D64_LONG_FROM
             forward = FORWARD_HOPPER_D64_LONG if long_sequence else FORWARD_HOPPER
             return (TileConfig(*forward, *BACKWARD_HOPPER_D64) if not big_elem
                     else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))

@@ -46,6 +46,31 @@ def test_hopper_d64_forward_switches_to_128_row_programs_from_8192_rows(hopper, 
     assert tiles.dkdv() == (64, 64, 4, 3)
 
 
+@pytest.mark.parametrize(("keys_per_row", "expected"), [
+    (1024, (64, 64, 4, 3)),
+    (4096, (64, 64, 4, 3)),
+    (8192, (128, 64, 8, 3)),
+    (None, (128, 64, 8, 3)),
+])
+def test_hopper_d64_forward_counts_a_window_as_its_length(hopper, keys_per_row, expected):
+    problem = Problem(4, 12, 12, 16384, 16384, 64, 64, torch.float16, torch.device("cuda"))
+    assert forward(config.choose_tile_config(problem, keys_per_row=keys_per_row)) == expected
+
+
+@pytest.mark.parametrize(("blocks", "expected"), [
+    (lambda af: [af.causal()], (128, 64, 8, 3)),
+    (lambda af: [af.causal(), af.sliding_window(4096)], (64, 64, 4, 3)),
+    (lambda af: [af.sliding_window(4097)], (128, 64, 8, 3)),  # both sides: 8193 keys per row
+    (lambda af: [af.sliding_window(4096)], (64, 64, 4, 3)),  # 8191
+    (lambda af: [af.sliding_window(1024), af.alibi()], (64, 64, 4, 3)),
+])
+def test_compiled_attention_passes_its_window_to_the_dispatcher(hopper, blocks, expected):
+    import attnfuse as af
+
+    problem = Problem(4, 12, 12, 16384, 16384, 64, 64, torch.float16, torch.device("cuda"))
+    assert forward(af.compile(af.attention(*blocks(af))).tile_config(problem)) == expected
+
+
 def test_fp32_keeps_small_tiles(hopper):
     tiles = hopper_tiles(128, 4096, torch.float32)
     assert forward(tiles) == (64, 32, 4, 2)

@@ -11,7 +11,7 @@ the same clocks:
 2. A float32 reference is computed from the same inputs: upcast, rotated in
    float32 with float64 RoPE tables, masked with explicit bottom-right
    causal and window masks, biased with ALiBi's slopes (computed here by the
-   paper's rule, independently of AttnFuse's), and evaluated with the math SDPA backend in query chunks so
+   paper's rule, independently of AttnFuse's) or the bias tensor, and evaluated with the math SDPA backend in query chunks so
    that N=16384 fits in memory. In ``fwdbwd`` mode the reference gradients
    come from autograd through the same (checkpointed) chunks.
 3. Each implementation runs once untimed and is compared with the reference
@@ -29,12 +29,13 @@ Baselines
 ``flex``
     ``torch.compile(flex_attention)`` with a ``BlockMask`` for causal and
     sliding-window variants (bottom-right aligned), no mask for full
-    attention, and a ``score_mod`` adding ALiBi's bias.
+    attention, and a ``score_mod`` adding ALiBi's bias or reading the bias
+    variant's ``[1, Hq, N, N]`` tensor (drawn once, without a gradient).
 ``sdpa-cudnn`` / ``sdpa-flash`` / ``sdpa-math``
     ``F.scaled_dot_product_attention`` pinned to one backend with
     ``sdpa_kernel``; a backend that cannot run the case is reported n/a.
-    Windows and ALiBi would need a dense ``attn_mask``, so those variants
-    are ``unsupported`` for SDPA.
+    Windows, ALiBi and a bias would need a dense ``attn_mask`` (with the
+    causal mask folded in), so those variants are ``unsupported`` for SDPA.
 
 For the RoPE variants the baselines cannot fuse the rotation, so q and k are
 rotated first by a ``torch.compile``d, static-shape function (cos/sin tables
@@ -115,6 +116,7 @@ class Variant:
     mask: str  # "causal" (bottom-right aligned) or "full"
     window: bool = False  # also keep only the last --window keys of each query
     alibi: bool = False  # add ALiBi's slope[h] * (k_pos - q_pos) to the scores
+    bias: bool = False  # add a random [1, Hq, N, N] bias tensor (no gradient) to the scores
 
     def spec(self, af: Any, window: int = DEFAULT_WINDOW) -> Any:
         """The AttnFuse spec of this variant (``af`` is the attnfuse module)."""
@@ -123,6 +125,8 @@ class Variant:
             blocks.append(af.rope(theta=ROPE_THETA))
         if self.alibi:
             blocks.append(af.alibi())  # the default slopes; the bench's own are alibi_slopes
+        if self.bias:
+            blocks.append(af.additive_bias())
         if self.mask == "causal":
             blocks.append(af.causal())
         if self.window:
@@ -133,8 +137,8 @@ class Variant:
 
     @property
     def only_causal_or_full(self) -> bool:
-        """Whether SDPA's own flags express it (no window, no ALiBi)."""
-        return not (self.window or self.alibi)
+        """Whether SDPA's own flags express it (no window, ALiBi or bias)."""
+        return not (self.window or self.alibi or self.bias)
 
 
 # Extend this table to benchmark more variants; every implementation derives what it
@@ -147,6 +151,7 @@ VARIANTS: dict[str, Variant] = {
     "window_causal": Variant(rope=False, mask="causal", window=True),
     "rope_window_causal": Variant(rope=True, mask="causal", window=True),
     "alibi_causal": Variant(rope=False, mask="causal", alibi=True),
+    "bias_causal": Variant(rope=False, mask="causal", bias=True),
 }
 
 #: Named shape sets. Explicit shape flags override single fields.
@@ -417,6 +422,7 @@ class Case:
     dout: torch.Tensor
     cos: torch.Tensor | None  # float32 tables for the baselines' pre-rotation
     sin: torch.Tensor | None
+    bias: torch.Tensor | None = None  # [1, Hq, N, N] in the inputs' dtype, for bias variants
 
     @property
     def backward(self) -> bool:
@@ -448,7 +454,10 @@ def make_case(config: Config, variant_name: str, n: int) -> Case:
     cos = sin = None
     if variant.rope:
         cos, sin = rope_tables(n, config.head_dim, config.device, torch.float32)
-    return Case(variant_name, variant, config, n, q, k, v, dout, cos, sin)
+    bias = None
+    if variant.bias:  # one bias per head and position pair, shared by the batch
+        bias = torch.randn(1, config.heads, n, n, device=config.device, dtype=DTYPES[config.dtype])
+    return Case(variant_name, variant, config, n, q, k, v, dout, cos, sin, bias)
 
 
 @dataclasses.dataclass
@@ -485,9 +494,10 @@ def keep_mask(variant: Variant, distance: torch.Tensor, window: int) -> torch.Te
 
 def _reference_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: int,
                      variant: Variant, window: int, slopes: torch.Tensor | None,
-                     offset: int) -> torch.Tensor:
+                     bias: torch.Tensor | None, offset: int) -> torch.Tensor:
     """Math-SDPA attention of query rows [row0, row0 + q.shape[-2]), with the variant's
-    masks (bottom-right aligned) and ALiBi bias written out as an explicit ``attn_mask``.
+    masks (bottom-right aligned), ALiBi bias and additive ``bias`` (these rows' [H, rows, Nk])
+    written out as an explicit ``attn_mask``.
 
     The backend is pinned inside the block (not around the caller) so the
     recomputation during a checkpointed backward uses the math path too.
@@ -496,9 +506,13 @@ def _reference_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: in
     k_pos = torch.arange(k.shape[-2], device=q.device)
     distance = q_pos[:, None] - k_pos[None, :]
     mask = keep_mask(variant, distance, window)
+    additive = None
     if slopes is not None:
-        bias = -slopes[:, None, None] * distance  # slope[h] * (k_pos - q_pos)
-        mask = bias if mask is None else bias.masked_fill(~mask, -math.inf)
+        additive = -slopes[:, None, None] * distance  # slope[h] * (k_pos - q_pos)
+    if bias is not None:
+        additive = bias if additive is None else additive + bias
+    if additive is not None:
+        mask = additive if mask is None else additive.masked_fill(~mask, -math.inf)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(SDPBackend.MATH):
@@ -533,8 +547,10 @@ def compute_reference(case: Case, max_scores: int = 1 << 26) -> Reference:
         for b in range(q.shape[0]):
             chunks = []
             for row0 in range(0, n_q, rows_per_chunk):
-                args = (q[b, :, row0:row0 + rows_per_chunk], k[b], v[b], row0, case.variant,
-                        case.config.window, slopes, case.causal_offset)
+                rows = slice(row0, row0 + rows_per_chunk)
+                bias = None if case.bias is None else case.bias[0, :, rows].float()
+                args = (q[b, :, rows], k[b], v[b], row0, case.variant, case.config.window, slopes,
+                        bias, case.causal_offset)
                 if case.backward:
                     chunks.append(checkpoint(_reference_block, *args, use_reentrant=False))
                 else:
@@ -605,11 +621,19 @@ def build_flex(case: Case) -> list[Prepared]:
         # Built once, outside timing, like a model would cache it per shape.
         block_mask = create_block_mask(keep, B=None, H=None, Q_LEN=case.q.shape[-2],
                                        KV_LEN=case.k.shape[-2], device=case.config.device)
+    terms = []  # what score_mod adds to a score: (h, q_idx, kv_idx) -> value
     if variant.alibi:
         slopes = torch.tensor(alibi_slopes(case.config.heads), device=case.config.device, dtype=torch.float32)
+        terms.append(lambda h, q_idx, kv_idx: slopes[h] * (kv_idx - q_idx - offset))
+    if variant.bias:
+        bias = case.bias
+        terms.append(lambda h, q_idx, kv_idx: bias[0, h, q_idx, kv_idx])
+    if terms:
 
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score + slopes[h] * (kv_idx - q_idx - offset)
+            for term in terms:
+                score = score + term(h, q_idx, kv_idx)
+            return score
 
     rotate = _pre_rotation(case)
     gqa = case.gqa
@@ -662,9 +686,9 @@ def sdpa_builder(backend_name: str) -> Callable[[Case], list[Prepared]]:
 
         backend = getattr(SDPBackend, backend_name)
         if not case.variant.only_causal_or_full:
-            # A window or ALiBi needs an explicit [Nq, Nk] attn_mask, which the fused SDPA
+            # A window, ALiBi or a bias needs an explicit [Nq, Nk] attn_mask, which the fused SDPA
             # backends either refuse or read from memory: not the comparison this bench makes.
-            raise NotApplicable("needs a dense attn_mask (sliding window or ALiBi)")
+            raise NotApplicable("needs a dense attn_mask (sliding window, ALiBi or bias)")
         is_causal = case.variant.mask == "causal"
         if is_causal and case.causal_offset != 0:
             # SDPA's is_causal is top-left aligned; it only matches the
@@ -705,6 +729,12 @@ def build_attnfuse(case: Case) -> list[Prepared]:
         note = f"rope_placement={case.config.placement}"
     else:
         fn = af.compile(spec)
+    if case.bias is not None:
+        compiled, bias = fn, case.bias
+
+        def fn(q, k, v):
+            return compiled(q, k, v, bias=bias)
+
     return [Prepared(fn, (case.q, case.k, case.v), note=note)]
 
 

@@ -49,10 +49,13 @@ def test_bad_options_exit_with_a_usage_error(bad, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
+EXTRA_VARIANTS = ("window_causal", "rope_window_causal", "alibi_causal", "bias_causal")
+
+
 def _run_variants(tmp_path, mode: str, impls: str) -> dict[tuple[str, str], dict]:
-    """A small CPU run of the window and ALiBi variants with a window shorter than N (so the
-    window masks something); rows keyed by (variant, impl)."""
-    argv = ["--allow-cpu", "--mode", mode, "--variants", "window_causal,rope_window_causal,alibi_causal",
+    """A small CPU run of the window, ALiBi and bias variants with a window shorter than N (so
+    the window masks something); rows keyed by (variant, impl)."""
+    argv = ["--allow-cpu", "--mode", mode, "--variants", ",".join(EXTRA_VARIANTS),
             "--impls", impls, "--seq-lens", "48", "--batch", "1", "--heads", "6", "--kv-heads", "2",
             "--head-dim", "16", "--window", "9", "--warmup", "1", "--rep", "1", "--out", str(tmp_path)]
     assert main(argv) == 0
@@ -63,22 +66,22 @@ def _run_variants(tmp_path, mode: str, impls: str) -> dict[tuple[str, str], dict
     return {(row["variant"], row["impl"]): row for row in document["results"]}
 
 
-def test_window_and_alibi_variants_match_the_bench_reference(tmp_path):
+def test_window_alibi_and_bias_variants_match_the_bench_reference(tmp_path):
     # AttnFuse (default ALiBi slopes, 6 heads: the paper's non-power-of-two rule) and flex
-    # (block mask and score_mod) against the bench's own masked, biased math-SDPA reference.
+    # (block mask and score_mods) against the bench's own masked, biased math-SDPA reference.
     # N=48: torch's CPU flex_attention gives wrong outputs at N=40 even for plain causal
     # attention (relative error 0.2, torch 2.13), a CPU-only problem of the baseline.
     rows = _run_variants(tmp_path, "fwd", "attnfuse,flex,sdpa-math")
-    for variant in ("window_causal", "rope_window_causal", "alibi_causal"):
+    for variant in EXTRA_VARIANTS:
         for impl in ("attnfuse", "flex"):
             assert rows[variant, impl]["status"] == "ok", rows[variant, impl]
             assert rows[variant, impl]["rel_err_max"] < 1e-5
         assert rows[variant, "sdpa-math"]["status"] == "unsupported"
 
 
-def test_window_and_alibi_gradients_match_the_bench_reference(tmp_path):
+def test_window_alibi_and_bias_gradients_match_the_bench_reference(tmp_path):
     rows = _run_variants(tmp_path, "fwdbwd", "attnfuse")
-    for variant in ("window_causal", "rope_window_causal", "alibi_causal"):
+    for variant in EXTRA_VARIANTS:
         row = rows[variant, "attnfuse"]
         assert row["status"] == "ok", row
         assert set(row["rel_err"]) == {"out", "dq", "dk", "dv"}

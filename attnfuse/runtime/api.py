@@ -116,7 +116,11 @@ class CompiledAttention:
     def tile_config(self, problem: Problem) -> TileConfig:
         """The tile configuration for a problem: the user's, else the dispatcher's; blocks
         never exceed a block-sparse layout's block size."""
-        config = self.config or choose_tile_config(problem, keys_per_row=self._keys_per_row())
+        config = self.config or choose_tile_config(
+            problem,
+            keys_per_row=self._keys_per_row(),
+            reads_bias=isinstance(self.spec.block(AdditiveBias), AdditiveBias),
+        )
         sparse = self.spec.block(BlockSparse)
         if isinstance(sparse, BlockSparse):
             bs = sparse.block_size

@@ -71,6 +71,20 @@ def test_compiled_attention_passes_its_window_to_the_dispatcher(hopper, blocks, 
     assert forward(af.compile(af.attention(*blocks(af))).tile_config(problem)) == expected
 
 
+@pytest.mark.parametrize(("head_dim", "blocks", "expected"), [
+    (128, lambda af: [af.causal(), af.additive_bias()], (128, 64, 8, 3)),
+    (128, lambda af: [af.causal()], (64, 64, 4, 3)),
+    (64, lambda af: [af.causal(), af.additive_bias()], (64, 64, 4, 3)),
+])
+def test_a_bias_takes_two_warpgroups_at_head_dim_128(hopper, head_dim, blocks, expected):
+    import attnfuse as af
+
+    problem = Problem(1, 32, 8, 4096, 4096, head_dim, head_dim, torch.bfloat16, torch.device("cuda"))
+    tiles = af.compile(af.attention(*blocks(af))).tile_config(problem)
+    assert forward(tiles) == expected
+    assert tiles.dkdv() == ((64, 32, 4, 3) if head_dim == 128 else (64, 64, 4, 3))  # backward unchanged
+
+
 def test_fp32_keeps_small_tiles(hopper):
     tiles = hopper_tiles(128, 4096, torch.float32)
     assert forward(tiles) == (64, 32, 4, 2)

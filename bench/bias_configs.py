@@ -43,7 +43,7 @@ def main() -> None:
                 timings = []
                 for forward in FORWARD_CONFIGS:
                     fn = af.compile(af.attention(*blocks), config=af.TileConfig(*forward, *backward))
-                    ms = triton.testing.do_bench(lambda fn=fn, extra=extra: fn(q, k, v, **extra),
+                    ms = triton.testing.do_bench(lambda fn=fn, extra=extra, q=q, k=k, v=v: fn(q, k, v, **extra),
                                                  warmup=25, rep=100, return_mode="median")
                     timings.append(f"{forward}: {ms:.4f}")
                 print(f"{label} N={n} bias {name}: " + "; ".join(timings), flush=True)

@@ -89,8 +89,11 @@ The bias is a second stream as large as the scores, and with 8 warps per program
 is in flight. For a [1, Hq, N, N] bf16 bias at Llama-3-8B's geometry, causal, the call took
 22-27% less time than with FORWARD_HOPPER: 0.3760 / 0.3960 against 0.5143 / 0.5099 ms at
 N=4096 (two runs), 0.1148 against 0.1526 at N=2048 (bench/results/20261129T2308Z-bias-
-configs.log). At D=64 (paper shape) 64-row programs stayed faster, so that entry keeps
-FORWARD_HOPPER."""
+configs.log). A broadcast [B, 1, 1, N] bias gained as much (0.4786 against 0.6052 ms at
+N=4096; 20261129T2311Z-bias-configs.log). At D=64 (paper shape) the reverse holds: 64-row
+programs are faster with a bias, at N=8192 too, where plain attention switches to 128 rows
+(FORWARD_HOPPER_D64_LONG): 1.5313 against 1.8782 ms for a full bias, 1.7051 against 1.8490
+for a broadcast one. So at D=64 a bias keeps FORWARD_HOPPER at every length."""
 
 BACKWARD_HOPPER_D64 = (64, 32, 4, 3, 64, 64, 4, 3)
 BACKWARD_HOPPER_D128 = (64, 64, 4, 2, 64, 32, 4, 3)
@@ -127,7 +130,8 @@ def choose_tile_config(
         # sequences (FORWARD_HOPPER_D64_LONG).
         if d <= 64:
             row_length = problem.seq_q if keys_per_row is None else min(problem.seq_q, keys_per_row)
-            long_sequence = row_length >= FORWARD_HOPPER_D64_LONG_FROM
+            # A bias keeps 64-row programs at every length (FORWARD_HOPPER_D128_BIAS).
+            long_sequence = row_length >= FORWARD_HOPPER_D64_LONG_FROM and not reads_bias
             forward = FORWARD_HOPPER_D64_LONG if long_sequence else FORWARD_HOPPER
             return (TileConfig(*forward, *BACKWARD_HOPPER_D64) if not big_elem
                     else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))

@@ -85,6 +85,14 @@ def test_a_bias_takes_two_warpgroups_at_head_dim_128(hopper, head_dim, blocks, e
     assert tiles.dkdv() == ((64, 32, 4, 3) if head_dim == 128 else (64, 64, 4, 3))  # backward unchanged
 
 
+def test_a_bias_keeps_64_row_programs_at_head_dim_64_at_every_length(hopper):
+    import attnfuse as af
+
+    problem = Problem(4, 12, 12, 16384, 16384, 64, 64, torch.float16, torch.device("cuda"))
+    assert forward(af.compile(af.attention(af.causal(), af.additive_bias())).tile_config(problem)) == (64, 64, 4, 3)
+    assert forward(af.compile(af.attention(af.causal())).tile_config(problem)) == (128, 64, 8, 3)
+
+
 def test_fp32_keeps_small_tiles(hopper):
     tiles = hopper_tiles(128, 4096, torch.float32)
     assert forward(tiles) == (64, 32, 4, 2)

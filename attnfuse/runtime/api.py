@@ -113,11 +113,13 @@ class CompiledAttention:
 
     # -- compile -----------------------------------------------------------------------------
 
-    def tile_config(self, problem: Problem) -> TileConfig:
-        """The tile configuration for a problem: the user's, else the dispatcher's; blocks
-        never exceed a block-sparse layout's block size."""
+    def tile_config(self, problem: Problem, capability: tuple[int, int] | None = None) -> TileConfig:
+        """The tile configuration for a problem: the user's, else the dispatcher's (for a GPU
+        of `capability` when given, as in `choose_tile_config`); blocks never exceed a
+        block-sparse layout's block size."""
         config = self.config or choose_tile_config(
             problem,
+            capability,
             keys_per_row=self._keys_per_row(),
             reads_bias=isinstance(self.spec.block(AdditiveBias), AdditiveBias),
         )
@@ -129,6 +131,10 @@ class CompiledAttention:
             config = replace(config, block_m=min(config.block_m, bs), block_n=min(config.block_n, bs),
                              bwd_block_m=min(bm, bs), bwd_block_n=min(bn, bs),
                              dkdv_block_m=min(kv_bm, bs), dkdv_block_n=min(kv_bn, bs))
+            if self.config is None and config.block_m < 128 and config.num_warps > 4:
+                # The dispatcher's two-warpgroup forwards own 128 rows; with fewer rows one
+                # warpgroup is the measured choice.
+                config = replace(config, num_warps=4)
         return config
 
     def _keys_per_row(self) -> int | None:

@@ -75,13 +75,16 @@ RoPE + causal takes 23-25% longer with 128 rows and 8 warps."""
 
 FORWARD_HOPPER_D64_LONG_FROM = 8192
 """First query length on the 128-row D=64 forward: 64 rows were measured better at 4096
-and worse at 8192 and 16384. A band mask (a sliding window) that keeps fewer keys per row
-counts as that many rows: with a 1024- or 4096-key causal window at N=8192 and 16384, 64-row
-programs took 9-35% less time than 128-row ones (bench/results/20261129T2250Z-window-
-configs.log), because a program's rows then span the window, not the sequence. At N=8192 (paper shape) the 128-row kernel took 1.0356 ms
+and worse at 8192 and 16384. At N=8192 (paper shape) the 128-row kernel took 1.0356 ms
 against 1.1710 (causal) and 1.0460 against 1.1710 (RoPE + causal); whole calls 1.0278
 against 1.0794 and 1.0635 against 1.1116 (bench/results/20261129T1904Z-forward_kernels-
-d64-8192.log). Between 4096 and 8192 the crossover is not measured."""
+d64-8192.log). Between 4096 and 8192 the crossover is not measured.
+
+A band mask (a sliding window) that keeps fewer keys per row counts as that many rows: with
+a 1024- or 4096-key causal window at N=8192 and 16384, 64-row programs took 9-35% less time
+than 128-row ones (bench/results/20261129T2250Z-window-configs.log), because a program's
+rows then span the window, not the sequence. Windows between 4097 and 8191 keys, and windows
+without causal (2 * window - 1 keys per row), follow the same rule unmeasured."""
 
 FORWARD_HOPPER_D128_BIAS = (128, 64, 8, 3)
 """The D=128 forward of a spec with `additive_bias`: 128-row programs with two warpgroups.
@@ -94,6 +97,9 @@ N=4096; 20261129T2311Z-bias-configs.log). At D=64 (paper shape) the reverse hold
 programs are faster with a bias, at N=8192 too, where plain attention switches to 128 rows
 (FORWARD_HOPPER_D64_LONG): 1.5313 against 1.8782 ms for a full bias, 1.7051 against 1.8490
 for a broadcast one. So at D=64 a bias keeps FORWARD_HOPPER at every length."""
+
+FORWARD_HOPPER_D128_BIAS_FROM = 2048
+"""First query length on FORWARD_HOPPER_D128_BIAS: the shortest measured."""
 
 BACKWARD_HOPPER_D64 = (64, 32, 4, 3, 64, 64, 4, 3)
 BACKWARD_HOPPER_D128 = (64, 64, 4, 2, 64, 32, 4, 3)
@@ -136,7 +142,10 @@ def choose_tile_config(
             return (TileConfig(*forward, *BACKWARD_HOPPER_D64) if not big_elem
                     else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))
         if d <= 128:
-            forward = FORWARD_HOPPER_D128_BIAS if reads_bias else FORWARD_HOPPER
+            # Measured for D=128 from 2048 query rows; short or odd-sized problems keep the
+            # default rather than pad 128-row programs.
+            bias_stream = reads_bias and d == 128 and problem.seq_q >= FORWARD_HOPPER_D128_BIAS_FROM
+            forward = FORWARD_HOPPER_D128_BIAS if bias_stream else FORWARD_HOPPER
             return (TileConfig(*forward, *BACKWARD_HOPPER_D128) if not big_elem
                     else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))
         return TileConfig(64, 32, 4, 2, 64, 32, 4, 1)

@@ -496,8 +496,8 @@ def _reference_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: in
                      variant: Variant, window: int, slopes: torch.Tensor | None,
                      bias: torch.Tensor | None, offset: int) -> torch.Tensor:
     """Math-SDPA attention of query rows [row0, row0 + q.shape[-2]), with the variant's
-    masks (bottom-right aligned), ALiBi bias and additive ``bias`` (these rows' [H, rows, Nk])
-    written out as an explicit ``attn_mask``.
+    masks (bottom-right aligned), ALiBi bias and additive ``bias`` (these rows' [H, rows, Nk],
+    any float dtype) written out as an explicit ``attn_mask``.
 
     The backend is pinned inside the block (not around the caller) so the
     recomputation during a checkpointed backward uses the math path too.
@@ -510,7 +510,7 @@ def _reference_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row0: in
     if slopes is not None:
         additive = -slopes[:, None, None] * distance  # slope[h] * (k_pos - q_pos)
     if bias is not None:
-        additive = bias if additive is None else additive + bias
+        additive = bias.float() if additive is None else additive + bias.float()
     if additive is not None:
         mask = additive if mask is None else additive.masked_fill(~mask, -math.inf)
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -548,7 +548,8 @@ def compute_reference(case: Case, max_scores: int = 1 << 26) -> Reference:
             chunks = []
             for row0 in range(0, n_q, rows_per_chunk):
                 rows = slice(row0, row0 + rows_per_chunk)
-                bias = None if case.bias is None else case.bias[0, :, rows].float()
+                # A view: the block upcasts it, so a checkpoint keeps no float32 copy alive.
+                bias = None if case.bias is None else case.bias[0, :, rows]
                 args = (q[b, :, rows], k[b], v[b], row0, case.variant, case.config.window, slopes,
                         bias, case.causal_offset)
                 if case.backward:

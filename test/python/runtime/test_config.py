@@ -63,6 +63,8 @@ def test_hopper_d64_forward_counts_a_window_as_its_length(hopper, keys_per_row, 
     (lambda af: [af.sliding_window(4097)], (128, 64, 8, 3)),  # both sides: 8193 keys per row
     (lambda af: [af.sliding_window(4096)], (64, 64, 4, 3)),  # 8191
     (lambda af: [af.sliding_window(1024), af.alibi()], (64, 64, 4, 3)),
+    (lambda af: [af.causal(), af.sliding_window(8192)], (128, 64, 8, 3)),  # exactly 8192 keys
+    (lambda af: [af.causal(), af.sliding_window(8191)], (64, 64, 4, 3)),
 ])
 def test_compiled_attention_passes_its_window_to_the_dispatcher(hopper, blocks, expected):
     import attnfuse as af
@@ -71,18 +73,33 @@ def test_compiled_attention_passes_its_window_to_the_dispatcher(hopper, blocks, 
     assert forward(af.compile(af.attention(*blocks(af))).tile_config(problem)) == expected
 
 
-@pytest.mark.parametrize(("head_dim", "blocks", "expected"), [
-    (128, lambda af: [af.causal(), af.additive_bias()], (128, 64, 8, 3)),
-    (128, lambda af: [af.causal()], (64, 64, 4, 3)),
-    (64, lambda af: [af.causal(), af.additive_bias()], (64, 64, 4, 3)),
+@pytest.mark.parametrize(("head_dim", "seq", "blocks", "expected"), [
+    (128, 4096, lambda af: [af.causal(), af.additive_bias()], (128, 64, 8, 3)),
+    (128, 2048, lambda af: [af.causal(), af.additive_bias()], (128, 64, 8, 3)),
+    (128, 2047, lambda af: [af.causal(), af.additive_bias()], (64, 64, 4, 3)),  # not measured: default
+    (128, 1, lambda af: [af.additive_bias()], (64, 64, 4, 3)),  # decoding: no 128-row padding
+    (96, 4096, lambda af: [af.causal(), af.additive_bias()], (64, 64, 4, 3)),
+    (128, 4096, lambda af: [af.causal()], (64, 64, 4, 3)),
+    (64, 4096, lambda af: [af.causal(), af.additive_bias()], (64, 64, 4, 3)),
 ])
-def test_a_bias_takes_two_warpgroups_at_head_dim_128(hopper, head_dim, blocks, expected):
+def test_a_bias_takes_two_warpgroups_at_head_dim_128(hopper, head_dim, seq, blocks, expected):
     import attnfuse as af
 
-    problem = Problem(1, 32, 8, 4096, 4096, head_dim, head_dim, torch.bfloat16, torch.device("cuda"))
+    problem = Problem(1, 32, 8, seq, seq, head_dim, head_dim, torch.bfloat16, torch.device("cuda"))
     tiles = af.compile(af.attention(*blocks(af))).tile_config(problem)
     assert forward(tiles) == expected
-    assert tiles.dkdv() == ((64, 32, 4, 3) if head_dim == 128 else (64, 64, 4, 3))  # backward unchanged
+    assert tiles.dkdv() == ((64, 64, 4, 3) if head_dim == 64 else (64, 32, 4, 3))  # backward unchanged
+
+
+def test_block_sparse_rows_below_128_take_one_warpgroup(hopper):
+    import attnfuse as af
+
+    problem = Problem(1, 32, 8, 4096, 4096, 128, 128, torch.bfloat16, torch.device("cuda"))
+    spec = af.attention(af.causal(), af.additive_bias(), af.block_sparse(64))
+    assert forward(af.compile(spec).tile_config(problem)) == (64, 64, 4, 3)
+    # A configuration the user gives is only clamped, never re-chosen.
+    given = config.TileConfig(128, 64, 8, 3)
+    assert forward(af.compile(spec, config=given).tile_config(problem)) == (64, 64, 8, 3)
 
 
 def test_a_bias_keeps_64_row_programs_at_head_dim_64_at_every_length(hopper):

@@ -11,8 +11,9 @@ the same clocks:
 2. A float32 reference is computed from the same inputs: upcast, rotated in
    float32 with float64 RoPE tables, masked with explicit bottom-right
    causal and window masks, biased with ALiBi's slopes (computed here by the
-   paper's rule, independently of AttnFuse's) or the bias tensor, and evaluated with the math SDPA backend in query chunks so
-   that N=16384 fits in memory. In ``fwdbwd`` mode the reference gradients
+   paper's rule, independently of AttnFuse's) or the bias tensor, and
+   evaluated with the math SDPA backend in query chunks so that N=16384 fits
+   in memory. In ``fwdbwd`` mode the reference gradients
    come from autograd through the same (checkpointed) chunks.
 3. Each implementation runs once untimed and is compared with the reference
    by relative error ``||out - ref|| / ||ref||`` (and the same for dq, dk,

@@ -28,21 +28,13 @@ def _choose_triton_mode_early() -> None:
 
 _choose_triton_mode_early()
 
-from attnfuse.dsl import (  # noqa: E402
-    AttentionSpec,
-    additive_bias,
-    alibi,
-    attention,
-    block_sparse,
-    causal,
-    full,
-    llama3_scaling,
-    relu,
-    rope,
-    scaled_dot_product,
-    sliding_window,
-    softmax,
-)
+from attnfuse.blocks.additive_bias import additive_bias  # noqa: E402
+from attnfuse.blocks.alibi import alibi  # noqa: E402
+from attnfuse.blocks.block_sparse import block_sparse  # noqa: E402
+from attnfuse.blocks.masks import causal, full, sliding_window  # noqa: E402
+from attnfuse.blocks.relu import relu  # noqa: E402
+from attnfuse.blocks.softmax import softmax  # noqa: E402
+from attnfuse.dsl import AttentionSpec, attention, llama3_scaling, rope, scaled_dot_product  # noqa: E402
 from attnfuse.errors import AttnFuseError  # noqa: E402
 
 _RUNTIME_NAMES = {

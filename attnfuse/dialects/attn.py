@@ -12,11 +12,16 @@ A variant is an `attn.variant` holding a straight-line program over per-head seq
       attn.yield %o
     }
 
-The ops mirror the DSL's building blocks: pre-matmul transforms of an operand (`attn.rope`),
-the score matrix (`attn.scores`), masks (`attn.mask`, whose predicates are attributes so that
-masks intersect by merging predicate lists), the normalizer (`attn.softmax`) and the value
-product (`attn.pv`). Nothing here knows about tiles, GPUs or Triton; `lower-to-tile` decides
-how the program becomes a kernel.
+This module holds the dialect's core: the types, the pre-matmul transform (`attn.rope`), the
+score matrix (`attn.scores`), the value product (`attn.pv`), `attn.yield` and `attn.variant`.
+Every other op is a *block* defined in its own file under `attnfuse/blocks/` (its op, its
+DSL constructor, its lowering, its derivative and its meaning together), through the
+interfaces of `attnfuse/dialects/interfaces.py`: score modifiers (`attn.alibi`,
+`attn.add_bias`, `attn.softcap`), key filters (`attn.mask`, whose predicates are attributes so
+that masks intersect by merging predicate lists, and `attn.block_sparse`) and normalizers
+(`attn.softmax`, `attn.relu`, `attn.sigmoid`). `attnfuse.blocks.attn_dialect()` assembles
+the dialect from both. Nothing here knows about tiles, GPUs or Triton; `lower-to-tile`
+decides how the program becomes a kernel.
 
 Types name the role of a value rather than its shape: shapes are call-time facts (any batch,
 heads and sequence lengths), so one variant serves them all.
@@ -45,7 +50,7 @@ from xdsl.dialects.utils import parse_func_op_like, print_func_op_like
 from xdsl.ir import (
     Attribute,
     Block,
-    Dialect,
+    Operation,
     ParametrizedAttribute,
     Region,
     SSAValue,
@@ -71,6 +76,8 @@ from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
+
+from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
 
 # --------------------------------------------------------------------------------------------
 # Types: the role a value plays in the computation.
@@ -175,47 +182,6 @@ class MaskPredicate(ParametrizedAttribute):
 
     def band(self) -> tuple[int | None, int | None] | None:
         raise NotImplementedError  # abstract: every concrete predicate overrides it
-
-
-@irdl_attr_definition
-class CausalAttr(MaskPredicate):
-    """`#attn.causal`: keep keys at or before the query's position (`k_pos <= q_pos`)."""
-
-    name = "attn.causal"
-
-    def band(self) -> tuple[int | None, int | None]:
-        return (None, 0)
-
-
-@irdl_attr_definition
-class WindowAttr(MaskPredicate):
-    """`#attn.window<w>`: keep keys with `|q_pos - k_pos| < w`."""
-
-    name = "attn.window"
-
-    size: IntAttr
-
-    def __init__(self, size: int):
-        super().__init__(IntAttr(size))
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
-        with parser.in_angle_brackets():
-            size = parser.parse_integer(allow_boolean=False)
-            if size <= 0:
-                parser.raise_error(f"window size must be positive, got {size}")
-            return (IntAttr(size),)
-
-    def print_parameters(self, printer: Printer) -> None:
-        printer.print_string(f"<{self.size.data}>")
-
-    def verify(self) -> None:
-        if self.size.data <= 0:
-            raise VerifyException(f"window size must be positive, got {self.size.data}")
-
-    def band(self) -> tuple[int | None, int | None]:
-        w = self.size.data
-        return (-(w - 1), w - 1)
 
 
 @irdl_attr_definition
@@ -436,170 +402,6 @@ class ScoresOp(IRDLOperation):
 
 
 @irdl_op_definition
-class MaskOp(IRDLOperation):
-    """Drops the keys that not every predicate keeps: `s[i, j]` becomes "dropped".
-
-    An empty predicate list keeps every key (the DSL's `full()`). `band`, added by
-    `analyze-masks`, is the intersection of the band predicates.
-    """
-
-    name = "attn.mask"
-
-    input = operand_def(ScoresType)
-    result = result_def(ScoresType)
-    predicates = prop_def(ArrayAttr[Attribute])
-    band = opt_prop_def(BandAttr)
-
-    assembly_format = "$input $predicates attr-dict"
-    irdl_options = (ParsePropInAttrDict(),)
-    traits = traits_def(Pure())
-
-    def __init__(
-        self,
-        scores: SSAValue,
-        predicates: Sequence[MaskPredicate],
-        band: BandAttr | None = None,
-    ):
-        super().__init__(
-            operands=[scores],
-            result_types=[ScoresType()],
-            properties={"predicates": ArrayAttr(predicates), "band": band},
-        )
-
-    @property
-    def predicate_list(self) -> list[MaskPredicate]:
-        """The predicates, typed."""
-        return [p for p in self.predicates.data if isinstance(p, MaskPredicate)]
-
-    def verify_(self) -> None:
-        for pred in self.predicates.data:
-            if not isinstance(pred, MaskPredicate):
-                raise VerifyException(f"mask predicate expected, got {pred}")
-        if self.band is not None:
-            bands = [p.band() for p in self.predicate_list]
-            if any(b is None for b in bands):
-                return
-            expected = intersect_bands([b for b in bands if b is not None])
-            if self.band.bounds != expected:
-                raise VerifyException(
-                    f"band {self.band.bounds} does not match the predicates' band {expected}"
-                )
-
-
-@irdl_op_definition
-class AlibiOp(IRDLOperation):
-    """ALiBi: `s[i, j] += slope[h] * (k_pos(j) - q_pos(i))`.
-
-    `slopes` lists one slope per query head; absent, they are the ALiBi paper's geometric
-    sequence for the call's head count (its rule for a non-power-of-two count included).
-    """
-
-    name = "attn.alibi"
-
-    input = operand_def(ScoresType)
-    result = result_def(ScoresType)
-    slopes = opt_prop_def(ArrayAttr[FloatAttr])
-
-    assembly_format = "$input attr-dict"
-    irdl_options = (ParsePropInAttrDict(),)
-    traits = traits_def(Pure())
-
-    def __init__(self, scores: SSAValue, slopes: Sequence[float] | None = None):
-        super().__init__(
-            operands=[scores],
-            result_types=[ScoresType()],
-            properties={
-                "slopes": None if slopes is None else ArrayAttr([FloatAttr(x, f64) for x in slopes])
-            },
-        )
-
-    @property
-    def slope_values(self) -> tuple[float, ...] | None:
-        """The explicit slopes, or None for the default sequence."""
-        return None if self.slopes is None else tuple(a.value.data for a in self.slopes.data)
-
-    def verify_(self) -> None:
-        if self.slopes is not None and not self.slopes.data:
-            raise VerifyException("alibi slopes, when given, must list one slope per head")
-
-
-@irdl_op_definition
-class AddBiasOp(IRDLOperation):
-    """`s[i, j] += bias[b, h, i, j]`, the bias broadcast to `[B, Hq, Nq, Nk]`."""
-
-    name = "attn.add_bias"
-
-    input = operand_def(ScoresType)
-    bias = operand_def(BiasType)
-    result = result_def(ScoresType)
-
-    assembly_format = "$input `,` $bias attr-dict"
-    traits = traits_def(Pure())
-
-    def __init__(self, scores: SSAValue, bias: SSAValue):
-        super().__init__(operands=[scores, bias], result_types=[ScoresType()])
-
-
-@irdl_op_definition
-class BlockSparseOp(IRDLOperation):
-    """Drops key j for query i unless `layout[i // block_size, j // block_size]` (per head when
-    the layout has a head dim). `block_size` is a power of two >= 16."""
-
-    name = "attn.block_sparse"
-
-    input = operand_def(ScoresType)
-    layout = operand_def(LayoutType)
-    result = result_def(ScoresType)
-    block_size = prop_def(IntegerAttr)
-
-    assembly_format = "$input `,` $layout attr-dict"
-    irdl_options = (ParsePropInAttrDict(),)
-    traits = traits_def(Pure())
-
-    def __init__(self, scores: SSAValue, layout: SSAValue, block_size: int):
-        super().__init__(
-            operands=[scores, layout],
-            result_types=[ScoresType()],
-            properties={"block_size": IntegerAttr(block_size, i64)},
-        )
-
-    def verify_(self) -> None:
-        bs = self.block_size.value.data
-        if bs < 16 or bs & (bs - 1):
-            raise VerifyException(f"block_sparse block_size must be a power of two >= 16, got {bs}")
-
-
-@irdl_op_definition
-class ReluOp(IRDLOperation):
-    """ReLU attention: `p[i, j] = relu(s[i, j]) / Nk` on kept keys, 0 elsewhere."""
-
-    name = "attn.relu"
-
-    input = operand_def(ScoresType)
-    result = result_def(ProbsType)
-    assembly_format = "$input attr-dict"
-    traits = traits_def(Pure())
-
-    def __init__(self, scores: SSAValue):
-        super().__init__(operands=[scores], result_types=[ProbsType()])
-
-
-@irdl_op_definition
-class SoftmaxOp(IRDLOperation):
-    """Row-wise softmax over the kept keys; a row with no kept key is all zeros."""
-
-    name = "attn.softmax"
-
-    input = operand_def(ScoresType)
-    result = result_def(ProbsType)
-    assembly_format = "$input attr-dict"
-    traits = traits_def(Pure())
-
-    def __init__(self, scores: SSAValue):
-        super().__init__(operands=[scores], result_types=[ProbsType()])
-
-
-@irdl_op_definition
 class PVOp(IRDLOperation):
     """The output `o = p @ v`, reading value head `h // (Hq / Hkv)` for query head `h`."""
 
@@ -627,10 +429,6 @@ class YieldOp(IRDLOperation):
 
     def __init__(self, output: SSAValue):
         super().__init__(operands=[output])
-
-
-NORMALIZER_OPS: tuple[type[IRDLOperation], ...] = (SoftmaxOp, ReluOp)
-"""Ops that turn scores into probabilities; a variant has exactly one."""
 
 
 @irdl_op_definition
@@ -710,7 +508,7 @@ class VariantOp(IRDLOperation):
         for kind, what in ((ScoresOp, "attn.scores"), (PVOp, "attn.pv")):
             if len(self.ops_of(kind)) != 1:
                 raise VerifyException(f"a variant needs exactly one {what}")
-        normalizers = [op for op in block.ops if isinstance(op, NORMALIZER_OPS)]
+        normalizers = [op for op in block.ops if op.has_trait(Normalizer)]
         if len(normalizers) != 1:
             raise VerifyException(
                 f"a variant needs exactly one normalizer, found {len(normalizers)}"
@@ -747,63 +545,67 @@ class VariantOp(IRDLOperation):
         )
 
 
-Attn = Dialect(
-    "attn",
-    [
-        RopeOp,
-        ScoresOp,
-        AlibiOp,
-        AddBiasOp,
-        MaskOp,
-        BlockSparseOp,
-        SoftmaxOp,
-        ReluOp,
-        PVOp,
-        YieldOp,
-        VariantOp,
-    ],
-    [
-        QueryType,
-        KeyType,
-        ValueType,
-        BiasType,
-        LayoutType,
-        PositionsType,
-        ScoresType,
-        ProbsType,
-        OutputType,
-        CausalAttr,
-        WindowAttr,
-        BandAttr,
-    ],
+CORE_OPS: tuple[type[IRDLOperation], ...] = (RopeOp, ScoresOp, PVOp, YieldOp, VariantOp)
+"""The ops every variant is built around; blocks add the rest (`attnfuse.blocks`)."""
+
+CORE_ATTRIBUTES: tuple[type[Attribute], ...] = (
+    QueryType,
+    KeyType,
+    ValueType,
+    BiasType,
+    LayoutType,
+    PositionsType,
+    ScoresType,
+    ProbsType,
+    OutputType,
+    BandAttr,
 )
-"""The attention dialect."""
+"""The dialect's core types and attributes."""
+
+
+def score_chain(variant: VariantOp) -> tuple[ScoresOp, list[Operation], Operation]:
+    """The variant's data flow from the scores to the probabilities: the `attn.scores` op,
+    the ops on the path from it to the normalizer's input (in program order, as many times
+    as they appear), and the normalizer. Ops off the path (whose result nothing on it reads)
+    are not part of the computation and are not returned."""
+    (pv,) = variant.ops_of(PVOp)
+    normalizer = pv.operands[0].owner
+    assert isinstance(normalizer, Operation) and normalizer.has_trait(Normalizer)
+    chain: list[Operation] = []
+    value = normalizer.operands[0]
+    while not isinstance(value.owner, ScoresOp):
+        op = value.owner
+        assert isinstance(op, Operation)
+        chain.append(op)
+        value = op.operands[0]
+    return value.owner, chain[::-1], normalizer
+
+
+def is_score_op(op: Operation) -> bool:
+    """Whether `op` sits between the scores and the normalizer (a modifier or a filter)."""
+    return op.has_trait(ScoreModifier) or op.has_trait(KeyFilter)
+
 
 __all__ = [
-    "AddBiasOp",
-    "AlibiOp",
-    "Attn",
-    "BiasType",
-    "BlockSparseOp",
-    "LayoutType",
-    "PositionsType",
-    "ReluOp",
+    "CORE_ATTRIBUTES",
+    "CORE_OPS",
     "BandAttr",
-    "CausalAttr",
+    "BiasType",
     "KeyType",
-    "MaskOp",
+    "LayoutType",
     "MaskPredicate",
     "OutputType",
     "PVOp",
+    "PositionsType",
     "ProbsType",
     "QueryType",
     "RopeOp",
     "ScoresOp",
     "ScoresType",
-    "SoftmaxOp",
     "ValueType",
     "VariantOp",
-    "WindowAttr",
     "YieldOp",
     "intersect_bands",
+    "is_score_op",
+    "score_chain",
 ]

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
+    Float32Type,
     FloatAttr,
     FunctionType,
     IndexType,
@@ -44,6 +45,7 @@ from xdsl.dialects.builtin import (
     f16,
     f32,
     f64,
+    i1,
     i64,
 )
 from xdsl.dialects.utils import parse_func_op_like, print_func_op_like
@@ -58,6 +60,7 @@ from xdsl.ir import (
     TypeAttribute,
 )
 from xdsl.irdl import (
+    AnyOf,
     AttrSizedOperandSegments,
     BaseAttr,
     IRDLOperation,
@@ -208,6 +211,25 @@ and, for key-block programs, the transposed block-sparse lists `*_q_blocks` / `*
 TENSOR_ROLES: dict[str, int] = {role: max(1, len(axes)) for role, axes in TENSOR_AXES.items()}
 """The rank of each role's tensor."""
 
+INDEXED_ROLES = ("slopes", "bias", "dbias")
+"""Kinds of call-time data of which a kernel may read several tensors (two `attn.alibi` ops
+with different slopes): the first is bound to the kind's name, the next to `slopes_1`, ..."""
+
+
+def role_kind(role: str) -> str:
+    """The kind of a tensor role (`slopes_1` is a `slopes`), which fixes its axes and rank."""
+    if role in TENSOR_AXES:
+        return role
+    base, _, index = role.rpartition("_")
+    if base in INDEXED_ROLES and index.isdigit():
+        return base
+    raise KeyError(role)
+
+
+def role_axes(role: str) -> str:
+    """The axes a kernel indexes a tensor of `role` by (see `TENSOR_AXES`)."""
+    return TENSOR_AXES[role_kind(role)]
+
 BLOCK_ROLES = ("q", "k", "v", "o", "q_rot", "k_rot", "lse", "do", "delta", "dq", "dk", "dv")
 """Roles accessed by `tile.load` / `tile.store` blocks of rows."""
 
@@ -249,7 +271,7 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
 
     @property
     def rank(self) -> int:
-        return TENSOR_ROLES[self.role.data]
+        return TENSOR_ROLES[role_kind(self.role.data)]
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
@@ -260,11 +282,13 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
         printer.print_string(f"<{self.role.data}>")
 
     def verify(self) -> None:
-        if self.role.data not in TENSOR_ROLES:
+        try:
+            role_kind(self.role.data)
+        except KeyError:
             raise VerifyException(
                 f"unknown tensor role '{self.role.data}' "
                 f"(expected one of {', '.join(TENSOR_ROLES)})"
-            )
+            ) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,7 +321,7 @@ def _enclosing(op: Operation, kind: type[Operation]) -> Operation | None:
 def _expect_role(value: SSAValue, roles: str | tuple[str, ...], message: str) -> None:
     """Raises `message` unless `value` is a tensor bound to one of `roles`."""
     wanted = (roles,) if isinstance(roles, str) else roles
-    if not isinstance(value.type, TensorType) or value.type.role.data not in wanted:
+    if not isinstance(value.type, TensorType) or role_kind(value.type.role.data) not in wanted:
         raise VerifyException(message)
 
 
@@ -1622,6 +1646,104 @@ class StoreScoresOp(IRDLOperation):
         _expect_role(self.dest, "dbias", "tile.store_scores writes the dbias tensor")
 
 
+# --------------------------------------------------------------------------------------------
+# Generic elementwise computation
+# --------------------------------------------------------------------------------------------
+
+SEQUENCE_AXES = ("query", "key")
+
+
+@irdl_op_definition
+class SeqLenOp(IRDLOperation):
+    """The call's query (`Nq`) or key (`Nk`) sequence length as an f32 scalar, for the bodies
+    of `tile.map` (ReLU's `1/Nk`, sigmoid attention's default bias `-ln(Nk)`)."""
+
+    name = "tile.seq_len"
+
+    axis = prop_def(StringAttr)
+    result = result_def(BaseAttr(Float32Type))
+
+    assembly_format = "attr-dict `:` type($result)"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, axis: str):
+        super().__init__(result_types=[f32], properties={"axis": StringAttr(axis)})
+
+    def verify_(self) -> None:
+        if self.axis.data not in SEQUENCE_AXES:
+            raise VerifyException(f"axis must be query or key, got '{self.axis.data}'")
+
+
+MAP_BODY_DIALECTS = ("arith", "math")
+"""The dialects whose ops a `tile.map` body may hold: scalar f32 arithmetic."""
+
+
+@irdl_op_definition
+class MapOp(IRDLOperation):
+    """Applies a scalar function to every entry of its tile operands: `r[x] = f(a[x], b[x], ...)`.
+
+    The body is a region of `arith` and `math` ops on f32 scalars (as `linalg.generic`'s), one
+    block argument per operand, ending in `tile.map_yield`; f32 scalar operands (a
+    `tile.seq_len`, say) are the same for every entry. Every tile operand has the result's
+    shape; the result is f32. A pointwise score modifier or normalizer needs no tile op of its
+    own: it lowers to a `tile.map` (soft-capping is `cap * tanh(s / cap)`).
+    """
+
+    name = "tile.map"
+
+    inputs = var_operand_def(AnyOf.get(TileType, Float32Type))
+    result = result_def(TileType)
+    body = region_def("single_block")
+
+    assembly_format = "`(` $inputs `)` attr-dict `:` `(` type($inputs) `)` `->` type($result) $body"
+    traits = traits_def(Pure())
+
+    def __init__(self, inputs: Sequence[SSAValue], body: Region, result_type: TileType):
+        super().__init__(operands=[inputs], result_types=[result_type], regions=[body])
+
+    def verify_(self) -> None:
+        result = _tile(self.result, "map result")
+        if result.elem != "f32":
+            raise VerifyException(f"tile.map computes in f32, got a {result.elem} result")
+        if not any(isinstance(v.type, TileType) for v in self.inputs):
+            raise VerifyException("tile.map needs at least one tile operand")
+        for i, value in enumerate(self.inputs):
+            if isinstance(value.type, TileType) and value.type.shape != result.shape:
+                raise VerifyException(
+                    f"map operand {i} is a {' x '.join(value.type.shape)} tile, the result "
+                    f"{' x '.join(result.shape)}: operands must have the result's shape"
+                )
+        block = self.body.block
+        if len(block.args) != len(self.inputs) or any(a.type != f32 for a in block.args):
+            raise VerifyException("tile.map's body takes one f32 argument per operand")
+        for op in block.ops:
+            if isinstance(op, MapYieldOp):
+                continue
+            if op.name.split(".")[0] not in MAP_BODY_DIALECTS:
+                raise VerifyException(
+                    f"tile.map bodies hold arith and math ops only, got {op.name}"
+                )
+            if any(r.type != f32 and r.type != i1 for r in op.results):
+                raise VerifyException(f"tile.map bodies compute on f32 scalars, {op.name} does not")
+        if not isinstance(block.last_op, MapYieldOp):
+            raise VerifyException("tile.map's body must end in tile.map_yield")
+
+
+@irdl_op_definition
+class MapYieldOp(IRDLOperation):
+    """Ends a `tile.map` body with the entry's value."""
+
+    name = "tile.map_yield"
+
+    value = operand_def(BaseAttr(Float32Type))
+    assembly_format = "$value attr-dict `:` type($value)"
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(MapOp)))
+
+    def __init__(self, value: SSAValue):
+        super().__init__(operands=[value])
+
+
 Tile = Dialect(
     "tile",
     [
@@ -1656,6 +1778,9 @@ Tile = Dialect(
         ReluGradOp,
         ApplyScaleOp,
         StoreScoresOp,
+        SeqLenOp,
+        MapOp,
+        MapYieldOp,
     ],
     [TileType, TensorType],
 )
@@ -1681,6 +1806,9 @@ __all__ = [
     "KVLoopOp",
     "KernelOp",
     "LoadOp",
+    "MapOp",
+    "MapYieldOp",
+    "SeqLenOp",
     "MaskOp",
     "QBoundsOp",
     "QLoopOp",

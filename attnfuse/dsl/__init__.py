@@ -1,32 +1,10 @@
-"""The DSL: building blocks and `attention(...)`, which composes them."""
+"""The DSL: the block protocol, the core blocks and `attention(...)`, which composes blocks.
 
-from attnfuse.dsl.blocks import (
-    additive_bias,
-    alibi,
-    block_sparse,
-    causal,
-    full,
-    llama3_scaling,
-    relu,
-    rope,
-    scaled_dot_product,
-    sliding_window,
-    softmax,
-)
+The other blocks are defined in `attnfuse/blocks/` (each with its op and meaning) and exported
+from the `attnfuse` package.
+"""
+
+from attnfuse.dsl.blocks import llama3_scaling, rope, scaled_dot_product
 from attnfuse.dsl.spec import AttentionSpec, attention
 
-__all__ = [
-    "AttentionSpec",
-    "additive_bias",
-    "alibi",
-    "attention",
-    "block_sparse",
-    "causal",
-    "full",
-    "llama3_scaling",
-    "relu",
-    "rope",
-    "scaled_dot_product",
-    "sliding_window",
-    "softmax",
-]
+__all__ = ["AttentionSpec", "attention", "llama3_scaling", "rope", "scaled_dot_product"]

@@ -1,18 +1,24 @@
-"""The building blocks a variant is composed of.
+"""The DSL's building-block protocol and its core blocks (`scaled_dot_product`, `rope`).
 
 Each block is an immutable value holding only static parameters; tensors that are data (a
 bias, a block layout) are passed at call time. Parameters are checked when the block is made,
-so a bad one fails where the user wrote it.
+so a bad one fails where the user wrote it. Every other block is defined, with its op and its
+meaning, in its own module under `attnfuse/blocks/`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+from xdsl.ir import Attribute, Operation, SSAValue
 
 from attnfuse.dialects.attn import MAX_SCORE_SCALE, MIN_SCORE_SCALE
 from attnfuse.errors import CompositionError
+
+if TYPE_CHECKING:
+    from attnfuse.dialects.attn import VariantOp
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,24 @@ class Block:
     category: ClassVar[str]
     """What the block is: 'transform' (before QK^T), 'scores', 'modifier' (added to the
     scores), 'mask' or 'normalizer'."""
+
+    stage: ClassVar[int] = 1
+    """Score blocks (modifiers, masks): the order the DSL applies them in, lower first; blocks
+    of one stage keep the user's order (canonicalize-attn orders those that commute)."""
+    arguments: ClassVar[tuple[Attribute, ...]] = ()
+    """The call-time data types (`!attn.bias`, ...) a variant with this block takes."""
+    hint: ClassVar[str] = "scores"
+    """The name of the value `build` makes, in the printed IR."""
+
+    def build(self, variant: VariantOp, value: SSAValue) -> Operation:
+        """The attn op this block adds after `value` (scores; a normalizer's result is the
+        probabilities). The core blocks (rope, scaled_dot_product) are built by
+        `build_ir` itself."""
+        raise NotImplementedError(f"{self.block_name} is built by build_ir")
+
+    def restates_default(self) -> bool:
+        """Whether the block only restates what a variant does without it."""
+        return False
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items() if v is not None and v is not False)
@@ -60,6 +84,9 @@ class ScaledDotProduct(Block):
     @property
     def block_name(self) -> str:
         return "scaled_dot_product"
+
+    def restates_default(self) -> bool:
+        return self.scale is None
 
 
 @dataclass(frozen=True)
@@ -118,99 +145,6 @@ class Rope(Block):
             )
 
 
-@dataclass(frozen=True, repr=False)
-class Full(Block):
-    """Every key is kept (the default mask)."""
-
-    category: ClassVar[str] = "mask"
-
-
-@dataclass(frozen=True, repr=False)
-class Causal(Block):
-    """Keep keys at or before the query's position: `k_pos <= q_pos`."""
-
-    category: ClassVar[str] = "mask"
-
-
-@dataclass(frozen=True, repr=False)
-class SlidingWindow(Block):
-    """Keep keys with `|q_pos - k_pos| < window` (with `causal`: the causal band)."""
-
-    window: int = 0
-    category: ClassVar[str] = "mask"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0:
-            raise CompositionError(f"sliding_window: window must be a positive int, got {self.window!r}")
-
-    @property
-    def block_name(self) -> str:
-        return "sliding_window"
-
-
-@dataclass(frozen=True, repr=False)
-class BlockSparse(Block):
-    """Keep key j for query i iff `block_layout[i // block_size, j // block_size]`."""
-
-    block_size: int = 0
-    category: ClassVar[str] = "mask"
-
-    def __post_init__(self) -> None:
-        bs = self.block_size
-        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 16 or bs & (bs - 1):
-            raise CompositionError(
-                f"block_sparse: block_size must be a power of two >= 16, got {bs!r}"
-            )
-
-    @property
-    def block_name(self) -> str:
-        return "block_sparse"
-
-
-@dataclass(frozen=True, repr=False)
-class Alibi(Block):
-    """`s += slope[h] * (k_pos - q_pos)`; default slopes from the ALiBi paper."""
-
-    slopes: tuple[float, ...] | None = None
-    category: ClassVar[str] = "modifier"
-
-    def __post_init__(self) -> None:
-        if self.slopes is None:
-            return
-        try:
-            slopes = tuple(float(x) for x in self.slopes)
-        except (TypeError, ValueError):
-            raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}") from None
-        if not slopes or not all(math.isfinite(x) for x in slopes):
-            raise CompositionError(f"alibi: slopes must be a non-empty list of finite numbers, got {self.slopes!r}")
-        object.__setattr__(self, "slopes", slopes)
-
-
-@dataclass(frozen=True, repr=False)
-class AdditiveBias(Block):
-    """`s += bias[b, h, i, j]`; the bias tensor is passed at call time as `bias=`."""
-
-    category: ClassVar[str] = "modifier"
-
-    @property
-    def block_name(self) -> str:
-        return "additive_bias"
-
-
-@dataclass(frozen=True, repr=False)
-class Relu(Block):
-    """ReLU attention: `p = relu(s) / Nk` on kept keys, 0 elsewhere."""
-
-    category: ClassVar[str] = "normalizer"
-
-
-@dataclass(frozen=True, repr=False)
-class Softmax(Block):
-    """Softmax over the kept keys (the default normalizer)."""
-
-    category: ClassVar[str] = "normalizer"
-
-
 def scaled_dot_product(scale: float | None = None) -> ScaledDotProduct:
     """Scores `scale * <q~_i, k~_j>`, default scale `1/sqrt(D)`. Implied when absent."""
     return ScaledDotProduct(scale)
@@ -242,43 +176,3 @@ def llama3_scaling(
     return Llama3Scaling(factor, low_freq_factor, high_freq_factor, original_max_position)
 
 
-def alibi(slopes=None) -> Alibi:
-    """ALiBi: `s += slope[h] * (k_pos - q_pos)`. Default slopes: the ALiBi paper's geometric
-    sequence for the call's number of query heads (non-powers of two included)."""
-    return Alibi(slopes)
-
-
-def additive_bias() -> AdditiveBias:
-    """`s += bias[b, h, i, j]`: pass `bias=` (broadcastable to `[B, Hq, Nq, Nk]`) at call time."""
-    return AdditiveBias()
-
-
-def block_sparse(block_size: int) -> BlockSparse:
-    """Keep the blocks `block_layout[i // bs, j // bs]` marks; pass `block_layout=` (bool
-    `[ceil(Nq/bs), ceil(Nk/bs)]` or per head `[Hq, ...]`) at call time."""
-    return BlockSparse(block_size)
-
-
-def relu() -> Relu:
-    """Normalize with ReLU instead of softmax: `p = relu(s) / Nk` on kept keys."""
-    return Relu()
-
-
-def full() -> Full:
-    """Keep every key. Combining it with another mask is an error."""
-    return Full()
-
-
-def causal() -> Causal:
-    """Keep keys with `k_pos <= q_pos` (bottom-right aligned when Nq != Nk)."""
-    return Causal()
-
-
-def sliding_window(window: int) -> SlidingWindow:
-    """Keep keys with `|q_pos - k_pos| < window`."""
-    return SlidingWindow(window)
-
-
-def softmax() -> Softmax:
-    """Normalize scores with a softmax over the kept keys. Implied when absent."""
-    return Softmax()

@@ -1,7 +1,12 @@
-"""Turn a spec's blocks into an `attn.variant`: one op per block, in the user's order.
+"""Turn a spec's blocks into an `attn.variant`: one op per block.
+
+The core blocks come first (`rope` rotates q and k, `scaled_dot_product` makes the scores),
+then every score block in DSL order (each block's `stage`: soft-capping the scaled dot
+product first, then the modifiers and masks in the user's order), then
+the normalizer (softmax when none is given) and the value product.
 
 The result is deliberately not canonical (masks stay separate, `full()` stays an empty
-mask, modifiers and masks stay in the user's order): making it canonical is
+mask, blocks of one stage stay in the user's order): making it canonical is
 `canonicalize-attn`'s job, and keeping the two apart is what lets the pass be tested on real
 DSL output.
 """
@@ -16,18 +21,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn
-from attnfuse.dsl.blocks import (
-    AdditiveBias,
-    Alibi,
-    Block,
-    BlockSparse,
-    Causal,
-    Full,
-    Relu,
-    Rope,
-    ScaledDotProduct,
-    SlidingWindow,
-)
+from attnfuse.dsl.blocks import Block, Rope, ScaledDotProduct
 
 
 def rope_op(operand: SSAValue, block: Rope, positions: SSAValue | None) -> attn.RopeOp:
@@ -50,21 +44,13 @@ def rope_op(operand: SSAValue, block: Rope, positions: SSAValue | None) -> attn.
     )
 
 
-def mask_predicates(blocks: Sequence[Block]) -> list[attn.MaskPredicate]:
-    """The band predicates of a spec's mask blocks."""
-    predicates: list[attn.MaskPredicate] = []
-    for block in blocks:
-        if isinstance(block, Causal):
-            predicates.append(attn.CausalAttr())
-        elif isinstance(block, SlidingWindow):
-            predicates.append(attn.WindowAttr(block.window))
-    return predicates
-
-
-def mask_band(spec) -> tuple[int | None, int | None]:
-    """The band of key offsets a spec's band masks keep (what `analyze-masks` computes)."""
-    bands = [p.band() for p in mask_predicates(spec.blocks)]
-    return attn.intersect_bands([b for b in bands if b is not None])
+ARGUMENT_NAMES = {
+    attn.BiasType(): "bias",
+    attn.LayoutType(): "layout",
+    attn.PositionsType("query"): "q_positions",
+    attn.PositionsType("key"): "k_positions",
+}
+"""The names of the call-time data arguments in the printed IR."""
 
 
 def build_module(
@@ -74,22 +60,17 @@ def build_module(
 ) -> ModuleOp:
     """The `attn` program of a (validated) list of blocks. `explicit_positions` says whether
     the query / key RoPE positions are call-time tensors."""
-    extra = []
-    if any(isinstance(b, AdditiveBias) for b in blocks):
-        extra.append(attn.BiasType())
-    if any(isinstance(b, BlockSparse) for b in blocks):
-        extra.append(attn.LayoutType())
+    wanted = {t for block in blocks for t in block.arguments}
     has_rope = any(isinstance(b, Rope) for b in blocks)
     for role, given in zip(("query", "key"), explicit_positions):
         if given and has_rope:
-            extra.append(attn.PositionsType(role))
+            wanted.add(attn.PositionsType(role))
+    extra = [t for t in attn.VariantOp.EXTRA_ARGUMENT_TYPES if t in wanted]
     variant = attn.VariantOp(name, extra=extra)
-    hints = {attn.BiasType(): "bias", attn.LayoutType(): "layout",
-             attn.PositionsType("query"): "q_positions", attn.PositionsType("key"): "k_positions"}
     for arg, hint in zip(variant.body.block.args, ("q", "k", "v")):
         arg.name_hint = hint
     for arg in variant.body.block.args[3:]:
-        arg.name_hint = hints[arg.type]
+        arg.name_hint = ARGUMENT_NAMES[arg.type]
     b = Builder(InsertPoint.at_end(variant.body.block))
 
     def add(op: Operation, hint: str) -> SSAValue:
@@ -104,23 +85,15 @@ def build_module(
             k = add(rope_op(k, block, variant.argument(attn.PositionsType("key"))), "k_rot")
     scale = next((blk.scale for blk in blocks if isinstance(blk, ScaledDotProduct)), None)
     scores = add(attn.ScoresOp(q, k, scale), "scores")
-    for block in blocks:
-        if isinstance(block, Full):
-            scores = add(attn.MaskOp(scores, []), "kept")
-        elif isinstance(block, (Causal, SlidingWindow)):
-            scores = add(attn.MaskOp(scores, mask_predicates([block])), "kept")
-        elif isinstance(block, BlockSparse):
-            layout = variant.argument(attn.LayoutType())
-            assert layout is not None
-            scores = add(attn.BlockSparseOp(scores, layout, block.block_size), "kept")
-        elif isinstance(block, Alibi):
-            scores = add(attn.AlibiOp(scores, block.slopes), "biased")
-        elif isinstance(block, AdditiveBias):
-            bias = variant.argument(attn.BiasType())
-            assert bias is not None
-            scores = add(attn.AddBiasOp(scores, bias), "biased")
-    relu = any(isinstance(block, Relu) for block in blocks)
-    probs = add(attn.ReluOp(scores) if relu else attn.SoftmaxOp(scores), "probs")
+    score_blocks = [blk for blk in blocks if blk.category in ("modifier", "mask")]
+    for block in sorted(score_blocks, key=lambda blk: blk.stage):  # stable: user order per stage
+        scores = add(block.build(variant, scores), block.hint)
+    normalizer = next((blk for blk in blocks if blk.category == "normalizer"), None)
+    if normalizer is None:
+        from attnfuse.blocks.softmax import Softmax  # the default normalizer
+
+        normalizer = Softmax()
+    probs = add(normalizer.build(variant, scores), "probs")
     out = add(attn.PVOp(probs, v), "out")
     b.insert(attn.YieldOp(out))
     return ModuleOp([variant])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from attnfuse.dsl.blocks import Block, Full, ScaledDotProduct, Softmax
+from attnfuse.dsl.blocks import Block
 from attnfuse.errors import CompositionError
 
 if TYPE_CHECKING:
@@ -41,13 +41,6 @@ def validate_blocks(blocks: tuple[Block, ...]) -> None:
         raise CompositionError(f"full() keeps every key and cannot be combined with {others}")
 
 
-def is_default(block: Block) -> bool:
-    """Whether a block only restates what a variant does without it."""
-    if isinstance(block, ScaledDotProduct):
-        return block.scale is None
-    return isinstance(block, (Full, Softmax))
-
-
 class AttentionSpec:
     """An attention variant: its blocks, validated. Call it like a function of (q, k, v)."""
 
@@ -59,7 +52,7 @@ class AttentionSpec:
         # The canonical key: blocks ordered by category, then name, without the blocks that
         # only restate a default (full(), softmax(), scaled_dot_product() without a scale).
         ordered = sorted(
-            (b for b in blocks if not is_default(b)),
+            (b for b in blocks if not b.restates_default()),
             key=lambda b: (CATEGORY_ORDER[b.category], b.block_name),
         )
         self._key = tuple(ordered)

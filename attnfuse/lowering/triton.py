@@ -7,7 +7,7 @@ roles in order, its grid and its launch parameters.
 
 The kernel ABI is uniform so the runtime can launch any kernel from its `KernelInfo`:
 
-    kernel(<for each role: {role}_ptr, then one stride per axis of tile.TENSOR_AXES[role]>,
+    kernel(<for each role: {role}_ptr, then one stride per axis of tile.role_axes(role)>,
            sm_scale, n_q, n_k, num_heads, group_size,
            <constexprs with defaults: block sizes and static dims>)
 
@@ -222,7 +222,7 @@ class KernelEmitter:
         return f"{value}.to(tl.float32)" if self.upcast_dots else value
 
     def strides(self, role: str) -> list[str]:
-        return [f"stride_{role}_{axis}" for axis in tile.TENSOR_AXES[role]]
+        return [f"stride_{role}_{axis}" for axis in tile.role_axes(role)]
 
     def head_of(self, role: str) -> str:
         return "kv_head" if role in tile.KEY_ROW_ROLES else "head"
@@ -233,12 +233,12 @@ class KernelEmitter:
         GQA group."""
         if self.grid != "key_blocks":
             return False
-        axes = tile.TENSOR_AXES[role]
+        axes = tile.role_axes(role)
         return axes.startswith("hn") or (axes.startswith("bh") and role not in tile.KEY_ROW_ROLES)
 
     def base_line(self, role: str) -> str | None:
         """The statement that points `{role}_base` at this program's slice, if it has one."""
-        axes = tile.TENSOR_AXES[role]
+        axes = tile.role_axes(role)
         if axes.startswith("bh"):
             return f"{role}_base = {role}_ptr + batch * stride_{role}_b + {self.head_of(role)} * stride_{role}_h"
         if axes == "bn":

@@ -7,25 +7,10 @@ from typing import Any
 
 import torch
 
-from attnfuse.dsl.blocks import (
-    AdditiveBias,
-    Alibi,
-    BlockSparse,
-    Relu,
-    Rope,
-    ScaledDotProduct,
-)
-from attnfuse.dsl.build_ir import mask_band
-from attnfuse.dsl.spec import AttentionSpec
+from attnfuse.dsl.blocks import Llama3Scaling
 from attnfuse.errors import ArgumentError, AttnFuseError
-from attnfuse.runtime.call_data import (
-    alibi_slopes,
-    bias_view,
-    check_layout,
-    positions_view,
-    sparse_block_lists,
-    transposed_block_lists,
-)
+from attnfuse.runtime.block_lists import sparse_block_lists, transposed_block_lists
+from attnfuse.runtime.call_data import positions_view
 from attnfuse.runtime.compiler import (
     CompiledProgram,
     CompileKey,
@@ -42,6 +27,7 @@ from attnfuse.runtime.config import (
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
+from attnfuse.runtime.program import Canonical, VariantProgram, as_program
 
 
 @dataclass(frozen=True)
@@ -89,27 +75,32 @@ class CompiledAttention:
 
     def __init__(
         self,
-        spec: AttentionSpec,
+        source: object,
         *,
         rope_placement: str | tuple[str, str] = "auto",
         config: TileConfig | None = None,
     ):
-        if not isinstance(spec, AttentionSpec):
-            raise AttnFuseError(f"compile() takes a spec made by af.attention(...), got {spec!r}")
         if config is not None and not isinstance(config, TileConfig):
             raise ArgumentError(f"config must be an af.TileConfig or None, got {config!r}")
         check_placement_request(rope_placement)
-        self.spec = spec
+        self.program: VariantProgram = as_program(source)
+        self.spec = source
+        # What a call without positions runs: checks the program now, where the user wrote it.
+        self.variant: Canonical = self.program.canonical(self._default_positions())
         self.rope_placement = rope_placement
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
         self._sparse_cache: dict[bool, tuple[torch.Tensor, tuple, dict[str, torch.Tensor]]] = {}
-        sdp = spec.block(ScaledDotProduct)
-        self._scale = sdp.scale if isinstance(sdp, ScaledDotProduct) else None
+        self._scale = self.variant.scale
+
+    def _default_positions(self) -> tuple[bool, bool]:
+        """The call-time positions a call passes by default: none, or those an attn program
+        declares (`!attn.positions`)."""
+        return self.program.explicit_positions_of() or (False, False)
 
     def __repr__(self) -> str:
-        return f"CompiledAttention({self.spec!r})"
+        return f"CompiledAttention({self.program!r})"
 
     # -- compile -----------------------------------------------------------------------------
 
@@ -120,12 +111,11 @@ class CompiledAttention:
         config = self.config or choose_tile_config(
             problem,
             capability,
-            keys_per_row=self._keys_per_row(),
-            reads_bias=isinstance(self.spec.block(AdditiveBias), AdditiveBias),
+            keys_per_row=self.variant.keys_per_row,
+            reads_bias=self.variant.reads("bias"),
         )
-        sparse = self.spec.block(BlockSparse)
-        if isinstance(sparse, BlockSparse):
-            bs = sparse.block_size
+        bs = self.variant.block_size
+        if bs is not None:
             bm, bn, _warps, _stages = config.backward()
             kv_bm, kv_bn, _warps, _stages = config.dkdv()
             config = replace(config, block_m=min(config.block_m, bs), block_n=min(config.block_n, bs),
@@ -137,19 +127,14 @@ class CompiledAttention:
                 config = replace(config, num_warps=4)
         return config
 
-    def _keys_per_row(self) -> int | None:
-        """The most keys one query row keeps under the spec's band masks (a sliding window:
-        `window` with causal, `2 * window - 1` without), or None when no band bounds it."""
-        lo, hi = mask_band(self.spec)
-        return None if lo is None or hi is None else hi - lo + 1
-
     def compile_key(
         self, problem: Problem, explicit_positions: tuple[bool, bool] = (False, False)
     ) -> CompileKey:
         """What this call's kernels are specialized on (for a call without autograd; a
         training call's forward may rotate differently, `training_key`)."""
         config = self.tile_config(problem)
-        placement = rope_placement(self.spec, problem, config, self.rope_placement)
+        placement = rope_placement(self.variant.rope is not None, self.variant.rotary_dim, problem,
+                                   config, self.rope_placement)
         # The backward pre-rotates unless a placement was asked for explicitly: each of its
         # kernels loops over q or k, so in-loop rotation is paid per program for both
         # (measured slower at every N on the H200, docs/performance.md).
@@ -183,11 +168,11 @@ class CompiledAttention:
         autograd records, `training_key`."""
         key = self.compile_key(problem, explicit_positions)
         interpret = problem.device.type != "cuda"
-        compiled = compile_program(self.spec, key, interpret)
+        compiled = compile_program(self.program, key, interpret)
         if training:
             training_key = self.training_key(key, compiled)
             if training_key != key:
-                key, compiled = training_key, compile_program(self.spec, training_key, interpret)
+                key, compiled = training_key, compile_program(self.program, training_key, interpret)
         return key, compiled
 
     def program_for(
@@ -196,10 +181,10 @@ class CompiledAttention:
         """The compiled kernels that a call with these tensors runs. `training` (default: as
         a call would decide, from grad mode and whether q, k or v require grad) selects the
         program of a call that autograd records."""
-        problem = check_inputs(self.spec, q, k, v)
+        problem = check_inputs(self.program, q, k, v)
         if training is None:
             training = records_autograd(q, k, v)
-        return self.compiled_for(problem, (False, False), training)[1]
+        return self.compiled_for(problem, self._default_positions(), training)[1]
 
     @property
     def source(self) -> str:
@@ -209,7 +194,8 @@ class CompiledAttention:
             return self.last.source
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         problem = Problem(1, 1, 1, 1, 1, 64, 64, torch.float16, device)
-        program, _path, _key = generate_program(self.spec, self.compile_key(problem), device.type != "cuda")
+        key = self.compile_key(problem, self._default_positions())
+        program, _path, _key = generate_program(self.program, key, device.type != "cuda")
         return program.source
 
     def tile_ir(
@@ -217,11 +203,11 @@ class CompiledAttention:
     ) -> str:
         """The tile IR a call with these tensors compiles to, as text (`training` as in
         `program_for`)."""
-        problem = check_inputs(self.spec, q, k, v)
+        problem = check_inputs(self.program, q, k, v)
         if training is None:
             training = records_autograd(q, k, v)
-        key, _compiled = self.compiled_for(problem, (False, False), training)
-        return str(lower_spec(self.spec, key))
+        key, _compiled = self.compiled_for(problem, self._default_positions(), training)
+        return str(lower_spec(self.program, key))
 
     def plan(
         self,
@@ -241,7 +227,7 @@ class CompiledAttention:
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
             # Validation depends only on what the key holds, so a cached plan is a checked one.
-            problem = check_inputs(self.spec, q, k, v)
+            problem = check_inputs(self.program, q, k, v)
             plan = self._make_plan(problem, explicit_positions, training)
             if key is not None:
                 self._plans[key] = plan
@@ -249,21 +235,28 @@ class CompiledAttention:
 
     def _make_plan(self, problem: Problem, explicit_positions: tuple[bool, bool], training: bool) -> CallPlan:
         constants: dict[str, torch.Tensor] = {}
-        alibi = self.spec.block(Alibi)
-        if isinstance(alibi, Alibi):
-            # Before the empty-problem exit: the slope count is checked for every call.
-            constants["slopes"] = alibi_slopes(alibi.slopes, problem)
+        variant = self.program.canonical(explicit_positions)
+        for binding in variant.bindings:
+            # Data made from the program alone (ALiBi's slopes) depends only on the shape;
+            # made before the empty-problem exit, so that its checks run for every call.
+            if binding.use.argument is None and binding.role is not None:
+                constants[binding.role] = binding.bind(problem, {})
         if problem.empty:
             return CallPlan(problem, None, (), {}, None)
         key, compiled = self.compiled_for(problem, explicit_positions, training)
         scale = self._scale if self._scale is not None else default_scale(problem.head_dim)
-        rope = self.spec.block(Rope)
-        if isinstance(rope, Rope):
-            rotary_dim = rope.rotary_dim or problem.head_dim
-            length = max(problem.seq_q, problem.seq_k)
-            constants["rope_table"] = rope_table(rope.theta, rotary_dim, rope.scaling, problem.device, length)
+        if variant.rope is not None:
+            constants["rope_table"] = self._rope_table(problem, max(problem.seq_q, problem.seq_k))
         launches = tuple(prepare(compiled, problem, scale))
         return CallPlan(problem, compiled, launches, constants, key.config)
+
+    def _rope_table(self, problem: Problem, length: int) -> torch.Tensor:
+        """The cos/sin table of the program's rotation for positions below `length`."""
+        rope = self.variant.rope
+        assert rope is not None
+        theta, rotary_dim, _interleaved, scaling = rope.rope_key
+        llama3 = None if scaling is None else Llama3Scaling(*scaling)
+        return rope_table(theta, rotary_dim or problem.head_dim, llama3, problem.device, length)
 
     def _layout_lists(
         self, layout: torch.Tensor, block_size: int, plan: CallPlan, backward: bool
@@ -278,7 +271,7 @@ class CompiledAttention:
         if cached is not None and cached[0] is layout and cached[1] == key:
             return cached[2]
         assert plan.config is not None
-        band = mask_band(self.spec)
+        band = self.variant.band
         if backward:
             bm, bn, _warps, _stages = plan.config.backward()
             lists = sparse_block_lists(layout, block_size, band, plan.problem, bm, bn)
@@ -293,23 +286,20 @@ class CompiledAttention:
     def call_tensors(
         self,
         plan: CallPlan,
-        bias: object,
-        block_layout: object,
-        q_positions: object = None,
-        k_positions: object = None,
+        arguments: dict[str, object],
+        explicit_positions: tuple[bool, bool] = (False, False),
     ) -> dict[str, torch.Tensor]:
-        """The call-time data tensors (bias, block-sparse lists, RoPE positions), checked."""
+        """The call-time data tensors, bound from the call's keyword `arguments` by the ops of
+        the program that read them (bias, block-sparse lists, RoPE positions), checked."""
         tensors: dict[str, torch.Tensor] = {}
         problem = plan.problem
-        rope = self.spec.block(Rope)
-        for name, given, length in (
-            ("q_positions", q_positions, problem.seq_q),
-            ("k_positions", k_positions, problem.seq_k),
-        ):
+        variant = self.program.canonical(explicit_positions)
+        for name, length in (("q_positions", problem.seq_q), ("k_positions", problem.seq_k)):
+            given = arguments.get(name)
             if given is None:
                 continue
-            if not isinstance(rope, Rope):
-                raise ArgumentError(f"{name}= given, but {self.spec!r} has no rope()")
+            if variant.rope is None:
+                raise ArgumentError(f"{name}= given, but {self.program!r} has no rope()")
             tensors[name] = positions_view(given, name, length, problem)
         if ("q_positions" in tensors or "k_positions" in tensors) and plan.compiled is not None:
             # The table must reach the largest |position| (one host sync per such call).
@@ -325,23 +315,22 @@ class CompiledAttention:
                     )
                 furthest = max(furthest, largest + 1)
             if furthest > plan.constants["rope_table"].shape[1]:
-                assert isinstance(rope, Rope)
-                tensors["rope_table"] = rope_table(
-                    rope.theta, rope.rotary_dim or problem.head_dim, rope.scaling,
-                    problem.device, furthest,
-                )
-        if self.spec.block(AdditiveBias) is not None:
-            tensors["bias"] = bias_view(bias, plan.problem)
-        elif bias is not None:
-            raise ArgumentError(f"bias= given, but {self.spec!r} has no additive_bias()")
-        sparse = self.spec.block(BlockSparse)
-        if isinstance(sparse, BlockSparse):
-            layout = check_layout(block_layout, sparse.block_size, plan.problem)
-            tensors["block_layout"] = layout
-            if plan.config is not None:
-                tensors |= self._layout_lists(layout, sparse.block_size, plan, backward=False)
-        elif block_layout is not None:
-            raise ArgumentError(f"block_layout= given, but {self.spec!r} has no block_sparse()")
+                tensors["rope_table"] = self._rope_table(problem, furthest)
+        for name in ("bias", "block_layout"):
+            if arguments.get(name) is not None and name not in variant.arguments:
+                block = "additive_bias()" if name == "bias" else "block_sparse()"
+                raise ArgumentError(f"{name}= given, but {self.program!r} has no {block}")
+        for binding in variant.bindings:
+            if binding.use.argument is None:
+                continue  # made from the program: a plan constant
+            value = binding.bind(problem, arguments)
+            if binding.role is not None:
+                tensors[binding.role] = value
+            elif binding.use.kind == "block_layout":
+                tensors["block_layout"] = value
+                block_size = variant.block_size
+                if plan.config is not None and block_size is not None:
+                    tensors |= self._layout_lists(value, block_size, plan, backward=False)
         return tensors
 
     # -- run ---------------------------------------------------------------------------------
@@ -363,13 +352,16 @@ class CompiledAttention:
             raise ArgumentError(
                 f"unexpected argument(s) {', '.join(sorted(unexpected))} for {self.spec!r}"
             )
-        if return_lse and self.spec.block(Relu) is not None:
-            raise ArgumentError("return_lse=True needs softmax(): relu() attention has no log-sum-exp")
+        if return_lse and not self.variant.has_lse:
+            name = self.variant.normalizer_name
+            raise ArgumentError(f"return_lse=True needs softmax(): {name}() attention has no log-sum-exp")
         explicit = (q_positions is not None, k_positions is not None)
         # Positions and layouts are integer and bool tensors, which never require a gradient.
         training = records_autograd(q, k, v, bias)
         plan = self.plan(q, k, v, explicit, training)
-        data = self.call_tensors(plan, bias, block_layout, q_positions, k_positions)
+        arguments = {"bias": bias, "block_layout": block_layout, "q_positions": q_positions,
+                     "k_positions": k_positions}
+        data = self.call_tensors(plan, arguments, explicit)
         if training:
             # The user's bias goes in as an input of its own so autograd tracks it.
             given_bias = bias if "bias" in data else None
@@ -463,9 +455,9 @@ class CompiledAttention:
         q_role, k_role = saved_roles
         tensors = {q_role: q, k_role: k, "v": v, "o": out, "lse": lse, "do": grad_out, "dq": dq,
                    "dk": dk, "dv": dv, **plan.constants, **data}
-        sparse = self.spec.block(BlockSparse)
-        if isinstance(sparse, BlockSparse):
-            tensors |= self._layout_lists(data["block_layout"], sparse.block_size, plan, backward=True)
+        block_size = self.variant.block_size
+        if block_size is not None:
+            tensors |= self._layout_lists(data["block_layout"], block_size, plan, backward=True)
         softmax = plan.reads("delta")  # relu attention has no delta and no preprocess
         if softmax:
             tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
@@ -519,8 +511,8 @@ class _AttentionFunction(torch.autograd.Function):
         # An output nobody differentiated (usually lse) arrives as None, not as a tensor of
         # zeros that would cost a fill and a subtraction on the device.
         ctx.set_materialize_grads(False)
-        if fn.spec.block(Relu) is not None:
-            ctx.mark_non_differentiable(lse)  # relu attention has no log-sum-exp
+        if not fn.variant.has_lse:
+            ctx.mark_non_differentiable(lse)  # relu / sigmoid attention has no log-sum-exp
         return out, lse
 
     @staticmethod
@@ -579,11 +571,13 @@ class _NoSecondDerivative(torch.autograd.Function):
 
 
 def compile(
-    spec: AttentionSpec,
+    source: object,
     *,
     rope_placement: str | tuple[str, str] = "auto",
     config: TileConfig | None = None,
 ) -> CompiledAttention:
-    """Compiles a variant. `rope_placement` ("auto", "fused", "pre_rotated", "q_fused" or a
-    (query, key) pair) overrides the Rotation Calculus; `config` fixes the tile configuration."""
-    return CompiledAttention(spec, rope_placement=rope_placement, config=config)
+    """Compiles a variant: a spec (`af.attention(...)`) or an attn program, as text or as an
+    xDSL module holding one `attn.variant` (hand-written IR runs and is checked like DSL
+    output). `rope_placement` ("auto", "fused", "pre_rotated", "q_fused" or a (query, key)
+    pair) overrides the Rotation Calculus; `config` fixes the tile configuration."""
+    return CompiledAttention(source, rope_placement=rope_placement, config=config)

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-from attnfuse.dsl.blocks import Rope
-from attnfuse.dsl.spec import AttentionSpec
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.inputs import Problem
 from attnfuse.transforms.place_rope import PlaceRopePass
@@ -182,15 +180,16 @@ def check_placement_request(requested: object) -> tuple[str, str]:
 
 
 def rope_placement(
-    spec: AttentionSpec, problem: Problem, config: TileConfig, requested: str | tuple[str, str]
+    has_rope: bool, rotary_dim: int | None, problem: Problem, config: TileConfig,
+    requested: str | tuple[str, str],
 ) -> tuple[str, str] | None:
-    """The (query, key) placement of the spec's rotation for this call, or None without rope.
+    """The (query, key) placement of a variant's rotation (of explicit width `rotary_dim`, or
+    the head dim) for this call, or None without rope (`has_rope` false).
 
     `requested` is "auto" (the Rotation Calculus decides), "fused", "pre_rotated",
     "q_fused" (query in-kernel, key pre-rotated) or an explicit (query, key) pair.
     """
-    rope = spec.block(Rope)
-    if not isinstance(rope, Rope):
+    if not has_rope:
         return None
     query, key = check_placement_request(requested)
     elem_bytes = torch.tensor([], dtype=problem.dtype).element_size()
@@ -202,7 +201,7 @@ def rope_placement(
         seq_len_q=problem.seq_q,
         seq_len_k=problem.seq_k,
         head_dim=problem.head_dim,
-        rotary_dim=rope.rotary_dim or problem.head_dim,
+        rotary_dim=rotary_dim or problem.head_dim,
         block_m=config.block_m,
         elem_bytes=elem_bytes,
     )

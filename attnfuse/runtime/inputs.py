@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from attnfuse.dsl.blocks import Rope
-from attnfuse.dsl.spec import AttentionSpec
 from attnfuse.errors import ArgumentError
 
 SUPPORTED_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -42,8 +40,9 @@ class Problem:
         return 0 in (self.batch, self.heads_q, self.seq_q, self.seq_k)
 
 
-def check_inputs(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
-    """Validates q, k, v against each other and the spec; returns the call's shape facts."""
+def check_inputs(source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
+    """Validates q, k, v against each other and the variant (a spec, attn IR or a
+    `VariantProgram`); returns the call's shape facts."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -81,9 +80,12 @@ def check_inputs(spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch
     for name, dim in (("q/k head dim", d), ("v head dim", d_v)):
         if not 1 <= dim <= MAX_HEAD_DIM:
             raise ArgumentError(f"{name} must be in [1, {MAX_HEAD_DIM}], got {dim}")
-    rope = spec.block(Rope)
-    if isinstance(rope, Rope) and rope.rotary_dim is not None and rope.rotary_dim > d:
-        raise ArgumentError(f"rope: rotary_dim {rope.rotary_dim} exceeds the head dim {d}")
-    if isinstance(rope, Rope) and rope.rotary_dim is None and d % 2:
+    from attnfuse.runtime.program import as_program
+
+    program = as_program(source).canonical((False, False))
+    rotary_dim = program.rotary_dim
+    if rotary_dim is not None and rotary_dim > d:
+        raise ArgumentError(f"rope: rotary_dim {rotary_dim} exceeds the head dim {d}")
+    if program.rope is not None and rotary_dim is None and d % 2:
         raise ArgumentError(f"rope: the head dim {d} is odd; give an even rotary_dim")
     return Problem(b, h_q, h_kv, n_q, n_k, d, d_v, q.dtype, q.device)

@@ -15,7 +15,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from attnfuse.dialects.tile import TENSOR_AXES
+from attnfuse.dialects.tile import role_axes
 from attnfuse.dsl.blocks import Llama3Scaling
 from attnfuse.errors import ArgumentError
 from attnfuse.lowering.triton import KernelInfo
@@ -219,7 +219,7 @@ def prepare(compiled: CompiledProgram, problem: Problem, sm_scale: float) -> lis
             rows, num_heads = problem.seq_k, problem.heads_kv
         grid = launch_grid(rows, info.block_m, problem.batch * num_heads)
         scalars = (sm_scale, problem.seq_q, problem.seq_k, num_heads, problem.group_size)
-        strided = tuple(bool(TENSOR_AXES[role]) for role in info.roles)
+        strided = tuple(bool(role_axes(role)) for role in info.roles)
         launches.append(KernelLaunch(info, compiled.function(info.name), grid, scalars, strided,
                                      [info.num_stages]))
     return launches

@@ -1,8 +1,15 @@
-"""A plain-PyTorch reference, written from DESIGN.md's semantics and nothing else.
+"""The reference: an interpreter of the attn dialect in plain PyTorch.
 
-It shares no code with the compiler: it materializes the whole score matrix in float64 (by
-default) and applies each block as the brief defines it. Tests compare the generated kernels
-against it; it is also the readable statement of what each block means.
+It evaluates a variant's attn program op by op on whole tensors: the score matrix is
+materialized in float64 (by default), and each op applies its meaning as its block defines it
+(`evaluate` of the op's interface, in the block's file under `attnfuse/blocks/`; the core ops,
+rotation, scores and value product, are here). It shares nothing with the kernels' lowering:
+no tiles, no online softmax, no block lists. Tests compare the generated kernels against it,
+for DSL variants and for hand-written attn IR alike.
+
+Values of the interpreter: operands are `[B, Hq, N, D]` tensors (key and value heads repeated
+over their GQA group), scores are (scores, keep) pairs, `keep` the bool mask of entries no
+filter dropped (a dropped entry is a mark, whatever a modifier does to its score).
 """
 
 from __future__ import annotations
@@ -11,18 +18,16 @@ import math
 
 import torch
 
-from attnfuse.dsl.blocks import (
-    AdditiveBias,
-    Alibi,
-    BlockSparse,
-    Causal,
-    Llama3Scaling,
-    Relu,
-    Rope,
-    ScaledDotProduct,
-    SlidingWindow,
-)
-from attnfuse.dsl.spec import AttentionSpec
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.ir import Operation, SSAValue
+
+from attnfuse.dialects import attn
+from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
+from attnfuse.dsl.blocks import Llama3Scaling, Rope
+from attnfuse.errors import ArgumentError
+from attnfuse.runtime.program import as_program
 
 
 def rope_inverse_frequencies(
@@ -49,21 +54,6 @@ def rope_inverse_frequencies(
     return freq.to(torch.float32)
 
 
-def default_alibi_slopes(heads: int) -> list[float]:
-    """The ALiBi paper's slopes for `heads` heads (its rule for non-powers of two included)."""
-
-    def geometric(n: int) -> list[float]:
-        first = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
-        return [first * first**i for i in range(n)]
-
-    if heads == 0:
-        return []
-    if math.log2(heads).is_integer():
-        return geometric(heads)
-    closest = 2 ** math.floor(math.log2(heads))
-    return geometric(closest) + default_alibi_slopes(2 * closest)[0::2][: heads - closest]
-
-
 def rotate(x: torch.Tensor, positions: torch.Tensor, block: Rope) -> torch.Tensor:
     """`R(pos) x` over the last dim of `x [B, H, N, D]`, in the dtype of `x` (fp64 here);
     `positions` is `[N]` or per batch `[B, N]`."""
@@ -88,30 +78,107 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, block: Rope) -> torch.Tenso
     return out
 
 
+@dataclass
+class Evaluation:
+    """What the ops' `evaluate` methods see of a call: its shapes, the default positions
+    (query `i + Nk - Nq`, key `j`), the call-time data by name (`bias`, `block_layout`) and
+    the dtype and device the reference computes in."""
+
+    batch: int
+    heads_q: int
+    seq_q: int
+    seq_k: int
+    dtype: torch.dtype
+    device: torch.device | str
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def q_pos(self) -> torch.Tensor:
+        return (torch.arange(self.seq_q) + (self.seq_k - self.seq_q)).to(self.device)
+
+    @property
+    def k_pos(self) -> torch.Tensor:
+        return torch.arange(self.seq_k).to(self.device)
+
+
+def rope_block(op: attn.RopeOp) -> Rope:
+    """The rotation an `attn.rope` op applies, as the DSL block that says the same."""
+    theta, rotary_dim, interleaved, scaling = op.rope_key
+    return Rope(theta, rotary_dim, interleaved, None if scaling is None else Llama3Scaling(*scaling))
+
+
+def evaluate_variant(variant: attn.VariantOp, inputs: dict[str, Any], env: Evaluation) -> tuple[Any, Any]:
+    """Runs a variant's program on `inputs` (q, k, v and the call-time position tensors);
+    returns the output and the log-sum-exp (None for normalizers without one)."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    group = q.shape[1] // k.shape[1]
+    values: dict[SSAValue, Any] = {
+        variant.query: q,
+        variant.key: k.repeat_interleave(group, dim=1),
+        variant.value: v.repeat_interleave(group, dim=1),
+    }
+    for arg in variant.body.block.args[3:]:
+        if isinstance(arg.type, attn.PositionsType):
+            values[arg] = inputs.get(f"{arg.type.role.data[0]}_positions")
+    lse = None
+    for op in variant.body.block.ops:
+        if isinstance(op, attn.YieldOp):
+            return values[op.output], lse
+        result, op_lse = evaluate_op(op, values, env)
+        if op_lse is not None:
+            lse = op_lse
+        values[op.results[0]] = result
+    raise AssertionError("a verified variant ends in attn.yield")
+
+
+def evaluate_op(op: Operation, values: dict[SSAValue, Any], env: Evaluation) -> tuple[Any, Any]:
+    """One op's result from its operands' values (and a log-sum-exp, for a normalizer)."""
+    if isinstance(op, attn.RopeOp):
+        default = env.q_pos if isinstance(op.input.type, attn.QueryType) else env.k_pos
+        given = values.get(op.positions) if op.positions is not None else None
+        positions = default if given is None else given.to(env.device)
+        return rotate(values[op.input], positions, rope_block(op)), None
+    if isinstance(op, attn.ScoresOp):
+        q, k = values[op.query], values[op.key]
+        scale = op.scale.value.data if op.scale is not None else 1 / math.sqrt(q.shape[-1])
+        scores = scale * q @ k.transpose(-1, -2)
+        return (scores, torch.ones((), dtype=torch.bool, device=scores.device)), None
+    if isinstance(op, attn.PVOp):
+        return values[op.probs] @ values[op.value], None
+    if (modifier := op.get_trait(ScoreModifier)) is not None:
+        scores, keep = values[op.operands[0]]
+        return (modifier.evaluate(op, scores, env), keep), None
+    if (key_filter := op.get_trait(KeyFilter)) is not None:
+        scores, keep = values[op.operands[0]]
+        return (scores, keep & key_filter.evaluate(op, env).to(scores.device)), None
+    if (normalizer := op.get_trait(Normalizer)) is not None:
+        scores, keep = values[op.operands[0]]
+        keep = keep.expand(scores.shape)
+        return normalizer.evaluate(op, scores, keep, env)
+    raise ArgumentError(f"the reference cannot evaluate {op.name}")
+
+
 def keep_mask(
-    spec: AttentionSpec, n_q: int, n_k: int, block_layout: torch.Tensor | None = None
+    source: object, n_q: int, n_k: int, block_layout: torch.Tensor | None = None
 ) -> torch.Tensor:
     """`[Nq, Nk]` (or `[Hq, Nq, Nk]` for a per-head layout) bool: key j kept for query i by
-    every mask of the spec."""
-    q_pos = torch.arange(n_q)[:, None] + (n_k - n_q)
-    k_pos = torch.arange(n_k)[None, :]
+    every filter of the variant (a spec or attn IR)."""
+    variant = as_program(source).canonical((False, False))
+    env = Evaluation(1, 1, n_q, n_k, torch.float64, "cpu", {} if block_layout is None else {"block_layout": block_layout})
     keep = torch.ones(n_q, n_k, dtype=torch.bool)
-    if spec.block(Causal) is not None:
-        keep &= k_pos <= q_pos
-    window = spec.block(SlidingWindow)
-    if isinstance(window, SlidingWindow):
-        keep &= (q_pos - k_pos).abs() < window.window
-    sparse = spec.block(BlockSparse)
-    if isinstance(sparse, BlockSparse) and block_layout is not None:
-        rows = torch.arange(n_q) // sparse.block_size
-        cols = torch.arange(n_k) // sparse.block_size
-        layout = block_layout.cpu()
-        keep = keep & layout[..., rows, :][..., cols]
+    for op in variant.chain:
+        trait = op.get_trait(KeyFilter)
+        if trait is not None:
+            keep = keep & trait.evaluate(op, env)
+    while keep.dim() > 2 and keep.shape[0] == 1 and (block_layout is None or block_layout.dim() == 2):
+        keep = keep[0]
+    if keep.dim() == 4:
+        keep = keep[0]
     return keep
 
 
 def reference_attention(
-    spec: AttentionSpec,
+    source: object,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -126,55 +193,32 @@ def reference_attention(
     differentiable: bool = False,
 ):
     """The variant's output (and log-sum-exp) computed naively in `dtype` on `device`
-    (float64 on the CPU by default: slow and plainly right). With `differentiable`, the
-    result stays in the autograd graph of q, k, v and bias (see `reference_gradients`)."""
+    (float64 on the CPU by default: slow and plainly right), by interpreting its attn
+    program (`source`: a spec, attn IR text or module). With `differentiable`, the result
+    stays in the autograd graph of q, k, v and bias (see `reference_gradients`)."""
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         return (t if differentiable else t.detach()).to(device, dtype)
 
+    program = as_program(source)
+    explicit = (q_positions is not None, k_positions is not None)
+    fixed = program.explicit_positions_of()
+    module = program.module(explicit if fixed is None else fixed)
+    variant = next(op for op in module.ops if isinstance(op, attn.VariantOp))
     q, k, v = (convert(t) for t in (q, k, v))
-    b, h_q, n_q, d = q.shape
-    h_kv, n_k = k.shape[1], k.shape[2]
-    group = h_q // h_kv
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    rope = spec.block(Rope)
-    if isinstance(rope, Rope):
-        # RoPE positions: given per call ([N] or [B, N]), else the default ones.
-        q_at = torch.arange(n_q) + (n_k - n_q) if q_positions is None else q_positions.cpu()
-        k_at = torch.arange(n_k) if k_positions is None else k_positions.cpu()
-        q = rotate(q, q_at.to(device), rope)
-        k = rotate(k, k_at.to(device), rope)
-    sdp = spec.block(ScaledDotProduct)
-    scale = sdp.scale if isinstance(sdp, ScaledDotProduct) and sdp.scale is not None else 1 / math.sqrt(d)
-    scores = scale * q @ k.transpose(-1, -2)
-    alibi = spec.block(Alibi)
-    if isinstance(alibi, Alibi):
-        slopes = alibi.slopes if alibi.slopes is not None else default_alibi_slopes(h_q)
-        slope = torch.tensor(slopes, dtype=dtype, device=device)[None, :, None, None]
-        distance = (torch.arange(n_k)[None, :] - (torch.arange(n_q)[:, None] + (n_k - n_q)))
-        scores = scores + slope * distance.to(device, dtype)
-    if spec.block(AdditiveBias) is not None and bias is not None:
-        scores = scores + convert(bias)
-    keep = keep_mask(spec, n_q, n_k, block_layout).to(device)
-    if keep.dim() == 3:
-        keep = keep[None]
-    scores = scores.masked_fill(~keep, float("-inf"))
-    if spec.block(Relu) is not None:
-        probs = torch.where(keep, torch.relu(scores) / n_k, torch.zeros((), dtype=dtype, device=device))
-        return probs @ v
-    # Rows with no kept key output 0 and have lse -inf by definition, as do rows whose every
-    # kept score is -inf (a bias of -inf drops a key like a mask). Their scores are replaced by
-    # 0 before the softmax so that neither exp(-inf - -inf) nor its gradient is NaN. NaN and
-    # +inf scores are not special: they propagate as in any softmax.
-    empty = torch.isneginf(torch.logsumexp(scores.detach(), dim=-1))
-    scores = scores.masked_fill(empty[..., None], 0.0)
-    lse = torch.logsumexp(scores, dim=-1)
-    weighted = keep & ~empty[..., None]
-    probs = torch.where(weighted, torch.exp(scores - lse[..., None]), torch.zeros((), dtype=dtype, device=device))
-    lse = lse.masked_fill(empty, float("-inf"))
-    out = probs @ v
+    b, h_q, n_q, _d = q.shape
+    n_k = k.shape[2]
+    tensors: dict[str, torch.Tensor] = {}
+    if bias is not None:
+        tensors["bias"] = convert(bias)
+    if block_layout is not None:
+        tensors["block_layout"] = block_layout
+    env = Evaluation(b, h_q, n_q, n_k, dtype, device, tensors)
+    inputs = {"q": q, "k": k, "v": v, "q_positions": q_positions, "k_positions": k_positions}
+    out, lse = evaluate_variant(variant, inputs, env)
     if return_lse:
+        if lse is None:
+            raise ArgumentError("return_lse=True needs a normalizer with a log-sum-exp (softmax)")
         return out, (lse if differentiable else lse.to(torch.float32))
     return out
 

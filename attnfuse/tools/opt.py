@@ -30,8 +30,7 @@ from xdsl.utils.exceptions import (
 from xdsl.utils.lexer import Input, Span
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from attnfuse.dialects.attn import Attn
-from attnfuse.dialects.tile import Tile
+from attnfuse.dialects import dialects
 from attnfuse.errors import AttnFuseError, PassOptionError
 from attnfuse.transforms import PASSES
 
@@ -59,7 +58,7 @@ class AttnFuseOptMain(xDSLOptMain):
         super().__init__(description="AttnFuse modular optimizer driver", args=args)
 
     def register_all_dialects(self) -> None:
-        for dialect in (Builtin, Attn, Tile):
+        for dialect in dialects():
             self.ctx.register_dialect(dialect.name, lambda d=dialect: d)
 
     def register_all_passes(self) -> None:

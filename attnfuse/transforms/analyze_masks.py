@@ -25,7 +25,8 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from attnfuse.dialects.attn import BandAttr, MaskOp, intersect_bands
+from attnfuse.blocks.masks import MaskOp
+from attnfuse.dialects.attn import BandAttr, intersect_bands
 
 
 def mask_band(op: MaskOp) -> BandAttr:

@@ -1,16 +1,19 @@
 """`canonicalize-attn`: bring an attention program to its one canonical form.
 
 Variants that mean the same thing must become the same IR, because the canonical IR is what
-the rest of the pipeline (and the kernel cache) sees. The rewrites:
+the rest of the pipeline (and the kernel cache) sees. The pass asks the ops, never a table of
+its own:
 
-- score modifications (`attn.alibi`, then `attn.add_bias`) move before masks
-  (`attn.mask`, then `attn.block_sparse`): a dropped key stays dropped whatever is added to
-  it, so the order never changes the result, and one order makes equal variants equal IR;
-- adjacent masks merge into one mask whose predicate list is their union;
-- a mask's predicates are sorted and deduplicated, and windows intersect to the narrowest;
-- a mask with no predicates (the DSL's `full()`) keeps every key and is dropped.
-
-A merged mask loses any `band` annotation: `analyze-masks` recomputes it.
+- an op whose result nothing reads is erased (it is not part of the computation: an unused
+  `attn.alibi` must not put ALiBi into any kernel);
+- two adjacent score ops out of their canonical order (`ScoreModifier.rank` /
+  `KeyFilter.rank`: additive modifiers, then filters) are swapped, but only when the first
+  says it commutes with the second (`commutes_with`): ALiBi and a bias commute, a soft-cap
+  commutes with neither, every filter commutes with every modifier (a dropped key stays
+  dropped whatever is added to it);
+- every op's own canonicalization patterns (xDSL's `HasCanonicalizationPatternsTrait`) run
+  too: `attn.mask` merges adjacent masks, sorts and deduplicates predicates, intersects
+  windows and drops an empty mask.
 """
 
 from __future__ import annotations
@@ -18,54 +21,67 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.passes import ModulePass
-from xdsl.rewriter import InsertPoint
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
     PatternRewriteWalker,
     RewritePattern,
-    op_type_rewrite_pattern,
 )
+from xdsl.rewriter import InsertPoint
+from xdsl.traits import HasCanonicalizationPatternsTrait
 
-from attnfuse.dialects.attn import (
-    AddBiasOp,
-    AlibiOp,
-    BlockSparseOp,
-    MaskOp,
-    MaskPredicate,
-    WindowAttr,
-)
-
-SCORE_CHAIN_ORDER: dict[type[Operation], int] = {AlibiOp: 0, AddBiasOp: 1, MaskOp: 2, BlockSparseOp: 3}
-"""Canonical order of the ops between `attn.scores` and the normalizer."""
+from attnfuse.dialects.attn import VariantOp, YieldOp, is_score_op
+from attnfuse.dialects.interfaces import KeyFilter, ScoreModifier
 
 
-def canonical_predicates(predicates: list[MaskPredicate]) -> list[MaskPredicate]:
-    """Sorted, deduplicated predicates, with all windows intersected into the narrowest."""
-    windows = [p for p in predicates if isinstance(p, WindowAttr)]
-    others = {str(p): p for p in predicates if not isinstance(p, WindowAttr)}
-    merged = list(others.values())
-    if windows:
-        merged.append(min(windows, key=lambda w: w.size.data))
-    return sorted(merged, key=str)
+def canonical_rank(op: Operation) -> int | None:
+    """Where a score op sorts among the ops it commutes with, or None for other ops."""
+    trait = op.get_trait(ScoreModifier) or op.get_trait(KeyFilter)
+    return None if trait is None else trait.rank
 
 
-class OrderScoreChain(RewritePattern):
-    """`y(x(s))` -> `x(y(s))` for two score ops out of canonical order (`SCORE_CHAIN_ORDER`),
-    when `x`'s result feeds only `y`."""
+def commute(first: Operation, second: Operation) -> bool:
+    """Whether `first` then `second` may be swapped: both must say so, since each op knows
+    only its own algebra (a filter commutes with every modifier; a modifier knows which
+    modifiers it commutes with)."""
+    def says(a: Operation, b: Operation) -> bool:
+        modifier = a.get_trait(ScoreModifier)
+        if modifier is not None:
+            return modifier.commutes_with(a, b)
+        return a.has_trait(KeyFilter) and (b.has_trait(ScoreModifier) or b.has_trait(KeyFilter))
+
+    return says(first, second) and says(second, first)
+
+
+class EraseUnusedOp(RewritePattern):
+    """Erases an attn op inside a variant whose results nothing reads."""
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        rank = SCORE_CHAIN_ORDER.get(type(op))
-        if rank is None:
+        if isinstance(op, (VariantOp, YieldOp)) or not op.results:
+            return
+        if not isinstance(op.parent_op(), VariantOp):
+            return
+        if any(result.uses for result in op.results):
+            return
+        rewriter.erase(op)
+
+
+class OrderScoreOps(RewritePattern):
+    """`y(x(s))` -> `x(y(s))` for two score ops out of canonical order that commute, when
+    `x`'s result feeds only `y`."""
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if not is_score_op(op):
             return
         inner = op.operands[0].owner
-        inner_rank = SCORE_CHAIN_ORDER.get(type(inner))
-        if not isinstance(inner, Operation) or inner_rank is None or inner_rank <= rank:
+        if not isinstance(inner, Operation) or not is_score_op(inner):
             return
-        if not inner.results[0].has_one_use():
+        rank, inner_rank = canonical_rank(op), canonical_rank(inner)
+        assert rank is not None and inner_rank is not None
+        if inner_rank <= rank or not inner.results[0].has_one_use() or not commute(inner, op):
             return
         # Rebuild the pair swapped: op reads the inner op's input, the inner op reads op.
         moved_up = op.clone()
@@ -77,43 +93,15 @@ class OrderScoreChain(RewritePattern):
         rewriter.erase(inner)
 
 
-class MergeAdjacentMasks(RewritePattern):
-    """`mask(mask(s, A), B)` -> `mask(s, A + B)` when the inner mask has no other use."""
-
-    @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: MaskOp, rewriter: PatternRewriter) -> None:
-        inner = op.input.owner
-        if not isinstance(inner, MaskOp) or not inner.result.has_one_use():
-            return
-        # Intersecting two masks is concatenating their predicates; the sort pattern then
-        # orders and deduplicates them.
-        merged = MaskOp(inner.input, inner.predicate_list + op.predicate_list)
-        rewriter.replace(op, merged)
-        rewriter.erase(inner)
-
-
-class SortMaskPredicates(RewritePattern):
-    """Puts a mask's predicates in canonical order, without duplicates or redundant windows."""
-
-    @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: MaskOp, rewriter: PatternRewriter) -> None:
-        current = op.predicate_list
-        canonical = canonical_predicates(current)
-        if canonical == current:
-            return
-        op.properties["predicates"] = ArrayAttr(canonical)
-        op.properties.pop("band", None)
-        rewriter.handle_operation_modification(op)
-
-
-class DropEmptyMask(RewritePattern):
-    """A mask with no predicates keeps every key: its scores are its input's."""
-
-    @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: MaskOp, rewriter: PatternRewriter) -> None:
-        if op.predicate_list:
-            return
-        rewriter.replace(op, [], [op.input])
+def op_patterns(ctx: Context) -> list[RewritePattern]:
+    """The canonicalization patterns the attn dialect's ops declare."""
+    dialect = ctx.get_optional_dialect("attn")
+    patterns: list[RewritePattern] = []
+    for op_type in dialect.operations if dialect is not None else ():
+        trait = op_type.get_trait(HasCanonicalizationPatternsTrait)
+        if trait is not None:
+            patterns += trait.get_patterns(op_type)
+    return patterns
 
 
 @dataclass(frozen=True)
@@ -125,8 +113,9 @@ class CanonicalizeAttnPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(
             GreedyRewritePatternApplier(
-                [OrderScoreChain(), MergeAdjacentMasks(), SortMaskPredicates(), DropEmptyMask()],
-                # attn ops are Pure: DCE would also erase ops a test deliberately left unused.
+                [EraseUnusedOp(), OrderScoreOps(), *op_patterns(ctx)],
+                # The pattern above erases only attn ops; xDSL's DCE would also erase unused
+                # ops of any other dialect in the module.
                 dce_enabled=False,
             )
         ).rewrite_module(op)

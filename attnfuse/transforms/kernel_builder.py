@@ -8,11 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xdsl.builder import Builder
+from xdsl.dialects import arith
 from xdsl.dialects.builtin import f32
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn, tile
+from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
 
 
 @dataclass(frozen=True)
@@ -29,19 +31,21 @@ class Rotation:
 
 @dataclass(frozen=True)
 class VariantFacts:
-    """Everything the kernels need from an `attn.variant`, read off its ops."""
+    """What the kernels' structure needs from an `attn.variant`, read off its ops; the score
+    arithmetic itself is left to the ops (`modifiers`, `normalizer`), which lower themselves."""
 
     query_rotation: Rotation | None
     key_rotation: Rotation | None
     band: attn.BandAttr
     scale: float | None
     """The static score scale, or None for the kernel's `sm_scale` argument (1/sqrt(D))."""
-    alibi: bool = False
-    bias: bool = False
+    modifiers: tuple[Operation, ...]
+    """The score modifiers on the path from the scores to the normalizer, in program order."""
+    normalizer: Operation
+    data_roles: dict[tuple[Operation, str], str]
+    """The kernel argument (role) bound to each (op, data kind) the modifiers read."""
     sparse_block_size: int | None = None
     """The block-sparse layout's block size, when the variant has one."""
-    normalizer: str = "softmax"
-    """softmax or relu."""
     exact_scores: bool = False
     """q and k are read widened to fp32 (and rotated in registers), so that their scores are
     products of the unrounded operands (to about 2^-16 |q| |k| in bf16) rather than of
@@ -54,6 +58,48 @@ class VariantFacts:
     @property
     def any_fused(self) -> bool:
         return any(r is not None and r.fused for r in (self.query_rotation, self.key_rotation))
+
+    @property
+    def normalizer_semantics(self) -> Normalizer:
+        trait = self.normalizer.get_trait(Normalizer)
+        assert trait is not None
+        return trait
+
+    @property
+    def has_lse(self) -> bool:
+        """Whether the normalizer has a log-sum-exp (and the backward a `delta`)."""
+        return self.normalizer_semantics.has_lse
+
+    def data_arguments(self) -> list[str]:
+        """The modifiers' data roles, in order, each once."""
+        return list(dict.fromkeys(self.data_roles.values()))
+
+    def data_gradient_roles(self) -> list[str]:
+        """The gradient roles (`dbias`) the modifiers' data have, each once."""
+        return ["dbias"] if "bias" in self.data_roles.values() else []
+
+
+def assign_data_roles(ops: Sequence[Operation]) -> dict[tuple[Operation, str], str]:
+    """The kernel argument each (op, data kind) is bound to: uses with equal keys share one
+    argument (two default-slope ALiBis read one slopes tensor); the first argument of a kind
+    is named after it, the next `kind_1`, `kind_2`, ... (`tile.INDEXED_ROLES`)."""
+    roles: dict[tuple[Operation, str], str] = {}
+    by_key: dict[tuple[str, object], str] = {}
+    count: dict[str, int] = {}
+    for op in ops:
+        trait = op.get_trait(ScoreModifier) or op.get_trait(KeyFilter)
+        assert trait is not None
+        for use in trait.data(op):
+            if use.kind not in tile.TENSOR_AXES:
+                continue  # data the runtime turns into other tensors (a block layout's lists)
+            shared = by_key.get((use.kind, use.key))
+            if shared is None:
+                n = count.get(use.kind, 0)
+                shared = use.kind if n == 0 else f"{use.kind}_{n}"
+                count[use.kind] = n + 1
+                by_key[(use.kind, use.key)] = shared
+            roles[(op, use.kind)] = shared
+    return roles
 
 
 @dataclass(frozen=True)
@@ -125,8 +171,10 @@ class KernelBuilder:
     """Builds one `tile.kernel`, naming values so that the emitted code reads well."""
 
     def __init__(self, name: str, roles: Sequence[str], grid: str, config: KernelConfig,
-                 rotary_dim: int | None):
+                 rotary_dim: int | None,
+                 data_roles: dict[tuple[Operation, str], str] | None = None):
         self.config = config
+        self.data_roles = data_roles or {}
         self.elem = tile.ELEMENT_TYPES[config.element_type]
         self.kernel = tile.KernelOp(
             name, roles, grid=grid, element_type=self.elem,
@@ -142,6 +190,31 @@ class KernelBuilder:
 
     def arg(self, role: str) -> SSAValue:
         return self.kernel.argument(role)
+
+    def data_arg(self, op: Operation, kind: str) -> SSAValue:
+        """The kernel argument bound to `op`'s call-time data of `kind` (`DataUse`)."""
+        return self.arg(self.data_roles[(op, kind)])
+
+    def writes(self, role: str) -> bool:
+        """Whether the kernel has a tensor parameter of `role`."""
+        return role in self.kernel.roles
+
+    @property
+    def grid(self) -> str:
+        """The kernel's launch grid (`tile.GRIDS`)."""
+        return self.kernel.grid
+
+    def scalar_map(self, inputs: Sequence[SSAValue], name: str,
+                   body: Callable[[Builder, Sequence[SSAValue]], SSAValue]) -> SSAValue:
+        """A `tile.map` over `inputs` whose body `body(builder, args)` builds from the f32
+        block arguments (with arith/math ops) and returns the entry's value."""
+        shape = next(v.type for v in inputs if isinstance(v.type, tile.TileType))
+        block = Block(arg_types=[f32] * len(inputs))
+        value = body(Builder(InsertPoint.at_end(block)), block.args)
+        Builder(InsertPoint.at_end(block)).insert(tile.MapYieldOp(value))
+        assert isinstance(shape, tile.TileType)
+        result_type = tile.TileType(shape.shape, f32)
+        return self.add(tile.MapOp(inputs, Region(block), result_type), name).results[0]
 
     def add(self, op: Operation, *names: str) -> Operation:
         self.builder.insert(op)
@@ -167,6 +240,52 @@ class KernelBuilder:
 PART_SUFFIX = {"all": "", "half_lo": "_lo", "half_hi": "_hi", "even": "_even", "odd": "_odd", "pass": "_pass"}
 
 
+
+
+ChainInputs = list[tuple[Operation, SSAValue]]
+"""Each modifier of a score chain with the scores it read: what the backward's VJPs need."""
+
+
+def lower_score_chain(
+    k: KernelBuilder, facts: VariantFacts, scores: SSAValue, masked: bool
+) -> tuple[SSAValue, ChainInputs]:
+    """Applies the variant's score modifiers to a block of scores, each lowered by its op in
+    program order (an op that appears twice is applied twice), then, in a partial block, the
+    mask: filters commute with every modifier (a dropped entry stays dropped), so they are
+    applied last, where -inf cannot be turned back into a finite score (as soft-capping
+    would). Returns the final scores and each modifier's input."""
+    inputs: ChainInputs = []
+    for op in facts.modifiers:
+        inputs.append((op, scores))
+        trait = op.get_trait(ScoreModifier)
+        assert trait is not None
+        scores = trait.lower(op, k, scores)
+    if masked:
+        scores = k.add(tile.MaskOp(scores, facts.band), "scores").results[0]
+    return scores, inputs
+
+
+def lower_chain_vjp(k: KernelBuilder, inputs: ChainInputs, grad: SSAValue) -> SSAValue:
+    """The gradient of the raw scores from that of the final ones: each modifier's VJP in
+    reverse program order. The call-time data gradients the modifiers give (`dbias`) are
+    summed per role and stored where the kernel writes that role."""
+    data_grads: dict[str, list[SSAValue]] = {}
+    for op, scores_in in reversed(inputs):
+        trait = op.get_trait(ScoreModifier)
+        assert trait is not None
+        for role, value in trait.data_gradient(op, k, grad):
+            data_grads.setdefault(role, []).append(value)
+        grad = trait.vjp(op, k, scores_in, grad)
+    for role, values in data_grads.items():
+        if not k.writes(role):
+            continue
+        total = values[0]
+        for value in values[1:]:
+            total = k.scalar_map([total, value], f"grad_{role}",
+                                 lambda b, args: b.insert(arith.AddfOp(*args)).result)
+        # s = scale * q.k + ...: the gradient of data added to the scores is dS itself.
+        k.builder.insert(tile.StoreScoresOp(total, k.arg(role)))
+    return grad
 
 
 Body = Callable[[Block, bool], None]

@@ -43,12 +43,15 @@ from xdsl.ir import Block, SSAValue
 from attnfuse.dialects import tile
 from attnfuse.transforms.kernel_builder import (
     PART_SUFFIX,
+    ChainInputs,
     KernelBuilder,
     KernelConfig,
     Rotation,
     VariantFacts,
     build_band_loops,
     column_parts,
+    lower_chain_vjp,
+    lower_score_chain,
 )
 
 
@@ -72,18 +75,15 @@ def _rotation_roles(facts: VariantFacts) -> list[str]:
     return roles
 
 
-def _score_data_roles(facts: VariantFacts) -> list[str]:
-    roles = ["slopes"] if facts.alibi else []
-    return roles + (["bias"] if facts.bias else [])
-
-
 def needs_exact_scores(facts: VariantFacts, element_type: str) -> bool:
-    """Whether the backward must form scores from unrounded rotated q and k: ReLU attention
-    with RoPE (on either operand) in f16/bf16. relu's derivative jumps at s = 0, so rounding
-    a rotated operand to the element type moves scores near 0 across the jump and flips
-    their gradient (bf16 gradients then missed the reference by ~4e-2 on the H200). Softmax
-    is smooth, and without RoPE the operands are the inputs themselves, already exact."""
-    return facts.normalizer == "relu" and facts.rotation is not None and element_type != "f32"
+    """Whether the backward must form scores from unrounded rotated q and k: a normalizer
+    whose derivative jumps (`Normalizer.smooth` false: ReLU attention) with RoPE (on either
+    operand) in f16/bf16. relu's derivative jumps at s = 0, so rounding a rotated operand to
+    the element type moves scores near 0 across the jump and flips their gradient (bf16
+    gradients then missed the reference by ~4e-2 on the H200). Smooth normalizers do not
+    care, and without RoPE the operands are the inputs themselves, already exact."""
+    smooth = facts.normalizer_semantics.smooth
+    return not smooth and facts.rotation is not None and element_type != "f32"
 
 
 def _gradient_kernel_roles(
@@ -95,10 +95,10 @@ def _gradient_kernel_roles(
     rotations and score modifications read (and `dbias` with `bias_grad`), then the
     block-sparse lists it walks (`list_suffix` "_q": lists of query blocks)."""
     q_source, k_source = _sources(facts)
-    stats = ["lse", "delta"] if facts.normalizer == "softmax" else []
+    stats = ["lse", "delta"] if facts.has_lse else []
     grad_out = ["do", "o"] if computes_delta else ["do"]
     roles = [q_source, k_source, "v", *grad_out, *stats, *gradients, *_rotation_roles(facts),
-             *_score_data_roles(facts), *(["dbias"] if bias_grad else [])]
+             *facts.data_arguments(), *(facts.data_gradient_roles() if bias_grad else [])]
     if facts.sparse_block_size is not None:
         roles += [f"{kind}{list_suffix}_{what}" for kind in ("full", "partial") for what in ("blocks", "count")]
     return roles
@@ -170,17 +170,6 @@ def _load_rotated(
     return values
 
 
-def _score_chain(k: KernelBuilder, facts: VariantFacts, scores: SSAValue, masked: bool) -> SSAValue:
-    """The forward's score modifications and mask, in the same order."""
-    if facts.alibi:
-        scores = k.add(tile.AlibiOp(scores, k.arg("slopes")), "scores").results[0]
-    if facts.bias:
-        scores = k.add(tile.AddBiasOp(scores, k.arg("bias")), "scores").results[0]
-    if masked:
-        scores = k.add(tile.MaskOp(scores, facts.band), "scores").results[0]
-    return scores
-
-
 def _store_gradient(
     k: KernelBuilder,
     operand: str,
@@ -223,33 +212,30 @@ def _grad_scores(
     k: KernelBuilder,
     facts: VariantFacts,
     scores: SSAValue,
+    inputs: ChainInputs,
     lse: SSAValue | None,
     delta: SSAValue | None,
     grad_probs_of: tuple[SSAValue, SSAValue],
 ) -> tuple[SSAValue, SSAValue]:
-    """(probabilities, score gradient) of one block; `grad_probs_of` are the operands of
-    `dP = a @ b^T` in the kernel's orientation."""
-    if facts.normalizer == "softmax":
-        assert lse is not None and delta is not None
-        probs = k.add(tile.RecomputeProbsOp(scores, lse), "probs").results[0]
-    else:
-        probs = k.add(tile.ReluProbsOp(scores), "probs").results[0]
+    """(probabilities, gradient of the raw scores) of one block, from its final scores and
+    each modifier's input (`lower_score_chain`): the normalizer's score gradient, then the
+    modifiers' VJPs in reverse. `grad_probs_of` are the operands of `dP = a @ b^T` in the
+    kernel's orientation."""
+    normalizer, norm = facts.normalizer, facts.normalizer_semantics
+    probs = norm.probs(normalizer, k, scores, lse)
     grad_probs = k.add(tile.DotTransposedOp(*grad_probs_of), "grad_probs").results[0]
-    if facts.normalizer == "softmax":
-        grad = tile.SoftmaxGradOp(probs, grad_probs, delta)
-    else:
-        grad = tile.ReluGradOp(scores, grad_probs)
-    return probs, k.add(grad, "grad_scores").results[0]
+    grad = norm.grad_scores(normalizer, k, scores, probs, grad_probs, delta)
+    return probs, lower_chain_vjp(k, inputs, grad)
 
 
 def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
     """dK and dV: programs own key blocks and walk query blocks (see the module docstring)."""
     q_source, k_source = _sources(facts)
-    softmax = facts.normalizer == "softmax"
+    softmax = facts.has_lse
     roles = _gradient_kernel_roles(facts, ["dk", "dv"], "_q")
     rotation = facts.rotation
     k = KernelBuilder("attention_bwd_dkdv", roles, "key_blocks", config,
-                      rotation.rotary_dim if rotation else None)
+                      rotation.rotary_dim if rotation else None, facts.data_roles)
     parts = _parts(facts, config)
     # Program rows are keys: load them (and their values) once.
     key_parts = _load_rotated(k, "k", k_source, "program", parts, facts.key_rotation, "key",
@@ -270,8 +256,8 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelO
         delta = inner.load("delta", "loop", None, "delta") if softmax else None
         # Transposed scores, key x query: S^T = K Q^T.
         scores = inner.add(tile.ScoresOp(key_parts, query_parts, facts.scale), "scores").results[0]
-        scores = _score_chain(inner, facts, scores, masked)
-        probs, grad_scores = _grad_scores(inner, facts, scores, lse, delta, (value, grad_out))
+        scores, inputs = lower_score_chain(inner, facts, scores, masked)
+        probs, grad_scores = _grad_scores(inner, facts, scores, inputs, lse, delta, (value, grad_out))
         *dk, dv = block.args
         new_dv = inner.add(tile.AccumulateOp(dv, probs, grad_out), "dv").results[0]
         new_dk = [inner.add(tile.AccumulateOp(acc, grad_scores, q), name).results[0]
@@ -291,13 +277,14 @@ def build_dq_kernel(
     `computes_delta` (softmax, no `bias_grad`) the kernel forms and stores its rows' delta
     instead of reading the preprocess's."""
     q_source, k_source = _sources(facts)
-    softmax = facts.normalizer == "softmax"
+    softmax = facts.has_lse
     assert not computes_delta or (softmax and not bias_grad)
     roles = _gradient_kernel_roles(facts, ["dq"], "", bias_grad, computes_delta)
     rotation = facts.rotation
     name = ("attention_bwd_dq_bias" if bias_grad
             else "attention_bwd_dq_delta" if computes_delta else "attention_bwd_dq")
-    k = KernelBuilder(name, roles, "query_blocks", config, rotation.rotary_dim if rotation else None)
+    k = KernelBuilder(name, roles, "query_blocks", config, rotation.rotary_dim if rotation else None,
+                      facts.data_roles)
     parts = _parts(facts, config)
     query_parts = _load_rotated(k, "q", q_source, "program", parts, facts.query_rotation, "query",
                                 facts.exact_scores)
@@ -322,11 +309,9 @@ def build_dq_kernel(
                                   facts.exact_scores)
         value = inner.load("v", "loop", "all", "v")
         scores = inner.add(tile.ScoresOp(query_parts, key_parts, facts.scale), "scores").results[0]
-        scores = _score_chain(inner, facts, scores, masked)
-        _probs, grad_scores = _grad_scores(inner, facts, scores, lse, delta, (grad_out, value))
-        if bias_grad:
-            # s = scale * q.k + bias: the bias gradient is dS itself.
-            inner.builder.insert(tile.StoreScoresOp(grad_scores, k.arg("dbias")))
+        scores, inputs = lower_score_chain(inner, facts, scores, masked)
+        # With `bias_grad` the VJPs also store the bias gradient (the kernel writes dbias).
+        _probs, grad_scores = _grad_scores(inner, facts, scores, inputs, lse, delta, (grad_out, value))
         new_dq = [inner.add(tile.AccumulateOp(acc, grad_scores, key), n).results[0]
                   for acc, key, n in zip(block.args, key_parts, names)]
         inner.builder.insert(tile.YieldOp(new_dq))
@@ -343,11 +328,11 @@ def build_backward_kernels(
     a call runs: `attention_bwd_dq_delta` and then dK/dV, or the preprocess, dK/dV and a dQ
     kernel (`dkdv_config` tunes the dK/dV kernel, `config` the others)."""
     kernels = []
-    if facts.normalizer == "softmax":
+    if facts.has_lse:
         kernels += [build_preprocess_kernel(config),
                     build_dq_kernel(facts, config, bias_grad=False, computes_delta=True)]
     kernels += [build_dkdv_kernel(facts, dkdv_config), build_dq_kernel(facts, config, bias_grad=False)]
-    if facts.bias:
+    if facts.data_gradient_roles():
         kernels.append(build_dq_kernel(facts, config, bias_grad=True))
     return kernels
 

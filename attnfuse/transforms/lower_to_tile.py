@@ -38,14 +38,17 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn, tile
 from attnfuse.errors import IRError, PassOptionError
+from attnfuse.dialects.interfaces import KeyFilter
 from attnfuse.transforms.kernel_builder import (
     PART_SUFFIX,
     KernelBuilder,
     KernelConfig,
     Rotation,
     VariantFacts,
+    assign_data_roles,
     build_band_loops,
     column_parts,
+    lower_score_chain,
 )
 from attnfuse.transforms.lower_backward import backward_facts, build_backward_kernels
 
@@ -59,47 +62,56 @@ def _fail(op: Operation, message: str) -> IRError:
 
 
 def read_variant(variant: attn.VariantOp) -> VariantFacts:
-    """Checks that the variant is ready to lower and collects what the kernels need."""
+    """Checks that the variant is ready to lower and collects what the kernels' structure
+    needs. Only the ops on the path from the scores to the normalizer take part (an op whose
+    result nothing reads computes nothing); each is lowered as often as it appears."""
     rotations: dict[type, Rotation] = {}
+    for op in variant.ops_of(attn.RopeOp):
+        assert isinstance(op, attn.RopeOp)
+        if op.placement is None:
+            raise _fail(op, "rotation has no placement; run place-rope first")
+        theta, dim, interleaved, _scaling = op.rope_key
+        rotations[type(op.input.type)] = Rotation(
+            theta, dim, interleaved, op.placement.data == "fused", op.positions is not None
+        )
+        if op.input != (variant.query if isinstance(op.input.type, attn.QueryType) else variant.key):
+            raise _fail(op, "rotations must apply to the variant's q or k arguments")
+    scores, chain, normalizer = attn.score_chain(variant)
+    for operand, kind in ((scores.query, attn.QueryType), (scores.key, attn.KeyType)):
+        owner = operand.owner
+        if not (isinstance(owner, attn.RopeOp) or operand in (variant.query, variant.key)):
+            raise _fail(scores, "attn.scores must read the variant's q and k or their rotations")
+        if isinstance(owner, attn.RopeOp) and owner.input.type != kind():
+            raise _fail(scores, "attn.scores reads a rotated key as its query or the reverse")
     band = attn.BandAttr(None, None)
-    scale = None
     masks = 0
-    alibi = bias = False
     sparse: int | None = None
-    normalizer = "softmax"
-    for op in variant.body.block.ops:
-        if isinstance(op, attn.ScoresOp) and op.scale is not None:
-            scale = op.scale.value.data
-        elif isinstance(op, attn.RopeOp):
-            if op.placement is None:
-                raise _fail(op, "rotation has no placement; run place-rope first")
-            theta, dim, interleaved, _scaling = op.rope_key
-            rotations[type(op.input.type)] = Rotation(
-                theta, dim, interleaved, op.placement.data == "fused", op.positions is not None
-            )
-            if op.input != (variant.query if isinstance(op.input.type, attn.QueryType) else variant.key):
-                raise _fail(op, "rotations must apply to the variant's q or k arguments")
-        elif isinstance(op, attn.MaskOp):
+    modifiers: list[Operation] = []
+    for op in chain:
+        filter_trait = op.get_trait(KeyFilter)
+        if filter_trait is None:
+            modifiers.append(op)
+            continue
+        op_band = filter_trait.band(op)
+        if op_band is not None:
             masks += 1
-            if op.band is None:
+            recorded = op.properties.get("band")
+            if not isinstance(recorded, attn.BandAttr):
                 raise _fail(op, "mask has no band; run analyze-masks first")
             if masks > 1:
                 raise _fail(op, "more than one mask; run canonicalize-attn first")
-            for predicate in op.predicate_list:
-                if predicate.band() is None:
-                    raise _fail(op, f"cannot lower mask predicate {predicate}: only bands are supported")
-            band = op.band
-        elif isinstance(op, attn.AlibiOp):
-            alibi = True
-        elif isinstance(op, attn.AddBiasOp):
-            bias = True
-        elif isinstance(op, attn.BlockSparseOp):
-            sparse = op.block_size.value.data
-        elif isinstance(op, attn.ReluOp):
-            normalizer = "relu"
+            band = recorded
+        block_size = filter_trait.block_size(op)
+        if block_size is not None:
+            if sparse is not None:
+                raise _fail(op, "more than one block_sparse layout in one variant")
+            sparse = block_size
+        if op_band is None and block_size is None:
+            raise _fail(op, f"cannot lower {op.name}: only band masks and block layouts are supported")
     return VariantFacts(
-        rotations.get(attn.QueryType), rotations.get(attn.KeyType), band, scale,
-        alibi, bias, sparse, normalizer,
+        rotations.get(attn.QueryType), rotations.get(attn.KeyType), band,
+        scores.scale.value.data if scores.scale is not None else None,
+        tuple(modifiers), normalizer, assign_data_roles(modifiers), sparse,
     )
 
 
@@ -138,17 +150,14 @@ def forward_roles(facts: VariantFacts) -> list[str]:
         "v",
         "o",
     ]
-    if facts.normalizer == "softmax":
+    if facts.has_lse:
         roles.append("lse")
     if facts.any_fused:
         roles.append("rope_table")
     for operand, rotation in (("q", q_rot), ("k", k_rot)):
         if rotation is not None and rotation.fused and rotation.given_positions:
             roles.append(f"{operand}_positions")
-    if facts.alibi:
-        roles.append("slopes")
-    if facts.bias:
-        roles.append("bias")
+    roles += facts.data_arguments()
     if facts.sparse_block_size is not None:
         roles += ["full_blocks", "full_count", "partial_blocks", "partial_count"]
     return roles
@@ -164,10 +173,6 @@ def joins_query(facts: VariantFacts, head_dim: int) -> bool:
     return tile.pairs_fill_tiles(q_rot.rotary_dim, head_dim)
 
 
-STATE_NAMES = {"softmax": ("acc", "row_max", "row_sum"), "relu": ("acc",)}
-"""The values each normalizer carries across key blocks."""
-
-
 def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
     """The fused attention forward kernel (see the module docstring)."""
     rotation = facts.rotation
@@ -175,7 +180,7 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
     roles = forward_roles(facts)
     q_source, k_source = roles[0], roles[1]
     k = KernelBuilder("attention_fwd", roles, "query_blocks", config,
-                      rotation.rotary_dim if rotation else None)
+                      rotation.rotary_dim if rotation else None, facts.data_roles)
     # Split q and k into column parts only when some rotation runs in registers.
     parts = column_parts(rotation if facts.any_fused else None, config.head_dim)
     join = joins_query(facts, config.head_dim)
@@ -193,11 +198,9 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
             # The key is rotated outside: its full width pairs with the joined query.
             parts = ["all"]
 
-    names = STATE_NAMES[facts.normalizer]
-    if facts.normalizer == "softmax":
-        state: Sequence[SSAValue] = k.add(tile.SoftmaxInitOp(), *names).results
-    else:
-        state = k.add(tile.ZerosOp(tile.TileType(("m", "dv"), f32)), *names).results
+    normalizer, norm = facts.normalizer, facts.normalizer_semantics
+    names = norm.state_names(normalizer)
+    state: Sequence[SSAValue] = norm.init_state(normalizer, k)
 
     def body(block: Block, masked: bool) -> None:
         inner = k.inside(block)
@@ -208,36 +211,16 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
                                f"k{PART_SUFFIX[parts[0]]}_rot", f"k{PART_SUFFIX[parts[1]]}_rot")
             k_parts[:2] = rotate.results
         scores = inner.add(tile.ScoresOp(q_parts, k_parts, facts.scale), "scores").results[0]
-        # Score modifications come before the mask: a dropped key stays dropped.
-        if facts.alibi:
-            scores = inner.add(tile.AlibiOp(scores, k.arg("slopes")), "scores").results[0]
-        if facts.bias:
-            scores = inner.add(tile.AddBiasOp(scores, k.arg("bias")), "scores").results[0]
-        if masked:
-            scores = inner.add(tile.MaskOp(scores, facts.band), "scores").results[0]
+        scores, _inputs = lower_score_chain(inner, facts, scores, masked)
         v = inner.load("v", "loop", "all", "v")
-        if facts.normalizer == "softmax":
-            acc, row_max, row_sum = block.args
-            update = inner.add(tile.SoftmaxUpdateOp(scores, row_max, row_sum),
-                               "probs", "row_max", "row_sum", "alpha")
-            probs, new_max, new_sum, alpha = update.results
-            new_acc = inner.add(tile.AccumulateOp(acc, probs, v, alpha), "acc").results[0]
-            inner.builder.insert(tile.YieldOp([new_acc, new_max, new_sum]))
-        else:
-            (acc,) = block.args
-            probs = inner.add(tile.ReluProbsOp(scores), "probs").results[0]
-            new_acc = inner.add(tile.AccumulateOp(acc, probs, v), "acc").results[0]
-            inner.builder.insert(tile.YieldOp([new_acc]))
+        inner.builder.insert(tile.YieldOp(norm.step(normalizer, inner, block.args, scores, v)))
 
     state = build_band_loops(k, facts, state, names, body, over="keys")
 
-    if facts.normalizer == "softmax":
-        final = k.add(tile.SoftmaxFinalizeOp(*state), "out", "lse")
-        k.builder.insert(tile.StoreOp(final.results[0], k.arg("o"), "program", "all"))
-        k.builder.insert(tile.StoreOp(final.results[1], k.arg("lse"), "program", None))
-    else:
-        # ReLU weights are already normalized (by 1/Nk): the accumulator is the output.
-        k.builder.insert(tile.StoreOp(state[0], k.arg("o"), "program", "all"))
+    out, lse = norm.finalize(normalizer, k, state)
+    k.builder.insert(tile.StoreOp(out, k.arg("o"), "program", "all"))
+    if lse is not None:
+        k.builder.insert(tile.StoreOp(lse, k.arg("lse"), "program", None))
     return k.finish()
 
 

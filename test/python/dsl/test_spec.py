@@ -137,7 +137,8 @@ def test_spec_blocks_and_lookup():
     r = af.rope()
     spec = af.attention(af.causal(), r)
     assert spec.blocks == (af.causal(), r)
-    from attnfuse.dsl.blocks import Causal, Rope, SlidingWindow
+    from attnfuse.blocks.masks import Causal, SlidingWindow
+    from attnfuse.dsl.blocks import Rope
 
     assert spec.block(Rope) is r
     assert spec.block(Causal) == af.causal()

@@ -35,7 +35,10 @@ from hypothesis import strategies as st
 from test_properties_all_blocks import legal_cases
 
 import attnfuse as af
-from attnfuse.dsl.blocks import AdditiveBias, BlockSparse, Relu, Rope, ScaledDotProduct
+from attnfuse.blocks.additive_bias import AdditiveBias
+from attnfuse.blocks.block_sparse import BlockSparse
+from attnfuse.blocks.relu import Relu
+from attnfuse.dsl.blocks import Rope, ScaledDotProduct
 from attnfuse.runtime.reference import keep_mask, reference_gradients, rotate
 
 pytestmark = [

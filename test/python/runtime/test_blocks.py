@@ -20,7 +20,9 @@ from conftest import (
 )
 
 import attnfuse as af
-from attnfuse.dsl.blocks import AdditiveBias, BlockSparse, Relu
+from attnfuse.blocks.additive_bias import AdditiveBias
+from attnfuse.blocks.block_sparse import BlockSparse
+from attnfuse.blocks.relu import Relu
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.reference import (
     keep_mask,
@@ -93,12 +95,10 @@ PAPER_SLOPE_EXPONENTS = {
 
 @pytest.mark.parametrize("hq", sorted(PAPER_SLOPE_EXPONENTS))
 def test_default_slopes_are_the_papers(hq):
-    from attnfuse.runtime.call_data import default_alibi_slopes as runtime_slopes
-    from attnfuse.runtime.reference import default_alibi_slopes as reference_slopes
+    from attnfuse.blocks.alibi import default_alibi_slopes
 
     expected = [2.0**e for e in PAPER_SLOPE_EXPONENTS[hq]]
-    assert reference_slopes(hq) == pytest.approx(expected, rel=1e-12)
-    assert runtime_slopes(hq) == pytest.approx(expected, rel=1e-12)
+    assert default_alibi_slopes(hq) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("hq, hkv", [(1, 1), (3, 1), (4, 2), (6, 3), (8, 8), (12, 4)])

@@ -87,7 +87,7 @@ def _child(index: int, cache_dir: str, barrier, results) -> None:
         import torch
 
         import attnfuse as af
-        from attnfuse.dsl.blocks import Relu
+        from attnfuse.blocks.relu import Relu
         from attnfuse.runtime import cache, compiler
 
         q, k, v = _inputs()

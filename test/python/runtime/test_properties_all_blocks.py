@@ -28,7 +28,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import attnfuse as af  # noqa: E402
-from attnfuse.dsl.blocks import AdditiveBias, BlockSparse, Relu  # noqa: E402
+from attnfuse.blocks.additive_bias import AdditiveBias  # noqa: E402
+from attnfuse.blocks.block_sparse import BlockSparse  # noqa: E402
+from attnfuse.blocks.relu import Relu  # noqa: E402
 from attnfuse.errors import CompositionError  # noqa: E402
 from attnfuse.runtime.reference import keep_mask  # noqa: E402
 

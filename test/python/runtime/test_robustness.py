@@ -29,7 +29,9 @@ import torch
 from conftest import HAS_CUDA, assert_close_to_reference, make_qkv
 
 import attnfuse as af
-from attnfuse.dsl.blocks import AdditiveBias, BlockSparse, Relu
+from attnfuse.blocks.additive_bias import AdditiveBias
+from attnfuse.blocks.block_sparse import BlockSparse
+from attnfuse.blocks.relu import Relu
 from attnfuse.errors import ArgumentError, AttnFuseError, CompositionError, PassOptionError
 
 CAUSAL = af.attention(af.causal())

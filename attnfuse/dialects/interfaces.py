@@ -1,0 +1,202 @@
+"""The op interfaces of the `attn` dialect: what every pass, the runtime and the reference ask
+of a block's op, so that each block's meaning lives in the block's own file.
+
+An interface is an `OpTrait` with methods (as xDSL's `CallableOpInterface`): an op declares it
+in its `traits`, and a pass asks `op.get_trait(ScoreModifier)` instead of testing the op's
+class. Three roles exist between `attn.scores` and `attn.pv`:
+
+- `ScoreModifier`: maps each score to a new score (`attn.alibi`, `attn.add_bias`,
+  `attn.softcap`). It says what it commutes with (canonicalize-attn reorders only what
+  commutes), how it lowers to tile ops inside a key loop, its vector-Jacobian product (the
+  backward kernels apply it in reverse order), the call-time tensors it reads, and its float64
+  meaning (the reference interpreter).
+- `KeyFilter`: drops keys (`attn.mask`, `attn.block_sparse`). A dropped entry is a *mark*, not
+  a value: it stays dropped whatever a modifier does to it, so filters commute with every
+  modifier, and kernels apply them after the whole modifier chain. A filter contributes to
+  the iteration space (a band, or block lists) rather than to the score arithmetic.
+- `Normalizer`: turns scores into probabilities (`attn.softmax`, `attn.relu`,
+  `attn.sigmoid`); exactly one per variant. It owns the forward loop's carried state and the
+  backward's score gradient.
+
+Lowering methods receive the kernel builder of `attnfuse.transforms.kernel_builder` (typed
+`Any` here: the dialect does not depend on the passes); reference methods receive torch
+tensors and an `Evaluation` (imported lazily: the dialect does not import torch).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xdsl.ir import Operation, SSAValue
+from xdsl.traits import OpTrait
+
+
+@dataclass(frozen=True)
+class DataUse:
+    """A call-time tensor an op's kernels read.
+
+    `kind` is the tile tensor role it binds (`tile.TENSOR_AXES` names the kinds: `slopes`,
+    `bias`, ...); ops whose uses have equal `key` share one kernel argument (two `attn.alibi`
+    with the default slopes read one slopes tensor), others get an argument each
+    (`slopes`, `slopes_1`, ...).
+    """
+
+    kind: str
+    key: tuple[Any, ...] = ()
+    argument: str | None = None
+    """The call's keyword argument the tensor is made from (`bias=`), or None when the op's
+    own parameters make it (ALiBi's slopes)."""
+
+
+@dataclass(frozen=True)
+class ScoreModifier(OpTrait, abc.ABC):
+    """Interface of an op that maps every score `s[b, h, i, j]` to a new score."""
+
+    rank: int = 0
+    """Where canonicalize-attn puts the op among ops it commutes with (lower first), so that
+    programs meaning the same thing become the same IR."""
+    additive: bool = False
+    """Whether the op adds a term that does not depend on the scores (`s + t[b, h, i, j]`):
+    additive modifiers commute with each other."""
+
+    def commutes_with(self, op: Operation, other: Operation) -> bool:
+        """Whether applying `op` then `other` equals applying `other` then `op` for all
+        scores. Filters commute with every modifier (dropped entries are marks), additive
+        modifiers with each other; anything else does not (the safe answer)."""
+        del op
+        if other.has_trait(KeyFilter):
+            return True
+        trait = other.get_trait(ScoreModifier)
+        return self.additive and trait is not None and trait.additive
+
+    @abc.abstractmethod
+    def lower(self, op: Operation, kernel: Any, scores: SSAValue) -> SSAValue:
+        """Appends the tile ops computing the op on one block of scores (inside a key or
+        query loop of `kernel`); returns the new scores."""
+
+    def vjp(self, op: Operation, kernel: Any, scores_in: SSAValue, grad: SSAValue) -> SSAValue:
+        """The gradient with respect to the op's input scores, given the gradient `grad` of
+        its result and its input `scores_in` (recomputed, fp32): the default is an additive
+        modifier's, whose derivative is 1."""
+        del op, kernel, scores_in
+        return grad
+
+    def data(self, op: Operation) -> Sequence[DataUse]:
+        """The call-time tensors the op's lowering reads (see `DataUse`)."""
+        del op
+        return ()
+
+    def data_gradient(
+        self, op: Operation, kernel: Any, grad: SSAValue
+    ) -> Sequence[tuple[str, SSAValue]]:
+        """The gradients of call-time data that the gradient `grad` of the op's result gives,
+        as (tile role, score-shaped tile) pairs: `attn.add_bias` gives `("dbias", grad)`.
+        The backward sums the contributions per role and stores them where the kernel writes
+        that role. None by default."""
+        del op, kernel, grad
+        return ()
+
+    def bind(self, op: Operation, use: DataUse, problem: Any, arguments: dict[str, Any]) -> Any:
+        """The tensor the kernels read for `use` (one of `data(op)`), made for a call of
+        `problem` (the runtime's `Problem`) from the call's keyword `arguments`, checked
+        (an `ArgumentError` naming the argument otherwise)."""
+        raise NotImplementedError(f"{op.name} reads no call-time data")
+
+    @abc.abstractmethod
+    def evaluate(self, op: Operation, scores: Any, env: Any) -> Any:
+        """The op's meaning on a float64 score tensor `[B, Hq, Nq, Nk]` (`env`: the
+        reference's `Evaluation`, which holds the call's shapes and tensors)."""
+
+
+@dataclass(frozen=True)
+class KeyFilter(OpTrait, abc.ABC):
+    """Interface of an op that drops keys: `s[b, h, i, j]` becomes a dropped entry."""
+
+    rank: int = 100
+    """As `ScoreModifier.rank`; filters sort after every modifier."""
+
+    def band(self, op: Operation) -> tuple[int | None, int | None] | None:
+        """The kept keys as offsets `(lower, upper)` from the query position (None for an
+        unbounded side), or None when the filter is not a band."""
+        del op
+        return None
+
+    def block_size(self, op: Operation) -> int | None:
+        """The block size of a block-granular filter (its kernels walk block lists)."""
+        del op
+        return None
+
+    def data(self, op: Operation) -> Sequence[DataUse]:
+        """The call-time tensors the filter reads (see `DataUse`)."""
+        del op
+        return ()
+
+    def bind(self, op: Operation, use: DataUse, problem: Any, arguments: dict[str, Any]) -> Any:
+        """The tensor the kernels read for `use` (one of `data(op)`), made for a call of
+        `problem` (the runtime's `Problem`) from the call's keyword `arguments`, checked
+        (an `ArgumentError` naming the argument otherwise)."""
+        raise NotImplementedError(f"{op.name} reads no call-time data")
+
+    @abc.abstractmethod
+    def evaluate(self, op: Operation, env: Any) -> Any:
+        """The kept entries as a bool tensor broadcastable to `[B, Hq, Nq, Nk]`."""
+
+
+@dataclass(frozen=True)
+class Normalizer(OpTrait, abc.ABC):
+    """Interface of the op that turns scores into probabilities (one per variant)."""
+
+    has_lse: bool = False
+    """Whether the forward produces a log-sum-exp per row (softmax)."""
+    smooth: bool = True
+    """Whether the probabilities' derivative is continuous in the scores. relu's jumps at 0,
+    so its backward must see scores computed from unrounded rotated q and k."""
+
+    @abc.abstractmethod
+    def state_names(self, op: Operation) -> tuple[str, ...]:
+        """Names of the values the forward key loop carries (the accumulator first)."""
+
+    @abc.abstractmethod
+    def init_state(self, op: Operation, kernel: Any) -> Sequence[SSAValue]:
+        """Emits the loop state's initial values."""
+
+    @abc.abstractmethod
+    def step(
+        self, op: Operation, kernel: Any, state: Sequence[SSAValue], scores: SSAValue, value: SSAValue
+    ) -> Sequence[SSAValue]:
+        """Emits one key block's update of the state from its (masked) scores and values."""
+
+    @abc.abstractmethod
+    def finalize(
+        self, op: Operation, kernel: Any, state: Sequence[SSAValue]
+    ) -> tuple[SSAValue, SSAValue | None]:
+        """Emits the output rows (and the log-sum-exp when `has_lse`) from the final state."""
+
+    @abc.abstractmethod
+    def probs(self, op: Operation, kernel: Any, scores: SSAValue, lse: SSAValue | None) -> SSAValue:
+        """Backward: the block's probabilities, recomputed from its scores (and the
+        forward's log-sum-exp when `has_lse`)."""
+
+    @abc.abstractmethod
+    def grad_scores(
+        self,
+        op: Operation,
+        kernel: Any,
+        scores: SSAValue,
+        probs: SSAValue,
+        grad_probs: SSAValue,
+        delta: SSAValue | None,
+    ) -> SSAValue:
+        """Backward: the gradient of the scores from that of the probabilities (`delta`:
+        the per-row `rowsum(dO * O)`, for normalizers with `has_lse`)."""
+
+    @abc.abstractmethod
+    def evaluate(self, op: Operation, scores: Any, keep: Any, env: Any) -> tuple[Any, Any]:
+        """The probabilities (and the log-sum-exp, or None) from float64 scores and the bool
+        `keep` mask of kept entries; a row with no kept key has probabilities 0."""
+
+
+__all__ = ["DataUse", "KeyFilter", "Normalizer", "ScoreModifier"]

@@ -1,0 +1,236 @@
+"""What the runtime knows of a variant: its attn program, canonical, and what it declares.
+
+A variant comes from the DSL (an `AttentionSpec`) or as attn IR (text or an xDSL module).
+Either way the runtime asks the *program* what a call needs, never the DSL: the call-time
+tensors its ops read (each op's `DataUse`s and `bind`), whether its normalizer has a
+log-sum-exp, its mask band and block size, its rotation. The program is canonicalized
+(`canonicalize-attn,analyze-masks`) once per set of call-time position arguments; its text is
+the compile cache's key, so equal variants share kernels however they were written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache, cached_property
+from typing import Any
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
+from xdsl.passes import PassPipeline
+from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
+
+from attnfuse.dialects import attn, make_context
+from attnfuse.dialects.interfaces import DataUse, KeyFilter, Normalizer, ScoreModifier
+from attnfuse.errors import AttnFuseError, IRError
+from attnfuse.transforms import PASSES
+from attnfuse.transforms.kernel_builder import assign_data_roles
+
+FRONT_PIPELINE = "canonicalize-attn,analyze-masks"
+"""The passes whose result is the variant's canonical form (before any shape decision)."""
+
+
+@dataclass(frozen=True)
+class DataBinding:
+    """A call-time tensor the kernels read: the op that reads it, its use, and the kernel role
+    it is bound to (None for data the runtime turns into other tensors, a block layout)."""
+
+    op: Operation
+    use: DataUse
+    role: str | None
+
+    def bind(self, problem: Any, arguments: dict[str, Any]) -> Any:
+        """The tensor for a call of `problem` with keyword `arguments` (checked by the op)."""
+        trait = self.op.get_trait(ScoreModifier) or self.op.get_trait(KeyFilter)
+        assert trait is not None
+        return trait.bind(self.op, self.use, problem, arguments)
+
+
+class Canonical:
+    """One canonical attn program and the facts the runtime reads off it."""
+
+    def __init__(self, module: ModuleOp):
+        self.module = module
+        variants = [op for op in module.ops if isinstance(op, attn.VariantOp)]
+        if len(variants) != 1:
+            raise AttnFuseError(f"an attn module for af.compile holds one attn.variant, got {len(variants)}")
+        self.variant = variants[0]
+        self.scores, self.chain, self.normalizer = attn.score_chain(self.variant)
+        self.text = str(module)
+
+    @cached_property
+    def normalizer_semantics(self) -> Normalizer:
+        trait = self.normalizer.get_trait(Normalizer)
+        assert trait is not None
+        return trait
+
+    @property
+    def has_lse(self) -> bool:
+        """Whether the normalizer gives a log-sum-exp (`return_lse=True` is allowed)."""
+        return self.normalizer_semantics.has_lse
+
+    @property
+    def normalizer_name(self) -> str:
+        return self.normalizer.name.removeprefix("attn.")
+
+    @cached_property
+    def rope(self) -> attn.RopeOp | None:
+        """The rotation (query and key agree, the verifier checks), or None."""
+        ropes = self.variant.ops_of(attn.RopeOp)
+        return ropes[0] if ropes else None  # type: ignore[return-value]
+
+    @property
+    def rotary_dim(self) -> int | None:
+        """The rotation's explicit rotary width, or None (the head dim, or no rotation)."""
+        rope = self.rope
+        return None if rope is None or rope.rotary_dim is None else rope.rotary_dim.value.data
+
+    @property
+    def scale(self) -> float | None:
+        """The static score scale, or None for `1/sqrt(D)`."""
+        return None if self.scores.scale is None else self.scores.scale.value.data
+
+    @cached_property
+    def band(self) -> tuple[int | None, int | None]:
+        """The band of key offsets every band filter together keeps."""
+        bands = [t.band(op) for op in self.chain if (t := op.get_trait(KeyFilter)) is not None]
+        return attn.intersect_bands([b for b in bands if b is not None])
+
+    @cached_property
+    def block_size(self) -> int | None:
+        """The block-sparse layout's block size, or None."""
+        for op in self.chain:
+            trait = op.get_trait(KeyFilter)
+            if trait is not None and trait.block_size(op) is not None:
+                return trait.block_size(op)
+        return None
+
+    @cached_property
+    def bindings(self) -> tuple[DataBinding, ...]:
+        """Every call-time tensor the program's ops read, in program order."""
+        modifiers = [op for op in self.chain if op.has_trait(ScoreModifier)]
+        roles = assign_data_roles(modifiers)
+        result = []
+        for op in self.chain:
+            trait = op.get_trait(ScoreModifier) or op.get_trait(KeyFilter)
+            assert trait is not None
+            for use in trait.data(op):
+                result.append(DataBinding(op, use, roles.get((op, use.kind))))
+        return tuple(result)
+
+    @cached_property
+    def arguments(self) -> frozenset[str]:
+        """The keyword arguments a call may pass for the program's data."""
+        return frozenset(b.use.argument for b in self.bindings if b.use.argument is not None)
+
+    def reads(self, kind: str) -> bool:
+        """Whether some op reads call-time data of `kind` (`bias`, `block_layout`, ...)."""
+        return any(b.use.kind == kind for b in self.bindings)
+
+    @property
+    def keys_per_row(self) -> int | None:
+        """The most keys one query row keeps under the band (a sliding window: `window` with
+        causal, `2 * window - 1` without), or None when no band bounds it."""
+        lo, hi = self.band
+        return None if lo is None or hi is None else hi - lo + 1
+
+
+def canonicalize(module: ModuleOp, what: str) -> ModuleOp:
+    """`module` verified and run through `FRONT_PIPELINE` (in place), as an `AttnFuseError`
+    naming `what` if it is not a well-formed attn program."""
+    try:
+        module.verify()
+        PassPipeline.parse_spec(PASSES, FRONT_PIPELINE).apply(make_context(), module)
+        module.verify()
+    except (PassFailedException, VerifyException, DiagnosticException, IRError) as err:
+        raise AttnFuseError(f"{what} is not a valid attn program: {err}") from err
+    return module
+
+
+class VariantProgram:
+    """A variant as the runtime sees it: an attn program (from a spec or from IR)."""
+
+    def __init__(self, source: Any):
+        self.source = source
+        self._fixed: ModuleOp | None = None
+        if isinstance(source, str):
+            self._fixed = parse_attn(source)
+        elif isinstance(source, ModuleOp):
+            self._fixed = source.clone()
+        elif not hasattr(source, "module"):
+            raise AttnFuseError(
+                f"compile() takes a spec made by af.attention(...) or an attn module (text or "
+                f"xDSL ModuleOp), got {source!r}"
+            )
+
+    def __repr__(self) -> str:
+        if self._fixed is None:
+            return repr(self.source)
+        name = self.canonical((False, False)).variant.sym_name.data
+        return f"attn.variant @{name}"
+
+    def explicit_positions_of(self) -> tuple[bool, bool] | None:
+        """For IR, whether it takes query / key positions (fixed by its arguments); None for
+        a spec, which builds a program for either."""
+        if self._fixed is None:
+            return None
+        variant = next(op for op in self._fixed.ops if isinstance(op, attn.VariantOp))
+        return tuple(variant.argument(attn.PositionsType(r)) is not None for r in ("query", "key"))  # type: ignore[return-value]
+
+    def module(self, explicit_positions: tuple[bool, bool]) -> ModuleOp:
+        """A fresh, uncanonicalized attn module of the variant."""
+        if self._fixed is None:
+            return self.source.module(explicit_positions)
+        return self._fixed.clone()
+
+    @cache
+    def canonical(self, explicit_positions: tuple[bool, bool]) -> Canonical:
+        """The canonical program for a call with (or without) query / key positions."""
+        fixed = self.explicit_positions_of()
+        if fixed is not None and fixed != explicit_positions and self._has_rope():
+            raise self._positions_error(fixed, explicit_positions)
+        return Canonical(canonicalize(self.module(explicit_positions), repr(self.source)))
+
+    def _has_rope(self) -> bool:
+        assert self._fixed is not None
+        return any(isinstance(op, attn.RopeOp) for op in self._fixed.walk())
+
+    @staticmethod
+    def _positions_error(fixed: tuple[bool, bool], given: tuple[bool, bool]) -> AttnFuseError:
+        from attnfuse.errors import ArgumentError
+
+        for name, declared, passed in zip(("q_positions", "k_positions"), fixed, given):
+            if declared and not passed:
+                return ArgumentError(f"the attn program takes !attn.positions for {name}: pass {name}=")
+            if passed and not declared:
+                return ArgumentError(f"{name}= given, but the attn program takes no positions for it")
+        return ArgumentError("positions do not match the attn program")
+
+
+def parse_attn(text: str) -> ModuleOp:
+    """Parses attn IR text (a module or a bare `attn.variant`), as an `AttnFuseError` that
+    names the location on failure."""
+    from xdsl.parser import Parser
+
+    try:
+        module = Parser(make_context(), text, "<attn program>").parse_module()
+    except (ParseError, VerifyException, DiagnosticException) as err:
+        raise AttnFuseError(f"cannot parse the attn program: {err}") from err
+    return module
+
+
+@cache
+def program_of(source: Any) -> VariantProgram:
+    """The `VariantProgram` of a hashable source (a spec, or IR text), made once."""
+    return VariantProgram(source)
+
+
+def as_program(source: Any) -> VariantProgram:
+    """`source` as a `VariantProgram`: itself, or made (and for hashable sources, cached)."""
+    if isinstance(source, VariantProgram):
+        return source
+    if isinstance(source, ModuleOp):
+        return VariantProgram(source)
+    return program_of(source)
+
+
+__all__ = ["Canonical", "DataBinding", "VariantProgram", "as_program", "parse_attn"]

@@ -17,9 +17,9 @@ score matrix (`attn.scores`), the value product (`attn.pv`), `attn.yield` and `a
 Every other op is a *block* defined in its own file under `attnfuse/blocks/` (its op, its
 DSL constructor, its lowering, its derivative and its meaning together), through the
 interfaces of `attnfuse/dialects/interfaces.py`: score modifiers (`attn.alibi`,
-`attn.add_bias`, `attn.softcap`), key filters (`attn.mask`, whose predicates are attributes so
+`attn.add_bias`, ...), key filters (`attn.mask`, whose predicates are attributes so
 that masks intersect by merging predicate lists, and `attn.block_sparse`) and normalizers
-(`attn.softmax`, `attn.relu`, `attn.sigmoid`). `attnfuse.blocks.attn_dialect()` assembles
+(`attn.softmax`, `attn.relu`, ...). `attnfuse.blocks.attn_dialect()` assembles
 the dialect from both. Nothing here knows about tiles, GPUs or Triton; `lower-to-tile`
 decides how the program becomes a kernel.
 

@@ -6,7 +6,7 @@ in its `traits`, and a pass asks `op.get_trait(ScoreModifier)` instead of testin
 class. Three roles exist between `attn.scores` and `attn.pv`:
 
 - `ScoreModifier`: maps each score to a new score (`attn.alibi`, `attn.add_bias`,
-  `attn.softcap`). It says what it commutes with (canonicalize-attn reorders only what
+  ...). It says what it commutes with (canonicalize-attn reorders only what
   commutes), how it lowers to tile ops inside a key loop, its vector-Jacobian product (the
   backward kernels apply it in reverse order), the call-time tensors it reads, and its float64
   meaning (the reference interpreter).
@@ -15,7 +15,7 @@ class. Three roles exist between `attn.scores` and `attn.pv`:
   modifier, and kernels apply them after the whole modifier chain. A filter contributes to
   the iteration space (a band, or block lists) rather than to the score arithmetic.
 - `Normalizer`: turns scores into probabilities (`attn.softmax`, `attn.relu`,
-  `attn.sigmoid`); exactly one per variant. It owns the forward loop's carried state and the
+  ...); exactly one per variant. It owns the forward loop's carried state and the
   backward's score gradient.
 
 Lowering methods receive the kernel builder of `attnfuse.transforms.kernel_builder` (typed

@@ -25,6 +25,8 @@ from typing import IO, Any, ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects import arith, math
+from xdsl.dialects.builtin import FloatAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.utils.target import Target
 
@@ -156,6 +158,8 @@ class KernelEmitter:
     (rotated q/k, probabilities) stay fp32. Only the final output is rounded to bf16."""
     lines: list[str] = field(default_factory=list)
     indent: int = 1
+    helpers: set[str] = field(default_factory=set)
+    """The module's helper functions (`HELPERS`) the kernel calls."""
     deferred_scales: dict[SSAValue, str] = field(default_factory=dict)
     """Scores printed without their scale, and the scale (an expression) that the
     exponential applies instead (`scale_folds_into_exponential`)."""
@@ -204,6 +208,8 @@ class KernelEmitter:
         }
         for role in self.roles:
             names |= {f"{role}_ptr", f"{role}_base"} | {f"stride_{role}_{a}" for a in "bhnd"}
+            if tile.role_kind(role) == "slopes":
+                names.add(self.slope_name(role))
         return names
 
     def emit(self, line: str = "") -> None:
@@ -375,8 +381,8 @@ class KernelEmitter:
             line = self.base_line(role)
             if line is not None and not self.set_in_query_head_loop(role):
                 self.emit(line)
-        if "slopes" in self.roles and self.grid == "query_blocks":
-            self.emit("slope = tl.load(slopes_ptr + head)  # this head's ALiBi slope")
+        if self.grid == "query_blocks":
+            self.emit_slope_loads()
         del k
 
     def emit_query_head_bases(self) -> None:
@@ -387,8 +393,21 @@ class KernelEmitter:
             line = self.base_line(role)
             if line is not None and self.set_in_query_head_loop(role):
                 self.emit(line)
-        if "slopes" in self.roles:
-            self.emit("slope = tl.load(slopes_ptr + head)  # this head's ALiBi slope")
+        self.emit_slope_loads()
+
+    def slope_roles(self) -> list[str]:
+        """The kernel's ALiBi slope tensors (`slopes`, `slopes_1`, ...)."""
+        return [role for role in self.roles if tile.role_kind(role) == "slopes"]
+
+    @staticmethod
+    def slope_name(role: str) -> str:
+        """The variable holding the current head's slope of a slopes role."""
+        return "slope" + role.removeprefix("slopes")
+
+    def emit_slope_loads(self) -> None:
+        """Loads the current head's slope of every slopes tensor."""
+        for role in self.slope_roles():
+            self.emit(f"{self.slope_name(role)} = tl.load({role}_ptr + head)  # this head's ALiBi slope")
 
     def used_column_sets(self) -> set[str]:
         used = set()
@@ -823,7 +842,7 @@ class KernelEmitter:
         self.emit("# tile.alibi: slope * (k_pos - q_pos)")
         self.emit(
             f"{self.namer.define(op.result)} = {self.namer[op.input]}"
-            f" + slope * ({pair['k_pos']} - {pair['q_pos']}).to(tl.float32)"
+            f" + {self.slope_name(self.role_of(op.slopes))} * ({pair['k_pos']} - {pair['q_pos']}).to(tl.float32)"
         )
 
     def score_pointers(self, role: str) -> str:
@@ -833,9 +852,10 @@ class KernelEmitter:
 
     def emit_add_bias(self, op: tile.AddBiasOp) -> None:
         block = self.namer.fresh("bias_block")
-        self.emit("# tile.add_bias: bias[batch, head, query, key], broadcast through its strides")
+        role = self.role_of(op.bias)
+        self.emit(f"# tile.add_bias: {role}[batch, head, query, key], broadcast through its strides")
         self.emit(
-            f"{block} = tl.load({self.score_pointers('bias')},"
+            f"{block} = tl.load({self.score_pointers(role)},"
             f" mask={self.block_bounds()}, other=0.0).to(tl.float32)"
         )
         self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + {block}")
@@ -930,6 +950,30 @@ class KernelEmitter:
             f" mask={self.block_bounds()})"
         )
 
+    def emit_seq_len(self, op: tile.SeqLenOp) -> None:
+        length = "n_q" if op.axis.data == "query" else "n_k"
+        self.emit(f"# tile.seq_len: {length} as f32")
+        # `* 1.0`, not `.to()`: Triton passes an integer argument equal to 1 as a constant.
+        self.emit(f"{self.namer.define(op.result, 'num_' + op.axis.data + 's')} = {length} * 1.0")
+
+    def emit_map(self, op: tile.MapOp) -> None:
+        block = op.body.block
+        operands = [self.namer[v] for v in op.inputs]
+        self.emit(f"# tile.map over ({', '.join(operands)}), entry by entry")
+        names: dict[SSAValue, str] = dict(zip(block.args, operands))
+        for inner in block.ops:
+            if isinstance(inner, tile.MapYieldOp):
+                self.emit(f"{self.namer.define(op.result)} = {names[inner.value]}")
+                return
+            expression = scalar_expression(inner, [names[v] for v in inner.operands], self.helpers)
+            result = inner.results[0]
+            if isinstance(inner, arith.ConstantOp) or result.has_one_use():
+                names[result] = expression  # inlined where it is used
+                continue
+            name = self.namer.fresh(result.name_hint or "entry")
+            self.emit(f"{name} = {expression}")
+            names[result] = name
+
     def emit_return(self, op: tile.ReturnOp) -> None:
         del op  # the function just ends
 
@@ -967,7 +1011,74 @@ KernelEmitter.HANDLERS = {
     tile.ReluGradOp: KernelEmitter.emit_relu_grad,
     tile.ApplyScaleOp: KernelEmitter.emit_apply_scale,
     tile.StoreScoresOp: KernelEmitter.emit_store_scores,
+    tile.SeqLenOp: KernelEmitter.emit_seq_len,
+    tile.MapOp: KernelEmitter.emit_map,
 }
+
+
+# --------------------------------------------------------------------------------------------
+# The scalar ops of `tile.map` bodies
+# --------------------------------------------------------------------------------------------
+
+BINARY_OPERATORS: dict[type[Operation], str] = {
+    arith.AddfOp: "+",
+    arith.SubfOp: "-",
+    arith.MulfOp: "*",
+    arith.DivfOp: "/",
+}
+
+CALLS: dict[type[Operation], str] = {
+    math.ExpOp: "tl.exp",
+    math.LogOp: "tl.log",
+    math.SqrtOp: "tl.sqrt",
+    math.AbsFOp: "tl.abs",
+    math.TanhOp: "_tanh",
+}
+"""Elementwise functions; `_tanh` is a helper of the generated module (`HELPERS`)."""
+
+COMPARISONS = {"oeq": "==", "one": "!=", "olt": "<", "ole": "<=", "ogt": ">", "oge": ">="}
+"""`arith.cmpf` predicates (ordered: false when either side is NaN, as Python's are)."""
+
+HELPERS = {
+    "_tanh": '''@triton.jit
+def _tanh(x):
+    # tanh(x) = 2 sigmoid(2x) - 1 loses digits near 0 (cancellation): use the series there.
+    x2 = x * x
+    series = x * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+    return tl.where(tl.abs(x) < 0.1, series, 2.0 * tl.sigmoid(2.0 * x) - 1.0)
+''',
+}
+"""Helper functions the printed kernels may call, printed once into the module if used."""
+
+
+def scalar_expression(op: Operation, operands: list[str], helpers: set[str]) -> str:
+    """The Triton expression of one `arith`/`math` op of a map body (applied to tiles, it is
+    elementwise), its operands already printed; records the helpers it calls in `helpers`."""
+    if isinstance(op, arith.ConstantOp):
+        value = op.value
+        assert isinstance(value, FloatAttr)
+        return repr(float(value.value.data))
+    if type(op) in BINARY_OPERATORS:
+        return f"({operands[0]} {BINARY_OPERATORS[type(op)]} {operands[1]})"
+    if isinstance(op, arith.NegfOp):
+        return f"(-{operands[0]})"
+    if isinstance(op, (arith.MaximumfOp, arith.MinimumfOp)):
+        # maximumf/minimumf propagate NaN (MLIR's semantics); tl.maximum would drop it.
+        fn = "tl.maximum" if isinstance(op, arith.MaximumfOp) else "tl.minimum"
+        return f"{fn}({operands[0]}, {operands[1]}, propagate_nan=tl.PropagateNan.ALL)"
+    if isinstance(op, arith.CmpfOp):
+        predicate = arith.CMPF_COMPARISON_OPERATIONS[op.predicate.value.data]
+        if predicate not in COMPARISONS:
+            raise AttnFuseError(f"the Triton target cannot print arith.cmpf {predicate}")
+        return f"({operands[0]} {COMPARISONS[predicate]} {operands[1]})"
+    if isinstance(op, arith.SelectOp):
+        return f"tl.where({operands[0]}, {operands[1]}, {operands[2]})"
+    if type(op) in CALLS:
+        name = CALLS[type(op)]
+        if name in HELPERS:
+            helpers.add(name)
+        return f"{name}({operands[0]})"
+    raise AttnFuseError(f"the Triton target cannot print {op.name} in a tile.map body")
 
 
 HEADER = '''"""Generated by AttnFuse from tile IR. Do not edit: change the variant and recompile."""
@@ -988,9 +1099,11 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
         raise AttnFuseError(f"the Triton target prints tile kernels only, found {others[0].name}")
     parts = [HEADER]
     infos = []
+    helpers: set[str] = set()
     for kernel in kernels:
         emitter = KernelEmitter(kernel, interpreter)
         parts.append("\n\n" + "\n".join(emitter.run()) + "\n")
+        helpers |= emitter.helpers
         infos.append(
             KernelInfo(
                 name=kernel.sym_name.data,
@@ -1002,6 +1115,8 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
                 shared_offsets=emitter.shared_offsets,
             )
         )
+    for name in sorted(helpers):
+        parts.insert(1, "\n\n" + HELPERS[name])
     return TritonProgram("".join(parts), tuple(infos))
 
 

@@ -512,7 +512,7 @@ class _AttentionFunction(torch.autograd.Function):
         # zeros that would cost a fill and a subtraction on the device.
         ctx.set_materialize_grads(False)
         if not fn.variant.has_lse:
-            ctx.mark_non_differentiable(lse)  # relu / sigmoid attention has no log-sum-exp
+            ctx.mark_non_differentiable(lse)  # a normalizer without one (relu)
         return out, lse
 
     @staticmethod

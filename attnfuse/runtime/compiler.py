@@ -146,3 +146,10 @@ def _compile(variant: VariantProgram, key: CompileKey, interpret: bool) -> Compi
         path = kernel_cache.store(digest, program)
     module = kernel_cache.load_module(path, digest, interpret)
     return CompiledProgram(program, module, key.pipeline())
+
+
+def forget_compiled() -> None:
+    """Drops the in-memory compiled programs (the disk cache stays): the next compile reads
+    the disk entry again."""
+    _compile.cache_clear()
+    _generate.cache_clear()

@@ -82,3 +82,18 @@ attn.variant @order(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias : 
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// An op whose result nothing reads is erased.
+// CHECK-LABEL: attn.variant @unused
+// CHECK-NEXT:    %s = attn.scores %q, %k
+// CHECK-NEXT:    %p = attn.softmax %s
+attn.variant @unused(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %a = attn.alibi %s
+  %b = attn.alibi %a
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -228,7 +228,7 @@ def test_corrupted_kernel_source_is_rebuilt_end_to_end(cache_dir, monkeypatch):
     good = py.read_text()
     py.write_text(good[: len(good) // 3])  # truncated, as by a crash mid-write
     # Forget the in-memory compilation so the disk entry is read again.
-    compiler.compile_program.cache_clear()
+    compiler.forget_compiled()
     for name in [m for m in list(__import__("sys").modules) if m.startswith("attnfuse_generated_")]:
         monkeypatch.delitem(__import__("sys").modules, name)
     fn = af.compile(spec)

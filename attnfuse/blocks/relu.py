@@ -7,41 +7,17 @@ backward forms scores from unrounded rotated q and k when RoPE rotates them
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from xdsl.dialects.builtin import f32
 from xdsl.ir import Operation, SSAValue
 from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import Pure
 
+from attnfuse.blocks._pointwise import PointwiseNormalizer
 from attnfuse.dialects import tile
 from attnfuse.dialects.attn import ProbsType, ScoresType
-from attnfuse.dialects.interfaces import Normalizer
 from attnfuse.dsl.blocks import Block
-
-
-@dataclass(frozen=True)
-class PointwiseNormalizer(Normalizer):
-    """A normalizer whose probabilities are a function of each score alone (dropped keys give
-    0): the forward accumulates `p @ v` with no rescaling, the output is the accumulator."""
-
-    def state_names(self, op: Operation) -> tuple[str, ...]:
-        return ("acc",)
-
-    def init_state(self, op: Operation, kernel: Any) -> Sequence[SSAValue]:
-        return kernel.add(tile.ZerosOp(tile.TileType(("m", "dv"), f32)), "acc").results
-
-    def step(self, op: Operation, kernel: Any, state: Sequence[SSAValue], scores: SSAValue,
-             value: SSAValue) -> Sequence[SSAValue]:
-        probs = self.probs(op, kernel, scores, None)
-        return [kernel.add(tile.AccumulateOp(state[0], probs, value), "acc").results[0]]
-
-    def finalize(self, op: Operation, kernel: Any,
-                 state: Sequence[SSAValue]) -> tuple[SSAValue, SSAValue | None]:
-        # The weights are already normalized: the accumulator is the output.
-        return state[0], None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from attnfuse.blocks.alibi import alibi  # noqa: E402
 from attnfuse.blocks.block_sparse import block_sparse  # noqa: E402
 from attnfuse.blocks.masks import causal, full, sliding_window  # noqa: E402
 from attnfuse.blocks.relu import relu  # noqa: E402
+from attnfuse.blocks.sigmoid import sigmoid  # noqa: E402
 from attnfuse.blocks.softcap import softcap  # noqa: E402
 from attnfuse.blocks.softmax import softmax  # noqa: E402
 from attnfuse.dsl import AttentionSpec, attention, llama3_scaling, rope, scaled_dot_product  # noqa: E402
@@ -70,6 +71,7 @@ __all__ = [
     "rope",
     "scaled_dot_product",
     "sliding_window",
+    "sigmoid",
     "softcap",
     "softmax",
 ]

@@ -242,6 +242,28 @@ PART_SUFFIX = {"all": "", "half_lo": "_lo", "half_hi": "_hi", "even": "_even", "
 
 
 
+def load_operand(
+    k: KernelBuilder,
+    operand: str,
+    source: str,
+    rows: str,
+    parts: Sequence[str],
+    rotation: Rotation | None,
+    positions: str,
+    widen: bool = False,
+) -> list[SSAValue]:
+    """Loads `operand`'s column parts (widened to f32 with `widen`), rotating them in
+    registers if its rotation is fused."""
+    values = [k.load(operand, rows, p, f"{operand}{PART_SUFFIX[p]}", source=source, widen=widen)
+              for p in parts]
+    if rotation is not None and rotation.fused:
+        given = k.arg(f"{operand}_positions") if rotation.given_positions else None
+        rotate = k.add(tile.RotateOp(values[0], values[1], k.arg("rope_table"), positions, given),
+                       f"{operand}{PART_SUFFIX[parts[0]]}_rot", f"{operand}{PART_SUFFIX[parts[1]]}_rot")
+        values[:2] = rotate.results
+    return values
+
+
 ChainInputs = list[tuple[Operation, SSAValue]]
 """Each modifier of a score chain with the scores it read: what the backward's VJPs need."""
 

@@ -50,6 +50,7 @@ from attnfuse.transforms.kernel_builder import (
     VariantFacts,
     build_band_loops,
     column_parts,
+    load_operand,
     lower_chain_vjp,
     lower_score_chain,
 )
@@ -148,28 +149,6 @@ def _accumulator_type(part: str) -> tile.TileType:
     return tile.TileType(tile.expected_tile_shape("q", "program", part), f32)
 
 
-def _load_rotated(
-    k: KernelBuilder,
-    operand: str,
-    source: str,
-    rows: str,
-    parts: Sequence[str],
-    rotation: Rotation | None,
-    positions: str,
-    widen: bool,
-) -> list[SSAValue]:
-    """Loads `operand`'s column parts (widened to f32 with `widen`), rotating them in
-    registers if its rotation is fused."""
-    values = [k.load(operand, rows, p, f"{operand}{PART_SUFFIX[p]}", source=source, widen=widen)
-              for p in parts]
-    if rotation is not None and rotation.fused:
-        given = k.arg(f"{operand}_positions") if rotation.given_positions else None
-        rotate = k.add(tile.RotateOp(values[0], values[1], k.arg("rope_table"), positions, given),
-                       f"{operand}{PART_SUFFIX[parts[0]]}_rot", f"{operand}{PART_SUFFIX[parts[1]]}_rot")
-        values[:2] = rotate.results
-    return values
-
-
 def _store_gradient(
     k: KernelBuilder,
     operand: str,
@@ -238,7 +217,7 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelO
                       rotation.rotary_dim if rotation else None, facts.data_roles)
     parts = _parts(facts, config)
     # Program rows are keys: load them (and their values) once.
-    key_parts = _load_rotated(k, "k", k_source, "program", parts, facts.key_rotation, "key",
+    key_parts = load_operand(k, "k", k_source, "program", parts, facts.key_rotation, "key",
                               facts.exact_scores)
     value = k.load("v", "program", "all", "v")
     names = [f"dk{PART_SUFFIX[p]}" for p in parts] + ["dv"]
@@ -249,7 +228,7 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelO
 
     def body(block: Block, masked: bool) -> None:
         inner = k.inside(block)
-        query_parts = _load_rotated(inner, "q", q_source, "loop", parts, facts.query_rotation, "query",
+        query_parts = load_operand(inner, "q", q_source, "loop", parts, facts.query_rotation, "query",
                                     facts.exact_scores)
         grad_out = inner.load("do", "loop", "all", "grad_out")
         lse = inner.load("lse", "loop", None, "lse") if softmax else None
@@ -286,7 +265,7 @@ def build_dq_kernel(
     k = KernelBuilder(name, roles, "query_blocks", config, rotation.rotary_dim if rotation else None,
                       facts.data_roles)
     parts = _parts(facts, config)
-    query_parts = _load_rotated(k, "q", q_source, "program", parts, facts.query_rotation, "query",
+    query_parts = load_operand(k, "q", q_source, "program", parts, facts.query_rotation, "query",
                                 facts.exact_scores)
     grad_out = k.load("do", "program", "all", "grad_out")
     lse = k.load("lse", "program", None, "lse") if softmax else None
@@ -305,7 +284,7 @@ def build_dq_kernel(
 
     def body(block: Block, masked: bool) -> None:
         inner = k.inside(block)
-        key_parts = _load_rotated(inner, "k", k_source, "loop", parts, facts.key_rotation, "key",
+        key_parts = load_operand(inner, "k", k_source, "loop", parts, facts.key_rotation, "key",
                                   facts.exact_scores)
         value = inner.load("v", "loop", "all", "v")
         scores = inner.add(tile.ScoresOp(query_parts, key_parts, facts.scale), "scores").results[0]

@@ -48,6 +48,7 @@ from attnfuse.transforms.kernel_builder import (
     assign_data_roles,
     build_band_loops,
     column_parts,
+    load_operand,
     lower_score_chain,
 )
 from attnfuse.transforms.lower_backward import backward_facts, build_backward_kernels
@@ -186,17 +187,13 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
     join = joins_query(facts, config.head_dim)
 
     # Load the program's query block once; rotate it here if that rotation is fused.
-    q_parts = [k.load("q", "program", p, f"q{PART_SUFFIX[p]}", source=q_source) for p in parts]
-    if q_rot is not None and q_rot.fused:
-        given = k.arg("q_positions") if q_rot.given_positions else None
-        rotate = k.add(tile.RotateOp(q_parts[0], q_parts[1], k.arg("rope_table"), "query", given),
-                       f"q{PART_SUFFIX[parts[0]]}_rot", f"q{PART_SUFFIX[parts[1]]}_rot")
-        q_parts[:2] = rotate.results
-        if join:
-            pairs = "interleaved" if q_rot.interleaved else "half"
-            q_parts = [k.add(tile.JoinOp(*rotate.results, pairs), "q_rot").results[0]]
-            # The key is rotated outside: its full width pairs with the joined query.
-            parts = ["all"]
+    q_parts = load_operand(k, "q", q_source, "program", parts, q_rot, "query")
+    if join:
+        assert q_rot is not None
+        pairs = "interleaved" if q_rot.interleaved else "half"
+        q_parts = [k.add(tile.JoinOp(*q_parts[:2], pairs), "q_rot").results[0]]
+        # The key is rotated outside: its full width pairs with the joined query.
+        parts = ["all"]
 
     normalizer, norm = facts.normalizer, facts.normalizer_semantics
     names = norm.state_names(normalizer)
@@ -204,12 +201,7 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
 
     def body(block: Block, masked: bool) -> None:
         inner = k.inside(block)
-        k_parts = [inner.load("k", "loop", p, f"k{PART_SUFFIX[p]}", source=k_source) for p in parts]
-        if k_rot is not None and k_rot.fused:
-            given = k.arg("k_positions") if k_rot.given_positions else None
-            rotate = inner.add(tile.RotateOp(k_parts[0], k_parts[1], k.arg("rope_table"), "key", given),
-                               f"k{PART_SUFFIX[parts[0]]}_rot", f"k{PART_SUFFIX[parts[1]]}_rot")
-            k_parts[:2] = rotate.results
+        k_parts = load_operand(inner, "k", k_source, "loop", parts, k_rot, "key")
         scores = inner.add(tile.ScoresOp(q_parts, k_parts, facts.scale), "scores").results[0]
         scores, _inputs = lower_score_chain(inner, facts, scores, masked)
         v = inner.load("v", "loop", "all", "v")

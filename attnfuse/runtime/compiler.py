@@ -103,10 +103,10 @@ def compiler_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def _cache_key(program: VariantProgram, key: CompileKey, interpret: bool) -> str:
+def _cache_key(source: object, key: CompileKey, interpret: bool) -> str:
     # The canonical program, so that equal variants (blocks in another order, or the same
     # program written by hand) share entries.
-    canonical = program.canonical(key.explicit_positions).text
+    canonical = as_program(source).canonical(key.explicit_positions).text
     target = "interpreter" if interpret else "gpu"
     text = "\n".join(
         [canonical, key.pipeline(), target, compiler_fingerprint(), triton.__version__]

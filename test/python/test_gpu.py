@@ -385,3 +385,54 @@ def test_second_derivative_raises_on_gpu():
         assert torch.equal(a, b)
     with pytest.raises(af.AttnFuseError, match="second derivatives of attention"):
         (graphed[0].float().square().sum() + v.float().sum()).backward()
+
+
+# --------------------------------------------------------------------------------------------
+# The blocks added through the compositional middle, and hand-written IR, at real sizes
+# --------------------------------------------------------------------------------------------
+
+
+def check_forward_on_gpu(source, q, k, v, **data):
+    """The output against the reference computed in fp64 on the GPU (whole heads at once)."""
+    out = af.compile(source)(q, k, v, **data)
+    ref = af.reference_attention(source, q, k, v, device="cuda", **data)
+    assert_close_to_reference(out, ref, q.dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        pytest.param(lambda: [af.softcap(50.0), af.causal()], id="softcap50+causal"),
+        pytest.param(lambda: [af.rope(theta=500000.0), af.softcap(5.0), af.alibi(), af.causal()],
+                     id="rope+softcap5+alibi+causal"),
+        pytest.param(lambda: [af.sigmoid(), af.causal()], id="sigmoid+causal"),
+        pytest.param(lambda: [af.rope(), af.sigmoid(-2.0), af.sliding_window(256)], id="rope+sigmoid+window"),
+    ],
+)
+@pytest.mark.parametrize("d", [64, 128], ids=lambda d: f"d{d}")
+def test_new_blocks_2048(blocks, d, dtype):
+    q, k, v = make_qkv(1, 8, 2, nq=2043, nk=2048, d=d, dtype=dtype, device="cuda")
+    spec = af.attention(*blocks())
+    check_forward_on_gpu(spec, q * 4, k, v)
+    check_gradients(spec, q * 4, k, v)
+
+
+def test_hand_written_ir_on_gpu():
+    ir = """
+    attn.variant @late_cap(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias : !attn.bias) -> !attn.output {
+      %s = attn.scores %q, %k
+      %a = attn.alibi %s
+      %b = attn.alibi %a {slopes = [0.5 : f64, 0.25 : f64, 0.125 : f64, 0.0625 : f64]}
+      %c = attn.softcap %b {cap = 8.0 : f64}
+      %d = attn.add_bias %c, %bias
+      %m = attn.mask %d [#attn.causal]
+      %p = attn.softmax %m
+      %o = attn.pv %p, %v
+      attn.yield %o
+    }
+    """
+    q, k, v = make_qkv(2, 4, 2, nq=1000, nk=1024, d=64, dtype=torch.bfloat16, device="cuda")
+    bias = torch.randn(4, 1, 1024, device="cuda", requires_grad=True)
+    check_forward_on_gpu(ir, q * 3, k, v, bias=bias)
+    check_gradients(ir, q * 3, k, v, bias=bias)

@@ -46,9 +46,10 @@ from xdsl.dialects.builtin import (
     f64,
     i64,
 )
-from xdsl.dialects.utils import parse_func_op_like, print_func_op_like
+from xdsl.dialects.utils import EnumAttribute, parse_func_op_like, print_func_op_like
 from xdsl.ir import (
     Attribute,
+    SpacedOpaqueSyntaxAttribute,
     Block,
     Operation,
     ParametrizedAttribute,
@@ -76,6 +77,7 @@ from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
 
 from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
 
@@ -257,7 +259,21 @@ def intersect_bands(
 # Ops
 # --------------------------------------------------------------------------------------------
 
-ROPE_PLACEMENTS = ("fused", "pre_rotated")
+class Placement(StrEnum):
+    """Where a rotation runs: in registers inside the fused kernel, or as a pass before it."""
+
+    FUSED = "fused"
+    PRE_ROTATED = "pre_rotated"
+
+
+@irdl_attr_definition
+class PlacementAttr(EnumAttribute[Placement], SpacedOpaqueSyntaxAttribute):
+    """`#attn<placement fused>`: where an `attn.rope` runs (set by `place-rope`)."""
+
+    name = "attn.placement"
+
+
+ROPE_PLACEMENTS = tuple(p.value for p in Placement)
 
 
 @irdl_op_definition
@@ -283,7 +299,7 @@ class RopeOp(IRDLOperation):
     llama3_scaling = opt_prop_def(ArrayAttr[FloatAttr])
     """Llama-3.1 frequency scaling: [factor, low_freq_factor, high_freq_factor,
     original_max_position]."""
-    placement = opt_prop_def(StringAttr)
+    placement = opt_prop_def(PlacementAttr)
 
     assembly_format = (
         "$input (`at` $positions^)? attr-dict `:` type($input) (`,` type($positions)^)?"
@@ -312,7 +328,7 @@ class RopeOp(IRDLOperation):
                 "llama3_scaling": None
                 if scaling is None
                 else ArrayAttr([FloatAttr(float(x), f64) for x in scaling]),
-                "placement": None if placement is None else StringAttr(placement),
+                "placement": None if placement is None else PlacementAttr(Placement(placement)),
             },
         )
 
@@ -350,11 +366,6 @@ class RopeOp(IRDLOperation):
                 raise VerifyException(
                     f"rotating {role} rows needs !attn.positions<{role}>, got {self.positions.type}"
                 )
-        if self.placement is not None and self.placement.data not in ROPE_PLACEMENTS:
-            raise VerifyException(
-                f"rope placement must be one of {', '.join(ROPE_PLACEMENTS)}, "
-                f"got '{self.placement.data}'"
-            )
 
 
 MIN_SCORE_SCALE = 2.0**-126
@@ -559,6 +570,7 @@ CORE_ATTRIBUTES: tuple[type[Attribute], ...] = (
     ProbsType,
     OutputType,
     BandAttr,
+    PlacementAttr,
 )
 """The dialect's core types and attributes."""
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
+    ArrayAttr,
     Float32Type,
     FloatAttr,
     FunctionType,
@@ -48,9 +49,10 @@ from xdsl.dialects.builtin import (
     i1,
     i64,
 )
-from xdsl.dialects.utils import parse_func_op_like, print_func_op_like
+from xdsl.dialects.utils import EnumAttribute, parse_func_op_like, print_func_op_like
 from xdsl.ir import (
     Attribute,
+    SpacedOpaqueSyntaxAttribute,
     Block,
     Dialect,
     Operation,
@@ -89,6 +91,7 @@ from xdsl.traits import (
     SymbolOpInterface,
 )
 from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
 
 from attnfuse.dialects.attn import BandAttr
 
@@ -101,6 +104,98 @@ TILE_DIMS = ("m", "n", "d", "dv", "half", "pass")
 
 ELEMENT_TYPES: dict[str, Attribute] = {"f16": f16, "bf16": bf16, "f32": f32}
 """Element types a tile can hold: the kernel's input type, or f32 for accumulators."""
+
+
+class TileDim(StrEnum):
+    """A symbolic tile dimension (see the module docstring)."""
+
+    M = "m"
+    N = "n"
+    D = "d"
+    DV = "dv"
+    HALF = "half"
+    PASS = "pass"
+
+
+@irdl_attr_definition
+class TileDimAttr(EnumAttribute[TileDim], SpacedOpaqueSyntaxAttribute):
+    """`#tile<dim m>`: one dimension of a `!tile.tile` (printed there as `m`)."""
+
+    name = "tile.dim"
+
+
+class Grid(StrEnum):
+    """A kernel's launch grid (see `GRIDS`)."""
+
+    QUERY_BLOCKS = "query_blocks"
+    KEY_BLOCKS = "key_blocks"
+
+
+@irdl_attr_definition
+class GridAttr(EnumAttribute[Grid], SpacedOpaqueSyntaxAttribute):
+    """`#tile<grid query_blocks>`: whose blocks a kernel's programs own."""
+
+    name = "tile.grid"
+
+
+class Rows(StrEnum):
+    """Which rows a load or store touches (see `ROW_SOURCES`)."""
+
+    PROGRAM = "program"
+    LOOP = "loop"
+
+
+@irdl_attr_definition
+class RowsAttr(EnumAttribute[Rows], SpacedOpaqueSyntaxAttribute):
+    """`#tile<rows program>` (printed in a block reference as `[program, ...]`)."""
+
+    name = "tile.rows"
+
+
+class Columns(StrEnum):
+    """Which columns a load or store touches (see `COLUMN_PARTS`)."""
+
+    ALL = "all"
+    HALF_LO = "half_lo"
+    HALF_HI = "half_hi"
+    EVEN = "even"
+    ODD = "odd"
+    PASS = "pass"
+
+
+@irdl_attr_definition
+class ColumnsAttr(EnumAttribute[Columns], SpacedOpaqueSyntaxAttribute):
+    """`#tile<cols half_lo>` (printed in a block reference as `[..., half_lo]`)."""
+
+    name = "tile.cols"
+
+
+class SeqAxis(StrEnum):
+    """The query or the key sequence."""
+
+    QUERY = "query"
+    KEY = "key"
+
+
+@irdl_attr_definition
+class SeqAxisAttr(EnumAttribute[SeqAxis], SpacedOpaqueSyntaxAttribute):
+    """`#tile<seq query>`: positions of query rows or of key rows; a sequence's length."""
+
+    name = "tile.seq"
+
+
+class Pairs(StrEnum):
+    """How RoPE pairs dims: the two halves of the rotary width, or even and odd dims."""
+
+    HALF = "half"
+    INTERLEAVED = "interleaved"
+
+
+@irdl_attr_definition
+class PairsAttr(EnumAttribute[Pairs], SpacedOpaqueSyntaxAttribute):
+    """`#tile<pairs half>`."""
+
+    name = "tile.pairs"
 
 
 def element_type_name(elem: Attribute) -> str:
@@ -120,16 +215,16 @@ class TileType(ParametrizedAttribute, TypeAttribute):
 
     name = "tile.tile"
 
-    dims: StringAttr
+    dims: ArrayAttr[TileDimAttr]
     element_type: Attribute
 
     def __init__(self, dims: Sequence[str], element_type: Attribute):
-        super().__init__(StringAttr(" x ".join(dims)), element_type)
+        super().__init__(ArrayAttr([TileDimAttr(TileDim(d)) for d in dims]), element_type)
 
     @property
     def shape(self) -> tuple[str, ...]:
         """The symbolic dimensions, outermost first."""
-        return tuple(self.dims.data.split(" x "))
+        return tuple(d.data for d in self.dims.data)
 
     @property
     def elem(self) -> str:
@@ -149,10 +244,15 @@ class TileType(ParametrizedAttribute, TypeAttribute):
         *dims, elem = words
         if elem not in ELEMENT_TYPES:
             parser.raise_error(f"tile element type must be one of f16, bf16, f32, got '{elem}'")
-        return (StringAttr(" x ".join(dims)), ELEMENT_TYPES[elem])
+        for dim in dims:
+            if dim not in TILE_DIMS:
+                parser.raise_error(
+                    f"unknown tile dimension '{dim}' (expected one of {', '.join(TILE_DIMS)})"
+                )
+        return (ArrayAttr([TileDimAttr(TileDim(d)) for d in dims]), ELEMENT_TYPES[elem])
 
     def print_parameters(self, printer: Printer) -> None:
-        printer.print_string(f"<{self.dims.data} x {self.elem}>")
+        printer.print_string(f"<{' x '.join(self.shape)} x {self.elem}>")
 
     def verify(self) -> None:
         shape = self.shape
@@ -399,7 +499,7 @@ class KernelOp(IRDLOperation):
                 "function_type": FunctionType.from_lists(arg_types, []),
             },
             attributes={
-                "grid": StringAttr(grid),
+                "grid": GridAttr(Grid(grid)),
                 "element_type": element_type,
                 **{key: IntegerAttr(value, i64) for key, value in config.items()},
             },
@@ -422,7 +522,7 @@ class KernelOp(IRDLOperation):
     @property
     def grid(self) -> str:
         attr = self.attributes["grid"]
-        assert isinstance(attr, StringAttr)
+        assert isinstance(attr, GridAttr)
         return attr.data
 
     @property
@@ -446,7 +546,7 @@ class KernelOp(IRDLOperation):
 
     def verify_(self) -> None:
         grid = self.attributes.get("grid")
-        if not isinstance(grid, StringAttr) or grid.data not in GRIDS:
+        if not isinstance(grid, GridAttr):
             raise VerifyException(f"kernel grid must be one of {', '.join(GRIDS)}")
         for key in self.INT_ATTRS:
             if self.int_attr(key) is None:
@@ -540,7 +640,11 @@ def _parse_block_ref(parser: Parser) -> tuple[str, str | None]:
     """`[rows, cols]` or `[rows]`."""
     parser.parse_punctuation("[")
     rows = parser.parse_identifier()
+    if rows not in ROW_SOURCES:
+        parser.raise_error(f"rows must be one of {', '.join(ROW_SOURCES)}, got '{rows}'")
     cols = parser.parse_identifier() if parser.parse_optional_punctuation(",") else None
+    if cols is not None and cols not in COLUMN_PARTS:
+        parser.raise_error(f"columns must be one of {', '.join(COLUMN_PARTS)}, got '{cols}'")
     parser.parse_punctuation("]")
     return rows, cols
 
@@ -593,8 +697,8 @@ class LoadOp(IRDLOperation):
 
     source = operand_def(TensorType)
     result = result_def(TileType)
-    rows = prop_def(StringAttr)
-    cols = opt_prop_def(StringAttr)
+    rows = prop_def(RowsAttr)
+    cols = opt_prop_def(ColumnsAttr)
 
     traits = traits_def(Pure())
 
@@ -603,8 +707,8 @@ class LoadOp(IRDLOperation):
             operands=[source],
             result_types=[result_type],
             properties={
-                "rows": StringAttr(rows),
-                "cols": None if cols is None else StringAttr(cols),
+                "rows": RowsAttr(Rows(rows)),
+                "cols": None if cols is None else ColumnsAttr(Columns(cols)),
             },
         )
 
@@ -663,15 +767,15 @@ class StoreOp(IRDLOperation):
 
     value = operand_def(TileType)
     dest = operand_def(TensorType)
-    rows = prop_def(StringAttr)
-    cols = opt_prop_def(StringAttr)
+    rows = prop_def(RowsAttr)
+    cols = opt_prop_def(ColumnsAttr)
 
     def __init__(self, value: SSAValue, dest: SSAValue, rows: str, cols: str | None):
         super().__init__(
             operands=[value, dest],
             properties={
-                "rows": StringAttr(rows),
-                "cols": None if cols is None else StringAttr(cols),
+                "rows": RowsAttr(Rows(rows)),
+                "cols": None if cols is None else ColumnsAttr(Columns(cols)),
             },
         )
 
@@ -717,8 +821,6 @@ class StoreOp(IRDLOperation):
 # Compute
 # --------------------------------------------------------------------------------------------
 
-POSITION_KINDS = ("query", "key")
-
 
 @irdl_op_definition
 class RotateOp(IRDLOperation):
@@ -741,7 +843,7 @@ class RotateOp(IRDLOperation):
     given_positions = opt_operand_def(TensorType)
     lo_out = result_def(T)
     hi_out = result_def(T)
-    positions = prop_def(StringAttr)
+    positions = prop_def(SeqAxisAttr)
     inverse = opt_prop_def(UnitAttr)
 
     assembly_format = (
@@ -764,7 +866,7 @@ class RotateOp(IRDLOperation):
             operands=[lo, hi, table, [] if given_positions is None else [given_positions]],
             result_types=[lo.type, hi.type],
             properties={
-                "positions": StringAttr(positions),
+                "positions": SeqAxisAttr(SeqAxis(positions)),
                 "inverse": UnitAttr() if inverse else None,
             },
         )
@@ -775,8 +877,6 @@ class RotateOp(IRDLOperation):
             raise VerifyException("rotated tiles and results must all have one type")
         if len(lo.shape) != 2 or lo.shape[1] != "half":
             raise VerifyException(f"rotated tiles must be <rows x half>, got {' x '.join(lo.shape)}")
-        if self.positions.data not in POSITION_KINDS:
-            raise VerifyException(f"positions must be query or key, got '{self.positions.data}'")
         _expect_role(self.table, "rope_table", "the table operand must be the rope_table tensor")
         kernel = _kernel_of(self)
         if kernel is not None and kernel.grid in GRIDS:
@@ -834,7 +934,7 @@ class JoinOp(IRDLOperation):
     lo = operand_def(T)
     hi = operand_def(T)
     result = result_def(TileType)
-    pairs = prop_def(StringAttr)
+    pairs = prop_def(PairsAttr)
 
     assembly_format = "$lo `,` $hi attr-dict `:` type($lo) `->` type($result)"
     irdl_options = (ParsePropInAttrDict(),)
@@ -845,7 +945,7 @@ class JoinOp(IRDLOperation):
         assert isinstance(lo_type, TileType)
         result = TileType((lo_type.shape[0], "d"), lo_type.element_type)
         super().__init__(
-            operands=[lo, hi], result_types=[result], properties={"pairs": StringAttr(pairs)}
+            operands=[lo, hi], result_types=[result], properties={"pairs": PairsAttr(Pairs(pairs))}
         )
 
     def verify_(self) -> None:
@@ -872,7 +972,7 @@ class SplitOp(IRDLOperation):
     input = operand_def(TileType)
     lo = result_def(T)
     hi = result_def(T)
-    pairs = prop_def(StringAttr)
+    pairs = prop_def(PairsAttr)
 
     assembly_format = "$input attr-dict `:` type($input) `->` type($lo)"
     irdl_options = (ParsePropInAttrDict(),)
@@ -882,7 +982,7 @@ class SplitOp(IRDLOperation):
         ty = value.type
         assert isinstance(ty, TileType)
         half = TileType((ty.shape[0], "half"), ty.element_type)
-        super().__init__(operands=[value], result_types=[half, half], properties={"pairs": StringAttr(pairs)})
+        super().__init__(operands=[value], result_types=[half, half], properties={"pairs": PairsAttr(Pairs(pairs))})
 
     def verify_(self) -> None:
         ty = _tile(self.input, "split tile")
@@ -1650,9 +1750,6 @@ class StoreScoresOp(IRDLOperation):
 # Generic elementwise computation
 # --------------------------------------------------------------------------------------------
 
-SEQUENCE_AXES = ("query", "key")
-
-
 @irdl_op_definition
 class SeqLenOp(IRDLOperation):
     """The call's query (`Nq`) or key (`Nk`) sequence length as an f32 scalar, for the bodies
@@ -1660,7 +1757,7 @@ class SeqLenOp(IRDLOperation):
 
     name = "tile.seq_len"
 
-    axis = prop_def(StringAttr)
+    axis = prop_def(SeqAxisAttr)
     result = result_def(BaseAttr(Float32Type))
 
     assembly_format = "attr-dict `:` type($result)"
@@ -1668,11 +1765,7 @@ class SeqLenOp(IRDLOperation):
     traits = traits_def(Pure())
 
     def __init__(self, axis: str):
-        super().__init__(result_types=[f32], properties={"axis": StringAttr(axis)})
-
-    def verify_(self) -> None:
-        if self.axis.data not in SEQUENCE_AXES:
-            raise VerifyException(f"axis must be query or key, got '{self.axis.data}'")
+        super().__init__(result_types=[f32], properties={"axis": SeqAxisAttr(SeqAxis(axis))})
 
 
 MAP_BODY_DIALECTS = ("arith", "math")
@@ -1782,7 +1875,7 @@ Tile = Dialect(
         MapOp,
         MapYieldOp,
     ],
-    [TileType, TensorType],
+    [TileType, TensorType, TileDimAttr, GridAttr, RowsAttr, ColumnsAttr, SeqAxisAttr, PairsAttr],
 )
 """The tile dialect."""
 

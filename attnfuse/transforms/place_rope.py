@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
@@ -26,7 +26,7 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from attnfuse.dialects.attn import QueryType, RopeOp
+from attnfuse.dialects.attn import Placement, PlacementAttr, QueryType, RopeOp
 from attnfuse.errors import PassOptionError
 from attnfuse.transforms.rotation_calculus import (
     H200,
@@ -51,7 +51,7 @@ class PlaceRotation(RewritePattern):
         wanted = self.query if isinstance(op.input.type, QueryType) else self.key
         if op.placement is not None and op.placement.data == wanted:
             return
-        op.properties["placement"] = StringAttr(wanted)
+        op.properties["placement"] = PlacementAttr(Placement(wanted))
         rewriter.handle_operation_modification(op)
 
 

@@ -14,7 +14,7 @@
 // CHECK:       tile.kernel @attention_bwd_dkdv(%q: !tile.tensor<q>, %k: !tile.tensor<k>,
 // CHECK:         %k_lo = tile.load %k[program, half_lo] : !tile.tensor<k> -> !tile.tile<m x half x f32>
 // CHECK-NEXT:    %k_hi = tile.load %k[program, half_hi] : !tile.tensor<k> -> !tile.tile<m x half x f32>
-// CHECK-NEXT:    %k_lo_rot, %k_hi_rot = tile.rotate %k_lo, %k_hi, %rope_table {positions = "key"} : !tile.tile<m x half x f32>
+// CHECK-NEXT:    %k_lo_rot, %k_hi_rot = tile.rotate %k_lo, %k_hi, %rope_table {positions = #tile<seq key>} : !tile.tile<m x half x f32>
 // CHECK:           %q_lo = tile.load %q[loop, half_lo] : !tile.tensor<q> -> !tile.tile<n x half x f32>
 // CHECK:           %scores = tile.scores(%k_lo_rot, %k_hi_rot) x(%q_lo_rot, %q_hi_rot) : (!tile.tile<m x half x f32>, !tile.tile<m x half x f32>) x(!tile.tile<n x half x f32>, !tile.tile<n x half x f32>)
 // CHECK:           tile.relu_grad
@@ -86,7 +86,7 @@ attn.variant @softmax_rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.v
 // CHECK:       tile.kernel @attention_bwd_dq(%q: !tile.tensor<q>, %k: !tile.tensor<k>,
 // CHECK:         %q_lo = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x half x f32>
 // CHECK:           %k_lo = tile.load %k[loop, half_lo] : !tile.tensor<k> -> !tile.tile<n x half x f32>
-// CHECK-NOT:       tile.rotate {{.*}}positions = "key"
+// CHECK-NOT:       tile.rotate {{.*}}positions = #tile<seq key>
 // CHECK:           tile.scores
 // The unrotated k is bf16 data widened, exact in its bf16 head: its remainder products (all
 // zero) are not emitted, two products per part instead of three.

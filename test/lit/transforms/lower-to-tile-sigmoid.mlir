@@ -5,7 +5,7 @@
 // CHECK-LABEL: tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>)
 // CHECK:         %acc = tile.zeros
 // CHECK:         tile.kv_loop
-// CHECK:           %num_keys = tile.seq_len {axis = "key"} : f32
+// CHECK:           %num_keys = tile.seq_len {axis = #tile<seq key>} : f32
 // CHECK-NEXT:      %probs = tile.map(%{{.*}}, %num_keys)
 // CHECK:             math.log
 // CHECK:             math.exp

@@ -4,16 +4,16 @@
 // Causal RoPE, both rotations fused: one kernel. q and k are loaded as the two halves of
 // each rotary pair and rotated in registers; only blocks crossing the diagonal are masked.
 // FUSED:      tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>)
-// FUSED-SAME: grid = "query_blocks", element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 64 : i64
+// FUSED-SAME: grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 64 : i64
 // FUSED-NEXT:   %q_lo = tile.load %q[program, half_lo]
 // FUSED-NEXT:   %q_hi = tile.load %q[program, half_hi]
-// FUSED-NEXT:   %q_lo_rot, %q_hi_rot = tile.rotate %q_lo, %q_hi, %rope_table {positions = "query"}
+// FUSED-NEXT:   %q_lo_rot, %q_hi_rot = tile.rotate %q_lo, %q_hi, %rope_table {positions = #tile<seq query>}
 // FUSED-NEXT:   %acc, %row_max, %row_sum = tile.softmax_init
 // FUSED-NEXT:   %kv_start, %full_start, %full_end, %kv_end = tile.kv_bounds {band = #attn.band<upper = 0>}
 // The blocks fully below the diagonal: no mask.
 // FUSED-NEXT:   tile.kv_loop %kv_start to %full_end iter_args
 // FUSED:          tile.load %k[loop, half_lo]
-// FUSED:          tile.rotate {{.*}} {positions = "key"}
+// FUSED:          tile.rotate {{.*}} {positions = #tile<seq key>}
 // FUSED:          tile.scores(%q_lo_rot, %q_hi_rot) x(
 // FUSED-NOT:      tile.mask
 // FUSED:          tile.softmax_update
@@ -30,16 +30,16 @@
 // With the key pre-rotated: a rotation kernel over key blocks, and the attention kernel
 // reads its output. The rotated query halves are joined back to full width once, so each key
 // step is one full-width product.
-// PRE:      tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks"
-// PRE:        tile.rotate %k_lo, %k_hi, %rope_table {positions = "key"}
+// PRE:      tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>
+// PRE:        tile.rotate %k_lo, %k_hi, %rope_table {positions = #tile<seq key>}
 // PRE:        tile.store %k_lo_rot, %k_rot[program, half_lo]
 // PRE:        tile.store %k_hi_rot, %k_rot[program, half_hi]
 // PRE:      tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k_rot: !tile.tensor<k_rot>
-// PRE:        %q_lo_rot, %q_hi_rot = tile.rotate %q_lo, %q_hi, %rope_table {positions = "query"}
-// PRE-NEXT:   %q_rot = tile.join %q_lo_rot, %q_hi_rot {pairs = "half"} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
+// PRE:        %q_lo_rot, %q_hi_rot = tile.rotate %q_lo, %q_hi, %rope_table {positions = #tile<seq query>}
+// PRE-NEXT:   %q_rot = tile.join %q_lo_rot, %q_hi_rot {pairs = #tile<pairs half>} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
 // PRE:        tile.load %k_rot[loop, all]
 // PRE-NEXT:   tile.scores(%q_rot) x(
-// PRE-NOT:    positions = "key"
+// PRE-NOT:    positions = #tile<seq key>
 // PRE:        tile.return
 attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
@@ -145,8 +145,8 @@ attn.variant @sparse(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias :
 // Call-time positions: the rotation reads them (rows index the positions tensor).
 // FUSED:       {{^}}builtin.module
 // FUSED:       tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>, %q_positions: !tile.tensor<q_positions>, %k_positions: !tile.tensor<k_positions>)
-// FUSED:         tile.rotate %q_lo, %q_hi, %rope_table at %q_positions {positions = "query"} : !tile.tile<m x half x f16>, !tile.tensor<rope_table>, !tile.tensor<q_positions>
-// FUSED:         tile.rotate %k_lo, %k_hi, %rope_table at %k_positions {positions = "key"}
+// FUSED:         tile.rotate %q_lo, %q_hi, %rope_table at %q_positions {positions = #tile<seq query>} : !tile.tile<m x half x f16>, !tile.tensor<rope_table>, !tile.tensor<q_positions>
+// FUSED:         tile.rotate %k_lo, %k_hi, %rope_table at %k_positions {positions = #tile<seq key>}
 // PRE:         {{^}}builtin.module
 // PRE:         tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>, %k_positions: !tile.tensor<k_positions>)
 // PRE:         tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>, %q_positions: !tile.tensor<q_positions>)

@@ -8,15 +8,15 @@
 // lengths, where measurement says pre-rotating it too is faster (see rotation_calculus.py).
 // The key rotation is recomputed by every query block when fused, so auto pre-rotates it
 // unless the problem has few query blocks.
-// AUTO-SHORT: attn.rope %q {theta = 1.000000e+04 : f64, placement = "fused"} : !attn.query
-// AUTO-SHORT: attn.rope %k {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.key
-// AUTO-LONG: attn.rope %q {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.query
-// AUTO-LONG: attn.rope %k {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.key
-// AUTO-TINY: attn.rope %q {theta = 1.000000e+04 : f64, placement = "fused"} : !attn.query
-// AUTO-TINY: attn.rope %k {theta = 1.000000e+04 : f64, placement = "fused"} : !attn.key
-// FORCED: attn.rope %q {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.query
-// FORCED: attn.rope %k {theta = 1.000000e+04 : f64, placement = "fused"} : !attn.key
-// REPLACED: attn.rope %q {theta = 1.000000e+04 : f64, placement = "fused"} : !attn.query
+// AUTO-SHORT: attn.rope %q {theta = 1.000000e+04 : f64, placement = #attn<placement fused>} : !attn.query
+// AUTO-SHORT: attn.rope %k {theta = 1.000000e+04 : f64, placement = #attn<placement pre_rotated>} : !attn.key
+// AUTO-LONG: attn.rope %q {theta = 1.000000e+04 : f64, placement = #attn<placement pre_rotated>} : !attn.query
+// AUTO-LONG: attn.rope %k {theta = 1.000000e+04 : f64, placement = #attn<placement pre_rotated>} : !attn.key
+// AUTO-TINY: attn.rope %q {theta = 1.000000e+04 : f64, placement = #attn<placement fused>} : !attn.query
+// AUTO-TINY: attn.rope %k {theta = 1.000000e+04 : f64, placement = #attn<placement fused>} : !attn.key
+// FORCED: attn.rope %q {theta = 1.000000e+04 : f64, placement = #attn<placement pre_rotated>} : !attn.query
+// FORCED: attn.rope %k {theta = 1.000000e+04 : f64, placement = #attn<placement fused>} : !attn.key
+// REPLACED: attn.rope %q {theta = 1.000000e+04 : f64, placement = #attn<placement fused>} : !attn.query
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key

@@ -355,7 +355,7 @@ MISSING_THETA = """attn.variant @attention(%q : !attn.query, %k : !attn.key, %v 
 # lexer (xdsl/utils/mlir_lexer.py, `_unescaped_characters_regex`, a `(?:[^"...]+|...)*"`
 # nested quantifier) backtracks exponentially, about 2x per character: 26 characters after
 # the quote take ~4 s, this line (70) effectively never finishes. No output, no exit.
-UNTERMINATED_STRING = """tile.kernel @join(%q: !tile.tensor<q>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+UNTERMINATED_STRING = """tile.kernel @join(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.load %q[program, even] : !tile.tensor<q> -> !tile.tile<m x half x f16>
   %b = tile.load %q[program, odd] : !tile.tensor<q> -> !tile.tile<m x half x f16>
   %j = tile.join %a, %b {pairs = "interleaved} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>

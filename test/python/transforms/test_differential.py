@@ -383,6 +383,22 @@ def check_gradients(case: Case, fn: af.CompiledAttention, ir: str, q, k, v, bias
         for name, grad in got.items():
             assert grad is not None and not grad.abs().max().item(), f"d{name} should be 0"
         return
+    # dq and dk can be 0 analytically: a softmax row keeping one key (Nk = 1, a window of 1)
+    # has p = 1 whatever its score, and dS = p (dP - delta) cancels exactly. The kernels then
+    # return fp32 rounding noise of that cancellation, |dS| ~ eps |do_i| |v_j|, which the
+    # relative measure (against 1e-3 |dv|) cannot judge. Such a gradient must be within
+    # that noise instead: eps-level, 8 eps scale max|q|,|k| max|v| |do|.
+    scale = case.program.scale if case.program.scale is not None else case.d ** -0.5
+    qk_max = max(q.detach().double().norm(dim=-1).max().item(), k.detach().double().norm(dim=-1).max().item())
+    noise = (8 * torch.finfo(torch.float32).eps * scale * qk_max
+             * v.detach().double().norm(dim=-1).max().item() * grad_out.double().norm().item())
+    for name in ("q", "k"):
+        if reference[name].norm().item() <= 1e-3 * noise:
+            grad = got.pop(name)
+            assert grad.double().norm().item() <= noise, (
+                f"d{name} is 0 analytically, got norm {grad.double().norm().item():.3e} "
+                f"> rounding bound {noise:.3e}"
+            )
     errors = gradient_errors(got, reference)
     for name, err in errors.items():
         assert err <= GRAD_TOLERANCE, f"d{name}: relative error {err:.2e} ({errors})"
@@ -394,6 +410,9 @@ def run_case(case: Case) -> None:
     note(ir)
     note(f"B={case.b} Hq={case.hq} Hkv={case.hkv} Nq={case.nq} Nk={case.nk} D={case.d} "
          f"{case.dtype} q_scale={case.q_scale} seed={case.seed} bias_shape={case.bias_shape}")
+    if os.environ.get("DIFF_LOG"):
+        with open(os.environ["DIFF_LOG"], "a") as f:
+            f.write(f"{[o.kind for o in program.chain]} dead={[[o.kind for o in ops] for _s, ops in program.dead]} {program.normalizer} rope={program.rope} B={case.b} Hq={case.hq} Hkv={case.hkv} Nq={case.nq} Nk={case.nk} D={case.d} {case.dtype} bwd={case.backward} bg={case.bias_grad} lg={case.lse_grad} bias={case.bias_shape} dens={case.layout_density}\n")
     q, k, v, bias, layout = inputs_of(case)
     call = {"bias": bias, "block_layout": layout}
     fn = af.compile(ir)
@@ -422,7 +441,7 @@ CAUSAL = ScoreOp("mask", "[#attn.causal]")
 import os
 from hypothesis import Phase
 _PH = (Phase.explicit, Phase.generate) if os.environ.get("NOSHRINK") else tuple(Phase)
-@settings(max_examples=int(os.environ.get("NEX", 40)), deadline=None, derandomize=True, phases=_PH, report_multiple_bugs=True,
+@settings(max_examples=int(os.environ.get("NEX", 40)), deadline=None, derandomize=not os.environ.get('RANDOM'), phases=_PH, report_multiple_bugs=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=cases())
 # Two ALiBis on the path, one with the default slopes and one with explicit ones: applied twice.
@@ -448,3 +467,49 @@ _PH = (Phase.explicit, Phase.generate) if os.environ.get("NOSHRINK") else tuple(
                    hq=2, hkv=1, nq=20, nk=48, dtype=torch.bfloat16, layout_per_head=True))
 def test_compiled_program_matches_interpreter(case: Case) -> None:
     run_case(case)
+
+
+# --------------------------------------------------------------------------------------------
+# Dead ops that read call-time data
+# --------------------------------------------------------------------------------------------
+
+DEAD_DATA_PROGRAMS = {
+    # The only add_bias is dead: the variant declares %bias, nothing on the path reads it.
+    "dead_add_bias": (", %bias : !attn.bias", "%dead = attn.add_bias %s, %bias", "bias"),
+    # The only block_sparse is dead.
+    "dead_block_sparse": (", %layout : !attn.layout",
+                          "%dead = attn.block_sparse %s, %layout {block_size = 16 : i64}", "block_layout"),
+    # A dead ALiBi with slopes for 3 heads, called with 2.
+    "dead_alibi_wrong_heads": ("", "%dead = attn.alibi %s {slopes = [1.0 : f64, 2.0 : f64, 3.0 : f64]}", None),
+}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the interpreter evaluates dead ops (and so needs their call-time data and checks "
+    "their slopes), while af.compile ignores them and rejects data that only dead ops read: "
+    "no call works for both",
+)
+@pytest.mark.parametrize("name", sorted(DEAD_DATA_PROGRAMS))
+def test_dead_op_alone_reads_call_time_data(name):
+    """A program whose only reader of some call-time data is dead: the kernels ignore the
+    op, so must the interpreter; some call (with or without the data) must work for both and
+    agree."""
+    argument, line, keyword = DEAD_DATA_PROGRAMS[name]
+    ir = (f"attn.variant @dead(%q : !attn.query, %k : !attn.key, %v : !attn.value{argument}) -> !attn.output {{\n"
+          f"  %s = attn.scores %q, %k\n  {line}\n  %p = attn.softmax %s\n  %o = attn.pv %p, %v\n"
+          f"  attn.yield %o\n}}\n")
+    q, k, v = make_qkv(1, 2, 1, 20, 30, 16, seed=5)
+    data = {"bias": torch.randn(1, 2, 20, 30), "block_layout": torch.ones(2, 2, dtype=torch.bool)}
+    fn = af.compile(ir)
+    calls = [{}] if keyword is None else [{}, {keyword: data[keyword]}]
+    outcomes = []
+    for call in calls:
+        try:
+            out, ref = fn(q, k, v, **call), af.reference_attention(ir, q, k, v, **call)
+        except af.AttnFuseError as err:
+            outcomes.append(f"{sorted(call)}: {type(err).__name__}: {err}")
+            continue
+        assert_close_to_reference(out, ref, q.dtype)
+        return
+    pytest.fail("no call runs on both the kernels and the interpreter:\n" + "\n".join(outcomes))

@@ -76,7 +76,8 @@ attn.variant @bad_placement(%q : !attn.query, %k : !attn.key, %v : !attn.value) 
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: rope placement must be one of fused, pre_rotated, got 'sideways'
+// A placement is an enum attribute (#attn<placement fused>), not a string.
+// CHECK: "sideways" should be of base attribute attn.placement
 
 // -----
 

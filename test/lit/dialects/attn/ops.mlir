@@ -6,8 +6,8 @@
 attn.variant @everything(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   // CHECK-NEXT: %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
-  // CHECK-NEXT: %kr = attn.rope %k {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.key
-  %kr = attn.rope %k {theta = 1.000000e+04 : f64, placement = "pre_rotated"} : !attn.key
+  // CHECK-NEXT: %kr = attn.rope %k {theta = 1.000000e+04 : f64, placement = #attn<placement pre_rotated>} : !attn.key
+  %kr = attn.rope %k {theta = 1.000000e+04 : f64, placement = #attn<placement pre_rotated>} : !attn.key
   // CHECK-NEXT: %s = attn.scores %qr, %kr {scale = 1.250000e-01 : f64}
   %s = attn.scores %qr, %kr {scale = 1.250000e-01 : f64}
   // CHECK-NEXT: %m = attn.mask %s [#attn.causal, #attn.window<128>] {band = #attn.band<lower = -127, upper = 0>}

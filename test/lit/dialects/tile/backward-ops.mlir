@@ -9,8 +9,8 @@
 // tile.split in a query_blocks kernel.
 
 // The preprocess: delta = rowsum(dO * O), fp32, from operands of the input type.
-// CHECK-LABEL: tile.kernel @bwd_preprocess(%o: !tile.tensor<o>, %do: !tile.tensor<do>, %delta: !tile.tensor<delta>) attributes {grid = "query_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 32 : i64} {
-tile.kernel @bwd_preprocess(%o: !tile.tensor<o>, %do: !tile.tensor<do>, %delta: !tile.tensor<delta>) attributes {grid = "query_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 32 : i64} {
+// CHECK-LABEL: tile.kernel @bwd_preprocess(%o: !tile.tensor<o>, %do: !tile.tensor<do>, %delta: !tile.tensor<delta>) attributes {grid = #tile<grid query_blocks>, element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 32 : i64} {
+tile.kernel @bwd_preprocess(%o: !tile.tensor<o>, %do: !tile.tensor<do>, %delta: !tile.tensor<delta>) attributes {grid = #tile<grid query_blocks>, element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 32 : i64} {
   // CHECK-NEXT: %out = tile.load %o[program, all] : !tile.tensor<o> -> !tile.tile<m x dv x bf16>
   %out = tile.load %o[program, all] : !tile.tensor<o> -> !tile.tile<m x dv x bf16>
   // CHECK-NEXT: %grad_out = tile.load %do[program, all] : !tile.tensor<do> -> !tile.tile<m x dv x bf16>
@@ -26,8 +26,8 @@ tile.kernel @bwd_preprocess(%o: !tile.tensor<o>, %do: !tile.tensor<do>, %delta: 
 
 // dK/dV over key blocks: q_bounds splits the query range; the lse and delta vectors run
 // along the loop rows (<n>); a static apply_scale, then split + inverse rotation of dK.
-// CHECK-LABEL: tile.kernel @bwd_dkdv(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 128 : i64, block_n = 32 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
-tile.kernel @bwd_dkdv(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 128 : i64, block_n = 32 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+// CHECK-LABEL: tile.kernel @bwd_dkdv(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 128 : i64, block_n = 32 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @bwd_dkdv(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 128 : i64, block_n = 32 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   // CHECK-NEXT: %k = tile.load %k_rot[program, all] : !tile.tensor<k_rot> -> !tile.tile<m x d x f16>
   %k = tile.load %k_rot[program, all] : !tile.tensor<k_rot> -> !tile.tile<m x d x f16>
   // CHECK-NEXT: %v_1 = tile.load %v[program, all] : !tile.tensor<v> -> !tile.tile<m x dv x f16>
@@ -98,10 +98,10 @@ tile.kernel @bwd_dkdv(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, 
   }
   // CHECK-NEXT: %dk3 = tile.apply_scale %dk2 {scale = 1.250000e-01 : f64} : !tile.tile<m x d x f32>
   %dk3 = tile.apply_scale %dk2 {scale = 1.250000e-01 : f64} : !tile.tile<m x d x f32>
-  // CHECK-NEXT: %dk_lo, %dk_hi = tile.split %dk3 {pairs = "half"} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
-  %dk_lo, %dk_hi = tile.split %dk3 {pairs = "half"} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
-  // CHECK-NEXT: %dk_lo_1, %dk_hi_1 = tile.rotate %dk_lo, %dk_hi, %rope_table {positions = "key", inverse} : !tile.tile<m x half x f32>, !tile.tensor<rope_table>
-  %dk_lo_1, %dk_hi_1 = tile.rotate %dk_lo, %dk_hi, %rope_table {positions = "key", inverse} : !tile.tile<m x half x f32>, !tile.tensor<rope_table>
+  // CHECK-NEXT: %dk_lo, %dk_hi = tile.split %dk3 {pairs = #tile<pairs half>} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
+  %dk_lo, %dk_hi = tile.split %dk3 {pairs = #tile<pairs half>} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
+  // CHECK-NEXT: %dk_lo_1, %dk_hi_1 = tile.rotate %dk_lo, %dk_hi, %rope_table {positions = #tile<seq key>, inverse} : !tile.tile<m x half x f32>, !tile.tensor<rope_table>
+  %dk_lo_1, %dk_hi_1 = tile.rotate %dk_lo, %dk_hi, %rope_table {positions = #tile<seq key>, inverse} : !tile.tile<m x half x f32>, !tile.tensor<rope_table>
   // CHECK-NEXT: tile.store %dk_lo_1, %dk[program, half_lo] : !tile.tile<m x half x f32> -> !tile.tensor<dk>
   tile.store %dk_lo_1, %dk[program, half_lo] : !tile.tile<m x half x f32> -> !tile.tensor<dk>
   // CHECK-NEXT: tile.store %dk_hi_1, %dk[program, half_hi] : !tile.tile<m x half x f32> -> !tile.tensor<dk>
@@ -114,8 +114,8 @@ tile.kernel @bwd_dkdv(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, 
 }
 
 // Block-sparse ReLU dK/dV: full query blocks, then the partial ones (masked); no lse, no delta.
-// CHECK-LABEL: tile.kernel @bwd_dkdv_sparse(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>) attributes {grid = "key_blocks", element_type = f32, block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
-tile.kernel @bwd_dkdv_sparse(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>) attributes {grid = "key_blocks", element_type = f32, block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
+// CHECK-LABEL: tile.kernel @bwd_dkdv_sparse(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>) attributes {grid = #tile<grid key_blocks>, element_type = f32, block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
+tile.kernel @bwd_dkdv_sparse(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>) attributes {grid = #tile<grid key_blocks>, element_type = f32, block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
   // CHECK-NEXT: %k_blk = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f32>
   %k_blk = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f32>
   // CHECK-NEXT: %v_blk = tile.load %v[program, all] : !tile.tensor<v> -> !tile.tile<m x dv x f32>
@@ -187,8 +187,8 @@ tile.kernel @bwd_dkdv_sparse(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile
 
 // dQ with a bias gradient over query blocks: lse and delta along <m>, dS stored into dbias
 // inside the key loop; the accumulator split into even/odd dims for the inverse rotation.
-// CHECK-LABEL: tile.kernel @bwd_dq_bias(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 32 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
-tile.kernel @bwd_dq_bias(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 32 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
+// CHECK-LABEL: tile.kernel @bwd_dq_bias(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 32 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
+tile.kernel @bwd_dq_bias(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 32 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
   // CHECK-NEXT: %q_blk = tile.load %q_rot[program, all] : !tile.tensor<q_rot> -> !tile.tile<m x d x f16>
   %q_blk = tile.load %q_rot[program, all] : !tile.tensor<q_rot> -> !tile.tile<m x d x f16>
   // CHECK-NEXT: %g_blk = tile.load %do[program, all] : !tile.tensor<do> -> !tile.tile<m x dv x f16>
@@ -231,10 +231,10 @@ tile.kernel @bwd_dq_bias(%q_rot: !tile.tensor<q_rot>, %k_rot: !tile.tensor<k_rot
   }
   // CHECK-NEXT: %dq_scaled = tile.apply_scale %dq_acc : !tile.tile<m x d x f32>
   %dq_scaled = tile.apply_scale %dq_acc : !tile.tile<m x d x f32>
-  // CHECK-NEXT: %dq_even, %dq_odd = tile.split %dq_scaled {pairs = "interleaved"} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
-  %dq_even, %dq_odd = tile.split %dq_scaled {pairs = "interleaved"} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
-  // CHECK-NEXT: %dq_even_1, %dq_odd_1 = tile.rotate %dq_even, %dq_odd, %rope_table {positions = "query", inverse} : !tile.tile<m x half x f32>, !tile.tensor<rope_table>
-  %dq_even_1, %dq_odd_1 = tile.rotate %dq_even, %dq_odd, %rope_table {positions = "query", inverse} : !tile.tile<m x half x f32>, !tile.tensor<rope_table>
+  // CHECK-NEXT: %dq_even, %dq_odd = tile.split %dq_scaled {pairs = #tile<pairs interleaved>} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
+  %dq_even, %dq_odd = tile.split %dq_scaled {pairs = #tile<pairs interleaved>} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
+  // CHECK-NEXT: %dq_even_1, %dq_odd_1 = tile.rotate %dq_even, %dq_odd, %rope_table {positions = #tile<seq query>, inverse} : !tile.tile<m x half x f32>, !tile.tensor<rope_table>
+  %dq_even_1, %dq_odd_1 = tile.rotate %dq_even, %dq_odd, %rope_table {positions = #tile<seq query>, inverse} : !tile.tile<m x half x f32>, !tile.tensor<rope_table>
   // CHECK-NEXT: tile.store %dq_even_1, %dq[program, even] : !tile.tile<m x half x f32> -> !tile.tensor<dq>
   tile.store %dq_even_1, %dq[program, even] : !tile.tile<m x half x f32> -> !tile.tensor<dq>
   // CHECK-NEXT: tile.store %dq_odd_1, %dq[program, odd] : !tile.tile<m x half x f32> -> !tile.tensor<dq>

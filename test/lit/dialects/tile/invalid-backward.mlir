@@ -3,7 +3,7 @@
 // of a line: each split's diagnostic is printed first, ahead of the annotated IR.
 
 // q_loop walks query blocks: programs must own key blocks.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.kv_bounds {band = #attn.band<upper = 0>}
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -17,7 +17,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // kv_loop walks key blocks: programs must own query blocks.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %r = tile.kv_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -31,7 +31,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // q_bounds: the query range of a key block.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   tile.return
 }
@@ -40,7 +40,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // kv_bounds in a key_blocks kernel.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %s0, %s1, %s2, %s3 = tile.kv_bounds {band = #attn.band<upper = 0>}
   tile.return
 }
@@ -49,7 +49,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // sparse_q_loop in a query_blocks kernel.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %r = tile.sparse_q_loop %fqb, %fqc iter_args(%a) : !tile.tensor<full_q_blocks>, !tile.tensor<full_q_count>, !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
   ^bb0(%a0: !tile.tile<m x d x f32>):
@@ -62,7 +62,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // sparse_q_loop mixing a full list with a partial count.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %r = tile.sparse_q_loop %fqb, %pqc iter_args(%a) : !tile.tensor<full_q_blocks>, !tile.tensor<partial_q_count>, !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
   ^bb0(%a0: !tile.tile<m x d x f32>):
@@ -75,7 +75,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // sparse_q_loop reading key-block lists (the forward's roles).
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %r = tile.sparse_q_loop %fb, %fc iter_args(%a) : !tile.tensor<full_blocks>, !tile.tensor<full_count>, !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
   ^bb0(%a0: !tile.tile<m x d x f32>):
@@ -88,7 +88,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // A q_loop yields the types of its iter_args.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %a = tile.zeros : !tile.tile<m x d x f32>
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -103,7 +103,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // tile.mask needs a masked q_loop.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -121,7 +121,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // recompute_probs: in a key_blocks kernel the queries are the loop rows, so lse is <n>.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %lse_m = tile.zeros : !tile.tile<m x f32>
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
@@ -140,7 +140,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // recompute_probs: in a query_blocks kernel lse is <m>.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.kv_bounds {band = #attn.band<upper = 0>}
   %r = tile.kv_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -159,7 +159,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // softmax_grad: delta along the wrong axis (<m> in a key_blocks kernel).
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %delta_m = tile.zeros : !tile.tile<m x f32>
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
@@ -178,7 +178,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // softmax_grad: delta along the wrong axis (<n> in a query_blocks kernel).
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.kv_bounds {band = #attn.band<upper = 0>}
   %r = tile.kv_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -197,7 +197,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // recompute_probs: lse is a vector, not a score tile.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.kv_bounds {band = #attn.band<upper = 0>}
   %r = tile.kv_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -215,7 +215,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // recompute_probs works on fp32 scores.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %lse_m = tile.zeros : !tile.tile<m x f32>
   %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
   %p = tile.recompute_probs %x, %lse_m : !tile.tile<m x d x f16>, !tile.tile<m x f32>
@@ -226,7 +226,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // dot_transposed contracts matching column dims: dv against d.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -243,7 +243,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // dot_transposed: the left operand runs over the program's rows.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.kv_bounds {band = #attn.band<upper = 0>}
   %r = tile.kv_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -259,7 +259,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // dot_transposed: the result is m x n fp32.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.kv_bounds {band = #attn.band<upper = 0>}
   %r = tile.kv_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -276,7 +276,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // store_scores writes dbias only.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.kv_bounds {band = #attn.band<upper = 0>}
   %r = tile.kv_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -294,7 +294,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // store_scores stores the current block: it belongs in a loop.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %z = tile.zeros : !tile.tile<m x n x f32>
   tile.store_scores %z, %dbias : !tile.tile<m x n x f32>, !tile.tensor<dbias>
   tile.return
@@ -304,7 +304,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // store_scores stores a score-shaped tile.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.kv_bounds {band = #attn.band<upper = 0>}
   %r = tile.kv_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -320,9 +320,9 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // split takes a full-width <rows x d> tile.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x half x f32>
-  %lo, %hi = tile.split %x {pairs = "half"} : !tile.tile<m x half x f32> -> !tile.tile<m x half x f32>
+  %lo, %hi = tile.split %x {pairs = #tile<pairs half>} : !tile.tile<m x half x f32> -> !tile.tile<m x half x f32>
   tile.return
 }
 // CHECK: {{^}}a split tile must be <rows x d>, got m x half
@@ -330,9 +330,9 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // split takes d, not dv.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x dv x f32>
-  %lo, %hi = tile.split %x {pairs = "half"} : !tile.tile<m x dv x f32> -> !tile.tile<m x half x f32>
+  %lo, %hi = tile.split %x {pairs = #tile<pairs half>} : !tile.tile<m x dv x f32> -> !tile.tile<m x half x f32>
   tile.return
 }
 // CHECK: {{^}}a split tile must be <rows x d>, got m x dv
@@ -340,9 +340,9 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // split needs rotary_dim == head_dim.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, rotary_dim = 32 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, rotary_dim = 32 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x d x f32>
-  %lo, %hi = tile.split %x {pairs = "half"} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
+  %lo, %hi = tile.split %x {pairs = #tile<pairs half>} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
   tile.return
 }
 // CHECK: {{^}}tile.split needs rotary_dim == head_dim, a power of two >= 32; got rotary_dim 32, head_dim 64
@@ -350,9 +350,9 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // split needs a head dim of at least 32.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
   %x = tile.zeros : !tile.tile<m x d x f32>
-  %lo, %hi = tile.split %x {pairs = "interleaved"} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
+  %lo, %hi = tile.split %x {pairs = #tile<pairs interleaved>} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
   tile.return
 }
 // CHECK: {{^}}tile.split needs rotary_dim == head_dim, a power of two >= 32; got rotary_dim 16, head_dim 16
@@ -360,19 +360,19 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // split: a known pair layout.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x d x f32>
   %lo, %hi = tile.split %x {pairs = "blocked"} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f32>
   tile.return
 }
-// CHECK: {{^}}pairs must be half or interleaved, got 'blocked'
+// CHECK: "blocked" should be of base attribute tile.pairs
 
 // -----
 
 // split keeps the element type.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x d x f32>
-  %lo, %hi = tile.split %x {pairs = "half"} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f16>
+  %lo, %hi = tile.split %x {pairs = #tile<pairs half>} : !tile.tile<m x d x f32> -> !tile.tile<m x half x f16>
   tile.return
 }
 // CHECK: {{^}}tile.split keeps the element type of its operand
@@ -380,9 +380,9 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // split keeps the rows.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x d x f32>
-  %lo, %hi = tile.split %x {pairs = "half"} : !tile.tile<m x d x f32> -> !tile.tile<n x half x f32>
+  %lo, %hi = tile.split %x {pairs = #tile<pairs half>} : !tile.tile<m x d x f32> -> !tile.tile<n x half x f32>
   tile.return
 }
 // CHECK: {{^}}split halves must be a m x half tile, got n x half
@@ -390,7 +390,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // apply_scale: a static scale is positive.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x d x f32>
   %y = tile.apply_scale %x {scale = 0.000000e+00 : f64} : !tile.tile<m x d x f32>
   tile.return
@@ -400,7 +400,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // apply_scale: negative.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x d x f32>
   %y = tile.apply_scale %x {scale = -1.250000e-01 : f64} : !tile.tile<m x d x f32>
   tile.return
@@ -410,7 +410,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // apply_scale scales fp32 accumulators.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
   %y = tile.apply_scale %x : !tile.tile<m x d x f16>
   tile.return
@@ -420,7 +420,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // row_dot gives one fp32 value per program row: <m>, not <n>.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %out = tile.load %o[program, all] : !tile.tensor<o> -> !tile.tile<m x dv x f16>
   %g = tile.load %do[program, all] : !tile.tensor<do> -> !tile.tile<m x dv x f16>
   %d = tile.row_dot %g, %out : !tile.tile<m x dv x f16> -> !tile.tile<n x f32>
@@ -431,7 +431,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // row_dot result is fp32.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %out = tile.load %o[program, all] : !tile.tensor<o> -> !tile.tile<m x dv x f16>
   %g = tile.load %do[program, all] : !tile.tensor<do> -> !tile.tile<m x dv x f16>
   %d = tile.row_dot %g, %out : !tile.tile<m x dv x f16> -> !tile.tile<m x f16>
@@ -442,7 +442,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // row_dot operands are program-row tiles.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.load %lse[program] : !tile.tensor<lse> -> !tile.tile<m x f32>
   %d = tile.row_dot %x, %x : !tile.tile<m x f32> -> !tile.tile<m x f32>
   tile.return
@@ -452,7 +452,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // relu_grad works on m x n fp32 scores.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x dv x f32>
   %d = tile.relu_grad %x, %x : !tile.tile<m x dv x f32>
   tile.return
@@ -462,7 +462,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // accumulate: an m x d accumulator takes n x d values.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -481,7 +481,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // accumulate: the accumulator runs over the program rows.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -500,7 +500,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // Loop rows of a backward tensor outside any loop.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>, %dbias: !tile.tensor<dbias>, %bias: !tile.tensor<bias>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %g = tile.load %do[loop, all] : !tile.tensor<do> -> !tile.tile<n x dv x f16>
   tile.return
 }
@@ -509,7 +509,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // delta is fp32 whatever the element type.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %d = tile.load %delta[program] : !tile.tensor<delta> -> !tile.tile<m x f16>
   tile.return
 }
@@ -518,7 +518,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 // -----
 
 // dbias is not accessed by blocks.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %do: !tile.tensor<do>, %lse: !tile.tensor<lse>, %delta: !tile.tensor<delta>, %dq: !tile.tensor<dq>, %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>, %fqb: !tile.tensor<full_q_blocks>, %fqc: !tile.tensor<full_q_count>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %d = tile.load %dbias[program, all] : !tile.tensor<dbias> -> !tile.tile<m x d x f32>
   tile.return
 }
@@ -528,7 +528,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 
 // Block roles must match the grid's row axes: q rows are queries, the program's rows of a
 // key_blocks kernel are keys.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
   tile.return
 }
@@ -536,7 +536,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>) attributes {grid = "key
 
 // -----
 
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %dk: !tile.tensor<dk>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %dk: !tile.tensor<dk>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %x = tile.zeros : !tile.tile<m x d x f32>
   tile.store %x, %dk[program, all] : !tile.tile<m x d x f32> -> !tile.tensor<dk>
   tile.return
@@ -546,10 +546,10 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %dk: !tile.tensor<dk>) 
 // -----
 
 // tile.rotate's positions must be those of the rows it rotates.
-tile.kernel @k(%k: !tile.tensor<k>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%k: !tile.tensor<k>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %lo = tile.load %k[program, half_lo] : !tile.tensor<k> -> !tile.tile<m x half x f16>
   %hi = tile.load %k[program, half_hi] : !tile.tensor<k> -> !tile.tile<m x half x f16>
-  %a, %b = tile.rotate %lo, %hi, %rope_table {positions = "query"} : !tile.tile<m x half x f16>, !tile.tensor<rope_table>
+  %a, %b = tile.rotate %lo, %hi, %rope_table {positions = #tile<seq query>} : !tile.tile<m x half x f16>, !tile.tensor<rope_table>
   tile.return
 }
 // CHECK: {{^}}query positions, but the program rows of a key_blocks kernel are key rows
@@ -557,7 +557,7 @@ tile.kernel @k(%k: !tile.tensor<k>, %rope_table: !tile.tensor<rope_table>) attri
 // -----
 
 // dot_transposed multiplies operands of one element type (a widened q with an f16 k).
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %kk = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
@@ -574,7 +574,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // A query loop's results have the types of its iter_args.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x dv x f32> {
@@ -588,7 +588,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %d
 // -----
 
 // A query loop's body arguments have the types of its iter_args.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = "key_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %do: !tile.tensor<do>, %dk: !tile.tensor<dk>, %dv: !tile.tensor<dv>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
   %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {

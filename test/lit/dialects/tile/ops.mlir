@@ -2,14 +2,14 @@
 // RUN: %roundtrip | filecheck %s
 // Every tile op and type prints in its custom form and survives a generic round trip.
 
-// CHECK-LABEL: tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
-tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = "key_blocks", element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
+// CHECK-LABEL: tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
+tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 32 : i64} {
   // CHECK-NEXT: %k_even = tile.load %k[program, even] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
   %k_even = tile.load %k[program, even] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
   // CHECK-NEXT: %k_odd = tile.load %k[program, odd] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
   %k_odd = tile.load %k[program, odd] : !tile.tensor<k> -> !tile.tile<m x half x bf16>
-  // CHECK-NEXT: %a, %b = tile.rotate %k_even, %k_odd, %rope_table {positions = "key", inverse} : !tile.tile<m x half x bf16>, !tile.tensor<rope_table>
-  %a, %b = tile.rotate %k_even, %k_odd, %rope_table {positions = "key", inverse} : !tile.tile<m x half x bf16>, !tile.tensor<rope_table>
+  // CHECK-NEXT: %a, %b = tile.rotate %k_even, %k_odd, %rope_table {positions = #tile<seq key>, inverse} : !tile.tile<m x half x bf16>, !tile.tensor<rope_table>
+  %a, %b = tile.rotate %k_even, %k_odd, %rope_table {positions = #tile<seq key>, inverse} : !tile.tile<m x half x bf16>, !tile.tensor<rope_table>
   // CHECK-NEXT: tile.store %a, %k_rot[program, even] : !tile.tile<m x half x bf16> -> !tile.tensor<k_rot>
   tile.store %a, %k_rot[program, even] : !tile.tile<m x half x bf16> -> !tile.tensor<k_rot>
   // CHECK-NEXT: %k_pass = tile.load %k[program, pass] : !tile.tensor<k> -> !tile.tile<m x pass x bf16>
@@ -19,7 +19,7 @@ tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>, %rope_
 }
 
 // CHECK-LABEL: tile.kernel @attention_fwd
-tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>) attributes {grid = "query_blocks", element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 128 : i64, head_dim_v = 128 : i64} {
+tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 3 : i64, head_dim = 128 : i64, head_dim_v = 128 : i64} {
   // CHECK-NEXT: %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
   %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
   // CHECK-NEXT: %acc, %row_max, %row_sum = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
@@ -55,7 +55,7 @@ tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.t
 }
 
 // CHECK-LABEL: tile.kernel @sparse_relu
-tile.kernel @sparse_relu(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %slopes: !tile.tensor<slopes>, %bias: !tile.tensor<bias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>) attributes {grid = "query_blocks", element_type = f32, block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
+tile.kernel @sparse_relu(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %slopes: !tile.tensor<slopes>, %bias: !tile.tensor<bias>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>) attributes {grid = #tile<grid query_blocks>, element_type = f32, block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
   %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f32>
   // CHECK: %acc = tile.zeros : !tile.tile<m x dv x f32>
   %acc = tile.zeros : !tile.tile<m x dv x f32>
@@ -79,10 +79,10 @@ tile.kernel @sparse_relu(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.ten
 }
 
 // CHECK-LABEL: tile.kernel @join
-tile.kernel @join(%q: !tile.tensor<q>) attributes {grid = "query_blocks", element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @join(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.load %q[program, even] : !tile.tensor<q> -> !tile.tile<m x half x f16>
   %b = tile.load %q[program, odd] : !tile.tensor<q> -> !tile.tile<m x half x f16>
-  // CHECK: %j = tile.join %a, %b {pairs = "interleaved"} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
-  %j = tile.join %a, %b {pairs = "interleaved"} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
+  // CHECK: %j = tile.join %a, %b {pairs = #tile<pairs interleaved>} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
+  %j = tile.join %a, %b {pairs = #tile<pairs interleaved>} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
   tile.return
 }

@@ -138,6 +138,23 @@ class GridAttr(EnumAttribute[Grid], SpacedOpaqueSyntaxAttribute):
     name = "tile.grid"
 
 
+class BlockOrder(StrEnum):
+    """The order in which a grid's row blocks are handed to programs."""
+
+    ASCENDING = "ascending"
+    DESCENDING = "descending"
+
+
+@irdl_attr_definition
+class BlockOrderAttr(EnumAttribute[BlockOrder], SpacedOpaqueSyntaxAttribute):
+    """`#tile<order descending>`: program `i` of a kernel's grid owns row block `i`
+    (ascending) or the `i`-th block from the end (descending: under a causal mask the last
+    query blocks are the longest, and starting the longest programs first shortens the
+    launch's tail)."""
+
+    name = "tile.order"
+
+
 class Rows(StrEnum):
     """Which rows a load or store touches (see `ROW_SOURCES`)."""
 
@@ -463,7 +480,10 @@ class KernelOp(IRDLOperation):
 
     Attributes: `grid` (see `GRIDS`), `block_m` (rows a program owns), `block_n` (key rows per
     loop step), `num_warps`, `num_stages` (software-pipelining depth), `head_dim`,
-    `head_dim_v`, optional `rotary_dim`, and `element_type` (the inputs' type).
+    `head_dim_v`, optional `rotary_dim`, `element_type` (the inputs' type), optional
+    `block_order` (`#tile<order ...>`, ascending when absent) and optional `shared_offsets`
+    (`["do", "q"]`, set by `share-offsets`: when the runtime finds the two roles' row and
+    column strides equal, the first role's loop loads reuse the second's offsets).
     """
 
     name = "tile.kernel"
@@ -536,6 +556,22 @@ class KernelOp(IRDLOperation):
         return self.get("head_dim") if value is None else value
 
     @property
+    def block_order(self) -> str:
+        """`ascending` or `descending` (see `BlockOrderAttr`)."""
+        attr = self.attributes.get("block_order")
+        return attr.data if isinstance(attr, BlockOrderAttr) else BlockOrder.ASCENDING
+
+    @property
+    def shared_offsets(self) -> tuple[str, ...] | None:
+        """(follower, leader) roles whose loop loads may share offsets, or None."""
+        attr = self.attributes.get("shared_offsets")
+        if attr is None:
+            return None
+        if not isinstance(attr, ArrayAttr) or not all(isinstance(a, StringAttr) for a in attr.data):
+            raise VerifyException(f"shared_offsets must be an array of role names, got {attr}")
+        return tuple(a.data for a in attr.data)
+
+    @property
     def roles(self) -> list[str]:
         """The tensor parameters' roles, in order."""
         return [t.role.data for t in self.function_type.inputs.data if isinstance(t, TensorType)]
@@ -576,6 +612,16 @@ class KernelOp(IRDLOperation):
             raise VerifyException("entry block arguments must match the kernel's parameters")
         if self.function_type.outputs.data:
             raise VerifyException("a kernel returns nothing: it writes its output tensors")
+        order = self.attributes.get("block_order")
+        if order is not None and not isinstance(order, BlockOrderAttr):
+            raise VerifyException(f"block_order must be a #tile<order ...>, got {order}")
+        if self.shared_offsets is not None:
+            missing = [r for r in self.shared_offsets if r not in self.roles]
+            if len(self.shared_offsets) != 2 or missing:
+                raise VerifyException(
+                    "shared_offsets names two of the kernel's tensor roles (follower, leader), "
+                    f"got {list(self.shared_offsets)}"
+                )
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:
@@ -998,7 +1044,9 @@ class SplitOp(IRDLOperation):
 class ScoresOp(IRDLOperation):
     """`s = scale * sum_p q_p @ k_p^T`: the scores of the program's query rows against the
     loop's key rows, summed over matching column parts (fp32 accumulation). `scale` is static
-    when given, else the kernel's `sm_scale` argument.
+    when given, else the kernel's `sm_scale` argument. With `unscaled` (set by
+    `fold-scale-into-exp`) the product is left unscaled and every consumer, an exponential
+    marked `unscaled_scores`, applies the scale where it multiplies anyway.
 
     Parts of the kernel's element type are multiplied at that precision. f32 parts in an
     f16/bf16 kernel are multiplied far more exactly than element-type parts (the Triton
@@ -1013,6 +1061,7 @@ class ScoresOp(IRDLOperation):
     keys = var_operand_def(TileType)
     result = result_def(TileType)
     scale = opt_prop_def(FloatAttr)
+    unscaled = opt_prop_def(UnitAttr)
 
     irdl_options = (AttrSizedOperandSegments(), ParsePropInAttrDict())
     assembly_format = (
@@ -1052,6 +1101,14 @@ class ScoresOp(IRDLOperation):
         _expect_shape(self.result, ("m", "n"), "scores")
         if self.scale is not None and not self.scale.value.data > 0:
             raise VerifyException(f"scores scale must be positive, got {self.scale.value.data}")
+        if self.unscaled is not None:
+            for user, operand in scale_consumers(self.result):
+                if not (isinstance(user, EXPONENTIAL_OPS) and operand is user.scores
+                        and user.unscaled_scores is not None and user.scale == self.scale):
+                    raise VerifyException(
+                        f"unscaled scores must reach only exponentials that apply their scale "
+                        f"(unscaled_scores, the same scale), but {user.name} reads them"
+                    )
 
 
 @irdl_op_definition
@@ -1448,8 +1505,13 @@ class SoftmaxUpdateOp(IRDLOperation):
     new_row_max = result_def(R)
     new_row_sum = result_def(R)
     alpha = result_def(R)
+    unscaled_scores = opt_prop_def(UnitAttr)
+    """The scores arrive unscaled (`tile.scores ... unscaled`): the step multiplies them by
+    `scale` (static when given, else `sm_scale`) inside its exponential and row max."""
+    scale = opt_prop_def(FloatAttr)
 
     assembly_format = "$scores `,` $row_max `,` $row_sum attr-dict `:` type($scores) `,` type($row_max)"
+    irdl_options = (ParsePropInAttrDict(),)
     traits = traits_def(Pure())
 
     def __init__(self, scores: SSAValue, row_max: SSAValue, row_sum: SSAValue):
@@ -1640,8 +1702,12 @@ class RecomputeProbsOp(IRDLOperation):
     scores = operand_def(T)
     lse = operand_def(TileType)
     result = result_def(T)
+    unscaled_scores = opt_prop_def(UnitAttr)
+    """As `tile.softmax_update`'s: the exponential applies the scores' scale."""
+    scale = opt_prop_def(FloatAttr)
 
     assembly_format = "$scores `,` $lse attr-dict `:` type($scores) `,` type($lse)"
+    irdl_options = (ParsePropInAttrDict(),)
     traits = traits_def(Pure())
 
     def __init__(self, scores: SSAValue, lse: SSAValue):
@@ -1746,6 +1812,18 @@ class StoreScoresOp(IRDLOperation):
         _expect_role(self.dest, "dbias", "tile.store_scores writes the dbias tensor")
 
 
+def scale_consumers(scores: SSAValue) -> list[tuple[Operation, SSAValue]]:
+    """The ops that read a block of scores, looking through `tile.mask` (which keeps a
+    dropped score at -inf however it is scaled), with the value each reads."""
+    users: list[tuple[Operation, SSAValue]] = []
+    for use in scores.uses:
+        if isinstance(use.operation, MaskOp):
+            users += scale_consumers(use.operation.result)
+        else:
+            users.append((use.operation, scores))
+    return users
+
+
 # --------------------------------------------------------------------------------------------
 # Generic elementwise computation
 # --------------------------------------------------------------------------------------------
@@ -1837,6 +1915,10 @@ class MapYieldOp(IRDLOperation):
         super().__init__(operands=[value])
 
 
+EXPONENTIAL_OPS = (SoftmaxUpdateOp, RecomputeProbsOp)
+"""Ops that exponentiate scores, and so can apply their scale in the same multiply."""
+
+
 Tile = Dialect(
     "tile",
     [
@@ -1875,7 +1957,7 @@ Tile = Dialect(
         MapOp,
         MapYieldOp,
     ],
-    [TileType, TensorType, TileDimAttr, GridAttr, RowsAttr, ColumnsAttr, SeqAxisAttr, PairsAttr],
+    [TileType, TensorType, TileDimAttr, GridAttr, BlockOrderAttr, RowsAttr, ColumnsAttr, SeqAxisAttr, PairsAttr],
 )
 """The tile dialect."""
 

@@ -11,10 +11,13 @@ The kernel ABI is uniform so the runtime can launch any kernel from its `KernelI
            sm_scale, n_q, n_k, num_heads, group_size,
            <constexprs with defaults: block sizes and static dims>)
 
-Two facts of the generated code, not of the IR: the softmax computes `exp` as `exp2` of
-scores multiplied by log2(e) (folded into one FMA with the row max), and the kernel's static
-dims are padded to powers of two (at least 16, the smallest `tl.dot` operand) with masked
-loads and stores.
+The printer translates; the decisions are the passes', visible in the tile IR: whether the
+score scale is folded into the exponential (`fold-scale-into-exp`: `unscaled` scores), the
+order of the row blocks (`block_order`), which loads may share offsets (`share-offsets`).
+Facts of the generated code, not of the IR: `exp` is computed as `exp2` of the scores times
+log2(e) (one FMA with the row max), f32 operands of a 16-bit kernel's product are split into
+half-precision parts (`split_products`), and static dims are padded to powers of two (at
+least 16, the smallest `tl.dot` operand) with masked loads and stores.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ def plus(expr: str, offset: int) -> str:
     return f"{expr} + {offset}" if offset > 0 else f"{expr} - {-offset}"
 
 
+def scale_expression(scale: FloatAttr | None) -> str:
+    """A score scale in the generated code: the static value, or the kernel's `sm_scale`."""
+    return "sm_scale" if scale is None else repr(scale.value.data)
+
+
 def padded(width: int) -> int:
     """The power-of-two tile width holding `width` columns: at least 16 for `tl.dot`."""
     size = 16
@@ -65,7 +73,7 @@ class KernelInfo:
     shared_offsets: tuple[str, str] | None = None
     """(follower, leader): the kernel has a `SHARED_OFFSETS` constexpr; when the runtime sets
     it (the two roles' row and column strides are equal), the follower's loop loads use the
-    leader's offsets (`KernelEmitter.find_shared_offsets`)."""
+    leader's offsets (`tile.kernel`'s `shared_offsets`, set by `share-offsets`)."""
 
 
 @dataclass(frozen=True)
@@ -160,9 +168,6 @@ class KernelEmitter:
     indent: int = 1
     helpers: set[str] = field(default_factory=set)
     """The module's helper functions (`HELPERS`) the kernel calls."""
-    deferred_scales: dict[SSAValue, str] = field(default_factory=dict)
-    """Scores printed without their scale, and the scale (an expression) that the
-    exponential applies instead (`scale_folds_into_exponential`)."""
 
     def __post_init__(self) -> None:
         k = self.kernel
@@ -176,25 +181,9 @@ class KernelEmitter:
         self.roles = k.roles
         self.namer = Namer(reserved=self.reserved_names())
         self.loop_vars: list[LoopRows] = []
-        self.shared_offsets = self.find_shared_offsets()
-
-    def find_shared_offsets(self) -> tuple[str, str] | None:
-        """(follower, leader) when a dK/dV kernel loads full rows of dO and of q (or its
-        rotated copy) in its query loop, with D = Dv: then dO's loads can reuse q's offset
-        expression when their strides match (`SHARED_OFFSETS`, set per call by the runtime).
-        One address computation per loop step instead of two measured 6% less time for the
-        dK/dV kernel at the Llama-3-8B geometry on the H200 (register pressure: the kernel
-        runs at the 255-register limit; bench/results/20261129T1833Z-emitted_variants-
-        fold-scale.log). Forward and dQ kernels (k and v) are not specialized: not measured."""
-        if self.grid != "key_blocks" or self.head_dim != self.head_dim_v:
-            return None
-        loop_loads = {
-            op.role for op in self.kernel.walk()
-            if isinstance(op, tile.LoadOp) and op.rows.data == "loop"
-            and op.cols is not None and op.cols.data == "all"
-        }
-        leader = next((role for role in ("q_rot", "q") if role in loop_loads), None)
-        return ("do", leader) if "do" in loop_loads and leader is not None else None
+        # `share-offsets` decides; the printer emits both address forms behind a constexpr.
+        pair = k.shared_offsets
+        self.shared_offsets: tuple[str, str] | None = (pair[0], pair[1]) if pair else None
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -356,7 +345,7 @@ class KernelEmitter:
         # causal mask the longest are the last query blocks and the first key blocks. (On the
         # H200 this order takes 30% less time than a head-major grid in dK/dV, 10% in dQ and
         # 7% in the forward: docs/performance.md §6.8.)
-        if self.grid == "query_blocks":
+        if k.block_order == tile.BlockOrder.DESCENDING:
             self.emit("block_id = tl.num_programs(1) - 1 - tl.program_id(1)")
         else:
             self.emit("block_id = tl.program_id(1)")
@@ -571,43 +560,23 @@ class KernelEmitter:
         for i, (q_op, k_op) in enumerate(products):
             acc = f", acc={name}" if i else ""
             self.emit(f"{name} = tl.dot({q_op}, tl.trans({k_op}){acc}{self.dot_options()})")
-        scale = "sm_scale" if op.scale is None else repr(op.scale.value.data)
-        if self.scale_folds_into_exponential(op.result):
-            self.deferred_scales[op.result] = scale
+        scale = scale_expression(op.scale)
+        if op.unscaled is not None:
             self.emit(f"# (the scale, {scale}, is applied where the scores meet the exponential)")
         elif op.scale is None:
             self.emit(f"{name} = {name} * sm_scale")
         else:
             self.emit(f"{name} = {name} * {scale}  # static scale")
 
-    def scale_folds_into_exponential(self, scores: SSAValue) -> bool:
-        """Whether the scores reach nothing but masks and exponentials (`tile.softmax_update`,
-        `tile.recompute_probs`). Then the printer leaves them unscaled and the exponential
-        multiplies by `scale * log2(e)` in the FMA it does anyway, and the row max by the
-        scale once per row: one multiply per score less. Valid because the scale is a
-        positive normal fp32 number, and so is scale * log2(e) (the DSL and `attn.scores`'
-        verifier check it, `attn.MIN_SCORE_SCALE`): a mask's -inf stays -inf rather than
-        becoming NaN, and the max of scaled scores is the scaled max (rounding is monotonic,
-        so even bit for bit)."""
-        for use in scores.uses:
-            user = use.operation
-            if isinstance(user, tile.MaskOp):
-                if not self.scale_folds_into_exponential(user.result):
-                    return False
-            elif not (isinstance(user, (tile.SoftmaxUpdateOp, tile.RecomputeProbsOp))
-                      and user.operands[use.index] is user.scores):
-                return False
-        return True
-
-    def exponent_factor(self, scores: SSAValue) -> str:
-        """What the exponential multiplies `scores` by: log2(e), times the scale if the
-        scores were printed without it."""
-        scale = self.deferred_scales.get(scores)
-        if scale is None:
+    @staticmethod
+    def exponent_factor(op: tile.SoftmaxUpdateOp | tile.RecomputeProbsOp) -> str:
+        """What an exponential multiplies its scores by: log2(e), times the scale when they
+        arrive unscaled (`fold-scale-into-exp`)."""
+        if op.unscaled_scores is None:
             return repr(LOG2E)
-        if scale == "sm_scale":
+        if op.scale is None:
             return f"(sm_scale * {LOG2E})"
-        return repr(float(scale) * LOG2E)
+        return repr(float(op.scale.value.data) * LOG2E)
 
     def split_products(self, q: SSAValue, k: SSAValue) -> list[tuple[str, str]]:
         """The element-type products whose fp32 sum is q @ k^T of widened (fp32) operands, on
@@ -657,8 +626,6 @@ class KernelEmitter:
         keep = self.namer.fresh("keep")
         self.emit(f"{keep} = {' & '.join(conds) if conds else 'True'}")
         self.emit(f"{self.namer.define(op.result)} = tl.where({keep}, {self.namer[op.input]}, float(\"-inf\"))")
-        if op.input in self.deferred_scales:
-            self.deferred_scales[op.result] = self.deferred_scales[op.input]
 
     def emit_band_range(self, op: tile.KVBoundsOp | tile.QBoundsOp, first: str, last: str,
                         lower: int | None, upper: int | None, length: str) -> None:
@@ -771,15 +738,15 @@ class KernelEmitter:
         scores, row_max, row_sum = (self.namer[v] for v in op.operands)
         new_max, safe = self.namer.fresh("row_max_new"), self.namer.fresh("row_max_safe")
         self.emit("# tile.softmax_update: online softmax step")
-        scale = self.deferred_scales.get(op.scores)
-        block_max = f"tl.max({scores}, 1)" if scale is None else f"tl.max({scores}, 1) * {scale}"
+        unscaled = op.unscaled_scores is not None
+        block_max = f"tl.max({scores}, 1) * {scale_expression(op.scale)}" if unscaled else f"tl.max({scores}, 1)"
         self.emit(f"{new_max} = tl.maximum({row_max}, {block_max})")
         self.emit("# A row with no kept key yet has max -inf: subtract 0 so exp2 gives 0, not NaN.")
         self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
         probs = self.fresh_result(op.probs)
         alpha = self.fresh_result(op.alpha)
         # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
-        self.emit(f"{probs} = tl.math.exp2({scores} * {self.exponent_factor(op.scores)} - ({safe} * {LOG2E})[:, None])")
+        self.emit(f"{probs} = tl.math.exp2({scores} * {self.exponent_factor(op)} - ({safe} * {LOG2E})[:, None])")
         self.emit(f"{alpha} = tl.math.exp2(({row_max} - {safe}) * {LOG2E})")
         self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
         self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")
@@ -919,7 +886,7 @@ class KernelEmitter:
         self.emit(f"{safe} = tl.where({lse} == float(\"-inf\"), float(\"inf\"), {lse})")
         bcast = "[:, None]" if op.lse.type.shape == ("m",) else "[None, :]"  # type: ignore[union-attr]
         self.emit(
-            f"{self.namer.define(op.result)} = tl.math.exp2({self.namer[op.scores]} * {self.exponent_factor(op.scores)}"
+            f"{self.namer.define(op.result)} = tl.math.exp2({self.namer[op.scores]} * {self.exponent_factor(op)}"
             f" - ({safe} * {LOG2E}){bcast})"
         )
 

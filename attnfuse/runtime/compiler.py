@@ -24,7 +24,7 @@ from attnfuse.lowering.triton import TritonProgram, emit_module
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.config import TileConfig
 from attnfuse.runtime.program import VariantProgram, as_program
-from attnfuse.transforms import PASSES
+from attnfuse.transforms import PASSES, TILE_PIPELINE
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class CompileKey:
             f"num-warps={c.num_warps} num-stages={c.num_stages} "
             f"bwd-block-m={bm} bwd-block-n={bn} bwd-num-warps={warps} bwd-num-stages={stages} "
             f"dkdv-block-m={kv_bm} dkdv-block-n={kv_bn} dkdv-num-warps={kv_warps} "
-            f"dkdv-num-stages={kv_stages} bwd-rope={self.bwd_rope}}}"
+            f"dkdv-num-stages={kv_stages} bwd-rope={self.bwd_rope}}},"
+            f"{TILE_PIPELINE}"
         )
 
 

@@ -180,6 +180,11 @@ class KernelBuilder:
             name, roles, grid=grid, element_type=self.elem,
             config=config.attributes(rotary_dim),
         )
+        if grid == "query_blocks":
+            # Longest programs first: under a causal mask the last query blocks visit the
+            # most key blocks (on the H200 7% less time for the forward, 10% for dQ than
+            # ascending; dK/dV's longest programs, the first key blocks, come first anyway).
+            self.kernel.attributes["block_order"] = tile.BlockOrderAttr(tile.BlockOrder.DESCENDING)
         self.builder = Builder(InsertPoint.at_end(self.kernel.body.block))
 
     def inside(self, block: Block) -> KernelBuilder:

@@ -345,4 +345,13 @@ class LowerToTilePass(ModulePass):
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)
 
 
-__all__ = ["KernelConfig", "LowerToTilePass", "read_variant"]
+
+
+@dataclass(frozen=True)
+class ConvertAttnToTilePass(LowerToTilePass):
+    """`lower-to-tile` under MLIR's A-to-B name, with the same options."""
+
+    name = "convert-attn-to-tile"
+
+
+__all__ = ["ConvertAttnToTilePass", "KernelConfig", "LowerToTilePass", "read_variant"]

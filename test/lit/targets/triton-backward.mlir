@@ -1,5 +1,5 @@
-// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{bwd-block-m=64 bwd-block-n=32}' -t triton | filecheck %s
-// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{bwd-rope=as_forward bwd-block-m=64 bwd-block-n=32}' -t triton | filecheck %s --check-prefix=ASFWD
+// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{bwd-block-m=64 bwd-block-n=32},fold-scale-into-exp,share-offsets' -t triton | filecheck %s
+// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{bwd-rope=as_forward bwd-block-m=64 bwd-block-n=32},fold-scale-into-exp,share-offsets' -t triton | filecheck %s --check-prefix=ASFWD
 // The Triton of the backward kernels for causal RoPE (default: pre-rotated q and k). The dK/dV
 // kernel's programs own key blocks (BLOCK_M keys) of one key/value head and loop over query
 // blocks (BLOCK_N queries) for every query head of the GQA group; the dQ kernel's programs own

@@ -1,4 +1,4 @@
-// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{key=pre_rotated},lower-to-tile{head-dim=64}' -t triton | filecheck %s
+// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{key=pre_rotated},lower-to-tile{head-dim=64},fold-scale-into-exp,share-offsets' -t triton | filecheck %s
 // Query rotated in registers, key pre-rotated: the rotated halves are joined once, and each
 // key step is a single full-width product.
 

@@ -1,4 +1,4 @@
-// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,lower-to-tile' -t triton | filecheck %s
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,lower-to-tile,fold-scale-into-exp,share-offsets' -t triton | filecheck %s
 // The printer leaves scores unscaled when they reach nothing but masks and exponentials: the
 // positive scale goes into the row max (once per row) and into the exponential's FMA (one
 // multiply per score less). Scores that anything else reads (ALiBi, a bias, relu) are scaled

@@ -1,4 +1,4 @@
-// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{key=pre_rotated},lower-to-tile{head-dim=80 block-m=64 block-n=32 backward=false}' -t triton | filecheck %s
+// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{key=pre_rotated},lower-to-tile{head-dim=80 block-m=64 block-n=32 backward=false},fold-scale-into-exp,share-offsets' -t triton | filecheck %s
 // The Triton target prints each tile.kernel as a @triton.jit function with named values,
 // one comment per tile op, and the launch ABI the runtime relies on.
 

@@ -49,3 +49,17 @@ attn.variant @unused_alibi(%q : !attn.query, %k : !attn.key, %v : !attn.value) -
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// `convert-attn-to-tile` is lower-to-tile under MLIR's A-to-B name; query-block kernels hand
+// out their row blocks longest first.
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope,convert-attn-to-tile{head-dim=64 backward=false}' | filecheck %s --check-prefix=ALIAS
+// ALIAS: tile.kernel @attention_fwd
+// ALIAS-SAME: block_order = #tile<order descending>
+attn.variant @alias(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -1,6 +1,6 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{element-type=bf16}' | filecheck %s
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{element-type=f32}' | filecheck %s --check-prefix=F32
-// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{element-type=bf16}' -t triton | filecheck %s --check-prefix=TRITON
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{element-type=bf16},fold-scale-into-exp,share-offsets' -t triton | filecheck %s --check-prefix=TRITON
 
 // ReLU attention with RoPE in bf16: relu's derivative jumps at s = 0, so the backward forms
 // its scores from unrounded rotated q and k. Whatever the placement, its kernels read the raw

@@ -1,0 +1,57 @@
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=64},fold-scale-into-exp' | filecheck %s
+
+// Causal softmax: the scores reach only masks and exponentials, forward (softmax_update)
+// and backward (recompute_probs): they stay unscaled and the exponentials apply sm_scale.
+// CHECK-LABEL: tile.kernel @attention_fwd
+// CHECK:         tile.scores{{.*}} {unscaled}
+// CHECK:         tile.softmax_update {{.*}} {unscaled_scores}
+// CHECK-LABEL: tile.kernel @attention_bwd_dkdv
+// CHECK:         tile.scores{{.*}} {unscaled}
+// CHECK:         tile.recompute_probs {{.*}} {unscaled_scores}
+attn.variant @causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// A static scale travels with the fold.
+// CHECK-LABEL: tile.kernel @attention_fwd
+// CHECK:         tile.scores{{.*}} {scale = 3.000000e-01 : f64, unscaled}
+// CHECK:         tile.softmax_update {{.*}} {unscaled_scores, scale = 3.000000e-01 : f64}
+attn.variant @static(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k {scale = 0.3 : f64}
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// ALiBi must see scaled scores: nothing is folded, anywhere.
+// CHECK-LABEL: tile.kernel @attention_fwd
+// CHECK-NOT:     unscaled
+// CHECK:         tile.return
+attn.variant @alibi(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %a = attn.alibi %s
+  %p = attn.softmax %a
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// ReLU attention has no exponential: nothing to fold into.
+// CHECK-LABEL: tile.kernel @attention_fwd
+// CHECK-NOT:     unscaled
+// CHECK:         tile.return
+attn.variant @relu(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %p = attn.relu %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -15,8 +15,6 @@ from attnfuse.errors import CompositionError
 if TYPE_CHECKING:
     import torch
 
-    from attnfuse.runtime.api import CompiledAttention
-
 CATEGORY_ORDER = {"transform": 0, "scores": 1, "modifier": 2, "mask": 3, "normalizer": 4}
 
 
@@ -56,7 +54,7 @@ class AttentionSpec:
             key=lambda b: (CATEGORY_ORDER[b.category], b.block_name),
         )
         self._key = tuple(ordered)
-        self._compiled: CompiledAttention | None = None
+        self._compiled: Any = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, AttentionSpec) and self._key == other._key
@@ -91,9 +89,11 @@ class AttentionSpec:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any):
         """Runs the variant (compiling it on first use; the compiled form is cached)."""
         if self._compiled is None:
-            from attnfuse.runtime.api import compile as compile_spec
+            # The package's `compile` (the runtime, loaded on first use): the DSL itself
+            # imports nothing of the runtime.
+            import attnfuse
 
-            self._compiled = compile_spec(self)
+            self._compiled = attnfuse.compile(self)
         return self._compiled(q, k, v, **kwargs)
 
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from attnfuse.dsl.blocks import Llama3Scaling
 from attnfuse.errors import ArgumentError, AttnFuseError
 from attnfuse.runtime.block_lists import sparse_block_lists, transposed_block_lists
 from attnfuse.runtime.call_data import positions_view
@@ -255,8 +254,7 @@ class CompiledAttention:
         rope = self.variant.rope
         assert rope is not None
         theta, rotary_dim, _interleaved, scaling = rope.rope_key
-        llama3 = None if scaling is None else Llama3Scaling(*scaling)
-        return rope_table(theta, rotary_dim or problem.head_dim, llama3, problem.device, length)
+        return rope_table(theta, rotary_dim or problem.head_dim, scaling, problem.device, length)
 
     def _layout_lists(
         self, layout: torch.Tensor, block_size: int, plan: CallPlan, backward: bool

@@ -7,6 +7,7 @@ then only collects pointers and strides.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -16,18 +17,25 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 from attnfuse.dialects.tile import role_axes
-from attnfuse.dsl.blocks import Llama3Scaling
 from attnfuse.errors import ArgumentError
 from attnfuse.lowering.triton import KernelInfo
 from attnfuse.runtime.compiler import CompiledProgram
 from attnfuse.runtime.inputs import Problem
 
 
-def rope_frequency(theta: float, rotary_dim: int, pair: int, scaling: Llama3Scaling | None) -> float:
-    """The rotation frequency of one pair, in double precision."""
+LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position")
+"""The Llama-3.1 scaling parameters, in the order `attn.rope`'s `llama3_scaling` lists them."""
+
+
+def rope_frequency(
+    theta: float, rotary_dim: int, pair: int, llama3: tuple[float, ...] | None
+) -> float:
+    """The rotation frequency of one pair, in double precision (`llama3`: the op's Llama-3.1
+    scaling parameters, `LLAMA3_SCALING`, or None)."""
     freq = theta ** (-2.0 * pair / rotary_dim)
-    if scaling is None:
+    if llama3 is None:
         return freq
+    scaling = SimpleNamespace(**dict(zip(LLAMA3_SCALING, llama3)))
     # Llama 3.1 scales by wavelength: short ones kept, long ones divided, a blend between.
     wavelength = 2 * math.pi / freq
     if wavelength < scaling.original_max_position / scaling.high_freq_factor:
@@ -44,7 +52,7 @@ _rope_tables: dict[tuple, torch.Tensor] = {}
 
 
 def rope_table(
-    theta: float, rotary_dim: int, scaling: Llama3Scaling | None, device: torch.device, length: int
+    theta: float, rotary_dim: int, scaling: tuple[float, ...] | None, device: torch.device, length: int
 ) -> torch.Tensor:
     """`[2, L, rotary_dim / 2]` fp32: cos and sin of `pos * f_t` for positions `pos < L`
     (L >= length). The angle is the fp32 product of the fp32 position and frequency, as the

@@ -25,13 +25,12 @@ from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import attn
 from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
-from attnfuse.dsl.blocks import Llama3Scaling, Rope
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.program import as_program
 
 
 def rope_inverse_frequencies(
-    theta: float, rotary_dim: int, scaling: Llama3Scaling | None = None
+    theta: float, rotary_dim: int, scaling: Any = None
 ) -> torch.Tensor:
     """`theta^(-2t/r)` for `t < r/2` (with Llama-3.1 scaling if given), computed in float64
     and rounded to fp32 (the rotation is computed in fp32)."""
@@ -54,7 +53,7 @@ def rope_inverse_frequencies(
     return freq.to(torch.float32)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, block: Rope) -> torch.Tensor:
+def rotate(x: torch.Tensor, positions: torch.Tensor, block: Any) -> torch.Tensor:
     """`R(pos) x` over the last dim of `x [B, H, N, D]`, in the dtype of `x` (fp64 here);
     `positions` is `[N]` or per batch `[B, N]`."""
     d = x.shape[-1]
@@ -101,10 +100,31 @@ class Evaluation:
         return torch.arange(self.seq_k).to(self.device)
 
 
-def rope_block(op: attn.RopeOp) -> Rope:
-    """The rotation an `attn.rope` op applies, as the DSL block that says the same."""
+@dataclass(frozen=True)
+class Llama3Params:
+    """Llama-3.1's frequency scaling (the fields of `af.llama3_scaling`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position: float
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """What `rotate` needs of a rotation (the fields of `af.rope`; a DSL `Rope` block will
+    do too)."""
+
+    theta: float
+    rotary_dim: int | None
+    interleaved: bool
+    scaling: Llama3Params | None
+
+
+def rope_block(op: attn.RopeOp) -> Rotation:
+    """The rotation an `attn.rope` op applies."""
     theta, rotary_dim, interleaved, scaling = op.rope_key
-    return Rope(theta, rotary_dim, interleaved, None if scaling is None else Llama3Scaling(*scaling))
+    return Rotation(theta, rotary_dim, interleaved, None if scaling is None else Llama3Params(*scaling))
 
 
 def evaluate_variant(variant: attn.VariantOp, inputs: dict[str, Any], env: Evaluation) -> tuple[Any, Any]:

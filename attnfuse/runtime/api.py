@@ -94,9 +94,8 @@ class CompiledAttention:
         self._scale = self.variant.scale
 
     def _default_positions(self) -> tuple[bool, bool]:
-        """The call-time positions a call passes by default: none, or those an attn program
-        declares (`!attn.positions`)."""
-        return self.program.explicit_positions_of() or (False, False)
+        """The call-time positions a call passes by default (`VariantProgram.default_positions`)."""
+        return self.program.default_positions
 
     def __repr__(self) -> str:
         return f"CompiledAttention({self.program!r})"

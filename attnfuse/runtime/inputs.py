@@ -82,7 +82,7 @@ def check_inputs(source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             raise ArgumentError(f"{name} must be in [1, {MAX_HEAD_DIM}], got {dim}")
     from attnfuse.runtime.program import as_program
 
-    program = as_program(source).canonical((False, False))
+    program = as_program(source).default()
     rotary_dim = program.rotary_dim
     if rotary_dim is not None and rotary_dim > d:
         raise ArgumentError(f"rope: rotary_dim {rotary_dim} exceeds the head dim {d}")

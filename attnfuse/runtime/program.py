@@ -55,7 +55,7 @@ class Canonical:
             raise AttnFuseError(f"an attn module for af.compile holds one attn.variant, got {len(variants)}")
         self.variant = variants[0]
         self.scores, self.chain, self.normalizer = attn.score_chain(self.variant)
-        self.text = str(module)
+        self.text = anonymous_text(module)
 
     @cached_property
     def normalizer_semantics(self) -> Normalizer:
@@ -134,6 +134,20 @@ class Canonical:
         return None if lo is None or hi is None else hi - lo + 1
 
 
+def anonymous_text(module: ModuleOp) -> str:
+    """The module printed without the names a writer chose (the variant's symbol, SSA value
+    names), so that equal programs print equal: the compile cache keys on it."""
+    from xdsl.dialects.builtin import StringAttr
+
+    copy = module.clone()
+    for op in copy.walk():
+        if isinstance(op, attn.VariantOp):
+            op.properties["sym_name"] = StringAttr("attention")
+        for value in (*op.results, *(arg for region in op.regions for block in region.blocks for arg in block.args)):
+            value.name_hint = None
+    return str(copy)
+
+
 def canonicalize(module: ModuleOp, what: str) -> ModuleOp:
     """`module` verified and run through `FRONT_PIPELINE` (in place), as an `AttnFuseError`
     naming `what` if it is not a well-formed attn program."""
@@ -165,7 +179,7 @@ class VariantProgram:
     def __repr__(self) -> str:
         if self._fixed is None:
             return repr(self.source)
-        name = self.canonical((False, False)).variant.sym_name.data
+        name = self.default().variant.sym_name.data
         return f"attn.variant @{name}"
 
     def explicit_positions_of(self) -> tuple[bool, bool] | None:
@@ -175,6 +189,16 @@ class VariantProgram:
             return None
         variant = next(op for op in self._fixed.ops if isinstance(op, attn.VariantOp))
         return tuple(variant.argument(attn.PositionsType(r)) is not None for r in ("query", "key"))  # type: ignore[return-value]
+
+    @property
+    def default_positions(self) -> tuple[bool, bool]:
+        """The call-time positions a call passes unless told otherwise: none for a spec, those
+        an attn program declares (`!attn.positions`)."""
+        return self.explicit_positions_of() or (False, False)
+
+    def default(self) -> Canonical:
+        """The canonical program of a call with the default positions."""
+        return self.canonical(self.default_positions)
 
     def module(self, explicit_positions: tuple[bool, bool]) -> ModuleOp:
         """A fresh, uncanonicalized attn module of the variant."""

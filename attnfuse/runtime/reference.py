@@ -183,7 +183,7 @@ def keep_mask(
 ) -> torch.Tensor:
     """`[Nq, Nk]` (or `[Hq, Nq, Nk]` for a per-head layout) bool: key j kept for query i by
     every filter of the variant (a spec or attn IR)."""
-    variant = as_program(source).canonical((False, False))
+    variant = as_program(source).default()
     env = Evaluation(1, 1, n_q, n_k, torch.float64, "cpu", {} if block_layout is None else {"block_layout": block_layout})
     keep = torch.ones(n_q, n_k, dtype=torch.bool)
     for op in variant.chain:

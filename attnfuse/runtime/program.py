@@ -25,6 +25,9 @@ from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.transforms import PASSES
 from attnfuse.transforms.kernel_builder import assign_data_roles
 
+DECLARED_ARGUMENTS = ((attn.BiasType(), "bias"), (attn.LayoutType(), "block_layout"))
+"""The variant argument types that are call-time keyword arguments."""
+
 FRONT_PIPELINE = "canonicalize-attn,analyze-masks"
 """The passes whose result is the variant's canonical form (before any shape decision)."""
 
@@ -119,8 +122,12 @@ class Canonical:
 
     @cached_property
     def arguments(self) -> frozenset[str]:
-        """The keyword arguments a call may pass for the program's data."""
-        return frozenset(b.use.argument for b in self.bindings if b.use.argument is not None)
+        """The keyword arguments a call may pass for the program's data: those its ops read,
+        and those its variant declares (`!attn.bias`: `bias=`, `!attn.layout`:
+        `block_layout=`) even where nothing reads them."""
+        read = {b.use.argument for b in self.bindings if b.use.argument is not None}
+        declared = {name for kind, name in DECLARED_ARGUMENTS if self.variant.argument(kind) is not None}
+        return frozenset(read | declared)
 
     def reads(self, kind: str) -> bool:
         """Whether some op reads call-time data of `kind` (`bias`, `block_layout`, ...)."""

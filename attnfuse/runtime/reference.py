@@ -141,14 +141,30 @@ def evaluate_variant(variant: attn.VariantOp, inputs: dict[str, Any], env: Evalu
         if isinstance(arg.type, attn.PositionsType):
             values[arg] = inputs.get(f"{arg.type.role.data[0]}_positions")
     lse = None
+    live = live_ops(variant)
     for op in variant.body.block.ops:
         if isinstance(op, attn.YieldOp):
             return values[op.output], lse
+        if op not in live:
+            continue  # nothing reads its result: it computes nothing, and reads no data
         result, op_lse = evaluate_op(op, values, env)
         if op_lse is not None:
             lse = op_lse
         values[op.results[0]] = result
     raise AssertionError("a verified variant ends in attn.yield")
+
+
+def live_ops(variant: attn.VariantOp) -> set[Operation]:
+    """The ops the variant's output depends on (walking back from `attn.yield`)."""
+    live: set[Operation] = set()
+    pending = [variant.body.block.last_op]
+    while pending:
+        op = pending.pop()
+        if op is None or op in live:
+            continue
+        live.add(op)
+        pending += [v.owner for v in op.operands if isinstance(v.owner, Operation)]
+    return live
 
 
 def evaluate_op(op: Operation, values: dict[SSAValue, Any], env: Evaluation) -> tuple[Any, Any]:

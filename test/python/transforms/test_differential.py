@@ -204,8 +204,9 @@ def programs(draw, hq: int) -> Program:
         fixed.append(op)
     chain = tuple(fixed)
     # Dead branches: ops whose results nothing on the path reads. A dead add_bias or
-    # block_sparse only where the path reads the same call-time tensor (see
-    # test_dead_op_alone_reads_call_time_data below for why).
+    # block_sparse only where the path reads the same call-time tensor (the cases draw data
+    # for what the path reads); test_dead_op_alone_reads_call_time_data covers a dead op
+    # that is the only reader.
     dead_kinds = ["alibi", "softcap", "mask"]
     if any(op.kind == "add_bias" for op in chain):
         dead_kinds.append("add_bias")
@@ -480,13 +481,6 @@ DEAD_DATA_PROGRAMS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="the interpreter evaluates dead ops (and so needs their call-time data and checks "
-    "their slopes), while af.compile ignores them and rejects data that only dead ops read: "
-    "no call works for both",
-)
 @pytest.mark.parametrize("name", sorted(DEAD_DATA_PROGRAMS))
 def test_dead_op_alone_reads_call_time_data(name):
     """A program whose only reader of some call-time data is dead: the kernels ignore the

@@ -1,6 +1,6 @@
 """Forward tile configurations for attention with an additive bias: which configuration
 suits a kernel that streams a bias as large as the scores, and one whose bias is broadcast
-(a key-padding row)? (docs/performance.md §3.3.)
+(a key-padding row)? (docs/performance.md §3.)
 
     python bench/bias_configs.py
 

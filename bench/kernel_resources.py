@@ -3,7 +3,7 @@ a machine without one: Triton compiles ahead of time for a target (`GPUTarget`),
 CUDA toolkit's `cuobjdump` bundled with Triton reads the resources from the cubin.
 
 The dK/dV kernel sits at the 255-register limit, and spills are what separated it from
-hand-written kernels of the same design (docs/performance.md §6.7). This script shows what
+hand-written kernels of the same design (bench/results/HISTORY-performance-to-20261129.md §6.7). This script shows what
 an emitter change does to every kernel's registers without the GPU time it costs to compile
 on one. Run it with the Triton the GPU has (the H200 image has 3.6; `pip install --target DIR
 triton==3.6.0`, then `PYTHONPATH=DIR`) to get that GPU's numbers: code generation differs

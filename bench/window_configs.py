@@ -1,6 +1,6 @@
 """Forward tile configurations for sliding-window attention at long sequences: does the
 128-row D=64 forward that `choose_tile_config` uses for long causal rows also suit a window,
-whose rows keep only `window` keys? (It does not: docs/performance.md §3.2.)
+whose rows keep only `window` keys? (It does not: docs/performance.md §3.)
 
     python bench/window_configs.py
 

@@ -344,7 +344,7 @@ class KernelEmitter:
         # start before any head's shorter ones and the launch has a short tail. Under a
         # causal mask the longest are the last query blocks and the first key blocks. (On the
         # H200 this order takes 30% less time than a head-major grid in dK/dV, 10% in dQ and
-        # 7% in the forward: docs/performance.md §6.8.)
+        # 7% in the forward: bench/results/20261129T1725Z-emitted_variants-lpt.log.)
         if k.block_order == tile.BlockOrder.DESCENDING:
             self.emit("block_id = tl.num_programs(1) - 1 - tl.program_id(1)")
         else:

@@ -135,7 +135,7 @@ class CompiledAttention:
                                    config, self.rope_placement)
         # The backward pre-rotates unless a placement was asked for explicitly: each of its
         # kernels loops over q or k, so in-loop rotation is paid per program for both
-        # (measured slower at every N on the H200, docs/performance.md).
+        # (measured slower at every N on the H200: bench/results/20261129T1234Z-backward_tune-parts.log).
         bwd_rope = "pre_rotated" if self.rope_placement == "auto" else "as_forward"
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
                           placement, explicit_positions, bwd_rope)

@@ -56,7 +56,7 @@ class TileConfig:
 
 FORWARD_HOPPER = (64, 64, 4, 3)
 """Forward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16, from
-bench/forward_kernels.py (docs/performance.md §3.1). D=128 (Llama-3-8B geometry, causal and
+bench/forward_kernels.py (bench/results/20261129T1710Z-forward_kernels.log). D=128 (Llama-3-8B geometry, causal and
 RoPE + causal): the best or within 1.5% of the best at N=2048-8192, and 3% slower per kernel
 (1% per call) than (128, 128, 8, 3) at N=16384; 6-16% less time than the previous
 (128, 64, 8, 3) below N=8192. D=64 (paper shape) up to N=4096: within 2.5% of the best for

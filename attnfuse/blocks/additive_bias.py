@@ -35,7 +35,7 @@ class AddBiasSemantics(ScoreModifier):
         return kernel.add(tile.AddBiasOp(scores, kernel.data_arg(op, "bias")), "scores").results[0]
 
     def data(self, op: Operation) -> Sequence[DataUse]:
-        return (DataUse("bias", argument="bias"),)
+        return (DataUse("bias", argument="bias", gradient="dbias"),)
 
     def data_gradient(self, op: Operation, kernel: Any, grad: SSAValue) -> list[tuple[str, SSAValue]]:
         # s' = s + bias: the bias gradient is the gradient of the op's result.

@@ -20,7 +20,7 @@ from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.attn import ScoresType
+from attnfuse.dialects.attn import FP32_MAX, ScoresType
 from attnfuse.dialects.interfaces import DataUse, ScoreModifier
 from attnfuse.dsl.blocks import Block
 from attnfuse.errors import ArgumentError, CompositionError
@@ -120,6 +120,9 @@ class AlibiOp(IRDLOperation):
     def verify_(self) -> None:
         if self.slopes is not None and not self.slopes.data:
             raise VerifyException("alibi slopes, when given, must list one slope per head")
+        for value in self.slope_values or ():
+            if not abs(value) <= FP32_MAX:
+                raise VerifyException(f"alibi slopes must be finite fp32 numbers, got {value}")
 
 
 @dataclass(frozen=True, repr=False)
@@ -137,7 +140,7 @@ class Alibi(Block):
             slopes = tuple(float(x) for x in self.slopes)
         except (TypeError, ValueError):
             raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}") from None
-        if not slopes or not all(math.isfinite(x) for x in slopes):
+        if not slopes or not all(abs(x) <= FP32_MAX for x in slopes):
             raise CompositionError(f"alibi: slopes must be a non-empty list of finite numbers, got {self.slopes!r}")
         object.__setattr__(self, "slopes", slopes)
 

@@ -27,7 +27,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.blocks._pointwise import PointwiseNormalizer
 from attnfuse.dialects import tile
-from attnfuse.dialects.attn import ProbsType, ScoresType
+from attnfuse.dialects.attn import FP32_MAX, ProbsType, ScoresType
 from attnfuse.dsl.blocks import Block
 from attnfuse.errors import CompositionError
 
@@ -102,8 +102,11 @@ class SigmoidOp(IRDLOperation):
         return None if self.bias is None else self.bias.value.data
 
     def verify_(self) -> None:
-        if self.bias is not None and not math.isfinite(self.bias.value.data):
-            raise VerifyException(f"sigmoid bias must be finite, got {self.bias.value.data}")
+        if self.bias is not None and not abs(self.bias.value.data) <= FP32_MAX:
+            raise VerifyException(
+                f"sigmoid bias must be a finite fp32 number (|bias| <= {FP32_MAX:.3g}), got "
+                f"{self.bias.value.data}"
+            )
 
 
 @dataclass(frozen=True, repr=False)
@@ -118,8 +121,11 @@ class Sigmoid(Block):
         b = self.bias
         if b is None:
             return
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b):
-            raise CompositionError(f"sigmoid: bias must be a finite number or None, got {b!r}")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not abs(b) <= FP32_MAX:
+            raise CompositionError(
+                f"sigmoid: bias must be a finite number (|bias| <= {FP32_MAX:.3g}, fp32) or None, "
+                f"got {b!r}"
+            )
         object.__setattr__(self, "bias", float(b))
 
     def build(self, variant: Any, value: SSAValue) -> Operation:

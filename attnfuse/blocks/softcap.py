@@ -25,7 +25,7 @@ from xdsl.irdl import prop_def, result_def, traits_def
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
-from attnfuse.dialects.attn import ScoresType
+from attnfuse.dialects.attn import FP32_MAX, FP32_MIN_NORMAL, ScoresType
 from attnfuse.dialects.interfaces import ScoreModifier
 from attnfuse.dsl.blocks import Block
 from attnfuse.errors import CompositionError
@@ -96,8 +96,11 @@ class SoftcapOp(IRDLOperation):
 
     def verify_(self) -> None:
         cap = self.cap.value.data
-        if not (math.isfinite(cap) and cap > 0):
-            raise VerifyException(f"softcap cap must be a positive finite number, got {cap}")
+        if not FP32_MIN_NORMAL <= cap <= FP32_MAX:
+            raise VerifyException(
+                f"softcap cap must lie in [{FP32_MIN_NORMAL:.3g}, {FP32_MAX:.3g}] (kernels divide "
+                f"by it in fp32), got {cap}"
+            )
 
 
 @dataclass(frozen=True, repr=False)
@@ -113,6 +116,11 @@ class Softcap(Block):
         cap = self.cap
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
             raise CompositionError(f"softcap: cap must be a positive finite number, got {cap!r}")
+        if not FP32_MIN_NORMAL <= cap <= FP32_MAX:
+            raise CompositionError(
+                f"softcap: cap must lie in [{FP32_MIN_NORMAL:.3g}, {FP32_MAX:.3g}] (kernels divide "
+                f"by it in fp32), got {cap!r}"
+            )
         object.__setattr__(self, "cap", float(cap))
 
     def build(self, variant: Any, value: SSAValue) -> Operation:

@@ -368,6 +368,12 @@ class RopeOp(IRDLOperation):
                 )
 
 
+FP32_MIN_NORMAL = 2.0**-126
+"""The smallest normal fp32 number."""
+
+FP32_MAX = 3.4028234663852886e38
+"""The largest finite fp32 number: a block parameter the kernels use in fp32 must not exceed it."""
+
 MIN_SCORE_SCALE = 2.0**-126
 """The smallest score scale: the smallest normal fp32 number. Kernels multiply by the scale
 in fp32, GPUs may flush subnormals to 0, and the printer folds the scale into the softmax's

@@ -49,6 +49,10 @@ class DataUse:
     argument: str | None = None
     """The call's keyword argument the tensor is made from (`bias=`), or None when the op's
     own parameters make it (ALiBi's slopes)."""
+    gradient: str | None = None
+    """The tile role of the tensor's gradient, when the backward can give one (`dbias`: the
+    op's `data_gradient` names it); the kernel that writes it is launched when the call's
+    tensor requires a gradient."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from xdsl.dialects import arith, math
 from xdsl.dialects.builtin import (
     ArrayAttr,
     Float32Type,
@@ -1831,7 +1832,7 @@ def scale_consumers(scores: SSAValue) -> list[tuple[Operation, SSAValue]]:
 @irdl_op_definition
 class SeqLenOp(IRDLOperation):
     """The call's query (`Nq`) or key (`Nk`) sequence length as an f32 scalar, for the bodies
-    of `tile.map` (ReLU's `1/Nk`, sigmoid attention's default bias `-ln(Nk)`)."""
+    of `tile.map` (sigmoid attention's default bias `-ln(Nk)`, say)."""
 
     name = "tile.seq_len"
 
@@ -1846,8 +1847,40 @@ class SeqLenOp(IRDLOperation):
         super().__init__(result_types=[f32], properties={"axis": SeqAxisAttr(SeqAxis(axis))})
 
 
-MAP_BODY_DIALECTS = ("arith", "math")
-"""The dialects whose ops a `tile.map` body may hold: scalar f32 arithmetic."""
+MAP_BODY_OPS: tuple[type[Operation], ...] = (
+    arith.ConstantOp, arith.AddfOp, arith.SubfOp, arith.MulfOp, arith.DivfOp, arith.NegfOp,
+    arith.MaximumfOp, arith.MinimumfOp, arith.CmpfOp, arith.SelectOp,
+    math.ExpOp, math.LogOp, math.SqrtOp, math.AbsFOp, math.TanhOp,
+)
+"""The scalar ops a `tile.map` body may hold (what the targets translate)."""
+
+MAP_COMPARISONS = ("oeq", "olt", "ole", "ogt", "oge")
+"""The `arith.cmpf` predicates a body may use: ordered ones, false when either side is NaN."""
+
+
+def _verify_map_body_op(op: Operation, defined: set[SSAValue]) -> None:
+    """One body op: of `MAP_BODY_OPS`, on values defined inside the body, f32 (or i1 from a
+    comparison), constants f32, comparisons ordered."""
+    if not isinstance(op, MAP_BODY_OPS):
+        names = ", ".join(sorted(t.name for t in MAP_BODY_OPS))
+        raise VerifyException(f"tile.map bodies hold only {names}; got {op.name}")
+    for value in op.operands:
+        if value not in defined:
+            raise VerifyException(f"{op.name} in a tile.map body reads a value defined outside it")
+    if isinstance(op, arith.ConstantOp) and not (
+        isinstance(op.value, FloatAttr) and op.value.type == f32
+    ):
+        raise VerifyException(f"tile.map constants are f32 floats, got {op.value}")
+    if isinstance(op, arith.CmpfOp):
+        predicate = arith.CMPF_COMPARISON_OPERATIONS[op.predicate.value.data]
+        if predicate not in MAP_COMPARISONS:
+            raise VerifyException(
+                f"tile.map comparisons are {', '.join(MAP_COMPARISONS)}, got {predicate}"
+            )
+    for result in op.results:
+        wanted = i1 if isinstance(op, arith.CmpfOp) else f32
+        if result.type != wanted:
+            raise VerifyException(f"{op.name} in a tile.map body must give {wanted}, got {result.type}")
 
 
 @irdl_op_definition
@@ -1885,18 +1918,19 @@ class MapOp(IRDLOperation):
                     f"map operand {i} is a {' x '.join(value.type.shape)} tile, the result "
                     f"{' x '.join(result.shape)}: operands must have the result's shape"
                 )
+            if isinstance(value.type, TileType) and value.type.elem != "f32":
+                raise VerifyException(f"map operand {i} is a {value.type.elem} tile: maps compute in f32")
         block = self.body.block
         if len(block.args) != len(self.inputs) or any(a.type != f32 for a in block.args):
             raise VerifyException("tile.map's body takes one f32 argument per operand")
+        defined: set[SSAValue] = set(block.args)
         for op in block.ops:
             if isinstance(op, MapYieldOp):
+                if op.value not in defined:
+                    raise VerifyException("tile.map_yield yields a value defined outside the body")
                 continue
-            if op.name.split(".")[0] not in MAP_BODY_DIALECTS:
-                raise VerifyException(
-                    f"tile.map bodies hold arith and math ops only, got {op.name}"
-                )
-            if any(r.type != f32 and r.type != i1 for r in op.results):
-                raise VerifyException(f"tile.map bodies compute on f32 scalars, {op.name} does not")
+            _verify_map_body_op(op, defined)
+            defined |= set(op.results)
         if not isinstance(block.last_op, MapYieldOp):
             raise VerifyException("tile.map's body must end in tile.map_yield")
 

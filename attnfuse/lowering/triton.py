@@ -193,7 +193,7 @@ class KernelEmitter:
             "row_in_bounds", "keys", "key_in_bounds", "q_pos", "slope", "entry", "sm_scale", "n_q", "n_k", "num_heads",
             "group_size", "start_n", "q_first", "q_last", "queries", "query_in_bounds", "start_m",
             "head_in_group", "diag_first", "diag_last", "lse_safe",
-            "cols_d", "cols_dv", "cols_half", "cols_pass",
+            "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS,
         }
         for role in self.roles:
             names |= {f"{role}_ptr", f"{role}_base"} | {f"stride_{role}_{a}" for a in "bhnd"}
@@ -1003,16 +1003,19 @@ CALLS: dict[type[Operation], str] = {
 }
 """Elementwise functions; `_tanh` is a helper of the generated module (`HELPERS`)."""
 
-COMPARISONS = {"oeq": "==", "one": "!=", "olt": "<", "ole": "<=", "ogt": ">", "oge": ">="}
-"""`arith.cmpf` predicates (ordered: false when either side is NaN, as Python's are)."""
+COMPARISONS = {"oeq": "==", "olt": "<", "ole": "<=", "ogt": ">", "oge": ">="}
+"""`arith.cmpf` predicates (`tile.MAP_COMPARISONS`: ordered, false when either side is NaN,
+as these operators are)."""
 
 HELPERS = {
     "_tanh": '''@triton.jit
 def _tanh(x):
     # tanh(x) = 2 sigmoid(2x) - 1 loses digits near 0 (cancellation): use the series there.
+    # Below 0.4 the odd series to x^11 is within an fp32 ulp; above, the form is within ~7 ulp.
     x2 = x * x
-    series = x * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
-    return tl.where(tl.abs(x) < 0.1, series, 2.0 * tl.sigmoid(2.0 * x) - 1.0)
+    series = x * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0 - x2 * (
+        62.0 / 2835.0 - x2 * (1382.0 / 155925.0))))))
+    return tl.where(tl.abs(x) < 0.4, series, 2.0 * tl.sigmoid(2.0 * x) - 1.0)
 ''',
 }
 """Helper functions the printed kernels may call, printed once into the module if used."""
@@ -1024,7 +1027,11 @@ def scalar_expression(op: Operation, operands: list[str], helpers: set[str]) -> 
     if isinstance(op, arith.ConstantOp):
         value = op.value
         assert isinstance(value, FloatAttr)
-        return repr(float(value.value.data))
+        number = float(value.value.data)
+        # As fp32, which the verifier's types say the body computes in: a constant past fp32's
+        # range is inf there (never printed as a bare `inf`, which is not Python).
+        return repr(number) if abs(number) <= 3.4028234663852886e38 else f'float("{number}")'
+
     if type(op) in BINARY_OPERATORS:
         return f"({operands[0]} {BINARY_OPERATORS[type(op)]} {operands[1]})"
     if isinstance(op, arith.NegfOp):

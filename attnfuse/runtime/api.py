@@ -291,14 +291,18 @@ class CompiledAttention:
         tensors: dict[str, torch.Tensor] = {}
         problem = plan.problem
         variant = self.program.canonical(explicit_positions)
-        for name, length in (("q_positions", problem.seq_q), ("k_positions", problem.seq_k)):
+        for index, (name, length) in enumerate((("q_positions", problem.seq_q),
+                                                 ("k_positions", problem.seq_k))):
             given = arguments.get(name)
             if given is None:
                 continue
-            if variant.rope is None:
+            if not self.program.accepts_positions(index):
                 raise ArgumentError(f"{name}= given, but {self.program!r} has no rope()")
-            tensors[name] = positions_view(given, name, length, problem)
+            view = positions_view(given, name, length, problem)  # checked even if unread
+            if variant.reads_positions[index]:
+                tensors[name] = view
         if ("q_positions" in tensors or "k_positions" in tensors) and plan.compiled is not None:
+            assert variant.rope is not None
             # The table must reach the largest |position| (one host sync per such call).
             furthest = 0
             for name in ("q_positions", "k_positions"):

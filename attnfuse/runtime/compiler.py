@@ -1,4 +1,4 @@
-"""Variant -> attn IR -> the four passes -> tile IR -> Triton source -> loaded kernels.
+"""Variant -> attn IR -> the passes (`DEFAULT_PIPELINE`) -> tile IR -> Triton source -> loaded kernels.
 
 A variant is any source `attnfuse.runtime.program.as_program` takes: a spec, attn IR text or
 a `VariantProgram`."""

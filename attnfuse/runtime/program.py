@@ -21,7 +21,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedExc
 
 from attnfuse.dialects import attn, make_context
 from attnfuse.dialects.interfaces import DataUse, KeyFilter, Normalizer, ScoreModifier
-from attnfuse.errors import AttnFuseError, IRError
+from attnfuse.errors import ArgumentError, AttnFuseError, IRError
 from attnfuse.transforms import PASSES
 from attnfuse.transforms.kernel_builder import assign_data_roles
 
@@ -77,9 +77,21 @@ class Canonical:
 
     @cached_property
     def rope(self) -> attn.RopeOp | None:
-        """The rotation (query and key agree, the verifier checks), or None."""
-        ropes = self.variant.ops_of(attn.RopeOp)
-        return ropes[0] if ropes else None  # type: ignore[return-value]
+        """A rotation the scores read (query and key agree, the verifier checks), or None."""
+        for operand in (self.scores.query, self.scores.key):
+            if isinstance(operand.owner, attn.RopeOp):
+                return operand.owner
+        return None
+
+    @cached_property
+    def reads_positions(self) -> tuple[bool, bool]:
+        """Whether a rotation the scores read takes call-time query / key positions."""
+        reads = [False, False]
+        for operand, index in ((self.scores.query, 0), (self.scores.key, 1)):
+            op = operand.owner
+            if isinstance(op, attn.RopeOp) and op.positions is not None:
+                reads[index] = True
+        return reads[0], reads[1]
 
     @property
     def rotary_dim(self) -> int | None:
@@ -167,6 +179,10 @@ def canonicalize(module: ModuleOp, what: str) -> ModuleOp:
     return module
 
 
+POSITION_ARGUMENTS = ("q_positions", "k_positions")
+"""The call's keyword arguments for query and key RoPE positions, in that order."""
+
+
 class VariantProgram:
     """A variant as the runtime sees it: an attn program (from a spec or from IR)."""
 
@@ -177,25 +193,42 @@ class VariantProgram:
             self._fixed = parse_attn(source)
         elif isinstance(source, ModuleOp):
             self._fixed = source.clone()
+            try:
+                self._fixed.verify()
+            except VerifyException as err:
+                raise AttnFuseError(f"the attn program is not valid: {err}") from err
         elif not hasattr(source, "module"):
             raise AttnFuseError(
                 f"compile() takes a spec made by af.attention(...) or an attn module (text or "
                 f"xDSL ModuleOp), got {source!r}"
             )
+        if self._fixed is not None:
+            variants = [op for op in self._fixed.ops if isinstance(op, attn.VariantOp)]
+            if len(variants) != 1:
+                raise AttnFuseError(
+                    f"an attn module for af.compile holds one attn.variant at its top level, "
+                    f"got {len(variants)}"
+                )
+            self._variant_name = variants[0].sym_name.data
+            self._declared = tuple(
+                variants[0].argument(attn.PositionsType(r)) is not None for r in ("query", "key")
+            )
 
     def __repr__(self) -> str:
-        if self._fixed is None:
-            return repr(self.source)
-        name = self.default().variant.sym_name.data
-        return f"attn.variant @{name}"
+        return repr(self.source) if self._fixed is None else f"attn.variant @{self._variant_name}"
 
     def explicit_positions_of(self) -> tuple[bool, bool] | None:
         """For IR, whether it takes query / key positions (fixed by its arguments); None for
         a spec, which builds a program for either."""
-        if self._fixed is None:
-            return None
-        variant = next(op for op in self._fixed.ops if isinstance(op, attn.VariantOp))
-        return tuple(variant.argument(attn.PositionsType(r)) is not None for r in ("query", "key"))  # type: ignore[return-value]
+        return None if self._fixed is None else self._declared  # type: ignore[return-value]
+
+    def accepts_positions(self, index: int) -> bool:
+        """Whether a call may pass the query (0) / key (1) positions: a spec with rope
+        rotates at them; an attn program must declare them (`!attn.positions`)."""
+        fixed = self.explicit_positions_of()
+        if fixed is None:
+            return self.default().rope is not None
+        return fixed[index]
 
     @property
     def default_positions(self) -> tuple[bool, bool]:
@@ -208,33 +241,29 @@ class VariantProgram:
         return self.canonical(self.default_positions)
 
     def module(self, explicit_positions: tuple[bool, bool]) -> ModuleOp:
-        """A fresh, uncanonicalized attn module of the variant."""
+        """A fresh, uncanonicalized attn module of the variant (an attn program's own, whatever
+        positions are asked for: it declares its own)."""
         if self._fixed is None:
             return self.source.module(explicit_positions)
         return self._fixed.clone()
 
     @cache
     def canonical(self, explicit_positions: tuple[bool, bool]) -> Canonical:
-        """The canonical program for a call with (or without) query / key positions."""
+        """The canonical program for a call with (or without) query / key positions. An attn
+        program's positions must be passed exactly where a rotation reads them, and may be
+        passed only where the program declares them."""
+        what = "the attn program" if self._fixed is not None else repr(self.source)
+        canonical = Canonical(canonicalize(self.module(explicit_positions), what))
         fixed = self.explicit_positions_of()
-        if fixed is not None and fixed != explicit_positions and self._has_rope():
-            raise self._positions_error(fixed, explicit_positions)
-        return Canonical(canonicalize(self.module(explicit_positions), repr(self.source)))
-
-    def _has_rope(self) -> bool:
-        assert self._fixed is not None
-        return any(isinstance(op, attn.RopeOp) for op in self._fixed.walk())
-
-    @staticmethod
-    def _positions_error(fixed: tuple[bool, bool], given: tuple[bool, bool]) -> AttnFuseError:
-        from attnfuse.errors import ArgumentError
-
-        for name, declared, passed in zip(("q_positions", "k_positions"), fixed, given):
-            if declared and not passed:
-                return ArgumentError(f"the attn program takes !attn.positions for {name}: pass {name}=")
-            if passed and not declared:
-                return ArgumentError(f"{name}= given, but the attn program takes no positions for it")
-        return ArgumentError("positions do not match the attn program")
+        if fixed is not None:
+            for name, declared, read, passed in zip(
+                POSITION_ARGUMENTS, fixed, canonical.reads_positions, explicit_positions
+            ):
+                if passed and not declared:
+                    raise ArgumentError(f"{name}= given, but the attn program takes no positions for it")
+                if read and not passed:
+                    raise ArgumentError(f"the attn program rotates at !attn.positions: pass {name}=")
+        return canonical
 
 
 def parse_attn(text: str) -> ModuleOp:
@@ -246,6 +275,10 @@ def parse_attn(text: str) -> ModuleOp:
         module = Parser(make_context(), text, "<attn program>").parse_module()
     except (ParseError, VerifyException, DiagnosticException) as err:
         raise AttnFuseError(f"cannot parse the attn program: {err}") from err
+    try:
+        module.verify()
+    except VerifyException as err:
+        raise AttnFuseError(f"the attn program is not valid: {err}") from err
     return module
 
 

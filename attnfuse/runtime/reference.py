@@ -260,7 +260,7 @@ def reference_attention(
 
 
 def reference_gradients(
-    spec: AttentionSpec,
+    spec: object,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

@@ -75,8 +75,14 @@ class VariantFacts:
         return list(dict.fromkeys(self.data_roles.values()))
 
     def data_gradient_roles(self) -> list[str]:
-        """The gradient roles (`dbias`) the modifiers' data have, each once."""
-        return ["dbias"] if "bias" in self.data_roles.values() else []
+        """The gradient roles (`dbias`) the modifiers' data have (`DataUse.gradient`), each
+        once."""
+        roles = []
+        for op in self.modifiers:
+            trait = op.get_trait(ScoreModifier)
+            assert trait is not None
+            roles += [use.gradient for use in trait.data(op) if use.gradient is not None]
+        return list(dict.fromkeys(roles))
 
 
 def assign_data_roles(ops: Sequence[Operation]) -> dict[tuple[Operation, str], str]:

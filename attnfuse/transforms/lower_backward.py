@@ -14,8 +14,9 @@ Given dO, the forward's output O and per-row log-sum-exp, these kernels compute 
   rows of dK and dV outright, so the GQA sum over query heads needs no atomics.
 - `attention_bwd_dq` (query blocks): a program owns `block_m` queries, walks the same key
   blocks as the forward and accumulates `dQ += dS K`. A second copy, `attention_bwd_dq_bias`,
-  also writes dS into the full-size bias gradient; the runtime launches it only when the bias
-  requires a gradient, and reduces that gradient over the bias's broadcast dims.
+  also writes the full-size bias gradient (the scores' gradient where the bias is added, from
+  the modifiers' VJPs); the runtime launches it only when the bias requires a gradient, and
+  reduces that gradient over the bias's broadcast dims.
 - `attention_bwd_dq_delta` (softmax only): the dQ kernel that forms its rows' `delta` from the
   dO block it loads anyway and an O block, stores it, and uses it. Launched *before* dK/dV,
   which reads the stored delta, it replaces the preprocess: one launch and one pass over O

@@ -66,24 +66,23 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
     """Checks that the variant is ready to lower and collects what the kernels' structure
     needs. Only the ops on the path from the scores to the normalizer take part (an op whose
     result nothing reads computes nothing); each is lowered as often as it appears."""
+    scores, chain, normalizer = attn.score_chain(variant)
     rotations: dict[type, Rotation] = {}
-    for op in variant.ops_of(attn.RopeOp):
-        assert isinstance(op, attn.RopeOp)
+    # The rotations the scores read (a rotation whose result nothing reads rotates nothing).
+    for operand, kind in ((scores.query, attn.QueryType), (scores.key, attn.KeyType)):
+        op = operand.owner
+        if not isinstance(op, attn.RopeOp):
+            if operand not in (variant.query, variant.key):
+                raise _fail(scores, "attn.scores must read the variant's q and k or their rotations")
+            continue
         if op.placement is None:
             raise _fail(op, "rotation has no placement; run place-rope first")
+        if op.input != (variant.query if kind is attn.QueryType else variant.key):
+            raise _fail(op, "rotations must apply to the variant's q or k arguments")
         theta, dim, interleaved, _scaling = op.rope_key
-        rotations[type(op.input.type)] = Rotation(
+        rotations[kind] = Rotation(
             theta, dim, interleaved, op.placement.data == "fused", op.positions is not None
         )
-        if op.input != (variant.query if isinstance(op.input.type, attn.QueryType) else variant.key):
-            raise _fail(op, "rotations must apply to the variant's q or k arguments")
-    scores, chain, normalizer = attn.score_chain(variant)
-    for operand, kind in ((scores.query, attn.QueryType), (scores.key, attn.KeyType)):
-        owner = operand.owner
-        if not (isinstance(owner, attn.RopeOp) or operand in (variant.query, variant.key)):
-            raise _fail(scores, "attn.scores must read the variant's q and k or their rotations")
-        if isinstance(owner, attn.RopeOp) and owner.input.type != kind():
-            raise _fail(scores, "attn.scores reads a rotated key as its query or the reverse")
     band = attn.BandAttr(None, None)
     masks = 0
     sparse: int | None = None

@@ -77,7 +77,7 @@ def test_an_unused_op_reads_nothing():
         (variant("  %a = attn.block_sparse %s, %layout {block_size = 16 : i64}\n"
                  "  %b = attn.block_sparse %a, %layout {block_size = 32 : i64}\n  %p = attn.softmax %b",
                  ", %layout : !attn.layout"), "more than one block_sparse"),
-        (CAUSAL_ALIBI + CAUSAL_ALIBI.replace("@causal_alibi", "@again"), "holds one attn.variant, got 2"),
+        (CAUSAL_ALIBI + CAUSAL_ALIBI.replace("@causal_alibi", "@again"), "holds one attn.variant at its top level, got 2"),
         (42, "compile\\(\\) takes a spec made by af.attention"),
     ],
 )
@@ -94,3 +94,57 @@ def test_call_time_data_the_program_declares():
         af.compile(ir)(q, k, v)
     with pytest.raises(ArgumentError, match="block_layout= given, but"):
         af.compile(ir)(q, k, v, bias=torch.zeros(16), block_layout=torch.ones(1, 1, dtype=torch.bool))
+
+
+def test_a_dead_rotation_rotates_nothing():
+    """Lowered without canonicalize-attn too: only rotations the scores read count."""
+    from xdsl.passes import PassPipeline
+
+    from attnfuse.dialects import make_context, tile
+    from attnfuse.transforms import PASSES
+
+    ir = ("attn.variant @v(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {\n"
+          "  %qr = attn.rope %q {theta = 1.0e+04 : f64} : !attn.query\n"
+          "  %kr = attn.rope %k {theta = 1.0e+04 : f64} : !attn.key\n"
+          "  %s = attn.scores %q, %k\n  %p = attn.softmax %s\n  %o = attn.pv %p, %v\n  attn.yield %o\n}")
+    module = parse_attn(ir)
+    PassPipeline.parse_spec(PASSES, "place-rope,lower-to-tile{backward=false}").apply(make_context(), module)
+    assert not [op for op in module.walk() if isinstance(op, tile.RotateOp)]
+    assert [op.sym_name.data for op in module.ops] == ["attention_fwd"]
+
+
+def test_declared_positions_a_dead_rotation_would_read():
+    ir = ("attn.variant @v(%q : !attn.query, %k : !attn.key, %v : !attn.value, %qp : !attn.positions<query>) -> !attn.output {\n"
+          "  %qr = attn.rope %q at %qp {theta = 1.0e+04 : f64} : !attn.query, !attn.positions<query>\n"
+          "  %s = attn.scores %q, %k\n  %p = attn.softmax %s\n  %o = attn.pv %p, %v\n  attn.yield %o\n}")
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 16)
+    fn = af.compile(ir)
+    plain = af.reference_attention(af.attention(), q, k, v)
+    assert_close_to_reference(fn(q, k, v), plain, q.dtype)
+    assert_close_to_reference(fn(q, k, v, q_positions=torch.arange(16)), plain, q.dtype)
+    with pytest.raises(ArgumentError, match="k_positions= given"):
+        fn(q, k, v, k_positions=torch.arange(16))
+
+
+@pytest.mark.parametrize(
+    "source, error",
+    [
+        ("attn.variant @v(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {\n"
+         "  %s = attn.scores %q, %k\n  %c = attn.softcap %s {cap = 1.0e+39 : f64}\n"
+         "  %p = attn.softmax %c\n  %o = attn.pv %p, %v\n  attn.yield %o\n}", "softcap cap must lie in"),
+        ("attn.variant @v(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {\n"
+         "  %s = attn.scores %q, %k\n  %p = attn.sigmoid %s {bias = 0x7FF0000000000000 : f64}\n"
+         "  %o = attn.pv %p, %v\n  attn.yield %o\n}", "sigmoid bias must be a finite fp32 number"),
+        ("attn.variant @v(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {\n"
+         "  %s = attn.scores %q, %k\n  %a = attn.alibi %s {slopes = [0x7FF8000000000000 : f64, 1.0 : f64]}\n"
+         "  %p = attn.softmax %a\n  %o = attn.pv %p, %v\n  attn.yield %o\n}", "alibi slopes must be finite"),
+        ("builtin.module {\n}", "holds one attn.variant at its top level, got 0"),
+    ],
+)
+def test_parameters_out_of_fp32_range_and_empty_modules(source, error):
+    """Rejected by af.compile and by the reference alike (it interprets valid programs only)."""
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 16)
+    with pytest.raises(af.AttnFuseError, match=error):
+        af.compile(source)
+    with pytest.raises(af.AttnFuseError, match=error):
+        af.reference_attention(source, q, k, v)

@@ -26,7 +26,6 @@ from xdsl.irdl import (
     opt_prop_def,
     prop_def,
     result_def,
-    traits_def,
 )
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer

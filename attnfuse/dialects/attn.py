@@ -34,12 +34,9 @@ from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     ArrayAttr,
-
     FloatAttr,
     FunctionType,
-    IntAttr,
     IntegerAttr,
-
     StringAttr,
     SymbolNameConstraint,
     UnitAttr,

@@ -55,8 +55,23 @@ class DataUse:
     tensor requires a gradient."""
 
 
+class ReadsCallData:
+    """What the score ops share: the call-time tensors an op reads, and how they are made."""
+
+    def data(self, op: Operation) -> Sequence[DataUse]:
+        """The call-time tensors the op's kernels read (see `DataUse`); none by default."""
+        del op
+        return ()
+
+    def bind(self, op: Operation, use: DataUse, problem: Any, arguments: dict[str, Any]) -> Any:
+        """The tensor the kernels read for `use` (one of `data(op)`), made for a call of
+        `problem` (the runtime's `Problem`) from the call's keyword `arguments`, checked
+        (an `ArgumentError` naming the argument otherwise)."""
+        raise NotImplementedError(f"{op.name} reads no call-time data")
+
+
 @dataclass(frozen=True)
-class ScoreModifier(OpTrait, abc.ABC):
+class ScoreModifier(ReadsCallData, OpTrait, abc.ABC):
     """Interface of an op that maps every score `s[b, h, i, j]` to a new score."""
 
     rank: int = 0
@@ -88,10 +103,6 @@ class ScoreModifier(OpTrait, abc.ABC):
         del op, kernel, scores_in
         return grad
 
-    def data(self, op: Operation) -> Sequence[DataUse]:
-        """The call-time tensors the op's lowering reads (see `DataUse`)."""
-        del op
-        return ()
 
     def data_gradient(
         self, op: Operation, kernel: Any, grad: SSAValue
@@ -103,11 +114,6 @@ class ScoreModifier(OpTrait, abc.ABC):
         del op, kernel, grad
         return ()
 
-    def bind(self, op: Operation, use: DataUse, problem: Any, arguments: dict[str, Any]) -> Any:
-        """The tensor the kernels read for `use` (one of `data(op)`), made for a call of
-        `problem` (the runtime's `Problem`) from the call's keyword `arguments`, checked
-        (an `ArgumentError` naming the argument otherwise)."""
-        raise NotImplementedError(f"{op.name} reads no call-time data")
 
     @abc.abstractmethod
     def evaluate(self, op: Operation, scores: Any, env: Any) -> Any:
@@ -116,7 +122,7 @@ class ScoreModifier(OpTrait, abc.ABC):
 
 
 @dataclass(frozen=True)
-class KeyFilter(OpTrait, abc.ABC):
+class KeyFilter(ReadsCallData, OpTrait, abc.ABC):
     """Interface of an op that drops keys: `s[b, h, i, j]` becomes a dropped entry."""
 
     rank: int = 100
@@ -133,16 +139,7 @@ class KeyFilter(OpTrait, abc.ABC):
         del op
         return None
 
-    def data(self, op: Operation) -> Sequence[DataUse]:
-        """The call-time tensors the filter reads (see `DataUse`)."""
-        del op
-        return ()
 
-    def bind(self, op: Operation, use: DataUse, problem: Any, arguments: dict[str, Any]) -> Any:
-        """The tensor the kernels read for `use` (one of `data(op)`), made for a call of
-        `problem` (the runtime's `Problem`) from the call's keyword `arguments`, checked
-        (an `ArgumentError` naming the argument otherwise)."""
-        raise NotImplementedError(f"{op.name} reads no call-time data")
 
     @abc.abstractmethod
     def evaluate(self, op: Operation, env: Any) -> Any:
@@ -203,4 +200,17 @@ class Normalizer(OpTrait, abc.ABC):
         `keep` mask of kept entries; a row with no kept key has probabilities 0."""
 
 
-__all__ = ["DataUse", "KeyFilter", "Normalizer", "ScoreModifier"]
+def score_semantics(op: Operation) -> ScoreModifier | KeyFilter | None:
+    """The interface an op between the scores and the normalizer implements, or None."""
+    return op.get_trait(ScoreModifier) or op.get_trait(KeyFilter)
+
+
+def normalizer_semantics(op: Operation) -> Normalizer:
+    """The `Normalizer` interface of a normalizer op."""
+    trait = op.get_trait(Normalizer)
+    assert trait is not None, op.name
+    return trait
+
+
+__all__ = ["DataUse", "KeyFilter", "Normalizer", "ReadsCallData", "ScoreModifier",
+           "normalizer_semantics", "score_semantics"]

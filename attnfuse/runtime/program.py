@@ -20,7 +20,14 @@ from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 
 from attnfuse.dialects import attn, make_context
-from attnfuse.dialects.interfaces import DataUse, KeyFilter, Normalizer, ScoreModifier
+from attnfuse.dialects.interfaces import (
+    DataUse,
+    KeyFilter,
+    Normalizer,
+    ScoreModifier,
+    normalizer_semantics,
+    score_semantics,
+)
 from attnfuse.errors import ArgumentError, AttnFuseError, IRError
 from attnfuse.transforms import PASSES
 from attnfuse.transforms.kernel_builder import assign_data_roles
@@ -43,7 +50,7 @@ class DataBinding:
 
     def bind(self, problem: Any, arguments: dict[str, Any]) -> Any:
         """The tensor for a call of `problem` with keyword `arguments` (checked by the op)."""
-        trait = self.op.get_trait(ScoreModifier) or self.op.get_trait(KeyFilter)
+        trait = score_semantics(self.op)
         assert trait is not None
         return trait.bind(self.op, self.use, problem, arguments)
 
@@ -62,9 +69,7 @@ class Canonical:
 
     @cached_property
     def normalizer_semantics(self) -> Normalizer:
-        trait = self.normalizer.get_trait(Normalizer)
-        assert trait is not None
-        return trait
+        return normalizer_semantics(self.normalizer)
 
     @property
     def has_lse(self) -> bool:
@@ -126,7 +131,7 @@ class Canonical:
         roles = assign_data_roles(modifiers)
         result = []
         for op in self.chain:
-            trait = op.get_trait(ScoreModifier) or op.get_trait(KeyFilter)
+            trait = score_semantics(op)
             assert trait is not None
             for use in trait.data(op):
                 result.append(DataBinding(op, use, roles.get((op, use.kind))))

@@ -34,12 +34,12 @@ from xdsl.rewriter import InsertPoint
 from xdsl.traits import HasCanonicalizationPatternsTrait
 
 from attnfuse.dialects.attn import VariantOp, YieldOp, is_score_op
-from attnfuse.dialects.interfaces import KeyFilter, ScoreModifier
+from attnfuse.dialects.interfaces import KeyFilter, ScoreModifier, score_semantics
 
 
 def canonical_rank(op: Operation) -> int | None:
     """Where a score op sorts among the ops it commutes with, or None for other ops."""
-    trait = op.get_trait(ScoreModifier) or op.get_trait(KeyFilter)
+    trait = score_semantics(op)
     return None if trait is None else trait.rank
 
 

@@ -14,7 +14,12 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn, tile
-from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
+from attnfuse.dialects.interfaces import (
+    Normalizer,
+    ScoreModifier,
+    normalizer_semantics,
+    score_semantics,
+)
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,7 @@ class VariantFacts:
 
     @property
     def normalizer_semantics(self) -> Normalizer:
-        trait = self.normalizer.get_trait(Normalizer)
-        assert trait is not None
-        return trait
+        return normalizer_semantics(self.normalizer)
 
     @property
     def has_lse(self) -> bool:
@@ -93,7 +96,7 @@ def assign_data_roles(ops: Sequence[Operation]) -> dict[tuple[Operation, str], s
     by_key: dict[tuple[str, object], str] = {}
     count: dict[str, int] = {}
     for op in ops:
-        trait = op.get_trait(ScoreModifier) or op.get_trait(KeyFilter)
+        trait = score_semantics(op)
         assert trait is not None
         for use in trait.data(op):
             if use.kind not in tile.TENSOR_AXES:

@@ -196,3 +196,35 @@ def check_against_reference(fn, spec, q, k, v, *, lse: bool = True, **kwargs):
     ref = af.reference_attention(spec, q, k, v)
     assert_close_to_reference(out, ref, q.dtype)
     return out
+
+
+GRAD_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+"""Relative L2 error of each gradient against the float64 reference (`gradient_errors`)."""
+
+
+def check_forward_backward(spec, q, k, v, *, lse: bool = False, lse_slack: float = 3.0, **call):
+    """Forward (and, with `lse`, the log-sum-exp, within `lse_slack` times `lse_tolerance`)
+    and backward through the kernels, checked against the float64 reference: the output's
+    tolerance of `assert_close_to_reference`, each gradient's relative L2 error within
+    `GRAD_TOLERANCE`. A `bias=` that requires grad has its gradient checked too."""
+    from attnfuse.runtime.reference import gradient_errors, reference_gradients
+
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    if lse:
+        out, out_lse = spec(q, k, v, return_lse=True, **call)
+        ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True, **call)
+        assert_lse_close(out_lse, ref_lse, lse_tolerance(spec, q, k) * lse_slack)
+    else:
+        out = spec(q, k, v, **call)
+        ref = af.reference_attention(spec, q, k, v, **call)
+    assert_close_to_reference(out, ref, q.dtype)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype)
+    out.backward(grad_out)
+    got = {"q": q.grad, "k": k.grad, "v": v.grad}
+    bias = call.get("bias")
+    if bias is not None and bias.requires_grad:
+        got["bias"] = bias.grad
+    errors = gradient_errors(got, reference_gradients(spec, q, k, v, grad_out, **call))
+    for name, err in errors.items():
+        assert err <= GRAD_TOLERANCE[q.dtype], f"d{name}: relative error {err:.2e} ({errors})"
+    return out

@@ -7,40 +7,18 @@ import math
 
 import pytest
 import torch
-from conftest import assert_close_to_reference, make_qkv
+from conftest import check_forward_backward, make_qkv
 
 import attnfuse as af
 from attnfuse.errors import ArgumentError, CompositionError
-from attnfuse.runtime.reference import gradient_errors, reference_gradients
 
 pytestmark = pytest.mark.interpreter
-
-GRAD_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
-"""Relative L2 error of each gradient against the float64 reference."""
-
-
-def run_and_check(spec, q, k, v, **call):
-    """Forward and backward through the kernels, checked against the reference."""
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    bias = call.get("bias")
-    out = spec(q, k, v, **call)
-    assert_close_to_reference(out, af.reference_attention(spec, q, k, v, **call), q.dtype)
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype)
-    out.backward(grad_out)
-    got = {"q": q.grad, "k": k.grad, "v": v.grad}
-    if bias is not None and bias.requires_grad:
-        got["bias"] = bias.grad
-    errors = gradient_errors(got, reference_gradients(spec, q, k, v, grad_out, **call))
-    for name, err in errors.items():
-        assert err <= GRAD_TOLERANCE[q.dtype], f"d{name}: relative error {err:.2e} ({errors})"
-    return out
-
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bias", [None, -1.5])
 def test_sigmoid_causal(dtype, bias):
     q, k, v = make_qkv(1, 4, 2, 37, 45, 32, dtype=dtype, seed=3)
-    run_and_check(af.attention(af.sigmoid(bias), af.causal()), q, k, v)
+    check_forward_backward(af.attention(af.sigmoid(bias), af.causal()), q, k, v)
 
 
 def test_sigmoid_with_rope_softcap_alibi_bias_window():
@@ -48,14 +26,14 @@ def test_sigmoid_with_rope_softcap_alibi_bias_window():
                         af.sliding_window(12), af.sigmoid())
     q, k, v = make_qkv(2, 2, 1, 33, 40, 16, seed=5)
     bias = torch.randn(1, 2, 1, 40, generator=torch.Generator().manual_seed(6)).requires_grad_()
-    run_and_check(spec, q, k, v, bias=bias)
+    check_forward_backward(spec, q, k, v, bias=bias)
 
 
 def test_sigmoid_block_sparse():
     spec = af.attention(af.block_sparse(16), af.sigmoid())
     q, k, v = make_qkv(1, 2, 2, 48, 48, 16, seed=8)
     layout = torch.tensor([[1, 0, 1], [0, 1, 0], [1, 1, 1]], dtype=torch.bool)
-    run_and_check(spec, q, k, v, block_layout=layout)
+    check_forward_backward(spec, q, k, v, block_layout=layout)
 
 
 def test_sigmoid_matches_an_independent_formula():

@@ -8,43 +8,19 @@ import math
 
 import pytest
 import torch
-from conftest import assert_close_to_reference, assert_lse_close, lse_tolerance, make_qkv
+from conftest import assert_close_to_reference, check_forward_backward, make_qkv
 
 import attnfuse as af
 from attnfuse.errors import CompositionError
-from attnfuse.runtime.reference import gradient_errors, reference_gradients
 
 pytestmark = pytest.mark.interpreter
-
-GRAD_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
-"""Relative L2 error of each gradient against the float64 reference."""
-
-
-def run_and_check(spec, q, k, v, **call):
-    """Forward (output and lse) and backward through the kernels, checked."""
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    bias = call.get("bias")
-    out, lse = spec(q, k, v, return_lse=True, **call)
-    ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True, **call)
-    assert_close_to_reference(out, ref, q.dtype)
-    assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, k) * 3)
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype)
-    out.backward(grad_out)
-    got = {"q": q.grad, "k": k.grad, "v": v.grad}
-    if bias is not None and bias.requires_grad:
-        got["bias"] = bias.grad
-    errors = gradient_errors(got, reference_gradients(spec, q, k, v, grad_out, **call))
-    for name, err in errors.items():
-        assert err <= GRAD_TOLERANCE[q.dtype], f"d{name}: relative error {err:.2e} ({errors})"
-    return out
-
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("cap", [0.5, 3.0, 50.0])
 def test_softcap_causal(dtype, cap):
     # Scores of a few units: a cap of 0.5 squashes them hard, 50 barely touches them.
     q, k, v = make_qkv(1, 4, 2, 37, 45, 32, dtype=dtype, seed=int(cap * 10))
-    run_and_check(af.attention(af.softcap(cap), af.causal()), q * 3, k, v)
+    check_forward_backward(af.attention(af.softcap(cap), af.causal()), q * 3, k, v, lse=True)
 
 
 @pytest.mark.parametrize("user_order", ["softcap_first", "softcap_last"])
@@ -53,7 +29,7 @@ def test_softcap_with_rope_alibi_bias(user_order):
     blocks = [af.softcap(2.0), *blocks] if user_order == "softcap_first" else [*blocks, af.softcap(2.0)]
     q, k, v = make_qkv(2, 2, 1, 33, 40, 16, seed=3)
     bias = torch.randn(2, 1, 33, 40, generator=torch.Generator().manual_seed(4)).requires_grad_()
-    run_and_check(af.attention(*blocks), q * 2, k, v, bias=bias)
+    check_forward_backward(af.attention(*blocks), q * 2, k, v, lse=True, bias=bias)
 
 
 def test_softcap_matches_an_independent_formula():

@@ -37,10 +37,6 @@ class AddBiasSemantics(ScoreModifier):
     def data(self, op: Operation) -> Sequence[DataUse]:
         return (DataUse("bias", argument="bias", gradient="dbias"),)
 
-    def data_gradient(self, op: Operation, kernel: Any, grad: SSAValue) -> list[tuple[str, SSAValue]]:
-        # s' = s + bias: the bias gradient is the gradient of the op's result.
-        return [("dbias", grad)]
-
     def evaluate(self, op: Operation, scores: Any, env: Any) -> Any:
         bias = env.tensors.get("bias")
         if bias is None:

@@ -50,8 +50,8 @@ class DataUse:
     """The call's keyword argument the tensor is made from (`bias=`), or None when the op's
     own parameters make it (ALiBi's slopes)."""
     gradient: str | None = None
-    """The tile role of the tensor's gradient, when the backward can give one (`dbias`: the
-    op's `data_gradient` names it); the kernel that writes it is launched when the call's
+    """The tile role of the tensor's gradient, when the backward can give one (`dbias`; see
+    `ScoreModifier.data_gradient`); the kernel that writes it is launched when the call's
     tensor requires a gradient."""
 
 
@@ -108,12 +108,14 @@ class ScoreModifier(ReadsCallData, OpTrait, abc.ABC):
         self, op: Operation, kernel: Any, grad: SSAValue
     ) -> Sequence[tuple[str, SSAValue]]:
         """The gradients of call-time data that the gradient `grad` of the op's result gives,
-        as (tile role, score-shaped tile) pairs: `attn.add_bias` gives `("dbias", grad)`.
-        The backward sums the contributions per role and stores them where the kernel writes
-        that role. None by default."""
-        del op, kernel, grad
-        return ()
-
+        as (tile role, score-shaped tile) pairs. The backward sums the contributions per role
+        and stores them where the kernel writes that role. By default, an additive modifier
+        gives `grad` itself for each of its data with a `DataUse.gradient` role (`s + bias`:
+        the bias's gradient is the result's); others give none."""
+        del kernel
+        if not self.additive:
+            return ()
+        return [(use.gradient, grad) for use in self.data(op) if use.gradient is not None]
 
     @abc.abstractmethod
     def evaluate(self, op: Operation, scores: Any, env: Any) -> Any:

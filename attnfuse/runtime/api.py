@@ -85,17 +85,12 @@ class CompiledAttention:
         self.program: VariantProgram = as_program(source)
         self.spec = source
         # What a call without positions runs: checks the program now, where the user wrote it.
-        self.variant: Canonical = self.program.canonical(self._default_positions())
+        self.variant: Canonical = self.program.default()
         self.rope_placement = rope_placement
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
         self._sparse_cache: dict[bool, tuple[torch.Tensor, tuple, dict[str, torch.Tensor]]] = {}
-        self._scale = self.variant.scale
-
-    def _default_positions(self) -> tuple[bool, bool]:
-        """The call-time positions a call passes by default (`VariantProgram.default_positions`)."""
-        return self.program.default_positions
 
     def __repr__(self) -> str:
         return f"CompiledAttention({self.program!r})"
@@ -182,7 +177,7 @@ class CompiledAttention:
         problem = check_inputs(self.program, q, k, v)
         if training is None:
             training = records_autograd(q, k, v)
-        return self.compiled_for(problem, self._default_positions(), training)[1]
+        return self.compiled_for(problem, self.program.default_positions, training)[1]
 
     @property
     def source(self) -> str:
@@ -192,7 +187,7 @@ class CompiledAttention:
             return self.last.source
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         problem = Problem(1, 1, 1, 1, 1, 64, 64, torch.float16, device)
-        key = self.compile_key(problem, self._default_positions())
+        key = self.compile_key(problem, self.program.default_positions)
         program, _path, _key = generate_program(self.program, key, device.type != "cuda")
         return program.source
 
@@ -204,7 +199,7 @@ class CompiledAttention:
         problem = check_inputs(self.program, q, k, v)
         if training is None:
             training = records_autograd(q, k, v)
-        key, _compiled = self.compiled_for(problem, self._default_positions(), training)
+        key, _compiled = self.compiled_for(problem, self.program.default_positions, training)
         return str(lower_spec(self.program, key))
 
     def plan(
@@ -242,7 +237,7 @@ class CompiledAttention:
         if problem.empty:
             return CallPlan(problem, None, (), {}, None)
         key, compiled = self.compiled_for(problem, explicit_positions, training)
-        scale = self._scale if self._scale is not None else default_scale(problem.head_dim)
+        scale = variant.scale if variant.scale is not None else default_scale(problem.head_dim)
         if variant.rope is not None:
             constants["rope_table"] = self._rope_table(problem, max(problem.seq_q, problem.seq_k))
         launches = tuple(prepare(compiled, problem, scale))
@@ -351,7 +346,7 @@ class CompiledAttention:
     ):
         if unexpected:
             raise ArgumentError(
-                f"unexpected argument(s) {', '.join(sorted(unexpected))} for {self.spec!r}"
+                f"unexpected argument(s) {', '.join(sorted(unexpected))} for {self.program!r}"
             )
         if return_lse and not self.variant.has_lse:
             name = self.variant.normalizer_name

@@ -60,10 +60,8 @@ class Canonical:
 
     def __init__(self, module: ModuleOp):
         self.module = module
-        variants = [op for op in module.ops if isinstance(op, attn.VariantOp)]
-        if len(variants) != 1:
-            raise AttnFuseError(f"an attn module for af.compile holds one attn.variant, got {len(variants)}")
-        self.variant = variants[0]
+        # One variant: `VariantProgram` checked an attn program's, and the DSL builds one.
+        self.variant = next(op for op in module.ops if isinstance(op, attn.VariantOp))
         self.scores, self.chain, self.normalizer = attn.score_chain(self.variant)
         self.text = anonymous_text(module)
 
@@ -111,9 +109,13 @@ class Canonical:
 
     @cached_property
     def band(self) -> tuple[int | None, int | None]:
-        """The band of key offsets every band filter together keeps."""
-        bands = [t.band(op) for op in self.chain if (t := op.get_trait(KeyFilter)) is not None]
-        return attn.intersect_bands([b for b in bands if b is not None])
+        """The band of key offsets the program keeps: what analyze-masks recorded on its mask
+        (canonicalize-attn has merged the masks into one), unbounded without one."""
+        for op in self.chain:
+            recorded = op.properties.get("band")
+            if isinstance(recorded, attn.BandAttr):
+                return recorded.bounds
+        return (None, None)
 
     @cached_property
     def block_size(self) -> int | None:
@@ -194,14 +196,11 @@ class VariantProgram:
     def __init__(self, source: Any):
         self.source = source
         self._fixed: ModuleOp | None = None
+        self._canonical: dict[tuple[bool, bool], Canonical] = {}
         if isinstance(source, str):
             self._fixed = parse_attn(source)
         elif isinstance(source, ModuleOp):
-            self._fixed = source.clone()
-            try:
-                self._fixed.verify()
-            except VerifyException as err:
-                raise AttnFuseError(f"the attn program is not valid: {err}") from err
+            self._fixed = verified(source.clone())
         elif not hasattr(source, "module"):
             raise AttnFuseError(
                 f"compile() takes a spec made by af.attention(...) or an attn module (text or "
@@ -252,11 +251,13 @@ class VariantProgram:
             return self.source.module(explicit_positions)
         return self._fixed.clone()
 
-    @cache
     def canonical(self, explicit_positions: tuple[bool, bool]) -> Canonical:
         """The canonical program for a call with (or without) query / key positions. An attn
         program's positions must be passed exactly where a rotation reads them, and may be
         passed only where the program declares them."""
+        canonical = self._canonical.get(explicit_positions)
+        if canonical is not None:
+            return canonical
         what = "the attn program" if self._fixed is not None else repr(self.source)
         canonical = Canonical(canonicalize(self.module(explicit_positions), what))
         fixed = self.explicit_positions_of()
@@ -268,6 +269,7 @@ class VariantProgram:
                     raise ArgumentError(f"{name}= given, but the attn program takes no positions for it")
                 if read and not passed:
                     raise ArgumentError(f"the attn program rotates at !attn.positions: pass {name}=")
+        self._canonical[explicit_positions] = canonical
         return canonical
 
 
@@ -280,6 +282,11 @@ def parse_attn(text: str) -> ModuleOp:
         module = Parser(make_context(), text, "<attn program>").parse_module()
     except (ParseError, VerifyException, DiagnosticException) as err:
         raise AttnFuseError(f"cannot parse the attn program: {err}") from err
+    return verified(module)
+
+
+def verified(module: ModuleOp) -> ModuleOp:
+    """`module`, verified (an `AttnFuseError` saying what is wrong otherwise)."""
     try:
         module.verify()
     except VerifyException as err:

@@ -1,4 +1,4 @@
-// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=64 backward=false}' | filecheck %s
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=64 backward=false}' | filecheck %s
 
 // The kernels: the cap is a tile.map (cap * tanh(s / cap)) after ALiBi, before the mask.
 // CHECK-LABEL: tile.kernel @attention_fwd
@@ -19,3 +19,22 @@ attn.variant @tile(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// A mask written before the cap still drops its keys: the kernels apply filters after every
+// modifier (a dropped key is a mark; capping its -inf would give the finite -cap).
+// CHECK-LABEL: tile.kernel @attention_fwd
+// CHECK:         tile.kv_loop {{.*}} masked
+// CHECK:           %[[C:.*]] = tile.map(%{{.*}})
+// CHECK:             math.tanh
+// CHECK:           tile.mask %[[C]]
+attn.variant @mask_first(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %c = attn.softcap %m {cap = 2.0 : f64}
+  %p = attn.softmax %c
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+

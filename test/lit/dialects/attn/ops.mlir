@@ -68,3 +68,24 @@ attn.variant @given_positions(%q : !attn.query, %k : !attn.key, %v : !attn.value
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// The soft-cap and the sigmoid normalizer, with and without its bias.
+// CHECK-LABEL: attn.variant @pointwise(%q: !attn.query, %k: !attn.key, %v: !attn.value) -> !attn.output {
+attn.variant @pointwise(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  // CHECK:      %c = attn.softcap %s {cap = 5.000000e+01 : f64}
+  %c = attn.softcap %s {cap = 5.000000e+01 : f64}
+  // CHECK-NEXT: %p = attn.sigmoid %c {bias = -2.000000e+00 : f64}
+  %p = attn.sigmoid %c {bias = -2.000000e+00 : f64}
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// CHECK-LABEL: attn.variant @default_bias
+attn.variant @default_bias(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  // CHECK:      %p = attn.sigmoid %s{{$}}
+  %p = attn.sigmoid %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -1,5 +1,6 @@
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics | filecheck %s
-// The verifier of tile.map: its body is scalar f32 arithmetic the targets can print.
+// The verifiers of tile.map (its body is scalar f32 arithmetic the targets can print),
+// and what the tile passes set: unscaled scores, block_order, shared_offsets.
 
 // A map body holds only the scalar ops the targets translate.
 tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
@@ -57,3 +58,78 @@ tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>,
   tile.return
 }
 // CHECK: tile.map constants are f32 floats
+
+// -----
+
+// The result is f32.
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %z = tile.zeros : !tile.tile<m x dv x f32>
+  %r = tile.map(%z) : (!tile.tile<m x dv x f32>) -> !tile.tile<m x dv x f16> {
+  ^bb0(%x: f32):
+    tile.map_yield %x : f32
+  }
+  tile.return
+}
+// CHECK: tile.map computes in f32, got a f16 result
+
+// -----
+
+// Tile operands have the result's shape.
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %r1 = tile.zeros : !tile.tile<m x n x f32>
+  %r = tile.map(%r1) : (!tile.tile<m x n x f32>) -> !tile.tile<m x dv x f32> {
+  ^bb0(%x: f32):
+    tile.map_yield %x : f32
+  }
+  tile.return
+}
+// CHECK: map operand 0 is a m x n tile, the result m x dv: operands must have the result's shape
+
+// -----
+
+// One f32 body argument per operand.
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %z = tile.zeros : !tile.tile<m x dv x f32>
+  %r = tile.map(%z) : (!tile.tile<m x dv x f32>) -> !tile.tile<m x dv x f32> {
+  ^bb0(%x: f32, %y: f32):
+    tile.map_yield %x : f32
+  }
+  tile.return
+}
+// CHECK: tile.map's body takes one f32 argument per operand
+
+// -----
+
+// block_order is a #tile<order ...>.
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, block_order = "descending"} {
+
+  tile.return
+}
+// CHECK: block_order must be a #tile<order ...>
+
+// -----
+
+// shared_offsets names two of the kernel's roles.
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, shared_offsets = ["do", "q"]} {
+
+  tile.return
+}
+// CHECK: shared_offsets names two of the kernel's tensor roles (follower, leader)
+
+// -----
+
+// Unscaled scores (fold-scale-into-exp) may reach only exponentials that apply the scale.
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %q_blk = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  %acc = tile.zeros : !tile.tile<m x dv x f32>
+  %start, %full_start, %full_end, %end = tile.kv_bounds {band = #attn.band<>}
+  %a2 = tile.kv_loop %start to %end masked iter_args(%acc) : !tile.tile<m x dv x f32> -> !tile.tile<m x dv x f32> {
+  ^bb0(%a: !tile.tile<m x dv x f32>):
+    %k_blk = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    %scores = tile.scores(%q_blk) x(%k_blk) {unscaled} : (!tile.tile<m x d x f16>) x (!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    %p = tile.relu_probs %scores : !tile.tile<m x n x f32>
+    tile.yield %a : !tile.tile<m x dv x f32>
+  }
+  tile.return
+}
+// CHECK: unscaled scores must reach only exponentials that apply their scale (unscaled_scores, the same scale), but tile.relu_probs reads them

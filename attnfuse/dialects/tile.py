@@ -100,8 +100,6 @@ from attnfuse.dialects.attn import BandAttr
 # Types
 # --------------------------------------------------------------------------------------------
 
-TILE_DIMS = ("m", "n", "d", "dv", "half", "pass")
-"""Symbolic tile dimensions: program rows, loop rows, head dims, rotary half, pass-through."""
 
 ELEMENT_TYPES: dict[str, Attribute] = {"f16": f16, "bf16": bf16, "f32": f32}
 """Element types a tile can hold: the kernel's input type, or f32 for accumulators."""
@@ -123,6 +121,10 @@ class TileDimAttr(EnumAttribute[TileDim], SpacedOpaqueSyntaxAttribute):
     """`#tile<dim m>`: one dimension of a `!tile.tile` (printed there as `m`)."""
 
     name = "tile.dim"
+
+
+TILE_DIMS = tuple(d.value for d in TileDim)
+"""Symbolic tile dimensions: program rows, loop rows, head dims, rotary half, pass-through."""
 
 
 class Grid(StrEnum):
@@ -663,11 +665,11 @@ class ReturnOp(IRDLOperation):
 # Memory: block loads and stores
 # --------------------------------------------------------------------------------------------
 
-ROW_SOURCES = ("program", "loop")
+ROW_SOURCES = tuple(r.value for r in Rows)
 """Which rows a load or store touches: the program's own row block, or the current key
 block of the enclosing `tile.kv_loop`."""
 
-COLUMN_PARTS = ("all", "half_lo", "half_hi", "even", "odd", "pass")
+COLUMN_PARTS = tuple(c.value for c in Columns)
 """Which columns: all of them, one element of every rotary pair (the first or second half
 for half-split RoPE, even or odd dims for interleaved), or the dims after the rotary width.
 Loading a pair's elements as separate tiles lets the rotation run without register shuffles."""
@@ -697,14 +699,13 @@ def _parse_block_ref(parser: Parser) -> tuple[str, str | None]:
 
 
 def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> None:
-    if rows not in ROW_SOURCES:
-        raise VerifyException(f"rows must be one of {', '.join(ROW_SOURCES)}, got '{rows}'")
+    # rows and cols are enum attributes: only their combination with the role needs checking.
     if rows == "loop" and _enclosing_loop(op) is None:
         raise VerifyException("loop rows can only be accessed inside a tile.kv_loop or tile.q_loop")
     if role not in BLOCK_ROLES:
         raise VerifyException(f"a {role} tensor is not accessed by blocks")
     kernel = _kernel_of(op)
-    if kernel is not None and kernel.grid in GRIDS:
+    if kernel is not None:
         axis = "query" if role in QUERY_ROW_ROLES else "key"
         if axis != rows_axis(kernel.grid, rows):
             raise VerifyException(
@@ -713,10 +714,8 @@ def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> 
             )
     rank = TENSOR_ROLES[role]
     if rank == 4:
-        if cols not in COLUMN_PARTS:
-            raise VerifyException(
-                f"columns must be one of {', '.join(COLUMN_PARTS)}, got '{cols}'"
-            )
+        if cols is None:
+            raise VerifyException(f"a {role} block needs columns: one of {', '.join(COLUMN_PARTS)}")
     elif rank == 3:
         if cols is not None:
             raise VerifyException(f"a {role} tensor has no columns to select")
@@ -926,7 +925,7 @@ class RotateOp(IRDLOperation):
             raise VerifyException(f"rotated tiles must be <rows x half>, got {' x '.join(lo.shape)}")
         _expect_role(self.table, "rope_table", "the table operand must be the rope_table tensor")
         kernel = _kernel_of(self)
-        if kernel is not None and kernel.grid in GRIDS:
+        if kernel is not None:
             rows = "program" if lo.shape[0] == "m" else "loop"
             axis = rows_axis(kernel.grid, rows)
             if axis != self.positions.data:

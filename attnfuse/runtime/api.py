@@ -232,7 +232,7 @@ class CompiledAttention:
         for binding in variant.bindings:
             # Data made from the program alone (ALiBi's slopes) depends only on the shape;
             # made before the empty-problem exit, so that its checks run for every call.
-            if binding.use.argument is None and binding.role is not None:
+            if binding.use.argument is None and binding.role is not None and binding.role not in constants:
                 constants[binding.role] = binding.bind(problem, {})
         if problem.empty:
             return CallPlan(problem, None, (), {}, None)
@@ -319,6 +319,8 @@ class CompiledAttention:
         for binding in variant.bindings:
             if binding.use.argument is None:
                 continue  # made from the program: a plan constant
+            if binding.role is not None and binding.role in tensors:
+                continue  # two ops reading one tensor (two add_bias of one bias): bound once
             value = binding.bind(problem, arguments)
             if binding.role is not None:
                 tensors[binding.role] = value

@@ -206,11 +206,10 @@ def keep_mask(
         trait = op.get_trait(KeyFilter)
         if trait is not None:
             keep = keep & trait.evaluate(op, env)
-    while keep.dim() > 2 and keep.shape[0] == 1 and (block_layout is None or block_layout.dim() == 2):
-        keep = keep[0]
-    if keep.dim() == 4:
-        keep = keep[0]
-    return keep
+    # Filters give masks broadcastable to [B, Hq, Nq, Nk] whose leading dims are 1 here: keep
+    # the query head dim only for a per-head layout.
+    dims = 3 if block_layout is not None and block_layout.dim() == 3 else 2
+    return keep.reshape(keep.shape[-dims:])
 
 
 def reference_attention(

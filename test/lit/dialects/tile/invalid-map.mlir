@@ -133,3 +133,12 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %o: !tile.tensor<o>) at
   tile.return
 }
 // CHECK: unscaled scores must reach only exponentials that apply their scale (unscaled_scores, the same scale), but tile.relu_probs reads them
+
+// -----
+
+// A block of a [B, H, N, D] operand names its columns.
+tile.kernel @k(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %q_rows = tile.load %q[program] : !tile.tensor<q> -> !tile.tile<m x f16>
+  tile.return
+}
+// CHECK: a q block needs columns: one of all, half_lo, half_hi, even, odd, pass

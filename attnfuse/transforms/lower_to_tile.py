@@ -4,9 +4,12 @@ The forward kernel is FlashAttention-2's: a program owns `block_m` query rows of
 (batch, head); it loads them once (rotating them in registers if the query rotation is
 fused), then walks the key blocks that the mask band leaves non-empty, in up to three loops:
 partial blocks before the full ones, full blocks (no mask work, no bounds checks), partial
-blocks after them. Each step computes scores, masks them if the block is partial, updates the
-online softmax and accumulates `p @ v`. At the end it normalizes and stores the output and
-the per-row log-sum-exp.
+blocks after them. Each step computes the scores, then lowers the variant's score chain op by
+op along its data flow (`attn.score_chain`: each modifier where the program puts it, as often
+as it appears, through its `ScoreModifier.lower`; ops off the path take no part), masks the
+scores if the block is partial (filters last: a dropped key stays dropped), and hands them to
+the normalizer's `step` (the online softmax, or a pointwise normalizer's `p @ v`). At the end
+the normalizer's `finalize` gives the output (and, for softmax, the per-row log-sum-exp).
 
 When a rotation is fused, q and k are loaded as the two elements of each rotary pair (the
 first and second half of the rotary dims, or even and odd dims when interleaved) plus the

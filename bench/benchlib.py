@@ -147,13 +147,14 @@ def fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """NaN and inf (invalid JSON) as their names, all the way down."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
+        return {key: json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
+        return [json_safe(item) for item in value]
     return value
 
 
@@ -161,7 +162,7 @@ def write_outputs(out_dir: Path, stem: str, document: dict[str, Any], markdown: 
     """`<out>/<stem>.json` and `<out>/<stem>.md`; prints both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
-    json_path.write_text(json.dumps(_json_safe(document), indent=1) + "\n")
+    json_path.write_text(json.dumps(json_safe(document), indent=1) + "\n")
     md_path.write_text("\n".join(markdown) + "\n")
     print(f"wrote {json_path}\nwrote {md_path}")
     return json_path, md_path

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     import attnfuse as af
     from torch.nn.attention.flex_attention import flex_attention
 
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    benchlib.bench_tool.configure_dynamo()
     flex = torch.compile(flex_attention, dynamic=False)
     n, block = args.seq, args.block
     blocks = -(-n // block)

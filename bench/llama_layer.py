@@ -546,17 +546,17 @@ def main(argv: list[str] | None = None) -> int:
         args.seq_lens = args.seq_lens if "--seq-lens" in explicit else [32]
         args.check_seq_lens = args.seq_lens[:1]
         args.compile = args.compile if "--compile" in explicit else "off"
-        args.dtype, args.warmup, args.reps = "fp32", 1, 2
+        args.dtype = "fp32"
+        args.warmup = args.warmup if "--warmup" in explicit else 1
+        args.reps = args.reps if "--reps" in explicit else 2
     elif device == "cpu":
         print("llama_layer.py: no CUDA device; pass --quick to check the script on the CPU", file=sys.stderr)
         return 2
     if "attnfuse" in args.impls:
         import attnfuse  # noqa: F401 - picks Triton's interpreter (CPU) before torch.compile imports Triton
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    dynamo = torch._dynamo.config
-    dynamo.cache_size_limit = max(dynamo.cache_size_limit, 256)
-    if hasattr(dynamo, "accumulated_cache_size_limit"):
-        dynamo.accumulated_cache_size_limit = max(dynamo.accumulated_cache_size_limit, 4096)
+    if args.compile != "off" or set(args.impls) - {"attnfuse"}:
+        benchlib.bench_tool.configure_dynamo()  # one graph per (N, attention, grad mode): no eager fallback
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
 

@@ -393,7 +393,7 @@ def compiled_flex() -> Callable:
     return _COMPILED["flex"]
 
 
-def _configure_dynamo() -> None:
+def configure_dynamo() -> None:
     """Allow one compiled graph per (shape, mask) without eager fallback.
 
     Every sequence length and mask closure is a new static-shape graph of the
@@ -1356,7 +1356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _load_attnfuse_runtime()
     # The reference must be true float32 (no TF32 matmuls).
     torch.set_float32_matmul_precision("highest")
-    _configure_dynamo()
+    configure_dynamo()
 
     started = _dt.datetime.now(_dt.UTC)
     metadata = collect_metadata(config, started)

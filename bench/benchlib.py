@@ -14,7 +14,6 @@ import datetime as _dt
 import importlib.util
 import json
 import math
-import os
 import platform
 import shlex
 import statistics
@@ -177,7 +176,3 @@ def first_line(err: BaseException) -> str:
     """`Type: first line of the message`, for a table cell."""
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
-
-
-def cpu_threads_note() -> str:
-    return f"{os.cpu_count()} CPU cores, torch threads {torch.get_num_threads()}"

@@ -34,6 +34,7 @@ an internal interface, so it is skipped with a note when that changes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     progress.step(f"N={n} {name} {mode}")
                     row = {"n": n, "impl": name, "mode": mode, "error": None}
                     try:
-                        with context() if context else _nothing():
+                        with context() if context else contextlib.nullcontext():
                             row.update(measure(step, device, args.calls, args.rounds, sleep))
                     except Exception as err:  # noqa: BLE001
                         row["error"] = benchlib.first_line(err)
@@ -284,12 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
 def add_ratios(rows: list[dict]) -> None:
     """`host_ratio_<peer>` and `wall_ratio_<peer>` (AttnFuse over peer) on AttnFuse's rows,
     and whether the host ratio meets the mode's target."""
@@ -310,7 +305,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 def table(rows: list[dict]) -> list[str]:
     """The markdown table: one line per (N, mode, implementation)."""
-    header = ["N", "mode", "impl", "host us/call", "gpu us/call", "wall us/call",
+    header = ["N", "mode", "impl", "host us/call", "gpu us/call (queue full)", "wall us/call",
               "host ratio vs default", "host ratio vs flash", "wall ratio vs default", "target"]
     cells = []
     for row in sorted(rows, key=lambda r: (r["n"], list(MODES).index(r["mode"]))):

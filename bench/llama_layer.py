@@ -353,7 +353,6 @@ def probe_cudnn_gqa(bench: Bench) -> str | None:
 
 def run_case(bench: Bench, impl: str, compiled: bool, n: int, modes: list[str], checked: set) -> None:
     """All modes of one (attention, layer kind, N); every failure becomes a row."""
-    args = bench.args
     base = {"impl": impl, "layer": "compiled" if compiled else "eager", "n": n}
     try:
         attention = build_attention(impl, bench.shape, n, bench.device, compiled, bench.repeat_kv)
@@ -458,11 +457,15 @@ def tables(bench: Bench) -> list[str]:
     return lines
 
 
+def layer_name(shape: LayerShape) -> str:
+    return "Llama-3-8B decoder layer" if shape == LLAMA3_8B else f"Small test layer (hidden {shape.hidden})"
+
+
 def write(bench: Bench, meta: dict, stem: str, final: bool) -> None:
     args, s = bench.args, bench.shape
     shape = (f"hidden {s.hidden}, {s.heads}/{s.kv_heads} heads of {s.head_dim}, MLP {s.ffn}, "
              f"RMSNorm eps {s.eps:g}, RoPE theta {s.theta:g}, B=1, {args.dtype}")
-    markdown = [f"# Llama-3-8B decoder layer with three attentions ({meta['gpu'] or 'CPU'})", ""]
+    markdown = [f"# {layer_name(s)} with three attentions ({meta['gpu'] or 'CPU'})", ""]
     markdown += benchlib.metadata_lines(meta)
     markdown += [f"- layer: {shape}",
                  f"- timing: {'CUDA events per step' if bench.device == 'cuda' else 'CPU wall clock'}, "
@@ -496,7 +499,7 @@ def plot(bench: Bench, stem: Path, meta: dict) -> None:
                     times.setdefault(r["impl"], {})[r["n"]] = r["ms"]
             if not times:
                 continue
-            title = f"Llama-3-8B layer, {layer}, {label}, {bench.args.dtype}, on {meta['gpu'] or 'CPU'}"
+            title = f"{layer_name(bench.shape)}, {layer}, {label}, {bench.args.dtype}, on {meta['gpu'] or 'CPU'}"
             path = benchlib.plot_panels(stem.with_name(f"{stem.name}-{layer}-{mode}.png"), title,
                                         benchlib.time_and_ratio_panels(times, "attnfuse", "sequence length N",
                                                                        time_label="time per step (ms)"))

@@ -269,6 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--out", type=Path, help="results directory (default bench/results)")
     output.add_argument("--traceback", action="store_true",
                         help="print full tracebacks of failing implementations to stderr")
+    output.add_argument("--no-plots", action="store_true",
+                        help="write no PNG plots (they need matplotlib; `attnfuse-bench plot "
+                        "RESULTS.json` makes them later)")
+    output.add_argument("--no-progress", action="store_true",
+                        help="no progress display (a rich bar on a terminal, else one line per step)")
     output.add_argument("--allow-cpu", action="store_true",
                         help="run on CPU when CUDA is absent (tiny default shapes; smoke test only)")
     return parser
@@ -388,7 +393,7 @@ def compiled_flex() -> Callable:
     return _COMPILED["flex"]
 
 
-def _configure_dynamo() -> None:
+def configure_dynamo() -> None:
     """Allow one compiled graph per (shape, mask) without eager fallback.
 
     Every sequence length and mask closure is a new static-shape graph of the
@@ -903,8 +908,10 @@ def _record_failure(row: dict, err: Exception, caught, show_traceback: bool) -> 
     _log(f"  {row['impl']:<11} {row['status']}  {row['error'][:160]}")
 
 
-def run_case(config: Config, variant_name: str, n: int, show_traceback: bool) -> list[dict[str, Any]]:
-    """All implementations of one (variant, N) case, with speedups vs flex."""
+def run_case(config: Config, variant_name: str, n: int, show_traceback: bool,
+             on_impl: Callable[[str], None] = lambda name: None) -> list[dict[str, Any]]:
+    """All implementations of one (variant, N) case, with speedups vs flex; ``on_impl(name)``
+    is called before each implementation runs (the progress display's hook)."""
     _log(f"[{variant_name} N={n}]")
     case = make_case(config, variant_name, n)
     try:
@@ -915,6 +922,7 @@ def run_case(config: Config, variant_name: str, n: int, show_traceback: bool) ->
                 for name in config.impls]
     rows = []
     for name in config.impls:
+        on_impl(name)
         rows.append(run_impl(name, case, reference, show_traceback))
         _release_memory(config.device)
     flex_ms = next((row["ms"] for row in rows if row["impl"] == "flex" and row["ms"]), None)
@@ -1134,6 +1142,174 @@ def _json_safe(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------
+# Progress
+# --------------------------------------------------------------------------
+
+
+class CaseProgress:
+    """Progress over the (case, implementation) steps of a run: what is being timed, how many
+    steps are done, time elapsed. A rich bar when rich is installed and stderr is a terminal;
+    otherwise one plain line per step (what a log file on the GPU machine keeps)."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.enabled, self.done = total, enabled, -1
+        self.started = time.perf_counter()
+        self._rich = None
+        self._task = None
+
+    def __enter__(self) -> CaseProgress:
+        if self.enabled and sys.stderr.isatty():
+            with contextlib.suppress(ImportError):
+                from rich.console import Console
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                           TimeElapsedColumn)
+
+                self._rich = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=Console(stderr=True))
+                self._rich.start()
+                self._task = self._rich.add_task("starting", total=self.total)
+        return self
+
+    def step(self, description: str) -> None:
+        """The previous step is done; ``description`` (case and implementation) starts now."""
+        self.done += 1
+        if not self.enabled:
+            return
+        if self._rich is not None:
+            self._rich.update(self._task, completed=self.done, description=description)
+        else:
+            elapsed = time.perf_counter() - self.started
+            _log(f"[{self.done + 1}/{self.total}, {elapsed:.0f} s] {description}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._rich is not None:
+            self._rich.update(self._task, completed=self.done + 1, description="done")
+            self._rich.stop()
+
+
+# --------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, or None (with a one-line note)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install matplotlib; then "
+              "`python -m attnfuse.tools.bench plot RESULTS.json` makes them from the results)")
+        return None
+    return plt
+
+
+def plot_panels(path: Path, title: str, panels: Sequence[dict[str, Any]], plt: Any = None) -> Path | None:
+    """One PNG of side-by-side line plots; returns its path (None without matplotlib).
+
+    Each panel is a dict: ``series`` ({label: {x: y}}; missing points are simply absent),
+    ``xlabel``, ``ylabel``, ``xscale`` ("log2" with a tick at every x, or "linear"),
+    ``yscale`` ("log" or "linear") and optionally ``hline`` ((y, label): a dashed reference
+    line, e.g. ratio 1).
+    """
+    plt = plt or _pyplot()
+    if plt is None:
+        return None
+    figure, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        xs_all = sorted({x for points in panel["series"].values() for x in points})
+        for label, points in panel["series"].items():
+            xs = sorted(points)
+            if xs:
+                ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
+        if panel.get("hline") is not None:
+            y, label = panel["hline"]
+            ax.axhline(y, color="gray", linestyle="--", linewidth=1, label=label)
+        if panel.get("xscale", "log2") == "log2":
+            ax.set_xscale("log", base=2)
+            if xs_all:
+                ax.set_xticks(xs_all)
+                ax.set_xticklabels([f"{x:g}" for x in xs_all])
+                ax.minorticks_off()
+        if panel.get("yscale") == "log":
+            ax.set_yscale("log")
+        ax.set_xlabel(panel["xlabel"])
+        ax.set_ylabel(panel["ylabel"])
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    figure.suptitle(title, fontsize="medium")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def time_and_ratio_panels(times: dict[str, dict[float, float]], reference: str, xlabel: str,
+                          time_label: str = "time per call (ms)", xscale: str = "log2") -> list[dict]:
+    """Two panels: every series' time against x, and each peer's time over ``reference``'s
+    (above 1: the reference is faster)."""
+    ratios = {}
+    base = times.get(reference, {})
+    for label, points in times.items():
+        if label != reference:
+            ratios[label] = {x: ms / base[x] for x, ms in points.items() if base.get(x)}
+    panels = [{"series": times, "xlabel": xlabel, "ylabel": time_label, "xscale": xscale, "yscale": "log"}]
+    values = [r for points in ratios.values() for r in points.values() if r > 0]
+    if values:
+        # A log axis once the ratios span more than 4x, so 0.1x and 10x read alike.
+        yscale = "log" if max(values) / min(values) > 4 else "linear"
+        panels.append({"series": ratios, "xlabel": xlabel,
+                       "ylabel": f"peer time / {reference} time (> 1: {reference} faster)",
+                       "xscale": xscale, "yscale": yscale, "hline": (1.0, f"= {reference}")})
+    return panels
+
+
+def write_plots(document: dict[str, Any], stem: Path) -> list[Path]:
+    """One ``<stem>-<variant>.png`` per variant of a results document: time against N per
+    implementation, and each peer's time over AttnFuse's. Empty without matplotlib."""
+    config, meta = document["config"], document["metadata"]
+    rows = [row for row in document["results"] if isinstance(row.get("ms"), (int, float))]
+    if not rows:
+        return []
+    plt = _pyplot()
+    if plt is None:
+        return []
+    mode = {"fwd": "forward", "fwdbwd": "forward + backward"}.get(config["mode"], config["mode"])
+    shape = (f"B={config['batch']} Hq={config['heads']} Hkv={config['kv_heads']} D={config['head_dim']} "
+             f"{config['dtype']}")
+    written = []
+    for variant in dict.fromkeys(row["variant"] for row in rows):
+        times: dict[str, dict[float, float]] = {}
+        for row in rows:
+            if row["variant"] == variant:
+                times.setdefault(row["impl"], {})[row["n"]] = row["ms"]
+        title = f"{variant}, {mode}: {shape} on {meta.get('gpu') or 'CPU'}"
+        path = plot_panels(stem.with_name(f"{stem.name}-{variant}.png"), title,
+                           time_and_ratio_panels(times, "attnfuse", "sequence length N"), plt)
+        if path:
+            written.append(path)
+    return written
+
+
+def plot_main(argv: Sequence[str]) -> int:
+    """``attnfuse-bench plot RESULTS.json ...``: the PNGs of finished runs, beside each file."""
+    parser = argparse.ArgumentParser(prog="attnfuse-bench plot",
+                                     description="Plot attnfuse-bench results files (needs matplotlib).")
+    parser.add_argument("results", nargs="+", type=Path, help="JSON files written by attnfuse-bench")
+    args = parser.parse_args(argv)
+    if _pyplot() is None:
+        return 2
+    for path in args.results:
+        for written in write_plots(json.loads(path.read_text()), path.with_suffix("")):
+            print(f"wrote {written}")
+    return 0
+
+
+# --------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------
 
@@ -1155,6 +1331,9 @@ def _load_attnfuse_runtime() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 when every checked row passed, 1 on any FAIL, 2 on setup errors."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plot"]:
+        return plot_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
 
@@ -1177,7 +1356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _load_attnfuse_runtime()
     # The reference must be true float32 (no TF32 matmuls).
     torch.set_float32_matmul_precision("highest")
-    _configure_dynamo()
+    configure_dynamo()
 
     started = _dt.datetime.now(_dt.UTC)
     metadata = collect_metadata(config, started)
@@ -1187,10 +1366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results: list[dict[str, Any]] = []
     interrupted = False
+    cases = [(variant_name, n) for variant_name in config.variants for n in config.seq_lens]
     try:
-        for variant_name in config.variants:
-            for n in config.seq_lens:
-                results += run_case(config, variant_name, n, args.traceback)
+        with CaseProgress(len(cases) * len(config.impls), enabled=not args.no_progress) as progress:
+            for variant_name, n in cases:
+                results += run_case(config, variant_name, n, args.traceback,
+                                    on_impl=lambda name, v=variant_name, n=n: progress.step(f"{v} N={n} {name}"))
     except KeyboardInterrupt:
         interrupted = True
         _log("interrupted: writing partial results")
@@ -1201,6 +1382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     render_table(results, title)
     json_path, md_path = write_results(document, args.out or default_out_dir(), started)
     print(f"wrote {json_path}\nwrote {md_path}")
+    if not args.no_plots:
+        for path in write_plots(document, json_path.with_suffix("")):
+            print(f"wrote {path}")
     if interrupted:
         return 130
     return 1 if any(row["status"] == "FAIL" for row in results) else 0

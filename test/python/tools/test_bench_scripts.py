@@ -1,0 +1,97 @@
+"""The `bench/` scripts of the issue-15 GPU run, smoke-tested on the CPU at tiny sizes (their
+timings mean nothing here), and the checks they rely on shown able to fail.
+
+`bench/block_sparse.py --quick` is left out: compiling flex_attention on the CPU takes about a
+minute. `bash bench/issue15_gpu.sh --smoke` runs all three scripts (about 3.5 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnfuse as af
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+
+
+@pytest.fixture(scope="module")
+def scripts():
+    """The bench/ scripts as modules (they import each other as top-level names)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield {name: importlib.import_module(name) for name in ("benchlib", "host_overhead", "llama_layer")}
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_host_overhead_smoke_writes_its_table(scripts, tmp_path):
+    assert scripts["host_overhead"].main(["--smoke", "--out", str(tmp_path)]) == 0
+    (json_path,) = tmp_path.glob("*-host-overhead.json")
+    rows = json.loads(json_path.read_text())["rows"]
+    assert {(r["impl"], r["mode"]) for r in rows} == {
+        (impl, mode) for impl in ("attnfuse", "sdpa-default", "sdpa-flash") for mode in ("fwd", "train")}
+    assert all(r["error"] is None and r["host_us"] > 0 for r in rows)
+    attnfuse_train = next(r for r in rows if r["impl"] == "attnfuse" and r["mode"] == "train")
+    assert attnfuse_train["host_ratio_sdpa-default"] > 0
+    assert "| N | mode | impl |" in json_path.with_suffix(".md").read_text()
+
+
+def test_llama_layer_quick_checks_and_times_attnfuse(scripts, tmp_path):
+    # AttnFuse alone: the baselines' torch.compile'd rotation costs half a minute on the CPU.
+    argv = ["--quick", "--impls", "attnfuse", "--modes", "fwd,step", "--seq-lens", "16",
+            "--warmup", "0", "--reps", "1", "--out", str(tmp_path)]
+    assert scripts["llama_layer"].main(argv) == 0
+    (json_path,) = tmp_path.glob("*-llama-layer.json")
+    document = json.loads(json_path.read_text())
+    assert document["final"]
+    assert {r["mode"]: r["error"] for r in document["rows"]} == {"fwd": None, "step": None}
+    assert all(r["ms"] > 0 for r in document["rows"])
+    (check,) = document["checks"]
+    assert check["ok"] and set(check["errors"]) == {"layer_update", "attn_out", "attn_dx"}
+    assert check["max"] < 1e-4  # fp32 on the CPU
+    assert "| fwd | 16 |" in json_path.with_suffix(".md").read_text()
+
+
+def test_llama_layer_check_catches_a_rope_mismatch(scripts):
+    """An AttnFuse attention with the wrong RoPE base fails the layer's check."""
+    layer_bench = scripts["llama_layer"]
+    bench = layer_bench.Bench(argparse.Namespace(tol=3e-2), layer_bench.QUICK, "cpu", torch.float32)
+    wrong = af.compile(af.attention(af.rope(theta=10000.0), af.causal()))
+    bench.layer.attention = wrong
+    result = bench.check("attnfuse", False, layer_bench.Attention(wrong), bench.layer, 16)
+    assert not result["ok"]
+    assert result["errors"]["attn_out"] > 3e-2
+
+
+def test_layer_reference_rope_matches_attnfuse_reference(scripts):
+    """The layer's reference rotation is the one AttnFuse's semantics define (an independent
+    float64 reference of the package), so a check passing means the two agree on RoPE."""
+    layer_bench = scripts["llama_layer"]
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 24, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
+    ours = layer_bench.reference_attention(layer_bench.QUICK, 24, "cpu")(q, k, v)
+    theirs = af.reference_attention(af.attention(af.rope(theta=500000.0), af.causal()), q, k, v)
+    assert torch.allclose(ours.double(), theirs.double(), atol=1e-5)
+
+
+def test_plots_are_written_from_a_results_file(scripts, tmp_path):
+    pytest.importorskip("matplotlib")
+    from attnfuse.tools.bench import main
+
+    document = {
+        "metadata": {"gpu": None},
+        "config": {"mode": "fwd", "batch": 1, "heads": 2, "kv_heads": 2, "head_dim": 16, "dtype": "fp32"},
+        "results": [{"variant": "causal", "n": n, "impl": impl, "ms": ms}
+                    for n in (64, 128) for impl, ms in (("attnfuse", 1.0 * n), ("flex", 2.0 * n))],
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    assert main(["plot", str(path)]) == 0
+    assert (tmp_path / "run-causal.png").stat().st_size > 10_000

@@ -130,7 +130,7 @@ attn.variant @bad_signature(%q : !attn.query, %k : !attn.key, %v : !attn.value, 
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.value)
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.doc_ids, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.value)
 
 // -----
 
@@ -196,7 +196,7 @@ attn.variant @extra_args_out_of_order(%q : !attn.query, %k : !attn.key, %v : !at
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.layout, !attn.bias)
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.doc_ids, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.layout, !attn.bias)
 
 // -----
 

@@ -14,31 +14,17 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-def _choose_triton_mode_early() -> None:
-    # Triton fixes interpreter-or-GPU when `triton.language` is first imported. If torch is
-    # already loaded, decide now (it is cheap), before something like torch.compile imports
-    # Triton; otherwise the runtime decides when it loads, keeping attnfuse-opt torch-free.
-    import sys
-
-    if "torch" in sys.modules:
-        from attnfuse.runtime import select_triton_mode
-
-        select_triton_mode()
-
-
-_choose_triton_mode_early()
-
-from attnfuse.blocks.additive_bias import additive_bias  # noqa: E402
-from attnfuse.blocks.alibi import alibi  # noqa: E402
-from attnfuse.blocks.block_sparse import block_sparse  # noqa: E402
-from attnfuse.blocks.document import document  # noqa: E402
-from attnfuse.blocks.masks import causal, full, sliding_window  # noqa: E402
-from attnfuse.blocks.relu import relu  # noqa: E402
-from attnfuse.blocks.sigmoid import sigmoid  # noqa: E402
-from attnfuse.blocks.softcap import softcap  # noqa: E402
-from attnfuse.blocks.softmax import softmax  # noqa: E402
-from attnfuse.dsl import AttentionSpec, attention, llama3_scaling, rope, scaled_dot_product  # noqa: E402
-from attnfuse.errors import AttnFuseError  # noqa: E402
+from attnfuse.blocks.additive_bias import additive_bias
+from attnfuse.blocks.alibi import alibi
+from attnfuse.blocks.block_sparse import block_sparse
+from attnfuse.blocks.document import document
+from attnfuse.blocks.masks import causal, full, sliding_window
+from attnfuse.blocks.relu import relu
+from attnfuse.blocks.sigmoid import sigmoid
+from attnfuse.blocks.softcap import softcap
+from attnfuse.blocks.softmax import softmax
+from attnfuse.dsl import AttentionSpec, attention, llama3_scaling, rope, scaled_dot_product
+from attnfuse.errors import AttnFuseError
 
 _RUNTIME_NAMES = {
     "compile": "attnfuse.runtime.api",

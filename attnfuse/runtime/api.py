@@ -26,7 +26,14 @@ from attnfuse.runtime.config import (
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
-from attnfuse.runtime.program import DATA_KEYWORDS, Canonical, VariantProgram, as_program
+from attnfuse.runtime import torch_op
+from attnfuse.runtime.program import (
+    DATA_KEYWORDS,
+    Canonical,
+    VariantProgram,
+    anonymous_text,
+    as_program,
+)
 
 LIST_SOURCES = "block_list_sources"
 """The entry of a call's data that holds its listed filters (`ListSource`s), from which the
@@ -94,10 +101,29 @@ class CompiledAttention:
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
+        # What a traced call (torch.compile, torch.export) reads, as plain attributes: the
+        # tracer must not step into the program's (xDSL) code.
+        self._has_lse = self.variant.has_lse
+        self._operator_keys = self._make_operator_keys()
         self._list_cache: dict[bool, tuple[tuple[torch.Tensor, ...], tuple, dict[str, torch.Tensor]]] = {}
 
     def __repr__(self) -> str:
         return f"CompiledAttention({self.program!r})"
+
+    def _make_operator_keys(self) -> dict[tuple[bool, bool], str]:
+        """The `torch.ops.attnfuse` operator key (`torch_op.operator_key`) of each set of
+        call-time positions a call may pass, registered so that traced graphs run this
+        variant."""
+        texts = {self.program.default_positions: self.variant.text}
+        if self.program.explicit_positions_of() is None and self.variant.rope is not None:
+            # A spec with a rotation builds a program per set of positions given.
+            for explicit in ((True, False), (False, True), (True, True)):
+                texts[explicit] = anonymous_text(self.program.module(explicit))
+        keys = {}
+        for explicit, text in texts.items():
+            keys[explicit] = torch_op.operator_key(text, self.rope_placement, self.config)
+            torch_op.register(keys[explicit], self)
+        return keys
 
     # -- compile -----------------------------------------------------------------------------
 
@@ -353,9 +379,11 @@ class CompiledAttention:
             raise ArgumentError(
                 f"unexpected argument(s) {', '.join(sorted(unexpected))} for {self.program!r}"
             )
-        if return_lse and not self.variant.has_lse:
+        if return_lse and not self._has_lse:
             name = self.variant.normalizer_name
             raise ArgumentError(f"return_lse=True needs softmax(): {name}() attention has no log-sum-exp")
+        if torch_op.traced(q, k, v, bias):
+            return self._call_operator(q, k, v, return_lse, bias, data, q_positions, k_positions)
         explicit = (q_positions is not None, k_positions is not None)
         # Positions and layouts are integer and bool tensors, which never require a gradient.
         training = records_autograd(q, k, v, bias)
@@ -368,6 +396,18 @@ class CompiledAttention:
             out, lse = _AttentionFunction.apply(self, plan, data, q, k, v, given_bias)
         else:
             out, lse = self.forward(plan, data, q, k, v)
+        return (out, lse) if return_lse else out
+
+    def _call_operator(self, q, k, v, return_lse, bias, data, q_positions, k_positions):
+        """A traced call: through `torch.ops.attnfuse.attention`, whose autograd runs
+        `attention_backward` (torch_op.py); the operators run the eager path underneath."""
+        explicit = (q_positions is not None, k_positions is not None)
+        key = self._operator_keys.get(explicit)
+        if key is None:
+            name = "q_positions" if explicit[0] else "k_positions"
+            raise ArgumentError(f"{name}= given, but {self.program!r} has no rope() that takes it")
+        out, lse = torch.ops.attnfuse.attention(key, q, k, v, bias, torch_op.data_list(data),
+                                                 q_positions, k_positions, return_lse)
         return (out, lse) if return_lse else out
 
     def forward(

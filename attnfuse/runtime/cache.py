@@ -9,6 +9,7 @@ cannot be written, a private temporary directory is used, with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -17,12 +18,11 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
 
-from attnfuse.errors import AttnFuseError
 from attnfuse.lowering.triton import KernelInfo, TritonProgram
 
 _fallback_dir: Path | None = None
@@ -93,25 +93,37 @@ def lookup(key: str) -> tuple[TritonProgram, Path] | None:
     return TritonProgram(source, kernels), source_path
 
 
-def interpreter_enabled() -> bool:
-    """Whether `@triton.jit` kernels run on Triton's CPU interpreter in this process."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+@contextlib.contextmanager
+def triton_target(interpret: bool) -> Iterator[None]:
+    """Within it, `@triton.jit` makes interpreter kernels (`interpret`) or GPU ones.
+
+    Triton reads `TRITON_INTERPRET` when a function is decorated, not when `triton` is
+    imported, so the choice is made per generated module, whatever imported Triton first
+    (torch._dynamo, transformers, the user) and whatever the variable says elsewhere in the
+    process. The variable is restored afterwards: AttnFuse never changes it for other code.
+    """
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
 
 
 def load_module(path: Path, key: str, interpret: bool) -> ModuleType:
-    """Imports a generated source file (Triton needs kernels to live in a real file)."""
+    """Imports a generated source file (Triton needs kernels to live in a real file), its
+    kernels decorated for the CPU interpreter (`interpret`) or for the GPU."""
     name = f"attnfuse_generated_{key[:24]}_{'interp' if interpret else 'gpu'}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    if interpret and not interpreter_enabled():
-        raise AttnFuseError(
-            "tensors off the GPU run through Triton's interpreter: set TRITON_INTERPRET=1 "
-            "before triton is imported (attnfuse sets it itself when no CUDA device exists)"
-        )
-    with _lock:
+    # The lock also keeps two threads from setting the variable at once.
+    with _lock, triton_target(interpret):
         spec.loader.exec_module(module)
     sys.modules[name] = module
     return module

@@ -6,6 +6,7 @@ then only collects pointers and strides.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from types import SimpleNamespace
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from attnfuse.errors import ArgumentError
 from attnfuse.lowering.triton import KernelInfo
 from attnfuse.runtime.compiler import CompiledProgram
 from attnfuse.runtime.inputs import Problem
+from attnfuse.runtime.interpreter import interpreting, is_interpreted
 
 
 LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position")
@@ -184,9 +186,10 @@ class KernelLaunch:
         flags = {"SHARED_OFFSETS": shared} if self.info.shared_offsets is not None else {}
         while True:
             try:
-                return self.kernel[self.grid](
-                    *args, *self.scalars, **flags, num_warps=self.info.num_warps, num_stages=self.stages[0]
-                )
+                with interpreting() if is_interpreted(self.kernel) else contextlib.nullcontext():
+                    return self.kernel[self.grid](
+                        *args, *self.scalars, **flags, num_warps=self.info.num_warps,
+                        num_stages=self.stages[0])
             except OutOfResources:
                 # Software pipelining keeps `num_stages` copies of the loop's operands in shared
                 # memory; a variant that loads more per step (a bias tile, say) may not fit the

@@ -13,16 +13,18 @@ import tempfile
 
 _CACHE_DIR = tempfile.mkdtemp(prefix="attnfuse-test-cache-")
 os.environ["ATTNFUSE_CACHE_DIR"] = _CACHE_DIR
+# Inductor's caches too: a graph cached by another run would hide a change of a fake kernel.
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_CACHE_DIR, "inductor")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import attnfuse as af  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without CUDA)
+import attnfuse as af  # noqa: E402,F401
 
 HAS_CUDA = torch.cuda.is_available()
-# `import attnfuse` turned the interpreter on if there is no CUDA device; on a CUDA machine it
-# is on only if the user asked for it.
-INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Kernels of CPU tensors run on Triton's interpreter; on a CUDA machine the suite runs the CPU
+# tests too only when the user asks for it with TRITON_INTERPRET=1.
+INTERPRETER = not HAS_CUDA or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Acceptance tolerances (DESIGN.md / the brief).
 FP32_MAX_ABS = 1e-4

@@ -1,0 +1,61 @@
+"""Running kernels on Triton's CPU interpreter whatever mode `triton.language` loaded in.
+
+Triton decides interpreter-or-GPU per decorated function, from `TRITON_INTERPRET` at
+decoration time. AttnFuse decorates its own generated modules for the right target
+(`cache.triton_target`), but `triton.language`'s own helpers (`tl.max`, `tl.sum`,
+`tl.sigmoid`, ...) are decorated once, when `triton.language` is first imported. When that
+happened in GPU mode (torch._dynamo and transformers import it, and so may the user), those
+helpers are `JITFunction`s, and a kernel running on the interpreter that calls one fails with
+"Cannot call @triton.jit'd outside of the scope of a kernel".
+
+`interpreting()` closes that gap: while an AttnFuse kernel runs on the interpreter (in this
+thread), calling a `JITFunction` runs it through the interpreter, as it would have had
+`triton.language` been imported in interpreter mode. Everywhere else `JITFunction.__call__`
+behaves as Triton wrote it (it raises): GPU compilation never calls it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+_state = threading.local()
+_install_lock = threading.Lock()
+_triton_call = JITFunction.__call__
+
+
+def _call_through_interpreter(self: JITFunction, *args, **kwargs):
+    """`JITFunction.__call__` while `interpreting()`: the function's interpreted twin."""
+    if not getattr(_state, "depth", 0):
+        return _triton_call(self, *args, **kwargs)
+    twin = self.__dict__.get("_attnfuse_interpreted")
+    if twin is None:
+        twin = InterpretedFunction(self.fn)
+        self.__dict__["_attnfuse_interpreted"] = twin
+    return twin(*args, **kwargs)
+
+
+def _install() -> None:
+    with _install_lock:
+        if JITFunction.__call__ is not _call_through_interpreter:
+            JITFunction.__call__ = _call_through_interpreter
+
+
+@contextlib.contextmanager
+def interpreting() -> Iterator[None]:
+    """The scope of an interpreted kernel launch (see the module docstring)."""
+    _install()
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def is_interpreted(kernel: object) -> bool:
+    """Whether `kernel` is a kernel decorated for Triton's CPU interpreter."""
+    return isinstance(kernel, InterpretedFunction)

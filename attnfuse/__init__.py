@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 from attnfuse.blocks.additive_bias import additive_bias
 from attnfuse.blocks.alibi import alibi
 from attnfuse.blocks.block_sparse import block_sparse
+from attnfuse.blocks.document import document
 from attnfuse.blocks.masks import causal, full, sliding_window
 from attnfuse.blocks.relu import relu
 from attnfuse.blocks.sigmoid import sigmoid
@@ -49,6 +50,7 @@ __all__ = [
     "attention",
     "block_sparse",
     "causal",
+    "document",
     "llama3_scaling",
     "relu",
     "compile",

@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.utils import _python_dispatch
 
 from attnfuse.runtime.config import TileConfig
+from attnfuse.runtime.program import DATA_KEYWORDS
 
 if TYPE_CHECKING:
     from attnfuse.runtime.api import CompiledAttention
@@ -74,8 +75,19 @@ def variant_for(key: str) -> CompiledAttention:
     return fn
 
 
-def _arguments(bias, block_layout, q_positions, k_positions) -> dict[str, Tensor | None]:
-    return {"bias": bias, "block_layout": block_layout, "q_positions": q_positions,
+DATA_ORDER = tuple(name for name in DATA_KEYWORDS if name != "bias")
+"""The call-time data other than the bias (the one with a gradient), in the order the
+operators take them, as one list (`block_layout`, `doc_ids`, ...): a block with new data
+needs no new operator parameter."""
+
+
+def data_list(data: dict[str, Tensor | None]) -> list[Tensor | None]:
+    """A call's data keywords (other than `bias=`) as the operators' list."""
+    return [data.get(name) for name in DATA_ORDER]
+
+
+def _arguments(bias, data, q_positions, k_positions) -> dict[str, Tensor | None]:
+    return {"bias": bias, **dict(zip(DATA_ORDER, data)), "q_positions": q_positions,
             "k_positions": k_positions}
 
 
@@ -90,7 +102,7 @@ def attention(
     k: Tensor,
     v: Tensor,
     bias: Optional[Tensor],
-    block_layout: Optional[Tensor],
+    data: list[Optional[Tensor]],
     q_positions: Optional[Tensor],
     k_positions: Optional[Tensor],
     return_lse: bool,
@@ -101,12 +113,12 @@ def attention(
     fn = variant_for(variant)
     explicit = _explicit(q_positions, k_positions)
     plan = fn.plan(q, k, v, explicit, training=False)
-    data = fn.call_tensors(plan, _arguments(bias, block_layout, q_positions, k_positions), explicit)
-    return fn.forward(plan, data, q, k, v)
+    tensors = fn.call_tensors(plan, _arguments(bias, data, q_positions, k_positions), explicit)
+    return fn.forward(plan, tensors, q, k, v)
 
 
 @attention.register_fake
-def _attention_fake(variant, q, k, v, bias, block_layout, q_positions, k_positions, return_lse):
+def _attention_fake(variant, q, k, v, bias, data, q_positions, k_positions, return_lse):
     from attnfuse.runtime.inputs import check_inputs
 
     # Shape checks only (they read no data): the call's mistakes surface while tracing.
@@ -127,7 +139,7 @@ def attention_backward(
     grad_out: Tensor,
     grad_lse: Optional[Tensor],
     bias: Optional[Tensor],
-    block_layout: Optional[Tensor],
+    data: list[Optional[Tensor]],
     q_positions: Optional[Tensor],
     k_positions: Optional[Tensor],
     bias_grad: bool,
@@ -137,8 +149,8 @@ def attention_backward(
     fn = variant_for(variant)
     explicit = _explicit(q_positions, k_positions)
     plan = fn.plan(q, k, v, explicit, training=False)
-    data = fn.call_tensors(plan, _arguments(bias, block_layout, q_positions, k_positions), explicit)
-    dq, dk, dv, dbias = fn.backward(plan, data, (q, k, v, out, lse), grad_out, grad_lse, bias_grad)
+    tensors = fn.call_tensors(plan, _arguments(bias, data, q_positions, k_positions), explicit)
+    dq, dk, dv, dbias = fn.backward(plan, tensors, (q, k, v, out, lse), grad_out, grad_lse, bias_grad)
     if dbias is None:
         return dq, dk, dv, q.new_empty((0,))
     assert bias is not None
@@ -147,7 +159,7 @@ def attention_backward(
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(variant, q, k, v, out, lse, grad_out, grad_lse, bias, block_layout,
+def _attention_backward_fake(variant, q, k, v, out, lse, grad_out, grad_lse, bias, data,
                              q_positions, k_positions, bias_grad):
     # As the kernels' gradients are allocated: contiguous, whatever the inputs' strides.
     dbias = bias.new_empty(bias.shape) if bias_grad and bias is not None else q.new_empty((0,))
@@ -155,21 +167,24 @@ def _attention_backward_fake(variant, q, k, v, out, lse, grad_out, grad_lse, bia
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    variant, q, k, v, bias, block_layout, q_positions, k_positions, return_lse = inputs
+    variant, q, k, v, bias, data, q_positions, k_positions, return_lse = inputs
     out, lse = output
     ctx.variant, ctx.return_lse = variant, return_lse
-    ctx.save_for_backward(q, k, v, out, lse, bias, block_layout, q_positions, k_positions)
+    ctx.save_for_backward(q, k, v, out, lse, bias, q_positions, k_positions, *data)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, bias, block_layout, q_positions, k_positions = ctx.saved_tensors
+    q, k, v, out, lse, bias, q_positions, k_positions, *data = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[4]
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv, dbias = attention_backward(
         ctx.variant, q, k, v, out, lse, grad_out, grad_lse if ctx.return_lse else None,
-        bias, block_layout, q_positions, k_positions, bias_grad)
-    return None, dq, dk, dv, (dbias if bias_grad else None), None, None, None, None
+        bias, list(data), q_positions, k_positions, bias_grad)
+    # Integer and bool data have no gradient. torch's check of the gradients' structure sees
+    # a list of tensors as its entries, and a list holding a None as one opaque argument.
+    data_grad = [None] * len(data) if all(isinstance(t, Tensor) for t in data) else None
+    return None, dq, dk, dv, (dbias if bias_grad else None), data_grad, None, None, None
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)

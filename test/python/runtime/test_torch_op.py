@@ -102,6 +102,24 @@ def test_compiled_block_sparse_and_relu():
         assert close(g, e)
 
 
+def test_compiled_documents_with_block_sparse():
+    """Two data keywords through the operators' data list: both filters hold when traced."""
+    layout = torch.tensor([[True, False], [True, True]])
+    doc_ids = torch.tensor([0] * 10 + [1] * 17 + [-1] * 5)
+    fn = af.compile(af.attention(af.block_sparse(16), af.document(), af.causal()))
+    q, k, v = qkv(nq=32, nk=32)
+
+    def loss(q, k, v):
+        return fn(q, k, v, block_layout=layout, doc_ids=doc_ids).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    value, grads = grads_of(compiled, q, k, v)
+    eager_value, eager_grads = grads_of(loss, q, k, v)
+    assert close(value, eager_value)
+    for g, e in zip(grads, eager_grads):
+        assert close(g, e)
+
+
 def test_compiled_model_with_inductor_trains_like_eager():
     """A small attention block (projections + AttnFuse) under Inductor, fullgraph."""
 
@@ -205,10 +223,11 @@ def test_operators_pass_torch_library_opcheck():
     q, k, v = qkv(hq=4, hkv=2)
     bias = torch.randn(1, 1, 24, 24, requires_grad=True)
     key = fn._operator_keys[(False, False)]
+    data = torch_op.data_list({})  # no layout, no document ids
     torch.library.opcheck(torch.ops.attnfuse.attention.default,
-                          (key, q, k, v, bias, None, None, None, True))
-    out, lse = torch.ops.attnfuse.attention(key, q, k, v, bias, None, None, None, True)
+                          (key, q, k, v, bias, data, None, None, True))
+    out, lse = torch.ops.attnfuse.attention(key, q, k, v, bias, data, None, None, True)
     grad_out = torch.randn_like(out)
     torch.library.opcheck(torch.ops.attnfuse.attention_backward.default,
                           (key, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
-                           grad_out, torch.randn_like(lse), bias.detach(), None, None, None, True))
+                           grad_out, torch.randn_like(lse), bias.detach(), data, None, None, True))

@@ -257,15 +257,23 @@ def intersect_bands(
 # --------------------------------------------------------------------------------------------
 
 class Placement(StrEnum):
-    """Where a rotation runs: in registers inside the fused kernel, or as a pass before it."""
+    """Where a rotation runs: in registers inside the fused kernel (`fused`), as a pass before
+    it (`pre_rotated`), or, for the key only, nowhere: the caller passes the key already
+    rotated (`given`), as a KV cache stores it."""
 
     FUSED = "fused"
     PRE_ROTATED = "pre_rotated"
+    GIVEN = "given"
 
 
 @irdl_attr_definition
 class PlacementAttr(EnumAttribute[Placement], SpacedOpaqueSyntaxAttribute):
-    """`#attn<placement fused>`: where an `attn.rope` runs (set by `place-rope`)."""
+    """`#attn<placement fused>`: where an `attn.rope` runs (set by `place-rope`).
+
+    `fused` and `pre_rotated` are performance choices that never change the result.
+    `given` (key rotations only) changes what the key input means: the k the caller passes is
+    already `R(k_pos) k`, so no kernel rotates it and its gradient is taken with respect to
+    the k passed. It is part of the program's meaning, and `place-rope` never overwrites it."""
 
     name = "attn.placement"
 
@@ -280,7 +288,9 @@ class RopeOp(IRDLOperation):
     Rotates pairs of dims by `pos * theta^(-2t/r)`, computed in fp32; `r` is `rotary_dim`
     (the head dim when absent) and dims `>= r` pass through. Pairs are `(x_t, x_{t+r/2})`, or
     `(x_{2t}, x_{2t+1})` with `interleaved`. `placement`, set by `place-rope`, says whether the
-    rotation runs inside the fused kernel or as a pass over the operand before it.
+    rotation runs inside the fused kernel or as a pass over the operand before it. On a key,
+    `#attn<placement given>` says the key arrives rotated (a KV cache's keys): the op is then
+    the identity on the k passed, and reads no positions.
     """
 
     name = "attn.rope"
@@ -337,6 +347,11 @@ class RopeOp(IRDLOperation):
         return tuple(a.value.data for a in self.llama3_scaling.data)
 
     @property
+    def given(self) -> bool:
+        """Whether the operand arrives rotated (`#attn<placement given>`, keys only)."""
+        return self.placement is not None and self.placement.data == Placement.GIVEN
+
+    @property
     def rope_key(self) -> tuple[float, int | None, bool, tuple[float, ...] | None]:
         """What must agree between the query and key rotations of one variant."""
         dim = None if self.rotary_dim is None else self.rotary_dim.value.data
@@ -356,9 +371,19 @@ class RopeOp(IRDLOperation):
                     "rope llama3_scaling must be [factor, low_freq_factor, high_freq_factor, "
                     "original_max_position], all positive, high > low"
                 )
+        role = "query" if isinstance(self.input.type, QueryType) else "key"
+        if self.given:
+            if role == "query":
+                raise VerifyException(
+                    "rope placement given applies only to the key (a KV cache stores keys "
+                    "rotated); the query is rotated by the kernels"
+                )
+            if self.positions is not None:
+                raise VerifyException(
+                    "rope placement given reads no positions: the key arrives rotated"
+                )
         if self.positions is not None:
             assert isinstance(self.positions.type, PositionsType)
-            role = "query" if isinstance(self.input.type, QueryType) else "key"
             if self.positions.type.role.data != role:
                 raise VerifyException(
                     f"rotating {role} rows needs !attn.positions<{role}>, got {self.positions.type}"
@@ -611,6 +636,8 @@ __all__ = [
     "MaskPredicate",
     "OutputType",
     "PVOp",
+    "Placement",
+    "PlacementAttr",
     "PositionsType",
     "ProbsType",
     "QueryType",

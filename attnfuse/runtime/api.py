@@ -9,7 +9,7 @@ import torch
 
 from attnfuse.errors import ArgumentError, AttnFuseError
 from attnfuse.runtime.block_lists import sparse_block_lists, transposed_block_lists
-from attnfuse.runtime.call_data import positions_view
+from attnfuse.runtime.call_data import position_extent, positions_view
 from attnfuse.runtime.compiler import (
     CompiledProgram,
     CompileKey,
@@ -18,12 +18,15 @@ from attnfuse.runtime.compiler import (
     lower_spec,
 )
 from attnfuse.runtime.config import (
+    KEY_POSITIONS_WITH_GIVEN_KEY,
     TileConfig,
+    automatic_placement,
     check_placement_request,
     choose_tile_config,
     rope_placement,
 )
 from attnfuse.runtime.inputs import Problem, check_inputs
+from attnfuse.runtime.key_rotation import rotate_keys
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
 from attnfuse.runtime.program import Canonical, VariantProgram, as_program
@@ -61,10 +64,6 @@ def records_autograd(*inputs: object) -> bool:
     )
 
 
-MAX_ROPE_POSITION = 2**24
-"""Positions beyond this are not exact in fp32, the precision the rotation is defined in."""
-
-
 class CompiledAttention:
     """A compiled variant: call it as `fn(q, k, v, return_lse=False)`.
 
@@ -81,12 +80,25 @@ class CompiledAttention:
     ):
         if config is not None and not isinstance(config, TileConfig):
             raise ArgumentError(f"config must be an af.TileConfig or None, got {config!r}")
-        check_placement_request(rope_placement)
+        query, key = check_placement_request(rope_placement)
         self.program: VariantProgram = as_program(source)
         self.spec = source
         # What a call without positions runs: checks the program now, where the user wrote it.
         self.variant: Canonical = self.program.default()
         self.rope_placement = rope_placement
+        # Whether calls pass keys already rotated: rope_placement=(..., "given"), or an attn
+        # program whose key rotation is #attn<placement given>.
+        self.key_given = key == "given" or self.variant.key_given
+        if self.variant.key_given and key != "given":
+            if key != "auto":
+                raise ArgumentError(
+                    f"rope_placement key {key!r}: the attn program's key rotation is "
+                    "#attn<placement given> (keys arrive rotated); leave the key auto or given"
+                )
+            rope_placement = (query, "given")
+        # The request the compile keys are made from: the user's, with the key given where
+        # the program says so.
+        self._placement = rope_placement
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
@@ -127,11 +139,11 @@ class CompiledAttention:
         training call's forward may rotate differently, `training_key`)."""
         config = self.tile_config(problem)
         placement = rope_placement(self.variant.rope is not None, self.variant.rotary_dim, problem,
-                                   config, self.rope_placement)
+                                   config, self._placement)
         # The backward pre-rotates unless a placement was asked for explicitly: each of its
         # kernels loops over q or k, so in-loop rotation is paid per program for both
         # (measured slower at every N on the H200: bench/results/20261129T1234Z-backward_tune-parts.log).
-        bwd_rope = "pre_rotated" if self.rope_placement == "auto" else "as_forward"
+        bwd_rope = "pre_rotated" if automatic_placement(self._placement) else "as_forward"
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
                           placement, explicit_positions, bwd_rope)
 
@@ -145,7 +157,7 @@ class CompiledAttention:
         choice for inference (Llama-3-8B, N=2048 and 4096: 0.1065 and 0.3420 ms against
         0.1063 and 0.3454, bench/results/20261129T183441Z and 183458Z). An explicitly requested
         placement is kept (its backward rotates as the forward does)."""
-        if key.placement is None or self.rope_placement != "auto":
+        if key.placement is None or not automatic_placement(self._placement):
             return key
         bwd_roles = {role for info in compiled.program.kernels
                      if info.name.startswith(BACKWARD_KERNEL_PREFIX) for role in info.roles}
@@ -201,6 +213,19 @@ class CompiledAttention:
             training = records_autograd(q, k, v)
         key, _compiled = self.compiled_for(problem, self.program.default_positions, training)
         return str(lower_spec(self.program, key))
+
+    def rotate_keys(self, k: torch.Tensor, k_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """`R(k_pos) k`: keys `[B, Hkv, N, D]` rotated by this variant's rotation (its theta,
+        rotary width, pairs and scaling), at `k_positions` (int `[N]` or `[B, N]`; default
+        `j` for key `j`), in k's dtype and layout. This is what a KV cache stores for a call
+        compiled with `rope_placement=(..., "given")`: rotate each key once, when it is
+        written, and pass the cache as k. The rotation is the pre-rotation kernel's (the
+        same numbers a `pre_rotated` key placement attends to); autograd differentiates
+        through it (the gradient is the inverse rotation)."""
+        rope = self.variant.rope
+        if rope is None:
+            raise ArgumentError(f"rotate_keys: {self.program!r} has no rope()")
+        return rotate_keys(rope.rope_key, k, k_positions)
 
     def plan(
         self,
@@ -299,17 +324,8 @@ class CompiledAttention:
         if ("q_positions" in tensors or "k_positions" in tensors) and plan.compiled is not None:
             assert variant.rope is not None
             # The table must reach the largest |position| (one host sync per such call).
-            furthest = 0
-            for name in ("q_positions", "k_positions"):
-                if name not in tensors or not tensors[name].numel():
-                    continue
-                largest = int(tensors[name].to(torch.int64).abs().max())
-                if largest > MAX_ROPE_POSITION:
-                    raise ArgumentError(
-                        f"{name} must lie in [-{MAX_ROPE_POSITION}, {MAX_ROPE_POSITION}] (fp32 "
-                        f"represents them exactly), got |position| = {largest}"
-                    )
-                furthest = max(furthest, largest + 1)
+            furthest = max(position_extent(tensors[name], name)
+                           for name in ("q_positions", "k_positions") if name in tensors)
             if furthest > plan.constants["rope_table"].shape[1]:
                 tensors["rope_table"] = self._rope_table(problem, furthest)
         for name in ("bias", "block_layout"):
@@ -353,6 +369,8 @@ class CompiledAttention:
         if return_lse and not self.variant.has_lse:
             name = self.variant.normalizer_name
             raise ArgumentError(f"return_lse=True needs softmax(): {name}() attention has no log-sum-exp")
+        if k_positions is not None and self.key_given:
+            raise ArgumentError(KEY_POSITIONS_WITH_GIVEN_KEY)
         explicit = (q_positions is not None, k_positions is not None)
         # Positions and layouts are integer and bool tensors, which never require a gradient.
         training = records_autograd(q, k, v, bias)
@@ -577,5 +595,10 @@ def compile(
     """Compiles a variant: a spec (`af.attention(...)`) or an attn program, as text or as an
     xDSL module holding one `attn.variant` (hand-written IR runs and is checked like DSL
     output). `rope_placement` ("auto", "fused", "pre_rotated", "q_fused" or a (query, key)
-    pair) overrides the Rotation Calculus; `config` fixes the tile configuration."""
+    pair) overrides the Rotation Calculus; `config` fixes the tile configuration.
+
+    A pair `(query, "given")`, the query "auto", "fused" or "pre_rotated", compiles for keys
+    that arrive rotated (a KV cache's, `R(k_pos) k`, written with `rotate_keys`): no kernel
+    rotates k, its gradient is that of the k passed, and `k_positions=` is an error; the
+    queries are rotated at their positions (`q_positions=`, `[Nq]` or `[B, Nq]`)."""
     return CompiledAttention(source, rope_placement=rope_placement, config=config)

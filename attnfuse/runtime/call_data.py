@@ -26,3 +26,21 @@ def positions_view(positions: object, name: str, length: int, problem: Problem) 
             f"{list(positions.shape)}"
         )
     return positions.expand(problem.batch, length)
+
+
+MAX_ROPE_POSITION = 2**24
+"""Positions beyond this are not exact in fp32, the precision the rotation is defined in."""
+
+
+def position_extent(view: torch.Tensor, name: str) -> int:
+    """`max |position| + 1` of call-time positions (0 for none): how long the RoPE table must
+    be. An `ArgumentError` if a position lies beyond `MAX_ROPE_POSITION`. One host sync."""
+    if not view.numel():
+        return 0
+    largest = int(view.to(torch.int64).abs().max())
+    if largest > MAX_ROPE_POSITION:
+        raise ArgumentError(
+            f"{name} must lie in [-{MAX_ROPE_POSITION}, {MAX_ROPE_POSITION}] (fp32 "
+            f"represents them exactly), got |position| = {largest}"
+        )
+    return largest + 1

@@ -161,22 +161,52 @@ PLACEMENT_ALIASES = {
     "auto": ("auto", "auto"),
 }
 
+QUERY_PLACEMENTS = ("auto", "fused", "pre_rotated")
+"""What the query of a (query, key) `rope_placement=` pair takes."""
+
+KEY_PLACEMENTS = (*QUERY_PLACEMENTS, "given")
+"""What the key of a pair takes: also "given", keys the caller passes rotated (a KV cache)."""
+
+KEY_POSITIONS_WITH_GIVEN_KEY = (
+    "k_positions= has no effect with a given key rotation (rope_placement=(..., 'given')): "
+    "the keys arrive rotated; rotate them where they are written, with "
+    "fn.rotate_keys(k, k_positions=...)"
+)
+"""The error for key positions passed to a call whose keys arrive rotated."""
+
 
 def check_placement_request(requested: object) -> tuple[str, str]:
     """The (query, key) placements a `rope_placement=` argument asks for, checked."""
     if isinstance(requested, str) and requested in PLACEMENT_ALIASES:
         return PLACEMENT_ALIASES[requested]
     if isinstance(requested, tuple) and len(requested) == 2:
-        for which, choice in zip(("query", "key"), requested):
-            if choice not in ("auto", "fused", "pre_rotated"):
+        query, key = requested
+        if query == "given":
+            raise ArgumentError(
+                "rope_placement query cannot be 'given': only keys arrive rotated (a KV cache "
+                "stores them so); the query is rotated by the kernels, give auto, fused or "
+                "pre_rotated"
+            )
+        for which, choice, choices in (("query", query, QUERY_PLACEMENTS),
+                                       ("key", key, KEY_PLACEMENTS)):
+            if choice not in choices:
                 raise ArgumentError(
-                    f"rope_placement {which} must be auto, fused or pre_rotated, got {choice!r}"
+                    f"rope_placement {which} must be {', '.join(choices[:-1])} or "
+                    f"{choices[-1]}, got {choice!r}"
                 )
         return requested
     raise ArgumentError(
         f"rope_placement must be one of {', '.join(PLACEMENT_ALIASES)} or a (query, key) "
         f"pair, got {requested!r}"
     )
+
+
+def automatic_placement(requested: str | tuple[str, str]) -> bool:
+    """Whether a `rope_placement=` request leaves every performance choice to AttnFuse: the
+    query placement is "auto", and the key's "auto" or "given" (which is no choice: it says
+    what the key input is). The backward then pre-rotates (`CompiledAttention.compile_key`)."""
+    query, key = check_placement_request(requested)
+    return query == "auto" and key in ("auto", "given")
 
 
 def rope_placement(
@@ -187,7 +217,8 @@ def rope_placement(
     the head dim) for this call, or None without rope (`has_rope` false).
 
     `requested` is "auto" (the Rotation Calculus decides), "fused", "pre_rotated",
-    "q_fused" (query in-kernel, key pre-rotated) or an explicit (query, key) pair.
+    "q_fused" (query in-kernel, key pre-rotated) or a (query, key) pair, whose key may be
+    "given" (the caller passes keys rotated; the query is then placed as asked).
     """
     if not has_rope:
         return None

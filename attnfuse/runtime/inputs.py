@@ -40,21 +40,26 @@ class Problem:
         return 0 in (self.batch, self.heads_q, self.seq_q, self.seq_k)
 
 
+def check_tensor(name: str, t: object) -> None:
+    """Checks one operand: a dense 4-D `[batch, heads, seq, dim]` tensor of a supported dtype."""
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided or t.is_nested:
+        raise ArgumentError(f"{name} must be a dense (strided) tensor, got layout {t.layout}"
+                            + (" (nested)" if t.is_nested else ""))
+    if t.dim() != 4:
+        raise ArgumentError(f"{name} must be 4-D [batch, heads, seq, dim], got shape {tuple(t.shape)}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise ArgumentError(
+            f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32"
+        )
+
+
 def check_inputs(source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
     """Validates q, k, v against each other and the variant (a spec, attn IR or a
     `VariantProgram`); returns the call's shape facts."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.layout != torch.strided or t.is_nested:
-            raise ArgumentError(f"{name} must be a dense (strided) tensor, got layout {t.layout}"
-                                + (" (nested)" if t.is_nested else ""))
-        if t.dim() != 4:
-            raise ArgumentError(f"{name} must be 4-D [batch, heads, seq, dim], got shape {tuple(t.shape)}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise ArgumentError(
-                f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32"
-            )
+        check_tensor(name, t)
     if not (q.dtype == k.dtype == v.dtype):
         raise ArgumentError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

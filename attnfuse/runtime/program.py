@@ -31,6 +31,7 @@ from attnfuse.dialects.interfaces import (
 from attnfuse.errors import ArgumentError, AttnFuseError, IRError
 from attnfuse.transforms import PASSES
 from attnfuse.transforms.kernel_builder import assign_data_roles
+from attnfuse.transforms.place_rope import key_rotation
 
 DECLARED_ARGUMENTS = ((attn.BiasType(), "bias"), (attn.LayoutType(), "block_layout"))
 """The variant argument types that are call-time keyword arguments."""
@@ -85,6 +86,13 @@ class Canonical:
             if isinstance(operand.owner, attn.RopeOp):
                 return operand.owner
         return None
+
+    @cached_property
+    def key_given(self) -> bool:
+        """Whether the program says its keys arrive rotated (`#attn<placement given>` on the
+        key rotation the scores read)."""
+        rope = key_rotation(self.variant)
+        return rope is not None and rope.given
 
     @cached_property
     def reads_positions(self) -> tuple[bool, bool]:

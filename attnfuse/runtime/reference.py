@@ -26,7 +26,9 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects import attn
 from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
 from attnfuse.errors import ArgumentError
+from attnfuse.runtime.config import KEY_POSITIONS_WITH_GIVEN_KEY, check_placement_request
 from attnfuse.runtime.program import as_program
+from attnfuse.transforms.place_rope import give_key_rotation, key_rotation
 
 
 def rope_inverse_frequencies(
@@ -170,6 +172,8 @@ def live_ops(variant: attn.VariantOp) -> set[Operation]:
 def evaluate_op(op: Operation, values: dict[SSAValue, Any], env: Evaluation) -> tuple[Any, Any]:
     """One op's result from its operands' values (and a log-sum-exp, for a normalizer)."""
     if isinstance(op, attn.RopeOp):
+        if op.given:
+            return values[op.input], None  # the key arrives rotated: used as it is
         default = env.q_pos if isinstance(op.input.type, attn.QueryType) else env.k_pos
         given = values.get(op.positions) if op.positions is not None else None
         positions = default if given is None else given.to(env.device)
@@ -223,6 +227,7 @@ def reference_attention(
     block_layout: torch.Tensor | None = None,
     q_positions: torch.Tensor | None = None,
     k_positions: torch.Tensor | None = None,
+    rope_placement: str | tuple[str, str] = "auto",
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
     differentiable: bool = False,
@@ -230,7 +235,11 @@ def reference_attention(
     """The variant's output (and log-sum-exp) computed naively in `dtype` on `device`
     (float64 on the CPU by default: slow and plainly right), by interpreting its attn
     program (`source`: a spec, attn IR text or module). With `differentiable`, the result
-    stays in the autograd graph of q, k, v and bias (see `reference_gradients`)."""
+    stays in the autograd graph of q, k, v and bias (see `reference_gradients`).
+
+    `rope_placement` takes what `af.compile` takes; only a key placed `"given"` changes the
+    result: the key rotation is then `#attn<placement given>` and k is used as passed
+    (already rotated), as the kernels of such a compile do."""
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         return (t if differentiable else t.detach()).to(device, dtype)
@@ -240,6 +249,12 @@ def reference_attention(
     fixed = program.explicit_positions_of()
     module = program.module(explicit if fixed is None else fixed)
     variant = next(op for op in module.ops if isinstance(op, attn.VariantOp))
+    if check_placement_request(rope_placement)[1] == "given":
+        if k_positions is not None:
+            raise ArgumentError(KEY_POSITIONS_WITH_GIVEN_KEY)
+        give_key_rotation(variant)
+    elif k_positions is not None and (rope := key_rotation(variant)) is not None and rope.given:
+        raise ArgumentError(KEY_POSITIONS_WITH_GIVEN_KEY)
     q, k, v = (convert(t) for t in (q, k, v))
     b, h_q, n_q, _d = q.shape
     n_k = k.shape[2]

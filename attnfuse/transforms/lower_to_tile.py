@@ -16,7 +16,8 @@ first and second half of the rotary dims, or even and odd dims when interleaved)
 pass-through dims, as separate tiles: the rotation is then elementwise arithmetic, with no
 register shuffles, and the scores are the sum of one matrix product per part. A pre-rotated
 operand gets a kernel of its own (`rotate_query` / `rotate_key`) that writes the rotated copy
-the attention kernel then reads.
+the attention kernel then reads. A key rotation placed `given` runs nowhere: the key arrives
+rotated, and every kernel reads it, and returns its gradient, as an unrotated operand.
 
 Options set the kernel's static facts and tuning: `head-dim`, `head-dim-v` (0: the head dim),
 `element-type` (f16, bf16, f32), `block-m`, `block-n`, `num-warps`, `num-stages`.
@@ -82,6 +83,10 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
             raise _fail(op, "rotation has no placement; run place-rope first")
         if op.input != (variant.query if kind is attn.QueryType else variant.key):
             raise _fail(op, "rotations must apply to the variant's q or k arguments")
+        if op.given:
+            # The caller passes the key rotated (a KV cache's keys): the kernels read it as
+            # an unrotated operand, and its gradient is that of the k passed.
+            continue
         theta, dim, interleaved, _scaling = op.rope_key
         rotations[kind] = Rotation(
             theta, dim, interleaved, op.placement.data == "fused", op.positions is not None

@@ -3,6 +3,12 @@
 Sets `placement = "fused"` (rotated in registers inside the attention kernel) or
 `"pre_rotated"` (rotated by its own kernel before attention) on every `attn.rope`.
 
+`key=given` marks the key rotation `given` instead: the caller passes keys already rotated
+(a KV cache stores each key rotated once, when it is written), so nothing rotates them. That
+is not a performance choice but a change of what the key input means, so a rotation already
+marked `given` (in hand-written IR, or by an earlier run) keeps it whatever the options say.
+`given` is no placement for the query.
+
 Options `query` and `key` force a placement or leave it to the Rotation Calculus (`auto`, see
 `rotation_calculus.py`), which needs the call's shape: `batch-heads`, `kv-heads-ratio`,
 `seq-len-q`, `seq-len-k`, `head-dim`, `rotary-dim`, `block-m`, `elem-bytes` and the GPU's
@@ -26,7 +32,15 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from attnfuse.dialects.attn import Placement, PlacementAttr, QueryType, RopeOp
+from attnfuse.dialects.attn import (
+    KeyType,
+    Placement,
+    PlacementAttr,
+    QueryType,
+    RopeOp,
+    ScoresOp,
+    VariantOp,
+)
 from attnfuse.errors import PassOptionError
 from attnfuse.transforms.rotation_calculus import (
     H200,
@@ -37,6 +51,10 @@ from attnfuse.transforms.rotation_calculus import (
 )
 
 PLACEMENT_CHOICES = ("auto", "fused", "pre_rotated")
+"""What the `query` option takes."""
+
+KEY_PLACEMENT_CHOICES = (*PLACEMENT_CHOICES, "given")
+"""What the `key` option takes: also `given`, a key the caller passes rotated."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,8 @@ class PlaceRotation(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: RopeOp, rewriter: PatternRewriter) -> None:
         wanted = self.query if isinstance(op.input.type, QueryType) else self.key
+        if op.given:
+            return  # the program's meaning (keys passed rotated), not a choice to revisit
         if op.placement is not None and op.placement.data == wanted:
             return
         op.properties["placement"] = PlacementAttr(Placement(wanted))
@@ -57,14 +77,16 @@ class PlaceRotation(RewritePattern):
 
 @dataclass(frozen=True)
 class PlaceRopePass(ModulePass):
-    """Chooses fused or pre-rotated per operand (see the module docstring)."""
+    """Chooses fused or pre-rotated per operand, or marks the key given (see the module
+    docstring)."""
 
     name = "place-rope"
 
     query: str = "auto"
     """fused, pre_rotated, or auto (the Rotation Calculus decides)."""
     key: str = "auto"
-    """fused, pre_rotated, or auto (the Rotation Calculus decides)."""
+    """fused, pre_rotated, auto (the Rotation Calculus decides), or given (the caller passes
+    keys rotated: no kernel rotates them)."""
     batch_heads: int = 1
     """Batch size times query heads (auto only)."""
     kv_heads_ratio: int = 1
@@ -80,11 +102,16 @@ class PlaceRopePass(ModulePass):
 
     def decide(self) -> tuple[str, str]:
         """The (query, key) placements these options ask for."""
-        for operand, choice in (("query", self.query), ("key", self.key)):
-            if choice not in PLACEMENT_CHOICES:
+        if self.query == "given":
+            raise PassOptionError(
+                "place-rope: query=given is not a placement: only keys arrive rotated (from a "
+                "KV cache); the query is rotated by the kernels"
+            )
+        for operand, choice, choices in (("query", self.query, PLACEMENT_CHOICES),
+                                         ("key", self.key, KEY_PLACEMENT_CHOICES)):
+            if choice not in choices:
                 raise PassOptionError(
-                    f"place-rope: {operand} must be one of {', '.join(PLACEMENT_CHOICES)}, "
-                    f"got '{choice}'"
+                    f"place-rope: {operand} must be one of {', '.join(choices)}, got '{choice}'"
                 )
         query, key = self.query, self.key
         if "auto" in (query, key):
@@ -102,9 +129,26 @@ class PlaceRopePass(ModulePass):
             if key == "auto":
                 key = "fused" if fuse_key_rotation(problem, rates) else "pre_rotated"
             if query == "auto":
+                # A given key is read as it is, like a pre-rotated one: not rotated in the loop.
                 query = "fused" if fuse_query_rotation(problem, key == "fused") else "pre_rotated"
         return query, key
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         query, key = self.decide()
         PatternRewriteWalker(PlaceRotation(query, key), apply_recursively=False).rewrite_module(op)
+
+
+def key_rotation(variant: VariantOp) -> RopeOp | None:
+    """The rotation of the key that the variant's scores read, or None."""
+    (scores,) = variant.ops_of(ScoresOp)
+    owner = scores.key.owner
+    return owner if isinstance(owner, RopeOp) and isinstance(owner.input.type, KeyType) else None
+
+
+def give_key_rotation(variant: VariantOp) -> None:
+    """Marks the variant's key rotation `given` (in place): the key arrives rotated. What
+    `place-rope{key=given}` does, for callers that need the meaning before the pipeline runs
+    (the reference)."""
+    rope = key_rotation(variant)
+    if rope is not None:
+        rope.properties["placement"] = PlacementAttr(Placement.GIVEN)

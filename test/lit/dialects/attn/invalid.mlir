@@ -208,3 +208,25 @@ attn.variant @wrong_positions(%q : !attn.query, %k : !attn.key, %v : !attn.value
   attn.yield %o
 }
 // CHECK: rotating query rows needs !attn.positions<query>, got !attn.positions<key>
+
+// -----
+
+attn.variant @given_query(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64, placement = #attn<placement given>} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rope placement given applies only to the key (a KV cache stores keys rotated); the query is rotated by the kernels
+
+// -----
+
+attn.variant @given_key_at_positions(%q : !attn.query, %k : !attn.key, %v : !attn.value, %kp : !attn.positions<key>) -> !attn.output {
+  %kr = attn.rope %k at %kp {theta = 1.000000e+04 : f64, placement = #attn<placement given>} : !attn.key, !attn.positions<key>
+  %s = attn.scores %q, %kr
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rope placement given reads no positions: the key arrives rotated

@@ -37,6 +37,19 @@ attn.variant @interleaved_partial(%q : !attn.query, %k : !attn.key, %v : !attn.v
   attn.yield %o
 }
 
+// A key that arrives rotated (a KV cache's): #attn<placement given>.
+// CHECK-LABEL: attn.variant @given_key
+attn.variant @given_key(%q : !attn.query, %k : !attn.key, %v : !attn.value, %qp : !attn.positions<query>) -> !attn.output {
+  // CHECK-NEXT: %qr = attn.rope %q at %qp {theta = 5.000000e+05 : f64, placement = #attn<placement fused>} : !attn.query, !attn.positions<query>
+  %qr = attn.rope %q at %qp {theta = 5.000000e+05 : f64, placement = #attn<placement fused>} : !attn.query, !attn.positions<query>
+  // CHECK-NEXT: %kr = attn.rope %k {theta = 5.000000e+05 : f64, placement = #attn<placement given>} : !attn.key
+  %kr = attn.rope %k {theta = 5.000000e+05 : f64, placement = #attn<placement given>} : !attn.key
+  %s = attn.scores %qr, %kr
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
 // CHECK-LABEL: attn.variant @data_blocks(%q: !attn.query, %k: !attn.key, %v: !attn.value, %bias: !attn.bias, %layout: !attn.layout) -> !attn.output {
 attn.variant @data_blocks(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias : !attn.bias, %layout : !attn.layout) -> !attn.output {
   // CHECK-NEXT: %qr = attn.rope %q {theta = 5.000000e+05 : f64, llama3_scaling = [8.000000e+00 : f64, 1.000000e+00 : f64, 4.000000e+00 : f64, 8.192000e+03 : f64]} : !attn.query

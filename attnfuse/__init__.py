@@ -31,6 +31,7 @@ _choose_triton_mode_early()
 from attnfuse.blocks.additive_bias import additive_bias  # noqa: E402
 from attnfuse.blocks.alibi import alibi  # noqa: E402
 from attnfuse.blocks.block_sparse import block_sparse  # noqa: E402
+from attnfuse.blocks.document import document  # noqa: E402
 from attnfuse.blocks.masks import causal, full, sliding_window  # noqa: E402
 from attnfuse.blocks.relu import relu  # noqa: E402
 from attnfuse.blocks.sigmoid import sigmoid  # noqa: E402
@@ -63,6 +64,7 @@ __all__ = [
     "attention",
     "block_sparse",
     "causal",
+    "document",
     "llama3_scaling",
     "relu",
     "compile",

@@ -2,9 +2,9 @@
 `block_layout[i // bs, j // bs]` (per head when the layout has a head dim).
 
 The layout is call-time data (`block_layout=`). The kernels never test it per entry: kernel
-blocks lie inside layout blocks, so the runtime turns the layout into lists of the key (or
-query) blocks each program visits (`attnfuse.runtime.block_lists`), and time scales with the
-layout's density.
+blocks lie inside layout blocks, so each kernel tile is kept or dropped whole (`tiles`), and
+the runtime turns that into lists of the key (or query) blocks each program visits
+(`attnfuse.runtime.block_lists`): time scales with the layout's density.
 """
 
 from __future__ import annotations
@@ -69,6 +69,18 @@ class BlockSparseSemantics(KeyFilter):
             f"block_layout must have shape [{rows}, {cols}] or [{problem.heads_q}, {rows}, {cols}] "
             f"(ceil(N / {block_size}) blocks), got {list(layout.shape)}"
         )
+
+    def tiles(self, op: Operation, data: Any, problem: Any, q_block: int, k_block: int) -> tuple[Any, Any]:
+        """A kernel tile lies inside one layout block (the runtime caps tile sizes at the
+        block size): it is visited, and full, iff the layout keeps that block."""
+        import torch
+
+        bs = self.block_size(op)
+        assert bs is not None and q_block <= bs and k_block <= bs
+        qb = torch.arange(-(-problem.seq_q // q_block), device=data.device)
+        kb = torch.arange(-(-problem.seq_k // k_block), device=data.device)
+        keep = data[:, (qb * q_block) // bs][:, :, (kb * k_block) // bs]
+        return keep[None], keep[None]
 
     def evaluate(self, op: Operation, env: Any) -> Any:
         import torch

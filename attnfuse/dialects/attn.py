@@ -119,6 +119,14 @@ class LayoutType(ParametrizedAttribute, TypeAttribute):
 
 
 @irdl_attr_definition
+class DocIdsType(ParametrizedAttribute, TypeAttribute):
+    """Call-time document ids of the key positions: int `[Nk]` or `[B, Nk]`, negative for
+    padding (the query at position `p` belongs to document `doc_ids[p]`)."""
+
+    name = "attn.doc_ids"
+
+
+@irdl_attr_definition
 class PositionsType(ParametrizedAttribute, TypeAttribute):
     """Call-time RoPE positions of the query or key rows: int `[N]` or `[B, N]`.
 
@@ -491,6 +499,7 @@ class VariantOp(IRDLOperation):
     EXTRA_ARGUMENT_TYPES: ClassVar[tuple[Attribute, ...]] = (
         BiasType(),
         LayoutType(),
+        DocIdsType(),
         PositionsType("query"),
         PositionsType("key"),
     )
@@ -536,8 +545,8 @@ class VariantOp(IRDLOperation):
         if inputs[:3] != self.ARGUMENT_TYPES or list(extra) != allowed:
             raise VerifyException(
                 "attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in "
-                "this order, !attn.bias, !attn.layout, !attn.positions<query>, "
-                f"!attn.positions<key>; got ({', '.join(str(t) for t in inputs)})"
+                f"this order, {', '.join(str(t) for t in self.EXTRA_ARGUMENT_TYPES)}; "
+                f"got ({', '.join(str(t) for t in inputs)})"
             )
         if tuple(self.function_type.outputs.data) != (OutputType(),):
             raise VerifyException("attn.variant returns one !attn.output")
@@ -593,6 +602,7 @@ CORE_ATTRIBUTES: tuple[type[Attribute], ...] = (
     ValueType,
     BiasType,
     LayoutType,
+    DocIdsType,
     PositionsType,
     ScoresType,
     ProbsType,
@@ -633,6 +643,7 @@ __all__ = [
     "BiasType",
     "KeyType",
     "LayoutType",
+    "DocIdsType",
     "MaskPredicate",
     "OutputType",
     "PVOp",

@@ -10,10 +10,11 @@ class. Three roles exist between `attn.scores` and `attn.pv`:
   commutes), how it lowers to tile ops inside a key loop, its vector-Jacobian product (the
   backward kernels apply it in reverse order), the call-time tensors it reads, and its float64
   meaning (the reference interpreter).
-- `KeyFilter`: drops keys (`attn.mask`, `attn.block_sparse`). A dropped entry is a *mark*, not
-  a value: it stays dropped whatever a modifier does to it, so filters commute with every
-  modifier, and kernels apply them after the whole modifier chain. A filter contributes to
-  the iteration space (a band, or block lists) rather than to the score arithmetic.
+- `KeyFilter`: drops keys (`attn.mask`, `attn.block_sparse`, `attn.document`). A dropped
+  entry is a *mark*, not a value: it stays dropped whatever a modifier does to it, so filters
+  commute with every modifier, and kernels apply them after the whole modifier chain. A
+  filter contributes to the iteration space (a band, or block lists the runtime builds from
+  its data) and, where that is not exact per entry, a test in partial blocks (`lower`).
 - `Normalizer`: turns scores into probabilities (`attn.softmax`, `attn.relu`,
   ...); exactly one per variant. It owns the forward loop's carried state and the
   backward's score gradient.
@@ -137,11 +138,36 @@ class KeyFilter(ReadsCallData, OpTrait, abc.ABC):
         return None
 
     def block_size(self, op: Operation) -> int | None:
-        """The block size of a block-granular filter (its kernels walk block lists)."""
+        """The block size of a block-granular filter (its kernels walk block lists, and no
+        kernel block may be larger)."""
         del op
         return None
 
+    def lists(self, op: Operation) -> bool:
+        """Whether the filter's iteration space is block lists that the runtime builds per
+        call from the filter's data (`tiles`): block-granular filters, and element-wise
+        filters whose data decides which tiles can keep anything (documents)."""
+        return self.block_size(op) is not None
 
+    def lower(self, op: Operation, kernel: Any, scores: SSAValue) -> SSAValue:
+        """Appends the tile ops that drop the filter's entries from a *partial* block of
+        scores (dropped entries become -inf; full blocks keep every entry and get nothing);
+        returns the new scores. Bands and block-granular filters need nothing here (the band
+        is `tile.mask`'s, blocks are whole), hence the default."""
+        del op, kernel
+        return scores
+
+    def tiles(
+        self, op: Operation, data: Any, problem: Any, q_block: int, k_block: int
+    ) -> tuple[Any, Any]:
+        """For a filter with `lists`: which (query tile, key tile) pairs of `q_block` queries
+        by `k_block` keys may keep an entry (`visit`) and which keep every in-sequence entry
+        (`full`: no per-entry test needed), as bool tensors broadcastable to
+        `[B, Hq, query tiles, key tiles]`, from `data` (what `bind` returned) for a call of
+        `problem`. `visit` may be conservative (a visited tile is masked entry by entry);
+        `full` must be exact. The runtime intersects them with the band's and every other
+        listed filter's (`attnfuse.runtime.block_lists`)."""
+        raise NotImplementedError(f"{op.name} has no block lists")
 
     @abc.abstractmethod
     def evaluate(self, op: Operation, env: Any) -> Any:

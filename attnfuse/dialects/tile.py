@@ -299,10 +299,11 @@ TENSOR_AXES: dict[str, str] = {
     "k_positions": "bn",
     "slopes": "",
     "bias": "bhnd",
-    "full_blocks": "hnd",
-    "full_count": "hn",
-    "partial_blocks": "hnd",
-    "partial_count": "hn",
+    "doc_ids": "bn",
+    "full_blocks": "bhnd",
+    "full_count": "bhn",
+    "partial_blocks": "bhnd",
+    "partial_count": "bhn",
     # Backward: the output gradient, the per-row delta = rowsum(dO * O), the input gradients,
     # the full-size bias gradient, and block-sparse query-block lists per key block.
     "do": "bhnd",
@@ -311,22 +312,27 @@ TENSOR_AXES: dict[str, str] = {
     "dk": "bhnd",
     "dv": "bhnd",
     "dbias": "bhnd",
-    "full_q_blocks": "hnd",
-    "full_q_count": "hn",
-    "partial_q_blocks": "hnd",
-    "partial_q_count": "hn",
+    "full_q_blocks": "bhnd",
+    "full_q_count": "bhn",
+    "partial_q_blocks": "bhnd",
+    "partial_q_count": "bhn",
 }
 """Kernel tensor parameters by role, with the axes the kernel indexes them by (each axis
 gets a stride argument; an empty string means a contiguous vector):
 `[B, H, N, D]` operands; the log-sum-exp `[B, Hq, Nq]`; the rotary table
 `[2, positions, rotary_dim / 2]` (cos, then sin, of each position's angle per pair);
 call-time RoPE positions `[B, N]` (a shared `[N]` has batch stride 0); ALiBi slopes `[Hq]`; the additive bias `[B, Hq, Nq, Nk]` (broadcast
-through zero strides); and block-sparse key-block lists `[H, query blocks, entries]` with
-their lengths `[H, query blocks]` (`full_*`: blocks needing no mask, `partial_*`: masked).
+through zero strides); document ids `[B, Nk]` (a shared `[Nk]` has batch stride 0); and the
+block lists of listed filters (block sparsity, documents), key-block lists
+`[B, H, query blocks, entries]` with their lengths `[B, H, query blocks]` (`full_*`: blocks
+needing no mask, `partial_*`: masked; shared ones have zero strides).
 Backward kernels add `do` (dL/dO), `delta` `[B, Hq, Nq]` (rowsum(dO * O), fp32), the
 gradients `dq`, `dk`, `dv`, `dbias` `[B, Hq, Nq, Nk]` (before reduction over broadcast dims),
-and, for key-block programs, the transposed block-sparse lists `*_q_blocks` / `*_q_count`
-`[H, key blocks, ...]` (query blocks per key block)."""
+and, for key-block programs, the transposed lists `*_q_blocks` / `*_q_count`
+`[B, H, key blocks, ...]` (query blocks per key block)."""
+
+BLOCK_LIST_ROLES = tuple(role for role in TENSOR_AXES if role.endswith(("_blocks", "_count")))
+"""The block lists and their lengths: indexed by (batch, head, the program's block)."""
 
 TENSOR_ROLES: dict[str, int] = {role: max(1, len(axes)) for role, axes in TENSOR_AXES.items()}
 """The rank of each role's tensor."""
@@ -1138,6 +1144,35 @@ class MaskOp(IRDLOperation):
         loop = _enclosing_loop(self)
         if loop is None or loop.properties.get("masked") is None:
             raise VerifyException("tile.mask belongs in a masked tile.kv_loop or tile.q_loop")
+
+
+@irdl_op_definition
+class DocumentMaskOp(IRDLOperation):
+    """Sets to -inf the scores of pairs whose query and key lie in different documents:
+    kept iff `doc_ids[q_pos] == doc_ids[key] >= 0` (`doc_ids` `[B, Nk]`; a negative id is
+    padding, and a query position outside `[0, Nk)` has no document). Only partial blocks
+    need it (the runtime's lists mark the blocks one document fills as full), so it may only
+    appear in a `masked` loop; it reads the positions in either grid's orientation."""
+
+    name = "tile.document_mask"
+
+    T: ClassVar = VarConstraint("T", BaseAttr(TileType))
+    input = operand_def(T)
+    doc_ids = operand_def(TensorType)
+    result = result_def(T)
+
+    assembly_format = "$input `,` $doc_ids attr-dict `:` type($input) `,` type($doc_ids)"
+    traits = traits_def(Pure())
+
+    def __init__(self, scores: SSAValue, doc_ids: SSAValue):
+        super().__init__(operands=[scores, doc_ids], result_types=[scores.type])
+
+    def verify_(self) -> None:
+        _expect_shape(self.input, ("m", "n"), "document-masked scores")
+        _expect_role(self.doc_ids, "doc_ids", "the document mask's operand must be the doc_ids tensor")
+        loop = _enclosing_loop(self)
+        if loop is None or loop.properties.get("masked") is None:
+            raise VerifyException("tile.document_mask belongs in a masked loop")
 
 
 class _BandBounds(IRDLOperation):
@@ -1962,6 +1997,7 @@ Tile = Dialect(
         RotateOp,
         ScoresOp,
         MaskOp,
+        DocumentMaskOp,
         KVBoundsOp,
         KVLoopOp,
         YieldOp,
@@ -2004,10 +2040,12 @@ __all__ = [
     "QUERY_LOOP_OPS",
     "QUERY_ROW_ROLES",
     "TENSOR_AXES",
+    "BLOCK_LIST_ROLES",
     "AccumulateOp",
     "AddBiasOp",
     "AlibiOp",
     "ApplyScaleOp",
+    "DocumentMaskOp",
     "DotTransposedOp",
     "JoinOp",
     "KVBoundsOp",

@@ -47,6 +47,7 @@ def rope_op(operand: SSAValue, block: Rope, positions: SSAValue | None) -> attn.
 ARGUMENT_NAMES = {
     attn.BiasType(): "bias",
     attn.LayoutType(): "layout",
+    attn.DocIdsType(): "doc_ids",
     attn.PositionsType("query"): "q_positions",
     attn.PositionsType("key"): "k_positions",
 }

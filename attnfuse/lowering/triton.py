@@ -234,14 +234,15 @@ class KernelEmitter:
     def base_line(self, role: str) -> str | None:
         """The statement that points `{role}_base` at this program's slice, if it has one."""
         axes = tile.role_axes(role)
+        if role in tile.BLOCK_LIST_ROLES:
+            # Block lists: this batch's and head's (shared lists have zero strides) entry for
+            # this program's block.
+            return (f"{role}_base = {role}_ptr + batch * stride_{role}_b + head * stride_{role}_h"
+                    f" + block_id * stride_{role}_n")
         if axes.startswith("bh"):
             return f"{role}_base = {role}_ptr + batch * stride_{role}_b + {self.head_of(role)} * stride_{role}_h"
         if axes == "bn":
             return f"{role}_base = {role}_ptr + batch * stride_{role}_b"
-        if axes.startswith("hn"):
-            # Block-sparse lists: this head's (a shared layout has head stride 0) entry for
-            # this program's block.
-            return f"{role}_base = {role}_ptr + head * stride_{role}_h + block_id * stride_{role}_n"
         return None
 
     def oriented(self) -> dict[str, str]:
@@ -627,6 +628,24 @@ class KernelEmitter:
         self.emit(f"{keep} = {' & '.join(conds) if conds else 'True'}")
         self.emit(f"{self.namer.define(op.result)} = tl.where({keep}, {self.namer[op.input]}, float(\"-inf\"))")
 
+    def emit_document_mask(self, op: tile.DocumentMaskOp) -> None:
+        loop = self.loop_vars[-1]
+        role = self.role_of(op.doc_ids)
+        # Query positions and key indices as vectors, and how each broadcasts to the tile.
+        if self.grid == "query_blocks":
+            queries, keys, q_axis, k_axis = "q_pos", loop.index, "[:, None]", "[None, :]"
+        else:
+            queries, keys, q_axis, k_axis = loop.position, "rows", "[None, :]", "[:, None]"
+        doc_q, doc_k = self.namer.fresh("doc_q"), self.namer.fresh("doc_k")
+        self.emit("# tile.document_mask: keep pairs in one document (negative ids are padding)")
+        # A query position outside [0, n_k) (a padded row, or Nq > Nk) has no document.
+        self.emit(f"{doc_q} = tl.load({role}_base + {queries} * stride_{role}_n, "
+                  f"mask=({queries} >= 0) & ({queries} < n_k), other=-1)")
+        self.emit(f"{doc_k} = tl.load({role}_base + {keys} * stride_{role}_n, mask={keys} < n_k, other=-1)")
+        keep = self.namer.fresh("keep")
+        self.emit(f"{keep} = ({doc_q}{q_axis} == {doc_k}{k_axis}) & ({doc_k}{k_axis} >= 0)")
+        self.emit(f"{self.namer.define(op.result)} = tl.where({keep}, {self.namer[op.input]}, float(\"-inf\"))")
+
     def emit_band_range(self, op: tile.KVBoundsOp | tile.QBoundsOp, first: str, last: str,
                         lower: int | None, upper: int | None, length: str) -> None:
         """The loop's block range for program rows at positions `first..last`, which keep
@@ -968,6 +987,7 @@ KernelEmitter.HANDLERS = {
     tile.JoinOp: KernelEmitter.emit_join,
     tile.SplitOp: KernelEmitter.emit_split,
     tile.SparseKVLoopOp: KernelEmitter.emit_sparse_kv_loop,
+    tile.DocumentMaskOp: KernelEmitter.emit_document_mask,
     tile.QBoundsOp: KernelEmitter.emit_q_bounds,
     tile.QLoopOp: KernelEmitter.emit_q_loop,
     tile.SparseQLoopOp: KernelEmitter.emit_sparse_kv_loop,

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from attnfuse.errors import ArgumentError, AttnFuseError
-from attnfuse.runtime.block_lists import sparse_block_lists, transposed_block_lists
+from attnfuse.runtime.block_lists import ListSource, call_block_lists
 from attnfuse.runtime.call_data import position_extent, positions_view
 from attnfuse.runtime.compiler import (
     CompiledProgram,
@@ -29,7 +29,11 @@ from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.key_rotation import rotate_keys
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
-from attnfuse.runtime.program import Canonical, VariantProgram, as_program
+from attnfuse.runtime.program import DATA_KEYWORDS, Canonical, VariantProgram, as_program
+
+LIST_SOURCES = "block_list_sources"
+"""The entry of a call's data that holds its listed filters (`ListSource`s), from which the
+backward builds its own lists; not a kernel role."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ class CompiledAttention:
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
-        self._sparse_cache: dict[bool, tuple[torch.Tensor, tuple, dict[str, torch.Tensor]]] = {}
+        self._list_cache: dict[bool, tuple[tuple[torch.Tensor, ...], tuple, dict[str, torch.Tensor]]] = {}
 
     def __repr__(self) -> str:
         return f"CompiledAttention({self.program!r})"
@@ -275,29 +279,24 @@ class CompiledAttention:
         theta, rotary_dim, _interleaved, scaling = rope.rope_key
         return rope_table(theta, rotary_dim or problem.head_dim, scaling, problem.device, length)
 
-    def _layout_lists(
-        self, layout: torch.Tensor, block_size: int, plan: CallPlan, backward: bool
+    def _block_lists(
+        self, sources: tuple[ListSource, ...], plan: CallPlan, backward: bool
     ) -> dict[str, torch.Tensor]:
-        """The block lists the forward (or the backward) kernels read, cached per layout."""
-        # Layouts are usually reused across calls (every layer of a model): keep the lists of
-        # the last layout seen. Reuse them only for that very tensor object, unmodified since
-        # (its in-place version counter unchanged): another tensor may share its storage or,
-        # once it is freed, its address.
-        key = (layout._version, plan.problem, plan.config)
-        cached = self._sparse_cache.get(backward)
-        if cached is not None and cached[0] is layout and cached[1] == key:
+        """The block lists the forward (or the backward) kernels read, cached per filter data."""
+        # Layouts and document ids are usually reused across calls (every layer of a model):
+        # keep the lists of the last tensors seen. Reuse them only for those very tensor
+        # objects as the caller passed them (not the views `bind` makes per call), unmodified
+        # since (in-place version counters unchanged): another tensor may share their storage
+        # or, once they are freed, their address.
+        given = tuple(source.given for source in sources)
+        key = (tuple(t._version for t in given), plan.problem, plan.config)
+        cached = self._list_cache.get(backward)
+        if (cached is not None and len(cached[0]) == len(given)
+                and all(a is b for a, b in zip(cached[0], given)) and cached[1] == key):
             return cached[2]
         assert plan.config is not None
-        band = self.variant.band
-        if backward:
-            bm, bn, _warps, _stages = plan.config.backward()
-            lists = sparse_block_lists(layout, block_size, band, plan.problem, bm, bn)
-            kv_bm, kv_bn, _warps, _stages = plan.config.dkdv()
-            lists |= transposed_block_lists(layout, block_size, band, plan.problem, kv_bm, kv_bn)
-        else:
-            lists = sparse_block_lists(layout, block_size, band, plan.problem,
-                                       plan.config.block_m, plan.config.block_n)
-        self._sparse_cache[backward] = (layout, key, lists)
+        lists = call_block_lists(sources, self.variant.band, plan.problem, plan.config, backward)
+        self._list_cache[backward] = (given, key, lists)
         return lists
 
     def call_tensors(
@@ -328,23 +327,24 @@ class CompiledAttention:
                            for name in ("q_positions", "k_positions") if name in tensors)
             if furthest > plan.constants["rope_table"].shape[1]:
                 tensors["rope_table"] = self._rope_table(problem, furthest)
-        for name in ("bias", "block_layout"):
+        for name, block in DATA_KEYWORDS.items():
             if arguments.get(name) is not None and name not in variant.arguments:
-                block = "additive_bias()" if name == "bias" else "block_sparse()"
                 raise ArgumentError(f"{name}= given, but {self.program!r} has no {block}")
+        sources: list[ListSource] = []
         for binding in variant.bindings:
             if binding.use.argument is None:
                 continue  # made from the program: a plan constant
-            if binding.role is not None and binding.role in tensors:
+            listed = binding in variant.listed
+            if binding.role is not None and binding.role in tensors and not listed:
                 continue  # two ops reading one tensor (two add_bias of one bias): bound once
             value = binding.bind(problem, arguments)
             if binding.role is not None:
                 tensors[binding.role] = value
-            elif binding.use.kind == "block_layout":
-                tensors["block_layout"] = value
-                block_size = variant.block_size
-                if plan.config is not None and block_size is not None:
-                    tensors |= self._layout_lists(value, block_size, plan, backward=False)
+            if listed:
+                sources.append(ListSource(binding.op, value, arguments[binding.use.argument]))
+        if sources and plan.config is not None:
+            tensors[LIST_SOURCES] = tuple(sources)  # type: ignore[assignment]
+            tensors |= self._block_lists(tuple(sources), plan, backward=False)
         return tensors
 
     # -- run ---------------------------------------------------------------------------------
@@ -357,11 +357,14 @@ class CompiledAttention:
         *,
         return_lse: bool = False,
         bias: torch.Tensor | None = None,
-        block_layout: torch.Tensor | None = None,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
-        **unexpected: Any,
+        **data: Any,
     ):
+        """Attention of q, k, v. Call-time data comes as keywords: `bias=`, `block_layout=`,
+        `doc_ids=` (`DATA_KEYWORDS`: each for the block that reads it), and `q_positions=`
+        / `k_positions=` for RoPE."""
+        unexpected = [name for name in data if name not in DATA_KEYWORDS]
         if unexpected:
             raise ArgumentError(
                 f"unexpected argument(s) {', '.join(sorted(unexpected))} for {self.program!r}"
@@ -375,8 +378,7 @@ class CompiledAttention:
         # Positions and layouts are integer and bool tensors, which never require a gradient.
         training = records_autograd(q, k, v, bias)
         plan = self.plan(q, k, v, explicit, training)
-        arguments = {"bias": bias, "block_layout": block_layout, "q_positions": q_positions,
-                     "k_positions": k_positions}
+        arguments = {**data, "bias": bias, "q_positions": q_positions, "k_positions": k_positions}
         data = self.call_tensors(plan, arguments, explicit)
         if training:
             # The user's bias goes in as an input of its own so autograd tracks it.
@@ -471,9 +473,9 @@ class CompiledAttention:
         q_role, k_role = saved_roles
         tensors = {q_role: q, k_role: k, "v": v, "o": out, "lse": lse, "do": grad_out, "dq": dq,
                    "dk": dk, "dv": dv, **plan.constants, **data}
-        block_size = self.variant.block_size
-        if block_size is not None:
-            tensors |= self._layout_lists(data["block_layout"], block_size, plan, backward=True)
+        sources = data.get(LIST_SOURCES)
+        if sources is not None:
+            tensors |= self._block_lists(sources, plan, backward=True)  # type: ignore[arg-type]
         softmax = plan.reads("delta")  # relu attention has no delta and no preprocess
         if softmax:
             tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)

@@ -33,8 +33,16 @@ from attnfuse.transforms import PASSES
 from attnfuse.transforms.kernel_builder import assign_data_roles
 from attnfuse.transforms.place_rope import key_rotation
 
-DECLARED_ARGUMENTS = ((attn.BiasType(), "bias"), (attn.LayoutType(), "block_layout"))
-"""The variant argument types that are call-time keyword arguments."""
+DECLARED_ARGUMENTS = (
+    (attn.BiasType(), "bias", "additive_bias()"),
+    (attn.LayoutType(), "block_layout", "block_sparse()"),
+    (attn.DocIdsType(), "doc_ids", "document()"),
+)
+"""The variant argument types that are call-time keyword arguments: (type, keyword, the block
+that reads it). A call accepts exactly these data keywords (and the positions)."""
+
+DATA_KEYWORDS = {keyword: block for _kind, keyword, block in DECLARED_ARGUMENTS}
+"""Each call-time data keyword and the block that reads it."""
 
 FRONT_PIPELINE = "canonicalize-attn,analyze-masks"
 """The passes whose result is the variant's canonical form (before any shape decision)."""
@@ -137,8 +145,11 @@ class Canonical:
     @cached_property
     def bindings(self) -> tuple[DataBinding, ...]:
         """Every call-time tensor the program's ops read, in program order."""
+        # As lower-to-tile assigns them: modifiers, then the filters other than the band.
         modifiers = [op for op in self.chain if op.has_trait(ScoreModifier)]
-        roles = assign_data_roles(modifiers)
+        filters = [op for op in self.chain if (t := op.get_trait(KeyFilter)) is not None
+                   and t.band(op) is None]
+        roles = assign_data_roles([*modifiers, *filters])
         result = []
         for op in self.chain:
             trait = score_semantics(op)
@@ -153,8 +164,20 @@ class Canonical:
         and those its variant declares (`!attn.bias`: `bias=`, `!attn.layout`:
         `block_layout=`) even where nothing reads them."""
         read = {b.use.argument for b in self.bindings if b.use.argument is not None}
-        declared = {name for kind, name in DECLARED_ARGUMENTS if self.variant.argument(kind) is not None}
+        declared = {name for kind, name, _block in DECLARED_ARGUMENTS
+                    if self.variant.argument(kind) is not None}
         return frozenset(read | declared)
+
+    @cached_property
+    def listed(self) -> tuple[DataBinding, ...]:
+        """The bindings of the filters whose iteration space is block lists
+        (`KeyFilter.lists`), from whose data the runtime builds the lists."""
+        result = []
+        for binding in self.bindings:
+            trait = binding.op.get_trait(KeyFilter)
+            if trait is not None and trait.lists(binding.op):
+                result.append(binding)
+        return tuple(result)
 
     def reads(self, kind: str) -> bool:
         """Whether some op reads call-time data of `kind` (`bias`, `block_layout`, ...)."""

@@ -27,7 +27,7 @@ from attnfuse.dialects import attn
 from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.config import KEY_POSITIONS_WITH_GIVEN_KEY, check_placement_request
-from attnfuse.runtime.program import as_program
+from attnfuse.runtime.program import DATA_KEYWORDS, as_program
 from attnfuse.transforms.place_rope import give_key_rotation, key_rotation
 
 
@@ -82,7 +82,8 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, block: Any) -> torch.Tensor
 @dataclass
 class Evaluation:
     """What the ops' `evaluate` methods see of a call: its shapes, the default positions
-    (query `i + Nk - Nq`, key `j`), the call-time data by name (`bias`, `block_layout`) and
+    (query `i + Nk - Nq`, key `j`), the call-time data by name (`bias`, `block_layout`,
+    `doc_ids`, as the caller gave them) and
     the dtype and device the reference computes in."""
 
     batch: int
@@ -231,11 +232,14 @@ def reference_attention(
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
     differentiable: bool = False,
+    **data: torch.Tensor,
 ):
     """The variant's output (and log-sum-exp) computed naively in `dtype` on `device`
     (float64 on the CPU by default: slow and plainly right), by interpreting its attn
-    program (`source`: a spec, attn IR text or module). With `differentiable`, the result
-    stays in the autograd graph of q, k, v and bias (see `reference_gradients`).
+    program (`source`: a spec, attn IR text or module). Other call-time data (`doc_ids=`)
+    comes by keyword, as for a compiled call, and reaches the ops as it was given. With
+    `differentiable`, the result stays in the autograd graph of q, k, v and bias (see
+    `reference_gradients`).
 
     `rope_placement` takes what `af.compile` takes; only a key placed `"given"` changes the
     result: the key rotation is then `#attn<placement given>` and k is used as passed
@@ -258,7 +262,10 @@ def reference_attention(
     q, k, v = (convert(t) for t in (q, k, v))
     b, h_q, n_q, _d = q.shape
     n_k = k.shape[2]
-    tensors: dict[str, torch.Tensor] = {}
+    unexpected = [name for name in data if name not in DATA_KEYWORDS]
+    if unexpected:
+        raise ArgumentError(f"unexpected argument(s) {', '.join(sorted(unexpected))} for the reference")
+    tensors: dict[str, torch.Tensor] = {name: t for name, t in data.items() if t is not None}
     if bias is not None:
         tensors["bias"] = convert(bias)
     if block_layout is not None:

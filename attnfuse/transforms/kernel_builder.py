@@ -15,6 +15,7 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn, tile
 from attnfuse.dialects.interfaces import (
+    KeyFilter,
     Normalizer,
     ScoreModifier,
     normalizer_semantics,
@@ -48,9 +49,17 @@ class VariantFacts:
     """The score modifiers on the path from the scores to the normalizer, in program order."""
     normalizer: Operation
     data_roles: dict[tuple[Operation, str], str]
-    """The kernel argument (role) bound to each (op, data kind) the modifiers read."""
+    """The kernel argument (role) bound to each (op, data kind) the modifiers and filters
+    read."""
     sparse_block_size: int | None = None
-    """The block-sparse layout's block size, when the variant has one."""
+    """The block-sparse layout's block size, when the variant has one (no kernel block may
+    be larger)."""
+    filters: tuple[Operation, ...] = ()
+    """The filters other than the band, in program order: each lowers its own per-entry test
+    in partial blocks (`KeyFilter.lower`; block-granular ones need none)."""
+    listed: bool = False
+    """The loops walk block lists the runtime builds (`KeyFilter.lists`: block sparsity,
+    documents) instead of the band's block ranges."""
     exact_scores: bool = False
     """q and k are read widened to fp32 (and rotated in registers), so that their scores are
     products of the unrounded operands (to about 2^-16 |q| |k| in bf16) rather than of
@@ -74,7 +83,7 @@ class VariantFacts:
         return self.normalizer_semantics.has_lse
 
     def data_arguments(self) -> list[str]:
-        """The modifiers' data roles, in order, each once."""
+        """The modifiers' and filters' data roles, in order, each once."""
         return list(dict.fromkeys(self.data_roles.values()))
 
     def data_gradient_roles(self) -> list[str]:
@@ -287,7 +296,7 @@ def lower_score_chain(
 ) -> tuple[SSAValue, ChainInputs]:
     """Applies the variant's score modifiers to a block of scores, each lowered by its op in
     program order (an op that appears twice is applied twice), then, in a partial block, the
-    mask: filters commute with every modifier (a dropped entry stays dropped), so they are
+    mask and each other filter's per-entry test: filters commute with every modifier (a dropped entry stays dropped), so they are
     applied last, where -inf cannot be turned back into a finite score (as soft-capping
     would). Returns the final scores and each modifier's input."""
     inputs: ChainInputs = []
@@ -298,6 +307,10 @@ def lower_score_chain(
         scores = trait.lower(op, k, scores)
     if masked:
         scores = k.add(tile.MaskOp(scores, facts.band), "scores").results[0]
+        for op in facts.filters:
+            trait = op.get_trait(KeyFilter)
+            assert trait is not None
+            scores = trait.lower(op, k, scores)
     return scores, inputs
 
 
@@ -341,9 +354,9 @@ def build_band_loops(
     `over` is "keys" (a `query_blocks` kernel: forward, dQ) or "queries" (a `key_blocks`
     kernel: dK/dV). Dense variants get up to three loops from the mask band's bounds: partial
     blocks before the full ones, full blocks (no mask work), partial blocks after them (which
-    also cover a ragged last block). Block-sparse variants walk the layout's lists: full
-    blocks, then partial ones. Blocks outside the band, or dropped by the layout, are never
-    visited.
+    also cover a ragged last block). Variants with a listed filter (block sparsity,
+    documents) walk the runtime's lists: full blocks, then partial ones. Blocks outside the
+    band, or that a listed filter leaves empty, are never visited.
     """
     keys = over == "keys"
 
@@ -354,7 +367,7 @@ def build_band_loops(
         body(block, masked)
         return Region(block)
 
-    if facts.sparse_block_size is not None:
+    if facts.listed:
         suffix = "" if keys else "_q"
         for prefix, masked in (("full", False), ("partial", True)):
             blocks, count = k.arg(f"{prefix}{suffix}_blocks"), k.arg(f"{prefix}{suffix}_count")

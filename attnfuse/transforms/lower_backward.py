@@ -95,13 +95,13 @@ def _gradient_kernel_roles(
     """The parameters of a dK/dV or dQ kernel: q and k (or their rotated copies), v, dO (and
     O with `computes_delta`), the softmax statistics, the `gradients` it writes, then what
     rotations and score modifications read (and `dbias` with `bias_grad`), then the
-    block-sparse lists it walks (`list_suffix` "_q": lists of query blocks)."""
+    block lists it walks (`list_suffix` "_q": lists of query blocks)."""
     q_source, k_source = _sources(facts)
     stats = ["lse", "delta"] if facts.has_lse else []
     grad_out = ["do", "o"] if computes_delta else ["do"]
     roles = [q_source, k_source, "v", *grad_out, *stats, *gradients, *_rotation_roles(facts),
              *facts.data_arguments(), *(facts.data_gradient_roles() if bias_grad else [])]
-    if facts.sparse_block_size is not None:
+    if facts.listed:
         roles += [f"{kind}{list_suffix}_{what}" for kind in ("full", "partial") for what in ("blocks", "count")]
     return roles
 

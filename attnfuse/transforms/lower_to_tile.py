@@ -95,6 +95,7 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
     masks = 0
     sparse: int | None = None
     modifiers: list[Operation] = []
+    filters: list[Operation] = []
     for op in chain:
         filter_trait = op.get_trait(KeyFilter)
         if filter_trait is None:
@@ -109,17 +110,21 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
             if masks > 1:
                 raise _fail(op, "more than one mask; run canonicalize-attn first")
             band = recorded
+            continue
+        if not filter_trait.lists(op):
+            raise _fail(op, f"cannot lower {op.name}: a filter must be a band or have block lists")
+        if any(other.name == op.name for other in filters):
+            # Their lists would intersect, but their data would share one kernel argument.
+            raise _fail(op, f"more than one {op.name.removeprefix('attn.')} in one variant")
         block_size = filter_trait.block_size(op)
         if block_size is not None:
-            if sparse is not None:
-                raise _fail(op, "more than one block_sparse layout in one variant")
             sparse = block_size
-        if op_band is None and block_size is None:
-            raise _fail(op, f"cannot lower {op.name}: only band masks and block layouts are supported")
+        filters.append(op)
     return VariantFacts(
         rotations.get(attn.QueryType), rotations.get(attn.KeyType), band,
         scores.scale.value.data if scores.scale is not None else None,
-        tuple(modifiers), normalizer, assign_data_roles(modifiers), sparse,
+        tuple(modifiers), normalizer, assign_data_roles([*modifiers, *filters]), sparse,
+        tuple(filters), bool(filters),
     )
 
 
@@ -166,7 +171,7 @@ def forward_roles(facts: VariantFacts) -> list[str]:
         if rotation is not None and rotation.fused and rotation.given_positions:
             roles.append(f"{operand}_positions")
     roles += facts.data_arguments()
-    if facts.sparse_block_size is not None:
+    if facts.listed:
         roles += ["full_blocks", "full_count", "partial_blocks", "partial_count"]
     return roles
 

@@ -130,7 +130,7 @@ attn.variant @bad_signature(%q : !attn.query, %k : !attn.key, %v : !attn.value, 
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.value)
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.doc_ids, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.value)
 
 // -----
 
@@ -196,7 +196,7 @@ attn.variant @extra_args_out_of_order(%q : !attn.query, %k : !attn.key, %v : !at
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.layout, !attn.bias)
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.doc_ids, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.layout, !attn.bias)
 
 // -----
 
@@ -208,6 +208,30 @@ attn.variant @wrong_positions(%q : !attn.query, %k : !attn.key, %v : !attn.value
   attn.yield %o
 }
 // CHECK: rotating query rows needs !attn.positions<query>, got !attn.positions<key>
+
+// -----
+
+// attn.document reads document ids, not a layout.
+attn.variant @document_of_layout(%q : !attn.query, %k : !attn.key, %v : !attn.value, %layout : !attn.layout) -> !attn.output {
+  %s = attn.scores %q, %k
+  %d = "attn.document"(%s, %layout) : (!attn.scores, !attn.layout) -> !attn.scores
+  %p = attn.softmax %d
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: operand 'doc_ids' at position 1 does not verify:
+// CHECK-NEXT: !attn.layout should be of base attribute attn.doc_ids
+
+// -----
+
+// The doc_ids argument comes after the layout and before the positions.
+attn.variant @doc_ids_order(%q : !attn.query, %k : !attn.key, %v : !attn.value, %doc_ids : !attn.doc_ids, %layout : !attn.layout) -> !attn.output {
+  %s = attn.scores %q, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.doc_ids, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.doc_ids, !attn.layout)
 
 // -----
 

@@ -102,3 +102,16 @@ attn.variant @default_bias(%q : !attn.query, %k : !attn.key, %v : !attn.value) -
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// Documents: attn.document reads the variant's !attn.doc_ids argument (after the layout).
+// CHECK-LABEL: attn.variant @documents(%q: !attn.query, %k: !attn.key, %v: !attn.value, %layout: !attn.layout, %doc_ids: !attn.doc_ids) -> !attn.output {
+attn.variant @documents(%q : !attn.query, %k : !attn.key, %v : !attn.value, %layout : !attn.layout, %doc_ids : !attn.doc_ids) -> !attn.output {
+  %s = attn.scores %q, %k
+  // CHECK: %d = attn.document %s, %doc_ids
+  %d = attn.document %s, %doc_ids
+  // CHECK-NEXT: %m = attn.block_sparse %d, %layout {block_size = 32 : i64}
+  %m = attn.block_sparse %d, %layout {block_size = 32 : i64}
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

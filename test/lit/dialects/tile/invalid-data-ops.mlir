@@ -96,3 +96,35 @@ tile.kernel @k(%q: !tile.tensor<q>, %rope_table: !tile.tensor<rope_table>, %k_po
   tile.return
 }
 // CHECK: query rows are rotated at q_positions, got !tile.tensor<k_positions>
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %doc_ids: !tile.tensor<doc_ids>, %fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x dv x f32>
+  %r = tile.sparse_kv_loop %fb, %fc iter_args(%a) : !tile.tensor<full_blocks>, !tile.tensor<full_count>, !tile.tile<m x dv x f32> -> !tile.tile<m x dv x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>):
+    %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+    %k_1 = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    %s = tile.scores(%q_1) x(%k_1) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    %s1 = tile.document_mask %s, %doc_ids : !tile.tile<m x n x f32>, !tile.tensor<doc_ids>
+    tile.yield %a0 : !tile.tile<m x dv x f32>
+  }
+  tile.return
+}
+// CHECK: tile.document_mask belongs in a masked loop
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %bias: !tile.tensor<bias>, %pb: !tile.tensor<partial_blocks>, %pc: !tile.tensor<partial_count>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x dv x f32>
+  %r = tile.sparse_kv_loop %pb, %pc masked iter_args(%a) : !tile.tensor<partial_blocks>, !tile.tensor<partial_count>, !tile.tile<m x dv x f32> -> !tile.tile<m x dv x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>):
+    %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+    %k_1 = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    %s = tile.scores(%q_1) x(%k_1) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    %s1 = tile.document_mask %s, %bias : !tile.tile<m x n x f32>, !tile.tensor<bias>
+    tile.yield %a0 : !tile.tile<m x dv x f32>
+  }
+  tile.return
+}
+// CHECK: the document mask's operand must be the doc_ids tensor

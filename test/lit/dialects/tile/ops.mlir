@@ -86,3 +86,22 @@ tile.kernel @join(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_block
   %j = tile.join %a, %b {pairs = #tile<pairs interleaved>} : !tile.tile<m x half x f16> -> !tile.tile<m x d x f16>
   tile.return
 }
+
+// CHECK-LABEL: tile.kernel @documents
+tile.kernel @documents(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %doc_ids: !tile.tensor<doc_ids>, %pb: !tile.tensor<partial_blocks>, %pc: !tile.tensor<partial_count>) attributes {grid = #tile<grid query_blocks>, element_type = f32, block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 16 : i64, head_dim_v = 16 : i64} {
+  %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f32>
+  %acc = tile.zeros : !tile.tile<m x dv x f32>
+  %acc_1 = tile.sparse_kv_loop %pb, %pc masked iter_args(%acc) : !tile.tensor<partial_blocks>, !tile.tensor<partial_count>, !tile.tile<m x dv x f32> -> !tile.tile<m x dv x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>):
+    %k_1 = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f32>
+    %s = tile.scores(%q_1) x(%k_1) : (!tile.tile<m x d x f32>) x(!tile.tile<n x d x f32>) -> !tile.tile<m x n x f32>
+    // CHECK: %s1 = tile.document_mask %s, %doc_ids : !tile.tile<m x n x f32>, !tile.tensor<doc_ids>
+    %s1 = tile.document_mask %s, %doc_ids : !tile.tile<m x n x f32>, !tile.tensor<doc_ids>
+    %p = tile.relu_probs %s1 : !tile.tile<m x n x f32>
+    %v_1 = tile.load %v[loop, all] : !tile.tensor<v> -> !tile.tile<n x dv x f32>
+    %a1 = tile.accumulate %a0, %p, %v_1 : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f32>
+    tile.yield %a1 : !tile.tile<m x dv x f32>
+  }
+  tile.store %acc_1, %o[program, all] : !tile.tile<m x dv x f32> -> !tile.tensor<o>
+  tile.return
+}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import attnfuse.runtime  # noqa: F401  (picks Triton's mode before transformers can import Triton)
 from attnfuse.integrations.transformers.attention import attnfuse_attention_forward
 from attnfuse.integrations.transformers.masks import AttnFuseMask, attnfuse_mask
-from attnfuse.integrations.transformers.rope import fuse_rope, rotate
+from attnfuse.integrations.transformers.rope import fuse_rope, rotate_keys
 
 IMPLEMENTATION = "attnfuse"
 """The `attn_implementation` name `register()` adds."""
@@ -31,4 +31,4 @@ def register() -> None:
 
 
 __all__ = ["IMPLEMENTATION", "AttnFuseMask", "attnfuse_attention_forward", "attnfuse_mask",
-           "fuse_rope", "register", "rotate"]
+           "fuse_rope", "register", "rotate_keys"]

@@ -4,7 +4,8 @@ HF calls `attention(module, query, key, value, attention_mask, dropout=, scaling
 `query [B, Hq, Nq, D]` and `key`/`value [B, Hkv, Nk, D]` (after its cache update) and expects
 `[B, Nq, Hq, Dv]` back. The call is translated into one AttnFuse variant: the mask description
 (`masks.AttnFuseMask`) becomes `causal()` / `sliding_window(w)` over the written keys plus, for
-padding, an additive `-inf` bias; `scaling=` is `scaled_dot_product(scale)`; `softcap=` is
+padding, `document()` (one document per row, padding ids negative); a mask only HF could
+make (`AttnFuseMask.dense`) an additive `-inf` bias; `scaling=` is `scaled_dot_product(scale)`; `softcap=` is
 `softcap(cap)`; GQA is passed as is (Hkv < Hq, no `repeat_kv`). Compiled variants are kept in
 a module-level cache keyed by the spec, so each variant compiles once per process and each
 shape once per variant (the `CompiledAttention`'s own plan cache).
@@ -22,6 +23,10 @@ from attnfuse.errors import ArgumentError
 from attnfuse.integrations.transformers.masks import AttnFuseMask
 
 _compiled: dict[tuple, "af.CompiledAttention"] = {}
+
+KEY_GIVEN = ("auto", "given")
+"""The `rope_placement` of a call whose keys come from a KV cache, rotated when written: the
+kernel rotates the queries (where the Rotation Calculus says) and reads k as passed."""
 
 
 def compiled_variant(spec: af.AttentionSpec, rope_placement: object = "auto") -> "af.CompiledAttention":
@@ -51,6 +56,8 @@ class _Resolved:
     window: int | None
     valid: int
     bias: torch.Tensor | None
+    doc_ids: torch.Tensor | None = None
+    """`[B, valid]` int32: 0 for a real token, -1 for padding (`af.document()`)."""
 
 
 def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -75,10 +82,13 @@ def _resolve(
             )
         if attention_mask.dense is not None:
             return _Resolved("full", None, seq_k, _additive(attention_mask.dense, query.dtype))
-        bias = None
+        doc_ids = None
         if attention_mask.padding is not None:
-            bias = _additive(attention_mask.padding[:, None, None, :], query.dtype)
-        return _Resolved(attention_mask.pattern, attention_mask.window, attention_mask.valid, bias)
+            # One document per row; padding keys are never kept and padding queries keep
+            # nothing (their rows are 0), without a dense mask.
+            doc_ids = attention_mask.padding.to(torch.int32) - 1
+        return _Resolved(attention_mask.pattern, attention_mask.window, attention_mask.valid,
+                         None, doc_ids)
     if attention_mask is None:
         # No mask: HF's sdpa path, is_causal (top-left, over the first Nq keys as sdpa's
         # flag is) for a prefill, none for one query.
@@ -105,6 +115,8 @@ def _spec(resolved: _Resolved, scaling: float | None, softcap: float | None, rop
         blocks.append(af.causal())
         if resolved.window is not None:
             blocks.append(af.sliding_window(resolved.window))
+    if resolved.doc_ids is not None:
+        blocks.append(af.document())
     if resolved.bias is not None:
         blocks.append(af.additive_bias())
     if rope is not None:
@@ -142,6 +154,8 @@ def run_attention(
     arguments: dict[str, torch.Tensor] = {}
     if resolved.bias is not None:
         arguments["bias"] = resolved.bias[..., :resolved.valid]
+    if resolved.doc_ids is not None:
+        arguments["doc_ids"] = resolved.doc_ids
     placement: object = "auto"
     rope_block = None
     if rope is not None:
@@ -150,23 +164,10 @@ def run_attention(
         if rope.k_positions is not None:
             arguments["k_positions"] = rope.k_positions
         else:
-            placement = KEY_GIVEN_PLACEMENT
-            if placement is None:
-                # This runtime has no "key already rotated" placement: rotate the new queries
-                # here (the cache holds rotated keys; nothing re-rotates them).
-                from attnfuse.integrations.transformers.rope import rotate
-
-                query = rotate(query, rope.q_positions, rope.block)
-                rope_block, placement = None, "auto"
-                del arguments["q_positions"]
+            placement = KEY_GIVEN  # the cache holds rotated keys: only q turns, in the kernel
     fn = compiled_variant(_spec(resolved, scaling, softcap, rope_block), placement)
     out = fn(query, key, value, **arguments)
     return out.transpose(1, 2).contiguous()
-
-
-KEY_GIVEN_PLACEMENT: object = None
-"""The `rope_placement` meaning "q rotated in-kernel, k given already rotated", where the
-runtime has one; None otherwise (the queries are then rotated before the call)."""
 
 
 def attnfuse_attention_forward(

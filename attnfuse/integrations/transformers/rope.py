@@ -5,20 +5,20 @@ pairs, `rotate_half`) before the cache update and the attention call. `fuse_rope
 attention module a replacement forward that hands the kernel the *unrotated* q (and, without a
 cache, the unrotated k) with HF's per-row `position_ids` `[B, N]` as `q_positions=` /
 `k_positions=`, so the rotation runs in registers. With a KV cache the new keys are rotated
-once, as they are written (`rotate`), and the kernel rotates only the new queries: no step
-rotates the cached keys again.
+once, as they are written (`rotate_keys`), and the kernel, compiled with
+`rope_placement=("auto", "given")`, rotates only the new queries: no step rotates the cached
+keys again.
 """
 
 from __future__ import annotations
 
-import math
 import types
 
 import torch
 
 import attnfuse as af
 from attnfuse.errors import AttnFuseError
-from attnfuse.integrations.transformers.attention import RopeCall, run_attention
+from attnfuse.integrations.transformers.attention import KEY_GIVEN, RopeCall, compiled_variant, run_attention
 from attnfuse.runtime.launch import rope_frequency
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -61,16 +61,11 @@ def _frequencies(block: af.rope, rotary_dim: int) -> torch.Tensor:
     return torch.tensor(freqs, dtype=torch.float64).to(torch.float32)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, block: af.rope) -> torch.Tensor:
-    """`x [B, H, N, D]` rotated by `block` at `positions [B, N]`, with AttnFuse's RoPE numerics
-    (docs/semantics.md: fp32 frequencies and angles, cos/sin in float64 rounded to fp32, pairs
-    `(x_t, x_{t+D/2})`); differentiable. Used for the keys written into a KV cache."""
-    half = x.shape[-1] // 2
-    freqs = _frequencies(block, x.shape[-1]).to(x.device)
-    angle = (positions.to(torch.float32)[:, None, :, None] * freqs).double()
-    cos, sin = angle.cos().to(torch.float32), angle.sin().to(torch.float32)
-    a, b = x[..., :half].float(), x[..., half:].float()
-    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1).to(x.dtype)
+def rotate_keys(key: torch.Tensor, positions: torch.Tensor, block: af.rope) -> torch.Tensor:
+    """`key [B, Hkv, N, D]` rotated by `block` at `positions [B, N]`, by AttnFuse's own
+    rotation kernel (`CompiledAttention.rotate_keys`: the numbers a fused rotation would use);
+    differentiable. What `fuse_rope` writes into a KV cache."""
+    return compiled_variant(af.attention(block), KEY_GIVEN).rotate_keys(key, positions)
 
 
 def _check_frequencies(model: torch.nn.Module, block: af.rope, head_dim: int) -> None:
@@ -109,7 +104,7 @@ def _fused_forward(
     block = self._attnfuse_rope
     if cache is not None:
         # Rotated once, here, as it is written; the kernel rotates only the new queries.
-        key = rotate(key, positions, block)
+        key = rotate_keys(key, positions, block)
         key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
         call = RopeCall(block, positions, None)
     else:

@@ -143,6 +143,7 @@ def test_logits_equal_eager_with_left_padding_and_gqa():
         unpadded = fused(ids[:1]).logits
     assert_logits_close(out, ref, keep=mask)
     assert_logits_close(unpadded, ref[:1])
+    assert any("document()" in repr(spec) for spec, _placement in hf_attention._compiled)
     # The padding is honoured: without it, the padded row's logits move far past the tolerance.
     with torch.no_grad():
         ignored = fused(ids).logits
@@ -275,14 +276,13 @@ def test_fuse_rope_generate_rotates_each_key_once(cache, monkeypatch):
     cache is never rotated again), and the cached keys are eager's rotated keys."""
     eager, fused = fused_rope_pair()
     rotated_lengths = []
-    original = hf_rope.rotate
+    original = hf_rope.rotate_keys
 
-    def counting(x, positions, block):
-        rotated_lengths.append(x.shape[2])
-        return original(x, positions, block)
+    def counting(key, positions, block):
+        rotated_lengths.append(key.shape[2])
+        return original(key, positions, block)
 
-    monkeypatch.setattr(hf_rope, "rotate", counting)
-    monkeypatch.setattr(af_hf, "rotate", counting)
+    monkeypatch.setattr(hf_rope, "rotate_keys", counting)
     ids, mask = batch(length=8)
     new = 3
     kwargs = dict(max_new_tokens=new, do_sample=False, pad_token_id=0, cache_implementation=cache,
@@ -290,7 +290,9 @@ def test_fuse_rope_generate_rotates_each_key_once(cache, monkeypatch):
     ref = eager.generate(ids, attention_mask=mask, **kwargs)
     out = fused.generate(ids, attention_mask=mask, **kwargs)
     assert torch.equal(out.sequences, ref.sequences)
-    assert rotated_lengths and set(rotated_lengths) <= {ids.shape[1], 1}
+    # One rotation per layer and step, of the prompt and then of each new key.
+    layers = TINY["num_hidden_layers"]
+    assert rotated_lengths == [ids.shape[1]] * layers + [1] * layers * (new - 1)
     ours, theirs = out.cache.layers[0], ref.cache.layers[0]
     written = ids.shape[1] + new - 1  # the last token is sampled, never written
     torch.testing.assert_close(ours.keys[:, :, :written], theirs.keys[:, :, :written], rtol=1e-5, atol=1e-5)
@@ -305,7 +307,7 @@ def test_rotate_matches_hf():
                                       rope_parameters={"rope_type": "default", "rope_theta": 100.0})
     cos, sin = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config)(x, positions)
     expected, _ = transformers.models.llama.modeling_llama.apply_rotary_pos_emb(x, x, cos, sin)
-    torch.testing.assert_close(af_hf.rotate(x, positions, block), expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(af_hf.rotate_keys(x, positions, block), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_fuse_rope_refusals():

@@ -93,9 +93,10 @@ def attnfuse_mask(
         return attention_mask  # made for this very step by generate's input preparation
     pattern = recognise_pattern(mask_function)
     if pattern is not None and not isinstance(q_offset, torch.Tensor):
-        # The last query sits at position q_offset + q_length - 1; the keys after it are
-        # unwritten cache slots (a static cache holds kv_length slots).
-        valid = q_offset + q_length - kv_offset
+        # Causal: the last query sits at position q_offset + q_length - 1; the keys after it
+        # are unwritten cache slots (a static cache holds kv_length slots). Full (an encoder,
+        # cross-attention): every key, unwritten ones being padding of the 2D mask.
+        valid = q_offset + q_length - kv_offset if pattern[0] == "causal" else kv_length
         if 0 < valid <= kv_length:
             padding = None
             if attention_mask is not None:

@@ -124,6 +124,9 @@ def test_padding_and_a_dense_mask_reach_the_kernel():
     assert torch.equal(described.padding, padding)
     assert af_hf.attnfuse_mask(2, 4, 4, attention_mask=torch.ones(2, 4, dtype=torch.bool)).padding is None
     # A static cache (tensor fill level): HF's dense mask, unwritten slots dropped.
+    # Bidirectional (an encoder; cross-attention has kv_length != q_length): every key.
+    full = af_hf.attnfuse_mask(2, 2, 4, mask_function=m.bidirectional_mask_function, attention_mask=padding)
+    assert (full.pattern, full.valid) == ("full", 4) and torch.equal(full.padding, padding)
     dense = af_hf.attnfuse_mask(2, 1, 6, q_offset=torch.tensor(4), attention_mask=padding)
     expected = m.sdpa_mask(2, 1, 6, q_offset=torch.tensor(4), attention_mask=padding,
                            allow_is_causal_skip=False)
@@ -296,6 +299,22 @@ def test_fuse_rope_generate_rotates_each_key_once(cache, monkeypatch):
     ours, theirs = out.cache.layers[0], ref.cache.layers[0]
     written = ids.shape[1] + new - 1  # the last token is sampled, never written
     torch.testing.assert_close(ours.keys[:, :, :written], theirs.keys[:, :, :written], rtol=1e-5, atol=1e-5)
+
+
+def test_fuse_rope_qwen2_with_full_and_sliding_layers():
+    """Qwen2 with layer_types (a sliding layer, then a full one), fused RoPE: logits of a
+    left-padded batch and greedy decoding."""
+    eager, fused = make_pair(transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+                             use_sliding_window=True, sliding_window=4,
+                             layer_types=["sliding_attention", "full_attention"])
+    af_hf.fuse_rope(fused)
+    ids, mask = batch()
+    with torch.no_grad():
+        assert_logits_close(fused(ids, attention_mask=mask).logits,
+                            eager(ids, attention_mask=mask).logits, keep=mask)
+    specs = [repr(spec) for spec, _placement in hf_attention._compiled]
+    assert any("sliding_window(window=4)" in spec and "rope(" in spec for spec in specs)
+    assert torch.equal(greedy(fused, ids, mask, new=3), greedy(eager, ids, mask, new=3))
 
 
 def test_rotate_matches_hf():

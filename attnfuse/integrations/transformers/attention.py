@@ -170,6 +170,14 @@ def run_attention(
     return out.transpose(1, 2).contiguous()
 
 
+def warn_no_attention_weights() -> None:
+    """What `output_attentions=True` gets: a warning (the weights come back as None)."""
+    warnings.warn(
+        "attnfuse attention does not return attention weights (output_attentions=True); "
+        "use attn_implementation='eager' for them", stacklevel=3,
+    )
+
+
 def attnfuse_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -187,10 +195,7 @@ def attnfuse_attention_forward(
     weights are never materialised: `output_attentions=True` warns and returns None for them,
     as HF's sdpa does."""
     if kwargs.get("output_attentions", False):
-        warnings.warn(
-            "attnfuse attention does not return attention weights (output_attentions=True); "
-            "use attn_implementation='eager' for them", stacklevel=2,
-        )
+        warn_no_attention_weights()
     out = run_attention(module, query, key, value, attention_mask, dropout=dropout,
                         scaling=scaling, is_causal=is_causal, sliding_window=sliding_window,
                         softcap=softcap)

@@ -18,7 +18,13 @@ import torch
 
 import attnfuse as af
 from attnfuse.errors import AttnFuseError
-from attnfuse.integrations.transformers.attention import KEY_GIVEN, RopeCall, compiled_variant, run_attention
+from attnfuse.integrations.transformers.attention import (
+    KEY_GIVEN,
+    RopeCall,
+    compiled_variant,
+    run_attention,
+    warn_no_attention_weights,
+)
 from attnfuse.runtime.launch import rope_frequency
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -92,6 +98,8 @@ def _fused_forward(
     """Llama's attention forward with RoPE in the kernel (`position_embeddings` unused)."""
     if cache is None:
         cache = kwargs.pop("past_key_values", None)
+    if kwargs.get("output_attentions", False):
+        warn_no_attention_weights()
     position_ids = kwargs.get("position_ids")
     if not isinstance(position_ids, torch.Tensor):
         raise AttnFuseError("fuse_rope: the attention was called without position_ids")

@@ -273,6 +273,19 @@ def test_given_query_is_an_error(bad):
         af.compile(af.attention(af.rope()), rope_placement=bad)
 
 
+def test_given_query_in_ir_is_an_error():
+    ir = """
+attn.variant @bad(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.0e+04 : f64, placement = #attn<placement given>} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}"""
+    with pytest.raises(af.AttnFuseError, match="placement given applies only to the key"):
+        af.compile(ir)
+
+
 @pytest.mark.parametrize("bad", [("auto", "givn"), ("q_fused", "given"), ("fused", None)], ids=repr)
 def test_bad_pair_is_an_error(bad):
     with pytest.raises(ArgumentError, match="rope_placement (query|key) must be"):

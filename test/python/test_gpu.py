@@ -500,3 +500,68 @@ def test_rotate_keys_on_gpu():
     ref_grad = rotate(grad.double(), -k_pos, spec.block(Rope))
     err = ((k.grad.double() - ref_grad).norm() / ref_grad.norm()).item()
     assert err <= 2**-8, f"gradient relative error {err:.2e}"
+
+
+# --------------------------------------------------------------------------------------------
+# Documents (packed sequences and padding) at real sizes
+# --------------------------------------------------------------------------------------------
+
+
+def packed_doc_ids(batch: int, n: int, seed: int = 0) -> torch.Tensor:
+    """`[B, N]` ids of packed documents of 1 to 700 keys (some shorter than a tile), batch 0
+    left-padded by 37 keys, the last batch right-padded by 100."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for b in range(batch):
+        row: list[int] = [-1] * (37 if b == 0 else 0)
+        doc = 0
+        while len(row) < n:
+            row += [doc] * int(torch.randint(1, 701, (), generator=gen))
+            doc += 1
+        row = row[:n]
+        if b == batch - 1:
+            row[-100:] = [-1] * 100
+        rows.append(row)
+    return torch.tensor(rows, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("d", [64, 128], ids=lambda d: f"d{d}")
+def test_documents_causal_2048(d, dtype):
+    q, k, v = make_qkv(2, 8, 8, nq=2048, nk=2048, d=d, dtype=dtype, device="cuda")
+    doc = packed_doc_ids(2, 2048)
+    spec = af.attention(af.document(), af.causal())
+    check_forward_on_gpu(spec, q, k, v, doc_ids=doc)
+    check_gradients(spec, q, k, v, doc_ids=doc)
+    fn = af.compile(spec)
+    out, lse = fn(q, k, v, doc_ids=doc, return_lse=True)
+    pad = doc < 0
+    assert torch.equal(out.transpose(1, 2)[pad], torch.zeros_like(out.transpose(1, 2)[pad]))
+    assert torch.isneginf(lse.transpose(1, 2)[pad]).all() and torch.isfinite(lse.transpose(1, 2)[~pad]).all()
+    # Tiles whose documents cannot meet are skipped: the forward visits every tile that keeps
+    # a pair (it may visit a few more: a tile's documents can meet outside the causal band)
+    # and fewer than causal alone would.
+    lists = fn._list_cache[False][2]
+    visited = (lists["full_count"] + lists["partial_count"])[:, 0].sum().item()
+    n = doc.shape[1]
+    block_m, block_n = n // lists["full_count"].shape[-1], n // lists["full_blocks"].shape[-1]
+    keep = (doc[:, :, None] == doc[:, None, :]) & (doc[:, None, :] >= 0)
+    keep &= torch.ones(n, n, dtype=torch.bool, device=doc.device).tril()
+    tiles = keep.view(2, n // block_m, block_m, n // block_n, block_n).any(4).any(2)
+    last_query = torch.arange(n // block_m) * block_m + block_m - 1
+    causal = 2 * int((last_query // block_n + 1).sum())  # key tiles causal alone visits
+    assert tiles.sum().item() <= visited < causal
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+def test_documents_rope_window_gqa_2048(dtype):
+    """Documents with RoPE at per-document positions, a window and GQA, forward and backward."""
+    q, k, v = make_qkv(2, 8, 2, nq=2048, nk=2048, d=128, dtype=dtype, device="cuda")
+    doc = packed_doc_ids(2, 2048, seed=1)
+    starts = torch.cat([torch.ones(2, 1, dtype=torch.bool, device="cuda"), doc[:, 1:] != doc[:, :-1]], 1)
+    index = torch.arange(2048, device="cuda").expand_as(doc)
+    positions = index - torch.cummax(torch.where(starts, index, 0), 1).values
+    spec = af.attention(af.rope(theta=500000.0), af.document(), af.sliding_window(512), af.causal())
+    data = {"doc_ids": doc, "q_positions": positions, "k_positions": positions}
+    check_forward_on_gpu(spec, q, k, v, **data)
+    check_gradients(spec, q, k, v, **data)

@@ -3,7 +3,7 @@
 Hypothesis draws whole attn programs as text: an optional rotation of q and k, `attn.scores`
 (maybe with a static scale), a chain of up to five score ops in any order and with repeats
 (`attn.alibi`, `attn.add_bias`, `attn.softcap`, `attn.mask` with causal / window / no
-predicates, at most one `attn.block_sparse`), dead branches (score ops whose result nothing
+predicates, at most one `attn.block_sparse` and one `attn.document`), dead branches (score ops whose result nothing
 reads, which the kernels must ignore) and a normalizer (softmax, relu or sigmoid). Each
 program is compiled with `af.compile(ir_text)`, run through the generated kernels (Triton's
 interpreter on the CPU) on small random tensors, and compared with
@@ -74,6 +74,8 @@ class ScoreOp:
             return f"{result} = attn.mask {operand} {self.param}"
         if self.kind == "block_sparse":
             return f"{result} = attn.block_sparse {operand}, %layout {{block_size = {self.param} : i64}}"
+        if self.kind == "document":
+            return f"{result} = attn.document {operand}, %doc_ids"
         raise AssertionError(self.kind)
 
 
@@ -103,6 +105,10 @@ class Program:
         return any(op.kind == "block_sparse" for op in self.ops())
 
     @property
+    def takes_doc_ids(self) -> bool:
+        return any(op.kind == "document" for op in self.ops())
+
+    @property
     def block_size(self) -> int | None:
         return next((int(op.param) for op in self.chain if op.kind == "block_sparse"), None)  # type: ignore[arg-type]
 
@@ -116,6 +122,8 @@ class Program:
             args.append("%bias : !attn.bias")
         if self.takes_layout:
             args.append("%layout : !attn.layout")
+        if self.takes_doc_ids:
+            args.append("%doc_ids : !attn.doc_ids")
         lines = []
         q, k = "%q", "%k"
         if self.rope is not None:
@@ -183,6 +191,7 @@ def score_ops(hq: int, kinds: list[str]) -> st.SearchStrategy[ScoreOp]:
         "softcap": CAP,
         "mask": mask_predicates(),
         "block_sparse": st.sampled_from(BLOCK_SIZES),
+        "document": st.none(),
     }
     return st.one_of(*(st.builds(ScoreOp, st.just(kind), makers[kind]) for kind in kinds))
 
@@ -191,17 +200,20 @@ def score_ops(hq: int, kinds: list[str]) -> st.SearchStrategy[ScoreOp]:
 def programs(draw, hq: int) -> Program:
     rope = draw(st.one_of(st.none(), st.tuples(st.sampled_from([None, 8]), st.booleans())))
     scale = draw(st.sampled_from([None, 0.3, 0.125]))
-    chain = draw(st.lists(score_ops(hq, ["alibi", "add_bias", "softcap", "mask", "block_sparse"]),
+    chain = draw(st.lists(score_ops(hq, ["alibi", "add_bias", "softcap", "mask", "block_sparse",
+                                         "document"]),
                           max_size=5))
-    # At most one block-sparse layout on the path: later ones become full masks.
-    seen_sparse = False
+    # At most one block-sparse layout and one document filter on the path: later ones become
+    # full masks.
+    seen: set[str] = set()
     fixed = []
     for op in chain:
-        if op.kind == "block_sparse":
-            if seen_sparse:
+        if op.kind in ("block_sparse", "document"):
+            if op.kind in seen:
                 op = ScoreOp("mask", "[]")
-            seen_sparse = True
+            seen.add(op.kind)
         fixed.append(op)
+    seen_sparse = "block_sparse" in seen
     chain = tuple(fixed)
     # Dead branches: ops whose results nothing on the path reads. A dead add_bias or
     # block_sparse only where the path reads the same call-time tensor (the cases draw data
@@ -212,6 +224,8 @@ def programs(draw, hq: int) -> Program:
         dead_kinds.append("add_bias")
     if seen_sparse:
         dead_kinds.append("block_sparse")
+    if "document" in seen:
+        dead_kinds.append("document")
     block_size = next((op.param for op in chain if op.kind == "block_sparse"), None)
     dead = draw(st.lists(
         st.tuples(st.integers(0, len(chain)),
@@ -297,6 +311,25 @@ def inputs_of(case: Case) -> tuple[torch.Tensor, ...]:
     return q, k, v, bias, layout
 
 
+def doc_ids_of(case: Case) -> torch.Tensor | None:
+    """Packed documents of random lengths (1 to 20 keys) with padding runs (id -1), shared
+    (`[Nk]`) or per sequence (`[B, Nk]`), when the program has a document filter."""
+    if not case.program.takes_doc_ids:
+        return None
+    gen = torch.Generator().manual_seed(case.seed + 3)
+    rows = []
+    for _ in range(case.b if case.seed % 2 else 1):
+        row: list[int] = []
+        doc = 0
+        while len(row) < case.nk:
+            length = int(torch.randint(1, 21, (), generator=gen))
+            padding = bool(torch.rand((), generator=gen) < 0.2)
+            row += [-1 if padding else doc] * length
+            doc += 1
+        rows.append(row[: case.nk])
+    return torch.tensor(rows if case.seed % 2 else rows[0])
+
+
 def lse_atol(case: Case, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Per-row lse tolerance `[B, Hq, Nq]`: 1e-3, plus for 16-bit inputs the score error of
     rounding each of the (rotated) q and k once to the input dtype, `2 eps scale |q_i|
@@ -363,7 +396,7 @@ def check_gradients(case: Case, fn: af.CompiledAttention, ir: str, q, k, v, bias
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     if bias is not None and case.bias_grad:
         bias = bias.detach().requires_grad_()
-    call = {"bias": bias, "block_layout": layout}
+    call = {"bias": bias, "block_layout": layout, "doc_ids": doc_ids_of(case)}
     gen = torch.Generator().manual_seed(case.seed + 2)
     grad_lse = None
     if case.lse_grad:
@@ -412,7 +445,7 @@ def run_case(case: Case) -> None:
     note(f"B={case.b} Hq={case.hq} Hkv={case.hkv} Nq={case.nq} Nk={case.nk} D={case.d} "
          f"{case.dtype} q_scale={case.q_scale} seed={case.seed} bias_shape={case.bias_shape}")
     q, k, v, bias, layout = inputs_of(case)
-    call = {"bias": bias, "block_layout": layout}
+    call = {"bias": bias, "block_layout": layout, "doc_ids": doc_ids_of(case)}
     fn = af.compile(ir)
     softmax = program.normalizer == "softmax"
     result = fn(q, k, v, return_lse=softmax, **call)
@@ -462,6 +495,12 @@ CAUSAL = ScoreOp("mask", "[#attn.causal]")
                    b=2, nq=40, nk=33, layout_density=0.5, backward=True))
 @example(case=Case(Program(chain=(ScoreOp("block_sparse", 16),), normalizer="sigmoid", sigmoid_bias=-1.0),
                    hq=2, hkv=1, nq=20, nk=48, dtype=torch.bfloat16, layout_per_head=True))
+# Documents with a block-sparse layout and causal, backward (both filters hold), per sequence ids.
+@example(case=Case(Program(chain=(ScoreOp("document"), ScoreOp("block_sparse", 16), CAUSAL)),
+                   b=2, nq=40, nk=40, seed=1, backward=True))
+# Documents with fewer keys than queries: queries before the first key have no document.
+@example(case=Case(Program(chain=(ScoreOp("add_bias"), ScoreOp("document")), normalizer="relu"),
+                   nq=30, nk=21, seed=2, backward=True, bias_grad=True))
 def test_compiled_program_matches_interpreter(case: Case) -> None:
     run_case(case)
 
@@ -476,6 +515,8 @@ DEAD_DATA_PROGRAMS = {
     # The only block_sparse is dead.
     "dead_block_sparse": (", %layout : !attn.layout",
                           "%dead = attn.block_sparse %s, %layout {block_size = 16 : i64}", "block_layout"),
+    # The only document filter is dead.
+    "dead_document": (", %doc_ids : !attn.doc_ids", "%dead = attn.document %s, %doc_ids", "doc_ids"),
     # A dead ALiBi with slopes for 3 heads, called with 2.
     "dead_alibi_wrong_heads": ("", "%dead = attn.alibi %s {slopes = [1.0 : f64, 2.0 : f64, 3.0 : f64]}", None),
 }
@@ -491,7 +532,8 @@ def test_dead_op_alone_reads_call_time_data(name):
           f"  %s = attn.scores %q, %k\n  {line}\n  %p = attn.softmax %s\n  %o = attn.pv %p, %v\n"
           f"  attn.yield %o\n}}\n")
     q, k, v = make_qkv(1, 2, 1, 20, 30, 16, seed=5)
-    data = {"bias": torch.randn(1, 2, 20, 30), "block_layout": torch.ones(2, 2, dtype=torch.bool)}
+    data = {"bias": torch.randn(1, 2, 20, 30), "block_layout": torch.ones(2, 2, dtype=torch.bool),
+            "doc_ids": torch.arange(30) // 7}
     fn = af.compile(ir)
     calls = [{}] if keyword is None else [{}, {keyword: data[keyword]}]
     outcomes = []

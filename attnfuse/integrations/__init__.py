@@ -1,0 +1,1 @@
+"""Integrations of AttnFuse with other libraries (each imports its library on use)."""

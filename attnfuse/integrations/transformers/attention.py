@@ -1,0 +1,202 @@
+"""The attention function registered with Hugging Face transformers under "attnfuse".
+
+HF calls `attention(module, query, key, value, attention_mask, dropout=, scaling=, ...)` with
+`query [B, Hq, Nq, D]` and `key`/`value [B, Hkv, Nk, D]` (after its cache update) and expects
+`[B, Nq, Hq, Dv]` back. The call is translated into one AttnFuse variant: the mask description
+(`masks.AttnFuseMask`) becomes `causal()` / `sliding_window(w)` over the written keys plus, for
+padding, `document()` (one document per row, padding ids negative); a mask only HF could
+make (`AttnFuseMask.dense`) an additive `-inf` bias; `scaling=` is `scaled_dot_product(scale)`; `softcap=` is
+`softcap(cap)`; GQA is passed as is (Hkv < Hq, no `repeat_kv`). Compiled variants are kept in
+a module-level cache keyed by the spec, so each variant compiles once per process and each
+shape once per variant (the `CompiledAttention`'s own plan cache).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+import attnfuse as af
+from attnfuse.errors import ArgumentError
+from attnfuse.integrations.transformers.masks import AttnFuseMask
+
+_compiled: dict[tuple, "af.CompiledAttention"] = {}
+
+KEY_GIVEN = ("auto", "given")
+"""The `rope_placement` of a call whose keys come from a KV cache, rotated when written: the
+kernel rotates the queries (where the Rotation Calculus says) and reads k as passed."""
+
+
+def compiled_variant(spec: af.AttentionSpec, rope_placement: object = "auto") -> "af.CompiledAttention":
+    """The `af.compile(spec, rope_placement=...)` object for a variant, made once per process."""
+    key = (spec, rope_placement)
+    fn = _compiled.get(key)
+    if fn is None:
+        fn = _compiled[key] = af.compile(spec, rope_placement=rope_placement)
+    return fn
+
+
+@dataclass(frozen=True)
+class RopeCall:
+    """RoPE inside the kernel (`fuse_rope`): the block, and the per-batch positions `[B, N]`
+    of the unrotated q and k. `k_positions=None` means the key passed is already rotated."""
+
+    block: af.rope
+    q_positions: torch.Tensor
+    k_positions: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """What a call attends to, once HF's mask and flags are read."""
+
+    pattern: str
+    window: int | None
+    valid: int
+    bias: torch.Tensor | None
+    doc_ids: torch.Tensor | None = None
+    """`[B, valid]` int32: 0 for a real token, -1 for padding (`af.document()`)."""
+
+
+def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where `keep`, -inf elsewhere: a dropped key (a row of them outputs 0, never NaN)."""
+    zero = torch.zeros((), dtype=dtype, device=keep.device)
+    return torch.where(keep, zero, torch.full((), float("-inf"), dtype=dtype, device=keep.device))
+
+
+def _resolve(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: object,
+    is_causal: bool | None,
+    sliding_window: int | None,
+) -> _Resolved:
+    seq_q, seq_k = query.shape[2], key.shape[2]
+    if isinstance(attention_mask, AttnFuseMask):
+        if attention_mask.kv_length != seq_k:
+            raise ArgumentError(
+                f"attention_mask describes {attention_mask.kv_length} keys, but key has {seq_k}"
+            )
+        if attention_mask.dense is not None:
+            return _Resolved("full", None, seq_k, _additive(attention_mask.dense, query.dtype))
+        doc_ids = None
+        if attention_mask.padding is not None:
+            # One document per row; padding keys are never kept and padding queries keep
+            # nothing (their rows are 0), without a dense mask.
+            doc_ids = attention_mask.padding.to(torch.int32) - 1
+        return _Resolved(attention_mask.pattern, attention_mask.window, attention_mask.valid,
+                         None, doc_ids)
+    if attention_mask is None:
+        # No mask: HF's sdpa path, is_causal (top-left, over the first Nq keys as sdpa's
+        # flag is) for a prefill, none for one query.
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        if causal and seq_q > 1:
+            return _Resolved("causal", sliding_window, min(seq_q, seq_k), None)
+        return _Resolved("full", None, seq_k, None)
+    if isinstance(attention_mask, torch.Tensor):
+        # A ready mask (a user's 4D mask, or one a model made itself): boolean = keep,
+        # floating = additive, as HF's sdpa reads them.
+        mask = attention_mask[..., :seq_k]
+        bias = _additive(mask, query.dtype) if mask.dtype == torch.bool else mask
+        return _Resolved("full", None, seq_k, bias)
+    raise ArgumentError(
+        f"attention_mask must be an AttnFuseMask, a tensor or None, got {type(attention_mask).__name__}"
+    )
+
+
+def _spec(resolved: _Resolved, scaling: float | None, softcap: float | None, rope: object) -> af.AttentionSpec:
+    blocks: list[object] = [af.scaled_dot_product(scaling)]
+    if softcap is not None:
+        blocks.append(af.softcap(softcap))
+    if resolved.pattern == "causal":
+        blocks.append(af.causal())
+        if resolved.window is not None:
+            blocks.append(af.sliding_window(resolved.window))
+    if resolved.doc_ids is not None:
+        blocks.append(af.document())
+    if resolved.bias is not None:
+        blocks.append(af.additive_bias())
+    if rope is not None:
+        blocks.append(rope)
+    return af.attention(*blocks)
+
+
+def run_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: object,
+    *,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    rope: RopeCall | None = None,
+) -> torch.Tensor:
+    """AttnFuse attention in HF's layout: returns `[B, Nq, Hq, Dv]`."""
+    if dropout and module.training:
+        raise ArgumentError(
+            f"attention dropout {dropout} in training: AttnFuse has no attention dropout; set "
+            "config.attention_dropout = 0.0 or use another attn_implementation"
+        )
+    resolved = _resolve(module, query, key, attention_mask, is_causal, sliding_window)
+    if resolved.valid < key.shape[2]:
+        # Unwritten static-cache slots (or sdpa's top-left causal): the kernel never sees them,
+        # and the queries align bottom-right with the last written key.
+        key, value = key[:, :, :resolved.valid], value[:, :, :resolved.valid]
+        if rope is not None and rope.k_positions is not None:
+            rope = RopeCall(rope.block, rope.q_positions, rope.k_positions[:, :resolved.valid])
+    arguments: dict[str, torch.Tensor] = {}
+    if resolved.bias is not None:
+        arguments["bias"] = resolved.bias[..., :resolved.valid]
+    if resolved.doc_ids is not None:
+        arguments["doc_ids"] = resolved.doc_ids
+    placement: object = "auto"
+    rope_block = None
+    if rope is not None:
+        rope_block = rope.block
+        arguments["q_positions"] = rope.q_positions
+        if rope.k_positions is not None:
+            arguments["k_positions"] = rope.k_positions
+        else:
+            placement = KEY_GIVEN  # the cache holds rotated keys: only q turns, in the kernel
+    fn = compiled_variant(_spec(resolved, scaling, softcap, rope_block), placement)
+    out = fn(query, key, value, **arguments)
+    return out.transpose(1, 2).contiguous()
+
+
+def warn_no_attention_weights() -> None:
+    """What `output_attentions=True` gets: a warning (the weights come back as None)."""
+    warnings.warn(
+        "attnfuse attention does not return attention weights (output_attentions=True); "
+        "use attn_implementation='eager' for them", stacklevel=3,
+    )
+
+
+def attnfuse_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: object,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """HF's attention-interface signature (see `integrations/sdpa_attention.py`). Attention
+    weights are never materialised: `output_attentions=True` warns and returns None for them,
+    as HF's sdpa does."""
+    if kwargs.get("output_attentions", False):
+        warn_no_attention_weights()
+    out = run_attention(module, query, key, value, attention_mask, dropout=dropout,
+                        scaling=scaling, is_causal=is_causal, sliding_window=sliding_window,
+                        softcap=softcap)
+    return out, None

@@ -1,0 +1,118 @@
+"""The mask function registered with Hugging Face transformers under "attnfuse".
+
+HF's model code calls `create_causal_mask` / `create_sliding_window_causal_mask` once per
+forward, which hand the call's sizes and the pattern to the mask function registered for the
+model's attention implementation. Instead of a dense `[B, 1, Nq, Nk]` mask, ours returns an
+`AttnFuseMask`: the pattern as AttnFuse blocks (causal, sliding window, full), the number of
+keys the queries may see (`valid`, which is shorter than the key tensor for a static cache),
+and the padding of the 2D `attention_mask`. A pattern it does not recognise (a model's own
+`or_mask_function`, packed sequences, a static cache whose fill level is only on the device)
+becomes a dense mask made by HF's own `sdpa_mask`, so nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import masking_utils as hf_masks
+
+_AND_MASK_CODE = hf_masks.and_masks(hf_masks.causal_mask_function).__code__
+_SLIDING_OVERLAY_CODE = hf_masks.sliding_window_overlay(1).__code__
+
+
+@dataclass(frozen=True, eq=False)
+class AttnFuseMask:
+    """What one attention call must honour, as HF's masking code described it.
+
+    - `pattern`: "causal" or "full"; `window`: the sliding window (with "causal") or None.
+      Both are AttnFuse blocks, aligned bottom-right over the first `valid` keys.
+    - `kv_length`: the number of keys HF's attention receives (the key tensor's length).
+    - `valid`: how many of those keys are written; the last query sits at key `valid - 1`.
+      Smaller than `kv_length` only for static caches; the attention slices k and v to it.
+    - `padding`: a bool `[B, valid]` tensor, False at padding keys, or None without padding.
+    - `dense`: for a pattern AttnFuse cannot say as blocks, HF's bool `[B, 1, Nq, kv_length]`
+      mask (True = attend); `pattern` is then "full" and `padding` None.
+    """
+
+    pattern: str
+    window: int | None
+    kv_length: int
+    valid: int
+    padding: torch.Tensor | None = None
+    dense: torch.Tensor | None = None
+
+    ndim = 4
+    """HF's mask preprocessing asks a given mask for `ndim` (2 = a padding mask to expand);
+    this one is prepared. `generate` with a static cache makes the mask before the forward and
+    passes it in as `attention_mask`; `attnfuse_mask` then returns it unchanged."""
+
+
+def recognise_pattern(mask_function: object) -> tuple[str, int | None] | None:
+    """`(pattern, window)` for HF's causal, sliding-window-causal and bidirectional mask
+    functions; None for any other (composed with or/and masks, packed, chunked, custom)."""
+    if mask_function is hf_masks.causal_mask_function:
+        return "causal", None
+    if mask_function is hf_masks.bidirectional_mask_function:
+        return "full", None
+    parts = _closure(mask_function, _AND_MASK_CODE).get("mask_functions")
+    if parts is not None and len(parts) == 2 and parts[1] is hf_masks.causal_mask_function:
+        window = _closure(parts[0], _SLIDING_OVERLAY_CODE).get("sliding_window")
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+            return "causal", window
+    return None
+
+
+def _closure(function: object, code: object) -> dict[str, object]:
+    """The free variables of `function` if it was made from `code`, else {}."""
+    if getattr(function, "__code__", None) is not code or function.__closure__ is None:
+        return {}
+    return dict(zip(code.co_freevars, (cell.cell_contents for cell in function.__closure__)))
+
+
+def _is_tracing() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def attnfuse_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | torch.Tensor = 0,
+    kv_offset: int = 0,
+    mask_function: object = hf_masks.causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
+    **kwargs: object,
+) -> AttnFuseMask:
+    """HF's mask-interface signature (see `masking_utils.sdpa_mask`). Query `i` sits at
+    position `q_offset + i`, key `j` at `kv_offset + j`; `attention_mask` is the 2D padding
+    mask over positions (shorter than `kv_offset + kv_length` for a static cache: the rest is
+    unwritten)."""
+    if isinstance(attention_mask, AttnFuseMask):
+        return attention_mask  # made for this very step by generate's input preparation
+    pattern = recognise_pattern(mask_function)
+    if pattern is not None and not isinstance(q_offset, torch.Tensor):
+        # Causal: the last query sits at position q_offset + q_length - 1; the keys after it
+        # are unwritten cache slots (a static cache holds kv_length slots). Full (an encoder,
+        # cross-attention): every key, unwritten ones being padding of the 2D mask.
+        valid = q_offset + q_length - kv_offset if pattern[0] == "causal" else kv_length
+        if 0 < valid <= kv_length:
+            padding = None
+            if attention_mask is not None:
+                padding = hf_masks.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+                padding = padding[:, kv_offset:kv_offset + valid].to(device=device, dtype=torch.bool)
+                # One host read per mask (HF's sdpa_mask makes the same one) saves every
+                # layer a bias when there is no padding; under torch.compile keep the bias.
+                if not _is_tracing() and bool(padding.all()):
+                    padding = None
+            return AttnFuseMask(pattern[0], pattern[1], kv_length, valid, padding)
+    # A static cache's fill level (q_offset) is a device tensor: reading it would sync, so the
+    # pattern, padding and unwritten slots are materialised by HF's own mask maker.
+    dense = hf_masks.sdpa_mask(
+        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+        kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+        allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
+        use_vmap=bool(kwargs.get("use_vmap", False)), device=device,
+    )
+    return AttnFuseMask("full", None, kv_length, kv_length, None, dense)

@@ -10,7 +10,6 @@ Needs `transformers>=5` (the `hf` extra).
 
 from __future__ import annotations
 
-import attnfuse.runtime  # noqa: F401  (picks Triton's mode before transformers can import Triton)
 from attnfuse.integrations.transformers.attention import attnfuse_attention_forward
 from attnfuse.integrations.transformers.masks import AttnFuseMask, attnfuse_mask
 from attnfuse.integrations.transformers.rope import fuse_rope, rotate_keys

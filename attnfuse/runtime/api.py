@@ -416,6 +416,15 @@ class CompiledAttention:
             out, lse = self.forward(plan, data, q, k, v)
         return (out, lse) if return_lse else out
 
+    def operator_key(self, explicit_positions: tuple[bool, bool] = (False, False)) -> str:
+        """The key under which traced graphs run this variant (`torch_op.call`), for a call
+        that passes query / key positions as `explicit_positions` says."""
+        key = self._operator_keys.get(explicit_positions)
+        if key is None:
+            name = "q_positions" if explicit_positions[0] else "k_positions"
+            raise ArgumentError(f"{name}= given, but {self.program!r} has no rope() that takes it")
+        return key
+
     def _call_operator(self, q, k, v, return_lse, bias, data, q_positions, k_positions):
         """A traced call: through `torch.ops.attnfuse.attention`, whose autograd runs
         `attention_backward` (torch_op.py); the operators run the eager path underneath."""

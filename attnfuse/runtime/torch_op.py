@@ -190,6 +190,27 @@ def _backward(ctx, grad_out, grad_lse):
 attention.register_autograd(_backward, setup_context=_setup_context)
 
 
+def call(
+    key: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    return_lse: bool = False,
+    bias: Tensor | None = None,
+    q_positions: Tensor | None = None,
+    k_positions: Tensor | None = None,
+    **data: Tensor | None,
+):
+    """A call of the variant registered under `key` (`CompiledAttention.operator_key`) through
+    the operators, with the keywords of `CompiledAttention.__call__`: what code that picks its
+    variant per call (an integration) uses under tracing, where it cannot reach the variant
+    object itself."""
+    out, lse = torch.ops.attnfuse.attention(key, q, k, v, bias, data_list(data), q_positions,
+                                             k_positions, return_lse)
+    return (out, lse) if return_lse else out
+
+
 def traced(*tensors: object) -> bool:
     """Whether this call is being traced (torch.compile, torch.export, or a tracer such as
     make_fx, which hands the call fake or functional tensors) rather than run eagerly: such a

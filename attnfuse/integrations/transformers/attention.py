@@ -20,6 +20,7 @@ import torch
 
 import attnfuse as af
 from attnfuse.errors import ArgumentError
+from attnfuse.runtime import torch_op
 from attnfuse.integrations.transformers.masks import AttnFuseMask
 
 _compiled: dict[tuple, "af.CompiledAttention"] = {}
@@ -36,6 +37,47 @@ def compiled_variant(spec: af.AttentionSpec, rope_placement: object = "auto") ->
     if fn is None:
         fn = _compiled[key] = af.compile(spec, rope_placement=rope_placement)
     return fn
+
+
+Signature = tuple
+"""A variant as plain Python constants: `(pattern, window, scaling, softcap, document, bias,
+rope, placement)`, `rope` being `(theta, rotary_dim, interleaved, llama3 parameters or None)`
+or None. What a traced call can hand out of the graph (`_operator_key`)."""
+
+_by_signature: dict[Signature, "af.CompiledAttention"] = {}
+
+
+def variant_of(signature: Signature) -> "af.CompiledAttention":
+    """The compiled variant of a signature, made once per process (a dict lookup per call)."""
+    fn = _by_signature.get(signature)
+    if fn is None:
+        pattern, window, scaling, softcap, document, bias, rope, placement = signature
+        rope_block = None
+        if rope is not None:
+            theta, rotary_dim, interleaved, llama3 = rope
+            rope_block = af.rope(theta, rotary_dim, interleaved,
+                                 None if llama3 is None else af.llama3_scaling(*llama3))
+        fn = _by_signature[signature] = compiled_variant(
+            _spec(pattern, window, document, bias, scaling, softcap, rope_block), placement)
+    return fn
+
+
+@torch._dynamo.assume_constant_result
+def _operator_key(signature: Signature, explicit: tuple[bool, bool]) -> str:
+    """The `torch.ops.attnfuse` key of a signature's variant. Run by Dynamo at trace time and
+    its result kept as a constant: building and compiling a variant is xDSL code, which the
+    tracer must not step into."""
+    return variant_of(signature).operator_key(explicit)
+
+
+def _rope_signature(block: object) -> tuple | None:
+    if block is None:
+        return None
+    llama3 = block.scaling
+    if llama3 is not None:
+        llama3 = (llama3.factor, llama3.low_freq_factor, llama3.high_freq_factor,
+                  llama3.original_max_position)
+    return (block.theta, block.rotary_dim, block.interleaved, llama3)
 
 
 @dataclass(frozen=True)
@@ -107,17 +149,20 @@ def _resolve(
     )
 
 
-def _spec(resolved: _Resolved, scaling: float | None, softcap: float | None, rope: object) -> af.AttentionSpec:
+def _spec(pattern: str, window: int | None, document: bool, bias: bool, scaling: float | None,
+          softcap: float | None, rope: object) -> af.AttentionSpec:
+    """The variant of a call: its mask pattern and window, whether padding comes as documents
+    or a dense mask as a bias, HF's scaling and soft-cap, and RoPE when fused."""
     blocks: list[object] = [af.scaled_dot_product(scaling)]
     if softcap is not None:
         blocks.append(af.softcap(softcap))
-    if resolved.pattern == "causal":
+    if pattern == "causal":
         blocks.append(af.causal())
-        if resolved.window is not None:
-            blocks.append(af.sliding_window(resolved.window))
-    if resolved.doc_ids is not None:
+        if window is not None:
+            blocks.append(af.sliding_window(window))
+    if document:
         blocks.append(af.document())
-    if resolved.bias is not None:
+    if bias:
         blocks.append(af.additive_bias())
     if rope is not None:
         blocks.append(rope)
@@ -165,8 +210,13 @@ def run_attention(
             arguments["k_positions"] = rope.k_positions
         else:
             placement = KEY_GIVEN  # the cache holds rotated keys: only q turns, in the kernel
-    fn = compiled_variant(_spec(resolved, scaling, softcap, rope_block), placement)
-    out = fn(query, key, value, **arguments)
+    signature = (resolved.pattern, resolved.window, scaling, softcap, resolved.doc_ids is not None,
+                 resolved.bias is not None, _rope_signature(rope_block), placement)
+    if torch.compiler.is_compiling():
+        explicit = ("q_positions" in arguments, "k_positions" in arguments)
+        out = torch_op.call(_operator_key(signature, explicit), query, key, value, **arguments)
+    else:
+        out = variant_of(signature)(query, key, value, **arguments)
     return out.transpose(1, 2).contiguous()
 
 

@@ -1,0 +1,66 @@
+"""The register()-patched tiny Llama inside torch.compile(fullgraph=True) and torch.export,
+forward and backward, against the same model with HF's eager attention (the issue's "done
+when": fullgraph compile and export of the patched model).
+
+Without padding (`attention_mask=None`) and with a left-padded batch (the padding reaches the
+kernel as `af.document()` ids); `aot_eager` runs Dynamo, fake tensors and AOTAutograd (what
+sees the operators) without Inductor's slow C++ compile on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_transformers import assert_logits_close, batch, llama_pair  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Logits(torch.nn.Module):
+    """The model's logits as a plain function of the ids and mask (what compile and export
+    take)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left_padded"])
+def test_patched_llama_compiles_fullgraph_forward_and_backward(padded):
+    eager, fused = llama_pair()
+    ids, mask = batch(length=10, pad=3 if padded else 0)
+    compiled = torch.compile(Logits(fused), fullgraph=True, backend="aot_eager")
+    fused.train(), eager.train()  # dropout is 0 in these configs: train mode only records grads
+    logits = compiled(ids, mask)
+    reference = eager(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    assert_logits_close(logits.detach(), reference.detach(), keep=mask)
+    weight = torch.randn_like(reference) * mask[..., None]
+    (logits * weight).sum().backward()
+    (reference * weight).sum().backward()
+    for (name, p_fused), p_eager in zip(fused.named_parameters(), eager.parameters()):
+        scale = p_eager.grad.abs().max().item()
+        torch.testing.assert_close(p_fused.grad, p_eager.grad, rtol=1e-4, atol=1e-5 * scale,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_patched_llama_exports():
+    eager, fused = llama_pair()
+    ids, mask = batch(length=10, pad=3)
+    exported = torch.export.export(Logits(fused), (ids, mask))
+    targets = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    assert "attnfuse.attention.default" in targets
+    reference = eager(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    assert_logits_close(exported.module()(ids, mask).detach(), reference.detach(), keep=mask)

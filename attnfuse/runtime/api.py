@@ -26,6 +26,7 @@ from attnfuse.runtime.config import (
     rope_placement,
 )
 from attnfuse.runtime.inputs import Problem, check_inputs
+from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.key_rotation import rotate_keys
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
@@ -202,7 +203,7 @@ class CompiledAttention:
         """The compile key and compiled program of a call: `compile_key`, or for a call that
         autograd records, `training_key`."""
         key = self.compile_key(problem, explicit_positions)
-        interpret = problem.device.type != "cuda"
+        interpret = runs_interpreted(problem.device)
         compiled = compile_program(self.program, key, interpret)
         if training:
             training_key = self.training_key(key, compiled)
@@ -230,7 +231,7 @@ class CompiledAttention:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         problem = Problem(1, 1, 1, 1, 1, 64, 64, torch.float16, device)
         key = self.compile_key(problem, self.program.default_positions)
-        program, _path, _key = generate_program(self.program, key, device.type != "cuda")
+        program, _path, _key = generate_program(self.program, key, runs_interpreted(device))
         return program.source
 
     def tile_ir(

@@ -17,10 +17,12 @@ behaves as Triton wrote it (it raises): GPU compilation never calls it.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 
-from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.errors import InterpreterError
+from triton.runtime.interpreter import InterpretedFunction, _patch_lang
 from triton.runtime.jit import JITFunction
 
 _state = threading.local()
@@ -36,7 +38,17 @@ def _call_through_interpreter(self: JITFunction, *args, **kwargs):
     if twin is None:
         twin = InterpretedFunction(self.fn)
         self.__dict__["_attnfuse_interpreted"] = twin
-    return twin(*args, **kwargs)
+    # What `InterpretedFunction.__call__` does, except that the builtins it patches for the
+    # helper (`tl.core`'s, for `triton.language.standard`'s helpers) are restored afterwards:
+    # Triton leaves them patched, harmless when everything is interpreted, but here a later
+    # GPU compile in the same process would meet the interpreter's stand-ins.
+    scope = _patch_lang(twin.fn)
+    try:
+        return twin.rewrite()(*args, **kwargs)
+    except Exception as err:
+        raise InterpreterError(repr(err)) from err
+    finally:
+        scope.restore()
 
 
 def _install() -> None:
@@ -54,6 +66,14 @@ def interpreting() -> Iterator[None]:
         yield
     finally:
         _state.depth -= 1
+
+
+def runs_interpreted(device: object) -> bool:
+    """Whether kernels for tensors on `device` run on the interpreter: off the GPU always, and
+    on it too when the user asked for the interpreter (`TRITON_INTERPRET=1`), as Triton
+    itself then runs every kernel (`triton.language`'s helpers are interpreted ones then,
+    which a GPU compile could not call)."""
+    return getattr(device, "type", device) != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def is_interpreted(kernel: object) -> bool:

@@ -28,6 +28,7 @@ from attnfuse.runtime.call_data import position_extent, positions_view
 from attnfuse.runtime.compiler import CompileKey, compile_program
 from attnfuse.runtime.config import choose_tile_config
 from attnfuse.runtime.inputs import MAX_HEAD_DIM, Problem, check_tensor
+from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.launch import KernelLaunch, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
 from attnfuse.runtime.program import VariantProgram
@@ -58,7 +59,7 @@ def rotation_launch(rope: RopeKey, problem: Problem) -> KernelLaunch:
     config = choose_tile_config(problem)
     key = CompileKey(problem.head_dim, problem.head_dim, problem.element_type, config,
                      ("fused", "pre_rotated"), (False, True))
-    compiled = compile_program(rotation_program(rope), key, problem.device.type != "cuda")
+    compiled = compile_program(rotation_program(rope), key, runs_interpreted(problem.device))
     (launch,) = (launch for launch in prepare(compiled, problem, 1.0)
                  if launch.info.name == "rotate_key")
     launch.check_grid()

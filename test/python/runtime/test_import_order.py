@@ -49,3 +49,30 @@ def test_cpu_call_works_whatever_was_imported_first(first, attnfuse_cache_dir):
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ok"), result.stdout
+
+
+def test_interpreted_calls_leave_triton_language_as_it_was(attnfuse_cache_dir):
+    """`triton.language` imported in GPU mode, then a CPU call: the interpreter's stand-ins
+    for Triton's builtins must not stay in `tl` or `tl.core` (a later GPU compile in the same
+    process would meet them)."""
+    script = """
+import triton.language as tl
+snapshot = {m: dict(vars(m)) for m in (tl, tl.core, tl.math)}
+import torch, attnfuse as af
+q = torch.randn(1, 2, 16, 16)
+spec = af.attention(af.causal(), af.softcap(3.0), af.sigmoid())
+out = spec(q, q, q)
+ref = af.reference_attention(spec, q.double(), q.double(), q.double())
+assert (out.double() - ref).abs().max().item() < 1e-4
+changed = [f"{m.__name__}.{n}" for m, names in snapshot.items() for n, v in names.items()
+           if vars(m).get(n) is not v]
+assert not changed, changed
+print("ok")
+"""
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env["ATTNFUSE_CACHE_DIR"] = attnfuse_cache_dir
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ok"), result.stdout

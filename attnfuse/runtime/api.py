@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from attnfuse.runtime.config import (
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
+from attnfuse.runtime.layout_lists import LayoutLists
 from attnfuse.runtime.program import Canonical, VariantProgram, as_program
 
 
@@ -41,6 +43,8 @@ class CallPlan:
     config: TileConfig | None
     schedules: dict[tuple[str, ...], tuple[KernelLaunch, ...]] = field(default_factory=dict)
     """The launches `CompiledAttention._run` makes for a set of kernels, worked out once."""
+    layouts: LayoutLists = field(default_factory=LayoutLists, compare=False)
+    """The block lists of the block-sparse layouts this plan's calls passed, per layout."""
 
     def reads(self, role: str) -> bool:
         """Whether any kernel of the plan takes a tensor of `role` (the compiled program, not
@@ -90,7 +94,6 @@ class CompiledAttention:
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
-        self._sparse_cache: dict[bool, tuple[torch.Tensor, tuple, dict[str, torch.Tensor]]] = {}
 
     def __repr__(self) -> str:
         return f"CompiledAttention({self.program!r})"
@@ -251,29 +254,30 @@ class CompiledAttention:
         return rope_table(theta, rotary_dim or problem.head_dim, scaling, problem.device, length)
 
     def _layout_lists(
-        self, layout: torch.Tensor, block_size: int, plan: CallPlan, backward: bool
+        self,
+        layout: torch.Tensor,
+        block_size: int,
+        plan: CallPlan,
+        backward: bool,
+        check: Callable[[], object] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The block lists the forward (or the backward) kernels read, cached per layout."""
-        # Layouts are usually reused across calls (every layer of a model): keep the lists of
-        # the last layout seen. Reuse them only for that very tensor object, unmodified since
-        # (its in-place version counter unchanged): another tensor may share its storage or,
-        # once it is freed, its address.
-        key = (layout._version, plan.problem, plan.config)
-        cached = self._sparse_cache.get(backward)
-        if cached is not None and cached[0] is layout and cached[1] == key:
-            return cached[2]
+        """The block lists the forward (or the backward) kernels read for the user's `layout`,
+        built once per layout object and state and plan (`LayoutLists`). A layout the plan has
+        not seen in its current state is checked first by `check()` (its op's `bind`)."""
         assert plan.config is not None
-        band = self.variant.band
-        if backward:
-            bm, bn, _warps, _stages = plan.config.backward()
-            lists = sparse_block_lists(layout, block_size, band, plan.problem, bm, bn)
-            kv_bm, kv_bn, _warps, _stages = plan.config.dkdv()
-            lists |= transposed_block_lists(layout, block_size, band, plan.problem, kv_bm, kv_bn)
-        else:
-            lists = sparse_block_lists(layout, block_size, band, plan.problem,
-                                       plan.config.block_m, plan.config.block_n)
-        self._sparse_cache[backward] = (layout, key, lists)
-        return lists
+        config = plan.config
+
+        def build() -> dict[str, torch.Tensor]:
+            blocks = layout if layout.dim() == 3 else layout[None]  # [Hq or 1, rows, cols]
+            band = self.variant.band
+            if backward:
+                bm, bn, _warps, _stages = config.backward()
+                lists = sparse_block_lists(blocks, block_size, band, plan.problem, bm, bn)
+                kv_bm, kv_bn, _warps, _stages = config.dkdv()
+                return lists | transposed_block_lists(blocks, block_size, band, plan.problem, kv_bm, kv_bn)
+            return sparse_block_lists(blocks, block_size, band, plan.problem, config.block_m, config.block_n)
+
+        return plan.layouts.get(layout, backward, build, check)
 
     def call_tensors(
         self,
@@ -321,14 +325,21 @@ class CompiledAttention:
                 continue  # made from the program: a plan constant
             if binding.role is not None and binding.role in tensors:
                 continue  # two ops reading one tensor (two add_bias of one bias): bound once
+            if binding.use.kind == "block_layout":
+                # The user's tensor itself: the backward finds the lists by it. A layout the
+                # plan knows, unchanged, is not checked again (`_layout_lists`).
+                layout = arguments.get("block_layout")
+                block_size = variant.block_size
+                if plan.config is None or block_size is None:
+                    binding.bind(problem, arguments)  # checked; an empty problem reads no lists
+                else:
+                    tensors |= self._layout_lists(layout, block_size, plan, False,
+                                                  lambda binding=binding: binding.bind(problem, arguments))
+                tensors["block_layout"] = layout
+                continue
             value = binding.bind(problem, arguments)
             if binding.role is not None:
                 tensors[binding.role] = value
-            elif binding.use.kind == "block_layout":
-                tensors["block_layout"] = value
-                block_size = variant.block_size
-                if plan.config is not None and block_size is not None:
-                    tensors |= self._layout_lists(value, block_size, plan, backward=False)
         return tensors
 
     # -- run ---------------------------------------------------------------------------------
@@ -498,6 +509,8 @@ class _AttentionFunction(torch.autograd.Function):
         rotated: dict[str, torch.Tensor] = {}
         out, lse = fn.forward(plan, data, q, k, v, rotated)
         ctx.fn, ctx.plan, ctx.data = fn, plan, data
+        layout = data.get("block_layout")
+        ctx.layout_version = None if layout is None else layout._version
         # A rotated copy replaces its operand where the backward reads the copy; otherwise
         # the backward gets the operand (and rotates it itself if it must).
         ctx.saved_roles = tuple(
@@ -518,6 +531,14 @@ class _AttentionFunction(torch.autograd.Function):
         fn: CompiledAttention = ctx.fn
         bias_grad = ctx.needs_input_grad[6]
         saved = ctx.saved_tensors  # unpacked once: each access unpacks them all again
+        layout = ctx.data.get("block_layout")
+        if layout is not None and layout._version != ctx.layout_version:
+            # As autograd refuses a saved tensor changed in place: the backward's block lists
+            # would follow the new layout, not the one the forward used.
+            raise ArgumentError(
+                "block_layout was modified in place between the forward and the backward; "
+                "the backward needs the forward's layout (pass a copy, or change it after "
+                "the backward)")
         if grad_out is None:
             grad_out = torch.zeros_like(saved[3])
         dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, saved, grad_out, grad_lse, bias_grad,

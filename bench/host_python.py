@@ -221,6 +221,7 @@ def main() -> None:
     parser.add_argument("--launch", choices=("stub", "direct"), default="direct")
     parser.add_argument("--profile", action="store_true", help="cProfile's top entries of each case")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # host work is single-threaded; other threads only add jitter
     print(f"torch {torch.__version__}, launches: {args.launch}, {args.steps} calls per measurement")
     for name in args.cases.split(","):
         run_case(name, args.steps, args.launch, args.profile)

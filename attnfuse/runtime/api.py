@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from collections.abc import Callable
 from typing import Any
 
@@ -41,28 +42,42 @@ class CallPlan:
     constants: dict[str, torch.Tensor]
     """Tensors that depend only on the shape: rotary frequencies, ALiBi slopes."""
     config: TileConfig | None
-    schedules: dict[tuple[str, ...], tuple[KernelLaunch, ...]] = field(default_factory=dict)
-    """The launches `CompiledAttention._run` makes for a set of kernels, worked out once."""
+    schedules: dict[tuple, tuple[tuple[KernelLaunch, str | None], ...]] = field(default_factory=dict)
+    """The launches `CompiledAttention._run` makes for a set of kernels (and the rotated
+    copies each writes), worked out once."""
     layouts: LayoutLists = field(default_factory=LayoutLists, compare=False)
     """The block lists of the block-sparse layouts this plan's calls passed, per layout."""
 
     def reads(self, role: str) -> bool:
         """Whether any kernel of the plan takes a tensor of `role` (the compiled program, not
         the spec, says which buffers a call must provide)."""
-        return any(role in launch.info.roles for launch in self.launches)
+        return role in self._roles
 
     def backward_reads(self, role: str) -> bool:
         """Whether a backward kernel of the plan takes a tensor of `role`."""
-        return any(role in launch.info.roles for launch in self.launches
-                   if launch.info.name.startswith(BACKWARD_KERNEL_PREFIX))
+        return role in self._backward_roles
+
+    # Asked on every call: worked out once per plan.
+    @cached_property
+    def _roles(self) -> frozenset[str]:
+        return frozenset(role for launch in self.launches for role in launch.info.roles)
+
+    @cached_property
+    def _backward_roles(self) -> frozenset[str]:
+        return frozenset(role for launch in self.launches
+                         if launch.info.name.startswith(BACKWARD_KERNEL_PREFIX)
+                         for role in launch.info.roles)
 
 
 def records_autograd(*inputs: object) -> bool:
     """Whether autograd records a call with these inputs: grad mode is on and one of them is a
     tensor that requires a gradient."""
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
-    )
+    if not torch.is_grad_enabled():
+        return False
+    for t in inputs:  # a loop, not any(genexpr): asked on every call
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
 
 
 MAX_ROPE_POSITION = 2**24
@@ -410,30 +425,40 @@ class CompiledAttention:
     def _run(self, plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]) -> None:
         """Launches the plan's kernels named in `kernels`, in program order, preceded by the
         rotation kernels whose output (`q_rot`, `k_rot`) they read and `tensors` lacks."""
-        given = tuple(role for role in ROTATION_KERNELS.values() if role in tensors)
-        schedule = plan.schedules.get((*kernels, *given))
+        key = (kernels, "q_rot" in tensors, "k_rot" in tensors)
+        schedule = plan.schedules.get(key)
         if schedule is None:
-            roles = {role for launch in plan.launches if launch.info.name in kernels
-                     for role in launch.info.roles}
-            wanted = set(kernels) | {name for name, role in ROTATION_KERNELS.items()
-                                     if role in roles and role not in given}
-            schedule = tuple(launch for launch in plan.launches if launch.info.name in wanted)
-            for launch in schedule:  # once per plan and kernel set, not per launch
-                launch.check_grid()
-            plan.schedules[(*kernels, *given)] = schedule
-        for launch in schedule:
-            name = launch.info.name
-            if name in ROTATION_KERNELS:
+            schedule = plan.schedules[key] = self._schedule(plan, tensors, kernels)
+        for launch, rotated in schedule:
+            if rotated is not None:
                 # A pre-rotation kernel writes the rotated copy the attention kernels read.
-                source = tensors[ROTATION_KERNELS[name][0]]
+                source = tensors[rotated[0]]
                 # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding
                 # (triton-lang/triton#11584): keep its bf16 copies in fp32; GPUs round.
                 dtype = torch.float32 if source.dtype == torch.bfloat16 and source.device.type != "cuda" else None
                 # In the operand's memory order: a model's q is a [B, N, H, D] projection, and
                 # the output gradient comes back in that order too (the model's head merge),
                 # so the dK/dV kernel can share their offsets (SHARED_OFFSETS).
-                tensors[ROTATION_KERNELS[name]] = empty_in_layout_of(source, dtype or source.dtype)
+                tensors[rotated] = empty_in_layout_of(source, dtype or source.dtype)
             launch(tensors)
+
+    @staticmethod
+    def _schedule(
+        plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]
+    ) -> tuple[tuple[KernelLaunch, str | None], ...]:
+        """The launches `_run` makes for `kernels` (see there), each with the rotated copy
+        it writes (a pre-rotation kernel) or None; their grids checked. Once per plan, kernel
+        set and rotated copies given."""
+        given = {role for role in ROTATION_KERNELS.values() if role in tensors}
+        roles = {role for launch in plan.launches if launch.info.name in kernels
+                 for role in launch.info.roles}
+        wanted = set(kernels) | {name for name, role in ROTATION_KERNELS.items()
+                                 if role in roles and role not in given}
+        schedule = tuple((launch, ROTATION_KERNELS.get(launch.info.name))
+                         for launch in plan.launches if launch.info.name in wanted)
+        for launch, _rotated in schedule:
+            launch.check_grid()
+        return schedule
 
     def backward(
         self,
@@ -513,12 +538,11 @@ class _AttentionFunction(torch.autograd.Function):
         ctx.layout_version = None if layout is None else layout._version
         # A rotated copy replaces its operand where the backward reads the copy; otherwise
         # the backward gets the operand (and rotates it itself if it must).
-        ctx.saved_roles = tuple(
-            role if role in rotated and plan.backward_reads(role) else operand
-            for operand, role in (("q", "q_rot"), ("k", "k_rot"))
-        )
-        inputs = {"q": q, "k": k, **rotated}
-        ctx.save_for_backward(*(inputs[role] for role in ctx.saved_roles), v, out, lse)
+        q_saved = rotated["q_rot"] if "q_rot" in rotated and plan.backward_reads("q_rot") else None
+        k_saved = rotated["k_rot"] if "k_rot" in rotated and plan.backward_reads("k_rot") else None
+        ctx.saved_roles = ("q" if q_saved is None else "q_rot", "k" if k_saved is None else "k_rot")
+        ctx.save_for_backward(q if q_saved is None else q_saved, k if k_saved is None else k_saved,
+                              v, out, lse)
         # An output nobody differentiated (usually lse) arrives as None, not as a tensor of
         # zeros that would cost a fill and a subtraction on the device.
         ctx.set_materialize_grads(False)

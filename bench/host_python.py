@@ -24,7 +24,7 @@ a bare `torch.autograd.Function` for the step. Cases:
 `--launch stub` replaces `KernelLaunch.__call__` (a launch costs nothing); `--launch direct`
 keeps AttnFuse's launch path and replaces only the compiled kernel's launcher, as a GPU call
 takes it (argument and specialization building included). All tensors are fp16 on the CPU
-and no kernel ever runs.
+and no kernel ever runs. Times are the calling thread's CPU time (`per_call_us`).
 """
 
 from __future__ import annotations
@@ -45,13 +45,15 @@ CASES = ("rope", "causal", "bias", "sparse", "sparse2")
 
 
 def per_call_us(step, steps: int) -> float:
-    """Mean wall microseconds of `step()` over `steps` calls, after a warm-up."""
+    """Mean microseconds of this thread's CPU time per `step()` over `steps` calls, after a
+    warm-up. CPU time, not wall time: on a shared machine, wall time also counts the slices
+    other processes run in (on the CPU, autograd runs the backward on the calling thread)."""
     for _ in range(50):
         step()
-    start = time.perf_counter()
+    start = time.thread_time()
     for _ in range(steps):
         step()
-    return (time.perf_counter() - start) / steps * 1e6
+    return (time.thread_time() - start) / steps * 1e6
 
 
 class _Kernel:

@@ -28,7 +28,7 @@ from attnfuse.runtime.config import (
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
-from attnfuse.runtime.layout_lists import LayoutLists
+from attnfuse.runtime.tensor_cache import TensorCache
 from attnfuse.runtime.program import Canonical, VariantProgram, as_program
 
 
@@ -45,8 +45,10 @@ class CallPlan:
     schedules: dict[tuple, tuple[tuple[KernelLaunch, str | None], ...]] = field(default_factory=dict)
     """The launches `CompiledAttention._run` makes for a set of kernels (and the rotated
     copies each writes), worked out once."""
-    layouts: LayoutLists = field(default_factory=LayoutLists, compare=False)
+    layouts: TensorCache = field(default_factory=TensorCache, compare=False)
     """The block lists of the block-sparse layouts this plan's calls passed, per layout."""
+    positions: TensorCache = field(default_factory=TensorCache, compare=False)
+    """The largest |position| of the RoPE positions this plan's calls passed."""
 
     def reads(self, role: str) -> bool:
         """Whether any kernel of the plan takes a tensor of `role` (the compiled program, not
@@ -82,6 +84,22 @@ def records_autograd(*inputs: object) -> bool:
 
 MAX_ROPE_POSITION = 2**24
 """Positions beyond this are not exact in fp32, the precision the rotation is defined in."""
+
+
+def largest_position(positions: torch.Tensor, name: str) -> int:
+    """The largest |position| of call-time RoPE `positions` (waits for the device), checked
+    against `MAX_ROPE_POSITION`."""
+    largest = int(positions.to(torch.int64).abs().max())
+    if largest > MAX_ROPE_POSITION:
+        raise ArgumentError(
+            f"{name} must lie in [-{MAX_ROPE_POSITION}, {MAX_ROPE_POSITION}] (fp32 "
+            f"represents them exactly), got |position| = {largest}"
+        )
+    return largest
+
+
+def _checked_by_caller() -> None:
+    """A `TensorCache` check for a tensor the call has just checked itself."""
 
 
 class CompiledAttention:
@@ -277,7 +295,7 @@ class CompiledAttention:
         check: Callable[[], object] | None = None,
     ) -> dict[str, torch.Tensor]:
         """The block lists the forward (or the backward) kernels read for the user's `layout`,
-        built once per layout object and state and plan (`LayoutLists`). A layout the plan has
+        built once per layout object and state and plan (`TensorCache`). A layout the plan has
         not seen in its current state is checked first by `check()` (its op's `bind`)."""
         assert plan.config is not None
         config = plan.config
@@ -317,17 +335,15 @@ class CompiledAttention:
                 tensors[name] = view
         if ("q_positions" in tensors or "k_positions" in tensors) and plan.compiled is not None:
             assert variant.rope is not None
-            # The table must reach the largest |position| (one host sync per such call).
+            # The table must reach the largest |position|: one host sync per positions tensor
+            # and version, not per call (every layer of a model passes the same positions).
             furthest = 0
             for name in ("q_positions", "k_positions"):
                 if name not in tensors or not tensors[name].numel():
                     continue
-                largest = int(tensors[name].to(torch.int64).abs().max())
-                if largest > MAX_ROPE_POSITION:
-                    raise ArgumentError(
-                        f"{name} must lie in [-{MAX_ROPE_POSITION}, {MAX_ROPE_POSITION}] (fp32 "
-                        f"represents them exactly), got |position| = {largest}"
-                    )
+                largest = plan.positions.get(arguments[name], "largest",
+                                             lambda name=name: largest_position(tensors[name], name),
+                                             _checked_by_caller)
                 furthest = max(furthest, largest + 1)
             if furthest > plan.constants["rope_table"].shape[1]:
                 tensors["rope_table"] = self._rope_table(problem, furthest)

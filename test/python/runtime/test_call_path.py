@@ -19,7 +19,7 @@ import attnfuse as af
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import api
 from attnfuse.runtime import launch as launch_module
-from attnfuse.runtime.layout_lists import LAYOUTS_PER_PLAN
+from attnfuse.runtime.tensor_cache import TENSORS_PER_PLAN
 from attnfuse.runtime.reference import gradient_errors, reference_attention, reference_gradients
 
 
@@ -202,16 +202,38 @@ def test_layout_changed_before_backward_is_refused(no_launches):
 def test_more_layouts_than_kept_evict_the_least_recently_used(builds, no_launches):
     fn = af.compile(af.attention(af.block_sparse(16)))
     q, k, v = tiny()
-    many = layouts(LAYOUTS_PER_PLAN + 1)
+    many = layouts(TENSORS_PER_PLAN + 1)
     for layout in many:
         fn(q, k, v, block_layout=layout)
-    assert builds["sparse"] == LAYOUTS_PER_PLAN + 1
+    assert builds["sparse"] == TENSORS_PER_PLAN + 1
     fn(q, k, v, block_layout=many[-1])  # kept
-    assert builds["sparse"] == LAYOUTS_PER_PLAN + 1
+    assert builds["sparse"] == TENSORS_PER_PLAN + 1
     fn(q, k, v, block_layout=many[0])  # the oldest: evicted by the last
-    assert builds["sparse"] == LAYOUTS_PER_PLAN + 2
+    assert builds["sparse"] == TENSORS_PER_PLAN + 2
     (plan,) = fn._plans.values()
-    assert len(plan.layouts) == LAYOUTS_PER_PLAN
+    assert len(plan.layouts) == TENSORS_PER_PLAN
     del many, layout
     gc.collect()
     assert len(plan.layouts) == 0  # freed layouts' lists go with them
+
+
+def test_positions_are_range_checked_once_per_tensor(monkeypatch, no_launches):
+    """The largest |position| (a reduction and a device sync) is found once per positions
+    tensor and version; a positions tensor changed in place is checked again."""
+    reductions = []
+    largest = api.largest_position
+    monkeypatch.setattr(api, "largest_position", lambda t, name: reductions.append(name) or largest(t, name))
+    fn = af.compile(af.attention(af.rope(), af.causal()))
+    q, k, v = tiny(requires_grad=True)
+    positions = torch.arange(64)
+    for _ in range(3):
+        fn(q, k, v, q_positions=positions, k_positions=positions).sum().backward()
+    assert reductions == ["q_positions"]  # one tensor, passed for both
+    positions[5] = 2**24 + 1  # in place: the cached range no longer holds
+    with pytest.raises(ArgumentError, match="q_positions must lie in"):
+        fn(q, k, v, q_positions=positions, k_positions=positions)
+    with pytest.raises(ArgumentError, match="q_positions must lie in"):
+        fn(q, k, v, q_positions=positions, k_positions=positions)
+    positions[5] = 5
+    fn(q, k, v, q_positions=positions, k_positions=positions.clone())
+    assert reductions == ["q_positions"] + ["q_positions"] * 3 + ["k_positions"]

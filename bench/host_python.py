@@ -16,6 +16,7 @@ least, the same output / gradient allocations and the same number of (no-op) lau
 a bare `torch.autograd.Function` for the step. Cases:
 
 - `rope`: RoPE + causal at the Llama-3-8B head layout (Hq=32, Hkv=8, D=128), N=64;
+- `ropepos`: as `rope`, with call-time positions (one `[N]` tensor for q and k, reused);
 - `causal`: causal, B=1, H=8, N=128, D=64;
 - `bias`: additive_bias (a `[1, H, N, N]` bias that requires a gradient), B=1, H=8, N=128, D=64;
 - `sparse`: block_sparse(64), B=4, H=12, N=4096, D=64, one layout (8.6% dense) reused;
@@ -41,7 +42,7 @@ from host_overhead import print_profile  # bench/ is the script's directory
 import attnfuse as af
 from attnfuse.runtime import launch as launch_module
 
-CASES = ("rope", "causal", "bias", "sparse", "sparse2")
+CASES = ("rope", "ropepos", "causal", "bias", "sparse", "sparse2")
 
 
 def per_call_us(step, steps: int) -> float:
@@ -91,7 +92,7 @@ def make_case(name: str):
     index), output gradient, what the floor allocates per call)."""
     torch.manual_seed(0)
     f16 = dict(dtype=torch.float16)
-    if name == "rope":
+    if name in ("rope", "ropepos"):
         fn = af.compile(af.attention(af.rope(theta=500000.0), af.causal()))
         b, hq, hkv, n, d = 1, 32, 8, 64, 128
     elif name == "causal":
@@ -119,6 +120,9 @@ def make_case(name: str):
             layout.fill_diagonal_(True)
         count = 1 if name == "sparse" else 2
         kwargs = lambda i: {"block_layout": layouts[i % count]}  # noqa: E731
+    elif name == "ropepos":
+        positions = torch.arange(n)
+        kwargs = lambda i: {"q_positions": positions, "k_positions": positions}  # noqa: E731
     else:
         kwargs = lambda i: {}  # noqa: E731
     return fn, leaves, kwargs, torch.randn(b, hq, n, d, **f16)

@@ -424,8 +424,8 @@ class CompiledAttention:
         The rotated copies the pre-rotation kernels wrote (`q_rot`, `k_rot`) are added to
         `rotated` when it is given."""
         p = plan.problem
-        out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=q.dtype, device=q.device)
-        lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
+        out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=p.dtype, device=p.device)
+        lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
         if plan.compiled is None:
             # No key: every row outputs 0 with lse -inf; no row or batch: nothing to compute.
             out.zero_()
@@ -495,11 +495,11 @@ class CompiledAttention:
         p = plan.problem
         # Every program stores all its rows, so the kernels fill the gradients whole. Shapes
         # and dtypes come from the problem: a rotated copy in the interpreter is fp32.
-        dq, dk, dv = (torch.empty(t.shape, dtype=p.dtype, device=t.device) for t in (q, k, v))
+        dq, dk, dv = (torch.empty(t.shape, dtype=p.dtype, device=p.device) for t in (q, k, v))
         dbias = None
         if bias_grad:
             # Pairs in blocks the kernels skip (dropped by the mask) keep gradient 0.
-            dbias = torch.zeros(p.batch, p.heads_q, p.seq_q, p.seq_k, dtype=torch.float32, device=q.device)
+            dbias = torch.zeros(p.batch, p.heads_q, p.seq_q, p.seq_k, dtype=torch.float32, device=p.device)
         if plan.compiled is None:
             return dq.zero_(), dk.zero_(), dv.zero_(), dbias
         q_role, k_role = saved_roles
@@ -510,7 +510,7 @@ class CompiledAttention:
             tensors |= self._layout_lists(data["block_layout"], block_size, plan, backward=True)
         softmax = plan.reads("delta")  # relu attention has no delta and no preprocess
         if softmax:
-            tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
+            tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
         if softmax and grad_lse is None and dbias is None:
             # dQ forms delta itself and stores it; dK/dV, launched after it, reads it.
             self._run(plan, tensors, ("attention_bwd_dq_delta", "attention_bwd_dkdv"))

@@ -32,8 +32,9 @@ from typing import Any
 import torch
 
 TENSORS_PER_PLAN = 8
-"""Tensors a plan keeps entries for (per kind); a ninth evicts the least recently used (a
-model's layers use a handful of layouts, so alternating between them never rebuilds)."""
+"""Tensors a plan keeps entries for (per kind); a ninth evicts the oldest entry (a model's
+layers use a handful of layouts, so alternating between them never rebuilds; more than this
+many in rotation would rebuild as an LRU cache would, so the cheaper order is kept)."""
 
 
 def tensor_state(t: torch.Tensor) -> tuple:
@@ -56,7 +57,7 @@ class TensorCache:
 
     def __init__(self, capacity: int = TENSORS_PER_PLAN):
         self.capacity = capacity
-        self._entries: dict[int, _Entry] = {}  # by id(tensor), least recently used first
+        self._entries: dict[int, _Entry] = {}  # by id(tensor), oldest first
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -67,8 +68,6 @@ class TensorCache:
         entry = self._entries.get(key)
         if entry is None or entry.ref() is not tensor or entry.state != tensor_state(tensor):
             return None
-        if next(reversed(self._entries)) != key:  # most recently used last
-            self._entries[key] = self._entries.pop(key)
         return entry
 
     def get(

@@ -199,7 +199,7 @@ def test_layout_changed_before_backward_is_refused(no_launches):
         out.sum().backward()
 
 
-def test_more_layouts_than_kept_evict_the_least_recently_used(builds, no_launches):
+def test_more_layouts_than_kept_evict_the_oldest(builds, no_launches):
     fn = af.compile(af.attention(af.block_sparse(16)))
     q, k, v = tiny()
     many = layouts(TENSORS_PER_PLAN + 1)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,8 +28,8 @@ from attnfuse.runtime.config import (
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
-from attnfuse.runtime.tensor_cache import TensorCache
 from attnfuse.runtime.program import Canonical, VariantProgram, as_program
+from attnfuse.runtime.tensor_cache import TensorCache
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
 """Host (CPU) cost of a call: what the Python side spends to enqueue one forward (+backward)
 step, beside the peers, and where it goes.
 
-    python bench/host_overhead.py [--seq-len 128] [--profile]
+    python bench/host_overhead.py [--seq-len 128] [--profile] [--small]
 
 At a small sequence length the GPU finishes each kernel before the host has launched the next,
 so the time to enqueue many steps back to back is the host's cost per step. Printed per
 implementation: ms per forward and per forward+backward step, then microseconds per launch of
 one backward kernel through `KernelLaunch`, and (with --profile) cProfile's top entries for
-AttnFuse's forward+backward.
+AttnFuse's forward+backward. `--small` instead runs plain causal attention at B=1 H=8 D=64 fp16
+beside SDPA's default backend, forward and forward+backward (the host-bound shape of the
+compare_checkouts runs), and skips the per-launch timings.
 """
 
 from __future__ import annotations
@@ -53,9 +55,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--small", action="store_true", help="causal, B=1 H=8 D=64 fp16, beside SDPA")
     args = parser.parse_args()
     n = args.seq_len
     torch.manual_seed(0)
+    if args.small:
+        small(n, args.profile)
+        return
     q = torch.randn(1, 32, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, 8, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, 8, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -93,6 +99,36 @@ def main() -> None:
         print(f"  launch {launch.info.name}: {len(launch.info.roles)} roles, {us:.1f} us")
 
     if args.profile:
+        print_profile(fwd_bwd, 200)
+        torch.cuda.synchronize()
+
+
+def small(n: int, profile: bool) -> None:
+    """Host cost of causal attention at B=1 H=8 D=64 fp16 against SDPA (default backend)."""
+    q, k, v = (torch.randn(1, 8, n, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+               for _ in range(3))
+    grad_out = torch.randn_like(q)
+    fn = af.compile(af.attention(af.causal()))
+
+    def fwd():
+        with torch.no_grad():
+            fn(q, k, v)
+
+    def fwd_bwd():
+        fn(q, k, v).backward(grad_out)
+
+    def sdpa_fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def sdpa_fwd_bwd():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad_out)
+
+    print(f"N={n} causal B=1 H=8 D=64 fp16: attnfuse fwd {host_ms(fwd):.4f} ms/step, "
+          f"fwd+bwd {host_ms(fwd_bwd):.4f} ms/step")
+    print(f"N={n} causal B=1 H=8 D=64 fp16: sdpa fwd {host_ms(sdpa_fwd):.4f} ms/step, "
+          f"fwd+bwd {host_ms(sdpa_fwd_bwd):.4f} ms/step")
+    if profile:
         print_profile(fwd_bwd, 200)
         torch.cuda.synchronize()
 

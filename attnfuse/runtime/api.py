@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -38,6 +40,7 @@ from attnfuse.runtime.program import (
     anonymous_text,
     as_program,
 )
+from attnfuse.runtime.tensor_cache import TensorCache, tensor_state
 
 LIST_SOURCES = "block_list_sources"
 """The entry of a call's data that holds its listed filters (`ListSource`s), from which the
@@ -54,26 +57,48 @@ class CallPlan:
     constants: dict[str, torch.Tensor]
     """Tensors that depend only on the shape: rotary frequencies, ALiBi slopes."""
     config: TileConfig | None
-    schedules: dict[tuple[str, ...], tuple[KernelLaunch, ...]] = field(default_factory=dict)
-    """The launches `CompiledAttention._run` makes for a set of kernels, worked out once."""
+    schedules: dict[tuple, tuple[tuple[KernelLaunch, str | None], ...]] = field(default_factory=dict)
+    """The launches `CompiledAttention._run` makes for a set of kernels (and the rotated
+    copies each writes), worked out once."""
+    layouts: TensorCache = field(default_factory=TensorCache, compare=False)
+    """The block lists of the block-sparse layouts this plan's calls passed, per layout."""
+    positions: TensorCache = field(default_factory=TensorCache, compare=False)
+    """The largest |position| of the RoPE positions this plan's calls passed."""
 
     def reads(self, role: str) -> bool:
         """Whether any kernel of the plan takes a tensor of `role` (the compiled program, not
         the spec, says which buffers a call must provide)."""
-        return any(role in launch.info.roles for launch in self.launches)
+        return role in self._roles
 
     def backward_reads(self, role: str) -> bool:
         """Whether a backward kernel of the plan takes a tensor of `role`."""
-        return any(role in launch.info.roles for launch in self.launches
-                   if launch.info.name.startswith(BACKWARD_KERNEL_PREFIX))
+        return role in self._backward_roles
+
+    # Asked on every call: worked out once per plan.
+    @cached_property
+    def _roles(self) -> frozenset[str]:
+        return frozenset(role for launch in self.launches for role in launch.info.roles)
+
+    @cached_property
+    def _backward_roles(self) -> frozenset[str]:
+        return frozenset(role for launch in self.launches
+                         if launch.info.name.startswith(BACKWARD_KERNEL_PREFIX)
+                         for role in launch.info.roles)
 
 
 def records_autograd(*inputs: object) -> bool:
     """Whether autograd records a call with these inputs: grad mode is on and one of them is a
     tensor that requires a gradient."""
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
-    )
+    if not torch.is_grad_enabled():
+        return False
+    for t in inputs:  # a loop, not any(genexpr): asked on every call
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
+
+
+def _checked_by_caller() -> None:
+    """A `TensorCache` check for a tensor the call has just checked itself."""
 
 
 class CompiledAttention:
@@ -118,7 +143,6 @@ class CompiledAttention:
         # tracer must not step into the program's (xDSL) code.
         self._has_lse = self.variant.has_lse
         self._operator_keys = self._make_operator_keys()
-        self._list_cache: dict[bool, tuple[tuple[torch.Tensor, ...], tuple, dict[str, torch.Tensor]]] = {}
 
     def __repr__(self) -> str:
         return f"CompiledAttention({self.program!r})"
@@ -307,23 +331,26 @@ class CompiledAttention:
         return rope_table(theta, rotary_dim or problem.head_dim, scaling, problem.device, length)
 
     def _block_lists(
-        self, sources: tuple[ListSource, ...], plan: CallPlan, backward: bool
+        self,
+        sources: tuple[ListSource, ...],
+        plan: CallPlan,
+        backward: bool,
     ) -> dict[str, torch.Tensor]:
-        """The block lists the forward (or the backward) kernels read, cached per filter data."""
-        # Layouts and document ids are usually reused across calls (every layer of a model):
-        # keep the lists of the last tensors seen. Reuse them only for those very tensor
-        # objects as the caller passed them (not the views `bind` makes per call), unmodified
-        # since (in-place version counters unchanged): another tensor may share their storage
-        # or, once they are freed, their address.
-        given = tuple(source.given for source in sources)
-        key = (tuple(t._version for t in given), plan.problem, plan.config)
-        cached = self._list_cache.get(backward)
-        if (cached is not None and len(cached[0]) == len(given)
-                and all(a is b for a, b in zip(cached[0], given)) and cached[1] == key):
-            return cached[2]
+        """The block lists the forward (or the backward) kernels read for the call's listed
+        filters (a block layout, document ids), built once per plan and state of the caller's
+        tensors (`TensorCache`, keyed by the first; a second filter's tensor is part of what
+        is looked up, and checked to be the same object)."""
         assert plan.config is not None
-        lists = call_block_lists(sources, self.variant.band, plan.problem, plan.config, backward)
-        self._list_cache[backward] = (given, key, lists)
+        first, others = sources[0].given, tuple(source.given for source in sources[1:])
+        what = (backward, tuple((id(t), tensor_state(t)) for t in others))
+
+        def build() -> tuple[tuple, dict[str, torch.Tensor]]:
+            lists = call_block_lists(sources, self.variant.band, plan.problem, plan.config, backward)
+            return tuple(weakref.ref(t) for t in others), lists
+
+        refs, lists = plan.layouts.get(first, what, build, _checked_by_caller)
+        if any(ref() is not t for ref, t in zip(refs, others)):
+            refs, lists = build()  # another tensor at a freed one's address: not the cached lists
         return lists
 
     def call_tensors(
@@ -349,9 +376,15 @@ class CompiledAttention:
                 tensors[name] = view
         if ("q_positions" in tensors or "k_positions" in tensors) and plan.compiled is not None:
             assert variant.rope is not None
-            # The table must reach the largest |position| (one host sync per such call).
-            furthest = max(position_extent(tensors[name], name)
-                           for name in ("q_positions", "k_positions") if name in tensors)
+            # The table must reach the largest |position|: one host sync per positions tensor
+            # and version, not per call (every layer of a model passes the same positions).
+            furthest = 0
+            for name in ("q_positions", "k_positions"):
+                if name in tensors:
+                    extent = plan.positions.get(arguments[name], "extent",
+                                                lambda name=name: position_extent(tensors[name], name),
+                                                _checked_by_caller)
+                    furthest = max(furthest, extent)
             if furthest > plan.constants["rope_table"].shape[1]:
                 tensors["rope_table"] = self._rope_table(problem, furthest)
         for name, block in DATA_KEYWORDS.items():
@@ -368,7 +401,8 @@ class CompiledAttention:
             if binding.role is not None:
                 tensors[binding.role] = value
             if listed:
-                sources.append(ListSource(binding.op, value, arguments[binding.use.argument]))
+                sources.append(ListSource(binding.op, value, arguments[binding.use.argument],
+                                          binding.use.argument))
         if sources and plan.config is not None:
             tensors[LIST_SOURCES] = tuple(sources)  # type: ignore[assignment]
             tensors |= self._block_lists(tuple(sources), plan, backward=False)
@@ -452,8 +486,8 @@ class CompiledAttention:
         The rotated copies the pre-rotation kernels wrote (`q_rot`, `k_rot`) are added to
         `rotated` when it is given."""
         p = plan.problem
-        out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=q.dtype, device=q.device)
-        lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
+        out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=p.dtype, device=p.device)
+        lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
         if plan.compiled is None:
             # No key: every row outputs 0 with lse -inf; no row or batch: nothing to compute.
             out.zero_()
@@ -469,30 +503,40 @@ class CompiledAttention:
     def _run(self, plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]) -> None:
         """Launches the plan's kernels named in `kernels`, in program order, preceded by the
         rotation kernels whose output (`q_rot`, `k_rot`) they read and `tensors` lacks."""
-        given = tuple(role for role in ROTATION_KERNELS.values() if role in tensors)
-        schedule = plan.schedules.get((*kernels, *given))
+        key = (kernels, "q_rot" in tensors, "k_rot" in tensors)
+        schedule = plan.schedules.get(key)
         if schedule is None:
-            roles = {role for launch in plan.launches if launch.info.name in kernels
-                     for role in launch.info.roles}
-            wanted = set(kernels) | {name for name, role in ROTATION_KERNELS.items()
-                                     if role in roles and role not in given}
-            schedule = tuple(launch for launch in plan.launches if launch.info.name in wanted)
-            for launch in schedule:  # once per plan and kernel set, not per launch
-                launch.check_grid()
-            plan.schedules[(*kernels, *given)] = schedule
-        for launch in schedule:
-            name = launch.info.name
-            if name in ROTATION_KERNELS:
+            schedule = plan.schedules[key] = self._schedule(plan, tensors, kernels)
+        for launch, rotated in schedule:
+            if rotated is not None:
                 # A pre-rotation kernel writes the rotated copy the attention kernels read.
-                source = tensors[ROTATION_KERNELS[name][0]]
+                source = tensors[rotated[0]]
                 # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding
                 # (triton-lang/triton#11584): keep its bf16 copies in fp32; GPUs round.
                 dtype = torch.float32 if source.dtype == torch.bfloat16 and source.device.type != "cuda" else None
                 # In the operand's memory order: a model's q is a [B, N, H, D] projection, and
                 # the output gradient comes back in that order too (the model's head merge),
                 # so the dK/dV kernel can share their offsets (SHARED_OFFSETS).
-                tensors[ROTATION_KERNELS[name]] = empty_in_layout_of(source, dtype or source.dtype)
+                tensors[rotated] = empty_in_layout_of(source, dtype or source.dtype)
             launch(tensors)
+
+    @staticmethod
+    def _schedule(
+        plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]
+    ) -> tuple[tuple[KernelLaunch, str | None], ...]:
+        """The launches `_run` makes for `kernels` (see there), each with the rotated copy
+        it writes (a pre-rotation kernel) or None; their grids checked. Once per plan, kernel
+        set and rotated copies given."""
+        given = {role for role in ROTATION_KERNELS.values() if role in tensors}
+        roles = {role for launch in plan.launches if launch.info.name in kernels
+                 for role in launch.info.roles}
+        wanted = set(kernels) | {name for name, role in ROTATION_KERNELS.items()
+                                 if role in roles and role not in given}
+        schedule = tuple((launch, ROTATION_KERNELS.get(launch.info.name))
+                         for launch in plan.launches if launch.info.name in wanted)
+        for launch, _rotated in schedule:
+            launch.check_grid()
+        return schedule
 
     def backward(
         self,
@@ -513,11 +557,11 @@ class CompiledAttention:
         p = plan.problem
         # Every program stores all its rows, so the kernels fill the gradients whole. Shapes
         # and dtypes come from the problem: a rotated copy in the interpreter is fp32.
-        dq, dk, dv = (torch.empty(t.shape, dtype=p.dtype, device=t.device) for t in (q, k, v))
+        dq, dk, dv = (torch.empty(t.shape, dtype=p.dtype, device=p.device) for t in (q, k, v))
         dbias = None
         if bias_grad:
             # Pairs in blocks the kernels skip (dropped by the mask) keep gradient 0.
-            dbias = torch.zeros(p.batch, p.heads_q, p.seq_q, p.seq_k, dtype=torch.float32, device=q.device)
+            dbias = torch.zeros(p.batch, p.heads_q, p.seq_q, p.seq_k, dtype=torch.float32, device=p.device)
         if plan.compiled is None:
             return dq.zero_(), dk.zero_(), dv.zero_(), dbias
         q_role, k_role = saved_roles
@@ -528,7 +572,7 @@ class CompiledAttention:
             tensors |= self._block_lists(sources, plan, backward=True)  # type: ignore[arg-type]
         softmax = plan.reads("delta")  # relu attention has no delta and no preprocess
         if softmax:
-            tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=q.device)
+            tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
         if softmax and grad_lse is None and dbias is None:
             # dQ forms delta itself and stores it; dK/dV, launched after it, reads it.
             self._run(plan, tensors, ("attention_bwd_dq_delta", "attention_bwd_dkdv"))
@@ -568,14 +612,16 @@ class _AttentionFunction(torch.autograd.Function):
         rotated: dict[str, torch.Tensor] = {}
         out, lse = fn.forward(plan, data, q, k, v, rotated)
         ctx.fn, ctx.plan, ctx.data = fn, plan, data
+        # The listed filters' tensors (a layout, document ids) as the forward read them: the
+        # backward reads them again (its own block lists, the ids per entry).
+        ctx.list_states = tuple(tensor_state(source.given) for source in data.get(LIST_SOURCES, ()))
         # A rotated copy replaces its operand where the backward reads the copy; otherwise
         # the backward gets the operand (and rotates it itself if it must).
-        ctx.saved_roles = tuple(
-            role if role in rotated and plan.backward_reads(role) else operand
-            for operand, role in (("q", "q_rot"), ("k", "k_rot"))
-        )
-        inputs = {"q": q, "k": k, **rotated}
-        ctx.save_for_backward(*(inputs[role] for role in ctx.saved_roles), v, out, lse)
+        q_saved = rotated["q_rot"] if "q_rot" in rotated and plan.backward_reads("q_rot") else None
+        k_saved = rotated["k_rot"] if "k_rot" in rotated and plan.backward_reads("k_rot") else None
+        ctx.saved_roles = ("q" if q_saved is None else "q_rot", "k" if k_saved is None else "k_rot")
+        ctx.save_for_backward(q if q_saved is None else q_saved, k if k_saved is None else k_saved,
+                              v, out, lse)
         # An output nobody differentiated (usually lse) arrives as None, not as a tensor of
         # zeros that would cost a fill and a subtraction on the device.
         ctx.set_materialize_grads(False)
@@ -588,6 +634,15 @@ class _AttentionFunction(torch.autograd.Function):
         fn: CompiledAttention = ctx.fn
         bias_grad = ctx.needs_input_grad[6]
         saved = ctx.saved_tensors  # unpacked once: each access unpacks them all again
+        for source, state in zip(ctx.data.get(LIST_SOURCES, ()), ctx.list_states):
+            if tensor_state(source.given) != state:
+                # As autograd refuses a saved tensor changed in place: the backward would read
+                # the new data, not what the forward used.
+                argument = source.argument
+                raise ArgumentError(
+                    f"{argument} was modified in place between the forward and the backward; "
+                    f"the backward needs the forward's {argument} (pass a copy, or change it "
+                    "after the backward)")
         if grad_out is None:
             grad_out = torch.zeros_like(saved[3])
         dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, saved, grad_out, grad_lse, bias_grad,

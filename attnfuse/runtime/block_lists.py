@@ -29,6 +29,8 @@ class ListSource:
     op: Operation
     bound: Any
     given: torch.Tensor
+    argument: str
+    """The call keyword the caller passed `given` as (`block_layout`, `doc_ids`)."""
 
     def tiles(self, problem: Problem, q_block: int, k_block: int) -> tuple[torch.Tensor, torch.Tensor]:
         trait = self.op.get_trait(KeyFilter)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
+from collections.abc import Callable
 from types import SimpleNamespace
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -98,27 +100,49 @@ class KernelLaunch:
     if it does not fit (a one-element list, so that the frozen launch can update it)."""
 
     runners: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
-    """Compiled kernels' launchers and the constexpr values they take (`SHARED_OFFSETS`
-    included, see `shares_offsets`), by the arguments' specialization (see `arguments`). A
+    """Compiled kernels' launchers and the arguments they take after the tensors' (the
+    scalars, then the constexpr values, `SHARED_OFFSETS` included: see `shares_offsets`),
+    by the arguments' specialization (see `arguments`). A
     launcher is bound to the device that was current at its first launch, as the JIT's
     cache is; the runtime does not switch devices between calls of one plan."""
+
+    @cached_property
+    def _roles(self) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]]:
+        """The tensors of the kernel's roles, in order, from a call's tensors (one C call)."""
+        roles = self.info.roles
+        getter = operator.itemgetter(*roles)
+        return getter if len(roles) > 1 else lambda tensors: (getter(tensors),)
 
     def arguments(self, tensors: dict[str, torch.Tensor]) -> tuple[list[object], tuple]:
         """The kernel's runtime arguments before the scalars (each role's tensor, then its
         strides), and their specialization: what Triton specializes a compiled kernel on,
         each tensor's dtype and 16-byte alignment and each integer's value (the scalars are
         fixed per launch)."""
+        # Once per launch and per call, for every role: kept to the few attribute reads the
+        # specialization needs (a training step makes up to 8 launches of up to 9 roles).
         args: list[object] = []
-        specialization: list[object] = []
-        for role, strided in zip(self.info.roles, self.strided):
-            t = tensors[role]
-            args.append(t)
-            specialization += (t.dtype, t.data_ptr() % 16 == 0)
-            if strided:
+        specialization: list[tuple] = []
+        add, extend, key = args.append, args.extend, specialization.append
+        if self._all_strided:
+            for t in self._roles(tensors):
                 stride = t.stride()
-                args.extend(stride)
-                specialization.append(stride)
+                add(t)
+                extend(stride)
+                key((t.dtype, t.data_ptr() & 15, stride))
+        else:
+            for t, strided in zip(self._roles(tensors), self.strided):
+                add(t)
+                if strided:
+                    stride = t.stride()
+                    extend(stride)
+                    key((t.dtype, t.data_ptr() & 15, stride))
+                else:
+                    key((t.dtype, t.data_ptr() & 15))
         return args, tuple(specialization)
+
+    @cached_property
+    def _all_strided(self) -> bool:
+        return all(self.strided)
 
     def shares_offsets(self, tensors: dict[str, torch.Tensor]) -> bool:
         """The kernel's `SHARED_OFFSETS` for these tensors: whether the follower role's row and
@@ -145,8 +169,8 @@ class KernelLaunch:
         if entry is not None:
             # The compiled kernel's own launcher: skips the JIT's per-call argument binding
             # and specialization (most of a launch's host time, and a step launches up to 8).
-            runner, constexprs = entry
-            runner(*args, *self.scalars, *constexprs)
+            runner, trailing = entry
+            runner(*args, *trailing)
             return
         # The specialization holds every strided role's strides, so it decides SHARED_OFFSETS
         # too: worked out here, once per specialization, not on the direct path above.
@@ -160,7 +184,9 @@ class KernelLaunch:
                 # the JIT keeps its own compiled kernels, so forgetting costs one slow launch.
                 self.runners.clear()
             # A compiled kernel's launcher takes all three grid dimensions.
-            self.runners[specialization] = (compiled[(*self.grid, 1)], self.constexpr_values(shared))
+            # The scalars and constexpr values follow the tensors, the same every call.
+            trailing = (*self.scalars, *self.constexpr_values(shared))
+            self.runners[specialization] = (compiled[(*self.grid, 1)], trailing)
 
     @cached_property
     def constexpr_params(self) -> tuple[Any, ...] | None:

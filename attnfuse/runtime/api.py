@@ -142,6 +142,7 @@ class CompiledAttention:
         # What a traced call (torch.compile, torch.export) reads, as plain attributes: the
         # tracer must not step into the program's (xDSL) code.
         self._has_lse = self.variant.has_lse
+        self._rope_key = None if self.variant.rope is None else self.variant.rope.rope_key
         self._operator_keys = self._make_operator_keys()
 
     def __repr__(self) -> str:
@@ -277,10 +278,9 @@ class CompiledAttention:
         written, and pass the cache as k. The rotation is the pre-rotation kernel's (the
         same numbers a `pre_rotated` key placement attends to); autograd differentiates
         through it (the gradient is the inverse rotation)."""
-        rope = self.variant.rope
-        if rope is None:
+        if self._rope_key is None:
             raise ArgumentError(f"rotate_keys: {self.program!r} has no rope()")
-        return rotate_keys(rope.rope_key, k, k_positions)
+        return rotate_keys(self._rope_key, k, k_positions)
 
     def plan(
         self,

@@ -24,6 +24,7 @@ from xdsl.dialects.builtin import ModuleOp
 from attnfuse.blocks.softmax import SoftmaxOp
 from attnfuse.dialects import attn
 from attnfuse.errors import ArgumentError
+from attnfuse.runtime import torch_op
 from attnfuse.runtime.call_data import position_extent, positions_view
 from attnfuse.runtime.compiler import CompileKey, compile_program
 from attnfuse.runtime.config import choose_tile_config
@@ -97,6 +98,10 @@ def rotate_keys(rope: RopeKey, k: torch.Tensor, k_positions: torch.Tensor | None
     keys' positions; the default is `j` for key `j`. The result has k's shape, dtype and
     memory order; autograd differentiates through it (the gradient is the inverse rotation).
     """
+    if torch_op.traced(k, k_positions):
+        theta, rotary_dim, interleaved, scaling = rope
+        return torch_op.rotate_keys(theta, rotary_dim, interleaved,
+                                    None if scaling is None else list(scaling), k, k_positions)
     check_tensor("k", k)
     batch, heads, length, dim = k.shape
     theta, rotary_dim, _interleaved, scaling = rope

@@ -190,6 +190,47 @@ def _backward(ctx, grad_out, grad_lse):
 attention.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("attnfuse::rotate_keys", mutates_args=())
+def rotate_keys(
+    theta: float,
+    rotary_dim: Optional[int],
+    interleaved: bool,
+    llama3_scaling: Optional[list[float]],
+    k: Tensor,
+    k_positions: Optional[Tensor],
+) -> Tensor:
+    """`R(k_pos) k` by a rotation (`attn.RopeOp.rope_key`'s parts), as
+    `CompiledAttention.rotate_keys` computes it: the key rotation of a traced graph (a
+    model that writes rotated keys into its cache, under torch.compile)."""
+    from attnfuse.runtime.key_rotation import rotate_keys as rotate
+
+    scaling = None if llama3_scaling is None else tuple(llama3_scaling)
+    return rotate((theta, rotary_dim, interleaved, scaling), k, k_positions)
+
+
+@rotate_keys.register_fake
+def _rotate_keys_fake(theta, rotary_dim, interleaved, llama3_scaling, k, k_positions):
+    from attnfuse.runtime.layout import empty_in_layout_of
+
+    return empty_in_layout_of(k, k.dtype)  # as the kernel's output: k's memory order
+
+
+def _rotate_keys_setup(ctx, inputs, output) -> None:
+    ctx.rope = inputs[:4]
+    ctx.save_for_backward(inputs[5])
+
+
+def _rotate_keys_backward(ctx, grad):
+    (positions,) = ctx.saved_tensors
+    if positions is None:
+        positions = torch.arange(grad.shape[2], device=grad.device)
+    # The gradient of R(p) k is R(p)^T g = R(-p) g.
+    return None, None, None, None, rotate_keys(*ctx.rope, grad, -positions), None
+
+
+rotate_keys.register_autograd(_rotate_keys_backward, setup_context=_rotate_keys_setup)
+
+
 def call(
     key: str,
     q: Tensor,

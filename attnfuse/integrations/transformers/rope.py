@@ -17,6 +17,7 @@ import types
 import torch
 
 import attnfuse as af
+from attnfuse.runtime import torch_op
 from attnfuse.errors import AttnFuseError
 from attnfuse.integrations.transformers.attention import (
     KEY_GIVEN,
@@ -71,6 +72,15 @@ def rotate_keys(key: torch.Tensor, positions: torch.Tensor, block: af.rope) -> t
     """`key [B, Hkv, N, D]` rotated by `block` at `positions [B, N]`, by AttnFuse's own
     rotation kernel (`CompiledAttention.rotate_keys`: the numbers a fused rotation would use);
     differentiable. What `fuse_rope` writes into a KV cache."""
+    if torch.compiler.is_compiling():
+        # Traced (HF compiles a static-cache generate): the rotation as its operator, from the
+        # block's plain fields; building a variant is xDSL code the tracer must not enter.
+        scaling = block.scaling
+        llama3 = None if scaling is None else [
+            float(scaling.factor), float(scaling.low_freq_factor), float(scaling.high_freq_factor),
+            float(scaling.original_max_position)]
+        return torch_op.rotate_keys(block.theta, block.rotary_dim, block.interleaved, llama3,
+                                    key, positions)
     return compiled_variant(af.attention(block), KEY_GIVEN).rotate_keys(key, positions)
 
 
@@ -81,7 +91,9 @@ def _check_frequencies(model: torch.nn.Module, block: af.rope, head_dim: int) ->
         inv_freq = getattr(module, "inv_freq", None)
         if isinstance(inv_freq, torch.Tensor) and hasattr(module, "attention_scaling"):
             ours = _frequencies(block, head_dim).to(inv_freq.device)
-            if inv_freq.shape != ours.shape or not torch.allclose(inv_freq.float(), ours, rtol=1e-5, atol=0):
+            # A model cast to half precision casts this buffer too: compare at its precision.
+            rtol = max(1e-5, torch.finfo(inv_freq.dtype).eps)
+            if inv_freq.shape != ours.shape or not torch.allclose(inv_freq.float(), ours, rtol=rtol, atol=0):
                 raise AttnFuseError(f"fuse_rope: {type(module).__name__}'s frequencies differ from {block!r}")
             if module.attention_scaling != 1.0:
                 raise AttnFuseError("fuse_rope: rotary attention_scaling != 1 is not supported")

@@ -263,6 +263,19 @@ def test_with_block_sparse_both_filters_hold():
 # --------------------------------------------------------------------------------------------
 
 
+def forward_lists(fn, q, k, v, doc):
+    """The block lists a forward call with these tensors reads."""
+    return fn.call_tensors(fn.plan(q, k, v), {"doc_ids": doc})
+
+
+def backward_lists(fn, q, k, v, doc):
+    """The block lists the backward of a training call with these tensors reads."""
+    from attnfuse.runtime.api import LIST_SOURCES
+
+    plan = fn.plan(q, k, v, training=True)
+    return fn._block_lists(fn.call_tensors(plan, {"doc_ids": doc})[LIST_SOURCES], plan, True)
+
+
 def test_tiles_of_documents_that_never_meet_are_skipped():
     """Two documents of 32 keys, tiles of 32: each query tile visits its own key tile only,
     as a full tile (no per-entry test); the dK/dV lists are the transpose."""
@@ -270,20 +283,21 @@ def test_tiles_of_documents_that_never_meet_are_skipped():
     q, k, v = make_qkv(1, 1, 1, 64, 64, 16, seed=14)
     doc = ids((0, 32), (1, 32))
     fn(q, k, v, doc_ids=doc)
-    lists = fn._list_cache[False][2]
+    lists = forward_lists(fn, q, k, v, doc)
     assert lists["full_count"][0, 0].tolist() == [1, 1]
     assert lists["partial_count"][0, 0].tolist() == [0, 0]
     assert lists["full_blocks"][0, 0, :, 0].tolist() == [0, 1]
     # A third document straddling the tiles makes them partial, and they meet.
     doc = ids((0, 30), (5, 4), (1, 30))
     fn(q, k, v, doc_ids=doc)
-    lists = fn._list_cache[False][2]
+    lists = forward_lists(fn, q, k, v, doc)
     assert lists["full_count"][0, 0].tolist() == [0, 0]
     assert lists["partial_count"][0, 0].tolist() == [2, 2]
     # Backward lists: dQ tiles of 32 x 16 keys, dK/dV 16 keys x 32 queries.
     q.requires_grad_()
-    fn(q, k, v, doc_ids=ids((0, 32), (1, 32))).sum().backward()
-    back = fn._list_cache[True][2]
+    doc = ids((0, 32), (1, 32))
+    fn(q, k, v, doc_ids=doc).sum().backward()
+    back = backward_lists(fn, q, k, v, doc)
     assert back["full_count"][0, 0].tolist() == [2, 2]
     assert back["full_blocks"][0, 0, :, :2].tolist() == [[0, 1], [2, 3]]
     assert back["full_q_count"][0, 0].tolist() == [1, 1, 1, 1]

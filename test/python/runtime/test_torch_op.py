@@ -231,3 +231,22 @@ def test_operators_pass_torch_library_opcheck():
     torch.library.opcheck(torch.ops.attnfuse.attention_backward.default,
                           (key, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
                            grad_out, torch.randn_like(lse), bias.detach(), data, None, None, True))
+
+
+def test_rotate_keys_compiles_and_matches_eager():
+    """`CompiledAttention.rotate_keys` (keys rotated once, as a KV cache stores them) under
+    fullgraph compile, forward and backward, and its operator under opcheck."""
+    fn = af.compile(af.attention(af.rope(scaling=af.llama3_scaling(original_max_position=64)),
+                                 af.causal()), rope_placement=("auto", "given"))
+    k = torch.randn(2, 2, 24, 16, requires_grad=True)
+    positions = torch.arange(24).expand(2, 24) + torch.tensor([[0], [5]])
+    w = torch.randn(2, 2, 24, 16)
+
+    def loss(k, positions):
+        return (fn.rotate_keys(k, positions) * w).sum()
+
+    value, (grad,) = grads_of(lambda k: torch.compile(loss, fullgraph=True, backend="aot_eager")(k, positions), k)
+    eager_value, (eager_grad,) = grads_of(lambda k: loss(k, positions), k)
+    assert close(value, eager_value) and close(grad, eager_grad)
+    torch.library.opcheck(torch.ops.attnfuse.rotate_keys.default,
+                          (10000.0, None, False, [8.0, 1.0, 4.0, 64.0], k, positions))

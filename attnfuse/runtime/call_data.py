@@ -37,6 +37,12 @@ def position_extent(view: torch.Tensor, name: str) -> int:
     be. An `ArgumentError` if a position lies beyond `MAX_ROPE_POSITION`. One host sync."""
     if not view.numel():
         return 0
+    if view.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ArgumentError(
+            f"{name}: a call with call-time RoPE positions reads their range on the host (to "
+            "size the rotation table), which a CUDA graph capture cannot do. An attention "
+            "call keeps that range per positions tensor: call it once before the capture with "
+            "the same, unchanged tensor; rotate_keys reads it on every call")
     largest = int(view.to(torch.int64).abs().max())
     if largest > MAX_ROPE_POSITION:
         raise ArgumentError(

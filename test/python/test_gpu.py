@@ -626,3 +626,29 @@ def test_documents_rope_window_gqa_2048(dtype):
     data = {"doc_ids": doc, "q_positions": positions, "k_positions": positions}
     check_forward_on_gpu(spec, q, k, v, **data)
     check_gradients(spec, q, k, v, **data)
+
+
+def test_capture_with_positions_after_a_warm_call_and_a_clear_error_without():
+    """Call-time positions are range-checked on the host once per positions tensor: after a
+    warm call with that tensor a capture works; a fresh tensor inside a capture is a clear
+    ArgumentError, not a CUDA error."""
+    from attnfuse.errors import ArgumentError
+
+    fn = af.compile(af.attention(af.rope(), af.causal()))
+    q, k, v = qkv(b=1, hq=4, nq=256, d=64)
+    positions = torch.arange(256, device="cuda") + 100
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(q, k, v, q_positions=positions, k_positions=positions)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(q, k, v, q_positions=positions, k_positions=positions)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, fn(q, k, v, q_positions=positions, k_positions=positions))
+    fresh = positions.clone()
+    with pytest.raises(ArgumentError, match="CUDA graph capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            fn(q, k, v, q_positions=fresh, k_positions=fresh)

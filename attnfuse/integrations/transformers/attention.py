@@ -25,6 +25,10 @@ from attnfuse.integrations.transformers.masks import AttnFuseMask
 
 _compiled: dict[tuple, "af.CompiledAttention"] = {}
 
+UNSUPPORTED_KEYWORDS = ("s_aux", "sinks")
+"""Attention-interface keywords that change the result and that AttnFuse cannot honour
+(GPT-OSS-style attention sinks): refused, never ignored."""
+
 KEY_GIVEN = ("auto", "given")
 """The `rope_placement` of a call whose keys come from a KV cache, rotated when written: the
 kernel rotates the queries (where the Rotation Calculus says) and reads k as passed."""
@@ -246,6 +250,11 @@ def attnfuse_attention_forward(
     as HF's sdpa does."""
     if kwargs.get("output_attentions", False):
         warn_no_attention_weights()
+    for name in UNSUPPORTED_KEYWORDS:
+        if kwargs.get(name) is not None:
+            raise ArgumentError(
+                f"the model passes {name}= (attention sinks) to its attention: AttnFuse has no "
+                "sink block, so its result would be wrong; use another attn_implementation")
     out = run_attention(module, query, key, value, attention_mask, dropout=dropout,
                         scaling=scaling, is_causal=is_causal, sliding_window=sliding_window,
                         softcap=softcap)

@@ -167,4 +167,10 @@ def fuse_rope(model: torch.nn.Module) -> torch.nn.Module:
             continue  # already fused
         module._attnfuse_rope = block
         module.forward = types.MethodType(_fused_forward, module)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        # generate() compiles a static-cache decode with CUDA graphs; a call with call-time
+        # RoPE positions reads their range on the host once per positions tensor (to size
+        # the rotation table), which a graph capture cannot do: decode eagerly instead.
+        generation.disable_compile = True
     return model

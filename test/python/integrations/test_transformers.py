@@ -339,3 +339,12 @@ def test_fuse_rope_refusals():
     gemma = make_pair(transformers.Gemma2Config, transformers.Gemma2ForCausalLM, head_dim=16)[1]
     with pytest.raises(af.AttnFuseError, match="model type 'gemma2'"):
         af_hf.fuse_rope(gemma)
+
+
+def test_attention_sinks_are_refused_not_ignored():
+    """GPT-OSS-style models pass sinks (`s_aux=`) to the attention interface; AttnFuse has no
+    sink block, so the call must fail rather than drop them."""
+    q = torch.randn(1, 2, 4, 8)
+    module = torch.nn.Module()
+    with pytest.raises(af.AttnFuseError, match="s_aux"):
+        hf_attention.attnfuse_attention_forward(module, q, q, q, None, s_aux=torch.zeros(2))

@@ -132,7 +132,7 @@ def _resolve(
         if attention_mask.padding is not None:
             # One document per row; padding keys are never kept and padding queries keep
             # nothing (their rows are 0), without a dense mask.
-            doc_ids = attention_mask.padding.to(torch.int32) - 1
+            doc_ids = attention_mask.doc_ids
         return _Resolved(attention_mask.pattern, attention_mask.window, attention_mask.valid,
                          None, doc_ids)
     if attention_mask is None:

@@ -42,6 +42,13 @@ class AttnFuseMask:
     padding: torch.Tensor | None = None
     dense: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        # The `af.document()` ids of the padding (0 for a token, -1 for padding), made once
+        # per mask: every layer passes this same tensor, so the kernels' block lists are
+        # built once per forward, not once per layer (they are cached per ids tensor).
+        ids = None if self.padding is None else self.padding.to(torch.int32) - 1
+        object.__setattr__(self, "doc_ids", ids)
+
     ndim = 4
     """HF's mask preprocessing asks a given mask for `ndim` (2 = a padding mask to expand);
     this one is prepared. `generate` with a static cache makes the mask before the forward and

@@ -348,3 +348,18 @@ def test_attention_sinks_are_refused_not_ignored():
     module = torch.nn.Module()
     with pytest.raises(af.AttnFuseError, match="s_aux"):
         hf_attention.attnfuse_attention_forward(module, q, q, q, None, s_aux=torch.zeros(2))
+
+
+def test_padding_lists_are_built_once_per_forward_not_per_layer(monkeypatch):
+    """Every layer gets the mask's one doc_ids tensor, so the block lists of the padding are
+    built once per forward (two layers here), not once per layer."""
+    from attnfuse.runtime import api
+
+    builds = []
+    real = api.call_block_lists
+    monkeypatch.setattr(api, "call_block_lists", lambda *a, **kw: builds.append(1) or real(*a, **kw))
+    _eager, fused = llama_pair()
+    ids, mask = batch(length=10, pad=3)
+    with torch.no_grad():
+        fused(input_ids=ids, attention_mask=mask)
+    assert len(builds) == 1

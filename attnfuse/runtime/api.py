@@ -463,14 +463,9 @@ class CompiledAttention:
     def _call_operator(self, q, k, v, return_lse, bias, data, q_positions, k_positions):
         """A traced call: through `torch.ops.attnfuse.attention`, whose autograd runs
         `attention_backward` (torch_op.py); the operators run the eager path underneath."""
-        explicit = (q_positions is not None, k_positions is not None)
-        key = self._operator_keys.get(explicit)
-        if key is None:
-            name = "q_positions" if explicit[0] else "k_positions"
-            raise ArgumentError(f"{name}= given, but {self.program!r} has no rope() that takes it")
-        out, lse = torch.ops.attnfuse.attention(key, q, k, v, bias, torch_op.data_list(data),
-                                                 q_positions, k_positions, return_lse)
-        return (out, lse) if return_lse else out
+        key = self.operator_key((q_positions is not None, k_positions is not None))
+        return torch_op.call(key, q, k, v, return_lse=return_lse, bias=bias,
+                             q_positions=q_positions, k_positions=k_positions, **data)
 
     def forward(
         self,

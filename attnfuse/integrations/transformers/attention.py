@@ -74,7 +74,9 @@ def _operator_key(signature: Signature, explicit: tuple[bool, bool]) -> str:
     return variant_of(signature).operator_key(explicit)
 
 
-def _rope_signature(block: object) -> tuple | None:
+def rope_signature(block: object) -> tuple | None:
+    """An `af.rope` block as plain constants, in `attn.RopeOp.rope_key`'s order: theta,
+    rotary width, interleaved, Llama-3.1 scaling (or None)."""
     if block is None:
         return None
     llama3 = block.scaling
@@ -215,7 +217,7 @@ def run_attention(
         else:
             placement = KEY_GIVEN  # the cache holds rotated keys: only q turns, in the kernel
     signature = (resolved.pattern, resolved.window, scaling, softcap, resolved.doc_ids is not None,
-                 resolved.bias is not None, _rope_signature(rope_block), placement)
+                 resolved.bias is not None, rope_signature(rope_block), placement)
     if torch.compiler.is_compiling():
         explicit = ("q_positions" in arguments, "k_positions" in arguments)
         out = torch_op.call(_operator_key(signature, explicit), query, key, value, **arguments)

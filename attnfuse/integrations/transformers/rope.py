@@ -17,15 +17,14 @@ import types
 import torch
 
 import attnfuse as af
-from attnfuse.runtime import torch_op
 from attnfuse.errors import AttnFuseError
 from attnfuse.integrations.transformers.attention import (
-    KEY_GIVEN,
     RopeCall,
-    compiled_variant,
+    rope_signature,
     run_attention,
     warn_no_attention_weights,
 )
+from attnfuse.runtime.key_rotation import rotate_keys as rotate_by_key
 from attnfuse.runtime.launch import rope_frequency
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -71,17 +70,8 @@ def _frequencies(block: af.rope, rotary_dim: int) -> torch.Tensor:
 def rotate_keys(key: torch.Tensor, positions: torch.Tensor, block: af.rope) -> torch.Tensor:
     """`key [B, Hkv, N, D]` rotated by `block` at `positions [B, N]`, by AttnFuse's own
     rotation kernel (`CompiledAttention.rotate_keys`: the numbers a fused rotation would use);
-    differentiable. What `fuse_rope` writes into a KV cache."""
-    if torch.compiler.is_compiling():
-        # Traced (HF compiles a static-cache generate): the rotation as its operator, from the
-        # block's plain fields; building a variant is xDSL code the tracer must not enter.
-        scaling = block.scaling
-        llama3 = None if scaling is None else [
-            float(scaling.factor), float(scaling.low_freq_factor), float(scaling.high_freq_factor),
-            float(scaling.original_max_position)]
-        return torch_op.rotate_keys(block.theta, block.rotary_dim, block.interleaved, llama3,
-                                    key, positions)
-    return compiled_variant(af.attention(block), KEY_GIVEN).rotate_keys(key, positions)
+    differentiable, and an operator under tracing. What `fuse_rope` writes into a KV cache."""
+    return rotate_by_key(rope_signature(block), key, positions)
 
 
 def _check_frequencies(model: torch.nn.Module, block: af.rope, head_dim: int) -> None:

@@ -132,6 +132,7 @@ class Grid(StrEnum):
 
     QUERY_BLOCKS = "query_blocks"
     KEY_BLOCKS = "key_blocks"
+    KV_SPLITS = "kv_splits"
 
 
 @irdl_attr_definition
@@ -316,6 +317,12 @@ TENSOR_AXES: dict[str, str] = {
     "full_q_count": "bhn",
     "partial_q_blocks": "bhnd",
     "partial_q_count": "bhn",
+    # Decoding: per-sequence key counts, a paged cache's page lists, and the partial results
+    # of a split key range (one per split `s`), which a merge kernel combines.
+    "kv_lens": "",
+    "block_table": "bn",
+    "o_part": "bhsnd",
+    "lse_part": "bhsn",
 }
 """Kernel tensor parameters by role, with the axes the kernel indexes them by (each axis
 gets a stride argument; an empty string means a contiguous vector):
@@ -329,7 +336,12 @@ needing no mask, `partial_*`: masked; shared ones have zero strides).
 Backward kernels add `do` (dL/dO), `delta` `[B, Hq, Nq]` (rowsum(dO * O), fp32), the
 gradients `dq`, `dk`, `dv`, `dbias` `[B, Hq, Nq, Nk]` (before reduction over broadcast dims),
 and, for key-block programs, the transposed lists `*_q_blocks` / `*_q_count`
-`[B, H, key blocks, ...]` (query blocks per key block)."""
+`[B, H, key blocks, ...]` (query blocks per key block).
+Decoding adds `kv_lens` `[B]` (int32: sequence `b` has keys `j < kv_lens[b]`; a kernel with
+this parameter reads its key count per batch, clamped to `[0, Nk]`), `block_table`
+`[B, pages]` (int32: a paged cache's pages in sequence order; with it the key-row operands
+are page pools `[pages, Hkv, page_size, D]`, see `KernelOp`), and a split kernel's partial
+results `o_part` `[B, Hq, splits, Nq, Dv]` and `lse_part` `[B, Hq, splits, Nq]` (fp32)."""
 
 BLOCK_LIST_ROLES = tuple(role for role in TENSOR_AXES if role.endswith(("_blocks", "_count")))
 """The block lists and their lengths: indexed by (batch, head, the program's block)."""
@@ -356,24 +368,25 @@ def role_axes(role: str) -> str:
     """The axes a kernel indexes a tensor of `role` by (see `TENSOR_AXES`)."""
     return TENSOR_AXES[role_kind(role)]
 
-BLOCK_ROLES = ("q", "k", "v", "o", "q_rot", "k_rot", "lse", "do", "delta", "dq", "dk", "dv")
+BLOCK_ROLES = ("q", "k", "v", "o", "q_rot", "k_rot", "lse", "do", "delta", "dq", "dk", "dv",
+               "o_part", "lse_part")
 """Roles accessed by `tile.load` / `tile.store` blocks of rows."""
 
-QUERY_ROW_ROLES = ("q", "q_rot", "o", "lse", "do", "delta", "dq")
+QUERY_ROW_ROLES = ("q", "q_rot", "o", "lse", "do", "delta", "dq", "o_part", "lse_part")
 """Block roles whose rows are queries; the others (k, k_rot, v, dk, dv) have key rows."""
 
 
 def rows_axis(grid: str, rows: str) -> str:
     """Whether the program's or the loop's rows of a kernel on `grid` are queries or keys."""
-    program = "query" if grid == "query_blocks" else "key"
-    loop = "key" if grid == "query_blocks" else "query"
+    program = "key" if grid == "key_blocks" else "query"
+    loop = "query" if grid == "key_blocks" else "key"
     return program if rows == "program" else loop
 
 
 KEY_ROW_ROLES = tuple(role for role in BLOCK_ROLES if role not in QUERY_ROW_ROLES)
 """Block roles whose rows are keys, indexed by the key/value head."""
 
-FP32_ROLES = ("lse", "delta")
+FP32_ROLES = ("lse", "delta", "o_part", "lse_part")
 """Block roles that are fp32 whatever the kernel's element type (per-row statistics)."""
 WIDENABLE_ROLES = ("q", "k", "q_rot", "k_rot")
 """Operand roles a kernel may load widened to f32 (for score products far more exact than
@@ -471,12 +484,21 @@ def _kernel_of(op: Operation) -> KernelOp | None:
 GRIDS = {
     "query_blocks": "one program per (batch x query head, query block)",
     "key_blocks": "one program per (batch x key/value head, key block)",
+    "kv_splits": "one program per (batch x key/value head x block of the group's query rows, "
+                 "split of the key range)",
 }
 """Launch grids. The grid fixes the orientation of score tiles: in a `query_blocks` kernel
 the program's rows are queries and a loop's rows are keys, so scores are `query x key`; in a
 `key_blocks` kernel (the dK/dV backward) the program's rows are keys and a loop's rows are
 queries, so every score-shaped tile is transposed, `key x query`. Ops that need positions
-(masks, ALiBi, bias, RoPE) read the orientation from the grid."""
+(masks, ALiBi, bias, RoPE) read the orientation from the grid.
+
+A `kv_splits` kernel (split-KV decoding) is oriented as `query_blocks`, but its program's
+rows are the (query head, query) pairs of every query head that shares one key/value head
+(row `r` is query `r % Nq` of the group's head `r // Nq`), so K and V are read once per
+group, and its programs split the key range: program `(.., s)` visits the keys of split
+`s` only (`tile.kv_split`) and writes its partial output and log-sum-exp (`o_part`,
+`lse_part`), which `tile.merge_splits` combines."""
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -490,9 +512,17 @@ class KernelOp(IRDLOperation):
     Attributes: `grid` (see `GRIDS`), `block_m` (rows a program owns), `block_n` (key rows per
     loop step), `num_warps`, `num_stages` (software-pipelining depth), `head_dim`,
     `head_dim_v`, optional `rotary_dim`, `element_type` (the inputs' type), optional
-    `block_order` (`#tile<order ...>`, ascending when absent) and optional `shared_offsets`
+    `block_order` (`#tile<order ...>`, ascending when absent), optional `shared_offsets`
     (`["do", "q"]`, set by `share-offsets`: when the runtime finds the two roles' row and
-    column strides equal, the first role's loop loads reuse the second's offsets).
+    column strides equal, the first role's loop loads reuse the second's offsets) and
+    optional `page_size`.
+
+    A kernel with a `kv_lens` parameter reads its key count per batch (`kv_lens[batch]`,
+    clamped to the cache's length); one with a `block_table` parameter (and a `page_size`)
+    reads a paged cache: its key-row operands (k, v) are page pools
+    `[pages, Hkv, page_size, D]` and key `j` of batch `b` is row `j % page_size` of page
+    `block_table[b, j // page_size]`. Both change only how rows are addressed and counted;
+    positions (masks, ALiBi, RoPE) stay the logical key index `j`.
     """
 
     name = "tile.kernel"
@@ -624,6 +654,17 @@ class KernelOp(IRDLOperation):
         order = self.attributes.get("block_order")
         if order is not None and not isinstance(order, BlockOrderAttr):
             raise VerifyException(f"block_order must be a #tile<order ...>, got {order}")
+        page_size = self.int_attr("page_size")
+        paged = "block_table" in self.roles
+        if paged != (page_size is not None):
+            raise VerifyException(
+                "a kernel reading a paged cache has a block_table parameter and an integer "
+                "'page_size' attribute, both or neither"
+            )
+        if page_size is not None and page_size < 1:
+            raise VerifyException(f"page_size must be >= 1, got {page_size}")
+        if paged and "kv_lens" not in self.roles:
+            raise VerifyException("a paged kernel needs a kv_lens parameter: the pages hold no length")
         if self.shared_offsets is not None:
             missing = [r for r in self.shared_offsets if r not in self.roles]
             if len(self.shared_offsets) != 2 or missing:
@@ -681,7 +722,7 @@ for half-split RoPE, even or odd dims for interleaved), or the dims after the ro
 Loading a pair's elements as separate tiles lets the rotation run without register shuffles."""
 
 
-VALUE_WIDTH_ROLES = ("v", "o", "do", "dv")
+VALUE_WIDTH_ROLES = ("v", "o", "do", "dv", "o_part")
 """Roles whose columns are the value head dim `dv` rather than `d`."""
 
 
@@ -718,15 +759,20 @@ def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> 
                 f"{role} rows are {axis} rows, but the {rows} rows of a {kernel.grid} kernel "
                 f"are {rows_axis(kernel.grid, rows)} rows"
             )
-    rank = TENSOR_ROLES[role]
-    if rank == 4:
+    if kernel is not None:
+        # A split kernel's rows see only part of the keys: it stores partial results, which
+        # only a merge (`tile.merge_splits`) turns into the output.
+        splits = kernel.grid == "kv_splits"
+        if role in ("o_part", "lse_part") and not splits:
+            raise VerifyException(f"{role} blocks are accessed only by kv_splits kernels")
+        if splits and role in ("o", "lse"):
+            raise VerifyException(f"a kv_splits kernel stores partial results (o_part, lse_part), not {role}")
+    # Operands and gradients have a column axis (`d`); per-row statistics have none.
+    if role_axes(role).endswith("d"):
         if cols is None:
             raise VerifyException(f"a {role} block needs columns: one of {', '.join(COLUMN_PARTS)}")
-    elif rank == 3:
-        if cols is not None:
-            raise VerifyException(f"a {role} tensor has no columns to select")
-    else:
-        raise VerifyException(f"a {role} tensor is not accessed by blocks")
+    elif cols is not None:
+        raise VerifyException(f"a {role} tensor has no columns to select")
 
 
 def expected_tile_shape(role: str, rows: str, cols: str | None) -> tuple[str, ...]:
@@ -1182,7 +1228,7 @@ class _BandBounds(IRDLOperation):
     the mask band and the block sizes. Blocks outside `[start, end)` are empty and never
     visited. Each is legal only in the grid whose program rows it bounds against."""
 
-    GRID: ClassVar[str]
+    ALLOWED_GRIDS: ClassVar[tuple[str, ...]]
     OWNS: ClassVar[str]
 
     band = prop_def(BandAttr)
@@ -1200,18 +1246,88 @@ class _BandBounds(IRDLOperation):
 
     def verify_(self) -> None:
         kernel = _kernel_of(self)
-        if kernel is not None and kernel.grid != self.GRID:
+        if kernel is not None and kernel.grid not in self.ALLOWED_GRIDS:
             raise VerifyException(f"{self.name} needs a kernel whose programs own {self.OWNS} blocks")
 
 
 @irdl_op_definition
 class KVBoundsOp(_BandBounds):
-    """The key blocks a query block visits (in a `query_blocks` kernel), split as
-    `_BandBounds` says."""
+    """The key blocks a query block visits (in a `query_blocks` kernel; in a `kv_splits`
+    kernel, those that any query of the sequence visits), split as `_BandBounds` says."""
 
     name = "tile.kv_bounds"
-    GRID: ClassVar[str] = "query_blocks"
+    ALLOWED_GRIDS: ClassVar[tuple[str, ...]] = ("query_blocks", "kv_splits")
     OWNS: ClassVar[str] = "query"
+
+
+@irdl_op_definition
+class KVSplitOp(IRDLOperation):
+    """Clips a key-block range (`tile.kv_bounds`' four bounds) to the program's split of the
+    key range, in a `kv_splits` kernel: split `s` holds keys `[s * split_len, (s + 1) *
+    split_len)`, `split_len` a call-time multiple of `block_n`, so a block that was full
+    stays full and one that was partial stays partial. A split past a sequence's keys gets
+    empty ranges, and its program stores an empty partial result (0 and lse -inf)."""
+
+    name = "tile.kv_split"
+
+    start = operand_def(IndexType)
+    full_start = operand_def(IndexType)
+    full_end = operand_def(IndexType)
+    end = operand_def(IndexType)
+    split_start = result_def(IndexType)
+    split_full_start = result_def(IndexType)
+    split_full_end = result_def(IndexType)
+    split_end = result_def(IndexType)
+
+    assembly_format = "$start `,` $full_start `,` $full_end `,` $end attr-dict"
+    traits = traits_def(Pure())
+
+    def __init__(self, start: SSAValue, full_start: SSAValue, full_end: SSAValue, end: SSAValue):
+        super().__init__(operands=[start, full_start, full_end, end], result_types=[IndexType()] * 4)
+
+    def verify_(self) -> None:
+        kernel = _kernel_of(self)
+        if kernel is not None and kernel.grid != "kv_splits":
+            raise VerifyException("tile.kv_split needs a kv_splits kernel")
+
+
+@irdl_op_definition
+class MergeSplitsOp(IRDLOperation):
+    """Combines the partial results of a split kernel (`o_part`, `lse_part`) for the
+    program's query rows, exactly: with `weighted` (softmax), each split's output is
+    weighted by `exp(lse_s - lse)`, `lse = log(sum_s exp(lse_s))`, and a row no split kept
+    a key for gets `o = 0`, `lse = -inf`; without it (pointwise normalizers, whose outputs
+    are sums over keys) the outputs add and there is no lse (`lse` is then 0 and must not
+    be stored). Loops over the call's splits itself; in a `query_blocks` kernel."""
+
+    name = "tile.merge_splits"
+
+    o_part = operand_def(TensorType)
+    lse_part = operand_def(TensorType)
+    weighted = opt_prop_def(UnitAttr)
+    output = result_def(TileType)
+    lse = result_def(TileType)
+
+    assembly_format = (
+        "$o_part `,` $lse_part (`weighted` $weighted^)? attr-dict `:` type($o_part) `,` "
+        "type($lse_part) `->` type($output) `,` type($lse)"
+    )
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, o_part: SSAValue, lse_part: SSAValue, weighted: bool):
+        super().__init__(
+            operands=[o_part, lse_part],
+            result_types=[TileType(("m", "dv"), f32), TileType(("m",), f32)],
+            properties={"weighted": UnitAttr() if weighted else None},
+        )
+
+    def verify_(self) -> None:
+        _expect_role(self.o_part, "o_part", "tile.merge_splits merges an o_part tensor")
+        _expect_role(self.lse_part, "lse_part", "tile.merge_splits reads an lse_part tensor")
+        _verify_f32_state([(self.output, ("m", "dv"), "merged output"), (self.lse, ("m",), "merged lse")])
+        kernel = _kernel_of(self)
+        if kernel is not None and kernel.grid != "query_blocks":
+            raise VerifyException("tile.merge_splits needs a query_blocks kernel")
 
 
 class _RangeLoop(IRDLOperation):
@@ -1276,9 +1392,14 @@ def _verify_loop(loop: IRDLOperation, inits: Sequence[SSAValue], results: Sequen
     if [v.type for v in terminator.values] != init_types:
         raise VerifyException("tile.yield must yield the types of the loop's iter_args")
     kernel = _kernel_of(loop)
-    grid = "key_blocks" if isinstance(loop, QUERY_LOOP_OPS) else "query_blocks"
-    if kernel is not None and kernel.grid != grid:
-        owner = "key" if grid == "key_blocks" else "query"
+    if isinstance(loop, QUERY_LOOP_OPS):
+        grids = ("key_blocks",)
+    elif isinstance(loop, KVLoopOp):
+        grids = ("query_blocks", "kv_splits")
+    else:
+        grids = ("query_blocks",)  # block lists are per query block
+    if kernel is not None and kernel.grid not in grids:
+        owner = "key" if grids == ("key_blocks",) else "query"
         raise VerifyException(f"{loop.name} needs a kernel whose programs own {owner} blocks")
 
 
@@ -1351,7 +1472,7 @@ class QBoundsOp(_BandBounds):
     as `_BandBounds` says: full query blocks keep every key of the block."""
 
     name = "tile.q_bounds"
-    GRID: ClassVar[str] = "key_blocks"
+    ALLOWED_GRIDS: ClassVar[tuple[str, ...]] = ("key_blocks",)
     OWNS: ClassVar[str] = "key"
 
 
@@ -1999,7 +2120,9 @@ Tile = Dialect(
         MaskOp,
         DocumentMaskOp,
         KVBoundsOp,
+        KVSplitOp,
         KVLoopOp,
+        MergeSplitsOp,
         YieldOp,
         SoftmaxInitOp,
         SoftmaxUpdateOp,
@@ -2050,6 +2173,8 @@ __all__ = [
     "JoinOp",
     "KVBoundsOp",
     "KVLoopOp",
+    "KVSplitOp",
+    "MergeSplitsOp",
     "KernelOp",
     "LoadOp",
     "MapOp",

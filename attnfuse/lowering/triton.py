@@ -9,7 +9,12 @@ The kernel ABI is uniform so the runtime can launch any kernel from its `KernelI
 
     kernel(<for each role: {role}_ptr, then one stride per axis of tile.role_axes(role)>,
            sm_scale, n_q, n_k, num_heads, group_size,
+           [num_splits, split_len,]   # kernels of a split decode (`KernelInfo.splits`)
            <constexprs with defaults: block sizes and static dims>)
+
+`num_heads` is the count of the heads the grid's programs own: query heads on
+`query_blocks`, key/value heads on `key_blocks` and `kv_splits`. `n_k` is the key count (the
+cache's capacity where the kernel reads `kv_lens`).
 
 The printer translates; the decisions are the passes', visible in the tile IR: whether the
 score scale is folded into the exponential (`fold-scale-into-exp`: `unscaled` scores), the
@@ -74,6 +79,9 @@ class KernelInfo:
     """(follower, leader): the kernel has a `SHARED_OFFSETS` constexpr; when the runtime sets
     it (the two roles' row and column strides are equal), the follower's loop loads use the
     leader's offsets (`tile.kernel`'s `shared_offsets`, set by `share-offsets`)."""
+    splits: bool = False
+    """The kernel takes `num_splits, split_len` after `group_size`: a split decode kernel
+    (`kv_splits` grid) or the merge of its partial results."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +200,10 @@ class KernelEmitter:
             "tl", "triton", "block_id", "batch_head", "batch", "head", "kv_head", "rows",
             "row_in_bounds", "keys", "key_in_bounds", "q_pos", "slope", "entry", "sm_scale", "n_q", "n_k", "num_heads",
             "group_size", "start_n", "q_first", "q_last", "queries", "query_in_bounds", "start_m",
-            "head_in_group", "diag_first", "diag_last", "lse_safe",
+            "head_in_group", "diag_first", "diag_last", "lse_safe", "split", "num_splits",
+            "split_len", "row_head", "row_query", "row_blocks", "pages", "page_rows", "group_rows",
+            "split_lo", "split_hi", "split_lse", "split_out", "new_max", "safe_max", "rescale",
+            "weight",
             "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS,
         }
         for role in self.roles:
@@ -239,8 +250,14 @@ class KernelEmitter:
             # this program's block.
             return (f"{role}_base = {role}_ptr + batch * stride_{role}_b + head * stride_{role}_h"
                     f" + block_id * stride_{role}_n")
+        if self.paged and role in tile.KEY_ROW_ROLES:
+            # A page pool: the batch axis holds pages, chosen per row (`block_pointer`).
+            return f"{role}_base = {role}_ptr + kv_head * stride_{role}_h"
         if axes.startswith("bh"):
-            return f"{role}_base = {role}_ptr + batch * stride_{role}_b + {self.head_of(role)} * stride_{role}_h"
+            base = f"{role}_base = {role}_ptr + batch * stride_{role}_b + {self.head_of(role)} * stride_{role}_h"
+            if "s" in axes and self.grid == "kv_splits":
+                base += f" + split * stride_{role}_s"  # this program's split's partial results
+            return base
         if axes == "bn":
             return f"{role}_base = {role}_ptr + batch * stride_{role}_b"
         return None
@@ -249,9 +266,9 @@ class KernelEmitter:
         """2-D expressions for the current block's pairs: query and key positions and
         indices, in the grid's orientation (program rows down, loop rows across)."""
         loop = self.loop_vars[-1]
-        if self.grid == "query_blocks":
+        if self.grid != "key_blocks":
             return {"q_pos": "q_pos[:, None]", "k_pos": f"{loop.position}[None, :]",
-                    "q_idx": "rows[:, None]", "k_idx": f"{loop.index}[None, :]"}
+                    "q_idx": f"{self.query_rows}[:, None]", "k_idx": f"{loop.index}[None, :]"}
         return {"q_pos": f"{loop.position}[None, :]", "k_pos": "rows[:, None]",
                 "q_idx": f"{loop.index}[None, :]", "k_idx": "rows[:, None]"}
 
@@ -296,15 +313,35 @@ class KernelEmitter:
         loop = self.loop_vars[-1]
         return loop.index, loop.mask or None
 
+    @property
+    def paged(self) -> bool:
+        """Whether the kernel's key-row operands are page pools (`block_table`)."""
+        return "block_table" in self.roles
+
+    @property
+    def query_rows(self) -> str:
+        """The query index of each program row: the row itself, or in a `kv_splits` kernel
+        (whose rows are (query head, query) pairs) its query."""
+        return "row_query" if self.grid == "kv_splits" else "rows"
+
+    def row_offsets(self, role: str, rows: str) -> str | None:
+        """The offset of each accessed row of `role` from `{role}_base` where it is not
+        `row index * stride_{role}_n` (None there)."""
+        if rows == "program" and self.grid == "kv_splits" and role in tile.QUERY_ROW_ROLES:
+            # Rows are (query head in the group, query) pairs: both axes vary by row.
+            return f"(row_head * stride_{role}_h + row_query * stride_{role}_n)"
+        if rows == "loop" and self.paged and role in tile.KEY_ROW_ROLES:
+            return f"(pages * stride_{role}_b + page_rows * stride_{role}_n)"
+        return None
+
     def block_pointer(self, role: str, rows: str, cols: str | None) -> tuple[str, str | None]:
         row_index, row_mask = self.rows(rows)
+        offsets = self.row_offsets(role, rows)
         if cols is None:
-            return f"{role}_base + {row_index} * stride_{role}_n", row_mask
+            return f"{role}_base + {offsets or f'{row_index} * stride_{role}_n'}", row_mask
         col_index, col_mask = self.columns(role, cols)
-        ptrs = (
-            f"{role}_base + {row_index}[:, None] * stride_{role}_n"
-            f" + ({col_index})[None, :] * stride_{role}_d"
-        )
+        row_part = f"{offsets}[:, None]" if offsets else f"{row_index}[:, None] * stride_{role}_n"
+        ptrs = f"{role}_base + {row_part} + ({col_index})[None, :] * stride_{role}_d"
         masks = [m for m in (row_mask and f"{row_mask}[:, None]", col_mask and f"({col_mask})[None, :]") if m]
         return ptrs, " & ".join(masks) if masks else None
 
@@ -315,6 +352,8 @@ class KernelEmitter:
         for role in self.roles:
             params.append(", ".join([f"{role}_ptr", *self.strides(role)]) + ",")
         params.append("sm_scale, n_q, n_k, num_heads, group_size,")
+        if self.splits:
+            params.append("num_splits, split_len,")
         constexprs = {
             "BLOCK_M": self.kernel.get("block_m"),
             "BLOCK_N": self.kernel.get("block_n"),
@@ -333,10 +372,20 @@ class KernelEmitter:
             }
         if self.shared_offsets is not None:
             constexprs["SHARED_OFFSETS"] = False
+        if self.paged:
+            constexprs["PAGE_SIZE"] = self.kernel.get("page_size")
         params += [f"{k}: tl.constexpr = {v}," for k, v in constexprs.items()]
         return params
 
+    @property
+    def splits(self) -> bool:
+        """Whether the kernel takes the split scalars (`KernelInfo.splits`)."""
+        return self.grid == "kv_splits" or "o_part" in self.roles
+
     def prologue(self) -> None:
+        if self.grid == "kv_splits":
+            self.split_prologue()
+            return
         k = self.kernel
         what = tile.GRIDS[self.grid]
         self.emit(f"# Program grid ({what}).")
@@ -358,6 +407,7 @@ class KernelEmitter:
             self.emit("kv_head = head // group_size  # GQA/MQA: query heads share a key/value head")
         else:
             self.emit("kv_head = head  # programs of a key_blocks grid own a key/value head")
+        self.emit_key_count()
         self.emit("rows = block_id * BLOCK_M + tl.arange(0, BLOCK_M)")
         n_rows = "n_q" if self.grid == "query_blocks" else "n_k"
         self.emit(f"row_in_bounds = rows < {n_rows}")
@@ -374,6 +424,48 @@ class KernelEmitter:
         if self.grid == "query_blocks":
             self.emit_slope_loads()
         del k
+
+    def split_prologue(self) -> None:
+        """The prologue of a `kv_splits` kernel: which key/value head, block of the group's
+        (query head, query) rows and split of the keys the program owns."""
+        self.emit(f"# Program grid ({tile.GRIDS['kv_splits']}).")
+        self.emit("split = tl.program_id(1)")
+        self.emit("group_rows = group_size * n_q  # (query head, query) pairs per key/value head")
+        self.emit("row_blocks = tl.cdiv(group_rows, BLOCK_M)")
+        self.emit("block_id = tl.program_id(0) % row_blocks")
+        self.emit("batch_head = tl.program_id(0) // row_blocks")
+        self.emit("batch = (batch_head // num_heads).to(tl.int64)")
+        self.emit("kv_head = (batch_head % num_heads).to(tl.int64)")
+        self.emit("head = kv_head * group_size  # the group's first query head")
+        self.emit_key_count()
+        self.emit("rows = block_id * BLOCK_M + tl.arange(0, BLOCK_M)")
+        self.emit("row_in_bounds = rows < group_rows")
+        self.emit("row_head = rows // n_q  # query head in the group")
+        self.emit("row_query = rows % n_q")
+        self.emit("q_pos = row_query + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key")
+        used_cols = self.used_column_sets()
+        for name, width in (("cols_d", "BLOCK_D"), ("cols_dv", "BLOCK_DV"), ("cols_half", "BLOCK_HALF"), ("cols_pass", "BLOCK_PASS")):
+            if name in used_cols:
+                self.emit(f"{name} = tl.arange(0, {width})")
+        for role in self.roles:
+            line = self.base_line(role)
+            if line is not None:
+                self.emit(line)
+        for role in self.slope_roles():
+            # One slope per row: the rows span the group's query heads.
+            self.emit(f"{self.slope_name(role)} = tl.load({role}_ptr + head + row_head, mask=row_in_bounds, other=0.0)")
+
+    def emit_key_count(self) -> None:
+        """Where the kernel reads `kv_lens`: this sequence's key count, clamped to the
+        cache's capacity `n_k` (so no length reads past the cache)."""
+        if "kv_lens" in self.roles:
+            self.emit("n_k = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + batch), 0), n_k)  # this sequence's keys")
+
+    def slope(self, role: str) -> str:
+        """A slopes role's value for the current block, broadcast along the program's rows
+        where each row has its own (a `kv_splits` kernel's rows span query heads)."""
+        name = self.slope_name(role)
+        return f"{name}[:, None]" if self.grid == "kv_splits" else name
 
     def emit_query_head_bases(self) -> None:
         """In a `key_blocks` kernel's loop over the GQA group: point the query-head roles at
@@ -480,7 +572,7 @@ class KernelEmitter:
     def position_rows(self, op: tile.RotateOp) -> str:
         """The row indices of the rotated rows (call-time positions are indexed by row)."""
         assert isinstance(op.lo.type, tile.TileType)
-        return self.loop_vars[-1].index if op.lo.type.shape[0] == "n" else "rows"
+        return self.loop_vars[-1].index if op.lo.type.shape[0] == "n" else self.query_rows
 
     def emit_rotate(self, op: tile.RotateOp) -> None:
         lo, hi = self.namer[op.lo], self.namer[op.hi]
@@ -632,7 +724,7 @@ class KernelEmitter:
         loop = self.loop_vars[-1]
         role = self.role_of(op.doc_ids)
         # Query positions and key indices as vectors, and how each broadcasts to the tile.
-        if self.grid == "query_blocks":
+        if self.grid != "key_blocks":
             queries, keys, q_axis, k_axis = "q_pos", loop.index, "[:, None]", "[None, :]"
         else:
             queries, keys, q_axis, k_axis = loop.position, "rows", "[None, :]", "[:, None]"
@@ -672,10 +764,59 @@ class KernelEmitter:
 
     def emit_kv_bounds(self, op: tile.KVBoundsOp) -> None:
         lower, upper = op.band.bounds
-        self.emit(f"# tile.kv_bounds: key blocks this query block visits (band q_pos + [{lower}, {upper}])")
-        self.emit("q_first = block_id * BLOCK_M + (n_k - n_q)  # position of the block's first query")
-        self.emit("q_last = q_first + (BLOCK_M - 1)")
+        if self.grid == "kv_splits":
+            self.emit(f"# tile.kv_bounds: key blocks the sequence's queries visit (band q_pos + [{lower}, {upper}])")
+            self.emit("q_first = n_k - n_q  # position of the first query")
+            self.emit("q_last = n_k - 1")
+        else:
+            self.emit(f"# tile.kv_bounds: key blocks this query block visits (band q_pos + [{lower}, {upper}])")
+            self.emit("q_first = block_id * BLOCK_M + (n_k - n_q)  # position of the block's first query")
+            self.emit("q_last = q_first + (BLOCK_M - 1)")
         self.emit_band_range(op, "q_first", "q_last", lower, upper, "n_k")
+
+    def emit_kv_split(self, op: tile.KVSplitOp) -> None:
+        self.emit("# tile.kv_split: only this program's split of the keys")
+        self.emit("split_lo = split * split_len")
+        self.emit("split_hi = split_lo + split_len")
+        for value, result in zip(op.operands, op.results):
+            self.emit(f"{self.namer.define(result)} = tl.minimum(tl.maximum({self.namer[value]}, split_lo), split_hi)")
+
+    def emit_merge_splits(self, op: tile.MergeSplitsOp) -> None:
+        o_role, lse_role = self.role_of(op.o_part), self.role_of(op.lse_part)
+        out, lse = self.namer.define(op.output), self.namer.define(op.lse)
+        col_mask = " & (cols_dv < HEAD_DIM_V)[None, :]" if padded(self.head_dim_v) != self.head_dim_v else ""
+        o_ptrs = (f"{o_role}_base + split * stride_{o_role}_s + rows[:, None] * stride_{o_role}_n"
+                  f" + cols_dv[None, :] * stride_{o_role}_d")
+        o_mask = f"row_in_bounds[:, None]{col_mask}"
+        self.emit(f"{out} = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
+        if op.weighted is None:
+            self.emit("# tile.merge_splits: a pointwise normalizer's outputs are sums over keys: add them")
+            self.emit("for split in range(0, num_splits):")
+            self.emit(f"    {out} += tl.load({o_ptrs}, mask={o_mask}, other=0.0)")
+            self.emit(f"{lse} = tl.zeros([BLOCK_M], dtype=tl.float32)  # no log-sum-exp")
+            return
+        self.emit("# tile.merge_splits: weight each split's output by exp(lse_s - lse), online over the splits")
+        merged_max, total = self.namer.fresh("merged_max"), self.namer.fresh("merged_sum")
+        self.emit(f"{merged_max} = tl.full([BLOCK_M], float(\"-inf\"), dtype=tl.float32)")
+        self.emit(f"{total} = tl.zeros([BLOCK_M], dtype=tl.float32)")
+        self.emit("for split in range(0, num_splits):")
+        self.indent += 1
+        self.emit(f"split_lse = tl.load({lse_role}_base + split * stride_{lse_role}_s + rows * stride_{lse_role}_n, "
+                  "mask=row_in_bounds, other=float(\"-inf\"))")
+        self.emit(f"split_out = tl.load({o_ptrs}, mask={o_mask}, other=0.0)")
+        self.emit(f"new_max = tl.maximum({merged_max}, split_lse)")
+        self.emit("# Splits with no kept key (lse -inf) weigh 0; subtract 0 while every split so far is empty.")
+        self.emit("safe_max = tl.where(new_max == float(\"-inf\"), 0.0, new_max)")
+        self.emit(f"rescale = tl.math.exp2(({merged_max} - safe_max) * {LOG2E})")
+        self.emit(f"weight = tl.math.exp2((split_lse - safe_max) * {LOG2E})")
+        self.emit(f"{out} = {out} * rescale[:, None] + split_out * weight[:, None]")
+        self.emit(f"{total} = {total} * rescale + weight")
+        self.emit(f"{merged_max} = new_max")
+        self.indent -= 1
+        has_keys = self.namer.fresh("has_keys")
+        self.emit(f"{has_keys} = {total} != 0.0")
+        self.emit(f"{out} = {out} / tl.where({has_keys}, {total}, 1.0)[:, None]")
+        self.emit(f"{lse} = tl.where({has_keys}, {merged_max} + tl.math.log2(tl.where({has_keys}, {total}, 1.0)) * {LN2}, float(\"-inf\"))")
 
     def emit_kv_loop(self, op: tile.KVLoopOp) -> None:
         masked = op.masked is not None
@@ -731,12 +872,33 @@ class KernelEmitter:
             rows = LoopRows("keys", "key_in_bounds" if masked else "", "keys")
             if masked:
                 self.emit("key_in_bounds = keys < n_k")
+            if self.paged:
+                self.emit_pages(masked)
         self.loop_vars.append(rows)
         self.emit_block(block)
         self.loop_vars.pop()
         self.indent -= opened
         for result, name in zip(op.results, carried):
             self.namer.alias(result, name)
+
+    def emit_pages(self, masked: bool) -> None:
+        """A paged kernel's key step: the page and the row in it of each key (`pages`,
+        `page_rows`), from this sequence's block table. Keys past the sequence read no
+        table entry (a table's unused entries may hold anything)."""
+        page_size = self.kernel.get("page_size")
+        block_n = self.kernel.get("block_n")
+        self.emit("# Paged cache: key j is row j % PAGE_SIZE of page block_table[batch, j // PAGE_SIZE].")
+        if page_size % block_n == 0:
+            # The step's keys lie in one page: one table entry, read once. A step past the
+            # sequence's last key is partial and its loads are masked, so its entry (maybe
+            # past the table's used part) is never followed.
+            entry = "start_n // PAGE_SIZE"
+            guard = ", mask=start_n < n_k, other=0" if masked else ""
+            self.emit(f"pages = tl.load(block_table_base + {entry} * stride_block_table_n{guard}).to(tl.int64)")
+        else:
+            guard = ", mask=key_in_bounds, other=0" if masked else ""
+            self.emit(f"pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n{guard}).to(tl.int64)")
+        self.emit("page_rows = keys % PAGE_SIZE")
 
     def emit_yield(self, op: tile.YieldOp) -> None:
         loop = op.parent_op()
@@ -828,12 +990,15 @@ class KernelEmitter:
         self.emit("# tile.alibi: slope * (k_pos - q_pos)")
         self.emit(
             f"{self.namer.define(op.result)} = {self.namer[op.input]}"
-            f" + {self.slope_name(self.role_of(op.slopes))} * ({pair['k_pos']} - {pair['q_pos']}).to(tl.float32)"
+            f" + {self.slope(self.role_of(op.slopes))} * ({pair['k_pos']} - {pair['q_pos']}).to(tl.float32)"
         )
 
     def score_pointers(self, role: str) -> str:
         """Pointers to `role[batch, head, i, j]` for the current block's (query, key) pairs."""
         pair = self.oriented()
+        if self.grid == "kv_splits":
+            queries = f"(row_head * stride_{role}_h + row_query * stride_{role}_n)[:, None]"
+            return f"{role}_base + {queries} + {pair['k_idx']} * stride_{role}_d"
         return f"{role}_base + {pair['q_idx']} * stride_{role}_n + {pair['k_idx']} * stride_{role}_d"
 
     def emit_add_bias(self, op: tile.AddBiasOp) -> None:
@@ -973,6 +1138,8 @@ KernelEmitter.HANDLERS = {
     tile.ScoresOp: KernelEmitter.emit_scores,
     tile.MaskOp: KernelEmitter.emit_mask,
     tile.KVBoundsOp: KernelEmitter.emit_kv_bounds,
+    tile.KVSplitOp: KernelEmitter.emit_kv_split,
+    tile.MergeSplitsOp: KernelEmitter.emit_merge_splits,
     tile.KVLoopOp: KernelEmitter.emit_kv_loop,
     tile.YieldOp: KernelEmitter.emit_yield,
     tile.SoftmaxInitOp: KernelEmitter.emit_softmax_init,
@@ -1125,6 +1292,7 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
                 num_warps=kernel.get("num_warps"),
                 num_stages=kernel.get("num_stages"),
                 shared_offsets=emitter.shared_offsets,
+                splits=emitter.splits,
             )
         )
     for name in sorted(helpers):

@@ -25,7 +25,16 @@ from attnfuse.runtime.config import (
     automatic_placement,
     check_placement_request,
     choose_tile_config,
+    decode_tile_config,
     rope_placement,
+)
+from attnfuse.runtime.kv_cache import (
+    CONTIGUOUS,
+    MAX_DECODE_QUERIES,
+    CacheLayout,
+    check_cache_arguments,
+    decode_rows,
+    split_plan,
 )
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.interpreter import runs_interpreted
@@ -64,6 +73,10 @@ class CallPlan:
     """The block lists of the block-sparse layouts this plan's calls passed, per layout."""
     positions: TensorCache = field(default_factory=TensorCache, compare=False)
     """The largest |position| of the RoPE positions this plan's calls passed."""
+    cache: CacheLayout = CONTIGUOUS
+    """How the call's keys are held (per-sequence lengths, pages)."""
+    splits: tuple[int, int] | None = None
+    """A split-KV decode's (number of splits, keys per split); None for the forward kernel."""
 
     def reads(self, role: str) -> bool:
         """Whether any kernel of the plan takes a tensor of `role` (the compiled program, not
@@ -189,19 +202,28 @@ class CompiledAttention:
         return config
 
     def compile_key(
-        self, problem: Problem, explicit_positions: tuple[bool, bool] = (False, False)
+        self, problem: Problem, explicit_positions: tuple[bool, bool] = (False, False),
+        decode: bool = False, cache: CacheLayout = CONTIGUOUS,
     ) -> CompileKey:
         """What this call's kernels are specialized on (for a call without autograd; a
-        training call's forward may rotate differently, `training_key`)."""
+        training call's forward may rotate differently, `training_key`); `decode` for the
+        split-KV kernels, `cache` for how the keys are held."""
         config = self.tile_config(problem)
+        if decode and self.config is None:
+            config = decode_tile_config(problem)
         placement = rope_placement(self.variant.rope is not None, self.variant.rotary_dim, problem,
                                    config, self._placement)
+        if placement is not None and (decode or cache.page_size) and placement[1] == "pre_rotated" \
+                and check_placement_request(self._placement)[1] == "auto":
+            # A decode step reads each key once: pre-rotating would write the whole cache
+            # again per step; and a page pool's rows are not positions.
+            placement = (placement[0], "fused")
         # The backward pre-rotates unless a placement was asked for explicitly: each of its
         # kernels loops over q or k, so in-loop rotation is paid per program for both
         # (measured slower at every N on the H200: bench/results/20261129T1234Z-backward_tune-parts.log).
         bwd_rope = "pre_rotated" if automatic_placement(self._placement) else "as_forward"
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
-                          placement, explicit_positions, bwd_rope)
+                          placement, explicit_positions, bwd_rope, decode, cache)
 
     def training_key(self, key: CompileKey, compiled: CompiledProgram) -> CompileKey:
         """The compile key of a call that autograd records. Where the backward reads a
@@ -223,11 +245,12 @@ class CompiledAttention:
         return key if placement == key.placement else replace(key, placement=placement)
 
     def compiled_for(
-        self, problem: Problem, explicit_positions: tuple[bool, bool], training: bool
+        self, problem: Problem, explicit_positions: tuple[bool, bool], training: bool,
+        decode: bool = False, cache: CacheLayout = CONTIGUOUS,
     ) -> tuple[CompileKey, CompiledProgram]:
         """The compile key and compiled program of a call: `compile_key`, or for a call that
         autograd records, `training_key`."""
-        key = self.compile_key(problem, explicit_positions)
+        key = self.compile_key(problem, explicit_positions, decode, cache)
         interpret = runs_interpreted(problem.device)
         compiled = compile_program(self.program, key, interpret)
         if training:
@@ -289,24 +312,35 @@ class CompiledAttention:
         v: torch.Tensor,
         explicit_positions: tuple[bool, bool] = (False, False),
         training: bool = False,
+        cache: CacheLayout = CONTIGUOUS,
+        paged_keys: int | None = None,
     ) -> CallPlan:
         """The checked, compiled and prepared launches for tensors of these shapes; with
-        `training`, for a call that autograd records (`training_key`)."""
+        `training`, for a call that autograd records (`training_key`); `cache` and
+        `paged_keys` as `kv_cache.check_cache_arguments` gives them."""
         try:
             key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
-                   v.device, q.layout, k.layout, v.layout, explicit_positions, training)
+                   v.device, q.layout, k.layout, v.layout, explicit_positions, training, cache,
+                   paged_keys)
         except (AttributeError, RuntimeError):
             key = None  # not dense tensors: check_inputs says which argument is wrong
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
             # Validation depends only on what the key holds, so a cached plan is a checked one.
-            problem = check_inputs(self.program, q, k, v)
-            plan = self._make_plan(problem, explicit_positions, training)
+            problem = check_inputs(self.program, q, k, v, paged_keys)
+            plan = self._make_plan(problem, explicit_positions, training, cache)
             if key is not None:
                 self._plans[key] = plan
         return plan
 
-    def _make_plan(self, problem: Problem, explicit_positions: tuple[bool, bool], training: bool) -> CallPlan:
+    def decodes(self, problem: Problem, training: bool) -> bool:
+        """Whether a call runs the split-KV decode kernels: few queries (`decode_rows`), no
+        autograd (they have no backward), and no block-granular filter (block sparsity has
+        per-query-block lists, which split programs do not have)."""
+        return decode_rows(problem) and not training and self.variant.block_size is None
+
+    def _make_plan(self, problem: Problem, explicit_positions: tuple[bool, bool], training: bool,
+                   cache: CacheLayout = CONTIGUOUS) -> CallPlan:
         constants: dict[str, torch.Tensor] = {}
         variant = self.program.canonical(explicit_positions)
         for binding in variant.bindings:
@@ -315,13 +349,21 @@ class CompiledAttention:
             if binding.use.argument is None and binding.role is not None and binding.role not in constants:
                 constants[binding.role] = binding.bind(problem, {})
         if problem.empty:
-            return CallPlan(problem, None, (), {}, None)
-        key, compiled = self.compiled_for(problem, explicit_positions, training)
+            return CallPlan(problem, None, (), {}, None, cache=cache)
+        decode = self.decodes(problem, training)
+        if cache.kv_lens and not decode and variant.listed:
+            names = ", ".join(b.op.name.removeprefix("attn.") for b in variant.listed)
+            raise ArgumentError(
+                f"kv_lens= with {names} needs a decode-sized call (at most "
+                f"{MAX_DECODE_QUERIES} queries): its block lists do not follow per-sequence lengths"
+            )
+        key, compiled = self.compiled_for(problem, explicit_positions, training, decode, cache)
         scale = variant.scale if variant.scale is not None else default_scale(problem.head_dim)
         if variant.rope is not None:
             constants["rope_table"] = self._rope_table(problem, max(problem.seq_q, problem.seq_k))
-        launches = tuple(prepare(compiled, problem, scale))
-        return CallPlan(problem, compiled, launches, constants, key.config)
+        splits = split_plan(problem, key.config.block_m, key.config.block_n) if decode else None
+        launches = tuple(prepare(compiled, problem, scale, splits))
+        return CallPlan(problem, compiled, launches, constants, key.config, cache=cache, splits=splits)
 
     def _rope_table(self, problem: Problem, length: int) -> torch.Tensor:
         """The cos/sin table of the program's rotation for positions below `length`."""
@@ -403,7 +445,8 @@ class CompiledAttention:
             if listed:
                 sources.append(ListSource(binding.op, value, arguments[binding.use.argument],
                                           binding.use.argument))
-        if sources and plan.config is not None:
+        if sources and plan.config is not None and plan.splits is None:
+            # (Split decode kernels test each entry instead: they have no block lists.)
             tensors[LIST_SOURCES] = tuple(sources)  # type: ignore[assignment]
             tensors |= self._block_lists(tuple(sources), plan, backward=False)
         return tensors
@@ -420,11 +463,16 @@ class CompiledAttention:
         bias: torch.Tensor | None = None,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
+        kv_lens: torch.Tensor | None = None,
+        block_table: torch.Tensor | None = None,
         **data: Any,
     ):
         """Attention of q, k, v. Call-time data comes as keywords: `bias=`, `block_layout=`,
         `doc_ids=` (`DATA_KEYWORDS`: each for the block that reads it), and `q_positions=`
-        / `k_positions=` for RoPE."""
+        / `k_positions=` for RoPE. A KV cache is described by `kv_lens=` (int32 `[B]`: the
+        keys each sequence has; its queries sit at its last positions) and, for a paged one,
+        `block_table=` (int32 `[B, max_pages]`, with k and v page pools `[num_pages, Hkv,
+        page_size, D]`); these calls are inference-only (`kv_cache`)."""
         unexpected = [name for name in data if name not in DATA_KEYWORDS]
         if unexpected:
             raise ArgumentError(
@@ -435,14 +483,32 @@ class CompiledAttention:
             raise ArgumentError(f"return_lse=True needs softmax(): {name}() attention has no log-sum-exp")
         if k_positions is not None and self.key_given:
             raise ArgumentError(KEY_POSITIONS_WITH_GIVEN_KEY)
+        cache_call = kv_lens is not None or block_table is not None
+        if cache_call and torch_op.traced(q, k, v, bias, kv_lens, block_table):
+            raise ArgumentError(
+                "kv_lens= / block_table= calls run eagerly: torch.compile and torch.export "
+                "do not trace them yet"
+            )
         if torch_op.traced(q, k, v, bias):
             return self._call_operator(q, k, v, return_lse, bias, data, q_positions, k_positions)
         explicit = (q_positions is not None, k_positions is not None)
         # Positions and layouts are integer and bool tensors, which never require a gradient.
         training = records_autograd(q, k, v, bias)
-        plan = self.plan(q, k, v, explicit, training)
+        cache, paged_keys = CONTIGUOUS, None
+        if cache_call:
+            cache, paged_keys = check_cache_arguments(q, k, v, kv_lens, block_table)
+            if training:
+                raise ArgumentError(
+                    "kv_lens= / block_table= calls are inference-only (a KV cache has no "
+                    "backward): call under torch.no_grad() or with inputs that do not require grad"
+                )
+        plan = self.plan(q, k, v, explicit, training, cache, paged_keys)
         arguments = {**data, "bias": bias, "q_positions": q_positions, "k_positions": k_positions}
         data = self.call_tensors(plan, arguments, explicit)
+        if cache_call:
+            data["kv_lens"] = kv_lens
+            if block_table is not None:
+                data["block_table"] = block_table
         if training:
             # The user's bias goes in as an input of its own so autograd tracks it.
             given_bias = bias if "bias" in data else None
@@ -490,6 +556,15 @@ class CompiledAttention:
             return out, lse
         self.last = plan.compiled
         tensors = {"q": q, "k": k, "v": v, "o": out, "lse": lse, **plan.constants, **data}
+        if plan.splits is not None:
+            # Split-KV decoding: each split's partial output and lse (fp32), then their merge.
+            splits = plan.splits[0]
+            tensors["o_part"] = torch.empty(p.batch, p.heads_q, splits, p.seq_q, p.head_dim_v,
+                                            dtype=torch.float32, device=p.device)
+            tensors["lse_part"] = torch.empty(p.batch, p.heads_q, splits, p.seq_q,
+                                              dtype=torch.float32, device=p.device)
+            self._run(plan, tensors, ("attention_decode", "attention_merge"))
+            return out, lse
         self._run(plan, tensors, ("attention_fwd",))
         if rotated is not None:
             rotated.update({role: tensors[role] for role in ROTATION_KERNELS.values() if role in tensors})

@@ -23,6 +23,7 @@ from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.lowering.triton import TritonProgram, emit_module
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.config import TileConfig
+from attnfuse.runtime.kv_cache import CONTIGUOUS, CacheLayout
 from attnfuse.runtime.program import VariantProgram, as_program
 from attnfuse.transforms import PASSES, TILE_PIPELINE
 
@@ -40,6 +41,10 @@ class CompileKey:
     """Whether query / key RoPE positions are call-time tensors."""
     bwd_rope: str = "pre_rotated"
     """Where the backward rotates q and k (`lower-to-tile`'s `bwd-rope`)."""
+    decode: bool = False
+    """The split-KV decode kernels (`lower-to-tile`'s `decode`)."""
+    cache: CacheLayout = CONTIGUOUS
+    """How the keys are held (`kv-lens`, `page-size`)."""
 
     def pipeline(self) -> str:
         """The `attnfuse-opt -p` pipeline that produces this compile's tile IR."""
@@ -55,9 +60,20 @@ class CompileKey:
             f"num-warps={c.num_warps} num-stages={c.num_stages} "
             f"bwd-block-m={bm} bwd-block-n={bn} bwd-num-warps={warps} bwd-num-stages={stages} "
             f"dkdv-block-m={kv_bm} dkdv-block-n={kv_bn} dkdv-num-warps={kv_warps} "
-            f"dkdv-num-stages={kv_stages} bwd-rope={self.bwd_rope}}},"
+            f"dkdv-num-stages={kv_stages} bwd-rope={self.bwd_rope}{self.cache_options()}}},"
             f"{TILE_PIPELINE}"
         )
+
+
+    def cache_options(self) -> str:
+        """The `lower-to-tile` options for decoding and the cache layout (none by default,
+        so the pipelines of other calls read as before)."""
+        options = " decode=true" if self.decode else ""
+        if self.cache.kv_lens:
+            options += " kv-lens=true"
+        if self.cache.page_size:
+            options += f" page-size={self.cache.page_size}"
+        return options
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,22 @@ def choose_tile_config(
     return TileConfig(32, 32, 4, 2, 32, 32, 4, 1)
 
 
+def decode_tile_config(problem: Problem) -> TileConfig:
+    """The split-KV decode kernel's configuration: programs own the (query head, query)
+    rows of one key/value head (`kv_cache.decode_block_m`) and stream its keys in blocks of
+    64 (32 past a head dim of 128), pipelined three deep on a GPU. On the interpreter,
+    16-key blocks keep page and split boundaries exercised at test sizes."""
+    from attnfuse.runtime.kv_cache import decode_block_m
+
+    block_m = decode_block_m(problem)
+    if problem.device.type != "cuda":
+        return TileConfig(block_m, 16, 4, 1)
+    d = max(problem.head_dim, problem.head_dim_v)
+    if d <= 128:
+        return TileConfig(block_m, 64, 4, 3)
+    return TileConfig(block_m, 32, 4, 2)
+
+
 PLACEMENT_ALIASES = {
     "fused": ("fused", "fused"),
     "pre_rotated": ("pre_rotated", "pre_rotated"),

@@ -55,9 +55,13 @@ def check_tensor(name: str, t: object) -> None:
         )
 
 
-def check_inputs(source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
+def check_inputs(
+    source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, paged_keys: int | None = None
+) -> Problem:
     """Validates q, k, v against each other and the variant (a spec, attn IR or a
-    `VariantProgram`); returns the call's shape facts."""
+    `VariantProgram`); returns the call's shape facts. With `paged_keys`, k and v are page
+    pools (`[num_pages, Hkv, page_size, D]`, any number of pages) holding up to that many
+    keys per sequence, the problem's key length (`kv_cache.check_cache_arguments`)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t)
     if not (q.dtype == k.dtype == v.dtype):
@@ -70,8 +74,10 @@ def check_inputs(source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             "interpreter)"
         )
     b, h_q, n_q, d = q.shape
-    if k.shape[0] != b or v.shape[0] != b:
+    if paged_keys is None and (k.shape[0] != b or v.shape[0] != b):
         raise ArgumentError(f"batch sizes differ: q {b}, k {k.shape[0]}, v {v.shape[0]}")
+    if paged_keys is not None and k.shape[0] != v.shape[0]:
+        raise ArgumentError(f"k and v page pools hold different numbers of pages: {k.shape[0]} and {v.shape[0]}")
     h_kv, n_k, d_k = k.shape[1], k.shape[2], k.shape[3]
     if d_k != d:
         raise ArgumentError(f"k head dim must equal q's ({d}), got {d_k}")
@@ -93,4 +99,4 @@ def check_inputs(source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         raise ArgumentError(f"rope: rotary_dim {rotary_dim} exceeds the head dim {d}")
     if program.rope is not None and rotary_dim is None and d % 2:
         raise ArgumentError(f"rope: the head dim {d} is odd; give an even rotary_dim")
-    return Problem(b, h_q, h_kv, n_q, n_k, d, d_v, q.dtype, q.device)
+    return Problem(b, h_q, h_kv, n_q, n_k if paged_keys is None else paged_keys, d, d_v, q.dtype, q.device)

@@ -25,6 +25,7 @@ from attnfuse.lowering.triton import KernelInfo
 from attnfuse.runtime.compiler import CompiledProgram
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import interpreting, is_interpreted
+from attnfuse.runtime.kv_cache import row_blocks
 
 
 LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position")
@@ -246,16 +247,30 @@ def launch_grid(rows: int, block_rows: int, batch_heads: int) -> tuple[int, int]
     return (batch_heads, triton.cdiv(rows, block_rows))
 
 
-def prepare(compiled: CompiledProgram, problem: Problem, sm_scale: float) -> list[KernelLaunch]:
-    """The launches of every kernel of `compiled`, in order, for `problem`."""
+def prepare(
+    compiled: CompiledProgram, problem: Problem, sm_scale: float,
+    splits: tuple[int, int] | None = None,
+) -> list[KernelLaunch]:
+    """The launches of every kernel of `compiled`, in order, for `problem`; `splits` is a
+    decode's (number of splits, keys per split), `kv_cache.split_plan`."""
     launches = []
     for info in compiled.program.kernels:
-        if info.grid == "query_blocks":
-            rows, num_heads = problem.seq_q, problem.heads_q
+        if info.grid == "kv_splits":
+            assert splits is not None
+            # Axis 0: (batch x key/value head x block of the group's rows); axis 1: splits.
+            blocks = row_blocks(problem, info.block_m)
+            grid = (problem.batch * problem.heads_kv * blocks, splits[0])
+            num_heads = problem.heads_kv
         else:
-            rows, num_heads = problem.seq_k, problem.heads_kv
-        grid = launch_grid(rows, info.block_m, problem.batch * num_heads)
-        scalars = (sm_scale, problem.seq_q, problem.seq_k, num_heads, problem.group_size)
+            if info.grid == "query_blocks":
+                rows, num_heads = problem.seq_q, problem.heads_q
+            else:
+                rows, num_heads = problem.seq_k, problem.heads_kv
+            grid = launch_grid(rows, info.block_m, problem.batch * num_heads)
+        scalars: tuple[object, ...] = (sm_scale, problem.seq_q, problem.seq_k, num_heads, problem.group_size)
+        if info.splits:
+            assert splits is not None
+            scalars += splits
         strided = tuple(bool(role_axes(role)) for role in info.roles)
         launches.append(KernelLaunch(info, compiled.function(info.name), grid, scalars, strided,
                                      [info.num_stages]))

@@ -148,6 +148,14 @@ class KernelConfig:
     bwd_rope: str = "pre_rotated"
     """Where the backward kernels rotate q and k: "pre_rotated" (read the rotation kernels'
     copies) or "as_forward" (the forward's placement)."""
+    decode: bool = False
+    """Build the split-KV decode kernels (`attention_decode` on the `kv_splits` grid and
+    `attention_merge`) instead of the forward kernel; no backward."""
+    kv_lens: bool = False
+    """The attention kernels read per-sequence key counts (`kv_lens`)."""
+    page_size: int = 0
+    """The key/value cache is paged with pages of this many rows (`block_table`); 0: a
+    contiguous cache."""
 
     def for_backward(self) -> KernelConfig:
         """The configuration the dQ and preprocess kernels are built with."""
@@ -172,6 +180,10 @@ class KernelConfig:
             attrs["rotary_dim"] = rotary_dim
         return attrs
 
+    def cache_roles(self) -> list[str]:
+        """The parameters an attention kernel takes for the KV cache's layout."""
+        return (["kv_lens"] if self.kv_lens else []) + (["block_table"] if self.page_size else [])
+
 
 def column_parts(rotation: Rotation | None, head_dim: int) -> list[str]:
     """How q and k are split into column tiles: one tile, or the rotary pairs' two elements
@@ -194,9 +206,11 @@ class KernelBuilder:
         self.config = config
         self.data_roles = data_roles or {}
         self.elem = tile.ELEMENT_TYPES[config.element_type]
+        attributes = config.attributes(rotary_dim)
+        if "block_table" in roles:
+            attributes["page_size"] = config.page_size
         self.kernel = tile.KernelOp(
-            name, roles, grid=grid, element_type=self.elem,
-            config=config.attributes(rotary_dim),
+            name, roles, grid=grid, element_type=self.elem, config=attributes,
         )
         if grid == "query_blocks":
             # Longest programs first: under a causal mask the last query blocks visit the
@@ -356,9 +370,12 @@ def build_band_loops(
     blocks before the full ones, full blocks (no mask work), partial blocks after them (which
     also cover a ragged last block). Variants with a listed filter (block sparsity,
     documents) walk the runtime's lists: full blocks, then partial ones. Blocks outside the
-    band, or that a listed filter leaves empty, are never visited.
+    band, or that a listed filter leaves empty, are never visited. In a `kv_splits` kernel
+    the bounds are clipped to the program's split (`tile.kv_split`), and a variant with a
+    listed filter walks its split's blocks as partial ones, testing each entry.
     """
     keys = over == "keys"
+    split = k.grid == "kv_splits"
 
     def new_body(masked: bool) -> Region:
         block = Block(arg_types=[v.type for v in state])
@@ -367,7 +384,7 @@ def build_band_loops(
         body(block, masked)
         return Region(block)
 
-    if facts.listed:
+    if facts.listed and not split:
         suffix = "" if keys else "_q"
         for prefix, masked in (("full", False), ("partial", True)):
             blocks, count = k.arg(f"{prefix}{suffix}_blocks"), k.arg(f"{prefix}{suffix}_count")
@@ -378,6 +395,15 @@ def build_band_loops(
     prefix = "kv" if keys else "q"
     bounds = k.add(bounds_op, f"{prefix}_start", "full_start", "full_end", f"{prefix}_end")
     start, full_start, full_end, end = bounds.results
+    if split:
+        # A split kernel's program visits its split of the key range only.
+        clipped = k.add(tile.KVSplitOp(start, full_start, full_end, end),
+                        "split_start", "split_full_start", "split_full_end", "split_end")
+        start, full_start, full_end, end = clipped.results
+        if facts.listed:
+            # No block lists (they are per query block): every block is partial, and each
+            # listed filter applies its per-entry test (`KeyFilter.lower`) to all of them.
+            return k.add(tile.KVLoopOp(start, end, state, new_body(True), True), *names).results
     lower, upper = facts.band.bounds
     # Keys: a lower band edge leaves partial key blocks before the full ones. Queries: an
     # upper edge leaves partial query blocks before the full ones (the rows just above the

@@ -21,12 +21,20 @@ rotated, and every kernel reads it, and returns its gradient, as an unrotated op
 
 Options set the kernel's static facts and tuning: `head-dim`, `head-dim-v` (0: the head dim),
 `element-type` (f16, bf16, f32), `block-m`, `block-n`, `num-warps`, `num-stages`.
+
+Decoding (`decode=true`) builds the same program on the `kv_splits` grid instead
+(`attention_decode`): a program owns every query row of the query heads that share one
+key/value head (so K and V are read once per group) and one split of the key range; its
+bounds are clipped to the split (`tile.kv_split`), and it stores a partial output and
+log-sum-exp that `attention_merge` combines exactly (`tile.merge_splits`). `kv-lens=true`
+gives the attention kernels per-sequence key counts, and `page-size=P` a paged cache
+(`block_table`); all three are inference-only (no backward kernels).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
@@ -154,16 +162,20 @@ def build_rotation_kernel(operand: str, rotation: Rotation, config: KernelConfig
     return k.finish()
 
 
-def forward_roles(facts: VariantFacts) -> list[str]:
-    """The forward kernel's tensor parameters, in order."""
+def forward_roles(facts: VariantFacts, config: KernelConfig | None = None) -> list[str]:
+    """The forward (or, with `config.decode`, the split decode) kernel's tensor parameters,
+    in order."""
+    decode = config is not None and config.decode
     q_rot, k_rot = facts.query_rotation, facts.key_rotation
     roles = [
         "q_rot" if q_rot is not None and not q_rot.fused else "q",
         "k_rot" if k_rot is not None and not k_rot.fused else "k",
         "v",
-        "o",
+        "o_part" if decode else "o",
     ]
-    if facts.has_lse:
+    if decode:
+        roles.append("lse_part")  # a pointwise normalizer's partials have none: never written
+    elif facts.has_lse:
         roles.append("lse")
     if facts.any_fused:
         roles.append("rope_table")
@@ -171,8 +183,10 @@ def forward_roles(facts: VariantFacts) -> list[str]:
         if rotation is not None and rotation.fused and rotation.given_positions:
             roles.append(f"{operand}_positions")
     roles += facts.data_arguments()
-    if facts.listed:
+    if facts.listed and not decode:
         roles += ["full_blocks", "full_count", "partial_blocks", "partial_count"]
+    if config is not None:
+        roles += config.cache_roles()
     return roles
 
 
@@ -187,12 +201,15 @@ def joins_query(facts: VariantFacts, head_dim: int) -> bool:
 
 
 def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
-    """The fused attention forward kernel (see the module docstring)."""
+    """The fused attention forward kernel (see the module docstring); with `config.decode`,
+    the split decode kernel: the same program on the `kv_splits` grid, storing each split's
+    partial output and log-sum-exp."""
     rotation = facts.rotation
     q_rot, k_rot = facts.query_rotation, facts.key_rotation
-    roles = forward_roles(facts)
+    roles = forward_roles(facts, config)
     q_source, k_source = roles[0], roles[1]
-    k = KernelBuilder("attention_fwd", roles, "query_blocks", config,
+    name, grid = ("attention_decode", "kv_splits") if config.decode else ("attention_fwd", "query_blocks")
+    k = KernelBuilder(name, roles, grid, config,
                       rotation.rotary_dim if rotation else None, facts.data_roles)
     # Split q and k into column parts only when some rotation runs in registers.
     parts = column_parts(rotation if facts.any_fused else None, config.head_dim)
@@ -222,10 +239,31 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
     state = build_band_loops(k, facts, state, names, body, over="keys")
 
     out, lse = norm.finalize(normalizer, k, state)
-    k.builder.insert(tile.StoreOp(out, k.arg("o"), "program", "all"))
+    out_role, lse_role = ("o_part", "lse_part") if config.decode else ("o", "lse")
+    k.builder.insert(tile.StoreOp(out, k.arg(out_role), "program", "all"))
     if lse is not None:
-        k.builder.insert(tile.StoreOp(lse, k.arg("lse"), "program", None))
+        k.builder.insert(tile.StoreOp(lse, k.arg(lse_role), "program", None))
     return k.finish()
+
+
+def build_merge_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
+    """The split decode's second kernel: per query row, the splits' partial results merged
+    exactly (`tile.merge_splits`: through their log-sum-exps for softmax, summed for a
+    pointwise normalizer), stored as the output (and lse)."""
+    roles = ["o_part", "lse_part", "o"] + (["lse"] if facts.has_lse else [])
+    merge_config = replace(config, block_m=MERGE_BLOCK_M, num_warps=MERGE_NUM_WARPS, num_stages=1)
+    k = KernelBuilder("attention_merge", roles, "query_blocks", merge_config, None)
+    merged = k.add(tile.MergeSplitsOp(k.arg("o_part"), k.arg("lse_part"), facts.has_lse), "out", "lse")
+    k.builder.insert(tile.StoreOp(merged.results[0], k.arg("o"), "program", "all"))
+    if facts.has_lse:
+        k.builder.insert(tile.StoreOp(merged.results[1], k.arg("lse"), "program", None))
+    return k.finish()
+
+
+MERGE_BLOCK_M = 16
+"""Query rows per merge program: decoding has at most a few (Nq <= 16 is what the runtime
+sends to the split kernels), and a program's work is tiny."""
+MERGE_NUM_WARPS = 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,9 +301,16 @@ class LowerVariant(RewritePattern):
         if rotation is not None and rotation.rotary_dim is not None:
             if rotation.rotary_dim > self.config.head_dim:
                 raise _fail(op, f"rotary_dim {rotation.rotary_dim} exceeds head-dim {self.config.head_dim}")
+        if c.decode:
+            check_decodable(op, facts)
+        if c.page_size and facts.key_rotation is not None and not facts.key_rotation.fused:
+            raise _fail(op, "the key of a paged cache cannot be pre-rotated (its rows are pages, "
+                            "not positions): place the key rotation fused or given")
         # The backward may place rotations differently from the forward; the rotation kernels
         # of both come first, each built once.
-        backward = backward_facts(facts, c.bwd_rope, c.element_type) if c.backward else None
+        # Decoding and cache layouts are inference-only: no backward kernels for them.
+        wants_backward = c.backward and not (c.decode or c.kv_lens or c.page_size)
+        backward = backward_facts(facts, c.bwd_rope, c.element_type) if wants_backward else None
         kernels: list[Operation] = []
         for operand, fwd, bwd in (
             ("q", facts.query_rotation, backward and backward.query_rotation),
@@ -275,10 +320,23 @@ class LowerVariant(RewritePattern):
             if pre_rotated:
                 kernels.append(build_rotation_kernel(operand, pre_rotated[0], c))
         kernels.append(build_forward_kernel(facts, c))
+        if c.decode:
+            kernels.append(build_merge_kernel(facts, c))
         if backward is not None:
             kernels += build_backward_kernels(backward, c.for_backward(), c.for_dkdv())
         rewriter.insert(kernels, InsertPoint.before(op))
         rewriter.erase(op)
+
+
+def check_decodable(op: Operation, facts: VariantFacts) -> None:
+    """Raises unless every filter of the variant can test single entries: a split kernel has
+    no per-query-block lists, so a block-granular filter (block sparsity) cannot run there."""
+    for filter_op in facts.filters:
+        trait = filter_op.get_trait(KeyFilter)
+        assert trait is not None
+        if trait.block_size(filter_op) is not None:
+            raise _fail(filter_op, f"{filter_op.name} keeps whole blocks from per-query-block "
+                                   "lists, which decode kernels (decode=true) do not have")
 
 
 def _power_of_two(x: int) -> bool:
@@ -322,6 +380,15 @@ class LowerToTilePass(ModulePass):
     """pre_rotated: the backward reads rotated copies of q and k (each backward kernel loops
     over one of them, so an in-loop rotation would be paid once per program for both);
     as_forward: the forward's placement."""
+    decode: bool = False
+    """Split-KV decoding: `attention_decode` (programs own a split of the keys for all the
+    query heads of one key/value head) and `attention_merge` replace `attention_fwd`; no
+    backward."""
+    kv_lens: bool = False
+    """The attention kernels take per-sequence key counts (`kv_lens`)."""
+    page_size: int = 0
+    """A paged cache with pages of this many rows (`block_table`, needs kv-lens); 0: a
+    contiguous cache."""
 
     def config(self) -> KernelConfig:
         """The options, checked."""
@@ -348,10 +415,17 @@ class LowerToTilePass(ModulePass):
             raise PassOptionError(
                 f"lower-to-tile: bwd-rope must be pre_rotated or as_forward, got '{self.bwd_rope}'"
             )
+        if self.page_size < 0 or (self.page_size and not self.kv_lens):
+            raise PassOptionError(
+                f"lower-to-tile: page-size must be 0 (contiguous) or, with kv-lens=true, a "
+                f"positive page length, got {self.page_size}"
+                + ("" if self.kv_lens or self.page_size <= 0 else " without kv-lens=true")
+            )
         return KernelConfig(self.head_dim, head_dim_v, self.element_type, self.block_m,
                             self.block_n, self.num_warps, self.num_stages, bwd_block_m,
                             bwd_block_n, bwd_num_warps, bwd_num_stages, *dkdv,
-                            self.backward, self.bwd_rope)
+                            self.backward, self.bwd_rope, self.decode, self.kv_lens,
+                            self.page_size)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

@@ -1,0 +1,143 @@
+"""KV caches as serving systems hold them, and the split-KV decode plan.
+
+A call may describe its keys as a cache: `kv_lens=` (int32 `[B]`: sequence `b` has keys
+`j < kv_lens[b]`, and its query `i` sits at position `kv_lens[b] - Nq + i`) over a contiguous
+`[B, Hkv, L_max, D]` cache, or, with `block_table=` (int32 `[B, max_pages]`), over page pools
+`[num_pages, Hkv, page_size, D]` whose pages the table lists in sequence order. This module
+checks those arguments and gives the call's `Problem` (its key length is the cache's
+capacity, `L_max` or `max_pages * page_size`) and its `CacheLayout`.
+
+Calls with few queries (`decode_rows`) run the split-KV kernels (lower-to-tile's
+`decode=true`): `split_plan` chooses how many splits of the key range to launch from the
+shapes alone, so a step's launches never depend on the lengths in `kv_lens` (a CUDA graph
+of a step replays as the lengths grow).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from attnfuse.errors import ArgumentError
+from attnfuse.runtime.inputs import Problem, check_tensor
+
+MAX_DECODE_QUERIES = 16
+"""Calls with at most this many queries run the split-KV decode kernels (one token, or a
+speculative / chunked-prefill tail)."""
+
+MIN_SPLIT_BLOCKS = 4
+"""A split holds at least this many key blocks: fewer would make the merge's reads (one
+partial output per split and row) a sizeable share of the cache's."""
+
+PROGRAMS_PER_SM = 2
+"""Splits are chosen so the launch has about this many programs per multiprocessor: enough
+to cover every SM with a few cache streams each."""
+
+INTERPRETER_PROGRAMS = 8
+"""The program count aimed at on the CPU interpreter, which runs programs one at a time:
+small, but several splits, so the merge is exercised at test sizes."""
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """How a call's keys are held: per-sequence lengths or not, paged or not."""
+
+    kv_lens: bool = False
+    page_size: int = 0
+    """Rows per page of a paged cache; 0 for a contiguous one."""
+
+
+CONTIGUOUS = CacheLayout()
+
+
+def _check_index_tensor(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{name}= must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ArgumentError(f"{name}= must be int32, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ArgumentError(f"{name}= must have shape {list(shape)}, got {list(t.shape)}")
+    if t.device != device:
+        raise ArgumentError(f"{name}= must be on q's device ({device}), got {t.device}")
+    if t.requires_grad:
+        raise ArgumentError(f"{name}= is an index tensor and cannot require a gradient")
+    return t
+
+
+def check_cache_arguments(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_lens: object,
+    block_table: object,
+) -> tuple[CacheLayout, tuple[int, ...] | None]:
+    """Checks `kv_lens=` and `block_table=` against q (k and v are checked with the call's
+    other operands, `check_inputs`); returns the layout and, for a paged cache, the keys a
+    sequence can hold (`max_pages * page_size`), else None."""
+    if kv_lens is None and block_table is None:
+        return CONTIGUOUS, None
+    check_tensor("q", q)
+    check_tensor("k", k)
+    batch = q.shape[0]
+    if block_table is None:
+        _check_index_tensor("kv_lens", kv_lens, (batch,), q.device)
+        return CacheLayout(kv_lens=True), None
+    if kv_lens is None:
+        raise ArgumentError("block_table= needs kv_lens=: the pages do not say how many keys each sequence has")
+    _check_index_tensor("kv_lens", kv_lens, (batch,), q.device)
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        shape = list(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__
+        raise ArgumentError(f"block_table= must be an int32 [B, max_pages] tensor, got {shape}")
+    _check_index_tensor("block_table", block_table, (batch, block_table.shape[1]), q.device)
+    page_size = k.shape[2]
+    if page_size < 1:
+        raise ArgumentError("the page pools' page size (k.shape[2]) must be at least 1")
+    return CacheLayout(kv_lens=True, page_size=page_size), block_table.shape[1] * page_size
+
+
+def decode_rows(problem: Problem) -> bool:
+    """Whether a call runs the split-KV decode kernels: few queries per sequence."""
+    return problem.seq_q <= MAX_DECODE_QUERIES
+
+
+def decode_block_m(problem: Problem) -> int:
+    """Rows per decode program: the (query head, query) pairs of one key/value head, as a
+    power of two of at least 16 (`tl.dot`'s smallest), at most 64 (more rows take more
+    programs, each reading the group's keys)."""
+    rows = problem.group_size * problem.seq_q
+    return min(64, max(16, triton.next_power_of_2(rows)))
+
+
+def row_blocks(problem: Problem, block_m: int) -> int:
+    """Decode programs per (batch, key/value head) and split: blocks of the group's rows."""
+    return triton.cdiv(problem.group_size * problem.seq_q, block_m)
+
+
+def split_plan(problem: Problem, block_m: int, block_n: int) -> tuple[int, int]:
+    """(number of splits, keys per split) of a decode launch: as many splits as bring the
+    launch to `PROGRAMS_PER_SM` programs per multiprocessor, each at least
+    `MIN_SPLIT_BLOCKS` key blocks long, from the shapes only."""
+    if problem.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(problem.device).multi_processor_count
+        target = PROGRAMS_PER_SM * sms
+        min_blocks = MIN_SPLIT_BLOCKS
+    else:
+        target, min_blocks = INTERPRETER_PROGRAMS, 2
+    programs = problem.batch * problem.heads_kv * row_blocks(problem, block_m)
+    key_blocks = max(1, triton.cdiv(problem.seq_k, block_n))
+    splits = max(1, min(triton.cdiv(target, programs), key_blocks // min_blocks))
+    split_len = triton.cdiv(key_blocks, splits) * block_n
+    return triton.cdiv(problem.seq_k, split_len) if problem.seq_k else 1, split_len
+
+
+__all__ = [
+    "CONTIGUOUS",
+    "CacheLayout",
+    "check_cache_arguments",
+    "decode_block_m",
+    "decode_rows",
+    "row_blocks",
+    "split_plan",
+]

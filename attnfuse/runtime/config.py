@@ -157,8 +157,10 @@ def choose_tile_config(
 def decode_tile_config(problem: Problem) -> TileConfig:
     """The split-KV decode kernel's configuration: programs own the (query head, query)
     rows of one key/value head (`kv_cache.decode_block_m`) and stream its keys in blocks of
-    64 (32 past a head dim of 128), pipelined three deep on a GPU. On the interpreter,
-    16-key blocks keep page and split boundaries exercised at test sizes."""
+    64 (32 past a head dim of 128), pipelined three deep on a GPU: at D=128 on the H200 the
+    best or within 3% of the best of block_n 32/64/128 x 2-4 stages x 2/4/8 warps at every
+    cache of bench/decode_tune.py (bench/results/20261201T1345Z-decode_tune.md). On the
+    interpreter, 16-key blocks keep page and split boundaries exercised at test sizes."""
     from attnfuse.runtime.kv_cache import decode_block_m
 
     block_m = decode_block_m(problem)

@@ -28,12 +28,16 @@ MAX_DECODE_QUERIES = 16
 speculative / chunked-prefill tail)."""
 
 MIN_SPLIT_BLOCKS = 4
-"""A split holds at least this many key blocks: fewer would make the merge's reads (one
-partial output per split and row) a sizeable share of the cache's."""
+"""A split holds at least this many key blocks: with two, a 4k cache took 37% longer (17.9
+against 13.1 µs, bench/results/20261201T1345Z-decode_tune.md): short splits pay their
+prologue and the merge's reads for few keys."""
 
-PROGRAMS_PER_SM = 2
-"""Splits are chosen so the launch has about this many programs per multiprocessor: enough
-to cover every SM with a few cache streams each."""
+PROGRAMS_PER_SM = 1
+"""Splits are chosen so the launch has about this many programs per multiprocessor: one
+wave, each program one long stream of the cache. On the H200 one per SM took 14% less time
+than two at a 16k cache (27.1 against 31.5 µs, Mistral-7B geometry) and 2-4% less at 32k
+and at B=8 x 8k; four or eight per SM took up to 2x longer
+(bench/results/20261201T1345Z-decode_tune.md)."""
 
 INTERPRETER_PROGRAMS = 8
 """The program count aimed at on the CPU interpreter, which runs programs one at a time:

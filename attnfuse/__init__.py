@@ -30,6 +30,7 @@ _RUNTIME_NAMES = {
     "compile": "attnfuse.runtime.api",
     "CompiledAttention": "attnfuse.runtime.api",
     "TileConfig": "attnfuse.runtime.config",
+    "merge_states": "attnfuse.runtime.merge_states",
     "reference_attention": "attnfuse.runtime.reference",
 }
 
@@ -52,6 +53,7 @@ __all__ = [
     "causal",
     "document",
     "llama3_scaling",
+    "merge_states",
     "relu",
     "compile",
     "full",

@@ -24,7 +24,7 @@ from typing import Any
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import attn
-from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
+from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier, normalizer_semantics
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.config import KEY_POSITIONS_WITH_GIVEN_KEY, check_placement_request
 from attnfuse.runtime.program import DATA_KEYWORDS, as_program
@@ -232,6 +232,8 @@ def reference_attention(
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
     differentiable: bool = False,
+    kv_lens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     **data: torch.Tensor,
 ):
     """The variant's output (and log-sum-exp) computed naively in `dtype` on `device`
@@ -243,7 +245,14 @@ def reference_attention(
 
     `rope_placement` takes what `af.compile` takes; only a key placed `"given"` changes the
     result: the key rotation is then `#attn<placement given>` and k is used as passed
-    (already rotated), as the kernels of such a compile do."""
+    (already rotated), as the kernels of such a compile do.
+
+    Decoding: with `kv_lens=` (an integer tensor `[B]`), k and v are a cache `[B, Hkv, L_max,
+    D]` of which sequence b has keys `j < kv_lens[b]`; with `block_table=` too (an integer
+    `[B, max_pages]`), k and v are page pools `[num_pages, Hkv, page_size, D]` and key j of
+    sequence b is row `j % page_size` of page `block_table[b, j // page_size]`. Each sequence
+    is evaluated alone, on its own keys (`Nk = kv_lens[b]`: query i at position
+    `kv_lens[b] - Nq + i`), see `_decode_attention`."""
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         return (t if differentiable else t.detach()).to(device, dtype)
@@ -270,14 +279,150 @@ def reference_attention(
         tensors["bias"] = convert(bias)
     if block_layout is not None:
         tensors["block_layout"] = block_layout
-    env = Evaluation(b, h_q, n_q, n_k, dtype, device, tensors)
     inputs = {"q": q, "k": k, "v": v, "q_positions": q_positions, "k_positions": k_positions}
-    out, lse = evaluate_variant(variant, inputs, env)
+    if kv_lens is None:
+        if block_table is not None:
+            raise ArgumentError("block_table= needs kv_lens= (the number of keys of each sequence)")
+        env = Evaluation(b, h_q, n_q, n_k, dtype, device, tensors)
+        out, lse = evaluate_variant(variant, inputs, env)
+    else:
+        out, lse = _decode_attention(variant, inputs, tensors, kv_lens, block_table, dtype, device)
     if return_lse:
         if lse is None:
             raise ArgumentError("return_lse=True needs a normalizer with a log-sum-exp (softmax)")
         return out, (lse if differentiable else lse.to(torch.float32))
     return out
+
+
+def _integer_tensor(t: object, name: str, shape: list[int], what: str) -> torch.Tensor:
+    """`t` checked to be an int32/int64 tensor of `shape` (an `ArgumentError` naming it)."""
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ArgumentError(f"{name} must be int32 (or int64), got {t.dtype}")
+    if list(t.shape) != shape:
+        raise ArgumentError(f"{name} must have shape {what}, got {list(t.shape)}")
+    return t
+
+
+def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, lens: list[int], l_max: int) -> torch.Tensor:
+    """The contiguous cache `[B, Hkv, L_max, D]` of page pools `[num_pages, Hkv, page_size,
+    D]`: sequence b's key j is row `j % page_size` of page `block_table[b, j // page_size]`.
+    Only the pages holding keys `j < lens[b]` are read; the rest of the cache is 0."""
+    num_pages, heads, page_size, dim = pool.shape
+    caches = []
+    for b, n in enumerate(lens):
+        pages = [int(p) for p in block_table[b, : -(-n // page_size)].tolist()]
+        for slot, page in enumerate(pages):
+            if not 0 <= page < num_pages:
+                raise ArgumentError(
+                    f"block_table[{b}, {slot}] = {page} is not a page of the pool "
+                    f"({num_pages} pages), yet sequence {b} has {n} keys"
+                )
+        rows = [pool[page] for page in pages]  # each [Hkv, page_size, D]
+        rows.append(pool.new_zeros(heads, l_max - len(pages) * page_size, dim))
+        caches.append(torch.cat(rows, dim=1))
+    return torch.stack(caches)
+
+
+def _decode_attention(
+    variant: attn.VariantOp,
+    inputs: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    kv_lens: object,
+    block_table: object,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`reference_attention` with `kv_lens=` (and `block_table=`): the pages gathered into a
+    contiguous cache `[B, Hkv, L_max, D]`, then each sequence b evaluated alone, with its
+    Nq queries against its first `Nk = kv_lens[b]` keys, so that the program's own positions
+    (query i at `i + Nk - Nq`, key j at j) and `Nk` (relu's `/Nk`, sigmoid's `-ln(Nk)`) are
+    the sequence's. Per-sequence data is sliced: `bias` (broadcast to `[B, Hq, Nq, L_max]`)
+    and `doc_ids` (`[L_max]` or `[B, L_max]`) to the sequence's keys, `q_positions` `[B, Nq]`
+    and `k_positions` (`[L_max]` or `[B, L_max]`) to the sequence's. A sequence with no key
+    outputs 0 with lse -inf. The outputs (and lses) are the sequences' concatenated."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    if q.dim() != 4:
+        raise ArgumentError(f"q must be 4-D [B, Hq, Nq, D], got shape {list(q.shape)}")
+    b_size, h_q, n_q, _d = q.shape
+    kv_lens = _integer_tensor(kv_lens, "kv_lens", [b_size], f"[B] = [{b_size}] (one length per sequence)")
+    lens = [int(n) for n in kv_lens.tolist()]
+    if k.dim() != 4 or v.dim() != 4:
+        layout = "page pools [num_pages, Hkv, page_size, D]" if block_table is not None else "caches [B, Hkv, L_max, D]"
+        raise ArgumentError(f"with kv_lens=, k and v must be 4-D {layout}, got k {list(k.shape)}, v {list(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ArgumentError(f"k {list(k.shape)} and v {list(v.shape)} must agree in all but the last dim")
+    h_kv = k.shape[1]
+    if h_kv == 0 or h_q % h_kv != 0:
+        raise ArgumentError(f"Hq = {h_q} query heads are not a multiple of Hkv = {h_kv} key/value heads")
+    if block_table is None:
+        if k.shape[0] != b_size:
+            raise ArgumentError(f"k and v caches must have batch {b_size} (q's), got {k.shape[0]}")
+        l_max = k.shape[2]
+    else:
+        shape = list(block_table.shape) if isinstance(block_table, torch.Tensor) else []
+        max_pages = shape[1] if len(shape) == 2 else -1  # any other rank: a shape error below
+        block_table = _integer_tensor(block_table, "block_table", [b_size, max_pages],
+                                      f"[B, max_pages] = [{b_size}, max_pages]")
+        l_max = max_pages * k.shape[2]
+    for b, n in enumerate(lens):
+        if not 0 <= n <= l_max:
+            raise ArgumentError(f"kv_lens[{b}] = {n} is outside [0, {l_max}] (L_max, the cache's length)")
+    if block_table is not None:
+        k, v = gather_pages(k, block_table, lens, l_max), gather_pages(v, block_table, lens, l_max)
+
+    bias = tensors.get("bias")
+    if bias is not None:
+        try:
+            bias = bias.expand(b_size, h_q, n_q, l_max)
+        except RuntimeError:
+            raise ArgumentError(
+                f"bias of shape {list(bias.shape)} does not broadcast to [B, Hq, Nq, L_max] = "
+                f"{[b_size, h_q, n_q, l_max]}"
+            ) from None
+    doc_ids = tensors.get("doc_ids")
+    if doc_ids is not None:
+        from attnfuse.blocks.document import check_doc_ids
+
+        doc_ids = check_doc_ids(doc_ids, b_size, l_max)  # [B, L_max]
+    q_positions, k_positions = inputs.get("q_positions"), inputs.get("k_positions")
+    if q_positions is not None and list(q_positions.shape) not in ([n_q], [b_size, n_q]):
+        raise ArgumentError(f"q_positions must have shape [{n_q}] or [{b_size}, {n_q}], got {list(q_positions.shape)}")
+    if k_positions is not None and list(k_positions.shape) not in ([l_max], [b_size, l_max]):
+        raise ArgumentError(
+            f"with kv_lens=, k_positions must have shape [L_max] = [{l_max}] or [B, L_max] = "
+            f"[{b_size}, {l_max}], got {list(k_positions.shape)}"
+        )
+    has_lse = next(
+        normalizer_semantics(op) for op in variant.body.block.ops if op.get_trait(Normalizer) is not None
+    ).has_lse
+
+    group = h_q // h_kv
+    outs, lses = [], []
+    for b, n in enumerate(lens):
+        q_b, k_b, v_b = q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n]
+        if n == 0:
+            # No key: the output is 0 (lse -inf) whatever the variant, whose ops need not be
+            # defined at Nk = 0 (sigmoid's -ln(Nk)). An empty product keeps q and v in the graph.
+            outs.append(q_b[..., :0] @ v_b.repeat_interleave(group, dim=1))
+            lses.append(torch.full((1, h_q, n_q), float("-inf"), dtype=dtype, device=q.device))
+            continue
+        seq_tensors = dict(tensors)
+        if bias is not None:
+            seq_tensors["bias"] = bias[b : b + 1, :, :, :n]
+        if doc_ids is not None:
+            seq_tensors["doc_ids"] = doc_ids[b : b + 1, :n]
+        seq_inputs = {"q": q_b, "k": k_b, "v": v_b, "q_positions": q_positions, "k_positions": k_positions}
+        if q_positions is not None and q_positions.dim() == 2:
+            seq_inputs["q_positions"] = q_positions[b : b + 1]
+        if k_positions is not None:
+            seq_inputs["k_positions"] = k_positions[b : b + 1, :n] if k_positions.dim() == 2 else k_positions[:n]
+        env = Evaluation(1, h_q, n_q, n, dtype, device, seq_tensors)
+        out_b, lse_b = evaluate_variant(variant, seq_inputs, env)
+        outs.append(out_b)
+        lses.append(lse_b)
+    return torch.cat(outs), (torch.cat(lses) if has_lse else None)
 
 
 def reference_gradients(

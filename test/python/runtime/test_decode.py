@@ -1,0 +1,392 @@
+"""KV-cache decoding through the kernels: `kv_lens=` (contiguous caches) and `block_table=`
+(paged caches), on Triton's CPU interpreter, against the float64 reference.
+
+The call (docs/semantics.md, DESIGN.md "Decoding"): sequence b of a cache k, v `[B, Hkv,
+L_max, D]` has keys `j < kv_lens[b]` (int32 `[B]`), its query i sits at position
+`kv_lens[b] - Nq + i`, key j at j, and relu's `/Nk` and sigmoid's `-ln(Nk)` use
+`Nk = kv_lens[b]`. With `block_table=` (int32 `[B, max_pages]`) k and v are page pools
+`[num_pages, Hkv, page_size, D]` and key j of sequence b is row `j % page_size` of page
+`block_table[b, j // page_size]`; table entries past a sequence's pages are never read. A
+sequence with no key outputs 0 with lse -inf. Decoding is inference-only: a call autograd
+would record is an `ArgumentError`.
+
+Every case runs ragged lengths (0, 1, L_max and lengths that are no multiple of 16) over
+pages in shuffled order, shared between sequences (a common prefix), with -1 in the table
+past each sequence's pages; `CASES` spreads GQA ratios 1/4/8 (Hq = 8), Nq 1/4/16, fp32/fp16
+and contiguous/page size 16/32 over every variant (a meta-test keeps that coverage).
+Tolerances are the acceptance ones (conftest: fp32 max abs 1e-4, fp16 relative L2 1e-2, lse
+per `lse_tolerance`); NaN never passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import pytest
+import torch
+from conftest import assert_close_to_reference, assert_lse_close, lse_tolerance
+
+import attnfuse as af
+from attnfuse.errors import ArgumentError
+from attnfuse.runtime.reference import Rotation, gather_pages, rotate
+
+pytestmark = pytest.mark.interpreter
+
+HQ = 8
+GIVEN = ("fused", "given")
+
+# --------------------------------------------------------------------------------------------
+# Caches
+# --------------------------------------------------------------------------------------------
+
+
+def lengths(batch: int, l_max: int) -> list[int]:
+    """Ragged kv_lens: the full cache, one not a multiple of 16, none, one key, then more."""
+    return [l_max, l_max - 19, 0, 1, 37][:batch]
+
+
+def make_cache(batch, hkv, nq, l_max, d, dtype, seed, q_scale=1.0):
+    """Seeded q `[B, Hq, Nq, D]` and a contiguous cache k, v `[B, Hkv, L_max, D]`."""
+    gen = torch.Generator().manual_seed(seed)
+    q = (torch.randn(batch, HQ, nq, d, generator=gen) * q_scale).to(dtype)
+    k = torch.randn(batch, hkv, l_max, d, generator=gen).to(dtype)
+    v = torch.randn(batch, hkv, l_max, d, generator=gen).to(dtype)
+    return q, k, v
+
+
+def paginate(k, v, lens, page_size, seed, *, spare_fill=None, past_end=-1):
+    """Page pools and a block table holding the caches k, v (changed where sequences share
+    pages: returned too). Pages come in shuffled order; sequence 1 shares sequence 0's full
+    pages of a common prefix (up to 2); 3 spare pages (random, or `spare_fill`) belong to no
+    sequence; table entries past a sequence's pages are `past_end` (or, given "spare", a
+    spare page)."""
+    batch, hkv, l_max, d = k.shape
+    assert l_max % page_size == 0
+    k, v = k.clone(), v.clone()
+    shared = min(2, lens[0] // page_size, lens[1] // page_size) if batch > 1 else 0
+    k[1, :, : shared * page_size] = k[0, :, : shared * page_size]
+    v[1, :, : shared * page_size] = v[0, :, : shared * page_size]
+    needed = [-(-n // page_size) for n in lens]
+    slots = [(b, p) for b in range(batch) for p in range(needed[b]) if not (b == 1 and p < shared)]
+    gen = torch.Generator().manual_seed(seed)
+    num_pages = len(slots) + 3
+    order = torch.randperm(num_pages, generator=gen).tolist()
+    pool_k = torch.randn(num_pages, hkv, page_size, d, generator=gen).to(k.dtype)
+    pool_v = torch.randn(num_pages, hkv, page_size, v.shape[-1], generator=gen).to(v.dtype)
+    spare = order[len(slots):]
+    if spare_fill is not None:
+        pool_k[spare], pool_v[spare] = spare_fill, spare_fill
+    table = torch.full((batch, l_max // page_size), spare[0] if past_end == "spare" else past_end, dtype=torch.int32)
+    for (b, p), page in zip(slots, order):
+        table[b, p] = page
+        pool_k[page] = k[b, :, p * page_size : (p + 1) * page_size]
+        pool_v[page] = v[b, :, p * page_size : (p + 1) * page_size]
+    table[1, :shared] = table[0, :shared]
+    return k, v, pool_k, pool_v, table
+
+
+def test_paginate_holds_the_caches():
+    """The helper itself: the pools hold the caches, pages are shared and shuffled."""
+    _q, k, v = make_cache(5, 2, 1, 96, 16, torch.float32, 0)
+    lens = lengths(5, 96)
+    k2, v2, pool_k, pool_v, table = paginate(k, v, lens, 16, 0)
+    for cache, pool in ((k2, pool_k), (v2, pool_v)):
+        gathered = gather_pages(pool, table, lens, 96)
+        for b, n in enumerate(lens):
+            assert torch.equal(gathered[b, :, :n], cache[b, :, :n])
+    assert torch.equal(table[0, :2], table[1, :2])  # shared
+    assert (table[2] == -1).all() and (table[3, 1:] == -1).all()
+    assert not torch.equal(table[0], torch.sort(table[0]).values)  # out of order
+
+
+# --------------------------------------------------------------------------------------------
+# Running a case
+# --------------------------------------------------------------------------------------------
+
+
+def run_case(fn, spec, q, k, v, lens, *, page_size=None, lse=True, placement="auto", seed=0, **data):
+    """`fn` on the cache (paginated with `page_size`, else contiguous) with kv_lens `lens`,
+    against the reference on the contiguous cache: output, and lse with `lse`."""
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    call: dict = {"kv_lens": kv_lens, **data}
+    if page_size is None:
+        keys, values = k, v
+    else:
+        k, v, keys, values, call["block_table"] = paginate(k, v, lens, page_size, seed)
+    ref_call = {"kv_lens": kv_lens, "rope_placement": placement, **data}
+    if lse:
+        ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True, **ref_call)
+        out, out_lse = fn(q, keys, values, return_lse=True, **call)
+        assert_close_to_reference(out, ref, q.dtype)
+        assert_lse_close(out_lse, ref_lse, lse_tolerance(spec, q, k))
+        for b, n in enumerate(lens):
+            if n == 0:
+                assert torch.isneginf(out_lse[b]).all()
+    else:
+        ref = af.reference_attention(spec, q, k, v, **ref_call)
+        out = fn(q, keys, values, **call)
+        assert_close_to_reference(out, ref, q.dtype)
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (out[b] == 0).all(), f"sequence {b} has no key: its output must be 0"
+    return out
+
+
+def bias_data(batch, nq, l_max, lens, gen):
+    """A bias `[B, Hq, Nq, L_max]` with some -inf entries (dropped keys)."""
+    bias = 2 * torch.randn(batch, HQ, nq, l_max, generator=gen)
+    bias[..., 3::7] = float("-inf")
+    return {"bias": bias}
+
+
+def doc_data(batch, nq, l_max, lens, gen):
+    """doc_ids `[B, L_max]`: a few documents per sequence, left padding on odd ones, and on
+    sequence 0 the last query's position is padding (its row keeps nothing)."""
+    rows = []
+    for b in range(batch):
+        row = torch.zeros(l_max, dtype=torch.int32)
+        for cut in torch.randperm(l_max - 1, generator=gen)[:3] + 1:
+            row[int(cut):] += 1
+        if b % 2:
+            row[:5] = -1
+        rows.append(row)
+    ids = torch.stack(rows)
+    ids[0, lens[0] - 1] = -1
+    return {"doc_ids": ids}
+
+
+# name: (blocks, call-time data, q scale, softmax?)
+VARIANTS = {
+    "plain": (lambda: [], None, 1.0, True),
+    "causal": (lambda: [af.causal()], None, 1.0, True),
+    "window": (lambda: [af.sliding_window(24), af.causal()], None, 1.0, True),
+    "alibi": (lambda: [af.alibi(), af.causal()], None, 1.0, True),
+    "bias": (lambda: [af.additive_bias()], bias_data, 1.0, True),
+    # q scaled up so that scores reach the cap's curved range (checked below).
+    "softcap": (lambda: [af.softcap(30.0), af.causal()], None, 12.0, True),
+    "document": (lambda: [af.document()], doc_data, 1.0, True),
+    "rope": (lambda: [af.rope(theta=10000.0), af.causal()], None, 1.0, True),
+    "rope-given": (lambda: [af.rope(theta=10000.0), af.causal()], None, 1.0, True),
+    "relu": (lambda: [af.relu()], None, 1.0, False),
+    "sigmoid": (lambda: [af.sigmoid()], None, 1.0, False),
+}
+
+FP32, FP16 = torch.float32, torch.float16
+# (variant, dtype, Hkv, Nq, layout: None contiguous or the page size, L_max, D)
+CASES = [
+    ("plain", FP32, 2, 1, 16, 96, 16),
+    ("plain", FP16, 8, 4, None, 128, 32),
+    ("causal", FP16, 1, 16, 32, 128, 16),
+    ("causal", FP32, 8, 1, None, 96, 32),
+    ("window", FP32, 2, 4, 32, 192, 16),
+    ("window", FP16, 1, 1, None, 96, 16),
+    ("alibi", FP16, 2, 1, 16, 96, 32),
+    ("alibi", FP32, 1, 16, None, 128, 16),
+    ("bias", FP32, 8, 4, 16, 96, 16),
+    ("bias", FP16, 2, 16, None, 96, 16),
+    ("softcap", FP32, 1, 1, 32, 128, 16),
+    ("softcap", FP16, 8, 4, None, 96, 16),
+    ("document", FP16, 2, 4, 16, 128, 16),
+    ("document", FP32, 2, 1, None, 96, 32),
+    ("rope", FP32, 2, 1, 16, 192, 32),
+    ("rope", FP16, 8, 16, None, 96, 16),
+    ("rope-given", FP16, 2, 1, 32, 128, 32),
+    ("rope-given", FP32, 1, 4, None, 96, 16),
+    ("relu", FP32, 2, 4, 32, 96, 16),
+    ("relu", FP16, 1, 1, None, 128, 16),
+    ("sigmoid", FP16, 8, 1, 16, 96, 16),
+    ("sigmoid", FP32, 2, 16, None, 96, 16),
+]
+
+
+def case_id(case) -> str:
+    name, dtype, hkv, nq, layout, l_max, d = case
+    dt = {FP32: "fp32", FP16: "fp16"}[dtype]
+    where = "contiguous" if layout is None else f"page{layout}"
+    return f"{name}-{dt}-gqa{HQ // hkv}-nq{nq}-{where}-L{l_max}-d{d}"
+
+
+def test_cases_cover_the_matrix():
+    """Every variant contiguous and paged, every (GQA ratio, Nq) pair, both dtypes, both page
+    sizes, with L_max up to 192."""
+    assert {c[0] for c in CASES} == set(VARIANTS)
+    assert all({c[4] is None for c in CASES if c[0] == name} == {True, False} for name in VARIANTS)
+    assert {(HQ // c[2], c[3]) for c in CASES} == set(itertools.product([1, 4, 8], [1, 4, 16]))
+    assert {c[1] for c in CASES} == {FP32, FP16} and {c[4] for c in CASES} == {None, 16, 32}
+    assert max(c[5] for c in CASES) >= 192
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_decode_variant(case):
+    name, dtype, hkv, nq, page_size, l_max, d = case
+    blocks, data_of, q_scale, softmax = VARIANTS[name]
+    spec = af.attention(*blocks())
+    seed = sum(map(ord, case_id(case)))
+    batch = 5 if nq == 1 else 4
+    lens = lengths(batch, l_max)
+    q, k, v = make_cache(batch, hkv, nq, l_max, d, dtype, seed, q_scale)
+    data = {} if data_of is None else data_of(batch, nq, l_max, lens, torch.Generator().manual_seed(seed))
+    placement, keys = "auto", k
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    if name == "rope-given":  # the cache holds R(j) k_j, as rotate_keys would have written it
+        placement = GIVEN
+        keys = rotate(k.double(), torch.arange(l_max), Rotation(10000.0, None, False, None)).to(dtype)
+        given = af.reference_attention(spec, q, keys, v, kv_lens=kv_lens, rope_placement=GIVEN)
+        plain = af.reference_attention(spec, q, k, v, kv_lens=kv_lens)
+        assert (given - plain).abs().max() <= (2e-2 if dtype == FP16 else 1e-5)  # the same meaning
+    if name == "softcap":  # the cap matters at these scores
+        uncapped = af.reference_attention(af.attention(af.causal()), q, k, v, kv_lens=kv_lens)
+        assert (af.reference_attention(spec, q, k, v, kv_lens=kv_lens) - uncapped).abs().max() > 0.1
+    fn = af.compile(spec, rope_placement=placement)
+    run_case(fn, spec, q, keys, v, lens, page_size=page_size, lse=softmax, placement=placement, seed=seed, **data)
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes and layouts beyond the matrix
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "blocks, dtype, page_size",
+    [([af.causal()], FP32, 16), ([], FP16, None)],
+    ids=["causal-fp32-page16", "plain-fp16-contiguous"],
+)
+def test_decode_more_queries_than_keys(blocks, dtype, page_size):
+    """Nq = 40 is no decode shape, and still right with kv_lens: sequences with fewer keys
+    than queries put their first queries at negative positions (a causal row keeps nothing
+    there). Called through the spec."""
+    spec = af.attention(*blocks)
+    lens = [96, 40, 7, 0, 1]
+    q, k, v = make_cache(5, 2, 40, 96, 16, dtype, 40)
+    run_case(spec, spec, q, k, v, lens, page_size=page_size, seed=40)
+
+
+@pytest.mark.parametrize(
+    "blocks, dtype, hkv",
+    [([af.rope(theta=10000.0), af.causal()], FP16, 2), ([], FP32, 1)],
+    ids=["rope-causal-fp16-gqa4", "plain-fp32-gqa8"],
+)
+def test_decode_without_kv_lens(blocks, dtype, hkv):
+    """Nq = 1 over a full cache, no kv_lens: the plain call is a decode step too."""
+    spec = af.attention(*blocks)
+    q, k, v = make_cache(3, hkv, 1, 130, 32, dtype, 1)
+    out, lse = af.compile(spec)(q, k, v, return_lse=True)
+    ref, ref_lse = af.reference_attention(spec, q, k, v, return_lse=True)
+    assert_close_to_reference(out, ref, dtype)
+    assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, k))
+
+
+def test_decode_paged_equals_contiguous():
+    """One cache, three layouts (contiguous, pages of 16, pages of 32) and a sequence that
+    reads a prefix of another's pages (2 shares 0's table, with fewer keys: its last page only
+    in part): the same attention."""
+    spec = af.attention(af.alibi(), af.causal())
+    fn = af.compile(spec)
+    lens = [93, 64, 45, 0]
+    q, k, v = make_cache(4, 2, 4, 96, 16, FP32, 7)
+    k[2], v[2] = k[0], v[0]
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    contiguous = run_case(fn, spec, q, k, v, lens)
+    for page_size in (16, 32):
+        k2, v2, pool_k, pool_v, table = paginate(k, v, lens, page_size, page_size)
+        table[2] = table[0]  # the same pages as sequence 0
+        table[2, -(-45 // page_size):] = -1
+        ref = af.reference_attention(spec, q, k2, v2, kv_lens=kv_lens)
+        out = fn(q, pool_k, pool_v, kv_lens=kv_lens, block_table=table)
+        assert_close_to_reference(out, ref, FP32)
+        # Sequence 1 took 0's first pages (paginate's shared prefix): the others' data is k's.
+        torch.testing.assert_close(out[[0, 2, 3]], contiguous[[0, 2, 3]], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("page_size", [None, 32], ids=["contiguous", "page32"])
+def test_decode_never_reads_past_kv_lens(page_size):
+    """Keys j >= kv_lens[b] do not exist: NaN there (the cache's tail, the tail of a
+    sequence's last page, spare pages, and the pages the table names past a sequence's end)
+    must reach no output."""
+    spec = af.attention(af.causal())
+    fn = af.compile(spec)
+    lens = [96, 77, 0, 1, 37]
+    q, k, v = make_cache(5, 2, 1, 96, 16, FP16, 9)
+    clean_k = k.clone()
+    for b, n in enumerate(lens):
+        k[b, :, n:], v[b, :, n:] = float("nan"), float("nan")
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    call = {"kv_lens": kv_lens}
+    keys, values = k, v
+    if page_size is not None:
+        k, v, keys, values, call["block_table"] = paginate(k, v, lens, page_size, 9, spare_fill=float("nan"),
+                                                           past_end="spare")
+        assert torch.isnan(keys).any() and torch.isnan(values).any()
+    ref, ref_lse = af.reference_attention(spec, q, k, v, kv_lens=kv_lens, return_lse=True)
+    out, lse = fn(q, keys, values, return_lse=True, **call)
+    assert_close_to_reference(out, ref, FP16)
+    assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, clean_k))
+
+
+def test_decode_under_no_grad_with_requires_grad_inputs():
+    """Only a call autograd would record is refused: under no_grad, inputs that require grad
+    (a model's parameters' products in eval) decode as usual."""
+    spec = af.attention(af.causal())
+    lens = [50, 0, 64]
+    q, k, v = make_cache(3, 2, 1, 64, 16, FP32, 11)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with torch.no_grad():
+        out = af.compile(spec)(q, k, v, kv_lens=torch.tensor(lens, dtype=torch.int32))
+    assert not out.requires_grad
+    assert_close_to_reference(out, af.reference_attention(spec, q, k, v, kv_lens=torch.tensor(lens)), FP32)
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def argument_error(match: str):
+    """An `ArgumentError` naming the argument, not today's "unexpected argument(s)"."""
+    with pytest.raises(af.AttnFuseError, match=match) as info:
+        yield
+    assert isinstance(info.value, ArgumentError), type(info.value)
+    assert "unexpected argument" not in str(info.value), f"kv_lens/block_table not accepted: {info.value}"
+
+
+def error_inputs():
+    q, k, v = make_cache(2, 2, 1, 32, 16, FP32, 12)
+    lens = [3, 32]
+    _k, _v, pool_k, pool_v, table = paginate(k, v, lens, 16, 12)
+    return q, k, v, pool_k, pool_v, table, torch.tensor(lens, dtype=torch.int32)
+
+
+def test_decode_errors_block_table_without_kv_lens():
+    q, _k, _v, pool_k, pool_v, table, _lens = error_inputs()
+    with argument_error("block_table"):
+        af.compile(af.attention(af.causal()))(q, pool_k, pool_v, block_table=table)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [lambda lens: lens[:1], lambda lens: torch.cat([lens, lens]), lambda lens: lens[:, None],
+     lambda lens: lens.float()],
+    ids=["short", "long", "2-D", "float32"],
+)
+def test_decode_errors_bad_kv_lens(bad):
+    q, k, v, pool_k, pool_v, table, lens = error_inputs()
+    fn = af.compile(af.attention(af.causal()))
+    with argument_error("kv_lens"):
+        fn(q, k, v, kv_lens=bad(lens))
+    with argument_error("kv_lens"):
+        fn(q, pool_k, pool_v, kv_lens=bad(lens), block_table=table)
+
+
+@pytest.mark.parametrize("leaf", ["q", "k", "v"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_decode_errors_requires_grad(leaf, paged):
+    """Decoding is inference-only: a call autograd would record is refused, naming the
+    decode arguments."""
+    q, k, v, pool_k, pool_v, table, lens = error_inputs()
+    tensors = {"q": q, "k": pool_k if paged else k, "v": pool_v if paged else v}
+    tensors[leaf] = tensors[leaf].clone().requires_grad_()
+    call = {"kv_lens": lens, **({"block_table": table} if paged else {})}
+    with argument_error("kv_lens|block_table"):
+        af.compile(af.attention(af.causal()))(tensors["q"], tensors["k"], tensors["v"], **call)

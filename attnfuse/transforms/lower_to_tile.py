@@ -415,11 +415,12 @@ class LowerToTilePass(ModulePass):
             raise PassOptionError(
                 f"lower-to-tile: bwd-rope must be pre_rotated or as_forward, got '{self.bwd_rope}'"
             )
-        if self.page_size < 0 or (self.page_size and not self.kv_lens):
+        if self.page_size < 0:
+            raise PassOptionError(f"lower-to-tile: page-size must be >= 0 (0: a contiguous cache), got {self.page_size}")
+        if self.page_size and not self.kv_lens:
             raise PassOptionError(
-                f"lower-to-tile: page-size must be 0 (contiguous) or, with kv-lens=true, a "
-                f"positive page length, got {self.page_size}"
-                + ("" if self.kv_lens or self.page_size <= 0 else " without kv-lens=true")
+                f"lower-to-tile: page-size={self.page_size} needs kv-lens=true: the pages do not "
+                "say how many keys each sequence has"
             )
         return KernelConfig(self.head_dim, head_dim_v, self.element_type, self.block_m,
                             self.block_n, self.num_warps, self.num_stages, bwd_block_m,

@@ -1,0 +1,69 @@
+// RUN: attnfuse-opt %s --split-input-file --parsing-diagnostics --verify-diagnostics | filecheck %s
+// Verifier errors of the split decode's ops and of the cache attributes.
+
+tile.kernel @k(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 3 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<upper = 0>}
+  %s2, %fs2, %fe2, %e2 = tile.kv_split %s, %fs, %fe, %e
+  tile.return
+}
+// CHECK: tile.kv_split needs a kv_splits kernel
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 3 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %out, %lse = tile.merge_splits %o_part, %lse_part weighted : !tile.tensor<o_part>, !tile.tensor<lse_part> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>
+  tile.return
+}
+// CHECK: tile.merge_splits needs a query_blocks kernel
+
+// -----
+
+tile.kernel @k(%o: !tile.tensor<o>, %lse_part: !tile.tensor<lse_part>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %out, %lse = tile.merge_splits %o, %lse_part weighted : !tile.tensor<o>, !tile.tensor<lse_part> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>
+  tile.return
+}
+// CHECK: tile.merge_splits merges an o_part tensor
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %z = tile.zeros : !tile.tile<m x dv x f32>
+  tile.store %z, %o_part[program, all] : !tile.tile<m x dv x f32> -> !tile.tensor<o_part>
+  tile.return
+}
+// CHECK: o_part blocks are accessed only by kv_splits kernels
+
+// -----
+
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %z = tile.zeros : !tile.tile<m x dv x f32>
+  tile.store %z, %o[program, all] : !tile.tile<m x dv x f32> -> !tile.tensor<o>
+  tile.return
+}
+// CHECK: a kv_splits kernel stores partial results (o_part, lse_part), not o
+
+// -----
+
+tile.kernel @k(%kv_lens: !tile.tensor<kv_lens>, %block_table: !tile.tensor<block_table>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  tile.return
+}
+// CHECK: a kernel reading a paged cache has a block_table parameter and an integer 'page_size' attribute, both or neither
+
+// -----
+
+tile.kernel @k(%block_table: !tile.tensor<block_table>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, page_size = 16 : i64} {
+  tile.return
+}
+// CHECK: a paged kernel needs a kv_lens parameter: the pages hold no length
+
+// -----
+
+tile.kernel @k(%fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x dv x f32>
+  %r = tile.sparse_kv_loop %fb, %fc iter_args(%a) : !tile.tensor<full_blocks>, !tile.tensor<full_count>, !tile.tile<m x dv x f32> -> !tile.tile<m x dv x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>):
+    tile.yield %a0 : !tile.tile<m x dv x f32>
+  }
+  tile.return
+}
+// CHECK: tile.sparse_kv_loop needs a kernel whose programs own query blocks

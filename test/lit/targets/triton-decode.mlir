@@ -1,0 +1,41 @@
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=64 head-dim=64 block-m=16 block-n=64},fold-scale-into-exp' -t triton | filecheck %s
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=16 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=SMALL-PAGES
+
+// The split decode kernel: one program per (batch x key/value head x row block, split); its
+// rows are (query head, query) pairs; the key count is the sequence's; keys come from pages.
+// CHECK-LABEL: def attention_decode(
+// CHECK:       kv_lens_ptr,
+// CHECK-NEXT:  block_table_ptr, stride_block_table_b, stride_block_table_n,
+// CHECK-NEXT:  sm_scale, n_q, n_k, num_heads, group_size,
+// CHECK-NEXT:  num_splits, split_len,
+// CHECK:       PAGE_SIZE: tl.constexpr = 64,
+// CHECK:       split = tl.program_id(1)
+// CHECK:       head = kv_head * group_size  # the group's first query head
+// CHECK-NEXT:  n_k = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + batch), 0), n_k)  # this sequence's keys
+// CHECK:       row_head = rows // n_q
+// CHECK-NEXT:  row_query = rows % n_q
+// CHECK-NEXT:  q_pos = row_query + (n_k - n_q)
+// CHECK:       k_base = k_ptr + kv_head * stride_k_h
+// CHECK:       o_part_base = o_part_ptr + batch * stride_o_part_b + head * stride_o_part_h + split * stride_o_part_s
+// CHECK:       q_lo = tl.load(q_base + (row_head * stride_q_h + row_query * stride_q_n)[:, None] + (cols_half)[None, :] * stride_q_d
+// CHECK:       tile.kv_split: only this program's split of the keys
+// CHECK-NEXT:  split_lo = split * split_len
+// A step's 64 keys lie in one 64-row page: one table entry per step.
+// CHECK:       pages = tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n).to(tl.int64)
+// CHECK-NEXT:  page_rows = keys % PAGE_SIZE
+// CHECK-NEXT:  # tile.load: k rows (loop)
+// CHECK-NEXT:  k_lo = tl.load(k_base + (pages * stride_k_b + page_rows * stride_k_n)[:, None]
+// Keys rotate at their logical positions, not their page rows.
+// CHECK:       tile.rotate: RoPE at key positions
+// CHECK:       table_rows_1 = keys
+// CHECK:       tl.store(o_part_base + (row_head * stride_o_part_h + row_query * stride_o_part_n)[:, None]
+
+// The merge: each split's output weighted by exp(lse_s - lse).
+// CHECK-LABEL: def attention_merge(
+// CHECK:       for split in range(0, num_splits):
+// CHECK-NEXT:      split_lse = tl.load(lse_part_base + split * stride_lse_part_s + rows * stride_lse_part_n, mask=row_in_bounds, other=float("-inf"))
+// CHECK:           weight = tl.math.exp2((split_lse - safe_max) * 1.4426950408889634)
+
+// Pages smaller than a step: one table entry per key, none read past the sequence.
+// SMALL-PAGES: pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n).to(tl.int64)
+// SMALL-PAGES: pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n, mask=key_in_bounds, other=0).to(tl.int64)

@@ -1,0 +1,37 @@
+// RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true kv-lens=true page-size=16 head-dim=64 block-m=16 block-n=16}' | filecheck %s
+// RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true head-dim=64}' | filecheck %s --check-prefix=CONTIGUOUS
+// RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{kv-lens=true head-dim=64}' | filecheck %s --check-prefix=LENGTHS
+
+// Split-KV decoding: the forward program on the kv_splits grid, its key range clipped to the
+// program's split, partial results stored, then merged; no backward kernels.
+// CHECK:      tile.kernel @attention_decode(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %kv_lens: !tile.tensor<kv_lens>, %block_table: !tile.tensor<block_table>)
+// CHECK-SAME: grid = #tile<grid kv_splits>
+// CHECK-SAME: page_size = 16 : i64
+// CHECK:      %kv_start, %full_start, %full_end, %kv_end = tile.kv_bounds {band = #attn.band<upper = 0>}
+// CHECK-NEXT: %split_start, %split_full_start, %split_full_end, %split_end = tile.kv_split %kv_start, %full_start, %full_end, %kv_end
+// CHECK-NEXT: tile.kv_loop %split_start to %split_full_end iter_args
+// CHECK:      tile.kv_loop %split_full_end to %split_end masked iter_args
+// CHECK:      tile.store %out, %o_part[program, all]
+// CHECK-NEXT: tile.store %lse, %lse_part[program]
+// CHECK:      tile.kernel @attention_merge(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>)
+// CHECK-SAME: grid = #tile<grid query_blocks>
+// CHECK-NEXT: %out, %lse_1 = tile.merge_splits %o_part, %lse_part weighted
+// CHECK-NEXT: tile.store %out, %o[program, all]
+// CHECK-NEXT: tile.store %lse_1, %lse[program]
+// CHECK-NOT:  tile.kernel
+
+// CONTIGUOUS:     tile.kernel @attention_decode(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>)
+// CONTIGUOUS-NOT: page_size
+// CONTIGUOUS:     tile.kernel @attention_merge
+
+// Per-sequence lengths alone keep the forward kernel (a prefill into a cache), without backward.
+// LENGTHS:     tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %kv_lens: !tile.tensor<kv_lens>)
+// LENGTHS-SAME: grid = #tile<grid query_blocks>
+// LENGTHS-NOT: tile.kernel
+attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

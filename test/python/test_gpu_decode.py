@@ -1,0 +1,151 @@
+"""Split-KV decoding on a CUDA device at serving sizes, against the float64 reference:
+ragged `kv_lens`, paged caches (pages shuffled and shared), GQA, Nq 1/4/16, the variants that
+make sense in decode, and a decode step captured in a CUDA graph that replays as the lengths
+grow and the block table changes. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close_to_reference, assert_lse_close, lse_tolerance
+
+import attnfuse as af
+
+pytestmark = pytest.mark.gpu
+
+LENGTHS = [4096, 1, 2731, 0, 1500, 64]
+"""Ragged lengths over a 4096-key cache: full, one key, none, not multiples of a page."""
+
+
+def cache(b, hq, hkv, nq, l_max, d, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, nq, d, generator=gen).to(dtype)
+    k = torch.randn(b, hkv, l_max, d, generator=gen).to(dtype)
+    v = torch.randn(b, hkv, l_max, d, generator=gen).to(dtype)
+    return q, k, v
+
+
+def paginate(k, v, lens, page_size, seed=0):
+    """Page pools `[pages, Hkv, page_size, D]` holding the caches, in shuffled order, with the
+    first two pages of sequence 0 shared by sequence 2 (whose cache is made to match), and
+    the table `[B, max_pages]` (-1 past each sequence's pages)."""
+    b, hkv, l_max, d = k.shape
+    k, v = k.clone(), v.clone()
+    shared = 2
+    k[2, :, : shared * page_size], v[2, :, : shared * page_size] = k[0, :, : shared * page_size], v[0, :, : shared * page_size]
+    needed = [-(-n // page_size) for n in lens]
+    slots = [(s, p) for s in range(b) for p in range(needed[s]) if not (s == 2 and p < shared)]
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(slots) + 2, generator=gen).tolist()
+    pool_k = torch.randn(len(order), hkv, page_size, d, generator=gen).to(k.dtype)
+    pool_v = torch.randn(len(order), hkv, page_size, d, generator=gen).to(v.dtype)
+    table = torch.full((b, l_max // page_size), -1, dtype=torch.int32)
+    for (s, p), page in zip(slots, order):
+        table[s, p] = page
+        pool_k[page], pool_v[page] = k[s, :, p * page_size:(p + 1) * page_size], v[s, :, p * page_size:(p + 1) * page_size]
+    table[2, :shared] = table[0, :shared]
+    return k, v, pool_k, pool_v, table
+
+
+SPECS = {
+    "causal": (af.attention(af.causal()), "auto"),
+    "rope-given-key": (af.attention(af.rope(theta=500000.0), af.causal()), ("fused", "given")),
+    "rope-fused": (af.attention(af.rope(theta=10000.0), af.causal()), "auto"),
+    "alibi": (af.attention(af.alibi(), af.causal()), "auto"),
+    "window": (af.attention(af.sliding_window(1024), af.causal()), "auto"),
+    "softcap": (af.attention(af.softcap(30.0), af.causal()), "auto"),
+    "relu": (af.attention(af.relu()), "auto"),
+}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", 16, 64])
+@pytest.mark.parametrize("name", list(SPECS))
+def test_decode_llama3_8b_geometry(name, layout):
+    spec, placement = SPECS[name]
+    fn = af.compile(spec, rope_placement=placement)
+    b, hq, hkv, nq, d = len(LENGTHS), 32, 8, 1, 128
+    q, k, v = cache(b, hq, hkv, nq, 4096, d, torch.float16)
+    lens = torch.tensor(LENGTHS, dtype=torch.int32)
+    call = {"kv_lens": lens.cuda()}
+    if layout == "contiguous":
+        keys, values = k, v
+    else:
+        k, v, keys, values, table = paginate(k, v, LENGTHS, layout)
+        call["block_table"] = table.cuda()
+    has_lse = name != "relu"
+    result = fn(q.cuda(), keys.cuda(), values.cuda(), return_lse=has_lse, **call)
+    torch.cuda.synchronize()
+    ref = af.reference_attention(spec, q, k, v, kv_lens=lens, rope_placement=placement, return_lse=has_lse)
+    if has_lse:
+        (out, lse), (ref, ref_lse) = result, ref
+        assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+    else:
+        out = result
+    assert_close_to_reference(out.cpu(), ref, torch.float16)
+    assert (out[3] == 0).all(), "a sequence without keys outputs 0"
+
+
+@pytest.mark.parametrize("nq", [4, 16])
+@pytest.mark.parametrize("hq,hkv", [(32, 8), (64, 8), (8, 8)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_query_counts_and_groups(nq, hq, hkv, dtype):
+    spec = af.attention(af.causal())
+    fn = af.compile(spec)
+    lens_list = [4096, 2731, 17, 1500]
+    q, k, v = cache(len(lens_list), hq, hkv, nq, 4096, 128, dtype, seed=1)
+    lens = torch.tensor(lens_list, dtype=torch.int32)
+    out, lse = fn(q.cuda(), k.cuda(), v.cuda(), kv_lens=lens.cuda(), return_lse=True)
+    ref, ref_lse = af.reference_attention(spec, q, k, v, kv_lens=lens, return_lse=True)
+    assert_close_to_reference(out.cpu(), ref, dtype)
+    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+
+
+def test_decode_long_cache_without_lengths():
+    """A plain call with one query over a 32k cache (Llama-3-70B geometry) runs split."""
+    spec = af.attention(af.causal())
+    fn = af.compile(spec)
+    q, k, v = cache(1, 64, 8, 1, 32768, 128, torch.float16, seed=2)
+    out = fn(q.cuda(), k.cuda(), v.cuda())
+    assert fn.last is not None and "attention_decode" in fn.last.source
+    assert_close_to_reference(out.cpu(), af.reference_attention(spec, q, k, v), torch.float16)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_step_in_a_cuda_graph_replays_as_lengths_grow(paged):
+    """A step captured once replays correctly after kv_lens (and the block table) change in
+    place: no host read of the lengths, no launch that depends on them."""
+    spec = af.attention(af.rope(theta=500000.0), af.causal())
+    fn = af.compile(spec, rope_placement=("fused", "given"))
+    b, hq, hkv, d, l_max, page = 4, 32, 8, 128, 4096, 64
+    q, k, v = (t.cuda() for t in cache(b, hq, hkv, 1, l_max, d, torch.float16, seed=3))
+    lens = torch.tensor([100, 2000, 1, 4000], dtype=torch.int32, device="cuda")
+    call = {"kv_lens": lens}
+    if paged:
+        pages = l_max // page
+        pool_k = k.reshape(b, hkv, pages, page, d).permute(0, 2, 1, 3, 4).reshape(b * pages, hkv, page, d)
+        pool_v = v.reshape(b, hkv, pages, page, d).permute(0, 2, 1, 3, 4).reshape(b * pages, hkv, page, d)
+        table = torch.arange(b * pages, dtype=torch.int32, device="cuda").reshape(b, pages)
+        keys, values, call["block_table"] = pool_k.contiguous(), pool_v.contiguous(), table.clone()
+    else:
+        keys, values = k, v
+    fn(q, keys, values, **call)  # warm: compiles, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(q, keys, values, **call)
+    for new_lens in ([101, 2001, 2, 4001], [4096, 64, 3000, 0]):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        if paged:
+            # Another order of the same pages: sequence s reads sequence (s - 1) % b's pages.
+            call["block_table"].copy_(table.roll(1, dims=0))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = fn(q, keys, values, **call)
+        assert torch.equal(out, expected), "the replayed step differs from an eager call"
+        ref_k = k if not paged else k.roll(1, dims=0)
+        ref_v = v if not paged else v.roll(1, dims=0)
+        ref = af.reference_attention(spec, q.cpu(), ref_k.cpu(), ref_v.cpu(), kv_lens=lens.cpu(),
+                                     rope_placement=("fused", "given"))
+        assert_close_to_reference(out.cpu(), ref, torch.float16)
+    assert len(fn._plans) == 1, "lengths changed the plan: a step would recompile or re-plan"

@@ -4,6 +4,7 @@
 cache shapes, beside SDPA (flash). Checks every AttnFuse result against SDPA first.
 
     python bench/decode_tune.py [--reps 200] [--out bench/results/<stamp>-decode_tune.md]
+    python bench/decode_tune.py --paged 16,64   # the same sweep over paged caches
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--paged", default="", help="page sizes: tune over shuffled page pools instead")
+    parser.add_argument("--quick", action="store_true", help="key block and stage sweep only")
     args = parser.parse_args()
+    page_sizes = [int(p) for p in args.paged.split(",") if p]
     torch.manual_seed(0)
     lines = [f"# decode tuning on {torch.cuda.get_device_name()}", "",
              f"torch {torch.__version__}, triton {__import__('triton').__version__}", ""]
@@ -71,31 +75,38 @@ def main() -> None:
         k = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.float16)
         v = torch.randn_like(k)
         lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
-        cases[name] = (q, k, v, lens)
+        cases[name] = (q, k, v, {"kv_lens": lens})
+        for page in page_sizes:
+            pool_k, pool_v, table = paginate(k, v, page)
+            cases[f"{name}-p{page}"] = (q, pool_k, pool_v, {"kv_lens": lens, "block_table": table})
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             sdpa = time_us(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.reps)
         out = af.compile(spec)(q, k, v, kv_lens=lens)
+        for page in page_sizes:
+            _q, pool_k, pool_v, extra = cases[f"{name}-p{page}"]
+            paged = af.compile(spec)(q, pool_k, pool_v, kv_lens=lens, block_table=extra["block_table"])
+            assert torch.equal(paged, out), f"{name}: the paged cache gives another result"
         err = (out.float() - ref.float()).abs().max().item()
         gbytes = 2 * b * hkv * length * d * 2 / 1e9
         lines.append(f"- {name}: SDPA flash {sdpa:.1f} µs ({gbytes / sdpa * 1e6:.0f} GB/s); AttnFuse max err vs SDPA {err:.2e}")
         log(lines[-1])
-    lines += ["", "| block_n | stages | warps | programs/SM | min split blocks | " + " | ".join(ROWS) + " |",
-              "|" + "---|" * (5 + len(ROWS))]
+    lines += ["", "| block_n | stages | warps | programs/SM | min split blocks | " + " | ".join(cases) + " |",
+              "|" + "---|" * (5 + len(cases))]
     original = config.decode_tile_config
 
     def sweep(block_n: int, stages: int, warps: int, per_sm: int, min_blocks: int) -> None:
-        def tuned(problem):
-            return replace(original(problem), block_n=block_n, num_stages=stages, num_warps=warps)
+        def tuned(problem, paged=False):
+            return replace(original(problem, paged), block_n=block_n, num_stages=stages, num_warps=warps)
 
         api.decode_tile_config = tuned  # what compile_key calls
         kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS = per_sm, min_blocks
         cells = []
-        for name, (q, k, v, lens) in cases.items():
+        for name, (q, k, v, extra) in cases.items():
             fn = af.compile(spec)
             try:
-                fn(q, k, v, kv_lens=lens)
-                cells.append(f"{time_us(lambda: fn(q, k, v, kv_lens=lens), args.reps):.1f}")
+                fn(q, k, v, **extra)
+                cells.append(f"{time_us(lambda: fn(q, k, v, **extra), args.reps):.1f}")
             except Exception as err:  # noqa: BLE001 - a config that does not fit is a row
                 cells.append(f"fails: {type(err).__name__}")
         lines.append(f"| {block_n} | {stages} | {warps} | {per_sm} | {min_blocks} | " + " | ".join(cells) + " |")
@@ -103,15 +114,35 @@ def main() -> None:
 
     for block_n, stages, warps in itertools.product((32, 64, 128), (2, 3, 4), (4,)):
         sweep(block_n, stages, warps, kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS)
+    if args.quick:
+        return finish(lines, args.out)
     for warps in (2, 8):
         sweep(64, 3, warps, 2, 4)
     for per_sm, min_blocks in itertools.product((1, 2, 4, 8), (2, 4, 8)):
         sweep(64, 3, 4, per_sm, min_blocks)
+    finish(lines, args.out)
+
+
+def finish(lines: list[str], out: str | None) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text)
+
+
+def paginate(k: torch.Tensor, v: torch.Tensor, page: int):
+    """Page pools of k and v `[B * pages, Hkv, page, D]` in shuffled page order, with the
+    block table `[B, pages]` that lists each sequence's pages in order."""
+    b, hkv, length, d = k.shape
+    pages = length // page
+    order = torch.randperm(b * pages, device=k.device)
+    pool_k = torch.empty(b * pages, hkv, page, d, dtype=k.dtype, device=k.device)
+    pool_v = torch.empty(b * pages, hkv, page, v.shape[-1], dtype=v.dtype, device=v.device)
+    table = order.reshape(b, pages).to(torch.int32)
+    pool_k[order] = k.reshape(b, hkv, pages, page, d).transpose(1, 2).reshape(b * pages, hkv, page, d)
+    pool_v[order] = v.reshape(b, hkv, pages, page, -1).transpose(1, 2).reshape(b * pages, hkv, page, v.shape[-1])
+    return pool_k, pool_v, table
 
 
 if __name__ == "__main__":

@@ -210,7 +210,7 @@ class CompiledAttention:
         split-KV kernels, `cache` for how the keys are held."""
         config = self.tile_config(problem)
         if decode and self.config is None:
-            config = decode_tile_config(problem)
+            config = decode_tile_config(problem, paged=cache.page_size > 0)
         placement = rope_placement(self.variant.rope is not None, self.variant.rotary_dim, problem,
                                    config, self._placement)
         if placement is not None and (decode or cache.page_size) and placement[1] == "pre_rotated" \

@@ -154,12 +154,21 @@ def choose_tile_config(
     return TileConfig(32, 32, 4, 2, 32, 32, 4, 1)
 
 
-def decode_tile_config(problem: Problem) -> TileConfig:
+def decode_tile_config(problem: Problem, paged: bool = False) -> TileConfig:
     """The split-KV decode kernel's configuration: programs own the (query head, query)
-    rows of one key/value head (`kv_cache.decode_block_m`) and stream its keys in blocks of
-    64 (32 past a head dim of 128), pipelined three deep on a GPU: at D=128 on the H200 the
-    best or within 3% of the best of block_n 32/64/128 x 2-4 stages x 2/4/8 warps at every
-    cache of bench/decode_tune.py (bench/results/20261201T1345Z-decode_tune.md). On the
+    rows of one key/value head (`kv_cache.decode_block_m`) and stream its keys, on a GPU:
+
+    - a contiguous cache in blocks of 64 keys, pipelined three deep (128 from
+      DECODE_LONG_CACHE keys): at D=128 on the H200 the best, or within 3% of it, of
+      block_n 32/64/128 x 2-4 stages x 2/4/8 warps at every cache of bench/decode_tune.py,
+      except the 32k one, where 128-key blocks took 6% less time (42.4 against 45.2 µs);
+    - a paged cache in blocks of 128 keys, two deep: a page's address is a load of the
+      block table, which pipelines worse than strided addresses, and fewer, larger steps
+      amortize it; 128/2 was the best paged configuration at every cache, 15-30% faster
+      than 64/3 (bench/results/20261201T1345Z-decode_tune.md,
+      20261201T1435Z-decode_tune-paged.md).
+
+    Past a head dim of 128, blocks of 32 keys, two deep (not measured). On the
     interpreter, 16-key blocks keep page and split boundaries exercised at test sizes."""
     from attnfuse.runtime.kv_cache import decode_block_m
 
@@ -167,9 +176,18 @@ def decode_tile_config(problem: Problem) -> TileConfig:
     if problem.device.type != "cuda":
         return TileConfig(block_m, 16, 4, 1)
     d = max(problem.head_dim, problem.head_dim_v)
-    if d <= 128:
-        return TileConfig(block_m, 64, 4, 3)
-    return TileConfig(block_m, 32, 4, 2)
+    if d > 128:
+        return TileConfig(block_m, 32, 4, 2)
+    if paged:
+        return TileConfig(block_m, 128, 4, 2)
+    if problem.seq_k >= DECODE_LONG_CACHE:
+        return TileConfig(block_m, 128, 4, 3)
+    return TileConfig(block_m, 64, 4, 3)
+
+
+DECODE_LONG_CACHE = 32768
+"""The cache length from which contiguous decoding steps over 128-key blocks (measured
+better at 32768, equal at 16384, worse at B=8 x 8192: decode_tile_config)."""
 
 
 PLACEMENT_ALIASES = {

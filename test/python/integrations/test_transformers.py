@@ -359,7 +359,9 @@ def test_padding_lists_are_built_once_per_forward_not_per_layer(monkeypatch):
     real = api.call_block_lists
     monkeypatch.setattr(api, "call_block_lists", lambda *a, **kw: builds.append(1) or real(*a, **kw))
     _eager, fused = llama_pair()
-    ids, mask = batch(length=10, pad=3)
+    # More than 16 queries: a decode-sized forward runs the split kernels, which test each
+    # pair's documents and build no lists at all.
+    ids, mask = batch(length=24, pad=5)
     with torch.no_grad():
         fused(input_ids=ids, attention_mask=mask)
     assert len(builds) == 1

@@ -665,6 +665,9 @@ class KernelOp(IRDLOperation):
             raise VerifyException(f"page_size must be >= 1, got {page_size}")
         if paged and "kv_lens" not in self.roles:
             raise VerifyException("a paged kernel needs a kv_lens parameter: the pages hold no length")
+        if paged and self.grid == "key_blocks":
+            raise VerifyException("a paged cache is read by query_blocks and kv_splits kernels only "
+                                  "(their loops walk keys)")
         if self.shared_offsets is not None:
             missing = [r for r in self.shared_offsets if r not in self.roles]
             if len(self.shared_offsets) != 2 or missing:
@@ -1328,6 +1331,9 @@ class MergeSplitsOp(IRDLOperation):
         kernel = _kernel_of(self)
         if kernel is not None and kernel.grid != "query_blocks":
             raise VerifyException("tile.merge_splits needs a query_blocks kernel")
+        if self.weighted is None and next(iter(self.lse.uses), None) is not None:
+            raise VerifyException("an unweighted tile.merge_splits has no log-sum-exp: its lse "
+                                  "result must not be used")
 
 
 class _RangeLoop(IRDLOperation):
@@ -1363,6 +1369,14 @@ class _RangeLoop(IRDLOperation):
 
     def verify_(self) -> None:
         _verify_loop(self, self.inits, self.results_)
+        kernel = _kernel_of(self)
+        if kernel is not None and kernel.grid == "kv_splits":
+            # Each split program must visit its own split only, or the merge would count
+            # keys once per split.
+            for bound in (self.lower, self.upper):
+                if not isinstance(bound.owner, KVSplitOp):
+                    raise VerifyException(f"{self.name} in a kv_splits kernel must loop over "
+                                          "bounds clipped by tile.kv_split")
 
 
 @irdl_op_definition

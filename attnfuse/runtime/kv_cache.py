@@ -67,6 +67,12 @@ def _check_index_tensor(name: str, t: object, shape: tuple[int, ...], device: to
         raise ArgumentError(f"{name}= must be on q's device ({device}), got {t.device}")
     if t.requires_grad:
         raise ArgumentError(f"{name}= is an index tensor and cannot require a gradient")
+    if name == "kv_lens" and not t.is_contiguous():
+        # The kernels read kv_lens[b] at offset b (no stride): a view would read other values.
+        raise ArgumentError(
+            f"kv_lens= must be contiguous, got strides {t.stride()}: pass kv_lens.contiguous() "
+            "(outside a CUDA graph capture, which must replay the same buffer)"
+        )
     return t
 
 

@@ -303,6 +303,9 @@ class LowerVariant(RewritePattern):
                 raise _fail(op, f"rotary_dim {rotation.rotary_dim} exceeds head-dim {self.config.head_dim}")
         if c.decode:
             check_decodable(op, facts)
+        if c.kv_lens and facts.query_rotation is not None and not facts.query_rotation.fused:
+            raise _fail(op, "a query with per-sequence lengths (kv-lens=true) cannot be "
+                            "pre-rotated (its positions depend on kv_lens): place it fused")
         if c.page_size and facts.key_rotation is not None and not facts.key_rotation.fused:
             raise _fail(op, "the key of a paged cache cannot be pre-rotated (its rows are pages, "
                             "not positions): place the key rotation fused or given")

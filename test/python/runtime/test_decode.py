@@ -390,3 +390,60 @@ def test_decode_errors_requires_grad(leaf, paged):
     call = {"kv_lens": lens, **({"block_table": table} if paged else {})}
     with argument_error("kv_lens|block_table"):
         af.compile(af.attention(af.causal()))(tensors["q"], tensors["k"], tensors["v"], **call)
+
+
+# --------------------------------------------------------------------------------------------
+# Placements and index tensors the kernels cannot take as given
+# --------------------------------------------------------------------------------------------
+
+
+def test_query_rotation_with_lengths_runs_in_kernel(monkeypatch):
+    """A query's positions depend on kv_lens, which only the attention kernels read: with
+    placement auto it rotates in-kernel even where the Rotation Calculus would pre-rotate it
+    (from 8192 queries; scaled down to 32 here), and an explicit pre-rotation is an error,
+    never a rotation at the wrong positions."""
+    import attnfuse.transforms.rotation_calculus as calculus
+
+    monkeypatch.setattr(calculus, "QUERY_PRE_ROTATION_MIN_SEQ", 32)
+    spec = af.attention(af.rope(theta=10000.0), af.causal())
+    q, k, v = make_cache(2, 2, 40, 64, 16, torch.float32, 5)
+    lens = torch.tensor([50, 64], dtype=torch.int32)
+    fn = af.compile(spec, rope_placement=("auto", "given"))
+    out = fn(q, k, v)  # without lengths the calculus pre-rotates this query...
+    assert "rotate_query" in [info.name for info in fn.last.program.kernels]
+    out = fn(q, k, v, kv_lens=lens)  # ...with them it cannot
+    assert "rotate_query" not in [info.name for info in fn.last.program.kernels]
+    ref = af.reference_attention(spec, q, k, v, kv_lens=lens, rope_placement=("auto", "given"))
+    assert_close_to_reference(out, ref, torch.float32)
+    for placement in ("pre_rotated", ("pre_rotated", "fused")):
+        with pytest.raises(ArgumentError, match="query 'pre_rotated' cannot take kv_lens="):
+            af.compile(spec, rope_placement=placement)(q, k, v, kv_lens=lens)
+
+
+def test_pre_rotated_key_refused_for_a_paged_cache():
+    spec = af.attention(af.rope(theta=10000.0), af.causal())
+    q, k, v = make_cache(2, 2, 1, 64, 16, torch.float32, 6)
+    lens = [64, 30]
+    _k, _v, pool_k, pool_v, table = paginate(k, v, lens, 16, 6)
+    with pytest.raises(ArgumentError, match="key 'pre_rotated' cannot take a paged cache"):
+        af.compile(spec, rope_placement=("fused", "pre_rotated"))(
+            q, pool_k, pool_v, kv_lens=torch.tensor(lens, dtype=torch.int32), block_table=table)
+
+
+def test_kv_lens_views_are_refused():
+    """kv_lens is read at offset b: a strided or expanded view would read other values."""
+    spec = af.attention(af.causal())
+    q, k, v = make_cache(2, 2, 1, 32, 16, torch.float32, 7)
+    fn = af.compile(spec)
+    for lens in (torch.tensor([10, 5, 32, 7], dtype=torch.int32)[::2],
+                 torch.tensor([9], dtype=torch.int32).expand(2)):
+        with pytest.raises(ArgumentError, match="kv_lens= must be contiguous"):
+            fn(q, k, v, kv_lens=lens)
+
+
+def test_block_sparse_with_lengths_is_refused_at_any_size():
+    spec = af.attention(af.block_sparse(16))
+    q, k, v = make_cache(2, 2, 1, 32, 16, torch.float32, 8)
+    layout = torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ArgumentError, match="kv_lens= cannot combine with block_sparse"):
+        af.compile(spec)(q, k, v, kv_lens=torch.tensor([32, 3], dtype=torch.int32), block_layout=layout)

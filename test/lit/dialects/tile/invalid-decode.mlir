@@ -67,3 +67,32 @@ tile.kernel @k(%fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>) at
   tile.return
 }
 // CHECK: tile.sparse_kv_loop needs a kernel whose programs own query blocks
+
+// -----
+
+tile.kernel @k(%k: !tile.tensor<k>, %kv_lens: !tile.tensor<kv_lens>, %block_table: !tile.tensor<block_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, page_size = 16 : i64} {
+  tile.return
+}
+// CHECK: a paged cache is read by query_blocks and kv_splits kernels only (their loops walk keys)
+
+// -----
+
+tile.kernel @k(%q: !tile.tensor<q>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x dv x f32>
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<upper = 0>}
+  %r = tile.kv_loop %s to %e masked iter_args(%a) : !tile.tile<m x dv x f32> -> !tile.tile<m x dv x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>):
+    tile.yield %a0 : !tile.tile<m x dv x f32>
+  }
+  tile.return
+}
+// CHECK: tile.kv_loop in a kv_splits kernel must loop over bounds clipped by tile.kv_split
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %lse: !tile.tensor<lse>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %out, %none = tile.merge_splits %o_part, %lse_part : !tile.tensor<o_part>, !tile.tensor<lse_part> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>
+  tile.store %none, %lse[program] : !tile.tile<m x f32> -> !tile.tensor<lse>
+  tile.return
+}
+// CHECK: an unweighted tile.merge_splits has no log-sum-exp: its lse result must not be used

@@ -336,21 +336,24 @@ class CompiledAttention:
         training: bool = False,
         cache: CacheLayout = CONTIGUOUS,
         paged_keys: int | None = None,
+        backward: bool = False,
     ) -> CallPlan:
         """The checked, compiled and prepared launches for tensors of these shapes; with
         `training`, for a call that autograd records (`training_key`); `cache` and
-        `paged_keys` as `kv_cache.check_cache_arguments` gives them."""
+        `paged_keys` as `kv_cache.check_cache_arguments` gives them; with `backward`, a plan
+        whose program has the backward kernels (never the split decode's), for a backward
+        run apart from its forward (the traced operators')."""
         try:
             key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
                    v.device, q.layout, k.layout, v.layout, explicit_positions, training, cache,
-                   paged_keys)
+                   paged_keys, backward)
         except (AttributeError, RuntimeError):
             key = None  # not dense tensors: check_inputs says which argument is wrong
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
             # Validation depends only on what the key holds, so a cached plan is a checked one.
             problem = check_inputs(self.program, q, k, v, paged_keys)
-            plan = self._make_plan(problem, explicit_positions, training, cache)
+            plan = self._make_plan(problem, explicit_positions, training, cache, backward)
             if key is not None:
                 self._plans[key] = plan
         return plan
@@ -362,7 +365,7 @@ class CompiledAttention:
         return decode_rows(problem) and not training and self.variant.block_size is None
 
     def _make_plan(self, problem: Problem, explicit_positions: tuple[bool, bool], training: bool,
-                   cache: CacheLayout = CONTIGUOUS) -> CallPlan:
+                   cache: CacheLayout = CONTIGUOUS, backward: bool = False) -> CallPlan:
         constants: dict[str, torch.Tensor] = {}
         variant = self.program.canonical(explicit_positions)
         for binding in variant.bindings:
@@ -372,7 +375,7 @@ class CompiledAttention:
                 constants[binding.role] = binding.bind(problem, {})
         if problem.empty:
             return CallPlan(problem, None, (), {}, None, cache=cache)
-        decode = self.decodes(problem, training)
+        decode = self.decodes(problem, training or backward)
         if cache.kv_lens and variant.block_size is not None:
             raise ArgumentError(
                 "kv_lens= cannot combine with block_sparse(): its block lists are built over "
@@ -661,6 +664,9 @@ class CompiledAttention:
             dbias = torch.zeros(p.batch, p.heads_q, p.seq_q, p.seq_k, dtype=torch.float32, device=p.device)
         if plan.compiled is None:
             return dq.zero_(), dk.zero_(), dv.zero_(), dbias
+        if plan.splits is not None:
+            # A split decode's program has no backward kernels: nothing would fill dq, dk, dv.
+            raise AttnFuseError("internal: a backward was run on a decode plan; ask plan(..., backward=True)")
         q_role, k_role = saved_roles
         tensors = {q_role: q, k_role: k, "v": v, "o": out, "lse": lse, "do": grad_out, "dq": dq,
                    "dk": dk, "dv": dv, **plan.constants, **data}

@@ -148,7 +148,7 @@ def attention_backward(
     dtype when `bias_grad`, and is empty otherwise."""
     fn = variant_for(variant)
     explicit = _explicit(q_positions, k_positions)
-    plan = fn.plan(q, k, v, explicit, training=False)
+    plan = fn.plan(q, k, v, explicit, training=False, backward=True)
     tensors = fn.call_tensors(plan, _arguments(bias, data, q_positions, k_positions), explicit)
     dq, dk, dv, dbias = fn.backward(plan, tensors, (q, k, v, out, lse), grad_out, grad_lse, bias_grad)
     if dbias is None:

@@ -514,31 +514,27 @@ class CompiledAttention:
         if k_positions is not None and self.key_given:
             raise ArgumentError(KEY_POSITIONS_WITH_GIVEN_KEY)
         cache_call = kv_lens is not None or block_table is not None
-        if cache_call and torch_op.traced(q, k, v, bias, kv_lens, block_table):
-            raise ArgumentError(
-                "kv_lens= / block_table= calls run eagerly: torch.compile and torch.export "
-                "do not trace them yet"
-            )
-        if torch_op.traced(q, k, v, bias):
-            return self._call_operator(q, k, v, return_lse, bias, data, q_positions, k_positions)
-        explicit = (q_positions is not None, k_positions is not None)
         # Positions and layouts are integer and bool tensors, which never require a gradient.
         training = records_autograd(q, k, v, bias)
-        cache, paged_keys = CONTIGUOUS, None
+        if cache_call and training:
+            raise ArgumentError(
+                "kv_lens= / block_table= calls are inference-only (a KV cache has no "
+                "backward): call under torch.no_grad() or with inputs that do not require grad"
+            )
+        if torch_op.traced(q, k, v, bias, kv_lens, block_table):
+            if cache_call:
+                key = self.operator_key((q_positions is not None, k_positions is not None))
+                return torch_op.call_cache(key, q, k, v, kv_lens, block_table, return_lse=return_lse,
+                                           bias=bias, q_positions=q_positions, k_positions=k_positions, **data)
+            return self._call_operator(q, k, v, return_lse, bias, data, q_positions, k_positions)
         if cache_call:
-            cache, paged_keys = check_cache_arguments(q, k, v, kv_lens, block_table)
-            if training:
-                raise ArgumentError(
-                    "kv_lens= / block_table= calls are inference-only (a KV cache has no "
-                    "backward): call under torch.no_grad() or with inputs that do not require grad"
-                )
-        plan = self.plan(q, k, v, explicit, training, cache, paged_keys)
+            out, lse = self.cache_forward(q, k, v, kv_lens, block_table, bias=bias,
+                                          q_positions=q_positions, k_positions=k_positions, **data)
+            return (out, lse) if return_lse else out
+        explicit = (q_positions is not None, k_positions is not None)
+        plan = self.plan(q, k, v, explicit, training)
         arguments = {**data, "bias": bias, "q_positions": q_positions, "k_positions": k_positions}
         data = self.call_tensors(plan, arguments, explicit)
-        if cache_call:
-            data["kv_lens"] = kv_lens
-            if block_table is not None:
-                data["block_table"] = block_table
         if training:
             # The user's bias goes in as an input of its own so autograd tracks it.
             given_bias = bias if "bias" in data else None
@@ -546,6 +542,31 @@ class CompiledAttention:
         else:
             out, lse = self.forward(plan, data, q, k, v)
         return (out, lse) if return_lse else out
+
+    def cache_forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_lens: torch.Tensor | None,
+        block_table: torch.Tensor | None,
+        *,
+        bias: torch.Tensor | None = None,
+        q_positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        **data: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(out, lse)` of an inference call over a KV cache (`kv_lens=`, `block_table=`):
+        what `__call__` runs eagerly, and `torch.ops.attnfuse.attention_cache` under tracing."""
+        cache, paged_keys = check_cache_arguments(q, k, v, kv_lens, block_table)
+        explicit = (q_positions is not None, k_positions is not None)
+        plan = self.plan(q, k, v, explicit, False, cache, paged_keys)
+        arguments = {**data, "bias": bias, "q_positions": q_positions, "k_positions": k_positions}
+        tensors = self.call_tensors(plan, arguments, explicit)
+        tensors["kv_lens"] = kv_lens  # type: ignore[assignment]
+        if block_table is not None:
+            tensors["block_table"] = block_table
+        return self.forward(plan, tensors, q, k, v)
 
     def operator_key(self, explicit_positions: tuple[bool, bool] = (False, False)) -> str:
         """The key under which traced graphs run this variant (`torch_op.call`), for a call

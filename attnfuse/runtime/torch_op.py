@@ -1,4 +1,5 @@
-"""AttnFuse as PyTorch operators: `torch.ops.attnfuse.attention` and `attention_backward`.
+"""AttnFuse as PyTorch operators: `torch.ops.attnfuse.attention` and `attention_backward`,
+and `attention_cache` for inference calls over a KV cache (`kv_lens=`, `block_table=`).
 
 `torch.compile` and `torch.export` cannot trace the runtime's Python (the compiler is xDSL
 code, the launches take raw pointers), so under them a call goes through these two custom
@@ -249,6 +250,61 @@ def call(
     object itself."""
     out, lse = torch.ops.attnfuse.attention(key, q, k, v, bias, data_list(data), q_positions,
                                              k_positions, return_lse)
+    return (out, lse) if return_lse else out
+
+
+@torch.library.custom_op("attnfuse::attention_cache", mutates_args=())
+def attention_cache(
+    variant: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_lens: Tensor,
+    block_table: Optional[Tensor],
+    bias: Optional[Tensor],
+    data: list[Optional[Tensor]],
+    q_positions: Optional[Tensor],
+    k_positions: Optional[Tensor],
+) -> tuple[Tensor, Tensor]:
+    """An inference call over a KV cache (`kv_lens=`, and `block_table=` for a paged one):
+    `(out, lse)` as `CompiledAttention.cache_forward` computes them. It has no backward (a
+    cache call is inference-only: `CompiledAttention.__call__` refuses one that autograd
+    would record, traced or not)."""
+    fn = variant_for(variant)
+    return fn.cache_forward(q, k, v, kv_lens, block_table,
+                            **_arguments(bias, data, q_positions, k_positions))
+
+
+@attention_cache.register_fake
+def _attention_cache_fake(variant, q, k, v, kv_lens, block_table, bias, data, q_positions, k_positions):
+    from attnfuse.runtime.inputs import check_inputs
+    from attnfuse.runtime.kv_cache import check_cache_arguments
+
+    # Shape, dtype and layout checks only: they read no lengths and no table entries.
+    _cache, paged_keys = check_cache_arguments(q, k, v, kv_lens, block_table)
+    problem = check_inputs(variant_for(variant).program, q, k, v, paged_keys)
+    out = q.new_empty((problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v))
+    lse = q.new_empty((problem.batch, problem.heads_q, problem.seq_q), dtype=torch.float32)
+    return out, lse
+
+
+def call_cache(
+    key: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_lens: Tensor,
+    block_table: Tensor | None,
+    *,
+    return_lse: bool = False,
+    bias: Tensor | None = None,
+    q_positions: Tensor | None = None,
+    k_positions: Tensor | None = None,
+    **data: Tensor | None,
+):
+    """A traced call over a KV cache through `attention_cache` (as `call` for other calls)."""
+    out, lse = torch.ops.attnfuse.attention_cache(key, q, k, v, kv_lens, block_table, bias,
+                                                   data_list(data), q_positions, k_positions)
     return (out, lse) if return_lse else out
 
 

@@ -447,3 +447,52 @@ def test_block_sparse_with_lengths_is_refused_at_any_size():
     layout = torch.ones(1, 2, dtype=torch.bool)
     with pytest.raises(ArgumentError, match="kv_lens= cannot combine with block_sparse"):
         af.compile(spec)(q, k, v, kv_lens=torch.tensor([32, 3], dtype=torch.int32), block_layout=layout)
+
+
+# --------------------------------------------------------------------------------------------
+# Under torch.compile and torch.export (the attention_cache operator)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_cache_calls_compile_and_export(paged):
+    """A decode step over a cache traces with no graph break (`attnfuse::attention_cache`)
+    and equals the eager call; the exported program takes new lengths (and tables)."""
+    spec = af.attention(af.rope(theta=10000.0), af.causal())
+    fn = af.compile(spec, rope_placement=GIVEN)
+    q, k, v = make_cache(2, 2, 1, 64, 16, torch.float32, 9)
+    lens = [64, 30]
+    call = {"kv_lens": torch.tensor(lens, dtype=torch.int32)}
+    if paged:
+        _k, _v, k, v, call["block_table"] = paginate(k, v, lens, 16, 9)
+
+    def step(q, k, v, kv_lens, block_table=None):
+        return fn(q, k, v, kv_lens=kv_lens, block_table=block_table) * 2.0
+
+    eager = step(q, k, v, **call)
+    compiled = torch.compile(step, fullgraph=True)(q, k, v, **call)
+    assert torch.equal(compiled, eager)
+
+    class Step(torch.nn.Module):
+        def forward(self, q, k, v, kv_lens, block_table=None):
+            return step(q, k, v, kv_lens, block_table)
+
+    exported = torch.export.export(Step(), (q, k, v), call).module()
+    assert torch.equal(exported(q, k, v, **call), eager)
+    # New lengths within each sequence's pages (a table entry read must name a page).
+    call["kv_lens"] = torch.tensor([17, 25], dtype=torch.int32)
+    assert torch.equal(exported(q, k, v, **call), step(q, k, v, **call))
+
+
+def test_cache_operator_passes_opcheck_and_refuses_gradients():
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = make_cache(2, 2, 1, 32, 16, torch.float32, 10)
+    lens = torch.tensor([32, 5], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.attnfuse.attention_cache,
+                          (fn.operator_key(), q, k, v, lens, None, None, [None] * 2, None, None))
+    q.requires_grad_()
+    # Under fullgraph, dynamo reports the ArgumentError inside its own exception.
+    with pytest.raises((ArgumentError, torch._dynamo.exc.Unsupported), match="inference-only"):
+        torch.compile(lambda q: fn(q, k, v, kv_lens=lens), fullgraph=True)(q)
+    with pytest.raises(ArgumentError, match="inference-only"):
+        fn(q, k, v, kv_lens=lens)

@@ -133,6 +133,7 @@ class Grid(StrEnum):
     QUERY_BLOCKS = "query_blocks"
     KEY_BLOCKS = "key_blocks"
     KV_SPLITS = "kv_splits"
+    APPENDED_KEYS = "appended_keys"
 
 
 @irdl_attr_definition
@@ -323,6 +324,9 @@ TENSOR_AXES: dict[str, str] = {
     "block_table": "bn",
     "o_part": "bhsnd",
     "lse_part": "bhsn",
+    # A cache append: the KV cache (contiguous or page pools) the new k and v are written to.
+    "k_cache": "bhnd",
+    "v_cache": "bhnd",
 }
 """Kernel tensor parameters by role, with the axes the kernel indexes them by (each axis
 gets a stride argument; an empty string means a contiguous vector):
@@ -341,7 +345,9 @@ Decoding adds `kv_lens` `[B]` (int32: sequence `b` has keys `j < kv_lens[b]`; a 
 this parameter reads its key count per batch, clamped to `[0, Nk]`), `block_table`
 `[B, pages]` (int32: a paged cache's pages in sequence order; with it the key-row operands
 are page pools `[pages, Hkv, page_size, D]`, see `KernelOp`), and a split kernel's partial
-results `o_part` `[B, Hq, splits, Nq, Dv]` and `lse_part` `[B, Hq, splits, Nq]` (fp32)."""
+results `o_part` `[B, Hq, splits, Nq, Dv]` and `lse_part` `[B, Hq, splits, Nq]` (fp32).
+A cache append writes `k_cache`, `v_cache` (`[B, Hkv, L_max, D]`, or page pools with a
+`block_table`)."""
 
 BLOCK_LIST_ROLES = tuple(role for role in TENSOR_AXES if role.endswith(("_blocks", "_count")))
 """The block lists and their lengths: indexed by (batch, head, the program's block)."""
@@ -369,7 +375,7 @@ def role_axes(role: str) -> str:
     return TENSOR_AXES[role_kind(role)]
 
 BLOCK_ROLES = ("q", "k", "v", "o", "q_rot", "k_rot", "lse", "do", "delta", "dq", "dk", "dv",
-               "o_part", "lse_part")
+               "o_part", "lse_part", "k_cache", "v_cache")
 """Roles accessed by `tile.load` / `tile.store` blocks of rows."""
 
 QUERY_ROW_ROLES = ("q", "q_rot", "o", "lse", "do", "delta", "dq", "o_part", "lse_part")
@@ -378,8 +384,8 @@ QUERY_ROW_ROLES = ("q", "q_rot", "o", "lse", "do", "delta", "dq", "o_part", "lse
 
 def rows_axis(grid: str, rows: str) -> str:
     """Whether the program's or the loop's rows of a kernel on `grid` are queries or keys."""
-    program = "key" if grid == "key_blocks" else "query"
-    loop = "query" if grid == "key_blocks" else "key"
+    program = "key" if grid in ("key_blocks", "appended_keys") else "query"
+    loop = "query" if grid in ("key_blocks", "appended_keys") else "key"
     return program if rows == "program" else loop
 
 
@@ -486,6 +492,7 @@ GRIDS = {
     "key_blocks": "one program per (batch x key/value head, key block)",
     "kv_splits": "one program per (batch x key/value head x block of the group's query rows, "
                  "split of the key range)",
+    "appended_keys": "one program per (batch x key/value head, block of new keys)",
 }
 """Launch grids. The grid fixes the orientation of score tiles: in a `query_blocks` kernel
 the program's rows are queries and a loop's rows are keys, so scores are `query x key`; in a
@@ -498,7 +505,12 @@ rows are the (query head, query) pairs of every query head that shares one key/v
 (row `r` is query `r % Nq` of the group's head `r // Nq`), so K and V are read once per
 group, and its programs split the key range: program `(.., s)` visits the keys of split
 `s` only (`tile.kv_split`) and writes its partial output and log-sum-exp (`o_part`,
-`lse_part`), which `tile.merge_splits` combines."""
+`lse_part`), which `tile.merge_splits` combines.
+
+An `appended_keys` kernel (a cache append) owns a block of new keys of one (batch, key/value
+head): its row `r` is the key at cache position `kv_lens[batch] + r`, which is its position
+(for RoPE) and the row it is stored at in `k_cache` / `v_cache` (through the block table of
+a paged cache); rows past the cache's capacity are not written."""
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -665,9 +677,11 @@ class KernelOp(IRDLOperation):
             raise VerifyException(f"page_size must be >= 1, got {page_size}")
         if paged and "kv_lens" not in self.roles:
             raise VerifyException("a paged kernel needs a kv_lens parameter: the pages hold no length")
+        if self.grid == "appended_keys" and "kv_lens" not in self.roles:
+            raise VerifyException("an appended_keys kernel needs a kv_lens parameter: the new keys go after the cached ones")
         if paged and self.grid == "key_blocks":
-            raise VerifyException("a paged cache is read by query_blocks and kv_splits kernels only "
-                                  "(their loops walk keys)")
+            raise VerifyException("a paged cache is accessed by query_blocks, kv_splits and "
+                                  "appended_keys kernels only")
         if self.shared_offsets is not None:
             missing = [r for r in self.shared_offsets if r not in self.roles]
             if len(self.shared_offsets) != 2 or missing:
@@ -725,7 +739,7 @@ for half-split RoPE, even or odd dims for interleaved), or the dims after the ro
 Loading a pair's elements as separate tiles lets the rotation run without register shuffles."""
 
 
-VALUE_WIDTH_ROLES = ("v", "o", "do", "dv", "o_part")
+VALUE_WIDTH_ROLES = ("v", "o", "do", "dv", "o_part", "v_cache")
 """Roles whose columns are the value head dim `dv` rather than `d`."""
 
 
@@ -770,6 +784,12 @@ def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> 
             raise VerifyException(f"{role} blocks are accessed only by kv_splits kernels")
         if splits and role in ("o", "lse"):
             raise VerifyException(f"a kv_splits kernel stores partial results (o_part, lse_part), not {role}")
+        if (role in ("k_cache", "v_cache")) != (kernel.grid == "appended_keys") and (
+                role in ("k_cache", "v_cache") or role not in ("k", "v")):
+            raise VerifyException(
+                f"{role} blocks are accessed only by appended_keys kernels" if role in ("k_cache", "v_cache")
+                else f"an appended_keys kernel reads the new k and v and writes k_cache and v_cache, not {role}"
+            )
     # Operands and gradients have a column axis (`d`); per-row statistics have none.
     if role_axes(role).endswith("d"):
         if cols is None:

@@ -203,7 +203,7 @@ class KernelEmitter:
             "head_in_group", "diag_first", "diag_last", "lse_safe", "split", "num_splits",
             "split_len", "row_head", "row_query", "row_blocks", "pages", "page_rows", "group_rows",
             "split_lo", "split_hi", "split_lse", "split_out", "new_max", "safe_max", "rescale",
-            "weight",
+            "weight", "cached", "k_pos",
             "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS,
         }
         for role in self.roles:
@@ -250,7 +250,7 @@ class KernelEmitter:
             # this program's block.
             return (f"{role}_base = {role}_ptr + batch * stride_{role}_b + head * stride_{role}_h"
                     f" + block_id * stride_{role}_n")
-        if self.paged and role in tile.KEY_ROW_ROLES:
+        if self.paged and role in self.paged_roles:
             # A page pool: the batch axis holds pages, chosen per row (`block_pointer`).
             return f"{role}_base = {role}_ptr + kv_head * stride_{role}_h"
         if axes.startswith("bh"):
@@ -319,6 +319,11 @@ class KernelEmitter:
         return "block_table" in self.roles
 
     @property
+    def paged_roles(self) -> tuple[str, ...]:
+        """The roles a paged kernel reads (or a cache append writes) as page pools."""
+        return ("k_cache", "v_cache") if self.grid == "appended_keys" else tile.KEY_ROW_ROLES
+
+    @property
     def query_rows(self) -> str:
         """The query index of each program row: the row itself, or in a `kv_splits` kernel
         (whose rows are (query head, query) pairs) its query."""
@@ -330,8 +335,13 @@ class KernelEmitter:
         if rows == "program" and self.grid == "kv_splits" and role in tile.QUERY_ROW_ROLES:
             # Rows are (query head in the group, query) pairs: both axes vary by row.
             return f"(row_head * stride_{role}_h + row_query * stride_{role}_n)"
-        if rows == "loop" and self.paged and role in tile.KEY_ROW_ROLES:
+        if rows == "loop" and self.paged and role in self.paged_roles:
             return f"(pages * stride_{role}_b + page_rows * stride_{role}_n)"
+        if rows == "program" and role in ("k_cache", "v_cache"):
+            # A cache append writes each new key at its position after the cached ones.
+            if self.paged:
+                return f"(pages * stride_{role}_b + page_rows * stride_{role}_n)"
+            return f"(k_pos * stride_{role}_n)"
         return None
 
     def block_pointer(self, role: str, rows: str, cols: str | None) -> tuple[str, str | None]:
@@ -385,6 +395,9 @@ class KernelEmitter:
     def prologue(self) -> None:
         if self.grid == "kv_splits":
             self.split_prologue()
+            return
+        if self.grid == "appended_keys":
+            self.append_prologue()
             return
         k = self.kernel
         what = tile.GRIDS[self.grid]
@@ -454,6 +467,34 @@ class KernelEmitter:
         for role in self.slope_roles():
             # One slope per row: the rows span the group's query heads.
             self.emit(f"{self.slope_name(role)} = tl.load({role}_ptr + head + row_head, mask=row_in_bounds, other=0.0)")
+
+    def append_prologue(self) -> None:
+        """The prologue of an `appended_keys` kernel (a cache append): the block of new keys
+        of one (batch, key/value head) the program owns, their cache positions after the
+        sequence's cached keys and, in a paged cache, their pages."""
+        self.emit(f"# Program grid ({tile.GRIDS['appended_keys']}).")
+        self.emit("block_id = tl.program_id(1)")
+        self.emit("batch_head = tl.program_id(0)")
+        self.emit("batch = (batch_head // num_heads).to(tl.int64)")
+        self.emit("kv_head = (batch_head % num_heads).to(tl.int64)")
+        self.emit("head = kv_head")
+        self.emit("cached = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + batch), 0), n_k)  # keys the sequence holds")
+        self.emit("rows = block_id * BLOCK_M + tl.arange(0, BLOCK_M)  # new keys")
+        self.emit("k_pos = cached + rows  # each new key's position: where it is written")
+        self.emit("row_in_bounds = (rows < n_q) & (k_pos < n_k)  # nothing is written past the cache's capacity")
+        used_cols = self.used_column_sets()
+        for name, width in (("cols_d", "BLOCK_D"), ("cols_dv", "BLOCK_DV"), ("cols_half", "BLOCK_HALF"), ("cols_pass", "BLOCK_PASS")):
+            if name in used_cols:
+                self.emit(f"{name} = tl.arange(0, {width})")
+        for role in self.roles:
+            line = self.base_line(role)
+            if line is not None:
+                self.emit(line)
+        if self.paged:
+            self.emit("# Paged cache: position p is row p % PAGE_SIZE of page block_table[batch, p // PAGE_SIZE].")
+            self.emit("pages = tl.load(block_table_base + (k_pos // PAGE_SIZE) * stride_block_table_n, "
+                      "mask=row_in_bounds, other=0).to(tl.int64)")
+            self.emit("page_rows = k_pos % PAGE_SIZE")
 
     def emit_key_count(self) -> None:
         """Where the kernel reads `kv_lens`: this sequence's key count, clamped to the
@@ -567,6 +608,8 @@ class KernelEmitter:
         if op.lo.type.shape[0] == "n":
             loop = self.loop_vars[-1]
             return loop.position, loop.mask or None
+        if self.grid == "appended_keys":
+            return "k_pos", "row_in_bounds"
         return ("q_pos" if op.positions.data == "query" else "rows"), "row_in_bounds"
 
     def position_rows(self, op: tile.RotateOp) -> str:

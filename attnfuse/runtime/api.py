@@ -568,6 +568,25 @@ class CompiledAttention:
             tensors["block_table"] = block_table
         return self.forward(plan, tensors, q, k, v)
 
+    def append_kv(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_lens: torch.Tensor,
+        block_table: torch.Tensor | None = None,
+    ) -> None:
+        """Writes new keys and values `k`, `v` (`[B, Hkv, N, D]`) into a KV cache for this
+        variant, in one kernel: key `i` of sequence `b` at position `kv_lens[b] + i` of
+        `k_cache`, `v_cache` (contiguous `[B, Hkv, L_max, D]`, or page pools with
+        `block_table=`), rotated there when this variant's keys arrive rotated
+        (`rope_placement=(..., "given")`). `kv_lens` is not changed: advance it after the
+        append. Positions past the cache's capacity are not written (`cache_append`)."""
+        from attnfuse.runtime.cache_append import append_kv
+
+        append_kv(self, k_cache, v_cache, k, v, kv_lens, block_table)
+
     def operator_key(self, explicit_positions: tuple[bool, bool] = (False, False)) -> str:
         """The key under which traced graphs run this variant (`torch_op.call`), for a call
         that passes query / key positions as `explicit_positions` says."""

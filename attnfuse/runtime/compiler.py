@@ -45,6 +45,8 @@ class CompileKey:
     """The split-KV decode kernels (`lower-to-tile`'s `decode`)."""
     cache: CacheLayout = CONTIGUOUS
     """How the keys are held (`kv-lens`, `page-size`)."""
+    append: bool = False
+    """The cache append kernel alone (`lower-to-tile`'s `append`)."""
 
     def pipeline(self) -> str:
         """The `attnfuse-opt -p` pipeline that produces this compile's tile IR."""
@@ -69,6 +71,8 @@ class CompileKey:
         """The `lower-to-tile` options for decoding and the cache layout (none by default,
         so the pipelines of other calls read as before)."""
         options = " decode=true" if self.decode else ""
+        if self.append:
+            options += " append=true"
         if self.cache.kv_lens:
             options += " kv-lens=true"
         if self.cache.page_size:

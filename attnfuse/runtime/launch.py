@@ -264,6 +264,10 @@ def prepare(
         else:
             if info.grid == "query_blocks":
                 rows, num_heads = problem.seq_q, problem.heads_q
+            elif info.grid == "appended_keys":
+                # A cache append's problem: the new keys as `seq_q`, the cache's capacity
+                # as `seq_k` (`cache_append.append_kv`).
+                rows, num_heads = problem.seq_q, problem.heads_kv
             else:
                 rows, num_heads = problem.seq_k, problem.heads_kv
             grid = launch_grid(rows, info.block_m, problem.batch * num_heads)

@@ -156,6 +156,8 @@ class KernelConfig:
     page_size: int = 0
     """The key/value cache is paged with pages of this many rows (`block_table`); 0: a
     contiguous cache."""
+    append: bool = False
+    """Build the cache append kernel (`append_kv`) alone."""
 
     def for_backward(self) -> KernelConfig:
         """The configuration the dQ and preprocess kernels are built with."""

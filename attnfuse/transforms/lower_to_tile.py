@@ -28,7 +28,10 @@ key/value head (so K and V are read once per group) and one split of the key ran
 bounds are clipped to the split (`tile.kv_split`), and it stores a partial output and
 log-sum-exp that `attention_merge` combines exactly (`tile.merge_splits`). `kv-lens=true`
 gives the attention kernels per-sequence key counts, and `page-size=P` a paged cache
-(`block_table`); all three are inference-only (no backward kernels).
+(`block_table`); all three are inference-only (no backward kernels). `append=true` (with
+`kv-lens=true`) builds the cache append kernel alone (`append_kv`, `appended_keys` grid): new
+keys and values written at each sequence's end, the keys rotated at their positions when the
+variant's key rotation is `given` (its cache stores keys rotated).
 """
 
 from __future__ import annotations
@@ -260,6 +263,35 @@ def build_merge_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kernel
     return k.finish()
 
 
+def append_rotation(variant: attn.VariantOp) -> Rotation | None:
+    """The key rotation a cache for this variant stores keys with: the variant's key
+    rotation when it is `given` (its kernels read keys rotated), else none (they rotate keys
+    themselves, or there is no rotation)."""
+    for op in variant.body.block.ops:
+        if isinstance(op, attn.RopeOp) and op.input == variant.key and op.given:
+            theta, dim, interleaved, _scaling = op.rope_key
+            return Rotation(theta, dim, interleaved, True)
+    return None
+
+
+def build_append_kernel(rotation: Rotation | None, config: KernelConfig) -> tile.KernelOp:
+    """The cache append: each new key (rotated at its cache position when the cache stores
+    keys rotated) and value, written at its sequence's end, `kv_lens[b] + i`, of a
+    contiguous or paged cache, in one kernel on the `appended_keys` grid."""
+    roles = ["k", "v", "k_cache", "v_cache", *config.cache_roles()]
+    if rotation is not None:
+        roles.append("rope_table")
+    k = KernelBuilder("append_kv", roles, "appended_keys", config,
+                      rotation.rotary_dim if rotation else None)
+    parts = column_parts(rotation, config.head_dim)
+    values = load_operand(k, "k", "k", "program", parts, rotation, "key")
+    for value, part in zip(values, parts):
+        k.builder.insert(tile.StoreOp(value, k.arg("k_cache"), "program", part))
+    value = k.load("v", "program", "all", "v")
+    k.builder.insert(tile.StoreOp(value, k.arg("v_cache"), "program", "all"))
+    return k.finish()
+
+
 MERGE_BLOCK_M = 16
 """Query rows per merge program: decoding has at most a few (Nq <= 16 is what the runtime
 sends to the split kernels), and a program's work is tiny."""
@@ -279,6 +311,12 @@ class LowerVariant(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: attn.VariantOp, rewriter: PatternRewriter) -> None:
+        if self.config.append:
+            if not self.config.kv_lens:
+                raise _fail(op, "append=true needs kv-lens=true: the new keys go after each sequence's cached ones")
+            rewriter.insert(build_append_kernel(append_rotation(op), self.config), InsertPoint.before(op))
+            rewriter.erase(op)
+            return
         facts = read_variant(op)
         bs = facts.sparse_block_size
         c = self.config
@@ -392,6 +430,10 @@ class LowerToTilePass(ModulePass):
     page_size: int = 0
     """A paged cache with pages of this many rows (`block_table`, needs kv-lens); 0: a
     contiguous cache."""
+    append: bool = False
+    """Build only the cache append kernel (`append_kv`, needs kv-lens): new keys (rotated by
+    the variant's key rotation when that is `given`) and values written at each sequence's
+    end."""
 
     def config(self) -> KernelConfig:
         """The options, checked."""
@@ -429,7 +471,7 @@ class LowerToTilePass(ModulePass):
                             self.block_n, self.num_warps, self.num_stages, bwd_block_m,
                             bwd_block_n, bwd_num_warps, bwd_num_stages, *dkdv,
                             self.backward, self.bwd_rope, self.decode, self.kv_lens,
-                            self.page_size)
+                            self.page_size, self.append)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

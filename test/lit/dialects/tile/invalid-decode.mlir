@@ -73,7 +73,7 @@ tile.kernel @k(%fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>) at
 tile.kernel @k(%k: !tile.tensor<k>, %kv_lens: !tile.tensor<kv_lens>, %block_table: !tile.tensor<block_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, page_size = 16 : i64} {
   tile.return
 }
-// CHECK: a paged cache is read by query_blocks and kv_splits kernels only (their loops walk keys)
+// CHECK: a paged cache is accessed by query_blocks, kv_splits and appended_keys kernels only
 
 // -----
 
@@ -96,3 +96,19 @@ tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>,
   tile.return
 }
 // CHECK: an unweighted tile.merge_splits has no log-sum-exp: its lse result must not be used
+
+// -----
+
+tile.kernel @k(%k_cache: !tile.tensor<k_cache>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %z = tile.zeros : !tile.tile<m x d x f32>
+  tile.store %z, %k_cache[program, all] : !tile.tile<m x d x f32> -> !tile.tensor<k_cache>
+  tile.return
+}
+// CHECK: k_cache blocks are accessed only by appended_keys kernels
+
+// -----
+
+tile.kernel @k(%k: !tile.tensor<k>) attributes {grid = #tile<grid appended_keys>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  tile.return
+}
+// CHECK: an appended_keys kernel needs a kv_lens parameter: the new keys go after the cached ones

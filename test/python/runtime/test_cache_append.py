@@ -1,0 +1,117 @@
+"""`CompiledAttention.append_kv`: new keys and values written into a KV cache in one kernel
+(`append_kv`, the `appended_keys` grid), on Triton's CPU interpreter, against torch.
+
+Key `i` of sequence `b` goes to cache position `kv_lens[b] + i` (contiguous cache) or to that
+position's page (paged cache); for a variant whose keys arrive rotated
+(`rope_placement=(..., "given")`) it is stored as `R(kv_lens[b] + i) k_i`, by the float64
+rotation of the semantics; other variants' caches store it as given. Nothing else of the cache
+changes, and positions past its capacity are not written."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close_to_reference
+
+import attnfuse as af
+from attnfuse.errors import ArgumentError
+from attnfuse.runtime.reference import Rotation, gather_pages, rotate
+
+pytestmark = pytest.mark.interpreter
+
+THETA = 10000.0
+SPEC = af.attention(af.rope(theta=THETA), af.causal())
+
+
+def expected_cache(cache, new, lens, rotated):
+    """The cache after the append, computed with torch (float64 rotation)."""
+    out = cache.clone()
+    capacity = cache.shape[2]
+    for b, n in enumerate(lens):
+        positions = torch.arange(n, n + new.shape[2])
+        keep = positions < capacity
+        value = new[b]
+        if rotated:
+            value = rotate(new[b:b + 1].double(), positions, Rotation(THETA, None, False, None))[0].to(new.dtype)
+        out[b][:, positions[keep]] = value[:, keep]
+    return out
+
+
+def paged_pools(batch, heads, capacity, page, dim, dtype, seed):
+    """Empty-but-random page pools with shuffled tables covering each sequence's capacity."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = capacity // page
+    order = torch.randperm(batch * pages + 2, generator=gen)
+    table = order[: batch * pages].reshape(batch, pages).to(torch.int32)
+    pools = [torch.randn(batch * pages + 2, heads, page, dim, generator=gen).to(dtype) for _ in range(2)]
+    return pools, table
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("given", [True, False])
+@pytest.mark.parametrize("page", [None, 16])
+def test_append_writes_each_key_at_its_position(dtype, given, page):
+    fn = af.compile(SPEC, rope_placement=("fused", "given") if given else "auto")
+    batch, heads, capacity, dim, new = 3, 2, 48, 16, 5
+    gen = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(batch, heads, new, dim, generator=gen).to(dtype) for _ in range(2))
+    lens = [0, 20, 45]  # the last sequence has room for 3 of the 5 new keys
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    if page is None:
+        k_cache, v_cache = (torch.randn(batch, heads, capacity, dim, generator=gen).to(dtype) for _ in range(2))
+        before = (k_cache.clone(), v_cache.clone())
+        fn.append_kv(k_cache, v_cache, k, v, kv_lens)
+        got = (k_cache, v_cache)
+    else:
+        (k_pool, v_pool), table = paged_pools(batch, heads, capacity, page, dim, dtype, 2)
+        before = tuple(gather_pages(pool, table, [capacity] * batch, capacity) for pool in (k_pool, v_pool))
+        spare = (k_pool[-2:].clone(), v_pool[-2:].clone())
+        fn.append_kv(k_pool, v_pool, k, v, kv_lens, block_table=table)
+        got = tuple(gather_pages(pool, table, [capacity] * batch, capacity) for pool in (k_pool, v_pool))
+        assert torch.equal(k_pool[-2:], spare[0]) and torch.equal(v_pool[-2:], spare[1]), "a page no table lists changed"
+    torch.testing.assert_close(got[0], expected_cache(before[0], k, lens, given), rtol=0, atol=2e-3 if dtype == torch.float16 else 1e-6)
+    assert torch.equal(got[1], expected_cache(before[1], v, lens, False))
+
+
+def test_a_decode_loop_of_appends_and_attention_matches_the_reference():
+    """Three steps of (append the step's key and value, advance kv_lens, attend) over a paged
+    cache whose keys are stored rotated equal attention over the unrotated keys."""
+    fn = af.compile(SPEC, rope_placement=("fused", "given"))
+    batch, heads_q, heads, dim, page = 2, 4, 2, 16, 16
+    gen = torch.Generator().manual_seed(3)
+    keys = torch.randn(batch, heads, 40, dim, generator=gen)
+    values = torch.randn(batch, heads, 40, dim, generator=gen)
+    (k_pool, v_pool), table = paged_pools(batch, heads, 48, page, dim, torch.float32, 4)
+    # Two appends fill both prompts' first 30 keys; sequence 0's prompt is 7 keys long (its
+    # keys past 7 are past its length: the steps' appends overwrite them).
+    lengths = torch.zeros(batch, dtype=torch.int32)
+    fn.append_kv(k_pool, v_pool, keys[:, :, :7], values[:, :, :7], lengths, block_table=table)
+    lengths += 7
+    fn.append_kv(k_pool, v_pool, keys[:, :, 7:30], values[:, :, 7:30], lengths, block_table=table)
+    lengths = torch.tensor([7, 30], dtype=torch.int32)
+    for _step in range(3):
+        new_k = torch.stack([keys[b, :, lengths[b]:lengths[b] + 1] for b in range(batch)])
+        new_v = torch.stack([values[b, :, lengths[b]:lengths[b] + 1] for b in range(batch)])
+        fn.append_kv(k_pool, v_pool, new_k, new_v, lengths, block_table=table)
+        lengths += 1
+        q = torch.randn(batch, heads_q, 1, dim, generator=gen)
+        out = fn(q, k_pool, v_pool, kv_lens=lengths, block_table=table)
+        ref = af.reference_attention(SPEC, q, keys, values, kv_lens=lengths)
+        assert_close_to_reference(out, ref, torch.float32)
+
+
+def test_append_errors():
+    fn = af.compile(SPEC, rope_placement=("fused", "given"))
+    k_cache, v_cache = torch.zeros(2, 2, 32, 16), torch.zeros(2, 2, 32, 16)
+    k, v = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
+    lens = torch.tensor([3, 4], dtype=torch.int32)
+    with pytest.raises(ArgumentError, match="kv_lens= must be int32"):
+        fn.append_kv(k_cache, v_cache, k, v, lens.long())
+    with pytest.raises(ArgumentError, match="share one dtype"):
+        fn.append_kv(k_cache.half(), v_cache, k, v, lens)
+    with pytest.raises(ArgumentError, match="v must be"):
+        fn.append_kv(k_cache, v_cache, k, v[:, :, :0], lens)
+    with pytest.raises(ArgumentError, match="k_cache must be"):
+        fn.append_kv(k_cache[:, :1], v_cache, k, v, lens)
+    with pytest.raises(ArgumentError, match="no backward"):
+        fn.append_kv(k_cache, v_cache, k.requires_grad_(), v, lens)

@@ -149,3 +149,66 @@ def test_decode_step_in_a_cuda_graph_replays_as_lengths_grow(paged):
                                      rope_placement=("fused", "given"))
         assert_close_to_reference(out.cpu(), ref, torch.float16)
     assert len(fn._plans) == 1, "lengths changed the plan: a step would recompile or re-plan"
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_append_and_attend_in_one_cuda_graph(paged):
+    """A decode step as serving systems run it, captured once: append the step's key (rotated
+    in the append kernel) and value, advance kv_lens on the GPU, attend. Replayed three times,
+    the cache and the outputs equal the reference on the unrotated keys."""
+    spec = af.attention(af.rope(theta=500000.0), af.causal())
+    fn = af.compile(spec, rope_placement=("fused", "given"))
+    b, hq, hkv, d, capacity, page = 4, 32, 8, 128, 4096, 64
+    gen = torch.Generator().manual_seed(5)
+    keys = torch.randn(b, hkv, capacity, d, generator=gen).half()
+    values = torch.randn(b, hkv, capacity, d, generator=gen).half()
+    prompt = [100, 2000, 1, 4000]
+    lens = torch.zeros(b, dtype=torch.int32, device="cuda")
+    if paged:
+        pages = capacity // page
+        order = torch.randperm(b * pages, generator=gen)
+        table = order.reshape(b, pages).to(torch.int32).cuda()
+        k_cache = torch.zeros(b * pages, hkv, page, d, dtype=torch.float16, device="cuda")
+        v_cache = torch.zeros_like(k_cache)
+        extra = {"block_table": table}
+    else:
+        k_cache = torch.zeros(b, hkv, capacity, d, dtype=torch.float16, device="cuda")
+        v_cache = torch.zeros_like(k_cache)
+        extra = {}
+    with torch.no_grad():
+        for s in range(b):  # the prompts, one sequence at a time (the others append nothing)
+            n = prompt[s]
+            k_new = torch.zeros(b, hkv, n, d, dtype=torch.float16)
+            v_new = torch.zeros_like(k_new)
+            k_new[s], v_new[s] = keys[s, :, :n], values[s, :, :n]
+            starts = torch.tensor([capacity if t != s else 0 for t in range(b)], dtype=torch.int32, device="cuda")
+            fn.append_kv(k_cache, v_cache, k_new.cuda(), v_new.cuda(), starts, **extra)
+        lens.copy_(torch.tensor(prompt, dtype=torch.int32))
+        step_k = torch.empty(b, hkv, 1, d, dtype=torch.float16, device="cuda")
+        step_v = torch.empty_like(step_k)
+        q = torch.empty(b, hq, 1, d, dtype=torch.float16, device="cuda")
+
+        def step():
+            fn.append_kv(k_cache, v_cache, step_k, step_v, lens, **extra)
+            lens.add_(1)
+            return fn(q, k_cache, v_cache, kv_lens=lens, **extra)
+
+        step_k.zero_(), step_v.zero_(), q.zero_()
+        saved = lens.clone()
+        step()  # warm: compiles both kernels outside the capture
+        lens.copy_(saved)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        lens.copy_(saved)
+        for _ in range(3):
+            at = lens.cpu()
+            step_k.copy_(torch.stack([keys[s, :, at[s]:at[s] + 1] for s in range(b)]))
+            step_v.copy_(torch.stack([values[s, :, at[s]:at[s] + 1] for s in range(b)]))
+            q.copy_(torch.randn(b, hq, 1, d, generator=gen).half())
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = af.reference_attention(spec, q.cpu(), keys, values, kv_lens=lens.cpu())
+            assert_close_to_reference(out.cpu(), ref, torch.float16)
+        assert lens.cpu().tolist() == [n + 3 for n in prompt]

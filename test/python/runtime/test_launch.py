@@ -178,10 +178,16 @@ def test_a_decode_call_with_more_keys_than_the_backward_grid_holds_runs_its_forw
     spec = af.attention(af.causal())
     tiles = af.TileConfig(32, 32, 4, 1, 32, 16, 4, 1, 16, 32, 4, 1)
     q, k = torch.randn(1, 1, 1, 16), torch.zeros(1, 1, MAX_GRID_BLOCKS * 16 + 1, 16)
-    plan = af.compile(spec, config=tiles).plan(q, k, k)
+    fn = af.compile(spec, config=tiles)
+    # The plan a traced backward uses (forward and backward kernels, no split decode).
+    plan = fn.plan(q, k, k, backward=True)
     assert {launch.info.name: launch.grid for launch in plan.launches}["attention_bwd_dkdv"][1] > MAX_GRID_BLOCKS
     fwd = next(launch for launch in plan.launches if launch.info.name == "attention_fwd")
     fwd.check_grid()  # does not raise
+    # An inference call runs the split decode, whose grid holds its splits on axis 1.
+    decode = next(launch for launch in fn.plan(q, k, k).launches if launch.info.name == "attention_decode")
+    assert decode.grid[1] <= MAX_GRID_BLOCKS
+    decode.check_grid()
 
 
 class FlagRecordingJit(FakeJit):

@@ -165,8 +165,8 @@ def decode_tile_config(problem: Problem, paged: bool = False) -> TileConfig:
     - a paged cache in blocks of 128 keys, two deep: a page's address is a load of the
       block table, which pipelines worse than strided addresses, and fewer, larger steps
       amortize it; 128/2 was the best paged configuration at every cache, 15-30% faster
-      than 64/3 (bench/results/20261201T1345Z-decode_tune.md,
-      20261201T1435Z-decode_tune-paged.md).
+      than 64/3 (bench/results/20261201T1300Z-decode_tune.md,
+      20261201T1316Z-decode_tune-paged.md).
 
     Past a head dim of 128, blocks of 32 keys, two deep (not measured). On the
     interpreter, 16-key blocks keep page and split boundaries exercised at test sizes."""

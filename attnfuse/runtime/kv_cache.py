@@ -29,7 +29,7 @@ speculative / chunked-prefill tail)."""
 
 MIN_SPLIT_BLOCKS = 4
 """A split holds at least this many key blocks: with two, a 4k cache took 37% longer (17.9
-against 13.1 µs, bench/results/20261201T1345Z-decode_tune.md): short splits pay their
+against 13.1 µs, bench/results/20261201T1300Z-decode_tune.md): short splits pay their
 prologue and the merge's reads for few keys."""
 
 PROGRAMS_PER_SM = 1
@@ -37,7 +37,7 @@ PROGRAMS_PER_SM = 1
 wave, each program one long stream of the cache. On the H200 one per SM took 14% less time
 than two at a 16k cache (27.1 against 31.5 µs, Mistral-7B geometry) and 2-4% less at 32k
 and at B=8 x 8k; four or eight per SM took up to 2x longer
-(bench/results/20261201T1345Z-decode_tune.md)."""
+(bench/results/20261201T1300Z-decode_tune.md)."""
 
 INTERPRETER_PROGRAMS = 8
 """The program count aimed at on the CPU interpreter, which runs programs one at a time:

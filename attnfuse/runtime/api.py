@@ -152,6 +152,8 @@ class CompiledAttention:
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
+        self._append_launches: dict[tuple, KernelLaunch] = {}
+        """The cache append's prepared launches, per shape and cache layout (`append_kv`)."""
         # What a traced call (torch.compile, torch.export) reads, as plain attributes: the
         # tracer must not step into the program's (xDSL) code.
         self._has_lse = self.variant.has_lse

@@ -10,7 +10,8 @@ rotation (its theta, width, pairs, scaling). Other variants' caches hold keys as
 The kernel is lower-to-tile's `append_kv` (`append=true`, the `appended_keys` grid), compiled
 from the variant's own program, so the rotation is the one its attention kernels assume. The
 caller advances `kv_lens` afterwards. Lengths and table entries are read by the kernel, never
-by the host: an append and the attention after it capture in one CUDA graph.
+by the host: an append and the attention after it capture in one CUDA graph. (On Triton's CPU
+interpreter a rotated bf16 key is rounded by truncation, triton-lang/triton#11584; GPUs round.)
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from attnfuse.runtime.compiler import CompileKey, compile_program
 from attnfuse.runtime.config import TileConfig
 from attnfuse.runtime.inputs import Problem, check_tensor
 from attnfuse.runtime.interpreter import runs_interpreted
-from attnfuse.runtime.kv_cache import check_cache_arguments
-from attnfuse.runtime.launch import prepare
+from attnfuse.runtime.kv_cache import CacheLayout, check_cache_arguments
+from attnfuse.runtime.launch import KernelLaunch, prepare
 
 if TYPE_CHECKING:
     from attnfuse.runtime.api import CompiledAttention
@@ -86,11 +87,11 @@ def append_kv(
     launch(tensors)
 
 
-def _launch(fn: CompiledAttention, problem: Problem, layout):
-    """The prepared `append_kv` launch of `fn`'s program for this problem (cached per
-    variant, shape and layout with the variant's plans)."""
-    key = ("append", problem, layout)
-    cached = fn._plans.get(key)  # type: ignore[arg-type]
+def _launch(fn: CompiledAttention, problem: Problem, layout: CacheLayout) -> KernelLaunch:
+    """The prepared `append_kv` launch of `fn`'s program for this problem, cached per
+    variant, shape and layout."""
+    key = (problem, layout)
+    cached = fn._append_launches.get(key)
     if cached is not None:
         return cached
     block_m = APPEND_BLOCK_M if problem.device.type == "cuda" else 16
@@ -103,7 +104,7 @@ def _launch(fn: CompiledAttention, problem: Problem, layout):
     compiled = compile_program(fn.program, compile_key, runs_interpreted(problem.device))
     (launch,) = prepare(compiled, problem, 1.0)
     launch.check_grid()
-    fn._plans[key] = launch  # type: ignore[index]
+    fn._append_launches[key] = launch
     return launch
 
 

@@ -327,6 +327,7 @@ TENSOR_AXES: dict[str, str] = {
     # A cache append: the KV cache (contiguous or page pools) the new k and v are written to.
     "k_cache": "bhnd",
     "v_cache": "bhnd",
+    "split_counts": "",
 }
 """Kernel tensor parameters by role, with the axes the kernel indexes them by (each axis
 gets a stride argument; an empty string means a contiguous vector):
@@ -347,7 +348,9 @@ this parameter reads its key count per batch, clamped to `[0, Nk]`), `block_tabl
 are page pools `[pages, Hkv, page_size, D]`, see `KernelOp`), and a split kernel's partial
 results `o_part` `[B, Hq, splits, Nq, Dv]` and `lse_part` `[B, Hq, splits, Nq]` (fp32).
 A cache append writes `k_cache`, `v_cache` (`[B, Hkv, L_max, D]`, or page pools with a
-`block_table`)."""
+`block_table`). `split_counts` (int32, one per (batch, key/value head, row block), zero
+between calls) counts the split programs that have stored their partials
+(`tile.merge_last_split`)."""
 
 BLOCK_LIST_ROLES = tuple(role for role in TENSOR_AXES if role.endswith(("_blocks", "_count")))
 """The block lists and their lengths: indexed by (batch, head, the program's block)."""
@@ -1315,6 +1318,49 @@ class KVSplitOp(IRDLOperation):
 
 
 @irdl_op_definition
+class MergeLastSplitOp(IRDLOperation):
+    """In a `kv_splits` kernel, after the program stored its partial results: the last of the
+    split programs of its rows to get here (counted in `split_counts`, which it resets to 0)
+    merges every split's partials, as `tile.merge_splits` does, and stores the output `o`
+    (and, with `weighted`, `lse`). One kernel instead of a split kernel and a merge kernel:
+    no second launch, and the merge runs as soon as the last split is done."""
+
+    name = "tile.merge_last_split"
+
+    o_part = operand_def(TensorType)
+    lse_part = operand_def(TensorType)
+    split_counts = operand_def(TensorType)
+    o = operand_def(TensorType)
+    lse = opt_operand_def(TensorType)
+    weighted = opt_prop_def(UnitAttr)
+
+    irdl_options = (AttrSizedOperandSegments(), ParsePropInAttrDict())
+    assembly_format = (
+        "$o_part `,` $lse_part `,` $split_counts `into` $o (`,` $lse^)? (`weighted` $weighted^)? attr-dict"
+        " `:` type($o_part) `,` type($lse_part) `,` type($split_counts) `,` type($o) (`,` type($lse)^)?"
+    )
+
+    def __init__(self, o_part: SSAValue, lse_part: SSAValue, split_counts: SSAValue, o: SSAValue,
+                 lse: SSAValue | None, weighted: bool):
+        super().__init__(
+            operands=[o_part, lse_part, split_counts, o, [lse] if lse is not None else []],
+            properties={"weighted": UnitAttr() if weighted else None},
+        )
+
+    def verify_(self) -> None:
+        for value, role in ((self.o_part, "o_part"), (self.lse_part, "lse_part"),
+                            (self.split_counts, "split_counts"), (self.o, "o")):
+            _expect_role(value, role, f"tile.merge_last_split's operands are o_part, lse_part, split_counts, o and lse; got another role for {role}")
+        if self.lse is not None:
+            _expect_role(self.lse, "lse", "tile.merge_last_split stores its lse into an lse tensor")
+        if (self.lse is not None) != (self.weighted is not None):
+            raise VerifyException("tile.merge_last_split stores an lse exactly when it is weighted (softmax)")
+        kernel = _kernel_of(self)
+        if kernel is not None and kernel.grid != "kv_splits":
+            raise VerifyException("tile.merge_last_split needs a kv_splits kernel")
+
+
+@irdl_op_definition
 class MergeSplitsOp(IRDLOperation):
     """Combines the partial results of a split kernel (`o_part`, `lse_part`) for the
     program's query rows, exactly: with `weighted` (softmax), each split's output is
@@ -2157,6 +2203,7 @@ Tile = Dialect(
         KVSplitOp,
         KVLoopOp,
         MergeSplitsOp,
+        MergeLastSplitOp,
         YieldOp,
         SoftmaxInitOp,
         SoftmaxUpdateOp,
@@ -2208,6 +2255,7 @@ __all__ = [
     "KVBoundsOp",
     "KVLoopOp",
     "KVSplitOp",
+    "MergeLastSplitOp",
     "MergeSplitsOp",
     "KernelOp",
     "LoadOp",

@@ -28,12 +28,14 @@ from attnfuse.runtime.config import (
     decode_tile_config,
     rope_placement,
 )
+from attnfuse.runtime import kv_cache
 from attnfuse.runtime.kv_cache import (
     CONTIGUOUS,
     MAX_DECODE_QUERIES,
     CacheLayout,
     check_cache_arguments,
     decode_rows,
+    row_blocks,
     split_plan,
 )
 from attnfuse.runtime.inputs import Problem, check_inputs
@@ -222,7 +224,8 @@ class CompiledAttention:
         # (measured slower at every N on the H200: bench/results/20261129T1234Z-backward_tune-parts.log).
         bwd_rope = "pre_rotated" if automatic_placement(self._placement) else "as_forward"
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
-                          placement, explicit_positions, bwd_rope, decode, cache)
+                          placement, explicit_positions, bwd_rope, decode, cache,
+                          decode_merge=kv_cache.DECODE_MERGE if decode else "kernel")
 
     def _cache_placement(self, placement: tuple[str, str], decode: bool, cache: CacheLayout) -> tuple[str, str]:
         """The placement of a decode or cache call: a query with per-sequence lengths sits at
@@ -395,6 +398,11 @@ class CompiledAttention:
             constants["rope_table"] = self._rope_table(problem, max(problem.seq_q, problem.seq_k))
         splits = split_plan(problem, key.config.block_m, key.config.block_n) if decode else None
         launches = tuple(prepare(compiled, problem, scale, splits))
+        if any("split_counts" in launch.info.roles for launch in launches):
+            # The last-split merge's arrival counts: zero between calls (each call's last
+            # program resets its count), so made once per plan.
+            counts = problem.batch * problem.heads_kv * row_blocks(problem, key.config.block_m)
+            constants["split_counts"] = torch.zeros(counts, dtype=torch.int32, device=problem.device)
         return CallPlan(problem, compiled, launches, constants, key.config, cache=cache, splits=splits)
 
     def _rope_table(self, problem: Problem, length: int) -> torch.Tensor:
@@ -635,6 +643,7 @@ class CompiledAttention:
                                             dtype=torch.float32, device=p.device)
             tensors["lse_part"] = torch.empty(p.batch, p.heads_q, splits, p.seq_q,
                                               dtype=torch.float32, device=p.device)
+            # attention_merge exists only where the partials are not merged in attention_decode.
             self._run(plan, tensors, ("attention_decode", "attention_merge"))
             return out, lse
         self._run(plan, tensors, ("attention_fwd",))

@@ -47,6 +47,8 @@ class CompileKey:
     """How the keys are held (`kv-lens`, `page-size`)."""
     append: bool = False
     """The cache append kernel alone (`lower-to-tile`'s `append`)."""
+    decode_merge: str = "kernel"
+    """Where a split decode merges (`lower-to-tile`'s `decode-merge`)."""
 
     def pipeline(self) -> str:
         """The `attnfuse-opt -p` pipeline that produces this compile's tile IR."""
@@ -71,6 +73,8 @@ class CompileKey:
         """The `lower-to-tile` options for decoding and the cache layout (none by default,
         so the pipelines of other calls read as before)."""
         options = " decode=true" if self.decode else ""
+        if self.decode and self.decode_merge != "kernel":
+            options += f" decode-merge={self.decode_merge}"
         if self.append:
             options += " append=true"
         if self.cache.kv_lens:

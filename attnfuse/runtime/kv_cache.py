@@ -39,6 +39,10 @@ than two at a 16k cache (27.1 against 31.5 µs, Mistral-7B geometry) and 2-4% le
 and at B=8 x 8k; four or eight per SM took up to 2x longer
 (bench/results/20261201T1300Z-decode_tune.md)."""
 
+DECODE_MERGE = "last-split"
+"""Where split decodes merge their partials: "last-split" (the last split program of each
+row block, one kernel) or "kernel" (a second kernel). See `docs/performance.md` §7."""
+
 INTERPRETER_PROGRAMS = 8
 """The program count aimed at on the CPU interpreter, which runs programs one at a time:
 small, but several splits, so the merge is exercised at test sizes."""

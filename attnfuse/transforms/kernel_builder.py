@@ -158,6 +158,10 @@ class KernelConfig:
     contiguous cache."""
     append: bool = False
     """Build the cache append kernel (`append_kv`) alone."""
+    decode_merge: str = "kernel"
+    """Where a split decode merges its partials: "kernel" (a second kernel,
+    `attention_merge`) or "last-split" (the last split program of each row block,
+    `tile.merge_last_split`)."""
 
     def for_backward(self) -> KernelConfig:
         """The configuration the dQ and preprocess kernels are built with."""

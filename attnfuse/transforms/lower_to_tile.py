@@ -178,6 +178,8 @@ def forward_roles(facts: VariantFacts, config: KernelConfig | None = None) -> li
     ]
     if decode:
         roles.append("lse_part")  # a pointwise normalizer's partials have none: never written
+        if config.decode_merge == "last-split":
+            roles += ["o", *(["lse"] if facts.has_lse else []), "split_counts"]
     elif facts.has_lse:
         roles.append("lse")
     if facts.any_fused:
@@ -246,6 +248,10 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
     k.builder.insert(tile.StoreOp(out, k.arg(out_role), "program", "all"))
     if lse is not None:
         k.builder.insert(tile.StoreOp(lse, k.arg(lse_role), "program", None))
+    if config.decode and config.decode_merge == "last-split":
+        k.builder.insert(tile.MergeLastSplitOp(
+            k.arg("o_part"), k.arg("lse_part"), k.arg("split_counts"), k.arg("o"),
+            k.arg("lse") if facts.has_lse else None, facts.has_lse))
     return k.finish()
 
 
@@ -361,7 +367,7 @@ class LowerVariant(RewritePattern):
             if pre_rotated:
                 kernels.append(build_rotation_kernel(operand, pre_rotated[0], c))
         kernels.append(build_forward_kernel(facts, c))
-        if c.decode:
+        if c.decode and c.decode_merge == "kernel":
             kernels.append(build_merge_kernel(facts, c))
         if backward is not None:
             kernels += build_backward_kernels(backward, c.for_backward(), c.for_dkdv())
@@ -434,6 +440,9 @@ class LowerToTilePass(ModulePass):
     """Build only the cache append kernel (`append_kv`, needs kv-lens): new keys (rotated by
     the variant's key rotation when that is `given`) and values written at each sequence's
     end."""
+    decode_merge: str = "kernel"
+    """kernel: the split decode's partials are merged by a second kernel (`attention_merge`);
+    last-split: by the last split program of each row block (`tile.merge_last_split`)."""
 
     def config(self) -> KernelConfig:
         """The options, checked."""
@@ -460,6 +469,10 @@ class LowerToTilePass(ModulePass):
             raise PassOptionError(
                 f"lower-to-tile: bwd-rope must be pre_rotated or as_forward, got '{self.bwd_rope}'"
             )
+        if self.decode_merge not in ("kernel", "last-split"):
+            raise PassOptionError(
+                f"lower-to-tile: decode-merge must be kernel or last-split, got '{self.decode_merge}'"
+            )
         if self.page_size < 0:
             raise PassOptionError(f"lower-to-tile: page-size must be >= 0 (0: a contiguous cache), got {self.page_size}")
         if self.page_size and not self.kv_lens:
@@ -471,7 +484,7 @@ class LowerToTilePass(ModulePass):
                             self.block_n, self.num_warps, self.num_stages, bwd_block_m,
                             bwd_block_n, bwd_num_warps, bwd_num_stages, *dkdv,
                             self.backward, self.bwd_rope, self.decode, self.kv_lens,
-                            self.page_size, self.append)
+                            self.page_size, self.append, self.decode_merge)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

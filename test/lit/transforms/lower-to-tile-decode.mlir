@@ -35,3 +35,16 @@ attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true decode-merge=last-split head-dim=64}' | filecheck %s --check-prefix=LAST
+// RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true decode-merge=last-split head-dim=64}' -t triton | filecheck %s --check-prefix=LAST-TRITON
+// RUN: not attnfuse-opt %s -p 'lower-to-tile{decode=true decode-merge=tree}' 2>&1 | filecheck %s --check-prefix=MERGE-OPTION
+// One kernel: the last split program of each row block merges the partials and stores o, lse.
+// LAST:      tile.kernel @attention_decode(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %split_counts: !tile.tensor<split_counts>)
+// LAST:      tile.store %lse_1, %lse_part[program]
+// LAST-NEXT: tile.merge_last_split %o_part, %lse_part, %split_counts into %o, %lse weighted
+// LAST-NOT:  tile.kernel
+// LAST-TRITON:      arrived = tl.atomic_add(count_ptr, 1)
+// LAST-TRITON-NEXT: if arrived == num_splits - 1:
+// LAST-TRITON:          tl.atomic_xchg(count_ptr, 0)
+// MERGE-OPTION: error: lower-to-tile: decode-merge must be kernel or last-split, got 'tree'

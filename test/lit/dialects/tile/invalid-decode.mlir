@@ -112,3 +112,19 @@ tile.kernel @k(%k: !tile.tensor<k>) attributes {grid = #tile<grid appended_keys>
   tile.return
 }
 // CHECK: an appended_keys kernel needs a kv_lens parameter: the new keys go after the cached ones
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %c: !tile.tensor<split_counts>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  tile.merge_last_split %o_part, %lse_part, %c into %o, %lse weighted : !tile.tensor<o_part>, !tile.tensor<lse_part>, !tile.tensor<split_counts>, !tile.tensor<o>, !tile.tensor<lse>
+  tile.return
+}
+// CHECK: tile.merge_last_split needs a kv_splits kernel
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %c: !tile.tensor<split_counts>, %o: !tile.tensor<o>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  tile.merge_last_split %o_part, %lse_part, %c into %o weighted : !tile.tensor<o_part>, !tile.tensor<lse_part>, !tile.tensor<split_counts>, !tile.tensor<o>
+  tile.return
+}
+// CHECK: tile.merge_last_split stores an lse exactly when it is weighted (softmax)

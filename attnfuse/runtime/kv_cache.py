@@ -39,9 +39,13 @@ than two at a 16k cache (27.1 against 31.5 µs, Mistral-7B geometry) and 2-4% le
 and at B=8 x 8k; four or eight per SM took up to 2x longer
 (bench/results/20261201T1300Z-decode_tune.md)."""
 
-DECODE_MERGE = "last-split"
-"""Where split decodes merge their partials: "last-split" (the last split program of each
-row block, one kernel) or "kernel" (a second kernel). See `docs/performance.md` §7."""
+DECODE_MERGE = "kernel"
+"""Where split decodes merge their partials: "kernel" (a second kernel) or "last-split" (the
+last split program of each row block, one kernel). On the H200 (bench/decode.py, CUDA graphs)
+last-split took 0.5-1.3% less time for one token over a contiguous cache, but 1-6% more over
+paged caches and 12% more at Nq=16 (27.10 against 24.19 µs at 4k), where one program merges
+64 rows of every split at the end: bench/results/20261201T141110Z-decode-last-split.md
+against 20261201T135430Z-decode.md. So the second kernel stays the default."""
 
 INTERPRETER_PROGRAMS = 8
 """The program count aimed at on the CPU interpreter, which runs programs one at a time:

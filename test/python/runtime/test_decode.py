@@ -496,3 +496,27 @@ def test_cache_operator_passes_opcheck_and_refuses_gradients():
         torch.compile(lambda q: fn(q, k, v, kv_lens=lens), fullgraph=True)(q)
     with pytest.raises(ArgumentError, match="inference-only"):
         fn(q, k, v, kv_lens=lens)
+
+
+# --------------------------------------------------------------------------------------------
+# The last-split merge (lower-to-tile decode-merge=last-split)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["causal", "relu", "alibi"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_last_split_merge_matches_the_reference(monkeypatch, name, paged):
+    """The one-kernel decode: the last split program of each row block merges the partials;
+    called twice, so the arrival counts it resets are seen again."""
+    from attnfuse.runtime import kv_cache
+
+    monkeypatch.setattr(kv_cache, "DECODE_MERGE", "last-split")
+    spec = {"causal": af.attention(af.causal()), "relu": af.attention(af.relu()),
+            "alibi": af.attention(af.alibi(), af.causal())}[name]
+    fn = af.compile(spec)
+    q, k, v = make_cache(3, 2, 4, 96, 16, torch.float32, 11)
+    lens = [96, 77, 0]
+    for _call in range(2):
+        out = run_case(fn, spec, q, k, v, lens, page_size=16 if paged else None, lse=name != "relu")
+    assert "attention_merge" not in [info.name for info in fn.last.program.kernels]
+    assert out is not None

@@ -824,83 +824,25 @@ class KernelEmitter:
         for value, result in zip(op.operands, op.results):
             self.emit(f"{self.namer.define(result)} = tl.minimum(tl.maximum({self.namer[value]}, split_lo), split_hi)")
 
-    def emit_merge_last_split(self, op: tile.MergeLastSplitOp) -> None:
-        o_role, lse_role = self.role_of(op.o_part), self.role_of(op.lse_part)
-        counts = self.role_of(op.split_counts)
-        self.emit("# tile.merge_last_split: the last split program of these rows merges every split's partials")
-        # Every thread's partial stores are issued before the count, which releases them to
-        # the program that sees the final count (the atomic is acq_rel at GPU scope).
-        self.emit("tl.debug_barrier()")
-        self.emit(f"count_ptr = {counts}_ptr + tl.program_id(0)  # one count per (batch, kv head, row block)")
-        self.emit("arrived = tl.atomic_add(count_ptr, 1)")
-        self.emit("if arrived == num_splits - 1:")
-        self.indent += 1
-        col_mask = " & (cols_dv < HEAD_DIM_V)[None, :]" if padded(self.head_dim_v) != self.head_dim_v else ""
-        rows_of = lambda role: f"(row_head * stride_{role}_h + row_query * stride_{role}_n)"  # noqa: E731
-        o_all = f"{o_role}_ptr + batch * stride_{o_role}_b + head * stride_{o_role}_h"
-        lse_all = f"{lse_role}_ptr + batch * stride_{lse_role}_b + head * stride_{lse_role}_h"
-        o_ptrs = (f"{o_all} + s * stride_{o_role}_s + {rows_of(o_role)}[:, None]"
-                  f" + cols_dv[None, :] * stride_{o_role}_d")
-        o_mask = f"row_in_bounds[:, None]{col_mask}"
-        out = self.namer.fresh("merged")
+    def emit_split_merge(self, split: str, lse_ptrs: str | None, o_ptrs: str, o_mask: str,
+                         out: str, lse: str | None, load_options: str = "") -> None:
+        """The loop over the splits that merges their partial results (`tile.merge_splits`,
+        `tile.merge_last_split`): with `lse_ptrs` (softmax), each split's output weighted by
+        `exp(lse_s - lse)`, online; without, summed. `split` is the loop variable the pointer
+        expressions use; `out` (and `lse`) name the results."""
         self.emit(f"{out} = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
-        # Other programs wrote the partials: read them past L1 (.cg), where no stale copy is.
-        if op.weighted is None:
-            self.emit("for s in range(0, num_splits):")
-            self.emit(f"    {out} += tl.load({o_ptrs}, mask={o_mask}, other=0.0, cache_modifier=\".cg\")")
-        else:
-            merged_max, total = self.namer.fresh("merged_max"), self.namer.fresh("merged_sum")
-            self.emit(f"{merged_max} = tl.full([BLOCK_M], float(\"-inf\"), dtype=tl.float32)")
-            self.emit(f"{total} = tl.zeros([BLOCK_M], dtype=tl.float32)")
-            self.emit("for s in range(0, num_splits):")
-            self.indent += 1
-            self.emit(f"split_lse = tl.load({lse_all} + s * stride_{lse_role}_s + {rows_of(lse_role)}, "
-                      "mask=row_in_bounds, other=float(\"-inf\"), cache_modifier=\".cg\")")
-            self.emit(f"split_out = tl.load({o_ptrs}, mask={o_mask}, other=0.0, cache_modifier=\".cg\")")
-            self.emit(f"new_max = tl.maximum({merged_max}, split_lse)")
-            self.emit("safe_max = tl.where(new_max == float(\"-inf\"), 0.0, new_max)")
-            self.emit(f"rescale = tl.math.exp2(({merged_max} - safe_max) * {LOG2E})")
-            self.emit(f"weight = tl.math.exp2((split_lse - safe_max) * {LOG2E})")
-            self.emit(f"{out} = {out} * rescale[:, None] + split_out * weight[:, None]")
-            self.emit(f"{total} = {total} * rescale + weight")
-            self.emit(f"{merged_max} = new_max")
-            self.indent -= 1
-            has_keys = self.namer.fresh("has_keys")
-            self.emit(f"{has_keys} = {total} != 0.0")
-            self.emit(f"{out} = {out} / tl.where({has_keys}, {total}, 1.0)[:, None]")
-            lse = self.namer.fresh("merged_lse")
-            self.emit(f"{lse} = tl.where({has_keys}, {merged_max} + tl.math.log2(tl.where({has_keys}, {total}, 1.0)) * {LN2}, float(\"-inf\"))")
-            out_lse = self.role_of(op.lse)
-            self.emit(f"tl.store({out_lse}_base + {rows_of(out_lse)}, {lse}, mask=row_in_bounds)")
-        o_out = self.role_of(op.o)
-        self.emit(f"tl.store({o_out}_base + {rows_of(o_out)}[:, None] + cols_dv[None, :] * stride_{o_out}_d, "
-                  f"{out}.to({o_out}_ptr.dtype.element_ty), mask={o_mask})")
-        self.emit("tl.atomic_xchg(count_ptr, 0)  # ready for the next call")
-        self.indent -= 1
-
-    def emit_merge_splits(self, op: tile.MergeSplitsOp) -> None:
-        o_role, lse_role = self.role_of(op.o_part), self.role_of(op.lse_part)
-        out, lse = self.namer.define(op.output), self.namer.define(op.lse)
-        col_mask = " & (cols_dv < HEAD_DIM_V)[None, :]" if padded(self.head_dim_v) != self.head_dim_v else ""
-        o_ptrs = (f"{o_role}_base + split * stride_{o_role}_s + rows[:, None] * stride_{o_role}_n"
-                  f" + cols_dv[None, :] * stride_{o_role}_d")
-        o_mask = f"row_in_bounds[:, None]{col_mask}"
-        self.emit(f"{out} = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
-        if op.weighted is None:
-            self.emit("# tile.merge_splits: a pointwise normalizer's outputs are sums over keys: add them")
-            self.emit("for split in range(0, num_splits):")
-            self.emit(f"    {out} += tl.load({o_ptrs}, mask={o_mask}, other=0.0)")
-            self.emit(f"{lse} = tl.zeros([BLOCK_M], dtype=tl.float32)  # no log-sum-exp")
+        if lse_ptrs is None:
+            self.emit(f"for {split} in range(0, num_splits):")
+            self.emit(f"    {out} += tl.load({o_ptrs}, mask={o_mask}, other=0.0{load_options})")
             return
-        self.emit("# tile.merge_splits: weight each split's output by exp(lse_s - lse), online over the splits")
+        assert lse is not None
         merged_max, total = self.namer.fresh("merged_max"), self.namer.fresh("merged_sum")
         self.emit(f"{merged_max} = tl.full([BLOCK_M], float(\"-inf\"), dtype=tl.float32)")
         self.emit(f"{total} = tl.zeros([BLOCK_M], dtype=tl.float32)")
-        self.emit("for split in range(0, num_splits):")
+        self.emit(f"for {split} in range(0, num_splits):")
         self.indent += 1
-        self.emit(f"split_lse = tl.load({lse_role}_base + split * stride_{lse_role}_s + rows * stride_{lse_role}_n, "
-                  "mask=row_in_bounds, other=float(\"-inf\"))")
-        self.emit(f"split_out = tl.load({o_ptrs}, mask={o_mask}, other=0.0)")
+        self.emit(f"split_lse = tl.load({lse_ptrs}, mask=row_in_bounds, other=float(\"-inf\"){load_options})")
+        self.emit(f"split_out = tl.load({o_ptrs}, mask={o_mask}, other=0.0{load_options})")
         self.emit(f"new_max = tl.maximum({merged_max}, split_lse)")
         self.emit("# Splits with no kept key (lse -inf) weigh 0; subtract 0 while every split so far is empty.")
         self.emit("safe_max = tl.where(new_max == float(\"-inf\"), 0.0, new_max)")
@@ -914,6 +856,60 @@ class KernelEmitter:
         self.emit(f"{has_keys} = {total} != 0.0")
         self.emit(f"{out} = {out} / tl.where({has_keys}, {total}, 1.0)[:, None]")
         self.emit(f"{lse} = tl.where({has_keys}, {merged_max} + tl.math.log2(tl.where({has_keys}, {total}, 1.0)) * {LN2}, float(\"-inf\"))")
+
+    def value_column_mask(self) -> str:
+        """` & (cols_dv < HEAD_DIM_V)[None, :]` where the value dim is padded, else ""."""
+        return " & (cols_dv < HEAD_DIM_V)[None, :]" if padded(self.head_dim_v) != self.head_dim_v else ""
+
+    def emit_merge_last_split(self, op: tile.MergeLastSplitOp) -> None:
+        o_role, lse_role = self.role_of(op.o_part), self.role_of(op.lse_part)
+        counts = self.role_of(op.split_counts)
+        self.emit("# tile.merge_last_split: the last split program of these rows merges every split's partials")
+        # Every thread's partial stores are issued before the count, which releases them to
+        # the program that sees the final count (the atomic is acq_rel at GPU scope).
+        self.emit("tl.debug_barrier()")
+        self.emit(f"count_ptr = {counts}_ptr + tl.program_id(0)  # one count per (batch, kv head, row block)")
+        self.emit("arrived = tl.atomic_add(count_ptr, 1)")
+        self.emit("if arrived == num_splits - 1:")
+        self.indent += 1
+
+        def rows_of(role: str) -> str:
+            return f"(row_head * stride_{role}_h + row_query * stride_{role}_n)"
+
+        def all_splits(role: str) -> str:
+            return f"{role}_ptr + batch * stride_{role}_b + head * stride_{role}_h + s * stride_{role}_s"
+
+        o_mask = f"row_in_bounds[:, None]{self.value_column_mask()}"
+        o_ptrs = f"{all_splits(o_role)} + {rows_of(o_role)}[:, None] + cols_dv[None, :] * stride_{o_role}_d"
+        weighted = op.weighted is not None
+        lse_ptrs = f"{all_splits(lse_role)} + {rows_of(lse_role)}" if weighted else None
+        out = self.namer.fresh("merged")
+        lse = self.namer.fresh("merged_lse") if weighted else None
+        # Other programs wrote the partials: read them past L1 (.cg), where no stale copy is.
+        self.emit_split_merge("s", lse_ptrs, o_ptrs, o_mask, out, lse, ', cache_modifier=".cg"')
+        if lse is not None:
+            out_lse = self.role_of(op.lse)  # type: ignore[arg-type]
+            self.emit(f"tl.store({out_lse}_base + {rows_of(out_lse)}, {lse}, mask=row_in_bounds)")
+        o_out = self.role_of(op.o)
+        self.emit(f"tl.store({o_out}_base + {rows_of(o_out)}[:, None] + cols_dv[None, :] * stride_{o_out}_d, "
+                  f"{out}.to({o_out}_ptr.dtype.element_ty), mask={o_mask})")
+        self.emit("tl.atomic_xchg(count_ptr, 0)  # ready for the next call")
+        self.indent -= 1
+
+    def emit_merge_splits(self, op: tile.MergeSplitsOp) -> None:
+        o_role, lse_role = self.role_of(op.o_part), self.role_of(op.lse_part)
+        out, lse = self.namer.define(op.output), self.namer.define(op.lse)
+        o_ptrs = (f"{o_role}_base + split * stride_{o_role}_s + rows[:, None] * stride_{o_role}_n"
+                  f" + cols_dv[None, :] * stride_{o_role}_d")
+        o_mask = f"row_in_bounds[:, None]{self.value_column_mask()}"
+        if op.weighted is None:
+            self.emit("# tile.merge_splits: a pointwise normalizer's outputs are sums over keys: add them")
+            self.emit_split_merge("split", None, o_ptrs, o_mask, out, None)
+            self.emit(f"{lse} = tl.zeros([BLOCK_M], dtype=tl.float32)  # no log-sum-exp")
+            return
+        self.emit("# tile.merge_splits: weight each split's output by exp(lse_s - lse), online over the splits")
+        lse_ptrs = f"{lse_role}_base + split * stride_{lse_role}_s + rows * stride_{lse_role}_n"
+        self.emit_split_merge("split", lse_ptrs, o_ptrs, o_mask, out, lse)
 
     def emit_kv_loop(self, op: tile.KVLoopOp) -> None:
         masked = op.masked is not None

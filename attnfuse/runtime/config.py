@@ -169,12 +169,14 @@ def decode_tile_config(problem: Problem, paged: bool = False) -> TileConfig:
       20261201T1316Z-decode_tune-paged.md).
 
     Past a head dim of 128, blocks of 32 keys, two deep (not measured). On the
-    interpreter, 16-key blocks keep page and split boundaries exercised at test sizes."""
+    interpreter, 32-key blocks: pages of 16 then take the per-key table path and pages of 32
+    or more the per-step one, both exercised at test sizes (`kv_cache.split_plan` makes two
+    splits there from two key blocks on, so short caches still merge splits)."""
     from attnfuse.runtime.kv_cache import decode_block_m
 
     block_m = decode_block_m(problem)
     if problem.device.type != "cuda":
-        return TileConfig(block_m, 16, 4, 1)
+        return TileConfig(block_m, 32, 4, 1)
     d = max(problem.head_dim, problem.head_dim_v)
     if d > 128:
         return TileConfig(block_m, 32, 4, 2)

@@ -47,9 +47,10 @@ paged caches and 12% more at Nq=16 (27.10 against 24.19 µs at 4k), where one pr
 64 rows of every split at the end: bench/results/20261201T141110Z-decode-last-split.md
 against 20261201T135430Z-decode.md. So the second kernel stays the default."""
 
-INTERPRETER_PROGRAMS = 8
-"""The program count aimed at on the CPU interpreter, which runs programs one at a time:
-small, but several splits, so the merge is exercised at test sizes."""
+INTERPRETER_SPLITS = 2
+"""The splits of a decode on the CPU interpreter, which runs programs one at a time: two (of
+one key block at least each), whatever the batch, so that every test of two or more key
+blocks merges splits."""
 
 
 @dataclass(frozen=True)
@@ -137,15 +138,14 @@ def split_plan(problem: Problem, block_m: int, block_n: int) -> tuple[int, int]:
     """(number of splits, keys per split) of a decode launch: as many splits as bring the
     launch to `PROGRAMS_PER_SM` programs per multiprocessor, each at least
     `MIN_SPLIT_BLOCKS` key blocks long, from the shapes only."""
+    key_blocks = max(1, triton.cdiv(problem.seq_k, block_n))
     if problem.device.type == "cuda":
         sms = torch.cuda.get_device_properties(problem.device).multi_processor_count
-        target = PROGRAMS_PER_SM * sms
-        min_blocks = MIN_SPLIT_BLOCKS
+        programs = problem.batch * problem.heads_kv * row_blocks(problem, block_m)
+        wanted = triton.cdiv(PROGRAMS_PER_SM * sms, programs)
+        splits = max(1, min(wanted, key_blocks // MIN_SPLIT_BLOCKS))
     else:
-        target, min_blocks = INTERPRETER_PROGRAMS, 2
-    programs = problem.batch * problem.heads_kv * row_blocks(problem, block_m)
-    key_blocks = max(1, triton.cdiv(problem.seq_k, block_n))
-    splits = max(1, min(triton.cdiv(target, programs), key_blocks // min_blocks))
+        splits = min(INTERPRETER_SPLITS, key_blocks)
     split_len = triton.cdiv(key_blocks, splits) * block_n
     return triton.cdiv(problem.seq_k, split_len) if problem.seq_k else 1, split_len
 

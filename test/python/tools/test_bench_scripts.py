@@ -99,39 +99,30 @@ def test_plots_are_written_from_a_results_file(scripts, tmp_path):
 
 
 def test_decode_smoke_checks_and_times_every_peer(scripts, tmp_path):
-    """Rows 1 (contiguous), 5 (paged) and 6 (ragged) at tiny sizes. Every peer runs and matches the
-    reference; AttnFuse's decoding keywords (kv_lens=, block_table=) either run and match too
-    or, before they exist, are recorded as the call's error, never a crash."""
-    argv = ["--smoke", "--rows", "1,5,6", "--reps", "1", "--warmup", "0", "--out", str(tmp_path)]
+    """Rows 1 (contiguous) and 6 (ragged, contiguous and paged) at tiny sizes: every peer and
+    every AttnFuse call (kv_lens=, block_table=) runs and matches the reference. (Row 5, the
+    paged rows, runs the same calls at four cache shapes: left to the GPU run, for CI time.)"""
+    argv = ["--smoke", "--rows", "1,6", "--reps", "1", "--warmup", "0", "--out", str(tmp_path)]
     assert scripts["decode"].main(argv) == 0
     (json_path,) = tmp_path.glob("*-decode.json")
     document = json.loads(json_path.read_text())
     assert document["final"] and document["copy"]["rw_gbps"] > 0
     rows = {(r["row"], r["case"], r["impl"]): r for r in document["rows"]}
-    paged_impls = ("attnfuse", "attnfuse-full", "attnfuse-paged16", "attnfuse-paged32", "flex-paged16",
-                   "flex-paged32")
-    assert len(rows) == len(document["rows"]) == 4 + 4 * len(paged_impls) + 5
+    assert len(rows) == len(document["rows"]) == 4 + 5
     assert {impl for row, _, impl in rows if row == "1"} == {"attnfuse", "attnfuse-full", "sdpa-flash", "flex"}
-    assert {impl for row, _, impl in rows if row == "5"} == set(paged_impls)
     assert {impl for row, _, impl in rows if row == "6"} == {"attnfuse", "attnfuse-paged32", "flex", "flex-paged32",
                                                              "sdpa-mask"}
     assert len(document["ragged_lengths"]) == 3
     for (_row, _case, impl), r in rows.items():
-        if impl.startswith("attnfuse") and not impl.endswith("-full") and r["status"] == "error":
-            assert "unexpected argument" in r["error"]  # the decoding API not there yet
-            continue
         assert r["status"] == "ok", (impl, r.get("error"))
         assert r["rel_err"] < 1e-4 and r["us"] > 0 and r["gbps"] > 0  # fp32 on the CPU
-    # Row 5's flex-paged rows compare with row 1's flex (the rows 2-4 it would need did not run).
-    paged = rows[("5", "row 1: tiny-8B B=1 L=64", "flex-paged16")]
-    assert paged["vs_label"] == "flex contiguous"
-    assert paged["vs"] == pytest.approx(paged["us"] / rows[("1", "tiny-8B B=1 L=64", "flex")]["us"])
     ragged = {r["impl"]: r for r in document["rows"] if r["row"] == "6"}
     assert ragged["sdpa-mask"]["note"].startswith("padded L_max cache")
     assert ragged["flex-paged32"]["vs_label"] == "flex contiguous"
+    assert ragged["attnfuse-paged32"]["vs_label"] == "contiguous"
     assert ragged["flex"]["kv_tokens"] == sum(document["ragged_lengths"])
     markdown = json_path.with_suffix(".md").read_text()
-    assert "## 5. Paged KV cache" in markdown and "Lengths (seed 0, 3 sequences" in markdown
+    assert "Lengths (seed 0, 3 sequences" in markdown
 
 
 def test_decode_paged_cache_holds_each_sequence(scripts):

@@ -67,6 +67,8 @@ def query_documents(doc_ids: Any, seq_q: int) -> Any:
     import torch
 
     seq_k = doc_ids.shape[-1]
+    if seq_k == 0:  # no key: no query position has a document
+        return torch.full((doc_ids.shape[0], seq_q), -1, dtype=doc_ids.dtype, device=doc_ids.device)
     q_pos = torch.arange(seq_q, device=doc_ids.device) + (seq_k - seq_q)
     ids = doc_ids[:, q_pos.clamp(min=0)]
     return torch.where(q_pos >= 0, ids, torch.full_like(ids, -1))

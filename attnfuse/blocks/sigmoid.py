@@ -69,7 +69,9 @@ class SigmoidSemantics(PointwiseNormalizer):
         import torch
 
         assert isinstance(op, SigmoidOp)
-        shift = op.bias_value if op.bias_value is not None else -math.log(env.seq_k)
+        # Without keys there is nothing to shift (and ln(0) has no value).
+        default = -math.log(env.seq_k) if env.seq_k > 0 else 0.0
+        shift = op.bias_value if op.bias_value is not None else default
         zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
         return torch.where(keep, torch.sigmoid(scores + shift), zero), None
 

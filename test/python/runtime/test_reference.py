@@ -108,3 +108,16 @@ def test_gradient_errors_are_norm_relative_with_a_floor_at_dv():
     assert errors["v"] == 0.0
     # ||bias - 0|| = 2e-3 is measured against 1e-3 * ||dv|| = 2e-3, not against ||0||.
     assert errors["bias"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "document"])
+def test_reference_without_keys_outputs_zero(name):
+    """Nk = 0: every row keeps nothing and outputs 0 (sigmoid's default bias -ln(Nk) and a
+    query's document are then undefined, and must not be needed)."""
+    q, k, v = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 0, 8), torch.randn(2, 2, 0, 8)
+    spec = af.attention(af.sigmoid()) if name == "sigmoid" else af.attention(af.document())
+    data = {"doc_ids": torch.zeros(0, dtype=torch.int64)} if name == "document" else {}
+    out = af.reference_attention(spec, q, k, v, **data)
+    assert out.shape == (2, 2, 3, 8) and (out == 0).all()
+    fn = af.compile(spec)
+    assert (fn(q, k, v, **data) == 0).all()

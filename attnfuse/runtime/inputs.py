@@ -84,6 +84,8 @@ def check_inputs(
     if v.shape[1] != h_kv:
         raise ArgumentError(f"v must have k's {h_kv} heads, got {v.shape[1]}")
     if v.shape[2] != n_k:
+        if paged_keys is not None:
+            raise ArgumentError(f"v's pages must have k's page size {n_k}, got {v.shape[2]}")
         raise ArgumentError(f"v must have k's sequence length {n_k}, got {v.shape[2]}")
     if h_kv == 0 or h_q % h_kv:
         raise ArgumentError(f"query heads ({h_q}) must be a multiple of key/value heads ({h_kv})")

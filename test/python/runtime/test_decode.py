@@ -520,3 +520,12 @@ def test_last_split_merge_matches_the_reference(monkeypatch, name, paged):
         out = run_case(fn, spec, q, k, v, lens, page_size=16 if paged else None, lse=name != "relu")
     assert "attention_merge" not in [info.name for info in fn.last.program.kernels]
     assert out is not None
+
+
+def test_page_pools_of_different_page_sizes_are_named_so():
+    fn = af.compile(af.attention(af.causal()))
+    q = torch.randn(2, HQ, 1, 16)
+    k, v = torch.randn(6, 2, 16, 16), torch.randn(6, 2, 8, 16)
+    table = torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(ArgumentError, match="v's pages must have k's page size 16, got 8"):
+        fn(q, k, v, kv_lens=torch.tensor([3, 4], dtype=torch.int32), block_table=table)

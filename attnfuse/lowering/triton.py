@@ -426,6 +426,15 @@ class KernelEmitter:
         self.emit(f"row_in_bounds = rows < {n_rows}")
         if self.grid == "query_blocks":
             self.emit("q_pos = rows + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key")
+        self.emit_columns_and_bases()
+        if self.grid == "query_blocks":
+            self.emit_slope_loads()
+        del k
+
+    def emit_columns_and_bases(self) -> None:
+        """What every prologue ends with: the column indices the kernel's tiles use and each
+        role's base pointer (in a `key_blocks` kernel, those of the query-head roles come in
+        its loop over the group, `emit_query_head_bases`)."""
         used_cols = self.used_column_sets()
         for name, width in (("cols_d", "BLOCK_D"), ("cols_dv", "BLOCK_DV"), ("cols_half", "BLOCK_HALF"), ("cols_pass", "BLOCK_PASS")):
             if name in used_cols:
@@ -434,9 +443,6 @@ class KernelEmitter:
             line = self.base_line(role)
             if line is not None and not self.set_in_query_head_loop(role):
                 self.emit(line)
-        if self.grid == "query_blocks":
-            self.emit_slope_loads()
-        del k
 
     def split_prologue(self) -> None:
         """The prologue of a `kv_splits` kernel: which key/value head, block of the group's
@@ -456,14 +462,7 @@ class KernelEmitter:
         self.emit("row_head = rows // n_q  # query head in the group")
         self.emit("row_query = rows % n_q")
         self.emit("q_pos = row_query + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key")
-        used_cols = self.used_column_sets()
-        for name, width in (("cols_d", "BLOCK_D"), ("cols_dv", "BLOCK_DV"), ("cols_half", "BLOCK_HALF"), ("cols_pass", "BLOCK_PASS")):
-            if name in used_cols:
-                self.emit(f"{name} = tl.arange(0, {width})")
-        for role in self.roles:
-            line = self.base_line(role)
-            if line is not None:
-                self.emit(line)
+        self.emit_columns_and_bases()
         for role in self.slope_roles():
             # One slope per row: the rows span the group's query heads.
             self.emit(f"{self.slope_name(role)} = tl.load({role}_ptr + head + row_head, mask=row_in_bounds, other=0.0)")
@@ -482,14 +481,7 @@ class KernelEmitter:
         self.emit("rows = block_id * BLOCK_M + tl.arange(0, BLOCK_M)  # new keys")
         self.emit("k_pos = cached + rows  # each new key's position: where it is written")
         self.emit("row_in_bounds = (rows < n_q) & (k_pos < n_k)  # nothing is written past the cache's capacity")
-        used_cols = self.used_column_sets()
-        for name, width in (("cols_d", "BLOCK_D"), ("cols_dv", "BLOCK_DV"), ("cols_half", "BLOCK_HALF"), ("cols_pass", "BLOCK_PASS")):
-            if name in used_cols:
-                self.emit(f"{name} = tl.arange(0, {width})")
-        for role in self.roles:
-            line = self.base_line(role)
-            if line is not None:
-                self.emit(line)
+        self.emit_columns_and_bases()
         if self.paged:
             self.emit("# Paged cache: position p is row p % PAGE_SIZE of page block_table[batch, p // PAGE_SIZE].")
             self.emit("pages = tl.load(block_table_base + (k_pos // PAGE_SIZE) * stride_block_table_n, "

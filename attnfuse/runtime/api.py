@@ -216,9 +216,7 @@ class CompiledAttention:
         if decode and self.config is None:
             config = decode_tile_config(problem, paged=cache.page_size > 0)
         placement = rope_placement(self.variant.rope is not None, self.variant.rotary_dim, problem,
-                                   config, self._placement)
-        if placement is not None:
-            placement = self._cache_placement(placement, decode, cache)
+                                   config, self._placement, decode, cache)
         # The backward pre-rotates unless a placement was asked for explicitly: each of its
         # kernels loops over q or k, so in-loop rotation is paid per program for both
         # (measured slower at every N on the H200: bench/results/20261129T1234Z-backward_tune-parts.log).
@@ -226,31 +224,6 @@ class CompiledAttention:
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
                           placement, explicit_positions, bwd_rope, decode, cache,
                           decode_merge=kv_cache.DECODE_MERGE if decode else "kernel")
-
-    def _cache_placement(self, placement: tuple[str, str], decode: bool, cache: CacheLayout) -> tuple[str, str]:
-        """The placement of a decode or cache call: a query with per-sequence lengths sits at
-        its sequence's positions, which only the attention kernels know (they read
-        `kv_lens`), so it rotates in-kernel; a decode step reads each key once (pre-rotating
-        would rewrite the cache per step) and a page pool's rows are not positions, so the
-        key rotates in-kernel too. Explicit requests that cannot hold are errors."""
-        query, key = placement
-        requested_query, requested_key = check_placement_request(self._placement)
-        if cache.kv_lens and query == "pre_rotated":
-            if requested_query != "auto":
-                raise ArgumentError(
-                    "rope_placement query 'pre_rotated' cannot take kv_lens=: the rotation "
-                    "kernel does not know each sequence's positions; use 'fused' or 'auto'"
-                )
-            query = "fused"
-        if (decode or cache.page_size) and key == "pre_rotated":
-            if requested_key != "auto" and cache.page_size:
-                raise ArgumentError(
-                    "rope_placement key 'pre_rotated' cannot take a paged cache (block_table=): "
-                    "a page pool's rows are not positions; use 'fused', 'given' or 'auto'"
-                )
-            if requested_key == "auto":
-                key = "fused"
-        return query, key
 
     def training_key(self, key: CompileKey, compiled: CompiledProgram) -> CompileKey:
         """The compile key of a call that autograd records. Where the backward reads a

@@ -8,6 +8,7 @@ import torch
 
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.inputs import Problem
+from attnfuse.runtime.kv_cache import CacheLayout, decode_block_m
 from attnfuse.transforms.place_rope import PlaceRopePass
 
 
@@ -172,8 +173,6 @@ def decode_tile_config(problem: Problem, paged: bool = False) -> TileConfig:
     interpreter, 32-key blocks: pages of 16 then take the per-key table path and pages of 32
     or more the per-step one, both exercised at test sizes (`kv_cache.split_plan` makes two
     splits there from two key blocks on, so short caches still merge splits)."""
-    from attnfuse.runtime.kv_cache import decode_block_m
-
     block_m = decode_block_m(problem)
     if problem.device.type != "cuda":
         return TileConfig(block_m, 32, 4, 1)
@@ -247,20 +246,51 @@ def automatic_placement(requested: str | tuple[str, str]) -> bool:
     return query == "auto" and key in ("auto", "given")
 
 
+def cache_placement_request(
+    requested: tuple[str, str], decode: bool, cache: CacheLayout | None
+) -> tuple[str, str]:
+    """The (query, key) request for a decode or cache call, narrowed to what its kernels can
+    run: a query with per-sequence lengths sits at its sequence's positions, which only the
+    attention kernels know (they read `kv_lens`), so it rotates in-kernel; a decode step reads
+    each key once (pre-rotating would rewrite the cache every step) and a page pool's rows are
+    not positions, so the key rotates in-kernel too. "auto" becomes "fused" there; an explicit
+    request that cannot hold is an `ArgumentError`."""
+    query, key = requested
+    kv_lens = cache is not None and cache.kv_lens
+    paged = cache is not None and cache.page_size > 0
+    if kv_lens and query != "fused":
+        if query == "pre_rotated":
+            raise ArgumentError(
+                "rope_placement query 'pre_rotated' cannot take kv_lens=: the rotation "
+                "kernel does not know each sequence's positions; use 'fused' or 'auto'"
+            )
+        query = "fused"
+    if paged and key == "pre_rotated":
+        raise ArgumentError(
+            "rope_placement key 'pre_rotated' cannot take a paged cache (block_table=): "
+            "a page pool's rows are not positions; use 'fused', 'given' or 'auto'"
+        )
+    if (decode or paged) and key == "auto":
+        key = "fused"
+    return query, key
+
+
 def rope_placement(
     has_rope: bool, rotary_dim: int | None, problem: Problem, config: TileConfig,
-    requested: str | tuple[str, str],
+    requested: str | tuple[str, str], decode: bool = False, cache: CacheLayout | None = None,
 ) -> tuple[str, str] | None:
     """The (query, key) placement of a variant's rotation (of explicit width `rotary_dim`, or
     the head dim) for this call, or None without rope (`has_rope` false).
 
     `requested` is "auto" (the Rotation Calculus decides), "fused", "pre_rotated",
     "q_fused" (query in-kernel, key pre-rotated) or a (query, key) pair, whose key may be
-    "given" (the caller passes keys rotated; the query is then placed as asked).
+    "given" (the caller passes keys rotated; the query is then placed as asked). A split
+    decode (`decode`) and a KV-cache layout (`cache`) narrow what the calculus may choose
+    (`cache_placement_request`).
     """
     if not has_rope:
         return None
-    query, key = check_placement_request(requested)
+    query, key = cache_placement_request(check_placement_request(requested), decode, cache)
     elem_bytes = torch.tensor([], dtype=problem.dtype).element_size()
     decision = PlaceRopePass(
         query=query,

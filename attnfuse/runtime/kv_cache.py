@@ -65,7 +65,8 @@ class CacheLayout:
 CONTIGUOUS = CacheLayout()
 
 
-def _check_index_tensor(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def _check_index_tensor(name: str, t: object, shape: tuple[int, ...], device: torch.device,
+                        contiguous: bool = False) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name}= must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.int32:
@@ -76,8 +77,8 @@ def _check_index_tensor(name: str, t: object, shape: tuple[int, ...], device: to
         raise ArgumentError(f"{name}= must be on q's device ({device}), got {t.device}")
     if t.requires_grad:
         raise ArgumentError(f"{name}= is an index tensor and cannot require a gradient")
-    if name == "kv_lens" and not t.is_contiguous():
-        # The kernels read kv_lens[b] at offset b (no stride): a view would read other values.
+    if contiguous and not t.is_contiguous():
+        # Read at offset b (no stride, `tile.TENSOR_AXES`): a view would read other values.
         raise ArgumentError(
             f"kv_lens= must be contiguous, got strides {t.stride()}: pass kv_lens.contiguous() "
             "(outside a CUDA graph capture, which must replay the same buffer)"
@@ -101,11 +102,11 @@ def check_cache_arguments(
     check_tensor("k", k)
     batch = q.shape[0]
     if block_table is None:
-        _check_index_tensor("kv_lens", kv_lens, (batch,), q.device)
+        _check_index_tensor("kv_lens", kv_lens, (batch,), q.device, contiguous=True)
         return CacheLayout(kv_lens=True), None
     if kv_lens is None:
         raise ArgumentError("block_table= needs kv_lens=: the pages do not say how many keys each sequence has")
-    _check_index_tensor("kv_lens", kv_lens, (batch,), q.device)
+    _check_index_tensor("kv_lens", kv_lens, (batch,), q.device, contiguous=True)
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
         shape = list(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__
         raise ArgumentError(f"block_table= must be an int32 [B, max_pages] tensor, got {shape}")

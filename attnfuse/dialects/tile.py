@@ -787,12 +787,12 @@ def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> 
             raise VerifyException(f"{role} blocks are accessed only by kv_splits kernels")
         if splits and role in ("o", "lse"):
             raise VerifyException(f"a kv_splits kernel stores partial results (o_part, lse_part), not {role}")
-        if (role in ("k_cache", "v_cache")) != (kernel.grid == "appended_keys") and (
-                role in ("k_cache", "v_cache") or role not in ("k", "v")):
+        appending = kernel.grid == "appended_keys"
+        if role in ("k_cache", "v_cache") and not appending:
+            raise VerifyException(f"{role} blocks are accessed only by appended_keys kernels")
+        if appending and role not in ("k", "v", "k_cache", "v_cache"):
             raise VerifyException(
-                f"{role} blocks are accessed only by appended_keys kernels" if role in ("k_cache", "v_cache")
-                else f"an appended_keys kernel reads the new k and v and writes k_cache and v_cache, not {role}"
-            )
+                f"an appended_keys kernel reads the new k and v and writes k_cache and v_cache, not {role}")
     # Operands and gradients have a column axis (`d`); per-row statistics have none.
     if role_axes(role).endswith("d"):
         if cols is None:

@@ -270,13 +270,14 @@ def build_merge_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kernel
 
 
 def append_rotation(variant: attn.VariantOp) -> Rotation | None:
-    """The key rotation a cache for this variant stores keys with: the variant's key
-    rotation when it is `given` (its kernels read keys rotated), else none (they rotate keys
-    themselves, or there is no rotation)."""
-    for op in variant.body.block.ops:
-        if isinstance(op, attn.RopeOp) and op.input == variant.key and op.given:
-            theta, dim, interleaved, _scaling = op.rope_key
-            return Rotation(theta, dim, interleaved, True)
+    """The key rotation a cache for this variant stores keys with: the rotation the scores
+    read the key through when it is `given` (its kernels read keys rotated), else none (they
+    rotate keys themselves, or there is none; a rotation nothing reads rotates nothing)."""
+    scores, _chain, _normalizer = attn.score_chain(variant)
+    op = scores.key.owner
+    if isinstance(op, attn.RopeOp) and op.input == variant.key and op.given:
+        theta, dim, interleaved, _scaling = op.rope_key
+        return Rotation(theta, dim, interleaved, True)
     return None
 
 

@@ -2,6 +2,7 @@
 // RUN: attnfuse-opt %S/../inputs/given-key.mlir -p 'lower-to-tile{append=true kv-lens=true page-size=16 head-dim=64}' -t triton | filecheck %s --check-prefix=TRITON
 // RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'place-rope,lower-to-tile{append=true kv-lens=true head-dim=64}' | filecheck %s --check-prefix=UNROTATED
 // RUN: not attnfuse-opt %S/../inputs/given-key.mlir -p 'lower-to-tile{append=true}' 2>&1 | filecheck %s --check-prefix=LENGTHS
+// RUN: attnfuse-opt %S/../inputs/unused-given-key.mlir -p 'lower-to-tile{append=true kv-lens=true head-dim=64}' | filecheck %s --check-prefix=UNUSED
 
 // The cache append of a variant whose keys arrive rotated: one kernel on the appended_keys
 // grid rotates each new key at its cache position and stores it and its value there.
@@ -24,3 +25,7 @@
 // UNROTATED:     tile.store %k_1, %k_cache[program, all]
 
 // LENGTHS: error: lower-to-tile: append=true needs kv-lens=true: the new keys go after each sequence's cached ones
+
+// A given rotation that the scores do not read rotates nothing: the cache stores k as given.
+// UNUSED:     tile.kernel @append_kv(%k: !tile.tensor<k>, %v: !tile.tensor<v>, %k_cache: !tile.tensor<k_cache>, %v_cache: !tile.tensor<v_cache>, %kv_lens: !tile.tensor<kv_lens>)
+// UNUSED-NOT: tile.rotate

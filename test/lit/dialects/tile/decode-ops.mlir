@@ -27,3 +27,18 @@ tile.kernel @merge(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_pa
   tile.store %lse_1, %lse[program] : !tile.tile<m x f32> -> !tile.tensor<lse>
   tile.return
 }
+
+// CHECK: tile.kernel @merge_in_place
+// CHECK: tile.merge_last_split %o_part, %lse_part, %counts into %o, %lse weighted : !tile.tensor<o_part>, !tile.tensor<lse_part>, !tile.tensor<split_counts>, !tile.tensor<o>, !tile.tensor<lse>
+tile.kernel @merge_in_place(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %counts: !tile.tensor<split_counts>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 3 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  tile.merge_last_split %o_part, %lse_part, %counts into %o, %lse weighted : !tile.tensor<o_part>, !tile.tensor<lse_part>, !tile.tensor<split_counts>, !tile.tensor<o>, !tile.tensor<lse>
+  tile.return
+}
+
+// CHECK: tile.kernel @append(%k: !tile.tensor<k>, %k_cache: !tile.tensor<k_cache>, %kv_lens: !tile.tensor<kv_lens>) attributes {grid = #tile<grid appended_keys>
+// CHECK: tile.store %x, %k_cache[program, all]
+tile.kernel @append(%k: !tile.tensor<k>, %k_cache: !tile.tensor<k_cache>, %kv_lens: !tile.tensor<kv_lens>) attributes {grid = #tile<grid appended_keys>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  tile.store %x, %k_cache[program, all] : !tile.tile<m x d x f16> -> !tile.tensor<k_cache>
+  tile.return
+}

@@ -128,3 +128,28 @@ tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>,
   tile.return
 }
 // CHECK: tile.merge_last_split stores an lse exactly when it is weighted (softmax)
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse: !tile.tensor<lse>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %out, %l = tile.merge_splits %o_part, %lse weighted : !tile.tensor<o_part>, !tile.tensor<lse> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>
+  tile.return
+}
+// CHECK: tile.merge_splits reads an lse_part tensor
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %c: !tile.tensor<split_counts>, %q: !tile.tensor<q>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  tile.merge_last_split %o_part, %lse_part, %c into %q : !tile.tensor<o_part>, !tile.tensor<lse_part>, !tile.tensor<split_counts>, !tile.tensor<q>
+  tile.return
+}
+// CHECK: tile.merge_last_split's operands are o_part, lse_part, split_counts, o and lse; got another role for o
+
+// -----
+
+tile.kernel @k(%dk: !tile.tensor<dk>, %kv_lens: !tile.tensor<kv_lens>) attributes {grid = #tile<grid appended_keys>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %x = tile.zeros : !tile.tile<m x d x f32>
+  tile.store %x, %dk[program, all] : !tile.tile<m x d x f32> -> !tile.tensor<dk>
+  tile.return
+}
+// CHECK: an appended_keys kernel reads the new k and v and writes k_cache and v_cache, not dk

@@ -37,7 +37,7 @@ from xdsl.ir import Operation
 from xdsl.utils.target import Target
 
 from attnfuse.dialects import tile
-from attnfuse.errors import AttnFuseError
+from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.lowering.triton import HELPERS, KernelEmitter, LoopRows
 
 SCORE_OPS = (tile.MaskOp, tile.MapOp, tile.AlibiOp, tile.ApplyScaleOp)
@@ -61,8 +61,9 @@ MAX_REGISTERS = 168
 at 24 registers, the consumers get 240 (the H200's 64K registers, one program per SM)."""
 
 
-class GluonUnsupported(AttnFuseError):
-    """A kernel this target does not lower (the portable target prints every kernel)."""
+class GluonUnsupported(IRError):
+    """A kernel this target does not lower (the portable target prints every kernel); `op` is
+    the op at fault, or the kernel."""
 
 
 @dataclass
@@ -80,7 +81,8 @@ class FlashLoop:
 
 def _refuse(kernel: tile.KernelOp, op: Operation | None, why: str) -> GluonUnsupported:
     where = f" ({op.name})" if op is not None else ""
-    return GluonUnsupported(f"the gluon target cannot lower {kernel.sym_name.data}{where}: {why}")
+    return GluonUnsupported(f"the gluon target cannot lower {kernel.sym_name.data}{where}: {why}",
+                            op if op is not None else kernel)
 
 
 def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp) -> FlashLoop:
@@ -134,10 +136,10 @@ class GluonEmitter(KernelEmitter):
             raise _refuse(k, None, f"element type {self.elem}: the products take f16 or bf16")
         if self.head_dim not in HEAD_DIMS or self.head_dim_v != self.head_dim:
             raise _refuse(k, None, f"head dim {self.head_dim}/{self.head_dim_v}: scheduled for {HEAD_DIMS}")
-        for role in self.roles:
-            if role not in DESCRIPTOR_ROLES and role != "lse" and tile.role_kind(role) != "slopes":
-                raise _refuse(k, None, f"role {role} has no place in the schedule")
         ops = list(k.body.block.ops)
+        first = ops[0]
+        if isinstance(first, tile.LoadOp) and (first.cols is None or first.cols.data != "all"):
+            raise _refuse(k, first, "the query must be loaded whole (no rotation in the kernel)")
         # q load, softmax init, key bounds, the key loops, finalize, the o and lse stores.
         shape = [tile.LoadOp, tile.SoftmaxInitOp, tile.KVBoundsOp]
         tail = [tile.SoftmaxFinalizeOp, tile.StoreOp, tile.StoreOp, tile.ReturnOp]
@@ -168,6 +170,9 @@ class GluonEmitter(KernelEmitter):
         self.o_store, self.lse_store = ops[-3], ops[-2]
         if self.o_store.role != "o" or self.lse_store.role != "lse":
             raise _refuse(k, self.o_store, "stores of o and lse")
+        for role in self.roles:
+            if role not in DESCRIPTOR_ROLES and role != "lse" and tile.role_kind(role) != "slopes":
+                raise _refuse(k, None, f"role {role} has no place in the schedule")
 
     # -- printing ----------------------------------------------------------------------------
 

@@ -160,6 +160,25 @@ class BlockOrderAttr(EnumAttribute[BlockOrder], SpacedOpaqueSyntaxAttribute):
     name = "tile.order"
 
 
+class Schedule(StrEnum):
+    """How a kernel's work is laid out over its warps, beyond what `num_warps` says."""
+
+    WARP_SPECIALIZED = "warp_specialized"
+
+
+@irdl_attr_definition
+class ScheduleAttr(EnumAttribute[Schedule], SpacedOpaqueSyntaxAttribute):
+    """`#tile<schedule warp_specialized>` (set by `warp-specialize`): a flash-shaped forward
+    kernel whose loads run in a producer partition of `producer_warps` warps, issuing TMA
+    copies into a ring of `num_stages` shared-memory buffers per operand, while `num_warps`
+    consumer warps (whole warpgroups, 16 rows each) run the products as warpgroup MMAs and
+    overlap each block's score step with the previous block's P @ V. `max_registers` caps each
+    thread's registers at launch, so that the consumers can take what the producer gives up.
+    The Gluon target prints these kernels; the portable target prints them as any other."""
+
+    name = "tile.schedule"
+
+
 class Rows(StrEnum):
     """Which rows a load or store touches (see `ROW_SOURCES`)."""
 
@@ -530,7 +549,8 @@ class KernelOp(IRDLOperation):
     `block_order` (`#tile<order ...>`, ascending when absent), optional `shared_offsets`
     (`["do", "q"]`, set by `share-offsets`: when the runtime finds the two roles' row and
     column strides equal, the first role's loop loads reuse the second's offsets) and
-    optional `page_size`.
+    optional `page_size`, optional `schedule` (`#tile<schedule ...>`, with the integer
+    attributes `producer_warps` and `max_registers`; see `ScheduleAttr`).
 
     A kernel with a `kv_lens` parameter reads its key count per batch (`kv_lens[batch]`,
     clamped to the cache's length); one with a `block_table` parameter (and a `page_size`)
@@ -616,6 +636,12 @@ class KernelOp(IRDLOperation):
         return attr.data if isinstance(attr, BlockOrderAttr) else BlockOrder.ASCENDING
 
     @property
+    def schedule(self) -> str | None:
+        """`warp_specialized`, or None for the portable schedule (see `ScheduleAttr`)."""
+        attr = self.attributes.get("schedule")
+        return attr.data if isinstance(attr, ScheduleAttr) else None
+
+    @property
     def shared_offsets(self) -> tuple[str, ...] | None:
         """(follower, leader) roles whose loop loads may share offsets, or None."""
         attr = self.attributes.get("shared_offsets")
@@ -669,6 +695,7 @@ class KernelOp(IRDLOperation):
         order = self.attributes.get("block_order")
         if order is not None and not isinstance(order, BlockOrderAttr):
             raise VerifyException(f"block_order must be a #tile<order ...>, got {order}")
+        self.verify_schedule()
         page_size = self.int_attr("page_size")
         paged = "block_table" in self.roles
         if paged != (page_size is not None):
@@ -692,6 +719,28 @@ class KernelOp(IRDLOperation):
                     "shared_offsets names two of the kernel's tensor roles (follower, leader), "
                     f"got {list(self.shared_offsets)}"
                 )
+
+    def verify_schedule(self) -> None:
+        schedule = self.attributes.get("schedule")
+        if schedule is None:
+            for key in ("producer_warps", "max_registers"):
+                if key in self.attributes:
+                    raise VerifyException(f"'{key}' belongs to a #tile<schedule ...> kernel")
+            return
+        if not isinstance(schedule, ScheduleAttr):
+            raise VerifyException(f"schedule must be a #tile<schedule ...>, got {schedule}")
+        if self.grid != "query_blocks":
+            raise VerifyException("a warp-specialized kernel owns query blocks (grid query_blocks)")
+        warps, producers, registers = self.get("num_warps"), self.int_attr("producer_warps"), self.int_attr("max_registers")
+        if warps % 4 or self.get("block_m") != 16 * warps:
+            raise VerifyException(
+                "a warp-specialized kernel's consumers are whole warpgroups of 16 rows per warp: "
+                f"num_warps a multiple of 4 and block_m = 16 * num_warps, got {warps} and {self.get('block_m')}"
+            )
+        if producers is None or producers < 1:
+            raise VerifyException("a warp-specialized kernel needs an integer 'producer_warps' >= 1")
+        if registers is None or not 24 <= registers <= 255:
+            raise VerifyException("a warp-specialized kernel needs an integer 'max_registers' in [24, 255]")
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:
@@ -2230,7 +2279,7 @@ Tile = Dialect(
         MapOp,
         MapYieldOp,
     ],
-    [TileType, TensorType, TileDimAttr, GridAttr, BlockOrderAttr, RowsAttr, ColumnsAttr, SeqAxisAttr, PairsAttr],
+    [TileType, TensorType, TileDimAttr, GridAttr, BlockOrderAttr, ScheduleAttr, RowsAttr, ColumnsAttr, SeqAxisAttr, PairsAttr],
 )
 """The tile dialect."""
 

@@ -1,29 +1,29 @@
-"""The Gluon target: a forward `tile.kernel` as a warp-specialized Hopper kernel (`-t gluon`).
+"""The Gluon target: warp-specialized forward kernels for Hopper (`-t gluon`).
 
 The portable target (`lowering/triton.py`) prints each tile op as `tl` code and leaves the
 schedule to Triton. On Hopper the fast schedule is one `tl` cannot say: a producer warp that only
 issues TMA copies into a ring of shared-memory buffers, consumer warpgroups that run the
-products with `warpgroup_mma` (P from registers) and overlap the softmax of one key block with
-the P @ V product of the previous one. This target prints that schedule in Gluon
-(`triton.experimental.gluon`), for the forward kernels whose key loops have the flash shape:
+products with `warpgroup_mma` (P from registers) and overlap the score step of one key block
+with the P @ V product of the previous one. `warp-specialize` (transforms/warp_specialize.py)
+decides which kernels get that schedule and its tile sizes (`#tile<schedule warp_specialized>`);
+this target prints them in Gluon (`triton.experimental.gluon`):
 
-    k = tile.load k[loop, all]; s = tile.scores(q) x(k); <score ops>; v = tile.load v[loop, all]
-    p, m, l, alpha = tile.softmax_update s, ...; acc = tile.accumulate acc, p, v rescaled alpha
+- the loads of q, k and v become the producer partition's TMA copies (`<kernel>_load`);
+- `tile.scores` and `tile.accumulate` become the consumers' warpgroup MMAs (`<kernel>_consume`);
+- the score ops between them (masks, ALiBi, maps such as soft-capping, scales) and the
+  online-softmax step are printed by the portable target's own op printers into one
+  `@gluon.jit` step function per key loop (`<kernel>_step_<i>`), so a block's meaning is still
+  printed in one place. The consecutive key loops (full blocks, then masked ones) are one
+  pipelined range whose steps pick their loop's function by the block's start;
+- finalize as the portable target prints it; o leaves through shared memory and a TMA store.
 
-The loads become the loader partition's TMA copies, `tile.scores` and `tile.accumulate` the
-consumer's `warpgroup_mma`s; everything between them (masks, ALiBi, maps such as soft-capping,
-scales) and the online-softmax step are printed by the portable target's own op printers into
-one `@gluon.jit` step function per key loop, so a block's meaning is still printed in one place.
-Consecutive key loops (full blocks, then masked ones) become one pipelined range whose steps
-pick their loop's function by the block's start.
-
-A kernel outside that shape (a rotation in the kernel, a bias tile, a document mask, a pointwise
-normalizer, backward and decode kernels) is refused with `GluonUnsupported`, naming the op: the
-runtime then runs the portable kernel (`runtime/gluon_forward.py`).
+A kernel without the schedule is refused (`GluonUnsupported`, naming why `warp-specialize` left
+it alone): the runtime then runs the portable kernel (`runtime/gluon_forward.py`).
 
 Launch ABI: `q_desc, k_desc, v_desc, o_desc` (TMA descriptors over the rows of `[B*H*N, D]`
-views), then every other role's pointer and strides as the portable target passes them
-(`lse`, `slopes`), then `sm_scale, n_q, n_k, num_heads, group_size`.
+views of the roles `FlashKernel.operands` names), then every other role's pointer and strides
+as the portable target passes them (`lse`, `slopes`), then `sm_scale, n_q, n_k, num_heads,
+group_size`; launched with `num_warps` and `maxnreg = max_registers` from the kernel.
 """
 
 from __future__ import annotations
@@ -33,89 +33,16 @@ from typing import IO
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation
 from xdsl.utils.target import Target
 
 from attnfuse.dialects import tile
 from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.lowering.triton import HELPERS, KernelEmitter, LoopRows
-
-SCORE_OPS = (tile.MaskOp, tile.MapOp, tile.AlibiOp, tile.ApplyScaleOp)
-"""Ops between `tile.scores` and `tile.softmax_update` that this target prints (elementwise on
-the score tile)."""
-
-DESCRIPTOR_ROLES = ("q", "q_rot", "k", "k_rot", "v", "o")
-"""Roles a kernel may read or write through TMA descriptors (a pre-rotated copy in place of q
-or k); every other role is a pointer with strides."""
-
-HEAD_DIMS = (64, 128)
-"""Head dims with a schedule: a [128, D] query tile and two [128, D] K and V stages fit in
-shared memory, and D is a whole number of `warpgroup_mma` steps."""
-
-BLOCK_M = 128
-BLOCK_N = 128
-STAGES = 2
-NUM_WARPS = 8
-MAX_REGISTERS = 168
-"""Per-thread register cap of the whole kernel: with 8 consumer warps and a 4-warp loader group
-at 24 registers, the consumers get 240 (the H200's 64K registers, one program per SM)."""
-
+from attnfuse.transforms.warp_specialize import FlashLoop, NotFlashShaped, flash_kernel
 
 class GluonUnsupported(IRError):
-    """A kernel this target does not lower (the portable target prints every kernel); `op` is
+    """A kernel this target does not print (the portable target prints every kernel); `op` is
     the op at fault, or the kernel."""
-
-
-@dataclass
-class FlashLoop:
-    """One key loop of a flash-shaped forward kernel, split into what each partition runs."""
-
-    op: tile.KVLoopOp
-    k_load: tile.LoadOp
-    scores: tile.ScoresOp
-    score_ops: list[Operation]
-    v_load: tile.LoadOp
-    update: tile.SoftmaxUpdateOp
-    accumulate: tile.AccumulateOp
-
-
-def _refuse(kernel: tile.KernelOp, op: Operation | None, why: str) -> GluonUnsupported:
-    where = f" ({op.name})" if op is not None else ""
-    return GluonUnsupported(f"the gluon target cannot lower {kernel.sym_name.data}{where}: {why}",
-                            op if op is not None else kernel)
-
-
-def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp) -> FlashLoop:
-    """The parts of one key loop, or `GluonUnsupported` if it is not flash-shaped."""
-    ops = list(loop.body.block.ops)
-    it = iter(ops)
-
-    def take(kind: type[Operation], what: str) -> Operation:
-        op = next(it, None)
-        if not isinstance(op, kind):
-            raise _refuse(kernel, op, f"expected {what} here in the key loop")
-        return op
-
-    k_load = take(tile.LoadOp, "the load of k")
-    if k_load.role not in ("k", "k_rot") or k_load.cols is None or k_load.cols.data != "all":
-        raise _refuse(kernel, k_load, "keys must be loaded whole (no rotation in the kernel)")
-    scores = take(tile.ScoresOp, "tile.scores")
-    if len(scores.queries) != 1 or scores.keys[0] is not k_load.result:
-        raise _refuse(kernel, scores, "one q @ k^T product of the loaded tiles")
-    score_ops: list[Operation] = []
-    op = next(it, None)
-    while isinstance(op, SCORE_OPS):
-        score_ops.append(op)
-        op = next(it, None)
-    if not isinstance(op, tile.LoadOp) or op.role != "v":
-        raise _refuse(kernel, op, "score ops are masks, maps, ALiBi and scales, then the load of v")
-    v_load = op
-    update = take(tile.SoftmaxUpdateOp, "tile.softmax_update")
-    accumulate = take(tile.AccumulateOp, "tile.accumulate")
-    if accumulate.value is not v_load.result or accumulate.probs is not update.probs or accumulate.alpha is None:
-        raise _refuse(kernel, accumulate, "acc * alpha + p @ v of the softmax step's p")
-    take(tile.YieldOp, "tile.yield")
-    return FlashLoop(loop, k_load, scores, score_ops, v_load, update, accumulate)
 
 
 class GluonEmitter(KernelEmitter):
@@ -124,55 +51,20 @@ class GluonEmitter(KernelEmitter):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.check()
-
-    def check(self) -> None:
-        """Refuses what the schedule does not cover (`GluonUnsupported`)."""
         k = self.kernel
-        name = k.sym_name.data
-        if self.grid != "query_blocks" or name != "attention_fwd":
-            raise _refuse(k, None, "only the forward kernel (query_blocks grid) has a Gluon schedule")
-        if self.elem not in ("f16", "bf16"):
-            raise _refuse(k, None, f"element type {self.elem}: the products take f16 or bf16")
-        if self.head_dim not in HEAD_DIMS or self.head_dim_v != self.head_dim:
-            raise _refuse(k, None, f"head dim {self.head_dim}/{self.head_dim_v}: scheduled for {HEAD_DIMS}")
-        ops = list(k.body.block.ops)
-        first = ops[0]
-        if isinstance(first, tile.LoadOp) and (first.cols is None or first.cols.data != "all"):
-            raise _refuse(k, first, "the query must be loaded whole (no rotation in the kernel)")
-        # q load, softmax init, key bounds, the key loops, finalize, the o and lse stores.
-        shape = [tile.LoadOp, tile.SoftmaxInitOp, tile.KVBoundsOp]
-        tail = [tile.SoftmaxFinalizeOp, tile.StoreOp, tile.StoreOp, tile.ReturnOp]
-        expected = shape + [tile.KVLoopOp] * (len(ops) - len(shape) - len(tail)) + tail
-        for op, kind in zip(ops, expected):
-            if not isinstance(op, kind):
-                raise _refuse(k, op, "expected q load, softmax init, key bounds, key loops, finalize, stores")
-        if len(ops) < len(shape) + len(tail):
-            raise _refuse(k, None, "expected q load, softmax init, key bounds, key loops, finalize, stores")
-        self.q_load, self.init, self.bounds = ops[0], ops[1], ops[2]
-        if self.q_load.role not in ("q", "q_rot") or self.q_load.cols is None or self.q_load.cols.data != "all":
-            raise _refuse(k, self.q_load, "the query must be loaded whole (no rotation in the kernel)")
-        self.loops = [flash_loop(k, op) for op in ops[3:-4]]
-        if not self.loops:
-            raise _refuse(k, None, "no key loop")
-        # The loops must cover one range in order, each carrying the previous one's state.
-        carried = list(self.init.results)
-        for loop in self.loops:
-            if list(loop.op.inits) != carried:
-                raise _refuse(k, loop.op, "key loops must chain their accumulator and row statistics")
-            carried = list(loop.op.results)
-        for before, after in zip(self.loops, self.loops[1:]):
-            if after.op.lower is not before.op.upper:
-                raise _refuse(k, after.op, "key loops must cover consecutive ranges")
-        self.finalize = ops[-4]
-        if list(self.finalize.operands) != carried:
-            raise _refuse(k, self.finalize, "finalize must read the last loop's state")
-        self.o_store, self.lse_store = ops[-3], ops[-2]
-        if self.o_store.role != "o" or self.lse_store.role != "lse":
-            raise _refuse(k, self.o_store, "stores of o and lse")
-        for role in self.roles:
-            if role not in DESCRIPTOR_ROLES and role != "lse" and tile.role_kind(role) != "slopes":
-                raise _refuse(k, None, f"role {role} has no place in the schedule")
+        if k.schedule != tile.Schedule.WARP_SPECIALIZED:
+            try:
+                flash_kernel(k)
+                why = "run warp-specialize first"
+            except NotFlashShaped as err:
+                raise GluonUnsupported(f"the gluon target cannot lower {err}", err.op) from err
+            raise GluonUnsupported(f"the gluon target prints warp-specialized kernels: {k.sym_name.data} has no "
+                                   f"#tile<schedule warp_specialized> ({why})", k)
+        parts = flash_kernel(k)
+        self.parts = parts
+        self.q_load, self.init, self.bounds = parts.q_load, parts.init, parts.bounds
+        self.loops, self.finalize = parts.loops, parts.finalize
+        self.o_store, self.lse_store = parts.o_store, parts.lse_store
 
     # -- printing ----------------------------------------------------------------------------
 
@@ -183,8 +75,7 @@ class GluonEmitter(KernelEmitter):
     @property
     def operands(self) -> tuple[str, str, str, str]:
         """The roles of the four descriptors, in the entry's order (q, k, v, o)."""
-        first = self.loops[0]
-        return (self.q_load.role, first.k_load.role, first.v_load.role, self.o_store.role)
+        return self.parts.operands
 
     def pointer_roles(self) -> list[str]:
         return [role for role in self.roles if role not in self.operands]
@@ -335,6 +226,7 @@ class GluonEmitter(KernelEmitter):
         return self.function(f"def {self.name}_consume({', '.join(params)}):", b)
 
     def entry(self) -> list[str]:
+        k = self.kernel
         self.lines, self.indent = [], 1
         self.emit("dtype: gl.constexpr = q_desc.dtype")
         self.emit("S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])")
@@ -376,7 +268,8 @@ class GluonEmitter(KernelEmitter):
         self.emit(f"{acc}, {row_max}, {row_sum} = gl.warp_specialize([")
         self.emit(f"    ({self.name}_consume, ({consume_args})),")
         self.emit(f"    ({self.name}_load, ({load_args})),")
-        self.emit("], [1], [24])")
+        producers = k.get("producer_warps")
+        self.emit(f"], [{producers}], [24])  # the producer's warps and registers (TMA issue only)")
         self.emit("rows = block_id * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))")
         self.emit("row_in_bounds = rows < n_q")
         self.emit_softmax_finalize(self.finalize)
@@ -392,9 +285,9 @@ class GluonEmitter(KernelEmitter):
         for role in self.pointer_roles():
             params.append(", ".join([f"{role}_ptr", *self.strides(role)]))
         params += ["sm_scale", "n_q", "n_k", "num_heads", "group_size",
-                   f"BLOCK_M: gl.constexpr = {BLOCK_M}", f"BLOCK_N: gl.constexpr = {BLOCK_N}",
-                   f"HEAD_DIM: gl.constexpr = {self.head_dim}", f"STAGES: gl.constexpr = {STAGES}",
-                   "num_warps: gl.constexpr = 8"]
+                   f"BLOCK_M: gl.constexpr = {k.get('block_m')}", f"BLOCK_N: gl.constexpr = {k.get('block_n')}",
+                   f"HEAD_DIM: gl.constexpr = {self.head_dim}", f"STAGES: gl.constexpr = {k.get('num_stages')}",
+                   f"num_warps: gl.constexpr = {k.get('num_warps')}"]
         header = [f"def {self.name}(", *[f"    {p}," for p in params], "):"]
         return ["@gluon.jit", *header, *self.lines]
 
@@ -422,10 +315,10 @@ class GluonKernel:
     roles: tuple[str, ...]
     operands: tuple[str, str, str, str]
     """The roles behind `q_desc, k_desc, v_desc, o_desc`."""
-    block_m: int = BLOCK_M
-    block_n: int = BLOCK_N
-    num_warps: int = NUM_WARPS
-    max_registers: int = MAX_REGISTERS
+    block_m: int
+    block_n: int
+    num_warps: int
+    max_registers: int
 
 
 @dataclass(frozen=True)
@@ -437,22 +330,25 @@ class GluonProgram:
 
 
 def emit_gluon_kernel(kernel: tile.KernelOp) -> GluonProgram:
-    """The Gluon module of one flash-shaped forward kernel, or `GluonUnsupported`."""
+    """The Gluon module of one warp-specialized kernel, or `GluonUnsupported`."""
     emitter = GluonEmitter(kernel)
     body = "\n".join(emitter.run())
     helpers = "".join("\n\n" + HELPERS[name].replace("@triton.jit", "@gluon.jit") for name in sorted(emitter.helpers))
     source = HEADER + helpers + "\n\n" + body + "\n"
-    return GluonProgram(source, (GluonKernel(kernel.sym_name.data, tuple(kernel.roles), emitter.operands),))
+    info = GluonKernel(kernel.sym_name.data, tuple(kernel.roles), emitter.operands, kernel.get("block_m"),
+                       kernel.get("block_n"), kernel.get("num_warps"), kernel.get("max_registers"))
+    return GluonProgram(source, (info,))
 
 
 def emit_gluon_module(module: ModuleOp) -> GluonProgram:
-    """The Gluon module of the forward kernel in `module` (every other kernel is refused)."""
+    """The Gluon module of the one kernel in `module`, which must be warp-specialized (lower
+    with `backward=false`: the other kernels have no Gluon schedule)."""
     kernels = [op for op in module.ops if isinstance(op, tile.KernelOp)]
     if not kernels:
         raise AttnFuseError("no tile.kernel to print: run lower-to-tile first")
-    for kernel in kernels:
-        if kernel.sym_name.data != "attention_fwd":
-            raise _refuse(kernel, None, "only forward kernels have a Gluon schedule (lower with backward=false)")
+    for kernel in kernels[1:]:
+        raise GluonUnsupported(f"the gluon target prints one forward kernel; {kernel.sym_name.data} has no "
+                               "Gluon schedule (lower with backward=false)", kernel)
     return emit_gluon_kernel(kernels[0])
 
 

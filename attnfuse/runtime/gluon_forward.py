@@ -17,17 +17,20 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from xdsl.dialects.builtin import ModuleOp
 
-from attnfuse.dialects import tile
+from attnfuse.dialects import make_context, tile
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.compiler import compiler_fingerprint
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.launch import KernelLaunch
+
+if TYPE_CHECKING:
+    from attnfuse.lowering.gluon import GluonKernel
 
 TARGETS = ("auto", "gluon", "triton")
 
@@ -65,11 +68,13 @@ def prefers_gluon(problem: Problem, causal: bool) -> bool:
 
 
 def fits(problem: Problem) -> bool:
-    """Whether the Gluon schedule covers this shape: whole query and key blocks (the
-    descriptors cover [B*H*N, D] views, so a partial block would reach the next head's rows)."""
-    from attnfuse.lowering.gluon import BLOCK_M, BLOCK_N, HEAD_DIMS
+    """Whether the schedule `warp-specialize` gives by default covers this shape: whole query
+    and key blocks (the descriptors cover [B*H*N, D] views, so a partial block would reach the
+    next head's rows), a head dim it covers, 16-bit inputs."""
+    from attnfuse.transforms.warp_specialize import HEAD_DIMS, WarpSpecializePass
 
-    return (problem.seq_q % BLOCK_M == 0 and problem.seq_k % BLOCK_N == 0
+    schedule = WarpSpecializePass()
+    return (problem.seq_q % (16 * schedule.consumer_warps) == 0 and problem.seq_k % schedule.block_n == 0
             and problem.head_dim in HEAD_DIMS and problem.head_dim_v == problem.head_dim
             and problem.dtype in (torch.float16, torch.bfloat16))
 
@@ -99,6 +104,7 @@ class GluonLaunch:
 
     portable: KernelLaunch
     kernel: Any
+    launch: GluonKernel
     problem: Problem
     sm_scale: float
     operands: tuple[str, str, str, str]
@@ -119,19 +125,18 @@ class GluonLaunch:
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        from attnfuse.lowering.gluon import BLOCK_M, BLOCK_N, MAX_REGISTERS, NUM_WARPS
-
         p = self.problem
+        block_m, block_n = self.launch.block_m, self.launch.block_n
         dtype = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
         dim = p.head_dim
-        row_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, dim], dtype)
-        key_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, dim], dtype)
+        row_layout = gl.NVMMASharedLayout.get_default_for([block_m, dim], dtype)
+        key_layout = gl.NVMMASharedLayout.get_default_for([block_n, dim], dtype)
         o = tensors[self.operands[3]]
         descs = [
-            TensorDescriptor.from_tensor(q.view(-1, dim), [BLOCK_M, dim], row_layout),
-            TensorDescriptor.from_tensor(k.view(-1, dim), [BLOCK_N, dim], key_layout),
-            TensorDescriptor.from_tensor(v.view(-1, dim), [BLOCK_N, dim], key_layout),
-            TensorDescriptor.from_tensor(o.view(-1, dim), [BLOCK_M, dim], row_layout),
+            TensorDescriptor.from_tensor(q.view(-1, dim), [block_m, dim], row_layout),
+            TensorDescriptor.from_tensor(k.view(-1, dim), [block_n, dim], key_layout),
+            TensorDescriptor.from_tensor(v.view(-1, dim), [block_n, dim], key_layout),
+            TensorDescriptor.from_tensor(o.view(-1, dim), [block_m, dim], row_layout),
         ]
         pointers: list[object] = []
         for role in self.portable.info.roles:
@@ -141,9 +146,9 @@ class GluonLaunch:
             pointers.append(t)
             if tile.role_axes(role):
                 pointers.extend(t.stride())
-        grid = (p.batch * p.heads_q, p.seq_q // BLOCK_M)
+        grid = (p.batch * p.heads_q, p.seq_q // block_m)
         self.kernel[grid](*descs, *pointers, self.sm_scale, p.seq_q, p.seq_k, p.heads_q, p.group_size,
-                          num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS)
+                          num_warps=self.launch.num_warps, maxnreg=self.launch.max_registers)
 
 
 def _descriptor_ready(t: torch.Tensor) -> bool:
@@ -166,18 +171,22 @@ def gluon_forward(
     if target == "auto" and not prefers_gluon(problem, causal):
         return launches
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
+    from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
-    forward = next((op for op in tile_module().ops
+    module = tile_module()
+    WarpSpecializePass().apply(make_context(), module)
+    forward = next((op for op in module.ops
                     if isinstance(op, tile.KernelOp) and op.sym_name.data == "attention_fwd"), None)
-    if forward is None:
-        return launches
+    if forward is None or forward.schedule is None:
+        return launches  # the portable kernel covers every variant
     try:
         program = emit_gluon_kernel(forward)
     except GluonUnsupported:
-        return launches  # the portable kernel covers every variant
+        return launches
     kernel = getattr(_gluon_module(program.source), "attention_fwd")
-    return [GluonLaunch(launch, kernel, problem, sm_scale, program.kernels[0].operands) if launch.info.name == "attention_fwd" else launch
-            for launch in launches]
+    info = program.kernels[0]
+    return [GluonLaunch(launch, kernel, info, problem, sm_scale, info.operands) if launch.info.name == "attention_fwd"
+            else launch for launch in launches]
 
 
 __all__ = ["GLUON_MIN_WORK", "GluonLaunch", "forward_target", "gluon_forward", "prefers_gluon"]

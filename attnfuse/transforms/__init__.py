@@ -49,6 +49,12 @@ def _share_offsets() -> type[ModulePass]:
     return ShareOffsetsPass
 
 
+def _warp_specialize() -> type[ModulePass]:
+    from attnfuse.transforms.warp_specialize import WarpSpecializePass
+
+    return WarpSpecializePass
+
+
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "canonicalize-attn": _canonicalize_attn,
     "analyze-masks": _analyze_masks,
@@ -57,6 +63,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "convert-attn-to-tile": _convert_attn_to_tile,
     "fold-scale-into-exp": _fold_scale_into_exp,
     "share-offsets": _share_offsets,
+    "warp-specialize": _warp_specialize,
 }
 """Pass factories by pipeline name, in pipeline order."""
 

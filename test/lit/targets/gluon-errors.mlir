@@ -1,4 +1,4 @@
-// RUN: not attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{head-dim=128 backward=false}' -t gluon 2>&1 | filecheck %s
+// RUN: not attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{head-dim=128 backward=false},warp-specialize' -t gluon 2>&1 | filecheck %s
 // What the Gluon schedule does not cover is refused with the op at fault, never printed as
 // something else (the runtime then runs the portable kernel).
 

@@ -1,4 +1,4 @@
-// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 block-m=128 block-n=128 backward=false},fold-scale-into-exp,share-offsets' -t gluon | filecheck %s
+// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 block-m=128 block-n=128 backward=false},fold-scale-into-exp,share-offsets,warp-specialize' -t gluon | filecheck %s
 // The Gluon target prints a flash-shaped forward as a warp-specialized Hopper kernel: one
 // score-step function per key loop (printed by the portable target's op printers), a TMA
 // loader partition, a consumer partition running warpgroup MMAs, and the entry kernel.

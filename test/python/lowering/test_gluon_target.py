@@ -15,17 +15,21 @@ import pytest
 import torch
 
 import attnfuse as af
+from attnfuse.dialects import make_context
 from attnfuse.errors import ArgumentError
 from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
 from attnfuse.runtime import gluon_forward
 from attnfuse.runtime.compiler import CompileKey, lower_spec
 from attnfuse.runtime.config import TileConfig
 from attnfuse.runtime.inputs import Problem
+from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
 
 def forward_kernel(spec, head_dim=128, placement=("fused", "fused"), dtype="bf16"):
-    key = CompileKey(head_dim, head_dim, dtype, TileConfig(128, 128, 8, 2), placement)
+    """The forward kernel of `spec` after `warp-specialize` (scheduled where it is flash-shaped)."""
+    key = CompileKey(head_dim, head_dim, dtype, TileConfig(64, 64, 4, 2), placement)
     module = lower_spec(spec, key)
+    WarpSpecializePass().apply(make_context(), module)
     return next(op for op in module.ops if op.sym_name.data == "attention_fwd")
 
 
@@ -136,8 +140,18 @@ def test_pre_rotated_operands_are_descriptors():
 
 
 def test_head_dims_without_a_schedule_are_refused():
+    kernel = forward_kernel(af.attention(), head_dim=96)
+    assert kernel.schedule is None
     with pytest.raises(GluonUnsupported, match="head dim 96"):
-        emit_gluon_kernel(forward_kernel(af.attention(), head_dim=96))
+        emit_gluon_kernel(kernel)
+
+
+def test_the_schedule_sets_the_tile_sizes():
+    kernel = forward_kernel(af.attention(af.causal()))
+    assert kernel.schedule == "warp_specialized"
+    assert [kernel.get(key) for key in ("block_m", "block_n", "num_warps", "num_stages",
+                                        "producer_warps", "max_registers")] == [128, 128, 8, 2, 1, 168]
+    kernel.verify()
 
 
 def problem(n_q, n_k, d=128, dtype=torch.bfloat16):

@@ -341,20 +341,26 @@ def emit_gluon_kernel(kernel: tile.KernelOp) -> GluonProgram:
 
 
 def emit_gluon_module(module: ModuleOp) -> GluonProgram:
-    """The Gluon module of the one kernel in `module`, which must be warp-specialized (lower
-    with `backward=false`: the other kernels have no Gluon schedule)."""
+    """The Gluon module of the warp-specialized kernel in `module`. Kernels without the
+    schedule (rotation kernels, the backward's) are the portable target's: the source lists
+    them in a comment. A module with no scheduled kernel is refused, saying why its forward
+    was left alone."""
     kernels = [op for op in module.ops if isinstance(op, tile.KernelOp)]
     if not kernels:
         raise AttnFuseError("no tile.kernel to print: run lower-to-tile first")
-    for kernel in kernels[1:]:
-        raise GluonUnsupported(f"the gluon target prints one forward kernel; {kernel.sym_name.data} has no "
-                               "Gluon schedule (lower with backward=false)", kernel)
-    return emit_gluon_kernel(kernels[0])
+    scheduled = [k for k in kernels if k.schedule is not None]
+    if not scheduled:
+        forward = next((k for k in kernels if k.sym_name.data == "attention_fwd"), kernels[0])
+        emit_gluon_kernel(forward)  # raises, with the reason
+    program = emit_gluon_kernel(scheduled[0])
+    portable = [k.sym_name.data for k in kernels if k.schedule is None]
+    note = f"\n# Not warp-specialized (printed by -t triton): {', '.join(portable)}\n" if portable else ""
+    return GluonProgram(program.source + note, program.kernels)
 
 
 @dataclass(frozen=True)
 class GluonTarget(Target):
-    """`-t gluon`: print the module's forward kernel as a warp-specialized Hopper kernel."""
+    """`-t gluon`: print the module's warp-specialized kernel for Hopper, in Gluon."""
 
     name = "gluon"
 

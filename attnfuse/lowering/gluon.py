@@ -20,8 +20,9 @@ this target prints them in Gluon (`triton.experimental.gluon`):
 A kernel without the schedule is refused (`GluonUnsupported`, naming why `warp-specialize` left
 it alone): the runtime then runs the portable kernel (`runtime/gluon_forward.py`).
 
-Launch ABI: `q_desc, k_desc, v_desc, o_desc` (TMA descriptors over the rows of `[B*H*N, D]`
-views of the roles `FlashKernel.operands` names), then every other role's pointer and strides
+Launch ABI: `q_desc, k_desc, v_desc, o_desc` (4-D TMA descriptors over the `[B, H, N, D]`
+tensors of the roles `FlashKernel.operands` names, with their strides and `[1, 1, rows, D]`
+blocks, so a block past a sequence's end is zero-filled on loads and clipped on stores), then every other role's pointer and strides
 as the portable target passes them (`lse`, `slopes`), then `sm_scale, n_q, n_k, num_heads,
 group_size`; launched with `num_warps` and `maxnreg = max_registers` from the kernel.
 """
@@ -136,19 +137,19 @@ class GluonEmitter(KernelEmitter):
             "    # The producer: one warp issuing TMA copies. Barriers start as if phase 1 had",
             "    # completed, so the first round of waits on the empty barriers passes.",
             "    mbarrier.expect(q_bar, q_desc.block_type.nbytes)",
-            "    tma_load(q_desc, [q_row, 0], q_bar, q_smem)",
+            "    tma_load(q_desc, [batch, head, q_start, 0], q_bar, q_smem)",
             "    for j in range(n_blocks):",
             "        stage = j % STAGES",
             "        phase = (j // STAGES) & 1",
             "        start_n = kv_start + j * BLOCK_N",
             "        mbarrier.wait(k_empty.index(stage), phase ^ 1)",
             "        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)",
-            "        tma_load(k_desc, [kv_row + start_n, 0], k_ready.index(stage), k_bufs.index(stage))",
+            "        tma_load(k_desc, [batch, kv_head, start_n, 0], k_ready.index(stage), k_bufs.index(stage))",
             "        mbarrier.wait(v_empty.index(stage), phase ^ 1)",
             "        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)",
-            "        tma_load(v_desc, [kv_row + start_n, 0], v_ready.index(stage), v_bufs.index(stage))",
+            "        tma_load(v_desc, [batch, kv_head, start_n, 0], v_ready.index(stage), v_bufs.index(stage))",
         ]
-        params = "q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, q_row, kv_row, kv_start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr"
+        params = "q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, batch, head, kv_head, q_start, kv_start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr"
         return self.function(f"def {self.name}_load({params}):", body)
 
     def step_call(self, indent: str) -> list[str]:
@@ -174,6 +175,7 @@ class GluonEmitter(KernelEmitter):
             "    # P_{j-1} @ v_{j-1}, waits for S_j alone and runs its score step while the tensor",
             "    # cores finish P_{j-1} @ v_{j-1}.",
             "    dtype: gl.constexpr = q_smem.dtype",
+            "    q_tile = tile_2d(q_smem)",
             "    row_max = gl.full([BLOCK_M], float(\"-inf\"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
             "    row_sum = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
             "    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=O_LAYOUT)",
@@ -184,7 +186,7 @@ class GluonEmitter(KernelEmitter):
             "        mbarrier.wait(q_bar, 0)",
             "        start_n = kv_start",
             "        mbarrier.wait(k_ready.index(0), 0)",
-            "        scores = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            "        scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(0)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "        scores = warpgroup_mma_wait(0, deps=(scores,))",
             "        mbarrier.arrive(k_empty.index(0), count=1)",
             *self.step_call("        "),
@@ -195,12 +197,12 @@ class GluonEmitter(KernelEmitter):
             "        prev_phase = ((j - 1) // STAGES) & 1",
             "        start_n = kv_start + j * BLOCK_N",
             "        mbarrier.wait(k_ready.index(stage), phase)",
-            "        scores = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            "        scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "        # tile.accumulate of block j-1: acc * alpha + p @ v",
             "        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
             "        mbarrier.wait(v_ready.index(prev), prev_phase)",
             "        p_op = gl.convert_layout(probs.to(dtype), P_LAYOUT)",
-            "        acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)",
+            "        acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)",
             "        # Groups complete in issue order: one outstanding means S_j is done.",
             "        scores = warpgroup_mma_wait(1, deps=(scores,))",
             "        mbarrier.arrive(k_empty.index(stage), count=1)",
@@ -212,7 +214,7 @@ class GluonEmitter(KernelEmitter):
             "        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
             "        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)",
             "        p_op = gl.convert_layout(probs.to(dtype), P_LAYOUT)",
-            "        acc = warpgroup_mma(p_op, v_bufs.index(last), acc, is_async=True)",
+            "        acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(last)), acc, is_async=True)",
             "        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))",
             "        mbarrier.arrive(v_empty.index(last), count=1)",
             "    return acc, gl.convert_layout(row_max, gl.SliceLayout(1, O_LAYOUT)), gl.convert_layout(row_sum, gl.SliceLayout(1, O_LAYOUT))",
@@ -239,17 +241,16 @@ class GluonEmitter(KernelEmitter):
         self.emit("batch = batch_head // num_heads")
         self.emit("head = batch_head % num_heads")
         self.emit("kv_head = head // group_size  # GQA/MQA: query heads share a key/value head")
-        self.emit("# Rows of the [B*H*N, D] views the descriptors cover.")
-        self.emit("q_row = batch_head * n_q + block_id * BLOCK_M")
-        self.emit("kv_row = (batch * (num_heads // group_size) + kv_head) * n_k")
+        self.emit("q_start = block_id * BLOCK_M")
         self.emit_slope_loads()
         self.emit_kv_bounds(self.bounds)
         kv_start = self.namer[self.loops[0].op.lower]
         kv_end = self.namer[self.loops[-1].op.upper]
         self.emit(f"n_blocks = ({kv_end} - {kv_start} + BLOCK_N - 1) // BLOCK_N")
-        self.emit("q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)")
-        self.emit("k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)")
-        self.emit("v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)")
+        self.emit("# Buffers in the descriptors' [1, 1, rows, D] block shape; the products read 2-D views.")
+        self.emit("q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)")
+        self.emit("k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)")
+        self.emit("v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)")
         self.emit("q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())")
         for bar in ("k_ready", "k_empty", "v_ready", "v_empty"):
             self.emit(f"{bar} = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())")
@@ -263,7 +264,7 @@ class GluonEmitter(KernelEmitter):
                                   *self.slope_params(), "BLOCK_M", "BLOCK_N", "HEAD_DIM", "STAGES",
                                   "S_LAYOUT", "O_LAYOUT", "P_LAYOUT"])
         load_args = ("q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, "
-                     f"v_empty, q_row, kv_row, {kv_start}, n_blocks, BLOCK_N, STAGES")
+                     f"v_empty, batch, head, kv_head, q_start, {kv_start}, n_blocks, BLOCK_N, STAGES")
         acc, row_max, row_sum = (self.namer.define(v) for v in self.finalize.operands)
         self.emit(f"{acc}, {row_max}, {row_sum} = gl.warp_specialize([")
         self.emit(f"    ({self.name}_consume, ({consume_args})),")
@@ -277,9 +278,10 @@ class GluonEmitter(KernelEmitter):
         self.emit(f"tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + rows * stride_lse_n, "
                   f"{self.namer[self.lse_store.value]}, mask=row_in_bounds)")
         self.emit("# tile.store: o rows (program), through shared memory (q's buffer) and a TMA store")
-        self.emit(f"q_smem.store({self.namer[self.o_store.value]}.to(dtype))")
+        self.emit(f"tile_2d(q_smem).store({self.namer[self.o_store.value]}.to(dtype))")
         self.emit("fence_async_shared()")
-        self.emit("tma_store(o_desc, [q_row, 0], q_smem)")
+        self.emit("# TMA clips the block at the sequence end: rows past n_q are never written.")
+        self.emit("tma_store(o_desc, [batch, head, q_start, 0], q_smem)")
         self.emit("tma.store_wait(0)")
         params = ["q_desc", "k_desc", "v_desc", "o_desc"]
         for role in self.pointer_roles():
@@ -304,6 +306,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # The TMA copies are tma.async_load / async_store from Triton 3.7 on, async_copy_* before.
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.jit
+def tile_2d(buffer):
+    """A [1, 1, rows, D] buffer (a descriptor's block over [B, H, N, D]) as [rows, D]."""
+    return buffer.reshape([buffer.shape[2], buffer.shape[3]])
 '''
 
 

@@ -1,7 +1,7 @@
 """Which forward a Hopper GPU runs: the Gluon target's warp-specialized kernel
 (`lowering/gluon.py`) where it lowers the variant and measured faster, else the portable one.
 
-The choice is per plan (shape) and, for what depends on the tensors themselves (contiguity,
+The choice is per plan (shape) and, for what depends on the tensors themselves (strides,
 alignment), per call: a call whose tensors a TMA descriptor cannot cover runs the portable
 kernel of the same plan. `ATTNFUSE_FORWARD_TARGET` forces it: `triton` (never Gluon), `gluon`
 (Gluon wherever it lowers and the shapes fit, whatever the measurements say), `auto` (the
@@ -68,14 +68,12 @@ def prefers_gluon(problem: Problem, causal: bool) -> bool:
 
 
 def fits(problem: Problem) -> bool:
-    """Whether the schedule `warp-specialize` gives by default covers this shape: whole query
-    and key blocks (the descriptors cover [B*H*N, D] views, so a partial block would reach the
-    next head's rows), a head dim it covers, 16-bit inputs."""
-    from attnfuse.transforms.warp_specialize import HEAD_DIMS, WarpSpecializePass
+    """Whether the schedule covers this shape: a head dim it is made for and 16-bit inputs
+    (any sequence lengths: the 4-D descriptors zero-fill loads and clip stores at a sequence's
+    end)."""
+    from attnfuse.transforms.warp_specialize import HEAD_DIMS
 
-    schedule = WarpSpecializePass()
-    return (problem.seq_q % (16 * schedule.consumer_warps) == 0 and problem.seq_k % schedule.block_n == 0
-            and problem.head_dim in HEAD_DIMS and problem.head_dim_v == problem.head_dim
+    return (problem.head_dim in HEAD_DIMS and problem.head_dim_v == problem.head_dim
             and problem.dtype in (torch.float16, torch.bfloat16))
 
 
@@ -129,15 +127,13 @@ class GluonLaunch:
         block_m, block_n = self.launch.block_m, self.launch.block_n
         dtype = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
         dim = p.head_dim
-        row_layout = gl.NVMMASharedLayout.get_default_for([block_m, dim], dtype)
-        key_layout = gl.NVMMASharedLayout.get_default_for([block_n, dim], dtype)
+        row_block, key_block = [1, 1, block_m, dim], [1, 1, block_n, dim]
+        row_layout = gl.NVMMASharedLayout.get_default_for(row_block, dtype)
+        key_layout = gl.NVMMASharedLayout.get_default_for(key_block, dtype)
         o = tensors[self.operands[3]]
-        descs = [
-            TensorDescriptor.from_tensor(q.view(-1, dim), [block_m, dim], row_layout),
-            TensorDescriptor.from_tensor(k.view(-1, dim), [block_n, dim], key_layout),
-            TensorDescriptor.from_tensor(v.view(-1, dim), [block_n, dim], key_layout),
-            TensorDescriptor.from_tensor(o.view(-1, dim), [block_m, dim], row_layout),
-        ]
+        descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+                 for t, block, layout in ((q, row_block, row_layout), (k, key_block, key_layout),
+                                          (v, key_block, key_layout), (o, row_block, row_layout))]
         pointers: list[object] = []
         for role in self.portable.info.roles:
             if role in self.operands:
@@ -146,14 +142,18 @@ class GluonLaunch:
             pointers.append(t)
             if tile.role_axes(role):
                 pointers.extend(t.stride())
-        grid = (p.batch * p.heads_q, p.seq_q // block_m)
+        grid = (p.batch * p.heads_q, -(-p.seq_q // block_m))
         self.kernel[grid](*descs, *pointers, self.sm_scale, p.seq_q, p.seq_k, p.heads_q, p.group_size,
                           num_warps=self.launch.num_warps, maxnreg=self.launch.max_registers)
 
 
 def _descriptor_ready(t: torch.Tensor) -> bool:
-    """Whether `t` is one [B*H*N, D] row-major block of memory, 16-byte aligned."""
-    return t.is_contiguous() and t.data_ptr() % 16 == 0
+    """Whether a TMA descriptor covers `t` as it is: rows contiguous, every other stride and
+    the base 16-byte aligned (a model's `[B, N, H, D]` projection viewed as `[B, H, N, D]`
+    qualifies; an expanded one, with a 0 stride, does not)."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(stride > 0 and stride * size % 16 == 0 for stride in t.stride()[:-1]))
 
 
 def gluon_forward(

@@ -1,7 +1,7 @@
 """The Gluon target's forward on a Hopper GPU, against the float64 reference and against the
 portable (tl) kernel: every variant the target lowers, GQA, fp16/bf16, head dims 64 and 128,
-the training call (Gluon forward, portable backward), and the fallbacks (a transposed view, a
-variant the target refuses). Skipped without CUDA, and without an sm_90 GPU."""
+lengths that are not whole blocks, a model's [B, N, H, D] layout, the training call (Gluon
+forward, portable backward), and the fallbacks (unaligned rows, a variant the target refuses). Skipped without CUDA, and without an sm_90 GPU."""
 
 from __future__ import annotations
 
@@ -48,12 +48,15 @@ def forward_launch(fn, q, k, v, training=False):
 
 @pytest.mark.parametrize("name", list(SPECS))
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
-@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 4, 256, 256), (8, 2, 128, 384), (4, 1, 384, 256)])
-def test_gluon_forward_matches_reference(name, d, dtype, hq, hkv, nq, nk):
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 4, 256, 256), (8, 2, 128, 384), (4, 1, 384, 256), (4, 2, 300, 333),
+                                          (2, 2, 1, 77)])
+def test_gluon_forward_matches_reference(name, d, dtype, hq, hkv, nq, nk, monkeypatch):
     spec = SPECS[name]
     fn = af.compile(spec)
     q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype)
-    assert isinstance(forward_launch(fn, q, k, v), GluonLaunch), "the call must take the Gluon forward"
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch), "the call must take the Gluon forward"
+    gluon_only(launch, monkeypatch)
     with torch.no_grad():
         out, lse = fn(q, k, v, return_lse=True)
     ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
@@ -101,13 +104,33 @@ def test_gluon_training_call_gradients():
     assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), errors
 
 
-def test_transposed_view_runs_the_portable_kernel():
-    """A [B, N, H, D] projection viewed as [B, H, N, D] is not one descriptor block: the
-    plan's Gluon launch hands the call to the portable kernel, with the right result."""
+def gluon_only(launch, monkeypatch):
+    """Makes the plan's portable fallback fail loudly, so the call must take the Gluon path."""
+    def refuse(tensors):
+        raise AssertionError("the call fell back to the portable kernel")
+    monkeypatch.setattr(launch, "portable", refuse)
+
+
+def test_model_layout_runs_on_gluon(monkeypatch):
+    """A [B, N, H, D] projection viewed as [B, H, N, D]: the 4-D descriptors take its strides."""
     spec = SPECS["causal"]
     fn = af.compile(spec)
     gen = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(1, 256, 4, 64, generator=gen).half().cuda().transpose(1, 2) for _ in range(3))
+    q, k, v = (torch.randn(2, 200, 4, 64, generator=gen).half().cuda().transpose(1, 2) for _ in range(3))
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch)
+    gluon_only(launch, monkeypatch)
+    with torch.no_grad():
+        out = fn(q, k, v)
+    assert_close_to_reference(out.cpu(), af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu()), torch.float16)
+
+
+def test_unaligned_rows_run_the_portable_kernel():
+    """Rows 65 elements apart are not 16-byte aligned: no descriptor, the portable kernel."""
+    spec = SPECS["causal"]
+    fn = af.compile(spec)
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 4, 256, 65, generator=gen).half().cuda()[..., :64] for _ in range(3))
     assert isinstance(forward_launch(fn, q, k, v), GluonLaunch)
     with torch.no_grad():
         out = fn(q, k, v)

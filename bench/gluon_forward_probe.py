@@ -28,6 +28,7 @@ its key block; a probe, not the product).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -454,6 +455,229 @@ def attention_fwd_pp(q_desc, k_desc, v_desc, o_desc, lse_ptr, sm_scale, seq_q, s
 
 
 # ---------------------------------------------------------------------------------------------
+# Persistent ping-pong: the same consumers and token ring, one program per SM walking tiles
+# pid, pid + G, ... (causal: the last query blocks of every head first, the longest work first).
+# The loader runs ahead into the next tile (its Q once a consumer releases its Q buffer, its K/V
+# through the same ring, whose counters run on across tiles), so a tile's prologue no longer
+# waits on TMA latency and no CTA launch sits between tiles. O leaves through its own buffer.
+# ---------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _ps_tile(t, n_qblocks, bh_total, seq_q, seq_k, heads, group, CAUSAL: gl.constexpr,
+             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(q_start, q_row, kv_row, n_blocks, bh) of tile t."""
+    bh = t % bh_total
+    if CAUSAL:
+        block = n_qblocks - 1 - t // bh_total
+    else:
+        block = t // bh_total
+    q_start = block * BLOCK_M
+    batch = bh // heads
+    kv_bh = batch * (heads // group) + (bh % heads) // group
+    diag = seq_k - seq_q
+    if CAUSAL:
+        hi = gl.minimum(seq_k, q_start + BLOCK_M + diag)
+    else:
+        hi = seq_k
+    n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+    return q_start, bh * seq_q + q_start, kv_bh * seq_k, n_blocks, bh
+
+
+@gluon.jit
+def _ps_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty,
+               v_ready, v_empty, n_tiles, n_qblocks, bh_total, seq_q, seq_k, heads, group,
+               CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               NUM_WG: gl.constexpr):
+    kv_count = 0
+    i_t = 0
+    for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        q_start, q_row, kv_row, n_blocks, bh = _ps_tile(t, n_qblocks, bh_total, seq_q, seq_k, heads,
+                                                         group, CAUSAL, NUM_WG * 64, BLOCK_N)
+        # A consumer's Q buffer is free once all S products of its previous tile are done.
+        mbarrier.wait(q_empty.index(0), (i_t & 1) ^ 1)
+        mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_ready.index(0), q_bufs.index(0))
+        for j in range(n_blocks):
+            c = kv_count + j
+            stage = c % STAGES
+            phase = (c // STAGES) & 1
+            mbarrier.wait(k_empty.index(stage), phase ^ 1)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(stage),
+                                            k_bufs.index(stage))
+            if j == 0:
+                for w in gl.static_range(1, NUM_WG):
+                    mbarrier.wait(q_empty.index(w), (i_t & 1) ^ 1)
+                    mbarrier.expect(q_ready.index(w), q_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(q_desc, [q_row + w * 64, 0], q_ready.index(w),
+                                                    q_bufs.index(w))
+            mbarrier.wait(v_empty.index(stage), phase ^ 1)
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(stage),
+                                            v_bufs.index(stage))
+        kv_count += n_blocks
+        i_t += 1
+
+
+@gluon.jit
+def _ps_consumer(o_desc, lse_ptr, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
+                 k_empty, v_ready, v_empty, sched, always, n_tiles, n_qblocks, bh_total, qk_scale,
+                 seq_q, seq_k, heads, group, WG: gl.constexpr, NUM_WG: gl.constexpr,
+                 CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, BLOCK_N: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    BLOCK_M: gl.constexpr = 64
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_smem = q_bufs.index(WG)
+    o_smem = o_bufs.index(WG)
+    dtype: gl.constexpr = q_smem.dtype
+    diag = seq_k - seq_q
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    kv_count = 0
+    i_t = 0
+    it = 0  # this consumer's GEMM issues so far (the token ring's count)
+    for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        q_start, q_row, kv_row, n_blocks, bh = _ps_tile(t, n_qblocks, bh_total, seq_q, seq_k, heads,
+                                                         group, CAUSAL, NUM_WG * 64, BLOCK_N)
+        my_start = q_start + WG * BLOCK_M
+        m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+
+        mbarrier.wait(q_ready.index(WG), i_t & 1)
+        st0 = kv_count % STAGES
+        mbarrier.wait(k_ready.index(st0), (kv_count // STAGES) & 1)
+        _pp_sched_wait(sched, it, WG, PINGPONG)
+        s = warpgroup_mma(q_smem, k_bufs.index(st0).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        _pp_sched_pass(sched, WG, NUM_WG, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        mbarrier.arrive(k_empty.index(st0), count=1)
+        p, alpha, m_i, l_i = _pp_softmax(s, m_i, l_i, qk_scale, my_start, 0, diag, CAUSAL,
+                                         BLOCK_M, BLOCK_N, s_layout)
+        p_cur = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            c = kv_count + j
+            stage = c % STAGES
+            phase = (c // STAGES) & 1
+            prev = (c - 1) % STAGES
+            prev_phase = ((c - 1) // STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            mbarrier.wait(v_ready.index(prev), prev_phase)
+            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            _pp_sched_wait(sched, it + j, WG, PINGPONG)
+            s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+            o_acc = warpgroup_mma(p_cur, v_bufs.index(prev), o, is_async=True)
+            _pp_sched_pass(sched, WG, NUM_WG, PINGPONG)
+            s = warpgroup_mma_wait(1, deps=(s,))
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            p, alpha, m_i, l_i = _pp_softmax(s, m_i, l_i, qk_scale, my_start, j * BLOCK_N, diag,
+                                             CAUSAL, BLOCK_M, BLOCK_N, s_layout)
+            p_next = gl.convert_layout(p.to(dtype), p_layout)
+            # The block boundary that keeps the PV wait below the softmax (see _pp_consumer),
+            # on a barrier completed once before the partitions start.
+            mbarrier.wait(always, 0)
+            o, p_cur = warpgroup_mma_wait(0, deps=(o_acc, p_cur))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            p_cur = p_next
+        # Every S product of this tile is done: the loader may bring the next tile's Q.
+        mbarrier.arrive(q_empty.index(WG), count=1)
+        c_last = kv_count + n_blocks - 1
+        last = c_last % STAGES
+        mbarrier.wait(v_ready.index(last), (c_last // STAGES) & 1)
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        _pp_sched_wait(sched, it + n_blocks, WG, PINGPONG)
+        o_acc = warpgroup_mma(p_cur, v_bufs.index(last), o, is_async=True)
+        _pp_sched_pass(sched, WG, NUM_WG, PINGPONG)
+        o, p_cur = warpgroup_mma_wait(0, deps=(o_acc, p_cur))
+        mbarrier.arrive(v_empty.index(last), count=1)
+
+        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+        o = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+        lse = gl.where(l_i == 0.0, -float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+        if my_start < seq_q:
+            rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            gl.store(lse_ptr + bh * seq_q + my_start + rows, lse)
+            o_smem.store(o.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [q_row + WG * BLOCK_M, 0], o_smem)
+            tma.store_wait(0)
+        kv_count += n_blocks
+        it += n_blocks + 1
+        i_t += 1
+
+
+@gluon.jit
+def attention_fwd_ps(q_desc, k_desc, v_desc, o_desc, lse_ptr, sm_scale, seq_q, seq_k, heads,
+                     group, n_tiles, n_qblocks, bh_total, CAUSAL: gl.constexpr,
+                     NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     LOADER_REGS: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    q_bufs = gl.allocate_shared_memory(dtype, [NUM_WG, 64, HEAD_DIM], q_desc.layout)
+    o_bufs = gl.allocate_shared_memory(dtype, [NUM_WG, 64, HEAD_DIM], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    sched = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    always = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(NUM_WG):
+        mbarrier.init(q_ready.index(c), count=1)
+        mbarrier.init(q_empty.index(c), count=1)
+        mbarrier.init(sched.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=NUM_WG)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=NUM_WG)
+    mbarrier.init(always, count=1)
+    mbarrier.arrive(always, count=1)  # phase 0 complete for good: waits on it return at once
+    qk_scale = sm_scale * 1.4426950408889634
+    if NUM_WG == 2:
+        gl.warp_specialize([
+            (_ps_consumer, (o_desc, lse_ptr, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                            k_ready, k_empty, v_ready, v_empty, sched, always, n_tiles, n_qblocks,
+                            bh_total, qk_scale, seq_q, seq_k, heads, group, 0, NUM_WG, CAUSAL,
+                            PINGPONG, BLOCK_N, HEAD_DIM, STAGES)),
+            (_ps_consumer, (o_desc, lse_ptr, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                            k_ready, k_empty, v_ready, v_empty, sched, always, n_tiles, n_qblocks,
+                            bh_total, qk_scale, seq_q, seq_k, heads, group, 1, NUM_WG, CAUSAL,
+                            PINGPONG, BLOCK_N, HEAD_DIM, STAGES)),
+            (_ps_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                          k_ready, k_empty, v_ready, v_empty, n_tiles, n_qblocks, bh_total, seq_q,
+                          seq_k, heads, group, CAUSAL, BLOCK_N, STAGES, NUM_WG)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.static_assert(NUM_WG == 3, "two or three consumer warpgroups")
+        gl.warp_specialize([
+            (_ps_consumer, (o_desc, lse_ptr, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                            k_ready, k_empty, v_ready, v_empty, sched, always, n_tiles, n_qblocks,
+                            bh_total, qk_scale, seq_q, seq_k, heads, group, 0, NUM_WG, CAUSAL,
+                            PINGPONG, BLOCK_N, HEAD_DIM, STAGES)),
+            (_ps_consumer, (o_desc, lse_ptr, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                            k_ready, k_empty, v_ready, v_empty, sched, always, n_tiles, n_qblocks,
+                            bh_total, qk_scale, seq_q, seq_k, heads, group, 1, NUM_WG, CAUSAL,
+                            PINGPONG, BLOCK_N, HEAD_DIM, STAGES)),
+            (_ps_consumer, (o_desc, lse_ptr, q_bufs, o_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                            k_ready, k_empty, v_ready, v_empty, sched, always, n_tiles, n_qblocks,
+                            bh_total, qk_scale, seq_q, seq_k, heads, group, 2, NUM_WG, CAUSAL,
+                            PINGPONG, BLOCK_N, HEAD_DIM, STAGES)),
+            (_ps_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                          k_ready, k_empty, v_ready, v_empty, n_tiles, n_qblocks, bh_total, seq_q,
+                          seq_k, heads, group, CAUSAL, BLOCK_N, STAGES, NUM_WG)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
 # Host side: the variants, their launches, the checks and the timings.
 # ---------------------------------------------------------------------------------------------
 
@@ -504,6 +728,28 @@ def attention_pp(q, k, v, causal: bool, num_wg: int = 2, block_n: int = 128, sta
     return o, lse
 
 
+def attention_ps(q, k, v, causal: bool, num_wg: int = 2, block_n: int = 128, stages: int = 2,
+                 pingpong: bool = True, consumer_regs: int = 240, loader_regs: int = 24,
+                 programs: int | None = None):
+    """The persistent ping-pong kernel: one program per SM (or `programs`) walking the tiles."""
+    batch, heads, seq_q, dim = q.shape
+    seq_k = k.shape[2]
+    assert seq_q % ROWS_PER_WG == 0 and seq_k % block_n == 0, "the probe needs whole blocks"
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
+    q_desc, o_desc, k_desc, v_desc = _pp_descriptors(q, k, v, o, block_n)
+    n_qblocks = triton.cdiv(seq_q, num_wg * ROWS_PER_WG)
+    n_tiles = n_qblocks * batch * heads
+    if programs is None:
+        programs = torch.cuda.get_device_properties(q.device).multi_processor_count
+    grid = (min(n_tiles, programs),)
+    attention_fwd_ps[grid](q_desc, k_desc, v_desc, o_desc, lse, 1.0 / math.sqrt(dim), seq_q, seq_k,
+                           heads, heads // k.shape[1], n_tiles, n_qblocks, batch * heads, causal,
+                           num_wg, block_n, dim, stages, pingpong, consumer_regs, loader_regs,
+                           num_warps=4)
+    return o, lse
+
+
 def _pp_descriptors(q, k, v, o, block_n):
     dim = q.shape[-1]
     dtype = _dtype(q)
@@ -534,19 +780,25 @@ VARIANTS = {
             128: dict(num_wg=3, block_n=64, consumer_regs=160)},
     "pp3_free": {"kernel": "pp", 64: dict(num_wg=3, block_n=128, pingpong=False, consumer_regs=160),
                  128: dict(num_wg=3, block_n=64, pingpong=False, consumer_regs=160)},
+    # Persistent versions of pp2 and pp3 (one program per SM, the loader running ahead).
+    "ps2": {"kernel": "ps", 64: dict(num_wg=2, block_n=128, consumer_regs=240),
+            128: dict(num_wg=2, block_n=128, consumer_regs=240)},
+    "ps3": {"kernel": "ps", 64: dict(num_wg=3, block_n=128, consumer_regs=160),
+            128: dict(num_wg=3, block_n=64, consumer_regs=160)},
     # Three K/V stages (at D=128 that is 224 KiB of the 227 KiB of shared memory).
     "pp2_st3": {"kernel": "pp", 64: dict(num_wg=2, block_n=128, stages=3, consumer_regs=240),
                 128: dict(num_wg=2, block_n=128, stages=3, consumer_regs=240)},
 }
 
 
-def run_variant(name, q, k, v, causal):
+def run_variant(name, q, k, v, causal, **extra):
     """o, lse of variant `name`, or None where it has no configuration for this head dim."""
     spec = VARIANTS[name]
     config = spec.get(q.shape[-1])
     if config is None:
         return None
-    launch = attention if spec["kernel"] == "ws" else attention_pp
+    config = {**config, **extra}
+    launch = {"ws": attention, "pp": attention_pp, "ps": attention_ps}[spec["kernel"]]
     return launch(q, k, v, causal, **config)
 
 
@@ -570,6 +822,12 @@ def _warmup_args(name, dim, causal, dtype=torch.float16):
                                        maxnreg=config.get("maxnreg", 168), grid=(1,))
     bn = config.get("block_n", 128)
     qd, od, kd, vd = _pp_descriptors(q, k, k, q, bn)
+    if spec["kernel"] == "ps":
+        n_qblocks = triton.cdiv(n, config["num_wg"] * ROWS_PER_WG)
+        return attention_fwd_ps.warmup(qd, kd, vd, od, lse, 0.1, n, n, 2, 1, 2 * n_qblocks, n_qblocks, 2,
+                                       causal, config["num_wg"], bn, dim, config.get("stages", 2),
+                                       config.get("pingpong", True), config.get("consumer_regs", 240),
+                                       config.get("loader_regs", 24), num_warps=4, grid=(1,))
     return attention_fwd_pp.warmup(qd, kd, vd, od, lse, 0.1, n, n, 2, 1, causal, config["num_wg"], bn, dim,
                                    config.get("stages", 2), config.get("pingpong", True),
                                    config.get("consumer_regs", 240), config.get("loader_regs", 24),
@@ -704,13 +962,16 @@ def check_variant(name):
             rows.append({"variant": "attnfuse_tl", "check": _case_label(case), "max_err_vs_cudnn": err,
                          "ok": bool(err < tol)})
         return rows
-    for causal, b, h, hkv, nq, nk, dim, dtype in CHECKS:
+    # A persistent kernel is also run on 3 programs, so that each walks several tiles.
+    extras = [{}, {"programs": 3}] if VARIANTS[name]["kernel"] == "ps" else [{}]
+    for (causal, b, h, hkv, nq, nk, dim, dtype), extra in itertools.product(CHECKS, extras):
         label = f"check {'causal' if causal else 'dense'} B{b} H{h}/{hkv} Nq{nq} Nk{nk} D{dim} {str(dtype)[6:]}"
+        label += "".join(f" {key}={value}" for key, value in extra.items())
         g = torch.Generator(device=DEVICE).manual_seed(1)
         q = torch.randn(b, h, nq, dim, device=DEVICE, dtype=dtype, generator=g)
         k, v = (torch.randn(b, hkv, nk, dim, device=DEVICE, dtype=dtype, generator=g) for _ in range(2))
         try:
-            out = run_variant(name, q, k, v, causal)
+            out = run_variant(name, q, k, v, causal, **extra)
         except AssertionError as e:  # a shape the variant does not take (whole blocks only)
             rows.append({"variant": name, "check": label, "skipped": str(e), "ok": True})
             continue

@@ -18,6 +18,9 @@ program) share the K/V ring; an mbarrier token ring makes their GEMM issue alter
 warpgroup's softmax runs under the others' products; each consumer stores its own O (TMA) and
 lse. Register budgets per partition through `warp_specialize`'s worker_num_regs.
 
+`attention_fwd_ps` (variants `ps2`, `ps3`): the same, persistent (one program per SM walking
+tiles, the causal ones longest first), the loader running ahead into the next tile.
+
     python bench/gluon_forward_probe.py --compile-only      # no GPU: compile for sm_90 offline
     python bench/gluon_forward_probe.py --out DIR           # H200: check and time beside cuDNN
 

@@ -170,11 +170,12 @@ class Schedule(StrEnum):
 class ScheduleAttr(EnumAttribute[Schedule], SpacedOpaqueSyntaxAttribute):
     """`#tile<schedule warp_specialized>` (set by `warp-specialize`): a flash-shaped forward
     kernel whose loads run in a producer partition of `producer_warps` warps, issuing TMA
-    copies into a ring of `num_stages` shared-memory buffers per operand, while `num_warps`
-    consumer warps (whole warpgroups, 16 rows each) run the products as warpgroup MMAs and
-    overlap each block's score step with the previous block's P @ V. `max_registers` caps each
-    thread's registers at launch, so that the consumers can take what the producer gives up.
-    The Gluon target prints these kernels; the portable target prints them as any other."""
+    copies into a ring of `num_stages` shared-memory buffers per operand, while `num_warps / 4`
+    consumer partitions, one warpgroup of 64 query rows each (`block_m = 16 * num_warps`), run
+    the products as warpgroup MMAs and overlap each block's score step with the previous
+    block's P @ V (and with each other's products). `consumer_registers` is what each consumer
+    thread gets. The Gluon target prints these kernels; the portable target prints them as any
+    other."""
 
     name = "tile.schedule"
 
@@ -550,7 +551,7 @@ class KernelOp(IRDLOperation):
     (`["do", "q"]`, set by `share-offsets`: when the runtime finds the two roles' row and
     column strides equal, the first role's loop loads reuse the second's offsets) and
     optional `page_size`, optional `schedule` (`#tile<schedule ...>`, with the integer
-    attributes `producer_warps` and `max_registers`; see `ScheduleAttr`).
+    attributes `producer_warps` and `consumer_registers`; see `ScheduleAttr`).
 
     A kernel with a `kv_lens` parameter reads its key count per batch (`kv_lens[batch]`,
     clamped to the cache's length); one with a `block_table` parameter (and a `page_size`)
@@ -667,11 +668,14 @@ class KernelOp(IRDLOperation):
         for key in self.INT_ATTRS:
             if self.int_attr(key) is None:
                 raise VerifyException(f"kernel needs an integer attribute '{key}'")
-        for key in ("block_m", "block_n"):
+        # A warp-specialized kernel's rows are whole consumer warpgroups (verify_schedule):
+        # three of them own 192 rows.
+        sized = ("block_n",) if isinstance(self.attributes.get("schedule"), ScheduleAttr) else ("block_m", "block_n")
+        for key in sized:
             if not (_is_power_of_two(self.get(key)) and self.get(key) >= 16):
                 raise VerifyException(f"{key} must be a power of two >= 16, got {self.get(key)}")
-        if self.get("num_warps") not in (1, 2, 4, 8, 16):
-            raise VerifyException(f"num_warps must be 1, 2, 4, 8 or 16, got {self.get('num_warps')}")
+        if self.get("num_warps") not in (1, 2, 4, 8, 12, 16) or (self.get("num_warps") == 12 and "schedule" not in self.attributes):
+            raise VerifyException(f"num_warps must be 1, 2, 4, 8 or 16 (12: three warp-specialized consumers), got {self.get('num_warps')}")
         if self.get("num_stages") < 1:
             raise VerifyException(f"num_stages must be >= 1, got {self.get('num_stages')}")
         for key in ("head_dim", "head_dim_v"):
@@ -723,7 +727,7 @@ class KernelOp(IRDLOperation):
     def verify_schedule(self) -> None:
         schedule = self.attributes.get("schedule")
         if schedule is None:
-            for key in ("producer_warps", "max_registers"):
+            for key in ("producer_warps", "consumer_registers"):
                 if key in self.attributes:
                     raise VerifyException(f"'{key}' belongs to a #tile<schedule ...> kernel")
             return
@@ -731,7 +735,7 @@ class KernelOp(IRDLOperation):
             raise VerifyException(f"schedule must be a #tile<schedule ...>, got {schedule}")
         if self.grid != "query_blocks":
             raise VerifyException("a warp-specialized kernel owns query blocks (grid query_blocks)")
-        warps, producers, registers = self.get("num_warps"), self.int_attr("producer_warps"), self.int_attr("max_registers")
+        warps, producers, registers = self.get("num_warps"), self.int_attr("producer_warps"), self.int_attr("consumer_registers")
         if warps % 4 or self.get("block_m") != 16 * warps:
             raise VerifyException(
                 "a warp-specialized kernel's consumers are whole warpgroups of 16 rows per warp: "
@@ -740,7 +744,7 @@ class KernelOp(IRDLOperation):
         if producers is None or producers < 1:
             raise VerifyException("a warp-specialized kernel needs an integer 'producer_warps' >= 1")
         if registers is None or not 24 <= registers <= 255:
-            raise VerifyException("a warp-specialized kernel needs an integer 'max_registers' in [24, 255]")
+            raise VerifyException("a warp-specialized kernel needs an integer 'consumer_registers' in [24, 255]")
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:

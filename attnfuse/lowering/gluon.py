@@ -24,7 +24,8 @@ Launch ABI: `q_desc, k_desc, v_desc, o_desc` (4-D TMA descriptors over the `[B, 
 tensors of the roles `FlashKernel.operands` names, with their strides and `[1, 1, rows, D]`
 blocks, so a block past a sequence's end is zero-filled on loads and clipped on stores), then every other role's pointer and strides
 as the portable target passes them (`lse`, `slopes`), then `sm_scale, n_q, n_k, num_heads,
-group_size`; launched with `num_warps` and `maxnreg = max_registers` from the kernel.
+group_size`; launched with 4 warps (the first consumer, the default partition), the other
+consumers and the producer being worker partitions.
 """
 
 from __future__ import annotations
@@ -96,13 +97,19 @@ class GluonEmitter(KernelEmitter):
     def slope_params(self) -> list[str]:
         return [self.slope_name(role) for role in self.slope_roles()]
 
+    @property
+    def consumers(self) -> int:
+        """Consumer partitions: one warpgroup (4 warps, 16 rows per warp) each."""
+        return self.kernel.get("num_warps") // 4
+
     def step_function(self, index: int, loop: FlashLoop) -> list[str]:
-        """`<name>_step_<index>(scores, row_max, row_sum, start_n, ...)`: the score ops and the
-        online-softmax step of one key loop's body, on the raw q @ k^T tile."""
+        """`<name>_step_<index>(scores, row_max, row_sum, start_n, row_start, ...)`: the score
+        ops and the online-softmax step of one key loop's body, on one consumer's raw
+        q @ k^T tile (its ROWS query rows from `row_start`)."""
         self.lines, self.indent = [], 1
         masked = loop.op.masked is not None
         self.emit(f"# tile.kv_loop {index} over {'partial key blocks: masked' if masked else 'full key blocks'}")
-        self.emit("rows = block_id * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))")
+        self.emit("rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))")
         self.emit("row_in_bounds = rows < n_q")
         self.emit("q_pos = rows + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key")
         self.emit("keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))")
@@ -122,8 +129,8 @@ class GluonEmitter(KernelEmitter):
         u = loop.update
         self.emit(f"return {self.namer[u.probs]}, {self.namer[u.alpha]}, "
                   f"{self.namer[u.new_row_max]}, {self.namer[u.new_row_sum]}")
-        params = ["scores", "row_max", "row_sum", "start_n", "block_id", "sm_scale", "n_q", "n_k",
-                  *self.slope_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
+        params = ["scores", "row_max", "row_sum", "start_n", "row_start", "sm_scale", "n_q", "n_k",
+                  *self.slope_params(), "ROWS: gl.constexpr", "BLOCK_N: gl.constexpr",
                   "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_step_{index}({', '.join(params)}):", self.lines)
 
@@ -134,10 +141,12 @@ class GluonEmitter(KernelEmitter):
 
     def loader(self) -> list[str]:
         body = [
-            "    # The producer: one warp issuing TMA copies. Barriers start as if phase 1 had",
-            "    # completed, so the first round of waits on the empty barriers passes.",
-            "    mbarrier.expect(q_bar, q_desc.block_type.nbytes)",
-            "    tma_load(q_desc, [batch, head, q_start, 0], q_bar, q_smem)",
+            "    # The producer: TMA copies only. Each consumer's q tile once (the first consumer's",
+            "    # before k_0, the others' after it, so the first products start early), then k and v",
+            "    # of every block into the ring. Empty barriers start as if phase 1 had completed, so",
+            "    # the first round of waits passes; each needs every consumer's release after that.",
+            "    mbarrier.expect(q_bars.index(0), q_desc.block_type.nbytes)",
+            "    tma_load(q_desc, [batch, head, q_start, 0], q_bars.index(0), q_bufs.index(0))",
             "    for j in range(n_blocks):",
             "        stage = j % STAGES",
             "        phase = (j // STAGES) & 1",
@@ -145,17 +154,24 @@ class GluonEmitter(KernelEmitter):
             "        mbarrier.wait(k_empty.index(stage), phase ^ 1)",
             "        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)",
             "        tma_load(k_desc, [batch, kv_head, start_n, 0], k_ready.index(stage), k_bufs.index(stage))",
+            "        if j == 0:",
+            "            for c in gl.static_range(1, CONSUMERS):",
+            "                mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)",
+            "                tma_load(q_desc, [batch, head, q_start + c * ROWS, 0], q_bars.index(c), q_bufs.index(c))",
             "        mbarrier.wait(v_empty.index(stage), phase ^ 1)",
             "        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)",
             "        tma_load(v_desc, [batch, kv_head, start_n, 0], v_ready.index(stage), v_bufs.index(stage))",
         ]
-        params = "q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, batch, head, kv_head, q_start, kv_start, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr"
+        params = ("q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_ready, k_empty, v_ready, v_empty, "
+                  "batch, head, kv_head, q_start, kv_start, n_blocks, CONSUMERS: gl.constexpr, ROWS: gl.constexpr, "
+                  "BLOCK_N: gl.constexpr, STAGES: gl.constexpr")
+        # A static range of 1 is empty (one consumer): the loop then prints nothing.
         return self.function(f"def {self.name}_load({params}):", body)
 
     def step_call(self, indent: str) -> list[str]:
         """The step of the block at `start_n`: the function of the key loop that holds it."""
-        args = ", ".join(["scores", "row_max", "row_sum", "start_n", "block_id", "sm_scale", "n_q", "n_k",
-                          *self.slope_params(), "BLOCK_M", "BLOCK_N", "S_LAYOUT"])
+        args = ", ".join(["scores", "row_max", "row_sum", "start_n", "row_start", "sm_scale", "n_q", "n_k",
+                          *self.slope_params(), "ROWS", "BLOCK_N", "S_LAYOUT"])
         call = "probs, alpha, row_max, row_sum = {}_step_{}(" + args + ")"
         if len(self.loops) == 1:
             return [indent + call.format(self.name, 0)]
@@ -170,72 +186,107 @@ class GluonEmitter(KernelEmitter):
         return lines
 
     def consumer(self) -> list[str]:
-        b = [
-            "    # The consumers: two warpgroups on BLOCK_M rows. Step j issues S_j = q @ k_j^T, then",
-            "    # P_{j-1} @ v_{j-1}, waits for S_j alone and runs its score step while the tensor",
-            "    # cores finish P_{j-1} @ v_{j-1}.",
-            "    dtype: gl.constexpr = q_smem.dtype",
-            "    q_tile = tile_2d(q_smem)",
-            "    row_max = gl.full([BLOCK_M], float(\"-inf\"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
-            "    row_sum = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
-            "    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=O_LAYOUT)",
-            "    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_LAYOUT)",
-            "    probs = s_zero",
-            "    alpha = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
-            "    if n_blocks > 0:",
-            "        mbarrier.wait(q_bar, 0)",
-            "        start_n = kv_start",
-            "        mbarrier.wait(k_ready.index(0), 0)",
-            "        scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(0)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
-            "        scores = warpgroup_mma_wait(0, deps=(scores,))",
-            "        mbarrier.arrive(k_empty.index(0), count=1)",
-            *self.step_call("        "),
-            "    for j in range(1, n_blocks):",
-            "        stage = j % STAGES",
-            "        phase = (j // STAGES) & 1",
-            "        prev = (j - 1) % STAGES",
-            "        prev_phase = ((j - 1) // STAGES) & 1",
-            "        start_n = kv_start + j * BLOCK_N",
-            "        mbarrier.wait(k_ready.index(stage), phase)",
-            "        scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
-            "        # tile.accumulate of block j-1: acc * alpha + p @ v",
-            "        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
-            "        mbarrier.wait(v_ready.index(prev), prev_phase)",
-            "        p_op = gl.convert_layout(probs.to(dtype), P_LAYOUT)",
-            "        acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)",
-            "        # Groups complete in issue order: one outstanding means S_j is done.",
-            "        scores = warpgroup_mma_wait(1, deps=(scores,))",
-            "        mbarrier.arrive(k_empty.index(stage), count=1)",
-            *self.step_call("        "),
-            "        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))",
-            "        mbarrier.arrive(v_empty.index(prev), count=1)",
-            "    if n_blocks > 0:",
-            "        last = (n_blocks - 1) % STAGES",
-            "        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
-            "        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)",
-            "        p_op = gl.convert_layout(probs.to(dtype), P_LAYOUT)",
-            "        acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(last)), acc, is_async=True)",
-            "        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))",
-            "        mbarrier.arrive(v_empty.index(last), count=1)",
-            "    return acc, gl.convert_layout(row_max, gl.SliceLayout(1, O_LAYOUT)), gl.convert_layout(row_sum, gl.SliceLayout(1, O_LAYOUT))",
-        ]
+        """`<name>_consume(..., WG)`: one consumer warpgroup's whole program, its stores
+        included (worker partitions return nothing)."""
+        self.lines, self.indent = [], 1
+        for line in [
+            "# One consumer warpgroup on ROWS query rows. Step j issues S_j = q @ k_j^T and then",
+            "# P_{j-1} @ v_{j-1}, waits for S_j alone and runs block j's score step while the",
+            "# tensor cores finish P_{j-1} @ v_{j-1}; the other consumers do the same on their own",
+            "# rows, so one's score step overlaps another's products.",
+            "S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])",
+            "O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])",
+            "P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)",
+            "q_smem = q_bufs.index(WG)",
+            "q_tile = tile_2d(q_smem)",
+            "dtype: gl.constexpr = q_smem.dtype",
+            "row_start = q_start + WG * ROWS",
+            "row_max = gl.full([ROWS], float(\"-inf\"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
+            "row_sum = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
+            "alpha = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
+            "acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)",
+            "s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)",
+            "# P is carried in 16 bits in the product's operand layout (half the registers of fp32).",
+            "p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=P_LAYOUT)",
+            "if n_blocks > 0:",
+            "    mbarrier.wait(q_bars.index(WG), 0)",
+            "    start_n = kv_start",
+            "    mbarrier.wait(k_ready.index(0), 0)",
+            "    scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(0)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            "    scores = warpgroup_mma_wait(0, deps=(scores,))",
+            "    mbarrier.arrive(k_empty.index(0), count=1)",
+            *[line[4:] for line in self.step_call("        ")],
+            "    p_op = gl.convert_layout(probs.to(dtype), P_LAYOUT)",
+            "for j in range(1, n_blocks):",
+            "    stage = j % STAGES",
+            "    phase = (j // STAGES) & 1",
+            "    prev = (j - 1) % STAGES",
+            "    prev_phase = ((j - 1) // STAGES) & 1",
+            "    start_n = kv_start + j * BLOCK_N",
+            "    # Data first: no consumer issues products while it waits on a copy.",
+            "    mbarrier.wait(k_ready.index(stage), phase)",
+            "    mbarrier.wait(v_ready.index(prev), prev_phase)",
+            "    # tile.accumulate of block j-1 (acc * alpha + p @ v), issued behind S_j.",
+            "    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
+            "    scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            "    acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)",
+            "    # Groups complete in issue order: one outstanding means S_j is done.",
+            "    scores = warpgroup_mma_wait(1, deps=(scores,))",
+            "    mbarrier.arrive(k_empty.index(stage), count=1)",
+            *[line[4:] for line in self.step_call("        ")],
+            "    p_next = gl.convert_layout(probs.to(dtype), P_LAYOUT)",
+            "    # ptxas moves a wgmma wait above the code before it in the same basic block, which",
+            "    # would put the score step after the product; a wait on q's barrier (complete long",
+            "    # ago, it returns at once) is a block boundary that keeps the order.",
+            "    mbarrier.wait(q_bars.index(WG), 0)",
+            "    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))",
+            "    mbarrier.arrive(v_empty.index(prev), count=1)",
+            "    p_op = p_next",
+            "if n_blocks > 0:",
+            "    last = (n_blocks - 1) % STAGES",
+            "    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)",
+            "    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
+            "    acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(last)), acc, is_async=True)",
+            "    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))",
+            "    mbarrier.arrive(v_empty.index(last), count=1)",
+            "row_max = gl.convert_layout(row_max, gl.SliceLayout(1, O_LAYOUT))",
+            "row_sum = gl.convert_layout(row_sum, gl.SliceLayout(1, O_LAYOUT))",
+            "rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))",
+            "row_in_bounds = rows < n_q",
+        ]:
+            self.emit(line)
+        for value, name in zip(self.finalize.operands, ("acc", "row_max", "row_sum")):
+            self.namer.alias(value, name)
+        self.emit_softmax_finalize(self.finalize)
+        self.emit("# tile.store: lse rows (program)")
+        self.emit(f"tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + rows * stride_lse_n, "
+                  f"{self.namer[self.lse_store.value]}, mask=row_in_bounds)")
+        self.emit("# tile.store: o rows (program), through q's buffer (free once S of the last block is")
+        self.emit("# done) and a TMA store, which clips at the sequence end: no row past n_q is written.")
+        self.emit("if row_start < n_q:")
+        self.emit(f"    q_tile.store({self.namer[self.o_store.value]}.to(dtype))")
+        self.emit("    fence_async_shared()")
+        self.emit("    tma_store(o_desc, [batch, head, row_start, 0], q_smem)")
+        self.emit("    tma.store_wait(0)")
         bounds = [f"bound_{i}" for i in range(1, len(self.loops))]
-        params = ["q_smem", "k_bufs", "v_bufs", "q_bar", "k_ready", "k_empty", "v_ready", "v_empty",
-                  "kv_start", "n_blocks", *bounds, "block_id", "sm_scale", "n_q", "n_k", *self.slope_params(),
-                  "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr", "HEAD_DIM: gl.constexpr",
-                  "STAGES: gl.constexpr", "S_LAYOUT: gl.constexpr", "O_LAYOUT: gl.constexpr",
-                  "P_LAYOUT: gl.constexpr"]
-        return self.function(f"def {self.name}_consume({', '.join(params)}):", b)
+        params = ["o_desc", *self.pointer_params(), "q_bufs", "k_bufs", "v_bufs", "q_bars", "k_ready", "k_empty",
+                  "v_ready", "v_empty", "batch", "head", "q_start", "kv_start", "n_blocks", *bounds, "sm_scale",
+                  "n_q", "n_k", *self.slope_params(), "WG: gl.constexpr", "ROWS: gl.constexpr",
+                  "BLOCK_N: gl.constexpr", "HEAD_DIM: gl.constexpr", "STAGES: gl.constexpr"]
+        return self.function(f"def {self.name}_consume({', '.join(params)}):", self.lines)
+
+    def pointer_params(self) -> list[str]:
+        """The pointer roles' parameters (pointer, then strides), as the portable target
+        passes them."""
+        return [name for role in self.pointer_roles() for name in (f"{role}_ptr", *self.strides(role))]
 
     def entry(self) -> list[str]:
         k = self.kernel
         self.lines, self.indent = [], 1
         self.emit("dtype: gl.constexpr = q_desc.dtype")
-        self.emit("S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])")
-        self.emit("O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])")
-        self.emit("P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)")
-        self.emit("# Program grid (one program per block of BLOCK_M query rows of one (batch, head)).")
-        self.emit("block_id = tl.num_programs(1) - 1 - tl.program_id(1)" if self.kernel.block_order == tile.BlockOrder.DESCENDING
+        self.emit("# Program grid: one program per block of BLOCK_M query rows of one (batch, head),")
+        self.emit("# CONSUMERS warpgroups of ROWS rows each.")
+        self.emit("block_id = tl.num_programs(1) - 1 - tl.program_id(1)" if k.block_order == tile.BlockOrder.DESCENDING
                   else "block_id = tl.program_id(1)")
         self.emit("batch_head = tl.program_id(0)")
         self.emit("batch = batch_head // num_heads")
@@ -248,48 +299,41 @@ class GluonEmitter(KernelEmitter):
         kv_end = self.namer[self.loops[-1].op.upper]
         self.emit(f"n_blocks = ({kv_end} - {kv_start} + BLOCK_N - 1) // BLOCK_N")
         self.emit("# Buffers in the descriptors' [1, 1, rows, D] block shape; the products read 2-D views.")
-        self.emit("q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)")
+        self.emit("q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS, 1, 1, ROWS, HEAD_DIM], q_desc.layout)")
         self.emit("k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)")
         self.emit("v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)")
-        self.emit("q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())")
+        self.emit("q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())")
         for bar in ("k_ready", "k_empty", "v_ready", "v_empty"):
             self.emit(f"{bar} = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())")
-        self.emit("mbarrier.init(q_bar, count=1)")
+        self.emit("for c in gl.static_range(CONSUMERS):")
+        self.emit("    mbarrier.init(q_bars.index(c), count=1)")
         self.emit("for i in gl.static_range(STAGES):")
-        for bar in ("k_ready", "k_empty", "v_ready", "v_empty"):
-            self.emit(f"    mbarrier.init({bar}.index(i), count=1)")
+        self.emit("    mbarrier.init(k_ready.index(i), count=1)")
+        self.emit("    mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases it")
+        self.emit("    mbarrier.init(v_ready.index(i), count=1)")
+        self.emit("    mbarrier.init(v_empty.index(i), count=CONSUMERS)")
         bounds = [self.namer[loop.op.lower] for loop in self.loops[1:]]
-        consume_args = ", ".join(["q_smem", "k_bufs", "v_bufs", "q_bar", "k_ready", "k_empty", "v_ready", "v_empty",
-                                  kv_start, "n_blocks", *bounds, "block_id", "sm_scale", "n_q", "n_k",
-                                  *self.slope_params(), "BLOCK_M", "BLOCK_N", "HEAD_DIM", "STAGES",
-                                  "S_LAYOUT", "O_LAYOUT", "P_LAYOUT"])
-        load_args = ("q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, "
-                     f"v_empty, batch, head, kv_head, q_start, {kv_start}, n_blocks, BLOCK_N, STAGES")
-        acc, row_max, row_sum = (self.namer.define(v) for v in self.finalize.operands)
-        self.emit(f"{acc}, {row_max}, {row_sum} = gl.warp_specialize([")
-        self.emit(f"    ({self.name}_consume, ({consume_args})),")
+        consume_args = ["o_desc", *self.pointer_params(), "q_bufs", "k_bufs", "v_bufs", "q_bars", "k_ready",
+                        "k_empty", "v_ready", "v_empty", "batch", "head", "q_start", kv_start, "n_blocks", *bounds,
+                        "sm_scale", "n_q", "n_k", *self.slope_params()]
+        tail = ["ROWS", "BLOCK_N", "HEAD_DIM", "STAGES"]
+        load_args = ("q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_ready, k_empty, v_ready, "
+                     f"v_empty, batch, head, kv_head, q_start, {kv_start}, n_blocks, CONSUMERS, ROWS, BLOCK_N, STAGES")
+        # Gluon takes the partitions as a literal list: one entry per consumer warpgroup (the
+        # first is the default partition, the kernel's own 4 warps), then the producer.
+        self.emit("gl.warp_specialize([")
+        for wg in range(self.consumers):
+            self.emit(f"    ({self.name}_consume, ({', '.join([*consume_args, str(wg), *tail])})),")
         self.emit(f"    ({self.name}_load, ({load_args})),")
-        producers = k.get("producer_warps")
-        self.emit(f"], [{producers}], [24])  # the producer's warps and registers (TMA issue only)")
-        self.emit("rows = block_id * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))")
-        self.emit("row_in_bounds = rows < n_q")
-        self.emit_softmax_finalize(self.finalize)
-        self.emit("# tile.store: lse rows (program)")
-        self.emit(f"tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + rows * stride_lse_n, "
-                  f"{self.namer[self.lse_store.value]}, mask=row_in_bounds)")
-        self.emit("# tile.store: o rows (program), through shared memory (q's buffer) and a TMA store")
-        self.emit(f"tile_2d(q_smem).store({self.namer[self.o_store.value]}.to(dtype))")
-        self.emit("fence_async_shared()")
-        self.emit("# TMA clips the block at the sequence end: rows past n_q are never written.")
-        self.emit("tma_store(o_desc, [batch, head, q_start, 0], q_smem)")
-        self.emit("tma.store_wait(0)")
-        params = ["q_desc", "k_desc", "v_desc", "o_desc"]
-        for role in self.pointer_roles():
-            params.append(", ".join([f"{role}_ptr", *self.strides(role)]))
-        params += ["sm_scale", "n_q", "n_k", "num_heads", "group_size",
-                   f"BLOCK_M: gl.constexpr = {k.get('block_m')}", f"BLOCK_N: gl.constexpr = {k.get('block_n')}",
-                   f"HEAD_DIM: gl.constexpr = {self.head_dim}", f"STAGES: gl.constexpr = {k.get('num_stages')}",
-                   f"num_warps: gl.constexpr = {k.get('num_warps')}"]
+        registers = k.get("consumer_registers")
+        warps = [4] * (self.consumers - 1) + [k.get("producer_warps")]
+        regs = [registers] * (self.consumers - 1) + [24]
+        self.emit(f"], {warps}, {regs})  # the other consumers, then the producer (TMA issue only)")
+        params = ["q_desc", "k_desc", "v_desc", "o_desc", *self.pointer_params(),
+                  "sm_scale", "n_q", "n_k", "num_heads", "group_size",
+                  f"BLOCK_M: gl.constexpr = {k.get('block_m')}", f"BLOCK_N: gl.constexpr = {k.get('block_n')}",
+                  f"HEAD_DIM: gl.constexpr = {self.head_dim}", f"STAGES: gl.constexpr = {k.get('num_stages')}",
+                  f"CONSUMERS: gl.constexpr = {self.consumers}", "ROWS: gl.constexpr = 64"]
         header = [f"def {self.name}(", *[f"    {p}," for p in params], "):"]
         return ["@gluon.jit", *header, *self.lines]
 
@@ -326,7 +370,7 @@ class GluonKernel:
     block_m: int
     block_n: int
     num_warps: int
-    max_registers: int
+    """Warps of the launch (the default partition: the first consumer)."""
 
 
 @dataclass(frozen=True)
@@ -344,7 +388,7 @@ def emit_gluon_kernel(kernel: tile.KernelOp) -> GluonProgram:
     helpers = "".join("\n\n" + HELPERS[name].replace("@triton.jit", "@gluon.jit") for name in sorted(emitter.helpers))
     source = HEADER + helpers + "\n\n" + body + "\n"
     info = GluonKernel(kernel.sym_name.data, tuple(kernel.roles), emitter.operands, kernel.get("block_m"),
-                       kernel.get("block_n"), kernel.get("num_warps"), kernel.get("max_registers"))
+                       kernel.get("block_n"), 4)
     return GluonProgram(source, (info,))
 
 

@@ -128,7 +128,8 @@ class GluonLaunch:
         block_m, block_n = self.launch.block_m, self.launch.block_n
         dtype = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
         dim = p.head_dim
-        row_block, key_block = [1, 1, block_m, dim], [1, 1, block_n, dim]
+        # One q (and o) block per consumer warpgroup: 64 rows.
+        row_block, key_block = [1, 1, 64, dim], [1, 1, block_n, dim]
         row_layout = gl.NVMMASharedLayout.get_default_for(row_block, dtype)
         key_layout = gl.NVMMASharedLayout.get_default_for(key_block, dtype)
         o = tensors[self.operands[3]]
@@ -145,7 +146,7 @@ class GluonLaunch:
                 pointers.extend(t.stride())
         grid = (p.batch * p.heads_q, -(-p.seq_q // block_m))
         self.kernel[grid](*descs, *pointers, self.sm_scale, p.seq_q, p.seq_k, p.heads_q, p.group_size,
-                          num_warps=self.launch.num_warps, maxnreg=self.launch.max_registers)
+                          num_warps=self.launch.num_warps)
 
 
 def _descriptor_ready(t: torch.Tensor) -> bool:

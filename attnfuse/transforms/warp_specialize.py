@@ -10,17 +10,18 @@ over consecutive ranges, each carrying the previous one's state, then finalizes 
 o and the log-sum-exp. Its loads then need no registers of the consumers: a producer partition
 can copy k and v blocks into shared memory (TMA) while the consumers compute. The pass marks
 such a kernel `schedule = #tile<schedule warp_specialized>` (`tile.ScheduleAttr`) and sets
-the schedule's tile sizes: `block_m = 16 * num_warps` rows per program (whole warpgroups),
-`block_n` keys per step, `num_stages` buffers per operand, `producer_warps`, `max_registers`.
+the schedule's sizes: `num_warps = 4 * consumers` (one warpgroup of 64 query rows per consumer
+partition, so `block_m = 16 * num_warps`), `block_n` keys per step, `num_stages` buffers per
+operand, `producer_warps`, `consumer_registers`.
 A kernel of another shape (a rotation in the kernel, a bias tile, a document filter, a
 pointwise normalizer, backward and decode kernels) is left as it is, for the portable schedule.
 
 `flash_kernel` is the shape analysis; the Gluon target (`lowering/gluon.py`) reads the parts
 of a scheduled kernel through it.
 
-The defaults are the measured ones on the H200 for head dims 64 and 128
-(bench/results/20261201T1620Z-gluon_forward_probe.md): 128 x 128 tiles, two stages, 8
-consumer warps with 240 registers each under a 168-register kernel cap.
+The defaults are the H200's measured best (bench/results/20261201T1650Z-gluon_forward_probe-
+variants.md): 128-key blocks, two stages, one producer warp, two consumer warpgroups of 240
+registers each (`DEFAULT_CONSUMERS` says why not three at head dim 64).
 """
 
 from __future__ import annotations
@@ -196,12 +197,24 @@ class WarpSpecialize(RewritePattern):
         except NotFlashShaped:
             return  # the portable schedule covers every kernel
         o = self.options
+        consumers = o.consumers or DEFAULT_CONSUMERS
+        registers = o.consumer_registers or CONSUMER_REGISTERS[consumers]
         op.attributes["schedule"] = tile.ScheduleAttr(tile.Schedule.WARP_SPECIALIZED)
-        for key, value in (("block_m", 16 * o.consumer_warps), ("block_n", o.block_n),
-                           ("num_warps", o.consumer_warps), ("num_stages", o.stages),
-                           ("producer_warps", o.producer_warps), ("max_registers", o.max_registers)):
+        for key, value in (("block_m", 64 * consumers), ("block_n", o.block_n),
+                           ("num_warps", 4 * consumers), ("num_stages", o.stages),
+                           ("producer_warps", o.producer_warps), ("consumer_registers", registers)):
             op.attributes[key] = IntegerAttr(value, i64)
         rewriter.handle_operation_modification(op)
+
+
+DEFAULT_CONSUMERS = 2
+"""Two consumer warpgroups at every head dim. Three (FA3's head-dim-64 shape, 192 rows per
+program) measured faster in the hand-written probe, but the printed kernel spills at the 160
+registers three consumers get (88-128 bytes at head dim 64, Triton 3.6 and 3.9)."""
+
+CONSUMER_REGISTERS = {1: 240, 2: 240, 3: 160}
+"""Registers per consumer thread by consumer count: what 64K registers hold beside a 24-register
+producer warpgroup, at one program per SM."""
 
 
 @dataclass(frozen=True)
@@ -212,19 +225,21 @@ class WarpSpecializePass(ModulePass):
 
     block_n: int = 128
     stages: int = 2
-    consumer_warps: int = 8
+    consumers: int = 0
+    """Consumer warpgroups; 0: `DEFAULT_CONSUMERS`."""
     producer_warps: int = 1
-    max_registers: int = 168
+    consumer_registers: int = 0
+    """Registers per consumer thread; 0: by consumer count (`CONSUMER_REGISTERS`)."""
 
     def __post_init__(self) -> None:
         if not (self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0):
             raise PassOptionError(f"warp-specialize: block-n must be a power of two >= 16, got {self.block_n}")
-        if self.consumer_warps not in (4, 8, 16):
-            raise PassOptionError(f"warp-specialize: consumer-warps must be 4, 8 or 16 (whole warpgroups), got {self.consumer_warps}")
+        if self.consumers not in (0, 1, 2, 3):
+            raise PassOptionError(f"warp-specialize: consumers must be 1, 2 or 3 warpgroups (0: the default), got {self.consumers}")
         if self.stages < 1 or self.producer_warps < 1:
             raise PassOptionError("warp-specialize: stages and producer-warps must be >= 1")
-        if not 24 <= self.max_registers <= 255:
-            raise PassOptionError(f"warp-specialize: max-registers must be in [24, 255], got {self.max_registers}")
+        if self.consumer_registers and not 24 <= self.consumer_registers <= 255:
+            raise PassOptionError(f"warp-specialize: consumer-registers must be in [24, 255], got {self.consumer_registers}")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(WarpSpecialize(self), apply_recursively=False).rewrite_module(op)

@@ -12,8 +12,9 @@
 // CHECK:      @gluon.jit
 // CHECK-NEXT: def _tanh(x):
 
-// The full key blocks: scale, soft-cap, online softmax; no mask.
-// CHECK:      def attention_fwd_step_0(scores, row_max, row_sum, start_n, block_id, sm_scale, n_q, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
+// The full key blocks: scale, soft-cap, online softmax on one consumer's rows; no mask.
+// CHECK:      def attention_fwd_step_0(scores, row_max, row_sum, start_n, row_start, sm_scale, n_q, n_k, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
+// CHECK:          rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
 // CHECK:          keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
 // CHECK:          scores = scores * sm_scale
 // CHECK-NEXT:     # tile.map over (scores), entry by entry
@@ -28,19 +29,21 @@
 // CHECK:          keep = key_in_bounds[None, :] & (keys[None, :] <= q_pos[:, None])
 // CHECK:          return probs_1, alpha_1, row_max, row_sum
 
-// The producer: q once, then k and v of every block into the ring, behind empty barriers.
+// The producer: each consumer's q tile once, then k and v of every block into the ring.
 // CHECK:      def attention_fwd_load(
-// CHECK:          tma_load(q_desc, [batch, head, q_start, 0], q_bar, q_smem)
+// CHECK:          tma_load(q_desc, [batch, head, q_start, 0], q_bars.index(0), q_bufs.index(0))
 // CHECK:          for j in range(n_blocks):
 // CHECK:              mbarrier.wait(k_empty.index(stage), phase ^ 1)
 // CHECK:              tma_load(k_desc, [batch, kv_head, start_n, 0], k_ready.index(stage), k_bufs.index(stage))
+// CHECK:                  tma_load(q_desc, [batch, head, q_start + c * ROWS, 0], q_bars.index(c), q_bufs.index(c))
 // CHECK:              tma_load(v_desc, [batch, kv_head, start_n, 0], v_ready.index(stage), v_bufs.index(stage))
 
-// The consumers pick each block's step by the loop bounds; S_j overlaps P_{j-1} @ v_{j-1}.
-// CHECK:      def attention_fwd_consume(
+// A consumer warpgroup picks each block's step by the loop bounds; S_j overlaps P_{j-1} @ v_{j-1};
+// it finalizes and stores its own rows.
+// CHECK:      def attention_fwd_consume(o_desc, lse_ptr, stride_lse_b, stride_lse_h, stride_lse_n, q_bufs,
 // CHECK:          for j in range(1, n_blocks):
 // CHECK:              scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-// CHECK:              acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)
+// CHECK-NEXT:         acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)
 // CHECK-NEXT:         # Groups complete in issue order: one outstanding means S_j is done.
 // CHECK-NEXT:         scores = warpgroup_mma_wait(1, deps=(scores,))
 // CHECK-NEXT:         mbarrier.arrive(k_empty.index(stage), count=1)
@@ -48,20 +51,28 @@
 // CHECK-NEXT:             probs, alpha, row_max, row_sum = attention_fwd_step_0(
 // CHECK-NEXT:         else:
 // CHECK-NEXT:             probs, alpha, row_max, row_sum = attention_fwd_step_1(
+// CHECK:              mbarrier.wait(q_bars.index(WG), 0)
 // CHECK-NEXT:         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+// CHECK:          lse = tl.where(has_keys, row_max + tl.math.log2(row_sum_safe) * 0.6931471805599453, float("-inf"))
+// CHECK:          tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + rows * stride_lse_n, lse, mask=row_in_bounds)
+// CHECK:              tma_store(o_desc, [batch, head, row_start, 0], q_smem)
 
-// The entry: descriptors first, then the other roles as the portable target passes them.
+// The entry: descriptors first, then the other roles as the portable target passes them; one
+// partition per consumer warpgroup (the first is the kernel's own warps), then the producer.
 // CHECK:      def attention_fwd(
 // CHECK-NEXT:     q_desc,
 // CHECK-NEXT:     k_desc,
 // CHECK-NEXT:     v_desc,
 // CHECK-NEXT:     o_desc,
-// CHECK-NEXT:     lse_ptr, stride_lse_b, stride_lse_h, stride_lse_n,
-// CHECK-NEXT:     sm_scale,
+// CHECK-NEXT:     lse_ptr,
+// CHECK:          CONSUMERS: gl.constexpr = 2,
 // CHECK:          full_end = tl.minimum(tl.maximum(full_end, full_start), kv_end)
-// CHECK:          ], [1], [24])
-// CHECK:          lse = tl.where(has_keys, row_max + tl.math.log2(row_sum_safe) * 0.6931471805599453, float("-inf"))
-// CHECK:          tma_store(o_desc, [batch, head, q_start, 0], q_smem)
+// CHECK:          mbarrier.init(k_empty.index(i), count=CONSUMERS)
+// CHECK:          gl.warp_specialize([
+// CHECK-NEXT:         (attention_fwd_consume, ({{.*}}, 0, ROWS, BLOCK_N, HEAD_DIM, STAGES)),
+// CHECK-NEXT:         (attention_fwd_consume, ({{.*}}, 1, ROWS, BLOCK_N, HEAD_DIM, STAGES)),
+// CHECK-NEXT:         (attention_fwd_load, (
+// CHECK-NEXT:     ], [4, 1], [240, 24])
 
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k

@@ -1,12 +1,14 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=64 block-m=64 block-n=32 num-warps=4 num-stages=3},fold-scale-into-exp,share-offsets,warp-specialize' | filecheck %s
-// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=128},warp-specialize{block-n=64 stages=3 consumer-warps=4 max-registers=232}' | filecheck %s --check-prefix=OPTS
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=128},warp-specialize{block-n=64 stages=3 consumers=1 consumer-registers=232}' | filecheck %s --check-prefix=OPTS
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{head-dim=64},warp-specialize' | filecheck %s --check-prefix=FUSED
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=64},warp-specialize{consumers=3}' | filecheck %s --check-prefix=THREE
 
-// With RoPE pre-applied, warp-specialize schedules the flash-shaped forward (over q_rot, k_rot): whole-warpgroup consumers of 16 rows per
-// warp, its own tile sizes and pipeline depth; the backward kernels keep the portable schedule.
+// With RoPE pre-applied, warp-specialize schedules the flash-shaped forward (over q_rot, k_rot):
+// two consumer warpgroups of 64 rows, 128-key blocks, two stages; the backward kernels keep the
+// portable schedule.
 // CHECK:      tile.kernel @attention_fwd(
 // CHECK-SAME: block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64
-// CHECK-SAME: schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, max_registers = 168 : i64
+// CHECK-SAME: schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64
 // CHECK:      tile.kernel @attention_bwd_dq_delta(
 // CHECK-NOT:  schedule
 // CHECK-SAME: block_m = 64 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 3 : i64
@@ -14,10 +16,15 @@
 // CHECK-NOT:  schedule = #tile
 // CHECK-SAME: {
 
-// The options set the schedule's sizes: 4 consumer warps own 64 rows.
+// The options set the schedule's sizes: one consumer warpgroup owns 64 rows.
 // OPTS:       tile.kernel @attention_fwd(
 // OPTS-SAME:  block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 3 : i64
-// OPTS-SAME:  producer_warps = 1 : i64, max_registers = 232 : i64
+// OPTS-SAME:  producer_warps = 1 : i64, consumer_registers = 232 : i64
+
+// Three consumers own 192 rows (not a power of two: the verifier allows it for this schedule).
+// THREE:      tile.kernel @attention_fwd(
+// THREE-SAME: block_m = 192 : i64, block_n = 128 : i64, num_warps = 12 : i64
+// THREE-SAME: consumer_registers = 160 : i64
 
 // Fused RoPE rotates q and k in the kernel: not flash-shaped, left alone.
 // FUSED:      tile.kernel @attention_fwd(

@@ -103,18 +103,19 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, tmp_path, monke
     module_spec.loader.exec_module(module)
     # A [B, N, H, D] projection seen as [B, H, N, D], as models pass q, k and v.
     x = torch.empty(1, 256, 4, dim, dtype=torch.bfloat16).transpose(1, 2)
-    layout = gl.NVMMASharedLayout.get_default_for([1, 1, 128, dim], gl.bfloat16)
-    descs = [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, 128, dim], layout) for _ in range(4)]
+    rows = gl.NVMMASharedLayout.get_default_for([1, 1, 64, dim], gl.bfloat16)
+    keys = gl.NVMMASharedLayout.get_default_for([1, 1, 128, dim], gl.bfloat16)
+    descs = [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, n, dim], layout)
+             for n, layout in ((64, rows), (128, keys), (128, keys), (64, rows))]
     lse, slopes = torch.empty(1, 4, 256), torch.empty(4)
     pointers = []
     for role in program.kernels[0].roles:
         if role in program.kernels[0].operands:
             continue
         pointers += [lse, *lse.stride()] if role == "lse" else [slopes]
-    compiled = module.attention_fwd.warmup(*descs, *pointers, 0.1, 256, 256, 4, 1, grid=(1,),
-                                           num_warps=8, maxnreg=168)
+    compiled = module.attention_fwd.warmup(*descs, *pointers, 0.1, 256, 256, 4, 1, grid=(1,), num_warps=4)
     registers, spills = _registers_and_spills(compiled.asm["cubin"])
-    assert registers <= 168
+    assert registers <= 255
     assert "HGMMA" in _cuobjdump(compiled.asm["cubin"], "-sass"), "the products must be warpgroup MMAs"
     if name == "causal":
         # A few bytes of stack frame come and go with Triton versions (0-8 seen with 3.6 and
@@ -153,7 +154,7 @@ def test_the_schedule_sets_the_tile_sizes():
     kernel = forward_kernel(af.attention(af.causal()))
     assert kernel.schedule == "warp_specialized"
     assert [kernel.get(key) for key in ("block_m", "block_n", "num_warps", "num_stages",
-                                        "producer_warps", "max_registers")] == [128, 128, 8, 2, 1, 168]
+                                        "producer_warps", "consumer_registers")] == [128, 128, 8, 2, 1, 240]
     kernel.verify()
 
 

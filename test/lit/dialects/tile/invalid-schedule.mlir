@@ -2,20 +2,20 @@
 // The verifier's rules for #tile<schedule warp_specialized> kernels.
 
 // CHECK: a warp-specialized kernel owns query blocks (grid query_blocks)
-tile.kernel @attention_bwd_dkdv(%k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, max_registers = 168 : i64} {
+tile.kernel @attention_bwd_dkdv(%k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64} {
   tile.return
 }
 
 // -----
 
 // CHECK: a warp-specialized kernel's consumers are whole warpgroups of 16 rows per warp: num_warps a multiple of 4 and block_m = 16 * num_warps, got 8 and 64
-tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, max_registers = 168 : i64} {
+tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64} {
   tile.return
 }
 
 // -----
 
-// CHECK: a warp-specialized kernel needs an integer 'max_registers' in [24, 255]
+// CHECK: a warp-specialized kernel needs an integer 'consumer_registers' in [24, 255]
 tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64} {
   tile.return
 }

@@ -81,6 +81,8 @@ class CompileKey:
             options += " kv-lens=true"
         if self.cache.page_size:
             options += f" page-size={self.cache.page_size}"
+            if self.config.page_lookahead != 1:
+                options += f" page-lookahead={self.config.page_lookahead}"
         return options
 
 

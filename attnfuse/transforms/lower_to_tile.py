@@ -444,6 +444,11 @@ class LowerToTilePass(ModulePass):
     decode_merge: str = "kernel"
     """kernel: the split decode's partials are merged by a second kernel (`attention_merge`);
     last-split: by the last split program of each row block (`tile.merge_last_split`)."""
+    page_lookahead: int = 1
+    """A paged cache's key loops read the block-table entries of the step this many steps
+    ahead: 1 (the next step's, during a step: no K/V address waits on a table load of its
+    own step, so Triton pipelines the K/V loads as deep as a contiguous cache's) or 0 (the
+    step's own)."""
 
     def config(self) -> KernelConfig:
         """The options, checked."""
@@ -476,6 +481,8 @@ class LowerToTilePass(ModulePass):
             )
         if self.page_size < 0:
             raise PassOptionError(f"lower-to-tile: page-size must be >= 0 (0: a contiguous cache), got {self.page_size}")
+        if self.page_lookahead not in (0, 1):
+            raise PassOptionError(f"lower-to-tile: page-lookahead must be 0 or 1, got {self.page_lookahead}")
         if self.page_size and not self.kv_lens:
             raise PassOptionError(
                 f"lower-to-tile: page-size={self.page_size} needs kv-lens=true: the pages do not "
@@ -485,7 +492,7 @@ class LowerToTilePass(ModulePass):
                             self.block_n, self.num_warps, self.num_stages, bwd_block_m,
                             bwd_block_n, bwd_num_warps, bwd_num_stages, *dkdv,
                             self.backward, self.bwd_rope, self.decode, self.kv_lens,
-                            self.page_size, self.append, self.decode_merge)
+                            self.page_size, self.append, self.decode_merge, self.page_lookahead)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

@@ -694,7 +694,7 @@ class KernelOp(IRDLOperation):
             if not paged:
                 raise VerifyException("page_lookahead is an attribute of a paged kernel (one with a block_table parameter)")
             if self.int_attr("page_lookahead") not in (0, 1):
-                raise VerifyException(f"page_lookahead must be 0 or 1, got {lookahead}")
+                raise VerifyException(f"page_lookahead must be 0 or 1, got {self.int_attr('page_lookahead')}")
         if paged and "kv_lens" not in self.roles:
             raise VerifyException("a paged kernel needs a kv_lens parameter: the pages hold no length")
         if self.grid == "appended_keys" and "kv_lens" not in self.roles:

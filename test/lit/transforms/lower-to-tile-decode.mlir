@@ -7,6 +7,7 @@
 // CHECK:      tile.kernel @attention_decode(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %kv_lens: !tile.tensor<kv_lens>, %block_table: !tile.tensor<block_table>)
 // CHECK-SAME: grid = #tile<grid kv_splits>
 // CHECK-SAME: page_size = 16 : i64
+// CHECK-SAME: page_lookahead = 1 : i64
 // CHECK:      %kv_start, %full_start, %full_end, %kv_end = tile.kv_bounds {band = #attn.band<upper = 0>}
 // CHECK-NEXT: %split_start, %split_full_start, %split_full_end, %split_end = tile.kv_split %kv_start, %full_start, %full_end, %kv_end
 // CHECK-NEXT: tile.kv_loop %split_start to %split_full_end iter_args

@@ -9,6 +9,8 @@ against SDPA before it is timed (a wrong one reads `WRONG` in its cell).
     python bench/decode_tune.py --paged 16,64   # also over shuffled page pools: one run
     python bench/decode_tune.py --smoke         # the CPU interpreter at tiny sizes (timings mean nothing)
 
+Rows stop starting after `--time-budget` seconds (default 300; the rows left are listed).
+
 The default sweep (about 170 timed cells with `--paged 16,64`, each compiled shape once):
 
 1. block_n 64/128 x 2-4 stages, page ids a step ahead (the default); the same as the
@@ -89,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="key block x stages x page lookahead only")
     parser.add_argument("--merge", action="store_true", help="merge-kernel stages x splits per SM only")
     parser.add_argument("--smoke", action="store_true", help="tiny caches on the CPU interpreter (timings mean nothing)")
+    parser.add_argument("--time-budget", type=float, default=300.0,
+                        help="seconds from the start after which no further row starts (the table says which were left)")
     args = parser.parse_args(argv)
+    started = time.monotonic()
     page_sizes = [int(p) for p in args.paged.split(",") if p]
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
     dtype = torch.float16 if device == "cuda" else torch.float32
@@ -143,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
               merge_stages: int | None = None, only: str | None = None, lookahead: int = 1) -> None:
         """One row: every case (or only the "paged" / "contiguous" ones) under this
         configuration, checked against SDPA, then timed."""
+        if time.monotonic() - started > args.time_budget:
+            lines.append(f"| {block_n} | {stages} | {warps} | {lookahead if page_sizes else '-'} | {per_sm} | {min_blocks} | "
+                         f"{merge_stages or '-'} | " + " | ".join("not run (time budget)" for _ in cases) + " |")
+            log(lines[-1])
+            return
         def tuned(problem, paged=False):
             return replace(original(problem, paged), block_n=block_n, num_stages=stages, num_warps=warps,
                            page_lookahead=lookahead)

@@ -11,13 +11,16 @@ against SDPA before it is timed (a wrong one reads `WRONG` in its cell).
 
 Rows stop starting after `--time-budget` seconds (default 300; the rows left are listed).
 
-The default sweep (about 170 timed cells with `--paged 16,64`, each compiled shape once):
+The default sweep (about 220 timed cells with `--paged 16,64`, each compiled shape once; about
+4.5 minutes on the H200, most of it compiling):
 
 1. block_n 64/128 x 2-4 stages, page ids a step ahead (the default); the same as the
    contiguous cache's (both are timed in each row);
 2. paged only, page ids read in their own step (`page lookahead` 0, the code before the
    lookahead), at 128/2 (its best before), 64/3 and 128/3: the lookahead's effect;
-3. one sequence's streaming (the long caches): 8 warps, 5 stages, two programs per SM.
+3. one sequence's streaming (the long caches): the split merge's loop unpipelined (the code
+   before) and 4 deep against the default 3, 8 warps, 5 stages, two programs per SM, longer
+   splits.
 """
 
 from __future__ import annotations
@@ -133,29 +136,19 @@ def main(argv: list[str] | None = None) -> int:
               "|" + "---|" * (7 + len(cases))]
     original = config.decode_tile_config
 
-    def prepared(q, k, v, extra, merge_stages):
-        """A compiled variant whose plan for these tensors launches the merge kernel with
-        `merge_stages` pipeline stages (a launch parameter: the source is unchanged)."""
-        fn = af.compile(spec)
-        layout, paged_keys = kv_cache.check_cache_arguments(q, k, v, extra.get("kv_lens"), extra.get("block_table"))
-        plan = fn.plan(q, k, v, (False, False), False, layout, paged_keys)
-        for launch in plan.launches:
-            if launch.info.name == "attention_merge" and merge_stages is not None:
-                launch.stages[0] = merge_stages
-        return fn
-
     def sweep(block_n: int, stages: int, warps: int = 4, per_sm: int = 1, min_blocks: int = 4,
               merge_stages: int | None = None, only: str | None = None, lookahead: int = 1) -> None:
         """One row: every case (or only the "paged" / "contiguous" ones) under this
         configuration, checked against SDPA, then timed."""
         if time.monotonic() - started > args.time_budget:
             lines.append(f"| {block_n} | {stages} | {warps} | {lookahead if page_sizes else '-'} | {per_sm} | {min_blocks} | "
-                         f"{merge_stages or '-'} | " + " | ".join("not run (time budget)" for _ in cases) + " |")
+                         f"{merge_stages or 'default'} | " + " | ".join("not run (time budget)" for _ in cases) + " |")
             log(lines[-1])
             return
         def tuned(problem, paged=False):
-            return replace(original(problem, paged), block_n=block_n, num_stages=stages, num_warps=warps,
-                           page_lookahead=lookahead)
+            base = original(problem, paged)
+            return replace(base, block_n=block_n, num_stages=stages, num_warps=warps, page_lookahead=lookahead,
+                           merge_stages=base.merge_stages if merge_stages is None else merge_stages)
 
         api.decode_tile_config = tuned  # what compile_key calls
         kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS = per_sm, min_blocks
@@ -165,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append("")
                 continue
             try:
-                fn = prepared(q, k, v, extra, merge_stages)
+                fn = af.compile(spec)
                 out = fn(q, k, v, **extra)
                 if not torch.allclose(out.float(), refs[name].float(), rtol=2e-3, atol=2e-3):
                     cells.append("WRONG")
@@ -174,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as err:  # noqa: BLE001 - a config that does not fit is a row
                 cells.append(f"fails: {type(err).__name__}")
         lines.append(f"| {block_n} | {stages} | {warps} | {lookahead if page_sizes else '-'} | {per_sm} | {min_blocks} | "
-                     f"{merge_stages or '-'} | " + " | ".join(cells) + " |")
+                     f"{merge_stages or 'default'} | " + " | ".join(cells) + " |")
         log(lines[-1])
 
     saved = kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS
@@ -184,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
             # ones at 32/64-key blocks), both lookaheads, the long-cache axes: code paths only.
             for block_n in (32, 64):
                 sweep(block_n, 1)
-            sweep(32, 1, only="paged" if page_sizes else None, lookahead=0)
+            sweep(32, 1, only="paged" if page_sizes else None, lookahead=0, merge_stages=1)
             sweep(32, 1, warps=8, per_sm=2, min_blocks=1)
             return finish(lines, args.out)
         if args.merge:
             # The merge kernel's pipelining against the split count it has to walk.
-            for merge_stages, per_sm in itertools.product((1, 2, 3, 4), (1, 2, 4)):
+            for merge_stages, per_sm in itertools.product((1, 2, 3, 4), (1, 2)):
                 sweep(64, 3, per_sm=per_sm, merge_stages=merge_stages, only="contiguous")
                 if page_sizes:
                     sweep(64, 3, per_sm=per_sm, merge_stages=merge_stages, only="paged")
@@ -203,8 +196,12 @@ def main(argv: list[str] | None = None) -> int:
                 sweep(block_n, stages, only="paged", lookahead=0)
         if args.quick:
             return finish(lines, args.out)
-        # 3. One sequence's streaming (B=1 long caches): more warps, a deeper pipeline, two
+        # 3. One sequence's streaming (B=1 long caches): the merge's loop over the splits
+        # unpipelined (the code before) and deeper, more warps, a deeper pipeline, two
         # programs per SM (smaller blocks fit two per SM's shared memory), longer splits.
+        for block_n, stages in ((64, 3), (128, 3)):
+            for merge_stages in (1, 4):
+                sweep(block_n, stages, merge_stages=merge_stages)
         for block_n, stages in ((64, 3), (128, 3)):
             sweep(block_n, stages, warps=8)
         sweep(64, 5)

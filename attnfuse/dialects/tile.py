@@ -534,7 +534,9 @@ class KernelOp(IRDLOperation):
     block-table entries of a step this many steps ahead: 1, the default when absent, reads
     the next step's entries during a step, so no K/V address waits on a table load in its
     own step and the loads software-pipeline like a contiguous cache's; 0 reads them in the
-    step that uses them).
+    step that uses them), and on a kernel that merges split partials optional `merge_stages`
+    (the software-pipelining depth of its loop over the splits; 1, not pipelined, when
+    absent).
 
     A kernel with a `kv_lens` parameter reads its key count per batch (`kv_lens[batch]`,
     clamped to the cache's length); one with a `block_table` parameter (and a `page_size`)
@@ -689,6 +691,9 @@ class KernelOp(IRDLOperation):
             )
         if page_size is not None and page_size < 1:
             raise VerifyException(f"page_size must be >= 1, got {page_size}")
+        merge_stages = self.attributes.get("merge_stages")
+        if merge_stages is not None and (self.int_attr("merge_stages") or 0) < 1:
+            raise VerifyException(f"merge_stages must be an integer >= 1, got {self.int_attr('merge_stages')}")
         lookahead = self.attributes.get("page_lookahead")
         if lookahead is not None:
             if not paged:

@@ -824,14 +824,14 @@ class KernelEmitter:
         expressions use; `out` (and `lse`) name the results."""
         self.emit(f"{out} = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
         if lse_ptrs is None:
-            self.emit(f"for {split} in range(0, num_splits):")
+            self.emit(f"for {split} in {self.splits_range()}:")
             self.emit(f"    {out} += tl.load({o_ptrs}, mask={o_mask}, other=0.0{load_options})")
             return
         assert lse is not None
         merged_max, total = self.namer.fresh("merged_max"), self.namer.fresh("merged_sum")
         self.emit(f"{merged_max} = tl.full([BLOCK_M], float(\"-inf\"), dtype=tl.float32)")
         self.emit(f"{total} = tl.zeros([BLOCK_M], dtype=tl.float32)")
-        self.emit(f"for {split} in range(0, num_splits):")
+        self.emit(f"for {split} in {self.splits_range()}:")
         self.indent += 1
         self.emit(f"split_lse = tl.load({lse_ptrs}, mask=row_in_bounds, other=float(\"-inf\"){load_options})")
         self.emit(f"split_out = tl.load({o_ptrs}, mask={o_mask}, other=0.0{load_options})")
@@ -848,6 +848,14 @@ class KernelEmitter:
         self.emit(f"{has_keys} = {total} != 0.0")
         self.emit(f"{out} = {out} / tl.where({has_keys}, {total}, 1.0)[:, None]")
         self.emit(f"{lse} = tl.where({has_keys}, {merged_max} + tl.math.log2(tl.where({has_keys}, {total}, 1.0)) * {LN2}, float(\"-inf\"))")
+
+    def splits_range(self) -> str:
+        """The iteration over the splits of a merge: software-pipelined `merge_stages` deep
+        (`tl.range`: its loads are not products' operands, which Triton pipelines only in a
+        loop that asks), so a split's partials are in flight while earlier ones merge;
+        unpipelined, each split's loads wait for the previous split's merge."""
+        stages = self.kernel.int_attr("merge_stages") or 1
+        return f"tl.range(0, num_splits, num_stages={stages})" if stages > 1 else "range(0, num_splits)"
 
     def value_column_mask(self) -> str:
         """` & (cols_dv < HEAD_DIM_V)[None, :]` where the value dim is padded, else ""."""

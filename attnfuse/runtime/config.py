@@ -33,6 +33,9 @@ class TileConfig:
     dkdv_block_n: int | None = None
     dkdv_num_warps: int | None = None
     dkdv_num_stages: int | None = None
+    merge_stages: int = 1
+    """The software-pipelining depth of the split decode's merge kernel's loop over the
+    splits (lower-to-tile's `merge-stages`; 1, not pipelined)."""
     page_lookahead: int = 1
     """A paged cache's key loops read the block-table entries of the step this many steps
     ahead (lower-to-tile's `page-lookahead`): 1, the next step's during a step, so the K/V
@@ -184,13 +187,22 @@ def decode_tile_config(problem: Problem, paged: bool = False) -> TileConfig:
     del paged  # the same configuration (see above); kept for callers that tune paged calls apart
     block_m = decode_block_m(problem)
     if problem.device.type != "cuda":
-        return TileConfig(block_m, 32, 4, 1)
+        return TileConfig(block_m, 32, 4, 1, merge_stages=2)  # the pipelined merge's code path
     d = max(problem.head_dim, problem.head_dim_v)
     if d > 128:
-        return TileConfig(block_m, 32, 4, 2)
+        return TileConfig(block_m, 32, 4, 2, merge_stages=DECODE_MERGE_STAGES)
     if problem.seq_k >= DECODE_LONG_CACHE:
-        return TileConfig(block_m, 128, 4, 3)
-    return TileConfig(block_m, 64, 4, 3)
+        return TileConfig(block_m, 128, 4, 3, merge_stages=DECODE_MERGE_STAGES)
+    return TileConfig(block_m, 64, 4, 3, merge_stages=DECODE_MERGE_STAGES)
+
+
+DECODE_MERGE_STAGES = 3
+"""The split merge's loop over the splits, pipelined three deep (`tl.range`): two splits'
+partials in flight while one merges. Unpipelined (the merge before; Triton pipelines loads
+outside products only in a loop that asks, so the merge kernel's launch stages changed
+nothing: bench/results/20261201T1340Z-decode_tune-merge.md), each of the 16 splits of a B=1
+cache costs a dependent round trip to L2. Not measured yet (bench/decode_tune.py's merge
+stages column)."""
 
 
 DECODE_LONG_CACHE = 32768

@@ -166,6 +166,9 @@ class KernelConfig:
     """Steps ahead at which a paged kernel's key loops read block-table entries (the
     kernel attribute `page_lookahead`): 1 reads the next step's pages during a step, 0 the
     step's own."""
+    merge_stages: int = 1
+    """The software-pipelining depth of a split merge's loop over the splits (the kernel
+    attribute `merge_stages` of kernels that merge): 1, not pipelined."""
 
     def for_backward(self) -> KernelConfig:
         """The configuration the dQ and preprocess kernels are built with."""

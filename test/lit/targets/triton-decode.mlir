@@ -3,6 +3,8 @@
 // RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=64 page-lookahead=0 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=IN-STEP
 // RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=16 page-lookahead=0 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=IN-STEP-KEYS
 // RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'lower-to-tile{decode=true kv-lens=true page-size=16 page-lookahead=2}' 2>&1 | filecheck %s --check-prefix=LOOKAHEAD-OPTION
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true merge-stages=3 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=MERGE-PIPELINED
+// RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'lower-to-tile{decode=true merge-stages=0}' 2>&1 | filecheck %s --check-prefix=MERGE-STAGES-OPTION
 
 // The split decode kernel: one program per (batch x key/value head x row block, split); its
 // rows are (query head, query) pairs; the key count is the sequence's; keys come from pages.
@@ -44,6 +46,7 @@
 
 // The merge: each split's output weighted by exp(lse_s - lse).
 // CHECK-LABEL: def attention_merge(
+// Unpipelined by default (merge-stages=1): each split's loads wait for the previous merge.
 // CHECK:       for split in range(0, num_splits):
 // CHECK-NEXT:      split_lse = tl.load(lse_part_base + split * stride_lse_part_s + rows * stride_lse_part_n, mask=row_in_bounds, other=float("-inf"))
 // CHECK:           weight = tl.math.exp2((split_lse - safe_max) * 1.4426950408889634)
@@ -71,3 +74,10 @@
 // IN-STEP-KEYS-NOT:     page_ids
 
 // LOOKAHEAD-OPTION: error: lower-to-tile: page-lookahead must be 0 or 1, got 2
+
+// merge-stages=N pipelines the loop over the splits itself (Triton pipelines loads that feed
+// no product only in a loop that asks): later splits' partials load while one merges.
+// MERGE-PIPELINED-LABEL: def attention_merge(
+// MERGE-PIPELINED:       for split in tl.range(0, num_splits, num_stages=3):
+// MERGE-PIPELINED-NEXT:      split_lse = tl.load(lse_part_base + split * stride_lse_part_s
+// MERGE-STAGES-OPTION: error: lower-to-tile: merge-stages must be >= 1, got 0

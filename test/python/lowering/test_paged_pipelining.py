@@ -1,4 +1,5 @@
-"""A paged decode kernel's K/V loads software-pipeline as deep as a contiguous cache's.
+"""A paged decode kernel's K/V loads software-pipeline as deep as a contiguous cache's, and
+the merge kernel's loop over the splits as deep as it asks.
 
 Compiled ahead of time for the H200's target (sm_90, `GPUTarget`; no GPU needed), the split
 decode kernel's key loop multi-buffers its K and V tiles in shared memory: `num_stages - 1`
@@ -39,19 +40,20 @@ INDEX_ROLES = ("kv_lens", "block_table")
 FP32_ROLES = ("o_part", "lse_part")
 
 
-def decode_kernel_ttgir(tmp_path, page_size: int, lookahead: int, stages: int = 3) -> str:
-    """The TTGIR of `attention_decode` (D=128, 64-key steps) compiled for sm_90."""
+def decode_kernel_ttgir(tmp_path, page_size: int, lookahead: int, stages: int = 3,
+                        kernel: str = "attention_decode", merge_stages: int = 1) -> str:
+    """The TTGIR of a split decode's kernel (D=128, 64-key steps) compiled for sm_90."""
     cache = CacheLayout(kv_lens=True, page_size=page_size)
-    config = TileConfig(16, 64, 4, stages, page_lookahead=lookahead)
+    config = TileConfig(16, 64, 4, stages, page_lookahead=lookahead, merge_stages=merge_stages)
     key = CompileKey(128, 128, "f16", config, ("fused", "fused"), decode=True, cache=cache)
     source = emit_module(lower_spec(af.attention(af.causal()), key)).source
-    path = tmp_path / f"decode_p{page_size}_l{lookahead}.py"
+    path = tmp_path / f"decode_p{page_size}_l{lookahead}_m{merge_stages}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     with compiled_not_interpreted():
         spec.loader.exec_module(module)
-        return sm90_ttgir(module.attention_decode, stages)
+        return sm90_ttgir(getattr(module, kernel), 1 if kernel == "attention_merge" else stages)
 
 
 @contextlib.contextmanager
@@ -115,3 +117,12 @@ def test_paged_decode_pipelines_as_deep_as_contiguous(tmp_path, contiguous_buffe
 def test_page_ids_read_in_their_step_cost_a_stage(tmp_path, contiguous_buffers):
     """What the lookahead removes (and what makes the test above able to fail)."""
     assert kv_buffers(decode_kernel_ttgir(tmp_path, 16, 0)) == {1}
+
+
+@pytest.mark.parametrize("merge_stages, buffers", [(3, {2}), (1, set())], ids=["pipelined", "unpipelined"])
+def test_merge_loop_pipelines_as_asked(tmp_path, merge_stages, buffers):
+    """The merge kernel (launched with one stage) keeps `merge_stages - 1` splits' partials in
+    flight: its loop asks for them (`tl.range`), as no product's operand makes Triton do so."""
+    ttgir = decode_kernel_ttgir(tmp_path, 0, 1, kernel="attention_merge", merge_stages=merge_stages)
+    found = re.findall(r"local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x16x128xf32", ttgir)
+    assert {int(n) for n in found} == buffers

@@ -173,10 +173,11 @@ def decode_tile_config(problem: Problem, paged: bool = False) -> TileConfig:
       128-key blocks took 6% less time (42.4 against 45.2 µs)
       (bench/results/20261201T1300Z-decode_tune.md);
     - a paged cache the same: its steps read their page ids a step ahead (`page_lookahead`
-      1), so its K/V loads pipeline as a contiguous cache's do (compiled for sm_90, both get
-      the same K/V buffers at every stage count). Read in their own step, the ids cost a
-      pipeline stage: 128 keys two deep was then the best paged configuration, 15-30% faster
-      than 64/3, and still 1.10-1.17x the contiguous cache at B=1
+      1), so its K/V loads pipeline as a contiguous cache's do (compiled for sm_90 by Triton
+      3.6, the H200's, and 3.9, both get the same K/V buffers at every stage count). Read in
+      their own step, the ids cost a pipeline stage: 128 keys two deep was then the best
+      paged configuration, 15-30% faster than 64/3, and still 1.10-1.17x the contiguous
+      cache at B=1
       (bench/results/20261201T1316Z-decode_tune-paged.md). The same configuration for both
       is not measured yet (bench/decode_tune.py --paged 16,64 sweeps it).
 

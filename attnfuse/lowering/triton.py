@@ -201,7 +201,8 @@ class KernelEmitter:
             "row_in_bounds", "keys", "key_in_bounds", "q_pos", "slope", "entry", "sm_scale", "n_q", "n_k", "num_heads",
             "group_size", "start_n", "q_first", "q_last", "queries", "query_in_bounds", "start_m",
             "head_in_group", "diag_first", "diag_last", "lse_safe", "split", "num_splits",
-            "split_len", "row_head", "row_query", "row_blocks", "pages", "page_ids", "next_page_ids", "page_rows", "group_rows",
+            "split_len", "row_head", "row_query", "row_blocks", "pages", "page_ids", "next_page_ids",
+            "page_rows", "group_rows",
             "split_lo", "split_hi", "split_lse", "split_out", "new_max", "safe_max", "rescale",
             "weight", "cached", "k_pos", "arrived", "count_ptr", "s",
             "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS,
@@ -1017,13 +1018,12 @@ class KernelEmitter:
         self.emit("page_rows = keys % PAGE_SIZE")
 
     def emit_pages(self, masked: bool) -> None:
-        """A paged kernel's key step: the page and the row in it of each key (`pages`,
-        `page_rows`), from this sequence's block table. Keys past the sequence read no
-        table entry (a table's unused entries may hold anything)."""
-        page_size = self.kernel.get("page_size")
-        block_n = self.kernel.get("block_n")
+        """A paged kernel's key step that reads its own page ids (`page_lookahead` 0, or a
+        loop whose next step is not known ahead): the page and the row in it of each key
+        (`pages`, `page_rows`), from this sequence's block table. Keys past the sequence
+        read no table entry (a table's unused entries may hold anything)."""
         self.emit("# Paged cache: key j is row j % PAGE_SIZE of page block_table[batch, j // PAGE_SIZE].")
-        if page_size % block_n == 0:
+        if self.page_per_step:
             # The step's keys lie in one page: one table entry, read once. A step past the
             # sequence's last key is partial and its loads are masked, so its entry (maybe
             # past the table's used part) is never followed.

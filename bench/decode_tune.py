@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"- {name}: SDPA {'flash ' if device == 'cuda' else ''}{sdpa:.1f} µs ({gbytes / sdpa * 1e6:.0f} GB/s); "
                      f"AttnFuse max err vs SDPA {err:.2e}")
         log(lines[-1])
-    lines += ["", "Cells: µs per call (on a GPU: CUDA-graph replays of 20 calls, warm L2); `WRONG`: the result is not SDPA's.", "",
+    lines += ["", "Cells: µs per call (on a GPU: CUDA-graph replays of 20 calls, warm L2); `WRONG`: the result is not SDPA's. "
+              f"Merge stages `default`: the decode configuration's ({config.DECODE_MERGE_STAGES} on a GPU).", "",
               "| block_n | stages | warps | page lookahead | programs/SM | min split blocks | merge stages | "
               + " | ".join(cases) + " |",
               "|" + "---|" * (7 + len(cases))]

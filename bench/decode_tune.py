@@ -1,16 +1,33 @@
-"""Sweep the split-KV decode kernel's tuning on a GPU: key block size and pipeline depth
-(`config.decode_tile_config`), then how many splits a launch aims at
-(`kv_cache.PROGRAMS_PER_SM`, `kv_cache.MIN_SPLIT_BLOCKS`), at the decode benchmark's
-cache shapes, beside SDPA (flash). Checks every AttnFuse result against SDPA first.
+"""Sweep the split-KV decode kernel's tuning on a GPU: key block size, pipeline depth and,
+for paged caches, how far ahead a step reads its page ids (`config.decode_tile_config`,
+`TileConfig.page_lookahead`), then how many splits a launch aims at
+(`kv_cache.PROGRAMS_PER_SM`, `kv_cache.MIN_SPLIT_BLOCKS`) and warps, at the decode
+benchmark's cache shapes, beside SDPA (flash). Every configuration's result is checked
+against SDPA before it is timed (a wrong one reads `WRONG` in its cell).
 
-    python bench/decode_tune.py [--reps 200] [--out bench/results/<stamp>-decode_tune.md]
-    python bench/decode_tune.py --paged 16,64   # the same sweep over paged caches
+    python bench/decode_tune.py [--reps 100] [--out bench/results/<stamp>-decode_tune.md]
+    python bench/decode_tune.py --paged 16,64   # also over shuffled page pools: one run
+    python bench/decode_tune.py --smoke         # the CPU interpreter at tiny sizes (timings mean nothing)
+
+Rows stop starting after `--time-budget` seconds (default 300; the rows left are listed).
+
+The default sweep (about 220 timed cells with `--paged 16,64`, each compiled shape once; about
+4.5 minutes on the H200, most of it compiling):
+
+1. block_n 64/128 x 2-4 stages, page ids a step ahead (the default); the same as the
+   contiguous cache's (both are timed in each row);
+2. paged only, page ids read in their own step (`page lookahead` 0, the code before the
+   lookahead), at 128/2 (its best before), 64/3 and 128/3: the lookahead's effect;
+3. one sequence's streaming (the long caches): the split merge's loop unpipelined (the code
+   before) and 4 deep against the default 3, 8 warps, 5 stages, two programs per SM, longer
+   splits.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import time
 from dataclasses import replace
 
 import torch
@@ -28,11 +45,23 @@ ROWS = {
     "llama3-70b-32k": (1, 64, 8, 128, 32768),
     "llama3-8b-b8-8k": (8, 32, 8, 128, 8192),
 }
+"""(B, Hq, Hkv, D, L): the decode benchmark's caches (bench/decode.py rows 1-4)."""
+
+SMOKE_ROWS = {"tiny-b2": (2, 4, 1, 32, 192)}
+"""`--smoke`: caches the CPU interpreter runs in seconds (L a multiple of 64-row pages)."""
 
 
 def time_us(fn, reps: int) -> float:
     """Median µs of `fn()` over CUDA-graph replays of 20 calls (no launch overhead counted
-    twice: a decode step runs inside a graph in serving systems)."""
+    twice: a decode step runs inside a graph in serving systems); on the CPU (`--smoke`), the
+    wall clock of single calls."""
+    if not torch.cuda.is_available():
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e6)
+        return sorted(times)[len(times) // 2]
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -57,61 +86,70 @@ def time_us(fn, reps: int) -> float:
     return times[len(times) // 2]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--paged", default="", help="page sizes: tune over shuffled page pools instead")
-    parser.add_argument("--quick", action="store_true", help="key block and stage sweep only")
+    parser.add_argument("--paged", default="", help="page sizes: also tune over shuffled page pools")
+    parser.add_argument("--quick", action="store_true", help="key block x stages x page lookahead only")
     parser.add_argument("--merge", action="store_true", help="merge-kernel stages x splits per SM only")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="tiny caches on the CPU interpreter (timings mean nothing)")
+    parser.add_argument("--time-budget", type=float, default=300.0,
+                        help="seconds from the start after which no further row starts (the table says which were left)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
     page_sizes = [int(p) for p in args.paged.split(",") if p]
+    device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    rows = SMOKE_ROWS if args.smoke else ROWS
     torch.manual_seed(0)
-    lines = [f"# decode tuning on {torch.cuda.get_device_name()}", "",
+    where = torch.cuda.get_device_name() if device == "cuda" else "the CPU (Triton interpreter)"
+    lines = [f"# decode tuning on {where}", "",
              f"torch {torch.__version__}, triton {__import__('triton').__version__}", ""]
     spec = af.attention(af.causal())
     cases = {}
-    for name, (b, hq, hkv, d, length) in ROWS.items():
-        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.float16)
-        k = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.float16)
+    refs = {}
+    for name, (b, hq, hkv, d, length) in rows.items():
+        q = torch.randn(b, hq, 1, d, device=device, dtype=dtype)
+        k = torch.randn(b, hkv, length, d, device=device, dtype=dtype)
         v = torch.randn_like(k)
-        lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
+        lens = torch.full((b,), length, dtype=torch.int32, device=device)
         cases[name] = (q, k, v, {"kv_lens": lens})
         for page in page_sizes:
             pool_k, pool_v, table = paginate(k, v, page)
             cases[f"{name}-p{page}"] = (q, pool_k, pool_v, {"kv_lens": lens, "block_table": table})
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION if device == "cuda" else SDPBackend.MATH):
             ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             sdpa = time_us(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.reps)
-        out = af.compile(spec)(q, k, v, kv_lens=lens)
+        refs[name] = ref
         for page in page_sizes:
-            _q, pool_k, pool_v, extra = cases[f"{name}-p{page}"]
-            paged = af.compile(spec)(q, pool_k, pool_v, kv_lens=lens, block_table=extra["block_table"])
-            # Paged kernels step over other block sizes: equal up to the summation order.
-            torch.testing.assert_close(paged, out, rtol=2e-3, atol=2e-3, msg=f"{name}: the paged cache gives another result")
+            refs[f"{name}-p{page}"] = ref
+        out = af.compile(spec)(q, k, v, kv_lens=lens)
         err = (out.float() - ref.float()).abs().max().item()
-        gbytes = 2 * b * hkv * length * d * 2 / 1e9
-        lines.append(f"- {name}: SDPA flash {sdpa:.1f} µs ({gbytes / sdpa * 1e6:.0f} GB/s); AttnFuse max err vs SDPA {err:.2e}")
+        gbytes = 2 * b * hkv * length * d * k.element_size() / 1e9
+        lines.append(f"- {name}: SDPA {'flash ' if device == 'cuda' else ''}{sdpa:.1f} µs ({gbytes / sdpa * 1e6:.0f} GB/s); "
+                     f"AttnFuse max err vs SDPA {err:.2e}")
         log(lines[-1])
-    lines += ["", "| block_n | stages | warps | programs/SM | min split blocks | merge stages | " + " | ".join(cases) + " |",
-              "|" + "---|" * (6 + len(cases))]
+    lines += ["", "Cells: µs per call (on a GPU: CUDA-graph replays of 20 calls, warm L2); `WRONG`: the result is not SDPA's. "
+              f"Merge stages `default`: the decode configuration's ({config.DECODE_MERGE_STAGES} on a GPU).", "",
+              "| block_n | stages | warps | page lookahead | programs/SM | min split blocks | merge stages | "
+              + " | ".join(cases) + " |",
+              "|" + "---|" * (7 + len(cases))]
     original = config.decode_tile_config
 
-    def prepared(q, k, v, extra, merge_stages):
-        """A compiled variant whose plan for these tensors launches the merge kernel with
-        `merge_stages` pipeline stages (a launch parameter: the source is unchanged)."""
-        fn = af.compile(spec)
-        layout, paged_keys = kv_cache.check_cache_arguments(q, k, v, extra.get("kv_lens"), extra.get("block_table"))
-        plan = fn.plan(q, k, v, (False, False), False, layout, paged_keys)
-        for launch in plan.launches:
-            if launch.info.name == "attention_merge" and merge_stages is not None:
-                launch.stages[0] = merge_stages
-        return fn
-
-    def sweep(block_n: int, stages: int, warps: int, per_sm: int, min_blocks: int,
-              merge_stages: int | None = None, only: str | None = None) -> None:
+    def sweep(block_n: int, stages: int, warps: int = 4, per_sm: int = 1, min_blocks: int = 4,
+              merge_stages: int | None = None, only: str | None = None, lookahead: int = 1) -> None:
+        """One row: every case (or only the "paged" / "contiguous" ones) under this
+        configuration, checked against SDPA, then timed."""
+        if time.monotonic() - started > args.time_budget:
+            lines.append(f"| {block_n} | {stages} | {warps} | {lookahead if page_sizes else '-'} | {per_sm} | {min_blocks} | "
+                         f"{merge_stages or 'default'} | " + " | ".join("not run (time budget)" for _ in cases) + " |")
+            log(lines[-1])
+            return
         def tuned(problem, paged=False):
-            return replace(original(problem, paged), block_n=block_n, num_stages=stages, num_warps=warps)
+            base = original(problem, paged)
+            return replace(base, block_n=block_n, num_stages=stages, num_warps=warps, page_lookahead=lookahead,
+                           merge_stages=base.merge_stages if merge_stages is None else merge_stages)
 
         api.decode_tile_config = tuned  # what compile_key calls
         kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS = per_sm, min_blocks
@@ -121,40 +159,69 @@ def main() -> None:
                 cells.append("")
                 continue
             try:
-                fn = prepared(q, k, v, extra, merge_stages)
-                fn(q, k, v, **extra)
+                fn = af.compile(spec)
+                out = fn(q, k, v, **extra)
+                if not torch.allclose(out.float(), refs[name].float(), rtol=2e-3, atol=2e-3):
+                    cells.append("WRONG")
+                    continue
                 cells.append(f"{time_us(lambda: fn(q, k, v, **extra), args.reps):.1f}")
             except Exception as err:  # noqa: BLE001 - a config that does not fit is a row
                 cells.append(f"fails: {type(err).__name__}")
-        lines.append(f"| {block_n} | {stages} | {warps} | {per_sm} | {min_blocks} | {merge_stages or '-'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {block_n} | {stages} | {warps} | {lookahead if page_sizes else '-'} | {per_sm} | {min_blocks} | "
+                     f"{merge_stages or 'default'} | " + " | ".join(cells) + " |")
         log(lines[-1])
 
-    for block_n, stages, warps in itertools.product((32, 64, 128), (2, 3, 4), (4,)):
+    saved = kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS
+    try:
+        if args.smoke:
+            # Both table paths (a table entry per key for 16-row pages, per step for 64-row
+            # ones at 32/64-key blocks), both lookaheads, the long-cache axes: code paths only.
+            for block_n in (32, 64):
+                sweep(block_n, 1)
+            sweep(32, 1, only="paged" if page_sizes else None, lookahead=0, merge_stages=1)
+            sweep(32, 1, warps=8, per_sm=2, min_blocks=1)
+            return finish(lines, args.out)
         if args.merge:
-            break
-        sweep(block_n, stages, warps, kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS)
-    if args.quick:
+            # The merge kernel's pipelining against the split count it has to walk.
+            for merge_stages, per_sm in itertools.product((1, 2, 3, 4), (1, 2)):
+                sweep(64, 3, per_sm=per_sm, merge_stages=merge_stages, only="contiguous")
+                if page_sizes:
+                    sweep(64, 3, per_sm=per_sm, merge_stages=merge_stages, only="paged")
+            return finish(lines, args.out)
+        # 1. Block and depth, page ids a step ahead: paged against contiguous in each row.
+        for block_n, stages in itertools.product((64, 128), (2, 3, 4)):
+            sweep(block_n, stages)
+        # 2. Page ids read in their own step (the code before the lookahead): its effect.
+        if page_sizes:
+            for block_n, stages in ((128, 2), (64, 3), (128, 3)):
+                sweep(block_n, stages, only="paged", lookahead=0)
+        if args.quick:
+            return finish(lines, args.out)
+        # 3. One sequence's streaming (B=1 long caches): the merge's loop over the splits
+        # unpipelined (the code before) and deeper, more warps, a deeper pipeline, two
+        # programs per SM (smaller blocks fit two per SM's shared memory), longer splits.
+        for block_n, stages in ((64, 3), (128, 3)):
+            for merge_stages in (1, 4):
+                sweep(block_n, stages, merge_stages=merge_stages)
+        for block_n, stages in ((64, 3), (128, 3)):
+            sweep(block_n, stages, warps=8)
+        sweep(64, 5)
+        for block_n, stages in ((64, 2), (64, 3)):
+            sweep(block_n, stages, per_sm=2)
+        sweep(128, 3, min_blocks=8)
         return finish(lines, args.out)
-    if args.merge:
-        # The merge kernel's pipelining against the split count it has to walk.
-        for merge_stages, per_sm in itertools.product((1, 2, 3, 4), (1, 2, 4)):
-            sweep(64, 3, 4, per_sm, 4, merge_stages, only="contiguous")
-            if page_sizes:
-                sweep(128, 2, 4, per_sm, 4, merge_stages, only="paged")
-        return finish(lines, args.out)
-    for warps in (2, 8):
-        sweep(64, 3, warps, 2, 4)
-    for per_sm, min_blocks in itertools.product((1, 2, 4, 8), (2, 4, 8)):
-        sweep(64, 3, 4, per_sm, min_blocks)
-    finish(lines, args.out)
+    finally:
+        api.decode_tile_config = original
+        kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS = saved
 
 
-def finish(lines: list[str], out: str | None) -> None:
+def finish(lines: list[str], out: str | None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if out:
         with open(out, "w") as f:
             f.write(text)
+    return 0
 
 
 def paginate(k: torch.Tensor, v: torch.Tensor, page: int):
@@ -172,4 +239,4 @@ def paginate(k: torch.Tensor, v: torch.Tensor, page: int):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

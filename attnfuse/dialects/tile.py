@@ -549,9 +549,15 @@ class KernelOp(IRDLOperation):
     `head_dim_v`, optional `rotary_dim`, `element_type` (the inputs' type), optional
     `block_order` (`#tile<order ...>`, ascending when absent), optional `shared_offsets`
     (`["do", "q"]`, set by `share-offsets`: when the runtime finds the two roles' row and
-    column strides equal, the first role's loop loads reuse the second's offsets) and
-    optional `page_size`, optional `schedule` (`#tile<schedule ...>`, with the integer
-    attributes `producer_warps` and `consumer_registers`; see `ScheduleAttr`).
+    column strides equal, the first role's loop loads reuse the second's offsets),
+    optional `page_size` and optional `page_lookahead` (a paged kernel's key loops read the
+    block-table entries of a step this many steps ahead: 1, the default when absent, reads
+    the next step's entries during a step, so no K/V address waits on a table load in its
+    own step and the loads software-pipeline like a contiguous cache's; 0 reads them in the
+    step that uses them), on a kernel that merges split partials optional `merge_stages`
+    (the software-pipelining depth of its loop over the splits; 1, not pipelined, when
+    absent), and optional `schedule` (`#tile<schedule ...>`, with the integer attributes
+    `producer_warps` and `consumer_registers`; see `ScheduleAttr`).
 
     A kernel with a `kv_lens` parameter reads its key count per batch (`kv_lens[batch]`,
     clamped to the cache's length); one with a `block_table` parameter (and a `page_size`)
@@ -643,6 +649,13 @@ class KernelOp(IRDLOperation):
         return attr.data if isinstance(attr, ScheduleAttr) else None
 
     @property
+    def page_lookahead(self) -> int:
+        """How many steps ahead a paged kernel's key loops read block-table entries (1 when
+        the attribute is absent)."""
+        value = self.int_attr("page_lookahead")
+        return 1 if value is None else value
+
+    @property
     def shared_offsets(self) -> tuple[str, ...] | None:
         """(follower, leader) roles whose loop loads may share offsets, or None."""
         attr = self.attributes.get("shared_offsets")
@@ -709,6 +722,15 @@ class KernelOp(IRDLOperation):
             )
         if page_size is not None and page_size < 1:
             raise VerifyException(f"page_size must be >= 1, got {page_size}")
+        merge_stages = self.attributes.get("merge_stages")
+        if merge_stages is not None and (self.int_attr("merge_stages") or 0) < 1:
+            raise VerifyException(f"merge_stages must be an integer >= 1, got {self.int_attr('merge_stages')}")
+        lookahead = self.attributes.get("page_lookahead")
+        if lookahead is not None:
+            if not paged:
+                raise VerifyException("page_lookahead is an attribute of a paged kernel (one with a block_table parameter)")
+            if self.int_attr("page_lookahead") not in (0, 1):
+                raise VerifyException(f"page_lookahead must be 0 or 1, got {self.int_attr('page_lookahead')}")
         if paged and "kv_lens" not in self.roles:
             raise VerifyException("a paged kernel needs a kv_lens parameter: the pages hold no length")
         if self.grid == "appended_keys" and "kv_lens" not in self.roles:

@@ -201,7 +201,8 @@ class KernelEmitter:
             "row_in_bounds", "keys", "key_in_bounds", "q_pos", "slope", "entry", "sm_scale", "n_q", "n_k", "num_heads",
             "group_size", "start_n", "q_first", "q_last", "queries", "query_in_bounds", "start_m",
             "head_in_group", "diag_first", "diag_last", "lse_safe", "split", "num_splits",
-            "split_len", "row_head", "row_query", "row_blocks", "pages", "page_rows", "group_rows",
+            "split_len", "row_head", "row_query", "row_blocks", "pages", "page_ids", "next_page_ids",
+            "page_rows", "group_rows",
             "split_lo", "split_hi", "split_lse", "split_out", "new_max", "safe_max", "rescale",
             "weight", "cached", "k_pos", "arrived", "count_ptr", "s",
             "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS,
@@ -829,14 +830,14 @@ class KernelEmitter:
         expressions use; `out` (and `lse`) name the results."""
         self.emit(f"{out} = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
         if lse_ptrs is None:
-            self.emit(f"for {split} in range(0, num_splits):")
+            self.emit(f"for {split} in {self.splits_range()}:")
             self.emit(f"    {out} += tl.load({o_ptrs}, mask={o_mask}, other=0.0{load_options})")
             return
         assert lse is not None
         merged_max, total = self.namer.fresh("merged_max"), self.namer.fresh("merged_sum")
         self.emit(f"{merged_max} = tl.full([BLOCK_M], float(\"-inf\"), dtype=tl.float32)")
         self.emit(f"{total} = tl.zeros([BLOCK_M], dtype=tl.float32)")
-        self.emit(f"for {split} in range(0, num_splits):")
+        self.emit(f"for {split} in {self.splits_range()}:")
         self.indent += 1
         self.emit(f"split_lse = tl.load({lse_ptrs}, mask=row_in_bounds, other=float(\"-inf\"){load_options})")
         self.emit(f"split_out = tl.load({o_ptrs}, mask={o_mask}, other=0.0{load_options})")
@@ -853,6 +854,14 @@ class KernelEmitter:
         self.emit(f"{has_keys} = {total} != 0.0")
         self.emit(f"{out} = {out} / tl.where({has_keys}, {total}, 1.0)[:, None]")
         self.emit(f"{lse} = tl.where({has_keys}, {merged_max} + tl.math.log2(tl.where({has_keys}, {total}, 1.0)) * {LN2}, float(\"-inf\"))")
+
+    def splits_range(self) -> str:
+        """The iteration over the splits of a merge: software-pipelined `merge_stages` deep
+        (`tl.range`: its loads are not products' operands, which Triton pipelines only in a
+        loop that asks), so a split's partials are in flight while earlier ones merge;
+        unpipelined, each split's loads wait for the previous split's merge."""
+        stages = self.kernel.int_attr("merge_stages") or 1
+        return f"tl.range(0, num_splits, num_stages={stages})" if stages > 1 else "range(0, num_splits)"
 
     def value_column_mask(self) -> str:
         """` & (cols_dv < HEAD_DIM_V)[None, :]` where the value dim is padded, else ""."""
@@ -913,7 +922,10 @@ class KernelEmitter:
         kind = "partial key blocks: masked and bounds-checked" if masked else "full key blocks: no mask work"
         self.emit(f"# tile.kv_loop over {kind}")
         lo, hi = self.namer[op.lower], self.namer[op.upper]
-        self.emit_block_loop(op, f"for start_n in range({lo}, {hi}, BLOCK_N):", [], masked)
+        ahead = self.paged and self.kernel.page_lookahead > 0
+        self.emit_block_loop(op, f"for start_n in range({lo}, {hi}, BLOCK_N):", [], masked,
+                             prelude=(lambda: self.emit_first_pages(lo)) if ahead else None,
+                             pages_ahead=ahead)
 
     def emit_q_loop(self, op: tile.QLoopOp) -> None:
         masked = op.masked is not None
@@ -924,12 +936,14 @@ class KernelEmitter:
 
     def emit_block_loop(
         self, op: Operation, header: str, first: list[str], masked: bool,
-        prelude: Callable[[], None] | None = None,
+        prelude: Callable[[], None] | None = None, pages_ahead: bool = False,
     ) -> None:
         """A loop over key blocks (`query_blocks` kernels) or over query blocks of every query
         head of the GQA group (`key_blocks` kernels): `prelude` (run once per head), `header`,
         the statements `first` that set the step's start, the row indices (bounds-checked when
-        `masked`), then the body; loop-carried values keep one name."""
+        `masked`), then the body; loop-carried values keep one name. A paged kernel's key
+        step reads its pages from the block table, or with `pages_ahead` (the prelude read
+        the first step's, `emit_first_pages`) the next step's, carried to it."""
         block = op.regions[0].block
         carried = [self.namer[v] for v in op.operands if isinstance(v.type, tile.TileType)]
         for arg, name in zip(block.args, carried):
@@ -963,22 +977,58 @@ class KernelEmitter:
             if masked:
                 self.emit("key_in_bounds = keys < n_k")
             if self.paged:
-                self.emit_pages(masked)
+                self.emit_next_pages() if pages_ahead else self.emit_pages(masked)
         self.loop_vars.append(rows)
         self.emit_block(block)
         self.loop_vars.pop()
+        if pages_ahead:
+            self.emit("page_ids = next_page_ids  # the next step's, read during this one")
         self.indent -= opened
         for result, name in zip(op.results, carried):
             self.namer.alias(result, name)
 
-    def emit_pages(self, masked: bool) -> None:
-        """A paged kernel's key step: the page and the row in it of each key (`pages`,
-        `page_rows`), from this sequence's block table. Keys past the sequence read no
-        table entry (a table's unused entries may hold anything)."""
-        page_size = self.kernel.get("page_size")
-        block_n = self.kernel.get("block_n")
+    @property
+    def page_per_step(self) -> bool:
+        """Whether a key step's keys lie in one page (the page size is a multiple of the
+        step), so the step reads one table entry, not one per key."""
+        return self.kernel.get("page_size") % self.kernel.get("block_n") == 0
+
+    def table_load(self, keys: str, per_step: str) -> str:
+        """The load of the pages of the step whose keys are `keys` (its first key
+        `per_step` when a step's keys lie in one page), masked to the sequence's keys: a
+        table's entries past the sequence may hold anything (-1), or lie past its end."""
+        if self.page_per_step:
+            first = f"({per_step})" if " " in per_step else per_step
+            return (f"tl.load(block_table_base + {first} // PAGE_SIZE * stride_block_table_n, "
+                    f"mask={per_step} < n_k, other=0)")
+        return (f"tl.load(block_table_base + (({keys}) // PAGE_SIZE) * stride_block_table_n, "
+                f"mask={keys} < n_k, other=0)")
+
+    def emit_first_pages(self, lo: str) -> None:
+        """Before a paged key loop whose steps read their pages a step ahead: the first
+        step's page ids (starting at key `lo`)."""
         self.emit("# Paged cache: key j is row j % PAGE_SIZE of page block_table[batch, j // PAGE_SIZE].")
-        if page_size % block_n == 0:
+        self.emit("# Each step reads the next step's page ids, so no K/V address waits on a table load of its")
+        self.emit("# own step and the K/V loads pipeline as a contiguous cache's do; the first step's come here.")
+        self.emit(f"page_ids = {self.table_load(f'{lo} + tl.arange(0, BLOCK_N)', lo)}")
+
+    def emit_next_pages(self) -> None:
+        """A paged key step that reads its pages ahead: the next step's page ids
+        (`next_page_ids`, carried to it as `page_ids`), this step's pages and the row of each
+        of its keys in its page. The ids stay int32 until used: Triton schedules a load
+        whose result a loop carries as is together with its next-step user, one step
+        ahead of it (widened first, the load would go to the user's step)."""
+        self.emit(f"next_page_ids = {self.table_load('keys + BLOCK_N', 'start_n + BLOCK_N')}")
+        self.emit("pages = page_ids.to(tl.int64)  # int64 offsets: a pool can pass 2**31 elements")
+        self.emit("page_rows = keys % PAGE_SIZE")
+
+    def emit_pages(self, masked: bool) -> None:
+        """A paged kernel's key step that reads its own page ids (`page_lookahead` 0, or a
+        loop whose next step is not known ahead): the page and the row in it of each key
+        (`pages`, `page_rows`), from this sequence's block table. Keys past the sequence
+        read no table entry (a table's unused entries may hold anything)."""
+        self.emit("# Paged cache: key j is row j % PAGE_SIZE of page block_table[batch, j // PAGE_SIZE].")
+        if self.page_per_step:
             # The step's keys lie in one page: one table entry, read once. A step past the
             # sequence's last key is partial and its loads are masked, so its entry (maybe
             # past the table's used part) is never followed.

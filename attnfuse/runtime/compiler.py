@@ -75,12 +75,16 @@ class CompileKey:
         options = " decode=true" if self.decode else ""
         if self.decode and self.decode_merge != "kernel":
             options += f" decode-merge={self.decode_merge}"
+        if self.decode and self.config.merge_stages != 1:
+            options += f" merge-stages={self.config.merge_stages}"
         if self.append:
             options += " append=true"
         if self.cache.kv_lens:
             options += " kv-lens=true"
         if self.cache.page_size:
             options += f" page-size={self.cache.page_size}"
+            if self.config.page_lookahead != 1:
+                options += f" page-lookahead={self.config.page_lookahead}"
         return options
 
 

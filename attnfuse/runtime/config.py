@@ -33,6 +33,14 @@ class TileConfig:
     dkdv_block_n: int | None = None
     dkdv_num_warps: int | None = None
     dkdv_num_stages: int | None = None
+    merge_stages: int = 1
+    """The software-pipelining depth of the split decode's merge kernel's loop over the
+    splits (lower-to-tile's `merge-stages`; 1, not pipelined)."""
+    page_lookahead: int = 1
+    """A paged cache's key loops read the block-table entries of the step this many steps
+    ahead (lower-to-tile's `page-lookahead`): 1, the next step's during a step, so the K/V
+    loads software-pipeline as deep as a contiguous cache's; 0, each step its own (then
+    Triton's pipeliner spends a stage on the table load and K/V get one fewer)."""
 
     def dkdv(self) -> tuple[int, int, int, int]:
         """The dK/dV kernel's (block_m, block_n, num_warps, num_stages): its programs own
@@ -159,31 +167,43 @@ def decode_tile_config(problem: Problem, paged: bool = False) -> TileConfig:
     """The split-KV decode kernel's configuration: programs own the (query head, query)
     rows of one key/value head (`kv_cache.decode_block_m`) and stream its keys, on a GPU:
 
-    - a contiguous cache in blocks of 64 keys, pipelined three deep (128 from
-      DECODE_LONG_CACHE keys): at D=128 on the H200 the best, or within 3% of it, of
-      block_n 32/64/128 x 2-4 stages x 2/4/8 warps at every cache of bench/decode_tune.py,
-      except the 32k one, where 128-key blocks took 6% less time (42.4 against 45.2 µs);
-    - a paged cache in blocks of 128 keys, two deep: a page's address is a load of the
-      block table, which pipelines worse than strided addresses, and fewer, larger steps
-      amortize it; 128/2 was the best paged configuration at every cache, 15-30% faster
-      than 64/3 (bench/results/20261201T1300Z-decode_tune.md,
-      20261201T1316Z-decode_tune-paged.md).
+    - in blocks of 64 keys, pipelined three deep (128 from DECODE_LONG_CACHE keys): at D=128
+      on the H200 the best, or within 3% of it, of block_n 32/64/128 x 2-4 stages x 2/4/8
+      warps at every contiguous cache of bench/decode_tune.py, except the 32k one, where
+      128-key blocks took 6% less time (42.4 against 45.2 µs)
+      (bench/results/20261201T1300Z-decode_tune.md);
+    - a paged cache the same: its steps read their page ids a step ahead (`page_lookahead`
+      1), so its K/V loads pipeline as a contiguous cache's do (compiled for sm_90 by Triton
+      3.6, the H200's, and 3.9, both get the same K/V buffers at every stage count). Read in
+      their own step, the ids cost a pipeline stage: 128 keys two deep was then the best
+      paged configuration, 15-30% faster than 64/3, and still 1.10-1.17x the contiguous
+      cache at B=1
+      (bench/results/20261201T1316Z-decode_tune-paged.md). The same configuration for both
+      is not measured yet (bench/decode_tune.py --paged 16,64 sweeps it).
 
     Past a head dim of 128, blocks of 32 keys, two deep (not measured). On the
     interpreter, 32-key blocks: pages of 16 then take the per-key table path and pages of 32
     or more the per-step one, both exercised at test sizes (`kv_cache.split_plan` makes two
     splits there from two key blocks on, so short caches still merge splits)."""
+    del paged  # the same configuration (see above); kept for callers that tune paged calls apart
     block_m = decode_block_m(problem)
     if problem.device.type != "cuda":
-        return TileConfig(block_m, 32, 4, 1)
+        return TileConfig(block_m, 32, 4, 1, merge_stages=2)  # the pipelined merge's code path
     d = max(problem.head_dim, problem.head_dim_v)
     if d > 128:
-        return TileConfig(block_m, 32, 4, 2)
-    if paged:
-        return TileConfig(block_m, 128, 4, 2)
+        return TileConfig(block_m, 32, 4, 2, merge_stages=DECODE_MERGE_STAGES)
     if problem.seq_k >= DECODE_LONG_CACHE:
-        return TileConfig(block_m, 128, 4, 3)
-    return TileConfig(block_m, 64, 4, 3)
+        return TileConfig(block_m, 128, 4, 3, merge_stages=DECODE_MERGE_STAGES)
+    return TileConfig(block_m, 64, 4, 3, merge_stages=DECODE_MERGE_STAGES)
+
+
+DECODE_MERGE_STAGES = 3
+"""The split merge's loop over the splits, pipelined three deep (`tl.range`): two splits'
+partials in flight while one merges. Unpipelined (the merge before; Triton pipelines loads
+outside products only in a loop that asks, so the merge kernel's launch stages changed
+nothing: bench/results/20261201T1340Z-decode_tune-merge.md), each of the 16 splits of a B=1
+cache costs a dependent round trip to L2. Not measured yet (bench/decode_tune.py's merge
+stages column)."""
 
 
 DECODE_LONG_CACHE = 32768

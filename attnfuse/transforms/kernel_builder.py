@@ -162,6 +162,13 @@ class KernelConfig:
     """Where a split decode merges its partials: "kernel" (a second kernel,
     `attention_merge`) or "last-split" (the last split program of each row block,
     `tile.merge_last_split`)."""
+    page_lookahead: int = 1
+    """Steps ahead at which a paged kernel's key loops read block-table entries (the
+    kernel attribute `page_lookahead`): 1 reads the next step's pages during a step, 0 the
+    step's own."""
+    merge_stages: int = 1
+    """The software-pipelining depth of a split merge's loop over the splits (the kernel
+    attribute `merge_stages` of kernels that merge): 1, not pipelined."""
 
     def for_backward(self) -> KernelConfig:
         """The configuration the dQ and preprocess kernels are built with."""
@@ -215,6 +222,7 @@ class KernelBuilder:
         attributes = config.attributes(rotary_dim)
         if "block_table" in roles:
             attributes["page_size"] = config.page_size
+            attributes["page_lookahead"] = config.page_lookahead
         self.kernel = tile.KernelOp(
             name, roles, grid=grid, element_type=self.elem, config=attributes,
         )

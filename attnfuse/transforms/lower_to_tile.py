@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -249,6 +249,8 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
     if lse is not None:
         k.builder.insert(tile.StoreOp(lse, k.arg(lse_role), "program", None))
     if config.decode and config.decode_merge == "last-split":
+        # Its merge stays unpipelined: the partials other programs wrote are read past L1
+        # (.cg), which Triton's asynchronous copies do not promise for every load width.
         k.builder.insert(tile.MergeLastSplitOp(
             k.arg("o_part"), k.arg("lse_part"), k.arg("split_counts"), k.arg("o"),
             k.arg("lse") if facts.has_lse else None, facts.has_lse))
@@ -262,6 +264,7 @@ def build_merge_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kernel
     roles = ["o_part", "lse_part", "o"] + (["lse"] if facts.has_lse else [])
     merge_config = replace(config, block_m=MERGE_BLOCK_M, num_warps=MERGE_NUM_WARPS, num_stages=1)
     k = KernelBuilder("attention_merge", roles, "query_blocks", merge_config, None)
+    k.kernel.attributes["merge_stages"] = IntegerAttr(config.merge_stages, i64)
     merged = k.add(tile.MergeSplitsOp(k.arg("o_part"), k.arg("lse_part"), facts.has_lse), "out", "lse")
     k.builder.insert(tile.StoreOp(merged.results[0], k.arg("o"), "program", "all"))
     if facts.has_lse:
@@ -444,6 +447,15 @@ class LowerToTilePass(ModulePass):
     decode_merge: str = "kernel"
     """kernel: the split decode's partials are merged by a second kernel (`attention_merge`);
     last-split: by the last split program of each row block (`tile.merge_last_split`)."""
+    merge_stages: int = 1
+    """The software-pipelining depth of `attention_merge`'s loop over the splits: 1, not
+    pipelined (each split's partials are read after the previous split's are merged). The
+    last-split merge is never pipelined (it reads other programs' stores past L1)."""
+    page_lookahead: int = 1
+    """A paged cache's key loops read the block-table entries of the step this many steps
+    ahead: 1 (the next step's, during a step: no K/V address waits on a table load of its
+    own step, so Triton pipelines the K/V loads as deep as a contiguous cache's) or 0 (the
+    step's own)."""
 
     def config(self) -> KernelConfig:
         """The options, checked."""
@@ -476,6 +488,10 @@ class LowerToTilePass(ModulePass):
             )
         if self.page_size < 0:
             raise PassOptionError(f"lower-to-tile: page-size must be >= 0 (0: a contiguous cache), got {self.page_size}")
+        if self.merge_stages < 1:
+            raise PassOptionError(f"lower-to-tile: merge-stages must be >= 1, got {self.merge_stages}")
+        if self.page_lookahead not in (0, 1):
+            raise PassOptionError(f"lower-to-tile: page-lookahead must be 0 or 1, got {self.page_lookahead}")
         if self.page_size and not self.kv_lens:
             raise PassOptionError(
                 f"lower-to-tile: page-size={self.page_size} needs kv-lens=true: the pages do not "
@@ -485,7 +501,8 @@ class LowerToTilePass(ModulePass):
                             self.block_n, self.num_warps, self.num_stages, bwd_block_m,
                             bwd_block_n, bwd_num_warps, bwd_num_stages, *dkdv,
                             self.backward, self.bwd_rope, self.decode, self.kv_lens,
-                            self.page_size, self.append, self.decode_merge)
+                            self.page_size, self.append, self.decode_merge, self.page_lookahead,
+                            self.merge_stages)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

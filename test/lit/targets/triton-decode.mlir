@@ -1,5 +1,10 @@
 // RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=64 head-dim=64 block-m=16 block-n=64},fold-scale-into-exp' -t triton | filecheck %s
 // RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=16 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=SMALL-PAGES
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=64 page-lookahead=0 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=IN-STEP
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=16 page-lookahead=0 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=IN-STEP-KEYS
+// RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'lower-to-tile{decode=true kv-lens=true page-size=16 page-lookahead=2}' 2>&1 | filecheck %s --check-prefix=LOOKAHEAD-OPTION
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true merge-stages=3 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=MERGE-PIPELINED
+// RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'lower-to-tile{decode=true merge-stages=0}' 2>&1 | filecheck %s --check-prefix=MERGE-STAGES-OPTION
 
 // The split decode kernel: one program per (batch x key/value head x row block, split); its
 // rows are (query head, query) pairs; the key count is the sequence's; keys come from pages.
@@ -20,22 +25,59 @@
 // CHECK:       q_lo = tl.load(q_base + (row_head * stride_q_h + row_query * stride_q_n)[:, None] + (cols_half)[None, :] * stride_q_d
 // CHECK:       tile.kv_split: only this program's split of the keys
 // CHECK-NEXT:  split_lo = split * split_len
-// A step's 64 keys lie in one 64-row page: one table entry per step.
-// CHECK:       pages = tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n).to(tl.int64)
-// CHECK-NEXT:  page_rows = keys % PAGE_SIZE
-// CHECK-NEXT:  # tile.load: k rows (loop)
-// CHECK-NEXT:  k_lo = tl.load(k_base + (pages * stride_k_b + page_rows * stride_k_n)[:, None]
+// A step's 64 keys lie in one 64-row page: one table entry per step, read a step ahead (the
+// first step's before the loop), never past the sequence's keys; the ids are carried int32.
+// CHECK:       page_ids = tl.load(block_table_base + split_start // PAGE_SIZE * stride_block_table_n, mask=split_start < n_k, other=0)
+// CHECK-NEXT:  for start_n in range(split_start, split_full_end, BLOCK_N):
+// CHECK:           next_page_ids = tl.load(block_table_base + (start_n + BLOCK_N) // PAGE_SIZE * stride_block_table_n, mask=start_n + BLOCK_N < n_k, other=0)
+// CHECK-NEXT:      pages = page_ids.to(tl.int64)
+// CHECK-NEXT:      page_rows = keys % PAGE_SIZE
+// CHECK-NEXT:      # tile.load: k rows (loop)
+// CHECK-NEXT:      k_lo = tl.load(k_base + (pages * stride_k_b + page_rows * stride_k_n)[:, None]
 // Keys rotate at their logical positions, not their page rows.
 // CHECK:       tile.rotate: RoPE at key positions
 // CHECK:       table_rows_1 = keys
+// The step hands the next step its ids.
+// CHECK:           page_ids = next_page_ids
+// The partial loop reads its first step's ids itself.
+// CHECK:       page_ids = tl.load(block_table_base + split_full_end // PAGE_SIZE * stride_block_table_n, mask=split_full_end < n_k, other=0)
+// CHECK-NEXT:  for start_n in range(split_full_end, split_end, BLOCK_N):
 // CHECK:       tl.store(o_part_base + (row_head * stride_o_part_h + row_query * stride_o_part_n)[:, None]
 
 // The merge: each split's output weighted by exp(lse_s - lse).
 // CHECK-LABEL: def attention_merge(
+// Unpipelined by default (merge-stages=1): each split's loads wait for the previous merge.
 // CHECK:       for split in range(0, num_splits):
 // CHECK-NEXT:      split_lse = tl.load(lse_part_base + split * stride_lse_part_s + rows * stride_lse_part_n, mask=row_in_bounds, other=float("-inf"))
 // CHECK:           weight = tl.math.exp2((split_lse - safe_max) * 1.4426950408889634)
 
 // Pages smaller than a step: one table entry per key, none read past the sequence.
-// SMALL-PAGES: pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n).to(tl.int64)
-// SMALL-PAGES: pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n, mask=key_in_bounds, other=0).to(tl.int64)
+// SMALL-PAGES:      page_ids = tl.load(block_table_base + ((split_start + tl.arange(0, BLOCK_N)) // PAGE_SIZE) * stride_block_table_n, mask=split_start + tl.arange(0, BLOCK_N) < n_k, other=0)
+// SMALL-PAGES:      next_page_ids = tl.load(block_table_base + ((keys + BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=keys + BLOCK_N < n_k, other=0)
+// SMALL-PAGES-NEXT: pages = page_ids.to(tl.int64)
+// SMALL-PAGES:      page_ids = next_page_ids
+
+// page-lookahead=0: each step reads its own ids (per step with 64-row pages, per key with
+// 16-row ones); the full loop's steps lie inside the sequence and need no mask.
+// IN-STEP-NOT:      page_ids
+// IN-STEP:          for start_n in range(split_start, split_full_end, BLOCK_N):
+// IN-STEP:              pages = tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n).to(tl.int64)
+// IN-STEP-NEXT:         page_rows = keys % PAGE_SIZE
+// IN-STEP-NOT:          page_ids
+// IN-STEP:          for start_n in range(split_full_end, split_end, BLOCK_N):
+// IN-STEP:              pages = tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n, mask=start_n < n_k, other=0).to(tl.int64)
+// IN-STEP-NOT:          page_ids
+// IN-STEP-KEYS-NOT:     page_ids
+// IN-STEP-KEYS:         pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n).to(tl.int64)
+// IN-STEP-KEYS-NOT:     page_ids
+// IN-STEP-KEYS:         pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n, mask=key_in_bounds, other=0).to(tl.int64)
+// IN-STEP-KEYS-NOT:     page_ids
+
+// LOOKAHEAD-OPTION: error: lower-to-tile: page-lookahead must be 0 or 1, got 2
+
+// merge-stages=N pipelines the loop over the splits itself (Triton pipelines loads that feed
+// no product only in a loop that asks): later splits' partials load while one merges.
+// MERGE-PIPELINED-LABEL: def attention_merge(
+// MERGE-PIPELINED:       for split in tl.range(0, num_splits, num_stages=3):
+// MERGE-PIPELINED-NEXT:      split_lse = tl.load(lse_part_base + split * stride_lse_part_s
+// MERGE-STAGES-OPTION: error: lower-to-tile: merge-stages must be >= 1, got 0

@@ -7,6 +7,7 @@
 // CHECK:      tile.kernel @attention_decode(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %kv_lens: !tile.tensor<kv_lens>, %block_table: !tile.tensor<block_table>)
 // CHECK-SAME: grid = #tile<grid kv_splits>
 // CHECK-SAME: page_size = 16 : i64
+// CHECK-SAME: page_lookahead = 1 : i64
 // CHECK:      %kv_start, %full_start, %full_end, %kv_end = tile.kv_bounds {band = #attn.band<upper = 0>}
 // CHECK-NEXT: %split_start, %split_full_start, %split_full_end, %split_end = tile.kv_split %kv_start, %full_start, %full_end, %kv_end
 // CHECK-NEXT: tile.kv_loop %split_start to %split_full_end iter_args
@@ -37,7 +38,7 @@ attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
 }
 
 // RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true decode-merge=last-split head-dim=64}' | filecheck %s --check-prefix=LAST
-// RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true decode-merge=last-split head-dim=64}' -t triton | filecheck %s --check-prefix=LAST-TRITON
+// RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true decode-merge=last-split merge-stages=2 head-dim=64}' -t triton | filecheck %s --check-prefix=LAST-TRITON
 // RUN: not attnfuse-opt %s -p 'lower-to-tile{decode=true decode-merge=tree}' 2>&1 | filecheck %s --check-prefix=MERGE-OPTION
 // One kernel: the last split program of each row block merges the partials and stores o, lse.
 // LAST:      tile.kernel @attention_decode(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %split_counts: !tile.tensor<split_counts>)
@@ -46,5 +47,8 @@ attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
 // LAST-NOT:  tile.kernel
 // LAST-TRITON:      arrived = tl.atomic_add(count_ptr, 1)
 // LAST-TRITON-NEXT: if arrived == num_splits - 1:
+// The last split's merge reads other programs' partials past L1 and is never pipelined.
+// LAST-TRITON:          for s in range(0, num_splits):
+// LAST-TRITON-NEXT:         split_lse = tl.load({{.*}}cache_modifier=".cg")
 // LAST-TRITON:          tl.atomic_xchg(count_ptr, 0)
 // MERGE-OPTION: error: lower-to-tile: decode-merge must be kernel or last-split, got 'tree'

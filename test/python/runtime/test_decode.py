@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -277,10 +278,23 @@ def test_decode_without_kv_lens(blocks, dtype, hkv):
     assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, k))
 
 
-def test_decode_paged_equals_contiguous():
+def with_page_lookahead(monkeypatch, lookahead):
+    """Decode calls compiled from here on read their block tables `lookahead` steps ahead
+    (`TileConfig.page_lookahead`; 1 is the default)."""
+    from attnfuse.runtime import api
+
+    original = api.decode_tile_config
+    monkeypatch.setattr(api, "decode_tile_config",
+                        lambda problem, paged=False: replace(original(problem, paged), page_lookahead=lookahead))
+
+
+@pytest.mark.parametrize("lookahead", [1, 0], ids=["ids-ahead", "ids-in-step"])
+def test_decode_paged_equals_contiguous(monkeypatch, lookahead):
     """One cache, three layouts (contiguous, pages of 16, pages of 32) and a sequence that
     reads a prefix of another's pages (2 shares 0's table, with fewer keys: its last page only
-    in part): the same attention."""
+    in part): the same attention, whether a step reads its page ids a step ahead or in the
+    step (pages of 16 take a table entry per key, of 32 one per 32-key step)."""
+    with_page_lookahead(monkeypatch, lookahead)
     spec = af.attention(af.alibi(), af.causal())
     fn = af.compile(spec)
     lens = [93, 64, 45, 0]
@@ -297,13 +311,17 @@ def test_decode_paged_equals_contiguous():
         assert_close_to_reference(out, ref, FP32)
         # Sequence 1 took 0's first pages (paginate's shared prefix): the others' data is k's.
         torch.testing.assert_close(out[[0, 2, 3]], contiguous[[0, 2, 3]], rtol=0, atol=2e-5)
+        # The kernels that ran read the ids as asked (the parametrization took effect).
+        assert ("next_page_ids" in fn.last.program.source) == (lookahead == 1)
 
 
-@pytest.mark.parametrize("page_size", [None, 32], ids=["contiguous", "page32"])
-def test_decode_never_reads_past_kv_lens(page_size):
+@pytest.mark.parametrize("page_size, lookahead", [(None, 1), (32, 1), (16, 1), (32, 0)],
+                         ids=["contiguous", "page32", "page16", "page32-ids-in-step"])
+def test_decode_never_reads_past_kv_lens(monkeypatch, page_size, lookahead):
     """Keys j >= kv_lens[b] do not exist: NaN there (the cache's tail, the tail of a
     sequence's last page, spare pages, and the pages the table names past a sequence's end)
-    must reach no output."""
+    must reach no output, with page ids read a step ahead (the default) or in the step."""
+    with_page_lookahead(monkeypatch, lookahead)
     spec = af.attention(af.causal())
     fn = af.compile(spec)
     lens = [96, 77, 0, 1, 37]

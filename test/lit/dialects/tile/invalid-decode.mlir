@@ -58,6 +58,27 @@ tile.kernel @k(%block_table: !tile.tensor<block_table>) attributes {grid = #tile
 
 // -----
 
+tile.kernel @k(%kv_lens: !tile.tensor<kv_lens>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, page_lookahead = 1 : i64} {
+  tile.return
+}
+// CHECK: page_lookahead is an attribute of a paged kernel (one with a block_table parameter)
+
+// -----
+
+tile.kernel @k(%kv_lens: !tile.tensor<kv_lens>, %block_table: !tile.tensor<block_table>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, page_size = 16 : i64, page_lookahead = 2 : i64} {
+  tile.return
+}
+// CHECK: page_lookahead must be 0 or 1, got 2
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, merge_stages = 0 : i64} {
+  tile.return
+}
+// CHECK: merge_stages must be an integer >= 1, got 0
+
+// -----
+
 tile.kernel @k(%fb: !tile.tensor<full_blocks>, %fc: !tile.tensor<full_count>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x dv x f32>
   %r = tile.sparse_kv_loop %fb, %fc iter_args(%a) : !tile.tensor<full_blocks>, !tile.tensor<full_count>, !tile.tile<m x dv x f32> -> !tile.tile<m x dv x f32> {

@@ -1,0 +1,128 @@
+"""A paged decode kernel's K/V loads software-pipeline as deep as a contiguous cache's, and
+the merge kernel's loop over the splits as deep as it asks.
+
+Compiled ahead of time for the H200's target (sm_90, `GPUTarget`; no GPU needed), the split
+decode kernel's key loop multi-buffers its K and V tiles in shared memory: `num_stages - 1`
+buffers each. Read in its own step, a page id is a load the K/V addresses depend on, and
+Triton's pipeliner spends a stage on it (one buffer fewer: at three stages, single-buffered
+K/V, nothing in flight past the step computing). Read a step ahead (`page_lookahead` 1, the
+default), it costs none. This test reads the buffers off the TTGIR Triton produces."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+
+import pytest
+
+import attnfuse as af
+from attnfuse.lowering.triton import emit_module
+from attnfuse.runtime.compiler import CompileKey, lower_spec
+from attnfuse.runtime.config import TileConfig
+from attnfuse.runtime.kv_cache import CacheLayout
+
+triton = pytest.importorskip("triton")
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+except ImportError:  # pragma: no cover - a Triton without ahead-of-time compiles
+    pytest.skip("this Triton cannot compile for a GPU target", allow_module_level=True)
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+if not isinstance(triton.language.standard.cdiv, JITFunction):
+    # Triton was imported under TRITON_INTERPRET=1: its own library functions are
+    # interpreter-only, and nothing in this process compiles for a GPU.
+    pytest.skip("Triton was imported for its interpreter (TRITON_INTERPRET=1)", allow_module_level=True)
+
+INDEX_ROLES = ("kv_lens", "block_table")
+FP32_ROLES = ("o_part", "lse_part")
+
+
+def decode_kernel_ttgir(tmp_path, page_size: int, lookahead: int, stages: int = 3,
+                        kernel: str = "attention_decode", merge_stages: int = 1) -> str:
+    """The TTGIR of a split decode's kernel (D=128, 64-key steps) compiled for sm_90."""
+    cache = CacheLayout(kv_lens=True, page_size=page_size)
+    config = TileConfig(16, 64, 4, stages, page_lookahead=lookahead, merge_stages=merge_stages)
+    key = CompileKey(128, 128, "f16", config, ("fused", "fused"), decode=True, cache=cache)
+    source = emit_module(lower_spec(af.attention(af.causal()), key)).source
+    path = tmp_path / f"decode_p{page_size}_l{lookahead}_m{merge_stages}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    with compiled_not_interpreted():
+        spec.loader.exec_module(module)
+        return sm90_ttgir(getattr(module, kernel), 1 if kernel == "attention_merge" else stages)
+
+
+@contextlib.contextmanager
+def compiled_not_interpreted():
+    """TRITON_INTERPRET=0 (real JIT functions and their compiler) inside, whatever the suite
+    runs on."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+def sm90_ttgir(fn, stages: int) -> str:
+    """The TTGIR of a decode kernel compiled for sm_90: 16-divisible pointers and strides,
+    unit column strides (what Triton specializes a launch on)."""
+    signature, constants, attrs = {}, {}, {}
+    for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
+        if param.is_constexpr:
+            signature[name], constants[name] = "constexpr", param.default
+        elif name.endswith("_ptr"):
+            role = name.removesuffix("_ptr")
+            signature[name] = "*i32" if role in INDEX_ROLES else "*fp32" if role in FP32_ROLES else "*fp16"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name.startswith("stride_") and name.endswith("_d"):
+            signature[name], constants[name] = "constexpr", 1  # contiguous rows, as Triton specializes
+        elif name == "sm_scale":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if name.startswith("stride_"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4, "num_stages": stages})
+    return compiled.asm["ttgir"]
+
+
+def kv_buffers(ttgir: str) -> set[int]:
+    """How many shared-memory buffers each 64x128 fp16 tile (K or V) of the loops has."""
+    return {int(n) for n in re.findall(r"local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x64x128xf16", ttgir)}
+
+
+@pytest.fixture(scope="module")
+def contiguous_buffers(tmp_path_factory):
+    return kv_buffers(decode_kernel_ttgir(tmp_path_factory.mktemp("contiguous"), 0, 1))
+
+
+def test_contiguous_decode_double_buffers_at_three_stages(contiguous_buffers):
+    assert contiguous_buffers == {2}
+
+
+@pytest.mark.parametrize("page_size", [16, 64], ids=["ids-per-key", "ids-per-step"])
+def test_paged_decode_pipelines_as_deep_as_contiguous(tmp_path, contiguous_buffers, page_size):
+    assert kv_buffers(decode_kernel_ttgir(tmp_path, page_size, 1)) == contiguous_buffers
+
+
+def test_page_ids_read_in_their_step_cost_a_stage(tmp_path, contiguous_buffers):
+    """What the lookahead removes (and what makes the test above able to fail)."""
+    assert kv_buffers(decode_kernel_ttgir(tmp_path, 16, 0)) == {1}
+
+
+@pytest.mark.parametrize("merge_stages, buffers", [(3, {2}), (1, set())], ids=["pipelined", "unpipelined"])
+def test_merge_loop_pipelines_as_asked(tmp_path, merge_stages, buffers):
+    """The merge kernel (launched with one stage) keeps `merge_stages - 1` splits' partials in
+    flight: its loop asks for them (`tl.range`), as no product's operand makes Triton do so."""
+    ttgir = decode_kernel_ttgir(tmp_path, 0, 1, kernel="attention_merge", merge_stages=merge_stages)
+    found = re.findall(r"local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x16x128xf32", ttgir)
+    assert {int(n) for n in found} == buffers

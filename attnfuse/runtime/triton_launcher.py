@@ -74,7 +74,9 @@ def direct_launcher(
     (pointers, as ints or tensors, and strides) followed by `trailing` (the scalars and
     constexpr values), on the current stream. It returns False, launching nothing, when the
     current device is not the one `compiled` was loaded on (the caller launches through the
-    JIT, which loads it there). Without a known interface it calls Triton's runner."""
+    JIT, which loads it there). Without a known interface it calls Triton's runner. Its
+    `path` says which it calls: "c" (the C launcher), "launcher" (the `CudaLauncher`) or
+    "runner"."""
     runner = compiled[grid]
     version = triton_version()
     device_of, stream_of = current_device, raw_stream
@@ -84,6 +86,7 @@ def direct_launcher(
         def via_runner(args: list[object]) -> bool:
             runner(*args, *trailing)
             return True
+        via_runner.path = "runner"  # type: ignore[attr-defined]
         return via_runner
 
     device = device_of()  # the JIT loads a kernel on the current device
@@ -105,6 +108,7 @@ def direct_launcher(
             c_launch(gx, gy, gz, stream_of(current), function, cooperative, pdl, None, None,
                      packed, None, None, None, *args, *trailing)
             return True
+        launch.path = "c"  # type: ignore[attr-defined]
         return launch
 
     def launch(args: list[object]) -> bool:
@@ -118,6 +122,7 @@ def direct_launcher(
         # and no hooks to call.
         run(gx, gy, gz, stream_of(current), function, packed, None, None, None, *args, *trailing)
         return True
+    launch.path = "launcher"  # type: ignore[attr-defined]
     return launch
 
 

@@ -68,6 +68,7 @@ def test_triton_3_6_calls_the_c_launcher_with_no_scratch_hooks_or_metadata(cuda,
     with_version(monkeypatch, (3, 6))
     log: list = []
     launch = triton_launcher.direct_launcher(FakeCompiled(log), GRID, TRAILING)
+    assert launch.path == "c"
     assert launch(ARGS) is True
     assert log == [("c", (4, 5, 1, 0x100, 77, False, True, None, None, (4, 1, 0), None, None, None,
                           *ARGS, *TRAILING))]
@@ -77,6 +78,7 @@ def test_triton_3_9_calls_the_launcher_as_its_runner_does(cuda, monkeypatch):
     with_version(monkeypatch, (3, 9))
     log: list = []
     launch = triton_launcher.direct_launcher(FakeCompiled(log), GRID, TRAILING)
+    assert launch.path == "launcher"
     launch(ARGS)
     assert log == [("run", (4, 5, 1, 0x100, 77, (4, 1, 0), None, None, None, *ARGS, *TRAILING))]
 
@@ -101,6 +103,7 @@ def test_an_unknown_triton_goes_through_its_runner(cuda, monkeypatch, version):
     with_version(monkeypatch, version)
     log: list = []
     launch = triton_launcher.direct_launcher(FakeCompiled(log), GRID, TRAILING)
+    assert launch.path == "runner"
     assert launch(ARGS) is True
     assert log == [("runner", GRID, (*ARGS, *TRAILING))]
 

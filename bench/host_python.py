@@ -6,7 +6,7 @@ A training step on the H200 costs the host a few tenths of a ms (`bench/host_ove
 which needs a GPU); this script measures the part that does not depend on Triton's launcher,
 so that host-side changes can be checked on a machine without one.
 
-    python bench/host_python.py [--steps 3000] [--cases rope,causal,...] [--launch stub|direct]
+    python bench/host_python.py [--steps 3000] [--repeat 1] [--cases rope,causal,...] [--launch stub|direct]
                                 [--profile CASE]
 
 Per case it prints microseconds per inference forward (under `torch.no_grad()`) and per
@@ -51,16 +51,25 @@ from attnfuse.runtime import launch as launch_module
 CASES = ("rope", "ropepos", "causal", "bias", "sparse", "sparse2")
 
 
+REPEAT = 1
+"""Blocks of `--steps` calls per measurement (`--repeat`); the fastest block counts."""
+
+
 def per_call_us(step, steps: int) -> float:
     """Mean microseconds of this thread's CPU time per `step()` over `steps` calls, after a
-    warm-up. CPU time, not wall time: on a shared machine, wall time also counts the slices
-    other processes run in (on the CPU, autograd runs the backward on the calling thread)."""
+    warm-up; with `REPEAT` > 1 the least of that many such blocks (other processes' load
+    only ever slows a block down). CPU time, not wall time: on a shared machine, wall time
+    also counts the slices other processes run in (on the CPU, autograd runs the backward on
+    the calling thread)."""
     for _ in range(50):
         step()
-    start = time.thread_time()
-    for _ in range(steps):
-        step()
-    return (time.thread_time() - start) / steps * 1e6
+    best = float("inf")
+    for _block in range(REPEAT):
+        start = time.thread_time()
+        for _ in range(steps):
+            step()
+        best = min(best, (time.thread_time() - start) / steps * 1e6)
+    return best
 
 
 class _Kernel:
@@ -260,10 +269,10 @@ def run_case(name: str, steps: int, mode: str, profile: bool) -> None:
         pass
 
     fwd_us = per_call_us(forward, steps)
-    fwd_launches = len(launched) / (steps + 50)
+    fwd_launches = len(launched) / (steps * REPEAT + 50)
     launched.clear()
     step_us = per_call_us(training_step, steps)
-    step_launches = len(launched) / (steps + 50)
+    step_launches = len(launched) / (steps * REPEAT + 50)
     names = ", ".join(sorted(set(launched)))
     nf, ns = round(fwd_launches), round(step_launches)
     # The floor's forward makes the forward's launches; its step, the step's split in one
@@ -297,10 +306,14 @@ def run_case(name: str, steps: int, mode: str, profile: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="blocks of --steps calls per figure; the fastest block is printed")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     parser.add_argument("--launch", choices=("stub", "direct"), default="direct")
     parser.add_argument("--profile", action="store_true", help="cProfile's top entries of each case")
     args = parser.parse_args()
+    global REPEAT
+    REPEAT = args.repeat
     torch.set_num_threads(1)  # host work is single-threaded; other threads only add jitter
     print(f"torch {torch.__version__}, launches: {args.launch}, {args.steps} calls per measurement")
     for name in args.cases.split(","):

@@ -705,7 +705,10 @@ class CompiledAttention:
         p = plan.problem
         # Every program stores all its rows, so the kernels fill the gradients whole. Shapes
         # and dtypes come from the problem: a rotated copy in the interpreter is fp32.
-        dq, dk, dv = (torch.empty(t.shape, dtype=p.dtype, device=p.device) for t in (q, k, v))
+        dtype, device = p.dtype, p.device
+        dq = torch.empty(q.shape, dtype=dtype, device=device)
+        dk = torch.empty(k.shape, dtype=dtype, device=device)
+        dv = torch.empty(v.shape, dtype=dtype, device=device)
         dbias = None
         if bias_grad:
             # Pairs in blocks the kernels skip (dropped by the mask) keep gradient 0.

@@ -303,7 +303,8 @@ def test_direct_launches_follow_strides_and_alignment():
 def _direct_paths(fn, q, k, v, training: bool) -> set[str]:
     """The `triton_launcher` paths of the direct launchers a call's plan holds."""
     plan = fn.plan(q, k, v, training=training)
-    return {runner.path for launch in plan.launches for runner in launch.runners.values()}
+    # (A launch on the Gluon target keeps no direct launchers.)
+    return {runner.path for launch in plan.launches for runner in getattr(launch, "runners", {}).values()}
 
 
 def test_direct_launches_equal_the_jit_launches_forward_and_training():

@@ -688,6 +688,11 @@ class KernelEmitter:
         for i, (q_op, k_op) in enumerate(products):
             acc = f", acc={name}" if i else ""
             self.emit(f"{name} = tl.dot({q_op}, tl.trans({k_op}){acc}{self.dot_options()})")
+        self.emit_score_scale(name, op)
+
+    def emit_score_scale(self, name: str, op: tile.ScoresOp) -> None:
+        """Multiplies the product `name` by the scale of `op` (or says it is folded into the
+        exponential: `fold-scale-into-exp`)."""
         scale = scale_expression(op.scale)
         if op.unscaled is not None:
             self.emit(f"# (the scale, {scale}, is applied where the scores meet the exponential)")

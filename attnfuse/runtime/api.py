@@ -38,6 +38,7 @@ from attnfuse.runtime.kv_cache import (
     row_blocks,
     split_plan,
 )
+from attnfuse.runtime.gluon_forward import gluon_forward
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.key_rotation import rotate_keys
@@ -377,7 +378,12 @@ class CompiledAttention:
         if variant.rope is not None:
             constants["rope_table"] = self._rope_table(problem, max(problem.seq_q, problem.seq_k))
         splits = split_plan(problem, key.config.block_m, key.config.block_n) if decode else None
-        launches = tuple(prepare(compiled, problem, scale, splits))
+        launches = prepare(compiled, problem, scale, splits)
+        if not decode and problem.device.type == "cuda":
+            # On Hopper the forward may run on the Gluon target (runtime/gluon_forward.py).
+            launches = gluon_forward(launches, problem, scale, lambda: lower_spec(self.program, key),
+                                     causal=variant.band[1] is not None)
+        launches = tuple(launches)
         if any("split_counts" in launch.info.roles for launch in launches):
             # The last-split merge's arrival counts: zero between calls (each call's last
             # program resets its count), so made once per plan.

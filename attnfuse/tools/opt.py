@@ -75,6 +75,13 @@ class AttnFuseOptMain(xDSLOptMain):
 
         self.available_targets["triton"] = triton_target
 
+        def gluon_target():
+            from attnfuse.lowering.gluon import GluonTarget
+
+            return GluonTarget
+
+        self.available_targets["gluon"] = gluon_target
+
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
         text = chunk.read().decode()
         unterminated = _unterminated_string(text)

@@ -1,0 +1,103 @@
+"""The forward on the Gluon target beside the portable (tl) target and cuDNN, at issue 17's
+sizes, in one run (H200):
+
+    python bench/gluon_forward.py --out bench/results [--reps 100]
+
+Rows: causal and dense, B=4 H=12 D=64 fp16 at N=4096/8192/16384; causal and dense with the
+Llama-3-8B heads (B=1, 32 query / 8 key-value heads, D=128, bf16) at N=4096/8192; RoPE +
+causal at the Llama heads, where cuDNN gets a compiled pre-rotation and AttnFuse pre-rotates
+in its own kernels for the Gluon column (the fused rotation is not lowered to Gluon) and
+as the Rotation Calculus decides for the others. Each AttnFuse column forces
+its target (`ATTNFUSE_FORWARD_TARGET`); `auto` is what a call gets by default. Every result is
+checked against cuDNN's first. Times: median ms of CUDA-event-timed calls
+(`benchlib.median_ms`), inference (`torch.no_grad`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attnfuse as af
+import benchlib
+
+CASES = (
+    [("causal", 4, 12, 12, 64, n, torch.float16) for n in (4096, 8192, 16384)]
+    + [("dense", 4, 12, 12, 64, 4096, torch.float16)]
+    + [("causal", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]
+    + [("dense", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]
+    + [("rope+causal", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]
+)
+TARGETS = ("gluon", "triton", "auto")
+
+
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    lo, hi = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([lo * cos - hi * sin, lo * sin + hi * cos], dim=-1).to(x.dtype)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--reps", type=int, default=100)
+    args = parser.parse_args()
+    meta = benchlib.metadata("cuda")
+    rows = []
+    for name, b, hq, hkv, d, n, dtype in CASES:
+        torch.manual_seed(0)
+        q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
+        causal = name != "dense"
+        rope = name.startswith("rope")
+        blocks = ([af.rope(theta=500000.0)] if rope else []) + ([af.causal()] if causal else [])
+        spec = af.attention(*blocks)
+        theta = 500000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
+        angle = torch.arange(n, device="cuda", dtype=torch.float32)[:, None] * theta[None, :]
+        cos, sin = angle.cos(), angle.sin()
+        rotate = torch.compile(rotate_half) if rope else None
+
+        # cuDNN's SDPA takes as many key/value heads as query heads: expanded once, untimed.
+        k_full, v_full = (t.repeat_interleave(hq // hkv, 1) for t in (k, v))
+
+        def cudnn():
+            qq, kk = (rotate(q, cos, sin), rotate(k_full, cos, sin)) if rope else (q, k_full)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(qq, kk, v_full, is_causal=causal)
+
+        with torch.no_grad():
+            expected = cudnn().float()
+            row = {"case": f"{name} B{b} H{hq}/{hkv} D{d} N{n} {str(dtype).removeprefix('torch.')}"}
+            row["cudnn_ms"] = benchlib.median_ms(cudnn, "cuda", 10, args.reps)[0]
+            for target in TARGETS:
+                os.environ["ATTNFUSE_FORWARD_TARGET"] = target
+                # A fused rotation is not lowered to Gluon: its column pre-rotates (one kernel
+                # per operand, then the Gluon forward reads the copies).
+                placement = ("pre_rotated", "pre_rotated") if rope and target == "gluon" else "auto"
+                fn = af.compile(spec, rope_placement=placement)
+                got = fn(q, k, v).float()
+                row[f"{target}_err"] = (got - expected).abs().max().item()
+                row[f"{target}_ms"] = benchlib.median_ms(lambda: fn(q, k, v), "cuda", 10, args.reps)[0]
+            os.environ.pop("ATTNFUSE_FORWARD_TARGET")
+        flops = 4 * b * hq * n * n * d * (0.5 if causal else 1.0)
+        row["gluon_tflops"] = flops / row["gluon_ms"] / 1e9
+        benchlib.log(str(row))
+        rows.append(row)
+    header = ["case", "Gluon ms", "tl ms", "auto ms", "cuDNN ms", "cuDNN / Gluon", "cuDNN / auto", "Gluon TFLOP/s", "max err (Gluon, tl)"]
+    table = [[r["case"], benchlib.fmt(r["gluon_ms"]), benchlib.fmt(r["triton_ms"]), benchlib.fmt(r["auto_ms"]),
+              benchlib.fmt(r["cudnn_ms"]), benchlib.fmt(r["cudnn_ms"] / r["gluon_ms"], ".2f"),
+              benchlib.fmt(r["cudnn_ms"] / r["auto_ms"], ".2f"), benchlib.fmt(r["gluon_tflops"], ".0f"),
+              f"{r['gluon_err']:.1e}, {r['triton_err']:.1e}"] for r in rows]
+    markdown = ["# Forward on the Gluon target beside the tl target and cuDNN", "", *benchlib.metadata_lines(meta),
+                "- rows: inference forward, median ms; ratios > 1 mean AttnFuse is faster", "",
+                *benchlib.markdown_table(header, table)]
+    benchlib.write_outputs(args.out, f"{benchlib.stamp()}-gluon-forward", {"metadata": meta, "rows": rows}, markdown)
+
+
+if __name__ == "__main__":
+    main()

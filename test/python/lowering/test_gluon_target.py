@@ -1,0 +1,167 @@
+"""The Gluon target without a GPU: the printed kernels compile for sm_90 ahead of time with the
+installed Triton (registers and spills read from the cubin), what it refuses it refuses with
+the op at fault, and the runtime's choice of target follows its rules. The kernels' numbers are
+checked on the H200 (test/python/test_gpu_gluon.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+import torch
+
+import attnfuse as af
+from attnfuse.errors import ArgumentError
+from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
+from attnfuse.runtime import gluon_forward
+from attnfuse.runtime.compiler import CompileKey, lower_spec
+from attnfuse.runtime.config import TileConfig
+from attnfuse.runtime.inputs import Problem
+
+
+def forward_kernel(spec, head_dim=128, placement=("fused", "fused"), dtype="bf16"):
+    key = CompileKey(head_dim, head_dim, dtype, TileConfig(128, 128, 8, 2), placement)
+    module = lower_spec(spec, key)
+    return next(op for op in module.ops if op.sym_name.data == "attention_fwd")
+
+
+class _TargetOnlyDriver:
+    """What an ahead-of-time compile asks Triton's driver for: a device, a stream, a target."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, _device):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """What Triton's bundled cuobjdump prints for `cubin` with `flag` (`-res-usage`, `-sass`)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip("Triton's cuobjdump is not bundled")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _registers_and_spills(cubin: bytes) -> tuple[int, int]:
+    text = _cuobjdump(cubin, "-res-usage")
+    return int(re.search(r"REG:(\d+)", text).group(1)), int(re.search(r"STACK:(\d+)", text).group(1))
+
+
+@pytest.fixture
+def sm90():
+    """Triton's active driver replaced by one that only names sm_90 (restored after)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    # The previous active driver as it was (None until first asked for: on a machine without
+    # a GPU, asking would fail), so that later tests see what they would have seen.
+    previous = driver._active
+    driver.set_active(_TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
+    try:
+        yield
+    finally:
+        driver._active = previous
+
+
+@pytest.mark.parametrize("name,spec,dim", [
+    ("causal", af.attention(af.causal()), 128),
+    ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64),
+])
+def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, tmp_path, monkeypatch):
+    """Valid Gluon for this Triton, within the register cap, its products on HGMMA; the
+    plain causal kernel spills nothing."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    program = emit_gluon_kernel(forward_kernel(spec, dim))
+    path = tmp_path / f"gluon_{name}.py"
+    path.write_text(program.source)
+    module_spec = importlib.util.spec_from_file_location(f"gluon_{name.replace('-', '_')}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    rows = torch.empty(4 * 256, dim, dtype=torch.bfloat16)
+    layout = gl.NVMMASharedLayout.get_default_for([128, dim], gl.bfloat16)
+    descs = [TensorDescriptor.from_tensor(rows, [128, dim], layout) for _ in range(4)]
+    lse, slopes = torch.empty(1, 4, 256), torch.empty(4)
+    pointers = []
+    for role in program.kernels[0].roles:
+        if role in program.kernels[0].operands:
+            continue
+        pointers += [lse, *lse.stride()] if role == "lse" else [slopes]
+    compiled = module.attention_fwd.warmup(*descs, *pointers, 0.1, 256, 256, 4, 1, grid=(1,),
+                                           num_warps=8, maxnreg=168)
+    registers, spills = _registers_and_spills(compiled.asm["cubin"])
+    assert registers <= 168
+    assert "HGMMA" in _cuobjdump(compiled.asm["cubin"], "-sass"), "the products must be warpgroup MMAs"
+    if name == "causal":
+        assert spills == 0, f"{spills} bytes spilled"
+
+
+@pytest.mark.parametrize("spec,placement,op", [
+    (af.attention(af.rope(), af.causal()), ("fused", "fused"), "tile.load"),
+    (af.attention(af.additive_bias()), ("fused", "fused"), None),
+    (af.attention(af.sigmoid()), ("fused", "fused"), "tile.zeros"),
+])
+def test_refused_kernels_name_the_op(spec, placement, op):
+    with pytest.raises(GluonUnsupported) as err:
+        emit_gluon_kernel(forward_kernel(spec, placement=placement))
+    if op is not None:
+        assert f"({op})" in str(err.value)
+    assert err.value.op is not None
+
+
+def test_pre_rotated_operands_are_descriptors():
+    """With both rotations pre-applied the forward is flash-shaped over the copies."""
+    program = emit_gluon_kernel(forward_kernel(af.attention(af.rope(), af.causal()),
+                                               placement=("pre_rotated", "pre_rotated")))
+    assert program.kernels[0].operands == ("q_rot", "k_rot", "v", "o")
+
+
+def test_head_dims_without_a_schedule_are_refused():
+    with pytest.raises(GluonUnsupported, match="head dim 96"):
+        emit_gluon_kernel(forward_kernel(af.attention(), head_dim=96))
+
+
+def problem(n_q, n_k, d=128, dtype=torch.bfloat16):
+    return Problem(1, 8, 8, n_q, n_k, d, d, dtype, torch.device("cpu"))
+
+
+def test_auto_rule_and_fit():
+    assert gluon_forward.prefers_gluon(problem(8192, 8192), causal=True)
+    assert not gluon_forward.prefers_gluon(problem(4096, 4096), causal=True)
+    assert not gluon_forward.prefers_gluon(problem(8192, 8192, d=64), causal=True)
+    assert gluon_forward.fits(problem(256, 384))
+    assert not gluon_forward.fits(problem(250, 384))
+    assert not gluon_forward.fits(problem(256, 384, dtype=torch.float32))
+
+
+def test_target_choice_is_checked(monkeypatch):
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "cuda")
+    with pytest.raises(ArgumentError, match="ATTNFUSE_FORWARD_TARGET"):
+        gluon_forward.forward_target()
+
+
+def test_cpu_calls_keep_the_portable_launches(monkeypatch):
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "gluon")
+    fn = af.compile(af.attention(af.causal()))
+    q = torch.randn(1, 2, 128, 64)
+    plan = fn.plan(q, q, q)
+    assert not any(isinstance(launch, gluon_forward.GluonLaunch) for launch in plan.launches)

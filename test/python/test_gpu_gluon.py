@@ -1,0 +1,136 @@
+"""The Gluon target's forward on a Hopper GPU, against the float64 reference and against the
+portable (tl) kernel: every variant the target lowers, GQA, fp16/bf16, head dims 64 and 128,
+the training call (Gluon forward, portable backward), and the fallbacks (a transposed view, a
+variant the target refuses). Skipped without CUDA, and without an sm_90 GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import GRAD_TOLERANCE, assert_close_to_reference, assert_lse_close, lse_tolerance
+
+import attnfuse as af
+from attnfuse.runtime.gluon_forward import GluonLaunch
+from attnfuse.runtime.reference import gradient_errors, reference_gradients
+
+pytestmark = pytest.mark.gpu
+
+if torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("the Gluon target is scheduled for sm_90", allow_module_level=True)
+
+SPECS = {
+    "dense": af.attention(),
+    "causal": af.attention(af.causal()),
+    "window": af.attention(af.sliding_window(300), af.causal()),
+    "alibi-softcap": af.attention(af.alibi(), af.softcap(20.0), af.causal()),
+    "static-scale": af.attention(af.scaled_dot_product(0.05)),
+}
+
+
+@pytest.fixture(autouse=True)
+def gluon_target(monkeypatch):
+    """Gluon wherever it lowers (not only where `auto` measured it faster)."""
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "gluon")
+
+
+def inputs(b, hq, hkv, nq, nk, d, dtype, seed=0, grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, nq, d, generator=gen).to(dtype)
+    k = torch.randn(b, hkv, nk, d, generator=gen).to(dtype)
+    v = torch.randn(b, hkv, nk, d, generator=gen).to(dtype)
+    return [t.cuda().requires_grad_(grad) for t in (q, k, v)]
+
+
+def forward_launch(fn, q, k, v, training=False):
+    plan = fn.plan(q, k, v, training=training)
+    return next(launch for launch in plan.launches if launch.info.name == "attention_fwd")
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 4, 256, 256), (8, 2, 128, 384), (4, 1, 384, 256)])
+def test_gluon_forward_matches_reference(name, d, dtype, hq, hkv, nq, nk):
+    spec = SPECS[name]
+    fn = af.compile(spec)
+    q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype)
+    assert isinstance(forward_launch(fn, q, k, v), GluonLaunch), "the call must take the Gluon forward"
+    with torch.no_grad():
+        out, lse = fn(q, k, v, return_lse=True)
+    ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
+    assert_close_to_reference(out.cpu(), ref, dtype)
+    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+
+
+def test_gluon_rows_without_keys_are_zero():
+    """Causal with Nq > Nk: the first Nq - Nk query rows see no key (bottom-right alignment)."""
+    spec = SPECS["causal"]
+    fn = af.compile(spec)
+    q, k, v = inputs(1, 4, 4, 384, 128, 128, torch.float16, seed=1)
+    assert isinstance(forward_launch(fn, q, k, v), GluonLaunch)
+    with torch.no_grad():
+        out, lse = fn(q, k, v, return_lse=True)
+    assert (out[:, :, :256] == 0).all() and torch.isneginf(lse[:, :, :256]).all()
+    ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
+    assert_close_to_reference(out.cpu(), ref, torch.float16)
+    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_forward_equals_portable_kernel(d, monkeypatch):
+    spec = SPECS["causal"]
+    q, k, v = inputs(2, 8, 8, 1024, 1024, d, torch.bfloat16, seed=2)
+    with torch.no_grad():
+        out_gluon = af.compile(spec)(q, k, v)
+        monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "triton")
+        fn = af.compile(spec)
+        assert not isinstance(forward_launch(fn, q, k, v), GluonLaunch)
+        out_tl = fn(q, k, v)
+    assert (out_gluon.float() - out_tl.float()).abs().max() <= 2e-2
+
+
+def test_gluon_training_call_gradients():
+    """A training call: the Gluon forward saves o and lse for the portable backward."""
+    spec = SPECS["causal"]
+    fn = af.compile(spec)
+    q, k, v = inputs(1, 8, 2, 256, 256, 128, torch.bfloat16, seed=3, grad=True)
+    assert isinstance(forward_launch(fn, q, k, v, training=True), GluonLaunch)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(q.dtype).cuda()
+    fn(q, k, v).backward(grad)
+    want = reference_gradients(spec, q.cpu(), k.cpu(), v.cpu(), grad.cpu())
+    errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
+    assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), errors
+
+
+def test_transposed_view_runs_the_portable_kernel():
+    """A [B, N, H, D] projection viewed as [B, H, N, D] is not one descriptor block: the
+    plan's Gluon launch hands the call to the portable kernel, with the right result."""
+    spec = SPECS["causal"]
+    fn = af.compile(spec)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 256, 4, 64, generator=gen).half().cuda().transpose(1, 2) for _ in range(3))
+    assert isinstance(forward_launch(fn, q, k, v), GluonLaunch)
+    with torch.no_grad():
+        out = fn(q, k, v)
+    assert_close_to_reference(out.cpu(), af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu()), torch.float16)
+
+
+def test_refused_variant_runs_the_portable_kernel():
+    spec = af.attention(af.relu())
+    fn = af.compile(spec)
+    q, k, v = inputs(1, 4, 4, 256, 256, 128, torch.float16, seed=6)
+    assert not any(isinstance(x, GluonLaunch) for x in fn.plan(q, k, v).launches)
+    with torch.no_grad():
+        out = fn(q, k, v)
+    assert_close_to_reference(out.cpu(), af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu()), torch.float16)
+
+
+@pytest.mark.parametrize("placement", ["auto", ("pre_rotated", "pre_rotated")])
+def test_rope_forward(placement):
+    """RoPE: a fused rotation is refused (portable kernel); pre-rotated copies feed Gluon."""
+    spec = af.attention(af.rope(theta=500000.0), af.causal())
+    fn = af.compile(spec, rope_placement=placement)
+    q, k, v = inputs(1, 8, 2, 512, 512, 128, torch.bfloat16, seed=7)
+    with torch.no_grad():
+        out = fn(q, k, v)
+    ref = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), rope_placement=placement)
+    assert_close_to_reference(out.cpu(), ref, torch.bfloat16)

@@ -24,7 +24,11 @@ from typing import Any
 
 import torch
 import triton
-from triton import knobs
+
+try:
+    from triton import knobs
+except ImportError:  # a Triton before its knobs module: launches go through its runner
+    knobs = None
 
 KNOWN_RUNNERS = ((3, 6), (3, 9))
 """Triton versions (major, minor) whose `CompiledKernel.__getitem__` runner calls
@@ -81,7 +85,7 @@ def direct_launcher(
     version = triton_version()
     device_of, stream_of = current_device, raw_stream
     if (version not in KNOWN_RUNNERS or device_of is None or stream_of is None
-            or not hasattr(knobs, "runtime")
+            or knobs is None or not hasattr(knobs, "runtime")
             or not all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata"))):
         def via_runner(args: list[object]) -> bool:
             runner(*args, *trailing)

@@ -6,7 +6,7 @@ A training step on the H200 costs the host a few tenths of a ms (`bench/host_ove
 which needs a GPU); this script measures the part that does not depend on Triton's launcher,
 so that host-side changes can be checked on a machine without one.
 
-    python bench/host_python.py [--steps 3000] [--cases rope,causal,...] [--launch stub|direct]
+    python bench/host_python.py [--steps 3000] [--repeat 1] [--cases rope,causal,...] [--launch stub|direct]
                                 [--profile CASE]
 
 Per case it prints microseconds per inference forward (under `torch.no_grad()`) and per
@@ -23,8 +23,11 @@ a bare `torch.autograd.Function` for the step. Cases:
 - `sparse2`: as `sparse`, two layouts alternating call by call (two layers of a model).
 
 `--launch stub` replaces `KernelLaunch.__call__` (a launch costs nothing); `--launch direct`
-keeps AttnFuse's launch path and replaces only the compiled kernel's launcher, as a GPU call
-takes it (argument and specialization building included). All tensors are fp16 on the CPU
+keeps AttnFuse's launch path and replaces only the compiled kernel, as a GPU call with
+Triton 3.6 (the H200's) takes it: argument and specialization building, Triton's runner and
+launch metadata (the installed Triton's own code), a stand-in of 3.6's `CudaLauncher` and
+a no-op C launch (`_Compiled`); the CUDA device and stream queries are stood in for by
+C calls of the same shape (`stub_cuda_queries`). All tensors are fp16 on the CPU
 and no kernel ever runs. Times are the calling thread's CPU time (`per_call_us`).
 """
 
@@ -37,6 +40,9 @@ import time
 os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels load for the interpreter (never run)
 
 import torch
+import triton.compiler.compiler as compiler_module
+from triton.compiler.compiler import CompiledKernel
+from types import SimpleNamespace
 from host_overhead import print_profile  # bench/ is the script's directory
 
 import attnfuse as af
@@ -45,22 +51,31 @@ from attnfuse.runtime import launch as launch_module
 CASES = ("rope", "ropepos", "causal", "bias", "sparse", "sparse2")
 
 
+REPEAT = 1
+"""Blocks of `--steps` calls per measurement (`--repeat`); the fastest block counts."""
+
+
 def per_call_us(step, steps: int) -> float:
     """Mean microseconds of this thread's CPU time per `step()` over `steps` calls, after a
-    warm-up. CPU time, not wall time: on a shared machine, wall time also counts the slices
-    other processes run in (on the CPU, autograd runs the backward on the calling thread)."""
+    warm-up; with `REPEAT` > 1 the least of that many such blocks (other processes' load
+    only ever slows a block down). CPU time, not wall time: on a shared machine, wall time
+    also counts the slices other processes run in (on the CPU, autograd runs the backward on
+    the calling thread)."""
     for _ in range(50):
         step()
-    start = time.thread_time()
-    for _ in range(steps):
-        step()
-    return (time.thread_time() - start) / steps * 1e6
+    best = float("inf")
+    for _block in range(REPEAT):
+        start = time.thread_time()
+        for _ in range(steps):
+            step()
+        best = min(best, (time.thread_time() - start) / steps * 1e6)
+    return best
 
 
 class _Kernel:
     """Stands in for a compiled kernel on the JIT's launch path: launching it returns an
-    object shaped like Triton's compiled kernel whose launcher does nothing, so that
-    `KernelLaunch` takes its direct path from the second call on."""
+    object shaped like Triton's compiled kernel (`_Compiled`), so that `KernelLaunch` takes
+    its direct path from the second call on."""
 
     def __init__(self):
         self.params: list[object] = []
@@ -73,11 +88,78 @@ class _Kernel:
         return launch
 
 
-class _Compiled:
-    packed_metadata = ()
+def _c_launch(grid_x, grid_y, grid_z, stream, function, cooperative, pdl, global_scratch,
+              profile_scratch, kernel_metadata, launch_metadata, enter_hook, exit_hook, *args):
+    """Stands in for the C launcher of Triton 3.6 (its argument order): it calls the launch
+    hooks it is given, as that one does, and launches nothing."""
+    if enter_hook is not None:
+        enter_hook(launch_metadata)
+    if exit_hook is not None:
+        exit_hook(launch_metadata)
 
-    def __getitem__(self, grid):
-        return lambda *args: None
+
+class CudaLauncher:
+    """Stands in for Triton 3.6's NVIDIA `CudaLauncher` (same name and module, so that the
+    direct launcher treats it as that one): its `__call__` works out the scratch buffers
+    (none: both sizes are 0, as for AttnFuse's kernels) as that one does, then calls the C
+    launcher, `_c_launch`."""
+
+    num_ctas = 1
+    global_scratch_size = global_scratch_align = 0
+    profile_scratch_size = profile_scratch_align = 0
+    launch_cooperative_grid = launch_pdl = False
+    launch = staticmethod(_c_launch)
+
+    def __call__(self, grid_x, grid_y, grid_z, stream, function, *args):
+        def allocate_scratch(size, align):
+            if size > 0:
+                raise AssertionError("no scratch in this stand-in")
+            return None
+
+        global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align)
+        profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align)
+        self.launch(grid_x, grid_y, grid_z, stream, function, self.launch_cooperative_grid,
+                    self.launch_pdl, global_scratch, profile_scratch, *args)
+
+
+CudaLauncher.__module__ = "triton.backends.nvidia.driver"
+
+
+class _Compiled:
+    """A compiled kernel as Triton 3.6's `CompiledKernel` (the H200's) is launched: its
+    runner and launch metadata are the installed Triton's own methods (3.9's, the same
+    code as 3.6's), its launcher a `CudaLauncher` stand-in; only the C launch is a no-op."""
+
+    packed_metadata = (4, 1, 0)
+    function = 0
+    name = "stub"
+    src = None
+    metadata = None
+
+    def __init__(self):
+        self.run = CudaLauncher()
+
+    def _init_handles(self):
+        pass
+
+    __getitem__ = CompiledKernel.__getitem__
+    launch_metadata = CompiledKernel.launch_metadata
+
+
+def stub_cuda_queries() -> None:
+    """Stands in for the CUDA queries a launch makes (the CPU build of torch has none), with
+    C calls of the same shape (`int()` is 0, `int(0)` is 0): the current device and its raw
+    stream, in Triton's runner (through `triton.compiler.compiler.driver`) and in
+    AttnFuse's direct launcher; the Triton version is taken as 3.6's, the H200's."""
+    compiler_module.driver = SimpleNamespace(
+        active=SimpleNamespace(get_current_device=int, get_current_stream=int))
+    try:
+        from attnfuse.runtime import triton_launcher
+    except ImportError:
+        return  # a checkout that launches through Triton's runner (compare_checkouts)
+    triton_launcher.current_device = int
+    triton_launcher.raw_stream = int
+    triton_launcher.triton_version = lambda: (3, 6)
 
 
 def direct_launch(launch) -> None:
@@ -161,6 +243,7 @@ def run_case(name: str, steps: int, mode: str, profile: bool) -> None:
     if mode == "stub":
         launch_module.KernelLaunch.__call__ = lambda self, tensors: launched.append(self.info.name)
     else:
+        stub_cuda_queries()
         original = launch_module.KernelLaunch.__call__
 
         def direct(self, tensors):
@@ -186,10 +269,10 @@ def run_case(name: str, steps: int, mode: str, profile: bool) -> None:
         pass
 
     fwd_us = per_call_us(forward, steps)
-    fwd_launches = len(launched) / (steps + 50)
+    fwd_launches = len(launched) / (steps * REPEAT + 50)
     launched.clear()
     step_us = per_call_us(training_step, steps)
-    step_launches = len(launched) / (steps + 50)
+    step_launches = len(launched) / (steps * REPEAT + 50)
     names = ", ".join(sorted(set(launched)))
     nf, ns = round(fwd_launches), round(step_launches)
     # The floor's forward makes the forward's launches; its step, the step's split in one
@@ -223,10 +306,14 @@ def run_case(name: str, steps: int, mode: str, profile: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="blocks of --steps calls per figure; the fastest block is printed")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     parser.add_argument("--launch", choices=("stub", "direct"), default="direct")
     parser.add_argument("--profile", action="store_true", help="cProfile's top entries of each case")
     args = parser.parse_args()
+    global REPEAT
+    REPEAT = args.repeat
     torch.set_num_threads(1)  # host work is single-threaded; other threads only add jitter
     print(f"torch {torch.__version__}, launches: {args.launch}, {args.steps} calls per measurement")
     for name in args.cases.split(","):

@@ -80,6 +80,13 @@ class CallPlan:
     """How the call's keys are held (per-sequence lengths, pages)."""
     splits: tuple[int, int] | None = None
     """A split-KV decode's (number of splits, keys per split); None for the forward kernel."""
+    binds_nothing: bool = False
+    """Whether the plan's program reads no call-time data (no bias, layout, ids, positions):
+    a call that passes none binds nothing (`CompiledAttention.call_tensors` would return
+    `{}`), so `__call__` skips it."""
+    scratch: dict[str, torch.Tensor] = field(default_factory=dict, compare=False)
+    """Buffers that kernels write and no one reads, kept across calls instead of allocated
+    per call: the log-sum-exp of inference calls that do not return it (`forward`)."""
 
     def reads(self, role: str) -> bool:
         """Whether any kernel of the plan takes a tensor of `role` (the compiled program, not
@@ -382,7 +389,9 @@ class CompiledAttention:
             # program resets its count), so made once per plan.
             counts = problem.batch * problem.heads_kv * row_blocks(problem, key.config.block_m)
             constants["split_counts"] = torch.zeros(counts, dtype=torch.int32, device=problem.device)
-        return CallPlan(problem, compiled, launches, constants, key.config, cache=cache, splits=splits)
+        binds_nothing = all(binding.use.argument is None for binding in variant.bindings)
+        return CallPlan(problem, compiled, launches, constants, key.config, cache=cache, splits=splits,
+                        binds_nothing=binds_nothing)
 
     def _rope_table(self, problem: Problem, length: int) -> torch.Tensor:
         """The cos/sin table of the program's rotation for positions below `length`."""
@@ -492,7 +501,7 @@ class CompiledAttention:
         keys each sequence has; its queries sit at its last positions) and, for a paged one,
         `block_table=` (int32 `[B, max_pages]`, with k and v page pools `[num_pages, Hkv,
         page_size, D]`); these calls are inference-only (`kv_cache`)."""
-        unexpected = [name for name in data if name not in DATA_KEYWORDS]
+        unexpected = [name for name in data if name not in DATA_KEYWORDS] if data else None
         if unexpected:
             raise ArgumentError(
                 f"unexpected argument(s) {', '.join(sorted(unexpected))} for {self.program!r}"
@@ -518,18 +527,22 @@ class CompiledAttention:
             return self._call_operator(q, k, v, return_lse, bias, data, q_positions, k_positions)
         if cache_call:
             out, lse = self.cache_forward(q, k, v, kv_lens, block_table, bias=bias,
-                                          q_positions=q_positions, k_positions=k_positions, **data)
+                                          q_positions=q_positions, k_positions=k_positions,
+                                          keep_lse=return_lse, **data)
             return (out, lse) if return_lse else out
         explicit = (q_positions is not None, k_positions is not None)
         plan = self.plan(q, k, v, explicit, training)
-        arguments = {**data, "bias": bias, "q_positions": q_positions, "k_positions": k_positions}
-        data = self.call_tensors(plan, arguments, explicit)
+        if plan.binds_nothing and not data and bias is None and not (explicit[0] or explicit[1]):
+            data = {}  # what call_tensors binds for a variant that reads no call-time data
+        else:
+            arguments = {**data, "bias": bias, "q_positions": q_positions, "k_positions": k_positions}
+            data = self.call_tensors(plan, arguments, explicit)
         if training:
             # The user's bias goes in as an input of its own so autograd tracks it.
             given_bias = bias if "bias" in data else None
             out, lse = _AttentionFunction.apply(self, plan, data, q, k, v, given_bias)
-        else:
-            out, lse = self.forward(plan, data, q, k, v)
+            return (out, lse) if return_lse else out
+        out, lse = self.forward(plan, data, q, k, v, keep_lse=return_lse)
         return (out, lse) if return_lse else out
 
     def cache_forward(
@@ -543,10 +556,12 @@ class CompiledAttention:
         bias: torch.Tensor | None = None,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
+        keep_lse: bool = True,
         **data: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(out, lse)` of an inference call over a KV cache (`kv_lens=`, `block_table=`):
-        what `__call__` runs eagerly, and `torch.ops.attnfuse.attention_cache` under tracing."""
+        what `__call__` runs eagerly, and `torch.ops.attnfuse.attention_cache` under tracing
+        (`keep_lse` as in `forward`)."""
         cache, paged_keys = check_cache_arguments(q, k, v, kv_lens, block_table)
         explicit = (q_positions is not None, k_positions is not None)
         plan = self.plan(q, k, v, explicit, False, cache, paged_keys)
@@ -555,7 +570,7 @@ class CompiledAttention:
         tensors["kv_lens"] = kv_lens  # type: ignore[assignment]
         if block_table is not None:
             tensors["block_table"] = block_table
-        return self.forward(plan, tensors, q, k, v)
+        return self.forward(plan, tensors, q, k, v, keep_lse=keep_lse)
 
     def append_kv(
         self,
@@ -600,14 +615,23 @@ class CompiledAttention:
         k: torch.Tensor,
         v: torch.Tensor,
         rotated: dict[str, torch.Tensor] | None = None,
+        keep_lse: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Runs the forward kernels; returns the output and the fp32 log-sum-exp (for relu
         attention, which has none, an unwritten buffer that is never returned to users).
         The rotated copies the pre-rotation kernels wrote (`q_rot`, `k_rot`) are added to
-        `rotated` when it is given."""
+        `rotated` when it is given. Without `keep_lse` (an inference call that discards the
+        lse) the kernels store the lse into the plan's scratch buffer, which every such call
+        overwrites: the lse returned is then not the call's to keep."""
         p = plan.problem
         out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=p.dtype, device=p.device)
-        lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
+        lse = None if keep_lse or plan.compiled is None else plan.scratch.get("lse")
+        if lse is None:
+            lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
+            if not keep_lse and plan.compiled is not None:
+                # Calls on other streams may write it at once: a race between stores that
+                # nothing reads, as harmless as a graph replay writing it.
+                plan.scratch["lse"] = lse
         if plan.compiled is None:
             # No key: every row outputs 0 with lse -inf; no row or batch: nothing to compute.
             out.zero_()
@@ -687,7 +711,10 @@ class CompiledAttention:
         p = plan.problem
         # Every program stores all its rows, so the kernels fill the gradients whole. Shapes
         # and dtypes come from the problem: a rotated copy in the interpreter is fp32.
-        dq, dk, dv = (torch.empty(t.shape, dtype=p.dtype, device=p.device) for t in (q, k, v))
+        dtype, device = p.dtype, p.device
+        dq = torch.empty(q.shape, dtype=dtype, device=device)
+        dk = torch.empty(k.shape, dtype=dtype, device=device)
+        dv = torch.empty(v.shape, dtype=dtype, device=device)
         dbias = None
         if bias_grad:
             # Pairs in blocks the kernels skip (dropped by the mask) keep gradient 0.
@@ -747,7 +774,8 @@ class _AttentionFunction(torch.autograd.Function):
         ctx.fn, ctx.plan, ctx.data = fn, plan, data
         # The listed filters' tensors (a layout, document ids) as the forward read them: the
         # backward reads them again (its own block lists, the ids per entry).
-        ctx.list_states = tuple(tensor_state(source.given) for source in data.get(LIST_SOURCES, ()))
+        sources = data.get(LIST_SOURCES)
+        ctx.list_states = () if sources is None else tuple(tensor_state(source.given) for source in sources)
         # A rotated copy replaces its operand where the backward reads the copy; otherwise
         # the backward gets the operand (and rotates it itself if it must).
         q_saved = rotated["q_rot"] if "q_rot" in rotated and plan.backward_reads("q_rot") else None
@@ -758,7 +786,7 @@ class _AttentionFunction(torch.autograd.Function):
         # An output nobody differentiated (usually lse) arrives as None, not as a tensor of
         # zeros that would cost a fill and a subtraction on the device.
         ctx.set_materialize_grads(False)
-        if not fn.variant.has_lse:
+        if not fn._has_lse:
             ctx.mark_non_differentiable(lse)  # a normalizer without one (relu)
         return out, lse
 

@@ -26,6 +26,7 @@ from attnfuse.runtime.compiler import CompiledProgram
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import interpreting, is_interpreted
 from attnfuse.runtime.kv_cache import row_blocks
+from attnfuse.runtime.triton_launcher import direct_launcher
 
 
 LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position")
@@ -100,12 +101,12 @@ class KernelLaunch:
     """The pipelining depth launched with: the kernel's `num_stages`, lowered by `__call__`
     if it does not fit (a one-element list, so that the frozen launch can update it)."""
 
-    runners: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
-    """Compiled kernels' launchers and the arguments they take after the tensors' (the
-    scalars, then the constexpr values, `SHARED_OFFSETS` included: see `shares_offsets`),
-    by the arguments' specialization (see `arguments`). A
-    launcher is bound to the device that was current at its first launch, as the JIT's
-    cache is; the runtime does not switch devices between calls of one plan."""
+    runners: dict[tuple, Callable[[list[object]], bool]] = field(
+        default_factory=dict, repr=False, compare=False)
+    """Compiled kernels' direct launchers (`triton_launcher.direct_launcher`, holding the
+    scalars and the constexpr values, `SHARED_OFFSETS` included: see `shares_offsets`), by
+    the arguments' specialization (see `arguments`). A launcher is bound to the device that
+    was current at its first launch, as the JIT's cache is, and declines on another."""
 
     @cached_property
     def _roles(self) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]]:
@@ -115,10 +116,16 @@ class KernelLaunch:
         return getter if len(roles) > 1 else lambda tensors: (getter(tensors),)
 
     def arguments(self, tensors: dict[str, torch.Tensor]) -> tuple[list[object], tuple]:
-        """The kernel's runtime arguments before the scalars (each role's tensor, then its
-        strides), and their specialization: what Triton specializes a compiled kernel on,
-        each tensor's dtype and 16-byte alignment and each integer's value (the scalars are
-        fixed per launch)."""
+        """The kernel's runtime arguments before the scalars, as its compiled launcher takes
+        them (each role's data pointer, as an int, then its strides), and their
+        specialization: what Triton specializes a compiled kernel on, each tensor's dtype and
+        16-byte alignment and each integer's value (the scalars are fixed per launch).
+
+        The pointers go as ints, which the launcher passes on as they are (for a tensor it
+        calls `data_ptr()` and asks the driver whether the address is device memory): every
+        tensor a launch reads is on the call's device, which the checks of q, k, v and of
+        each call-time tensor (bias, layouts, positions, cache lengths) ensure, and the rest
+        the runtime allocates there."""
         # Once per launch and per call, for every role: kept to the few attribute reads the
         # specialization needs (a training step makes up to 8 launches of up to 9 roles).
         args: list[object] = []
@@ -127,19 +134,31 @@ class KernelLaunch:
         if self._all_strided:
             for t in self._roles(tensors):
                 stride = t.stride()
-                add(t)
+                pointer = t.data_ptr()
+                add(pointer)
                 extend(stride)
-                key((t.dtype, t.data_ptr() & 15, stride))
+                key((t.dtype, pointer & 15, stride))
         else:
             for t, strided in zip(self._roles(tensors), self.strided):
-                add(t)
+                pointer = t.data_ptr()
+                add(pointer)
                 if strided:
                     stride = t.stride()
                     extend(stride)
-                    key((t.dtype, t.data_ptr() & 15, stride))
+                    key((t.dtype, pointer & 15, stride))
                 else:
-                    key((t.dtype, t.data_ptr() & 15))
+                    key((t.dtype, pointer & 15))
         return args, tuple(specialization)
+
+    def jit_arguments(self, tensors: dict[str, torch.Tensor]) -> list[object]:
+        """The arguments of `arguments` with the tensors themselves in place of their
+        pointers: what the JIT (and the CPU interpreter) binds and specializes."""
+        args: list[object] = []
+        for t, strided in zip(self._roles(tensors), self.strided):
+            args.append(t)
+            if strided:
+                args.extend(t.stride())
+        return args
 
     @cached_property
     def _all_strided(self) -> bool:
@@ -166,18 +185,18 @@ class KernelLaunch:
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         args, specialization = self.arguments(tensors)
-        entry = self.runners.get(specialization)
-        if entry is not None:
-            # The compiled kernel's own launcher: skips the JIT's per-call argument binding
-            # and specialization (most of a launch's host time, and a step launches up to 8).
-            runner, trailing = entry
-            runner(*args, *trailing)
+        launch = self.runners.get(specialization)
+        # The compiled kernel's own launcher (`triton_launcher.direct_launcher`): skips the
+        # JIT's per-call argument binding and specialization and Triton's per-launch device,
+        # metadata and hook work (most of a launch's host time, and a step launches up to 8).
+        # It declines (False) when another device is current than the one it was loaded on.
+        if launch is not None and launch(args):
             return
         # The specialization holds every strided role's strides, so it decides SHARED_OFFSETS
         # too: worked out here, once per specialization, not on the direct path above.
         shared = self.shares_offsets(tensors)
-        compiled = self.launch_jit(args, shared)
-        if _launchable(compiled) and self.constexpr_params is not None and (
+        compiled = self.launch_jit(self.jit_arguments(tensors), shared)
+        if launch is None and _launchable(compiled) and self.constexpr_params is not None and (
             len(self.kernel.params) == len(args) + len(self.scalars) + len(self.constexpr_params)
         ):
             if len(self.runners) >= MAX_RUNNERS:
@@ -187,7 +206,7 @@ class KernelLaunch:
             # A compiled kernel's launcher takes all three grid dimensions.
             # The scalars and constexpr values follow the tensors, the same every call.
             trailing = (*self.scalars, *self.constexpr_values(shared))
-            self.runners[specialization] = (compiled[(*self.grid, 1)], trailing)
+            self.runners[specialization] = direct_launcher(compiled, (*self.grid, 1), trailing)
 
     @cached_property
     def constexpr_params(self) -> tuple[Any, ...] | None:

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
-from torch.utils import _python_dispatch
 
 from attnfuse.runtime.config import TileConfig
 from attnfuse.runtime.program import DATA_KEYWORDS
@@ -312,7 +311,18 @@ def traced(*tensors: object) -> bool:
     """Whether this call is being traced (torch.compile, torch.export, or a tracer such as
     make_fx, which hands the call fake or functional tensors) rather than run eagerly: such a
     call must go through the operators, whose launches the tracer does not look into."""
-    if torch.compiler.is_compiling() or _python_dispatch._get_current_dispatch_mode() is not None:
+    # Asked on every call: the dispatch-mode stack's length (what `_get_current_dispatch_mode`
+    # reads) and a loop that settles plain tensors and parameters by their exact type.
+    if torch.compiler.is_compiling() or _len_dispatch_stack() > 0:
         return True
-    return any(isinstance(t, Tensor) and type(t) is not Tensor and not isinstance(t, torch.nn.Parameter)
-               for t in tensors)
+    for t in tensors:
+        kind = type(t)
+        if t is None or kind is Tensor or kind is _Parameter:
+            continue
+        if isinstance(t, Tensor) and not isinstance(t, _Parameter):
+            return True
+    return False
+
+
+_len_dispatch_stack = torch._C._len_torch_dispatch_stack
+_Parameter = torch.nn.Parameter

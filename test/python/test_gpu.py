@@ -300,6 +300,122 @@ def test_direct_launches_follow_strides_and_alignment():
     assert ran and all(launch.runners for launch in ran)
 
 
+def _direct_paths(fn, q, k, v, training: bool) -> set[str]:
+    """The `triton_launcher` paths of the direct launchers a call's plan holds."""
+    plan = fn.plan(q, k, v, training=training)
+    # (A launch on the Gluon target keeps no direct launchers.)
+    return {runner.path for launch in plan.launches for runner in getattr(launch, "runners", {}).values()}
+
+
+def test_direct_launches_equal_the_jit_launches_forward_and_training():
+    """The first call of a shape launches through Triton's JIT, later ones through the direct
+    launcher (on Triton 3.6, its C launcher): the same kernels with the same arguments, so
+    the outputs are bitwise equal and the gradients equal to rounding (dQ's order of
+    accumulation aside)."""
+    from attnfuse.runtime import triton_launcher
+
+    fn = af.compile(af.attention(af.rope(), af.causal()))
+    q, k, v = qkv(b=1, hq=8, hkv=8, nq=128, d=64)
+    grad_out = torch.randn_like(q)
+    results = []
+    for _call in range(3):
+        with torch.no_grad():
+            out = fn(q, k, v)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out_train = fn(*leaves)
+        out_train.backward(grad_out)
+        results.append((out, out_train.detach(), *(t.grad for t in leaves)))
+    paths = _direct_paths(fn, q, k, v, training=False) | _direct_paths(fn, q, k, v, training=True)
+    if triton_launcher.triton_version() in triton_launcher.C_LAUNCHERS:
+        # The H200's Triton 3.6: every launch calls the C launcher ("launcher" would mean a
+        # kernel with global or profile scratch, which CudaLauncher.__call__ must allocate).
+        assert paths == {"c"}, paths
+    else:
+        assert paths
+    jit, *direct = results
+    for later in direct:
+        assert torch.equal(later[0], jit[0]) and torch.equal(later[1], jit[1])
+        for got, want in zip(later[2:], jit[2:]):
+            assert (got.float() - want.float()).norm() <= 1e-3 * want.float().norm()
+
+
+def test_direct_launches_run_on_the_current_side_stream():
+    """A call inside `torch.cuda.stream(s)` launches on s: its inputs, written on s behind a
+    long sleep, are read after they are written (a launch on the default stream would read
+    them first and give the old inputs' result)."""
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = qkv(b=1, hq=8, nq=512, d=64)
+    fresh = qkv(b=1, hq=8, nq=512, d=64, seed=5)
+    with torch.no_grad():
+        for _ in range(2):
+            fn(q, k, v)  # compiled, then launched directly
+        expected = fn(*fresh)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time before the copies
+            for t, f in zip((q, k, v), fresh):
+                t.copy_(f)
+            out = fn(q, k, v)
+        torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    assert _direct_paths(fn, q, k, v, training=False) - {"runner"}
+
+
+def test_inference_capture_with_the_lse_scratch_replays_new_inputs():
+    """An inference call captured in a CUDA graph (direct launches, the plan's lse scratch
+    made before the capture) replays with new inputs; an lse a captured call returns is the
+    call's own."""
+    fn = af.compile(af.attention(af.causal()))
+    static = list(qkv(b=2, hq=8, nq=256, d=64))
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn(*static)
+                fn(*static, return_lse=True)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*static)
+            out_lse, lse = fn(*static, return_lse=True)
+        fresh = qkv(b=2, hq=8, nq=256, d=64, seed=7)
+        for s, f in zip(static, fresh):
+            s.copy_(f)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected, expected_lse = fn(*fresh, return_lse=True)
+    assert torch.equal(out, expected) and torch.equal(out_lse, expected)
+    assert torch.equal(lse, expected_lse)
+    assert fn.plan(*static).scratch["lse"].data_ptr() != lse.data_ptr()
+
+
+def test_a_launch_hook_sees_every_launch_and_the_results_stay_right():
+    """With a launch hook installed (as a profiler installs one) launches go through Triton's
+    runner, which calls it; removed, the direct path again."""
+    from triton import knobs
+
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = qkv(b=1, hq=8, nq=128, d=64)
+    with torch.no_grad():
+        expected = fn(q, k, v)
+        fn(q, k, v)
+        seen = []
+
+        def hook(metadata):
+            seen.append(metadata)
+
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            out = fn(q, k, v)
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+        fn(q, k, v)
+    assert len(seen) == 1 and torch.equal(out, expected)
+
+
 def test_cpu_and_gpu_tensors_mixed_raise():
     q, k, v = qkv(1, 2, nq=16, d=64)
     with pytest.raises(af.AttnFuseError, match="device"):

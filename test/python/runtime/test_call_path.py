@@ -258,3 +258,42 @@ def test_doc_ids_changed_between_forward_and_backward_are_refused():
     ids[:5] = 1
     with pytest.raises(ArgumentError, match="doc_ids was modified in place"):
         out.sum().backward()
+
+
+def test_a_variant_without_call_data_still_rejects_data_it_does_not_read(no_launches):
+    """A call of a variant that binds nothing skips binding (`CallPlan.binds_nothing`) only
+    when it passes nothing: given data is still refused, after a cached plan too."""
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = tiny()
+    fn(q, k, v)
+    assert fn.plan(q, k, v).binds_nothing
+    with pytest.raises(ArgumentError, match="bias= given, but"):
+        fn(q, k, v, bias=torch.zeros(1, 2, 64, 64))
+    with pytest.raises(ArgumentError, match="block_layout= given, but"):
+        fn(q, k, v, block_layout=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ArgumentError, match="q_positions= given, but"):
+        fn(q, k, v, q_positions=torch.arange(64))
+    bias_fn = af.compile(af.attention(af.additive_bias()))
+    bias_fn(q, k, v, bias=torch.zeros(1, 2, 64, 64))
+    assert not bias_fn.plan(q, k, v).binds_nothing
+    with pytest.raises(ArgumentError, match="needs bias= at call time"):
+        bias_fn(q, k, v)
+
+
+@pytest.mark.interpreter
+def test_a_returned_lse_is_never_the_scratch_of_later_calls():
+    """Inference calls that discard the log-sum-exp store it into one scratch buffer per plan
+    (`CallPlan.scratch`); an lse a call returns is its own, unchanged by later calls."""
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = tiny(n=32)
+    with torch.no_grad():
+        fn(q, k, v)  # makes the scratch
+        out, lse = fn(q, k, v, return_lse=True)
+        kept = lse.clone()
+        for scale in (2.0, 3.0):
+            fn(q * scale, k, v)  # writes the scratch with other values
+    assert torch.equal(lse, kept)
+    scratch = fn.plan(q, k, v).scratch["lse"]
+    assert scratch.data_ptr() != lse.data_ptr()
+    expected = reference_attention(af.attention(af.causal()), q, k, v, return_lse=True)[1]
+    assert torch.allclose(lse.double(), expected.double(), atol=1e-4)

@@ -1,6 +1,8 @@
 """`KernelLaunch`: arguments in the generated kernels' order, the out-of-shared-memory retry,
 and the direct-launch cache (a compiled kernel is reused only for arguments Triton would have
-specialized the same way). The JIT is replaced by a recording fake, so these run anywhere."""
+specialized the same way). The JIT is replaced by a recording fake, so these run anywhere;
+its compiled kernel has only a runner (`__getitem__`), so the direct launches go through it
+(`triton_launcher`'s own paths: test_triton_launcher.py)."""
 
 from __future__ import annotations
 
@@ -91,7 +93,8 @@ def test_later_calls_launch_the_compiled_kernel_with_constexprs_appended():
     launch(t)
     kind, grid, args = jit.log[1]
     assert (kind, grid) == ("direct", (2, 3, 1))  # the launcher takes three dimensions
-    assert args == (t["q"], 64, 32, 4, 1, t["lse"], 16, 8, 1, 0.5, 7, 64, 32)
+    # Pointers as ints (what the launcher would read from the tensors), then the strides.
+    assert args == (t["q"].data_ptr(), 64, 32, 4, 1, t["lse"].data_ptr(), 16, 8, 1, 0.5, 7, 64, 32)
 
 
 def test_other_strides_alignment_or_dtype_go_back_to_the_jit():
@@ -223,3 +226,42 @@ def test_shared_offsets_follows_the_strides_on_both_launch_paths(flag_last):
     seen = [entry[1] if entry[0] == "jit" else "direct" for entry in jit.log]
     assert seen == [{"SHARED_OFFSETS": True}, {"SHARED_OFFSETS": False}, {"SHARED_OFFSETS": True},
                     "direct", "direct"]
+
+
+class FakeCompiledWithLauncher(FakeCompiled):
+    """A compiled kernel with the handles a direct launch calls (Triton 3.9's interface)."""
+
+    function = 5
+
+    def run(self, *args):
+        self.log.append(("run", args))
+
+
+class LauncherJit(FakeJit):
+    def __getitem__(self, grid):
+        def launch(*args, num_warps, num_stages):
+            self.log.append(("jit", grid, args, num_stages))
+            return FakeCompiledWithLauncher(self.log)
+        return launch
+
+
+def test_a_launch_on_another_current_device_goes_back_to_the_jit(monkeypatch):
+    """The direct launcher holds the function loaded on the device current at the first
+    launch; with another device current, the JIT (which loads it there) launches."""
+    from attnfuse.runtime import triton_launcher
+
+    device = [0]
+    monkeypatch.setattr(triton_launcher, "current_device", lambda: device[0])
+    monkeypatch.setattr(triton_launcher, "raw_stream", lambda index: 0x100 + index)
+    monkeypatch.setattr(triton_launcher, "triton_version", lambda: (3, 9))
+    jit = LauncherJit(params())
+    launch = make_launch(jit)
+    t = tensors()
+    launch(t)
+    launch(t)
+    device[0] = 1
+    launch(t)
+    device[0] = 0
+    launch(t)
+    assert [entry[0] for entry in jit.log] == ["jit", "run", "jit", "run"]
+    assert jit.log[1][1][3] == 0x100  # the stream of device 0

@@ -38,7 +38,7 @@ from attnfuse.runtime.kv_cache import (
     row_blocks,
     split_plan,
 )
-from attnfuse.runtime.gluon_forward import gluon_forward
+from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.key_rotation import rotate_keys
@@ -225,6 +225,14 @@ class CompiledAttention:
             config = decode_tile_config(problem, paged=cache.page_size > 0)
         placement = rope_placement(self.variant.rope is not None, self.variant.rotary_dim, problem,
                                    config, self._placement, decode, cache)
+        if (placement is not None and not decode and cache == CONTIGUOUS
+                and automatic_placement(self._placement)
+                and takes_gluon(problem, causal=self.variant.band[1] is not None)):
+            # The Hopper forward (Gluon) reads q and k whole: with the rotation left to AttnFuse
+            # it runs first, in the pre-rotation kernels. At the Llama-3-8B heads (bf16) that
+            # took 0.264 / 0.913 ms at 4096 / 8192 against the fused rotation's 0.328 / 1.118
+            # (bench/results/20261201T165020Z-gluon-forward.md).
+            placement = ("pre_rotated", "given" if placement[1] == "given" else "pre_rotated")
         # The backward pre-rotates unless a placement was asked for explicitly: each of its
         # kernels loops over q or k, so in-loop rotation is paid per program for both
         # (measured slower at every N on the H200: bench/results/20261129T1234Z-backward_tune-parts.log).

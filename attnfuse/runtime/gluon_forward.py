@@ -34,13 +34,13 @@ if TYPE_CHECKING:
 
 TARGETS = ("auto", "gluon", "triton")
 
-GLUON_MIN_WORK = 64 * 1024 * 1024
-"""`auto` takes the Gluon forward at head dim 128 when a head's (query, key) pairs the kernel
-visits (half of Nq x Nk under a causal band) reach this. On the H200 (Triton 3.6, Llama-3-8B
-heads, bf16) it was faster than the portable kernel at dense 8192 in two runs (2.229 vs 2.431
-and 2.218 vs 2.395 ms), within the runs' noise at causal 8192 (1.113 vs 1.132, 1.114 vs 1.088)
-and at 4096, and slower at head dim 64 everywhere (bench/results/20261201T160742Z-gluon-forward.md,
-20261201T163147Z-gluon-forward.md)."""
+GLUON_MIN_WORK = 8 * 1024 * 1024
+"""`auto` takes the Gluon forward at head dim 128 from this many (query, key) pairs per head
+(half of Nq x Nk under a causal band: causal 4096 and up). On the H200 (Triton 3.6, Llama-3-8B
+heads, bf16) it took 0.234 / 0.860 ms causal at 4096 / 8192 against the portable kernel's
+0.288 / 1.225 and cuDNN's 0.258 / 0.904, 0.428 / 1.873 dense against 0.537 / 2.435 (cuDNN
+0.409 / 1.701); at head dim 64 it was 4-12% slower than the portable kernel
+(bench/results/20261201T165020Z-gluon-forward.md). Smaller calls are not measured."""
 
 
 def forward_target() -> str:
@@ -66,6 +66,18 @@ def prefers_gluon(problem: Problem, causal: bool) -> bool:
     """`auto`'s measured rule (`GLUON_MIN_WORK`)."""
     work = problem.seq_q * problem.seq_k * (0.5 if causal else 1.0)
     return problem.head_dim == 128 and work >= GLUON_MIN_WORK
+
+
+def takes_gluon(problem: Problem, causal: bool) -> bool:
+    """Whether a forward of this shape runs on the Gluon target, where the variant lowers to it:
+    an sm_90 GPU whose Triton has Gluon, a shape the schedule covers, and the user's choice
+    (`ATTNFUSE_FORWARD_TARGET`) or `auto`'s rule."""
+    target = forward_target()
+    if target == "triton" or problem.device.type != "cuda" or not gluon_importable():
+        return False
+    if torch.cuda.get_device_capability(problem.device) != (9, 0) or not fits(problem):
+        return False
+    return target == "gluon" or prefers_gluon(problem, causal)
 
 
 def fits(problem: Problem) -> bool:
@@ -165,12 +177,7 @@ def gluon_forward(
     """`launches` with the forward replaced by its Gluon launch where this GPU, the user's
     choice, the shape and the variant allow it (unchanged otherwise). `tile_module` gives the
     plan's tile IR (built only when everything else allows Gluon)."""
-    target = forward_target()
-    if target == "triton" or problem.device.type != "cuda" or not gluon_importable():
-        return launches
-    if torch.cuda.get_device_capability(problem.device) != (9, 0) or not fits(problem):
-        return launches
-    if target == "auto" and not prefers_gluon(problem, causal):
+    if not takes_gluon(problem, causal):
         return launches
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
     from attnfuse.transforms.warp_specialize import WarpSpecializePass
@@ -191,4 +198,4 @@ def gluon_forward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_MIN_WORK", "GluonLaunch", "forward_target", "gluon_forward", "prefers_gluon"]
+__all__ = ["GLUON_MIN_WORK", "GluonLaunch", "forward_target", "gluon_forward", "prefers_gluon", "takes_gluon"]

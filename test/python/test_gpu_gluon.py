@@ -168,3 +168,20 @@ def test_rope_forward(placement):
         out = fn(q, k, v)
     ref = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), rope_placement=placement)
     assert_close_to_reference(out.cpu(), ref, torch.bfloat16)
+
+
+def test_auto_rope_at_llama_heads_pre_rotates_for_gluon(monkeypatch):
+    """`auto` at head dim 128 and 4096 keys: the Gluon forward, reading pre-rotated copies
+    (the placement follows the target), equal to the reference."""
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "auto")
+    spec = af.attention(af.rope(theta=500000.0), af.causal())
+    fn = af.compile(spec)
+    q, k, v = inputs(1, 8, 2, 4096, 4096, 128, torch.bfloat16, seed=9)
+    plan = fn.plan(q, k, v)
+    names = [launch.info.name for launch in plan.launches]
+    assert "rotate_query" in names and "rotate_key" in names
+    assert isinstance(forward_launch(fn, q, k, v), GluonLaunch)
+    with torch.no_grad():
+        out = fn(q, k, v)
+    ref = af.reference_attention(spec, q, k, v, device="cuda")
+    assert_close_to_reference(out.cpu(), ref.cpu(), torch.bfloat16)

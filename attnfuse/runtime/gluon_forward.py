@@ -75,6 +75,9 @@ def takes_gluon(problem: Problem, causal: bool) -> bool:
     target = forward_target()
     if target == "triton" or problem.device.type != "cuda" or not gluon_importable():
         return False
+    # A CUDA problem on a machine without CUDA: the GPU source printed for inspection.
+    if not torch.cuda.is_available():
+        return False
     if torch.cuda.get_device_capability(problem.device) != (9, 0) or not fits(problem):
         return False
     return target == "gluon" or prefers_gluon(problem, causal)

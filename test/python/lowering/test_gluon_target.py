@@ -186,3 +186,13 @@ def test_cpu_calls_keep_the_portable_launches(monkeypatch):
     q = torch.randn(1, 2, 128, 64)
     plan = fn.plan(q, q, q)
     assert not any(isinstance(launch, gluon_forward.GluonLaunch) for launch in plan.launches)
+
+
+def test_gpu_source_printed_without_a_gpu_keeps_its_placement():
+    """Planning a CUDA problem's source on a machine without CUDA asks no device (the Gluon
+    choice is off there) and keeps the Rotation Calculus' placement."""
+    fn = af.compile(af.attention(af.rope(), af.causal()), config=TileConfig(64, 64, 4, 2))
+    problem = Problem(1, 8, 8, 8192, 8192, 128, 128, torch.bfloat16, torch.device("cuda"))
+    assert not gluon_forward.takes_gluon(problem, causal=True)
+    assert fn.compile_key(problem).placement == fn.compile_key(
+        Problem(1, 8, 8, 8192, 8192, 128, 128, torch.bfloat16, torch.device("cpu"))).placement

@@ -174,8 +174,9 @@ class ScheduleAttr(EnumAttribute[Schedule], SpacedOpaqueSyntaxAttribute):
     consumer partitions, one warpgroup of 64 query rows each (`block_m = 16 * num_warps`), run
     the products as warpgroup MMAs and overlap each block's score step with the previous
     block's P @ V (and with each other's products). `consumer_registers` is what each consumer
-    thread gets. The Gluon target prints these kernels; the portable target prints them as any
-    other."""
+    thread gets. The Gluon target prints these kernels; the portable target prints one whose
+    `block_m` is a power of two as any other and refuses the others (three consumers own 192
+    rows); the runtime's portable launch is compiled from the unscheduled IR."""
 
     name = "tile.schedule"
 

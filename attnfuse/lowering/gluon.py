@@ -13,8 +13,9 @@ this target prints them in Gluon (`triton.experimental.gluon`):
 - the score ops between them (masks, ALiBi, maps such as soft-capping, scales) and the
   online-softmax step are printed by the portable target's own op printers into one
   `@gluon.jit` step function per key loop (`<kernel>_step_<i>`), so a block's meaning is still
-  printed in one place. The consecutive key loops (full blocks, then masked ones) are one
-  pipelined range whose steps pick their loop's function by the block's start;
+  printed in one place. The consecutive key loops (full blocks, then masked ones; masked, full,
+  masked under a sliding window) are one pipelined range whose steps pick their loop's
+  function by the block's start;
 - finalize as the portable target prints it; o leaves through shared memory and a TMA store.
 
 A kernel without the schedule is refused (`GluonUnsupported`, naming why `warp-specialize` left
@@ -145,8 +146,11 @@ class GluonEmitter(KernelEmitter):
             "    # before k_0, the others' after it, so the first products start early), then k and v",
             "    # of every block into the ring. Empty barriers start as if phase 1 had completed, so",
             "    # the first round of waits passes; each needs every consumer's release after that.",
-            "    mbarrier.expect(q_bars.index(0), q_desc.block_type.nbytes)",
-            "    tma_load(q_desc, [batch, head, q_start, 0], q_bars.index(0), q_bufs.index(0))",
+            "    # Nothing when the program visits no key block: its consumers then wait on no copy",
+            "    # and write zeros through their q buffers, which no copy may still be filling.",
+            "    if n_blocks > 0:",
+            "        mbarrier.expect(q_bars.index(0), q_desc.block_type.nbytes)",
+            "        tma_load(q_desc, [batch, head, q_start, 0], q_bars.index(0), q_bufs.index(0))",
             "    for j in range(n_blocks):",
             "        stage = j % STAGES",
             "        phase = (j // STAGES) & 1",

@@ -543,6 +543,12 @@ class KernelEmitter:
 
     def run(self) -> list[str]:
         name = self.kernel.sym_name.data
+        block_m = self.kernel.get("block_m")
+        if block_m & (block_m - 1):
+            # Only a warp-specialized schedule's rows may be no power of two (192: three
+            # consumer warpgroups); `tl.arange` cannot span them.
+            raise AttnFuseError(f"the Triton target cannot print {name}: its {block_m} rows per program "
+                                "are a warp-specialized schedule's (print it with -t gluon)")
         out = ["@triton.jit", f"def {name}("]
         out += [f"    {p}" for p in self.signature()]
         out.append("):")

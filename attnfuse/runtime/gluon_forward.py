@@ -11,6 +11,7 @@ default: `prefers_gluon`).
 from __future__ import annotations
 
 import hashlib
+import re
 import importlib.util
 import os
 import sys
@@ -27,6 +28,7 @@ from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.compiler import compiler_fingerprint
 from attnfuse.runtime.inputs import Problem
+from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.launch import KernelLaunch
 
 if TYPE_CHECKING:
@@ -51,9 +53,20 @@ def forward_target() -> str:
     return target
 
 
+MIN_TRITON = (3, 6)
+"""The oldest Triton whose Gluon the printed kernels are written for (`gl.warp_specialize`
+takes a list of (function, arguments) pairs from 3.6 on; 3.6 and 3.9 are tested)."""
+
+
 @cache
 def gluon_importable() -> bool:
-    """Whether this Triton has Gluon's Hopper language (TMA, mbarrier, warpgroup MMA)."""
+    """Whether this Triton has Gluon's Hopper language (TMA, mbarrier, warpgroup MMA) in the
+    form the Gluon target prints (`MIN_TRITON`)."""
+    import triton
+
+    release = tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2])
+    if release < MIN_TRITON:
+        return False
     try:
         from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
@@ -75,8 +88,13 @@ def takes_gluon(problem: Problem, causal: bool) -> bool:
     target = forward_target()
     if target == "triton" or problem.device.type != "cuda" or not gluon_importable():
         return False
-    # A CUDA problem on a machine without CUDA: the GPU source printed for inspection.
-    if not torch.cuda.is_available():
+    # The interpreter runs every kernel when asked to (`TRITON_INTERPRET=1`); Gluon's JIT
+    # would compile for the GPU regardless.
+    if runs_interpreted(problem.device):
+        return False
+    # A CUDA problem on a machine without CUDA (the GPU source printed for inspection), or a
+    # ROCm GPU, whose MI200 also reports capability 9.0.
+    if not torch.cuda.is_available() or torch.version.hip is not None:
         return False
     if torch.cuda.get_device_capability(problem.device) != (9, 0) or not fits(problem):
         return False
@@ -152,7 +170,7 @@ class GluonLaunch:
                  for t, block, layout in ((q, row_block, row_layout), (k, key_block, key_layout),
                                           (v, key_block, key_layout), (o, row_block, row_layout))]
         pointers: list[object] = []
-        for role in self.portable.info.roles:
+        for role in self.launch.roles:
             if role in self.operands:
                 continue
             t = tensors[role]

@@ -124,17 +124,30 @@ def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp) -> FlashLoop:
     if len(scores.queries) != 1 or scores.keys[0] is not k_load.result:
         raise _refuse(kernel, scores, "one q @ k^T product of the loaded tiles")
     score_ops: list[Operation] = []
+    chain = scores.result  # the score tile each op refines, in order
     op = next(it, None)
     while isinstance(op, SCORE_OPS):
+        # The consumer hands the step one tile: each op refines the previous one's result
+        # (a map reads it first; its other inputs are vectors and scalars).
+        first = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
+        if first is not chain:
+            raise _refuse(kernel, op, "score ops must refine the previous score tile, in order")
         score_ops.append(op)
+        chain = op.result
         op = next(it, None)
     if not isinstance(op, tile.LoadOp) or op.role != "v" or not _whole(op):
         raise _refuse(kernel, op, "score ops are masks, maps, ALiBi and scales, then the load of v")
     update = take(tile.SoftmaxUpdateOp, "tile.softmax_update")
+    acc, row_max, row_sum = loop.body.block.args
+    if update.scores is not chain or update.row_max is not row_max or update.row_sum is not row_sum:
+        raise _refuse(kernel, update, "the softmax step reads the refined scores and the loop's row statistics")
     accumulate = take(tile.AccumulateOp, "tile.accumulate")
-    if accumulate.value is not op.result or accumulate.probs is not update.probs or accumulate.alpha is None:
-        raise _refuse(kernel, accumulate, "acc * alpha + p @ v of the softmax step's p")
-    take(tile.YieldOp, "tile.yield")
+    if (accumulate.value is not op.result or accumulate.probs is not update.probs
+            or accumulate.alpha is not update.alpha or accumulate.acc is not acc):
+        raise _refuse(kernel, accumulate, "acc * alpha + p @ v of the loop's accumulator and the softmax step's p")
+    end = take(tile.YieldOp, "tile.yield")
+    if list(end.operands) != [accumulate.result, update.new_row_max, update.new_row_sum]:
+        raise _refuse(kernel, end, "the loop carries the accumulator, row max and row sum, in that order")
     return FlashLoop(loop, k_load, scores, score_ops, op, update, accumulate)
 
 
@@ -162,6 +175,9 @@ def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
     if q_load.role not in ("q", "q_rot"):
         raise _refuse(kernel, q_load, "the first load must be the query's")
     loops = [flash_loop(kernel, op) for op in ops[3:-4]]
+    for loop in loops:
+        if loop.scores.queries[0] is not q_load.result:
+            raise _refuse(kernel, loop.scores, "the scores read the loaded query")
     carried = list(init.results)
     for loop in loops:
         if list(loop.op.inits) != carried:
@@ -173,8 +189,9 @@ def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
     finalize, o_store, lse_store = ops[-4], ops[-3], ops[-2]
     if list(finalize.operands) != carried:
         raise _refuse(kernel, finalize, "finalize must read the last loop's state")
-    if o_store.role != "o" or lse_store.role != "lse":
-        raise _refuse(kernel, o_store, "stores of o and lse")
+    if o_store.role != "o" or lse_store.role != "lse" or o_store.value is not finalize.output \
+            or lse_store.value is not finalize.lse:
+        raise _refuse(kernel, o_store, "stores of finalize's o and lse")
     parts = FlashKernel(kernel, q_load, init, bounds, loops, finalize, o_store, lse_store)
     for role in kernel.roles:
         if role not in parts.operands and role not in POINTER_ROLES and tile.role_kind(role) != "slopes":

@@ -196,3 +196,22 @@ def test_gpu_source_printed_without_a_gpu_keeps_its_placement():
     assert not gluon_forward.takes_gluon(problem, causal=True)
     assert fn.compile_key(problem).placement == fn.compile_key(
         Problem(1, 8, 8, 8192, 8192, 128, 128, torch.bfloat16, torch.device("cpu"))).placement
+
+
+def test_hand_written_data_flow_the_schedule_does_not_follow_is_refused():
+    """The consumer hard-codes (acc, row max, row sum) as the loop's carried state: a kernel
+    whose loop yields them in another order is not flash-shaped, never printed otherwise."""
+    from attnfuse.transforms.warp_specialize import NotFlashShaped, flash_kernel
+
+    key = CompileKey(128, 128, "bf16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
+    module = lower_spec(af.attention(af.causal()), key)
+    kernel = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
+    flash_kernel(kernel)  # as lowered: flash-shaped
+    loop = next(op for op in kernel.body.block.ops if op.name == "tile.kv_loop")
+    end = loop.body.block.last_op
+    acc, row_max, row_sum = end.operands
+    end.operands = [acc, row_sum, row_max]
+    with pytest.raises(NotFlashShaped, match="carries the accumulator, row max and row sum"):
+        flash_kernel(kernel)
+    WarpSpecializePass().apply(make_context(), module)
+    assert kernel.schedule is None

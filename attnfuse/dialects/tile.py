@@ -689,7 +689,8 @@ class KernelOp(IRDLOperation):
             if not (_is_power_of_two(self.get(key)) and self.get(key) >= 16):
                 raise VerifyException(f"{key} must be a power of two >= 16, got {self.get(key)}")
         if self.get("num_warps") not in (1, 2, 4, 8, 12, 16) or (self.get("num_warps") == 12 and "schedule" not in self.attributes):
-            raise VerifyException(f"num_warps must be 1, 2, 4, 8 or 16 (12: three warp-specialized consumers), got {self.get('num_warps')}")
+            # 12 only for three warp-specialized consumers (verify_schedule).
+            raise VerifyException(f"num_warps must be 1, 2, 4, 8 or 16, got {self.get('num_warps')}")
         if self.get("num_stages") < 1:
             raise VerifyException(f"num_stages must be >= 1, got {self.get('num_stages')}")
         for key in ("head_dim", "head_dim_v"):

@@ -41,7 +41,7 @@ from xdsl.utils.target import Target
 from attnfuse.dialects import tile
 from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.lowering.triton import HELPERS, KernelEmitter, LoopRows
-from attnfuse.transforms.warp_specialize import FlashLoop, NotFlashShaped, flash_kernel
+from attnfuse.dialects.flash_shape import FlashLoop, NotFlashShaped, flash_kernel
 
 class GluonUnsupported(IRError):
     """A kernel this target does not print (the portable target prints every kernel); `op` is

@@ -61,7 +61,7 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 
   tile.return
 }
-// CHECK: num_warps must be 1, 2, 4, 8 or 16 (12: three warp-specialized consumers), got 3
+// CHECK: num_warps must be 1, 2, 4, 8 or 16, got 3
 
 // -----
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-import importlib.util
 import os
-import sys
 from dataclasses import dataclass
 from functools import cache
 from collections.abc import Callable
@@ -26,7 +24,6 @@ from xdsl.dialects.builtin import ModuleOp
 from attnfuse.dialects import make_context, tile
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
-from attnfuse.runtime.compiler import compiler_fingerprint
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.launch import KernelLaunch
@@ -113,19 +110,14 @@ def fits(problem: Problem) -> bool:
 
 @cache
 def _gluon_module(source: str) -> Any:
-    """The generated Gluon source, stored under the kernel cache and imported (Gluon's JIT
-    reads a kernel's source from its file, as Triton's does)."""
-    digest = hashlib.sha256((source + compiler_fingerprint()).encode()).hexdigest()
+    """The generated Gluon source, stored in the kernel cache directory and imported as the
+    portable target's modules are (`cache.load_module`: Gluon's JIT, like Triton's, reads a
+    kernel's source from its file)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()
     path = kernel_cache.cache_dir() / f"gluon_{digest[:32]}.py"
     if not path.exists() or path.read_text() != source:
         kernel_cache._atomic_write(path, source)
-    name = f"attnfuse_gluon_{digest[:16]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return kernel_cache.load_module(path, f"gluon_{digest}", interpret=False)
 
 
 @dataclass

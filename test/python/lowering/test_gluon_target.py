@@ -5,7 +5,6 @@ checked on the H200 (test/python/test_gpu_gluon.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -96,11 +95,8 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, tmp_path, monke
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     program = emit_gluon_kernel(forward_kernel(spec, dim))
-    path = tmp_path / f"gluon_{name}.py"
-    path.write_text(program.source)
-    module_spec = importlib.util.spec_from_file_location(f"gluon_{name.replace('-', '_')}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    # Stored and imported as the runtime does it (`gluon_forward._gluon_module`).
+    module = gluon_forward._gluon_module(program.source)
     # A [B, N, H, D] projection seen as [B, H, N, D], as models pass q, k and v.
     x = torch.empty(1, 256, 4, dim, dtype=torch.bfloat16).transpose(1, 2)
     rows = gl.NVMMASharedLayout.get_default_for([1, 1, 64, dim], gl.bfloat16)

@@ -10,9 +10,7 @@ default), it costs none. This test reads the buffers off the TTGIR Triton produc
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import os
 import re
 
 import pytest
@@ -20,6 +18,7 @@ import pytest
 import attnfuse as af
 from attnfuse.lowering.triton import emit_module
 from attnfuse.runtime.compiler import CompileKey, lower_spec
+from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.config import TileConfig
 from attnfuse.runtime.kv_cache import CacheLayout
 
@@ -51,24 +50,9 @@ def decode_kernel_ttgir(tmp_path, page_size: int, lookahead: int, stages: int = 
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
-    with compiled_not_interpreted():
+    with kernel_cache.triton_target(interpret=False):
         spec.loader.exec_module(module)
         return sm90_ttgir(getattr(module, kernel), 1 if kernel == "attention_merge" else stages)
-
-
-@contextlib.contextmanager
-def compiled_not_interpreted():
-    """TRITON_INTERPRET=0 (real JIT functions and their compiler) inside, whatever the suite
-    runs on."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
 
 
 def sm90_ttgir(fn, stages: int) -> str:

@@ -16,6 +16,11 @@ K and V bytes (each of P programs reads a contiguous share and sums it), at seve
 counts, block sizes and pipeline depths, timed the same three ways.
 
     python bench/decode_profile.py [--rows 1,2,3,4] [--reps 50] [--out DIR]
+                                   [--variants kernel,kernel-stages1,last-split] [--no-stream]
+
+`--variants` times AttnFuse's split merge in each named form: `kernel` (the default, a second
+kernel), `kernel-stagesN` (its loop pipelined N deep, `config.DECODE_MERGE_STAGES`) and
+`last-split` (the last split program merges, `kv_cache.DECODE_MERGE`).
 """
 
 from __future__ import annotations
@@ -133,14 +138,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,2,3,4")
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--variants", default="kernel")
+    parser.add_argument("--no-stream", action="store_true", help="skip the streaming-read kernels")
     args = parser.parse_args(argv)
     import attnfuse as af
+    from attnfuse.runtime import config, kv_cache
+
+    def variant_spec(name: str):
+        """A fresh compile whose plans take the merge form `name` (see --variants)."""
+        merge, stages = "kernel", config.DECODE_MERGE_STAGES
+        if name == "last-split":
+            merge = "last-split"
+        elif name.startswith("kernel-stages"):
+            stages = int(name.removeprefix("kernel-stages"))
+        elif name != "kernel":
+            raise SystemExit(f"unknown variant {name!r}")
+        fn = af.compile(af.attention(af.causal()))
+
+        def call(*a, **kw):
+            saved = kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES
+            kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES = merge, stages
+            try:
+                return fn(*a, **kw)
+            finally:
+                kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES = saved
+        return call
 
     lines = [f"# Decode profile ({torch.cuda.get_device_name()})", ""]
     lines += benchlib.metadata_lines(benchlib.metadata("cuda"))
     lines += ["", "```", "python3 bench/decode_profile.py " + " ".join(sys.argv[1:]), "```", ""]
     flush = Flush()
-    spec = af.compile(af.attention(af.causal()))
+    specs = {f"attnfuse {name}": variant_spec(name) for name in args.variants.split(",")}
     for row in args.rows.split(","):
         title, b, hq, hkv, d, length = ROWS[row]
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -155,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-        impls = {"attnfuse": lambda: spec(q, k, v, kv_lens=lens), "sdpa-flash": sdpa}
+        impls = {name: (lambda spec=spec: spec(q, k, v, kv_lens=lens)) for name, spec in specs.items()}
+        impls["sdpa-flash"] = sdpa
         ref = sdpa()
         table = []
         for name, fn in impls.items():
@@ -168,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{err:.1e}", kern])
         out = torch.empty(4096, device="cuda", dtype=torch.float32)
         rows_total = b * hkv * length
-        for programs in (128, 132 * 2, 132 * 4, 1056):
+        for programs in () if args.no_stream else (128, 132 * 2, 132 * 4, 1056):
             programs = min(programs, rows_total // 128)
             share = rows_total // programs // 128 * 128
             for block, stages in ((64, 3), (128, 3), (64, 4), (128, 2)):

@@ -675,6 +675,14 @@ class KernelOp(IRDLOperation):
         """The block argument bound to a tensor role."""
         return self.body.block.args[self.roles.index(role)]
 
+    def _smallest(self, key: str) -> int:
+        """The smallest `block_m` / `block_n`: 16, `tl.dot`'s smallest operand side; a split
+        merge's rows multiply nothing, so it may own a single query row (the merge kernel
+        of one-token decoding)."""
+        if key == "block_m" and any(isinstance(op, MergeSplitsOp) for op in self.body.walk()):
+            return 1
+        return 16
+
     def verify_(self) -> None:
         grid = self.attributes.get("grid")
         if not isinstance(grid, GridAttr):
@@ -686,8 +694,8 @@ class KernelOp(IRDLOperation):
         # three of them own 192 rows.
         sized = ("block_n",) if isinstance(self.attributes.get("schedule"), ScheduleAttr) else ("block_m", "block_n")
         for key in sized:
-            if not (_is_power_of_two(self.get(key)) and self.get(key) >= 16):
-                raise VerifyException(f"{key} must be a power of two >= 16, got {self.get(key)}")
+            if not (_is_power_of_two(self.get(key)) and self.get(key) >= self._smallest(key)):
+                raise VerifyException(f"{key} must be a power of two >= {self._smallest(key)}, got {self.get(key)}")
         if self.get("num_warps") not in (1, 2, 4, 8, 12, 16) or (self.get("num_warps") == 12 and "schedule" not in self.attributes):
             # 12 only for three warp-specialized consumers (verify_schedule).
             raise VerifyException(f"num_warps must be 1, 2, 4, 8 or 16, got {self.get('num_warps')}")

@@ -44,6 +44,11 @@ from attnfuse.errors import AttnFuseError
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
+MERGE_STEP_VALUES = 8192
+"""The fp32 partial outputs a split merge's step holds, `[BLOCK_M, SPLITS, BLOCK_DV]`: 64
+registers a thread at four warps."""
+MAX_SPLITS_PER_STEP = 64
+
 
 def plus(expr: str, offset: int) -> str:
     """`expr + offset`, written the way a person would."""
@@ -828,32 +833,58 @@ class KernelEmitter:
         for value, result in zip(op.operands, op.results):
             self.emit(f"{self.namer.define(result)} = tl.minimum(tl.maximum({self.namer[value]}, split_lo), split_hi)")
 
-    def emit_split_merge(self, split: str, lse_ptrs: str | None, o_ptrs: str, o_mask: str,
-                         out: str, lse: str | None, load_options: str = "") -> None:
+    def splits_per_step(self) -> int:
+        """Splits a merge step loads at once: as many as keep a step's partial
+        outputs, `[BLOCK_M, SPLITS, BLOCK_DV]` fp32, at `MERGE_STEP_VALUES`, at most
+        `MAX_SPLITS_PER_STEP`; a power of two. The merge kernel (one query row per program)
+        takes every split of a decode in one step, so its time is one round trip to L2, not
+        one per split."""
+        rows, width = self.kernel.get("block_m"), padded(self.head_dim_v)
+        return max(1, min(MAX_SPLITS_PER_STEP, MERGE_STEP_VALUES // (rows * width)))
+
+    def emit_split_merge(self, role_o: str, o_base: str, o_rows: str, role_lse: str | None,
+                         lse_base: str | None, lse_rows: str | None, out: str, lse: str | None,
+                         load_options: str = "") -> None:
         """The loop over the splits that merges their partial results (`tile.merge_splits`,
-        `tile.merge_last_split`): with `lse_ptrs` (softmax), each split's output weighted by
-        `exp(lse_s - lse)`, online; without, summed. `split` is the loop variable the pointer
-        expressions use; `out` (and `lse`) name the results."""
+        `tile.merge_last_split`), `splits_per_step()` splits a step: with an lse
+        (softmax), each split's output weighted by `exp(lse_s - lse)`, online over the steps;
+        without, summed. The partials of split `s` and row offset `r` (`o_rows`, `lse_rows`:
+        per-row offsets) are at `o_base + s * stride_s + r + column * stride_d`; `out` (and
+        `lse`) name the results."""
+        per_step = self.splits_per_step()
         self.emit(f"{out} = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
-        if lse_ptrs is None:
-            self.emit(f"for {split} in {self.splits_range()}:")
-            self.emit(f"    {out} += tl.load({o_ptrs}, mask={o_mask}, other=0.0{load_options})")
+        columns = " & (cols_dv < HEAD_DIM_V)[None, None, :]" if padded(self.head_dim_v) != self.head_dim_v else ""
+
+        def step_loads() -> None:
+            self.emit(f"splits = step + tl.arange(0, {per_step})  # the step's splits")
+            self.emit("split_rows = row_in_bounds[:, None] & (splits < num_splits)[None, :]")
+            self.emit(f"split_out = tl.load({o_base} + (splits * stride_{role_o}_s)[None, :, None]"
+                      f" + ({o_rows})[:, None, None] + (cols_dv * stride_{role_o}_d)[None, None, :],"
+                      f" mask=split_rows[:, :, None]{columns}, other=0.0{load_options})")
+
+        if role_lse is None:
+            self.emit(f"for step in {self.splits_range(per_step)}:")
+            self.indent += 1
+            step_loads()
+            self.emit(f"{out} += tl.sum(split_out, 1)")
+            self.indent -= 1
             return
-        assert lse is not None
+        assert lse is not None and lse_base is not None and lse_rows is not None
         merged_max, total = self.namer.fresh("merged_max"), self.namer.fresh("merged_sum")
         self.emit(f"{merged_max} = tl.full([BLOCK_M], float(\"-inf\"), dtype=tl.float32)")
         self.emit(f"{total} = tl.zeros([BLOCK_M], dtype=tl.float32)")
-        self.emit(f"for {split} in {self.splits_range()}:")
+        self.emit(f"for step in {self.splits_range(per_step)}:")
         self.indent += 1
-        self.emit(f"split_lse = tl.load({lse_ptrs}, mask=row_in_bounds, other=float(\"-inf\"){load_options})")
-        self.emit(f"split_out = tl.load({o_ptrs}, mask={o_mask}, other=0.0{load_options})")
-        self.emit(f"new_max = tl.maximum({merged_max}, split_lse)")
+        step_loads()
+        self.emit(f"split_lse = tl.load({lse_base} + (splits * stride_{role_lse}_s)[None, :] + ({lse_rows})[:, None],"
+                  f" mask=split_rows, other=float(\"-inf\"){load_options})")
+        self.emit(f"new_max = tl.maximum({merged_max}, tl.max(split_lse, 1))")
         self.emit("# Splits with no kept key (lse -inf) weigh 0; subtract 0 while every split so far is empty.")
         self.emit("safe_max = tl.where(new_max == float(\"-inf\"), 0.0, new_max)")
         self.emit(f"rescale = tl.math.exp2(({merged_max} - safe_max) * {LOG2E})")
-        self.emit(f"weight = tl.math.exp2((split_lse - safe_max) * {LOG2E})")
-        self.emit(f"{out} = {out} * rescale[:, None] + split_out * weight[:, None]")
-        self.emit(f"{total} = {total} * rescale + weight")
+        self.emit(f"weight = tl.math.exp2((split_lse - safe_max[:, None]) * {LOG2E})")
+        self.emit(f"{out} = {out} * rescale[:, None] + tl.sum(split_out * weight[:, :, None], 1)")
+        self.emit(f"{total} = {total} * rescale + tl.sum(weight, 1)")
         self.emit(f"{merged_max} = new_max")
         self.indent -= 1
         has_keys = self.namer.fresh("has_keys")
@@ -861,13 +892,15 @@ class KernelEmitter:
         self.emit(f"{out} = {out} / tl.where({has_keys}, {total}, 1.0)[:, None]")
         self.emit(f"{lse} = tl.where({has_keys}, {merged_max} + tl.math.log2(tl.where({has_keys}, {total}, 1.0)) * {LN2}, float(\"-inf\"))")
 
-    def splits_range(self) -> str:
-        """The iteration over the splits of a merge: software-pipelined `merge_stages` deep
-        (`tl.range`: its loads are not products' operands, which Triton pipelines only in a
-        loop that asks), so a split's partials are in flight while earlier ones merge;
-        unpipelined, each split's loads wait for the previous split's merge."""
+    def splits_range(self, per_step: int) -> str:
+        """The iteration over the merge's steps (`per_step` splits each): software-pipelined
+        `merge_stages` deep (`tl.range`: its loads are not products' operands, which Triton
+        pipelines only in a loop that asks), so a step's partials are in flight while earlier
+        ones merge."""
         stages = self.kernel.int_attr("merge_stages") or 1
-        return f"tl.range(0, num_splits, num_stages={stages})" if stages > 1 else "range(0, num_splits)"
+        if stages > 1:
+            return f"tl.range(0, num_splits, {per_step}, num_stages={stages})"
+        return f"range(0, num_splits, {per_step})"
 
     def value_column_mask(self) -> str:
         """` & (cols_dv < HEAD_DIM_V)[None, :]` where the value dim is padded, else ""."""
@@ -889,16 +922,16 @@ class KernelEmitter:
             return f"(row_head * stride_{role}_h + row_query * stride_{role}_n)"
 
         def all_splits(role: str) -> str:
-            return f"{role}_ptr + batch * stride_{role}_b + head * stride_{role}_h + s * stride_{role}_s"
+            return f"{role}_ptr + batch * stride_{role}_b + head * stride_{role}_h"
 
         o_mask = f"row_in_bounds[:, None]{self.value_column_mask()}"
-        o_ptrs = f"{all_splits(o_role)} + {rows_of(o_role)}[:, None] + cols_dv[None, :] * stride_{o_role}_d"
         weighted = op.weighted is not None
-        lse_ptrs = f"{all_splits(lse_role)} + {rows_of(lse_role)}" if weighted else None
         out = self.namer.fresh("merged")
         lse = self.namer.fresh("merged_lse") if weighted else None
         # Other programs wrote the partials: read them past L1 (.cg), where no stale copy is.
-        self.emit_split_merge("s", lse_ptrs, o_ptrs, o_mask, out, lse, ', cache_modifier=".cg"')
+        self.emit_split_merge(o_role, all_splits(o_role), rows_of(o_role),
+                              lse_role if weighted else None, all_splits(lse_role) if weighted else None,
+                              rows_of(lse_role) if weighted else None, out, lse, ', cache_modifier=".cg"')
         if lse is not None:
             out_lse = self.role_of(op.lse)  # type: ignore[arg-type]
             self.emit(f"tl.store({out_lse}_base + {rows_of(out_lse)}, {lse}, mask=row_in_bounds)")
@@ -911,17 +944,15 @@ class KernelEmitter:
     def emit_merge_splits(self, op: tile.MergeSplitsOp) -> None:
         o_role, lse_role = self.role_of(op.o_part), self.role_of(op.lse_part)
         out, lse = self.namer.define(op.output), self.namer.define(op.lse)
-        o_ptrs = (f"{o_role}_base + split * stride_{o_role}_s + rows[:, None] * stride_{o_role}_n"
-                  f" + cols_dv[None, :] * stride_{o_role}_d")
-        o_mask = f"row_in_bounds[:, None]{self.value_column_mask()}"
+        o_rows = f"rows * stride_{o_role}_n"
         if op.weighted is None:
             self.emit("# tile.merge_splits: a pointwise normalizer's outputs are sums over keys: add them")
-            self.emit_split_merge("split", None, o_ptrs, o_mask, out, None)
+            self.emit_split_merge(o_role, f"{o_role}_base", o_rows, None, None, None, out, None)
             self.emit(f"{lse} = tl.zeros([BLOCK_M], dtype=tl.float32)  # no log-sum-exp")
             return
         self.emit("# tile.merge_splits: weight each split's output by exp(lse_s - lse), online over the splits")
-        lse_ptrs = f"{lse_role}_base + split * stride_{lse_role}_s + rows * stride_{lse_role}_n"
-        self.emit_split_merge("split", lse_ptrs, o_ptrs, o_mask, out, lse)
+        self.emit_split_merge(o_role, f"{o_role}_base", o_rows, lse_role, f"{lse_role}_base",
+                              f"rows * stride_{lse_role}_n", out, lse)
 
     def emit_kv_loop(self, op: tile.KVLoopOp) -> None:
         masked = op.masked is not None

@@ -302,9 +302,11 @@ def build_append_kernel(rotation: Rotation | None, config: KernelConfig) -> tile
     return k.finish()
 
 
-MERGE_BLOCK_M = 16
-"""Query rows per merge program: decoding has at most a few (Nq <= 16 is what the runtime
-sends to the split kernels), and a program's work is tiny."""
+MERGE_BLOCK_M = 1
+"""Query rows per merge program: one, so that a program loads all the splits of its row in one
+step (`lowering/triton.py`'s `splits_per_step`: 64 at head dim 128), one round trip to L2.
+With 16 rows a program (Nq = 1 fills one of them) merged one split per step, pipelined three
+deep, and took 4.4 µs of a 16k decode's 26 (bench/results/20261201T191104Z-decode_profile.md)."""
 MERGE_NUM_WARPS = 4
 
 

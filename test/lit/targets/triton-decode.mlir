@@ -46,10 +46,17 @@
 
 // The merge: each split's output weighted by exp(lse_s - lse).
 // CHECK-LABEL: def attention_merge(
-// Unpipelined by default (merge-stages=1): each split's loads wait for the previous merge.
-// CHECK:       for split in range(0, num_splits):
-// CHECK-NEXT:      split_lse = tl.load(lse_part_base + split * stride_lse_part_s + rows * stride_lse_part_n, mask=row_in_bounds, other=float("-inf"))
-// CHECK:           weight = tl.math.exp2((split_lse - safe_max) * 1.4426950408889634)
+// One query row per program (block_m 1), all of its splits (up to 64 at head dim 64) loaded in
+// one step; unpipelined by default (merge-stages=1).
+// CHECK:       BLOCK_M: tl.constexpr = 1,
+// CHECK:       for step in range(0, num_splits, 64):
+// CHECK-NEXT:      splits = step + tl.arange(0, 64)
+// CHECK-NEXT:      split_rows = row_in_bounds[:, None] & (splits < num_splits)[None, :]
+// CHECK-NEXT:      split_out = tl.load(o_part_base + (splits * stride_o_part_s)[None, :, None] + (rows * stride_o_part_n)[:, None, None] + (cols_dv * stride_o_part_d)[None, None, :], mask=split_rows[:, :, None], other=0.0)
+// CHECK-NEXT:      split_lse = tl.load(lse_part_base + (splits * stride_lse_part_s)[None, :] + (rows * stride_lse_part_n)[:, None], mask=split_rows, other=float("-inf"))
+// CHECK-NEXT:      new_max = tl.maximum(merged_max, tl.max(split_lse, 1))
+// CHECK:           weight = tl.math.exp2((split_lse - safe_max[:, None]) * 1.4426950408889634)
+// CHECK-NEXT:      out = out * rescale[:, None] + tl.sum(split_out * weight[:, :, None], 1)
 
 // Pages smaller than a step: one table entry per key, none read past the sequence.
 // SMALL-PAGES:      page_ids = tl.load(block_table_base + ((split_start + tl.arange(0, BLOCK_N)) // PAGE_SIZE) * stride_block_table_n, mask=split_start + tl.arange(0, BLOCK_N) < n_k, other=0)
@@ -75,9 +82,9 @@
 
 // LOOKAHEAD-OPTION: error: lower-to-tile: page-lookahead must be 0 or 1, got 2
 
-// merge-stages=N pipelines the loop over the splits itself (Triton pipelines loads that feed
-// no product only in a loop that asks): later splits' partials load while one merges.
+// merge-stages=N pipelines the loop over the merge's steps itself (Triton pipelines loads that
+// feed no product only in a loop that asks): a later step's partials load while one merges.
 // MERGE-PIPELINED-LABEL: def attention_merge(
-// MERGE-PIPELINED:       for split in tl.range(0, num_splits, num_stages=3):
-// MERGE-PIPELINED-NEXT:      split_lse = tl.load(lse_part_base + split * stride_lse_part_s
+// MERGE-PIPELINED:       for step in tl.range(0, num_splits, 64, num_stages=3):
+// MERGE-PIPELINED-NEXT:      splits = step + tl.arange(0, 64)
 // MERGE-STAGES-OPTION: error: lower-to-tile: merge-stages must be >= 1, got 0

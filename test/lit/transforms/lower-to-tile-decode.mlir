@@ -48,7 +48,9 @@ attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
 // LAST-TRITON:      arrived = tl.atomic_add(count_ptr, 1)
 // LAST-TRITON-NEXT: if arrived == num_splits - 1:
 // The last split's merge reads other programs' partials past L1 and is never pipelined.
-// LAST-TRITON:          for s in range(0, num_splits):
+// The last program merges its 64 rows, 2 splits a step at head dim 64 (8192 fp32 values).
+// LAST-TRITON:          for step in range(0, num_splits, 2):
+// LAST-TRITON:              split_out = tl.load({{.*}}cache_modifier=".cg")
 // LAST-TRITON-NEXT:         split_lse = tl.load({{.*}}cache_modifier=".cg")
 // LAST-TRITON:          tl.atomic_xchg(count_ptr, 0)
 // MERGE-OPTION: error: lower-to-tile: decode-merge must be kernel or last-split, got 'tree'

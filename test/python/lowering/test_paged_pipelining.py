@@ -105,8 +105,9 @@ def test_page_ids_read_in_their_step_cost_a_stage(tmp_path, contiguous_buffers):
 
 @pytest.mark.parametrize("merge_stages, buffers", [(3, {2}), (1, set())], ids=["pipelined", "unpipelined"])
 def test_merge_loop_pipelines_as_asked(tmp_path, merge_stages, buffers):
-    """The merge kernel (launched with one stage) keeps `merge_stages - 1` splits' partials in
-    flight: its loop asks for them (`tl.range`), as no product's operand makes Triton do so."""
+    """The merge kernel (launched with one stage) keeps `merge_stages - 1` steps' partials in
+    flight (a step: one row's 64 splits, `[1, 64, 128]` fp32 at head dim 128): its loop asks
+    for them (`tl.range`), as no product's operand makes Triton do so."""
     ttgir = decode_kernel_ttgir(tmp_path, 0, 1, kernel="attention_merge", merge_stages=merge_stages)
-    found = re.findall(r"local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x16x128xf32", ttgir)
+    found = re.findall(r"local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x1x64x128xf32", ttgir)
     assert {int(n) for n in found} == buffers

@@ -174,3 +174,11 @@ tile.kernel @k(%dk: !tile.tensor<dk>, %kv_lens: !tile.tensor<kv_lens>) attribute
   tile.return
 }
 // CHECK: an appended_keys kernel reads the new k and v and writes k_cache and v_cache, not dk
+
+// -----
+
+// Below 16 rows only for a merge: other kernels' rows are tl.dot operands.
+tile.kernel @k(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 1 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  tile.return
+}
+// CHECK: block_m must be a power of two >= 16, got 1

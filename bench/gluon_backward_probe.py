@@ -1,0 +1,430 @@
+"""A warp-specialized Hopper attention BACKWARD written in Gluon by hand (Triton 3.6): the probe
+that says what FlashAttention-3's backward design costs in Gluon before the tile IR lowers to it
+(issue 17). bench/gluon_forward_probe.py is its forward counterpart.
+
+`attention_bwd_ws`: one program per (block of BLOCK_N key rows, batch x kv head); the program
+walks every query block of every query head of its GQA group (Hq / Hkv heads), so K and V are
+read once and dK, dV accumulate in registers over the whole group (no reduction afterwards).
+
+- producer (worker partition, 1 warp): TMA loads of K and V once (one barrier), then Q and dO
+  blocks (BLOCK_M rows each) into a ring of STAGES shared-memory buffers with a ready barrier
+  (TMA byte count) and an empty barrier (released by the consumer once its last product reading
+  that stage is done);
+- consumer (default partition, CONSUMER_WARPS = 4 or 8 warps, one or two warpgroups in lockstep,
+  each owning 64 of the block's keys): the products in the key-major ("swapped") orientation,
+  so that P^T and dS^T come out of the tensor cores in the layout of the A operand of dV and dK:
+      S^T  = K Q^T                      (A = K smem, B = Q^T smem view)
+      dP^T = V dO^T                     (A = V smem, B = dO^T smem view)
+      P^T  = exp2(S^T * scale * log2e - lse * log2e)   (causal mask on diagonal blocks only)
+      dS^T = P^T o (dP^T - delta)
+      dV  += P^T dO                     (A = P^T registers, B = dO smem)
+      dK  += dS^T Q                     (A = dS^T registers, B = Q smem)
+      dQ_b = dS K  (queries x D)        (A = dS^T smem, transposed view; B = K smem)
+  5 products per block pair, as cuDNN and FA3. dQ_b * scale goes into an fp32 buffer dq_acc
+  [B*Hq*N, D] either by a TMA reduce-add from shared memory (DQ="tma": ttng.async_tma_reduce,
+  which Gluon 3.6's builder has but does not wrap; `_tma_reduce_add` below wraps it) or by
+  per-element fp32 atomics from registers (DQ="atomic"); DQ="none" skips it (the deterministic
+  split: dQ then comes from a separate kernel, here AttnFuse's own dQ kernel is not reused, so
+  the "none" variant is timed as the dK/dV half only, for comparison with AttnFuse's dK/dV
+  kernel).
+- delta = rowsum(dO o O) and the zeroing of dq_acc: a small `tl` preprocess kernel; dq_acc ->
+  bf16 (dq): a small `tl` postprocess kernel. Both are in the timed total.
+
+    PYTHONPATH=/tmp/lead/t36:. python bench/gluon_backward_probe.py --compile-only  # no GPU
+    python bench/gluon_backward_probe.py --out DIR      # H200: check, then time beside cuDNN
+
+A probe, not the product: Nq == Nk, N a multiple of the key block (128), head dim 64 or 128,
+q/k/v/o/do contiguous [B, H, N, D], fp16 or bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+DEVICE = "cuda"  # where the checks and timings put their tensors
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """global[box at coord] += shared `src` (cp.reduce.async.bulk.tensor.add); completes like a
+    TMA store (`tma.store_wait`). Gluon 3.6 has the builder call (ttng.async_tma_reduce) but no
+    Python wrapper for it."""
+    from triton._C.libtriton import ir
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                              coord, src.handle)
+
+
+@gluon.jit
+def _bwd_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_bar, ready,
+                empty, kv_row, q_base, seq, m_first, n_mb, total, BLOCK_M: gl.constexpr,
+                STAGES: gl.constexpr):
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)
+    for it in range(total):
+        stage = it % STAGES
+        phase = (it // STAGES) & 1
+        head = it // n_mb
+        row = q_base + head * seq + (m_first + it % n_mb) * BLOCK_M
+        # Barriers start as if phase 1 had completed: the first round waits on nothing.
+        mbarrier.wait(empty.index(stage), phase ^ 1)
+        mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row, 0], ready.index(stage), q_bufs.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [row, 0], ready.index(stage), do_bufs.index(stage))
+
+
+@gluon.jit
+def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem, q_bufs,
+                  do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, sm_scale, kv_row, q_base, seq,
+                  n_start, m_first, n_mb, total, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                  NW: gl.constexpr, DQ: gl.constexpr, DQ_BUFS: gl.constexpr,
+                  SYNC_RELEASE: gl.constexpr):
+    dtype: gl.constexpr = k_smem.dtype
+    # Key-major accumulators: each warpgroup owns 64 keys (rows) of S^T, dP^T, dK, dV.
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    # dQ_b has BLOCK_M (64) query rows: one warpgroup's M; two warpgroups split its columns.
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, HEAD_DIM // (NW // 4), 16])
+
+    qk_scale = sm_scale * 1.4426950408889634
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    keys = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    dq_r = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_c = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+
+    mbarrier.wait(kv_bar, 0)
+    for it in range(total):
+        stage = it % STAGES
+        phase = (it // STAGES) & 1
+        head = it // n_mb
+        m_start = (m_first + it % n_mb) * BLOCK_M
+        q_row = q_base + head * seq + m_start
+        # lse and delta of the block's query rows (columns of S^T), read while the TMA lands.
+        lse2 = gl.load(lse_ptr + q_row + cols) * 1.4426950408889634
+        delta = gl.load(delta_ptr + q_row + cols)
+        q_s = q_bufs.index(stage)
+        do_s = do_bufs.index(stage)
+        mbarrier.wait(ready.index(stage), phase)
+        st = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st,))
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if CAUSAL:
+            # Only blocks that cross the diagonal mask (key j kept iff j <= query i).
+            if m_start < n_start + BLOCK_N:
+                pt = gl.where(keys[:, None] <= (m_start + cols)[None, :], pt, 0.0)
+        dpt = warpgroup_mma_wait(0, deps=(dpt,))
+        dst = pt * (dpt - delta[None, :])
+        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+        dv_acc = warpgroup_mma(pt_op, do_s, dv, is_async=True)
+        ds16 = dst.to(dtype)
+        if DQ != 0:
+            # dS^T goes to shared memory for dQ_b = dS K (A = its transposed view): every warp's
+            # part before the tensor cores read it (a fence for the async proxy, then a barrier).
+            ds_smem.store(ds16)
+            fence_async_shared()
+        ds_op = gl.convert_layout(ds16, a_layout)
+        dk_acc = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+        if DQ != 0:
+            gl.thread_barrier()
+            dq_acc = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False,
+                                   is_async=True)
+            dv, dk, dq, pt_op, ds_op = warpgroup_mma_wait(0, deps=(dv_acc, dk_acc, dq_acc, pt_op,
+                                                                   ds_op))
+        else:
+            dv, dk, pt_op, ds_op = warpgroup_mma_wait(0, deps=(dv_acc, dk_acc, pt_op, ds_op))
+        if SYNC_RELEASE:
+            # Every warpgroup's products on this stage are done before the loader may refill it.
+            gl.thread_barrier()
+        mbarrier.arrive(empty.index(stage), count=1)
+        if DQ == 1:
+            dq_s = dq_bufs.index(it % DQ_BUFS)
+            # The reduce that last read this staging buffer has finished (issuing thread), and
+            # every thread knows it (barrier) before anyone overwrites the buffer.
+            tma.store_wait(DQ_BUFS - 1)
+            gl.thread_barrier()
+            dq_s.store(dq * sm_scale)
+            fence_async_shared()
+            gl.thread_barrier()
+            _tma_reduce_add(dq_desc, [q_row, 0], dq_s)
+        elif DQ == 2:
+            offs = (q_row + dq_r)[:, None] * HEAD_DIM + dq_c[None, :]
+            gl.atomic_add(dq_ptr + offs, dq * sm_scale)
+
+    # dK, dV leave through K's and V's buffers (no product reads them any more).
+    dk = dk * sm_scale
+    k_smem.store(dk.to(dtype))
+    v_smem.store(dv.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(dk_desc, [kv_row, 0], k_smem)
+    tma.async_copy_shared_to_global(dv_desc, [kv_row, 0], v_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr,
+                     delta_ptr, sm_scale, seq, group, CAUSAL: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     STAGES: gl.constexpr, DQ: gl.constexpr, DQ_BUFS: gl.constexpr,
+                     SYNC_RELEASE: gl.constexpr, LOADER_REGS: gl.constexpr,
+                     num_warps: gl.constexpr):
+    """Gradients of one key block over the whole GQA group; grid (B * Hkv, N / BLOCK_N): the
+    kv head varies fastest, so causal's longest programs (key block 0) start first."""
+    gl.static_assert(BLOCK_N == 16 * num_warps, "each warpgroup owns 64 keys")
+    dtype: gl.constexpr = q_desc.dtype
+    bkv = gl.program_id(0)
+    n_start = gl.program_id(1) * BLOCK_N
+    kv_row = bkv * seq + n_start
+    q_base = bkv * group * seq  # row of query head 0 of the group (batch-major layout)
+    if CAUSAL:
+        m_first = n_start // BLOCK_M  # queries i >= n_start see the block
+    else:
+        m_first = 0
+    n_mb = seq // BLOCK_M - m_first
+    total = group * n_mb
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    if DQ == 1:
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, HEAD_DIM], dq_desc.layout)
+    else:
+        dq_bufs = ds_smem  # unused
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+
+    gl.warp_specialize([
+        (_bwd_consumer, (dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem,
+                         q_bufs, do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, sm_scale, kv_row,
+                         q_base, seq, n_start, m_first, n_mb, total, CAUSAL, BLOCK_M, BLOCK_N,
+                         HEAD_DIM, STAGES, num_warps, DQ, DQ_BUFS, SYNC_RELEASE)),
+        (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_bar,
+                       ready, empty, kv_row, q_base, seq, m_first, n_mb, total, BLOCK_M, STAGES)),
+    ], [1], [LOADER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# The small `tl` kernels around it: delta (and dq_acc zeroed), dq_acc -> dq.
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _bwd_preprocess(o_ptr, do_ptr, delta_ptr, dq_acc_ptr, rows, ZERO_DQ: tl.constexpr,
+                    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, HEAD_DIM)
+    offs = r[:, None] * HEAD_DIM + d[None, :]
+    keep = r[:, None] < rows
+    o = tl.load(o_ptr + offs, mask=keep, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + offs, mask=keep, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + r, tl.sum(o * do, axis=1), mask=r < rows)
+    if ZERO_DQ:
+        tl.store(dq_acc_ptr + offs, tl.zeros([BLOCK, HEAD_DIM], tl.float32), mask=keep)
+
+
+@triton.jit
+def _dq_convert(dq_acc_ptr, dq_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    keep = offs < n
+    tl.store(dq_ptr + offs, tl.load(dq_acc_ptr + offs, mask=keep).to(dq_ptr.dtype.element_ty),
+             mask=keep)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side.
+# ---------------------------------------------------------------------------------------------
+
+def _gl_dtype(t):
+    return gl.float16 if t.dtype == torch.float16 else gl.bfloat16
+
+
+# name -> launch keyword arguments. BLOCK_N = 16 * warps (64 keys per warpgroup).
+VARIANTS = {
+    # Two consumer warpgroups (8 warps, 128 keys), dQ by TMA reduce-add, 2-stage Q/dO ring.
+    "wg2_tma": dict(warps=8, block_m=64, stages=2, dq="tma"),
+    # The same, 3 stages.
+    "wg2_tma_st3": dict(warps=8, block_m=64, stages=3, dq="tma"),
+    # Two dQ staging buffers: the reduce of block i overlaps the products of block i+1.
+    "wg2_tma_db": dict(warps=8, block_m=64, stages=2, dq="tma", dq_bufs=2),
+    # dQ by fp32 atomics from registers.
+    "wg2_atomic": dict(warps=8, block_m=64, stages=2, dq="atomic"),
+    # One consumer warpgroup (4 warps, 64 keys), TMA reduce.
+    "wg1_tma": dict(warps=4, block_m=64, stages=2, dq="tma"),
+    # No dQ (the deterministic split's dK/dV half: 4 products per block pair).
+    "wg2_nodq": dict(warps=8, block_m=64, stages=2, dq="none"),
+}
+DQ_MODES = {"none": 0, "tma": 1, "atomic": 2}
+
+
+def _descriptors(q, k, v, do, dk, dv, dq_acc, block_m, block_n):
+    dim = q.shape[-1]
+    dtype = _gl_dtype(q)
+    q_layout = gl.NVMMASharedLayout.get_default_for([block_m, dim], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, dim], dtype)
+    dq_layout = gl.NVMMASharedLayout.get_default_for([block_m, dim], gl.float32)
+    flat = lambda t: t.reshape(-1, dim)  # noqa: E731
+    return (TensorDescriptor.from_tensor(flat(q), [block_m, dim], q_layout),
+            TensorDescriptor.from_tensor(flat(k), [block_n, dim], kv_layout),
+            TensorDescriptor.from_tensor(flat(v), [block_n, dim], kv_layout),
+            TensorDescriptor.from_tensor(flat(do), [block_m, dim], q_layout),
+            TensorDescriptor.from_tensor(flat(dk), [block_n, dim], kv_layout),
+            TensorDescriptor.from_tensor(flat(dv), [block_n, dim], kv_layout),
+            TensorDescriptor.from_tensor(flat(dq_acc), [block_m, dim], dq_layout))
+
+
+def _launch_args(name, causal):
+    spec = VARIANTS[name]
+    warps = spec["warps"]
+    return dict(block_m=spec["block_m"], block_n=16 * warps, stages=spec["stages"],
+                dq=DQ_MODES[spec["dq"]], dq_bufs=spec.get("dq_bufs", 1),
+                sync_release=spec.get("sync_release", True), loader_regs=spec.get("loader_regs", 24),
+                warps=warps, causal=causal)
+
+
+def backward(name, q, k, v, o, lse, do, causal):
+    """dq, dk, dv of variant `name` (dq None for the no-dQ variant); q/o/do [B,Hq,N,D],
+    k/v [B,Hkv,N,D] contiguous, lse [B,Hq,N] fp32 natural log."""
+    a = _launch_args(name, causal)
+    batch, heads, seq, dim = q.shape
+    hkv = k.shape[1]
+    assert k.shape[2] == seq, "the probe takes Nq == Nk"
+    assert seq % a["block_n"] == 0 and seq % a["block_m"] == 0, "the probe needs whole blocks"
+    assert heads % hkv == 0
+    for t in (q, k, v, o, do):
+        assert t.is_contiguous()
+    rows = batch * heads * seq
+    delta = torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
+    dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    pre_block = 64
+    _bwd_preprocess[(triton.cdiv(rows, pre_block),)](o, do, delta, dq_acc, rows, a["dq"] != 0,
+                                                      pre_block, dim, num_warps=4)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    descs = _descriptors(q, k, v, do, dk, dv, dq_acc, a["block_m"], a["block_n"])
+    grid = (batch * hkv, seq // a["block_n"])
+    attention_bwd_ws[grid](*descs, dq_acc, lse, delta, 1.0 / math.sqrt(dim), seq, heads // hkv,
+                           causal, a["block_m"], a["block_n"], dim, a["stages"], a["dq"],
+                           a["dq_bufs"], a["sync_release"], a["loader_regs"], num_warps=a["warps"])
+    if a["dq"] == 0:
+        return None, dk, dv
+    dq = torch.empty_like(q)
+    n = dq.numel()
+    _dq_convert[(triton.cdiv(n, 4096),)](dq_acc, dq, n, 4096, num_warps=4)
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline compile (no GPU): resources per variant.
+# ---------------------------------------------------------------------------------------------
+
+def _warmup(name, causal, dim=128, dtype=torch.bfloat16):
+    """Compile variant `name` with CPU tensors (nothing launched)."""
+    a = _launch_args(name, causal)
+    n, heads, hkv = 256, 4, 1
+    q = torch.empty(1, heads, n, dim, dtype=dtype)
+    k = torch.empty(1, hkv, n, dim, dtype=dtype)
+    dq_acc = torch.empty(1, heads, n, dim, dtype=torch.float32)
+    lse = torch.empty(1, heads, n)
+    descs = _descriptors(q, k, k, q, k, k, dq_acc, a["block_m"], a["block_n"])
+    return attention_bwd_ws.warmup(*descs, dq_acc, lse, lse, 0.1, n, heads // hkv, causal,
+                                   a["block_m"], a["block_n"], dim, a["stages"], a["dq"],
+                                   a["dq_bufs"], a["sync_release"], a["loader_regs"],
+                                   num_warps=a["warps"], grid=(1,))
+
+
+def compile_only(capability: int, names) -> None:
+    """Compile every variant for sm_`capability` with no GPU; print registers, spills (STACK,
+    LOCAL, STL/LDL in the SASS), shared memory, the per-partition setmaxnreg values, the
+    wgmma count and ptxas' verdict on the wgmma pipeline (C7512 = serialized)."""
+    import re
+    import subprocess
+    import tempfile
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kernel_resources import TargetOnlyDriver, resources
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    driver.set_active(TargetOnlyDriver(GPUTarget("cuda", capability, 32)))
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for name in names:
+        for causal in (True, False):
+            label = f"{name:12s} causal={causal!s:5s} {VARIANTS[name]}"
+            try:
+                compiled = _warmup(name, causal)
+            except Exception as e:  # a construct that does not compile is a finding
+                print(f"{label}: COMPILE ERROR {type(e).__name__}: {str(e)[:2000]}", flush=True)
+                continue
+            used = resources(compiled.asm["cubin"])
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(compiled.asm["cubin"])
+                f.flush()
+                sass = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", f.name],
+                                      capture_output=True, text=True).stdout
+            spill_ops = len(re.findall(r"\b(STL|LDL)\b", sass))
+            with tempfile.TemporaryDirectory() as tmp:
+                ptx_path = os.path.join(tmp, "k.ptx")
+                with open(ptx_path, "w") as f:
+                    f.write(compiled.asm["ptx"])
+                arch = f"sm_{capability}a" if capability == 90 else f"sm_{capability}"
+                info = subprocess.run([os.path.join(bin_dir, "ptxas"), f"-arch={arch}", "-v", ptx_path,
+                                       "-o", os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
+            serialized = "C7512" in info.stderr + info.stdout
+            ptx = compiled.asm["ptx"]
+            nregs = sorted(set(int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)))
+            counts = {key: len(re.findall(pattern, text)) for key, pattern, text in (
+                ("HGMMA", r"HGMMA", sass),
+                ("tma-reduce", r"cp\.reduce\.async\.bulk", ptx),
+                ("red/atom.f32", r"(?:red|atom)\.global[.\w]*\.f32", ptx),
+                ("bar.sync", r"\bbar\.sync|barrier\.sync", ptx))}
+            print(f"{label}: REG {used.get('REG')} STACK {used.get('STACK')} LOCAL {used.get('LOCAL')} "
+                  f"STL/LDL {spill_ops} setmaxnreg {nregs} shared {compiled.metadata.shared} B "
+                  f"wgmma-serialized {serialized} "
+                  + " ".join(f"{key} {value}" for key, value in counts.items()), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--capability", type=int, default=90)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
+    args = parser.parse_args()
+    names = [n for n in args.variants.split(",") if n]
+    if args.compile_only:
+        compile_only(args.capability, names)
+        return
+
+
+if __name__ == "__main__":
+    main()

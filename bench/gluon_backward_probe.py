@@ -314,35 +314,54 @@ def _launch_args(name, causal):
                 warps=warps, causal=causal)
 
 
-def backward(name, q, k, v, o, lse, do, causal):
-    """dq, dk, dv of variant `name` (dq None for the no-dQ variant); q/o/do [B,Hq,N,D],
-    k/v [B,Hkv,N,D] contiguous, lse [B,Hq,N] fp32 natural log."""
-    a = _launch_args(name, causal)
-    batch, heads, seq, dim = q.shape
-    hkv = k.shape[1]
-    assert k.shape[2] == seq, "the probe takes Nq == Nk"
-    assert seq % a["block_n"] == 0 and seq % a["block_m"] == 0, "the probe needs whole blocks"
-    assert heads % hkv == 0
-    for t in (q, k, v, o, do):
-        assert t.is_contiguous()
-    rows = batch * heads * seq
-    delta = torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
-    dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    pre_block = 64
-    _bwd_preprocess[(triton.cdiv(rows, pre_block),)](o, do, delta, dq_acc, rows, a["dq"] != 0,
-                                                      pre_block, dim, num_warps=4)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    descs = _descriptors(q, k, v, do, dk, dv, dq_acc, a["block_m"], a["block_n"])
-    grid = (batch * hkv, seq // a["block_n"])
-    attention_bwd_ws[grid](*descs, dq_acc, lse, delta, 1.0 / math.sqrt(dim), seq, heads // hkv,
-                           causal, a["block_m"], a["block_n"], dim, a["stages"], a["dq"],
-                           a["dq_bufs"], a["sync_release"], a["loader_regs"], num_warps=a["warps"])
-    if a["dq"] == 0:
-        return None, dk, dv
-    dq = torch.empty_like(q)
-    n = dq.numel()
-    _dq_convert[(triton.cdiv(n, 4096),)](dq_acc, dq, n, 4096, num_warps=4)
-    return dq, dk, dv
+class Backward:
+    """Variant `name`'s backward for one problem: `prepare` (delta, dq_acc zeroed, descriptors),
+    `kernel` (the warp-specialized kernel alone), `finish` (dq_acc -> dq); `__call__` all three.
+    q/o/do [B,Hq,N,D], k/v [B,Hkv,N,D] contiguous, lse [B,Hq,N] fp32 natural log."""
+
+    def __init__(self, name, q, k, v, o, lse, do, causal):
+        a = self.args = _launch_args(name, causal)
+        batch, heads, seq, dim = q.shape
+        hkv = k.shape[1]
+        assert k.shape[2] == seq and v.shape == k.shape, "the probe takes Nq == Nk"
+        assert seq % a["block_n"] == 0 and seq % a["block_m"] == 0, "the probe needs whole blocks"
+        assert heads % hkv == 0 and dim in (64, 128)
+        for t in (q, k, v, o, do):
+            assert t.is_contiguous() and t.dtype == q.dtype
+        assert lse.dtype == torch.float32 and lse.is_contiguous() and lse.shape == q.shape[:-1]
+        self.q, self.k, self.v, self.o, self.lse, self.do = q, k, v, o, lse, do
+        self.causal, self.seq, self.dim, self.group = causal, seq, dim, heads // hkv
+        self.rows = batch * heads * seq
+        self.delta = torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
+        self.dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+        self.dk, self.dv = torch.empty_like(k), torch.empty_like(v)
+        self.dq = torch.empty_like(q) if a["dq"] else None
+        self.descs = _descriptors(q, k, v, do, self.dk, self.dv, self.dq_acc, a["block_m"], a["block_n"])
+        self.grid = (batch * hkv, seq // a["block_n"])
+
+    def prepare(self):
+        _bwd_preprocess[(triton.cdiv(self.rows, 64),)](self.o, self.do, self.delta, self.dq_acc,
+                                                       self.rows, self.args["dq"] != 0, 64,
+                                                       self.dim, num_warps=4)
+
+    def kernel(self):
+        a = self.args
+        attention_bwd_ws[self.grid](*self.descs, self.dq_acc, self.lse, self.delta,
+                                    1.0 / math.sqrt(self.dim), self.seq, self.group, self.causal,
+                                    a["block_m"], a["block_n"], self.dim, a["stages"], a["dq"],
+                                    a["dq_bufs"], a["sync_release"], a["loader_regs"],
+                                    num_warps=a["warps"])
+
+    def finish(self):
+        if self.dq is not None:
+            n = self.dq.numel()
+            _dq_convert[(triton.cdiv(n, 4096),)](self.dq_acc, self.dq, n, 4096, num_warps=4)
+
+    def __call__(self):
+        self.prepare()
+        self.kernel()
+        self.finish()
+        return self.dq, self.dk, self.dv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,16 +433,418 @@ def compile_only(capability: int, names) -> None:
                   + " ".join(f"{key} {value}" for key, value in counts.items()), flush=True)
 
 
+
+# ---------------------------------------------------------------------------------------------
+# GPU mode: references, checks, timings.
+# ---------------------------------------------------------------------------------------------
+
+def reference(q, k, v, do, causal):
+    """o, lse (natural log), dq, dk, dv in float64, written from the semantics: scale
+    1/sqrt(D), GQA by head groups (dk, dv summed over each group), causal key j kept iff j <= i
+    (Nq == Nk). One query head at a time, so N=2048 at 32 heads stays small."""
+    batch, heads, seq, dim = q.shape
+    group = heads // k.shape[1]
+    scale = 1.0 / math.sqrt(dim)
+    f64 = torch.float64
+    o = torch.empty(q.shape, dtype=f64, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=f64, device=q.device)
+    dq = torch.empty(q.shape, dtype=f64, device=q.device)
+    dk = torch.zeros(k.shape, dtype=f64, device=q.device)
+    dv = torch.zeros(v.shape, dtype=f64, device=q.device)
+    mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril() if causal else None
+    for b in range(batch):
+        for h in range(heads):
+            qh, doh = q[b, h].to(f64), do[b, h].to(f64)
+            kh, vh = k[b, h // group].to(f64), v[b, h // group].to(f64)
+            s = qh @ kh.T * scale
+            if causal:
+                s = s.masked_fill(~mask, -float("inf"))
+            lse[b, h] = torch.logsumexp(s, dim=-1)
+            p = torch.exp(s - lse[b, h][:, None])
+            o[b, h] = p @ vh
+            dp = doh @ vh.T
+            ds = p * (dp - (doh * o[b, h]).sum(-1, keepdim=True))
+            dq[b, h] = ds @ kh * scale
+            dk[b, h // group] += ds.T @ qh * scale
+            dv[b, h // group] += p.T @ doh
+    return o, lse, dq, dk, dv
+
+
+def forward_fp32(q, k, v, causal):
+    """o (input dtype) and lse (fp32) for the timing shapes, from TF32 products one kv head's
+    group at a time: inputs for the backward, not a reference."""
+    batch, heads, seq, dim = q.shape
+    group = heads // k.shape[1]
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        for b in range(batch):
+            for h in range(k.shape[1]):
+                qh = q[b, h * group:(h + 1) * group].float()
+                s = qh @ k[b, h].float().T / math.sqrt(dim)
+                if causal:
+                    s.masked_fill_(torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril().logical_not(),
+                                   -float("inf"))
+                lse[b, h * group:(h + 1) * group] = torch.logsumexp(s, dim=-1)
+                o[b, h * group:(h + 1) * group] = (torch.softmax(s, dim=-1) @ v[b, h].float()).to(q.dtype)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return o, lse
+
+
+CHECKS = [  # (causal, B, Hq, Hkv, N); D=128, bf16
+    (True, 1, 32, 8, 1024),
+    (False, 1, 32, 8, 1024),
+    (True, 1, 32, 8, 2048),
+    (True, 2, 4, 4, 512),     # no GQA, two batches
+    (False, 1, 8, 1, 768),    # GQA 8 (MQA), N not a multiple of 256
+]
+CASES = [(causal, 1, 32, 8, n) for n in (4096, 8192) for causal in (True, False)]
+DIM, DTYPE = 128, torch.bfloat16
+
+
+def _inputs(case, seed):
+    causal, batch, heads, hkv, seq = case
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(batch, heads, seq, DIM, device=DEVICE, dtype=DTYPE, generator=g)
+    k, v = (torch.randn(batch, hkv, seq, DIM, device=DEVICE, dtype=DTYPE, generator=g) for _ in range(2))
+    do = torch.randn(batch, heads, seq, DIM, device=DEVICE, dtype=DTYPE, generator=g)
+    return q, k, v, do
+
+
+def _label(case):
+    causal, batch, heads, hkv, seq = case
+    return f"{'causal' if causal else 'dense'} B{batch} H{heads}/{hkv} D{DIM} N{seq}"
+
+
+def _cudnn_grads(q, k, v, do, causal):
+    """dq, dk, dv of cuDNN SDPA (k, v expanded to the query heads, their gradients summed
+    back over each group)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    group = q.shape[1] // k.shape[1]
+    qq = q.detach().requires_grad_()
+    kk, vv = (t.detach().requires_grad_() for t in (k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(qq, kk.repeat_interleave(group, 1),
+                                             vv.repeat_interleave(group, 1), is_causal=causal)
+    return torch.autograd.grad(out, (qq, kk, vv), do)
+
+
+def _attnfuse_fn(causal):
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import attnfuse as af
+    return af.compile(af.attention(af.causal()) if causal else af.attention())
+
+
+def _attnfuse_grads(q, k, v, do, causal):
+    fn = _attnfuse_fn(causal)
+    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(fn(qq, kk, vv), (qq, kk, vv), do)
+
+
+def _rel_err(x, ref):
+    """max |x - ref| / max |ref| (inf when x has a non-finite value)."""
+    x = x.to(torch.float64)
+    if not torch.isfinite(x).all():
+        return float("inf")
+    return ((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def prepare_references(path):
+    """The check inputs' float64 references and cuDNN's / AttnFuse's errors against them (the
+    tolerance's calibration), saved once for every variant's check."""
+    data = []
+    for i, case in enumerate(CHECKS):
+        causal = case[0]
+        q, k, v, do = _inputs(case, seed=100 + i)
+        o, lse, dq, dk, dv = reference(q, k, v, do, causal)
+        entry = {"case": case, "seed": 100 + i, "o": o.to(DTYPE), "lse": lse.float(),
+                 "dq": dq, "dk": dk, "dv": dv, "calibration": {}}
+        for impl, grads in (("cudnn", _cudnn_grads), ("attnfuse", _attnfuse_grads)):
+            try:
+                got = grads(q, k, v, do, causal)
+                entry["calibration"][impl] = {n: _rel_err(g, r) for n, g, r in zip(("dq", "dk", "dv"), got, (dq, dk, dv))}
+            except Exception as e:
+                entry["calibration"][impl] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(_label(case), entry["calibration"], flush=True)
+        data.append(entry)
+    torch.save(data, path)
+
+
+def _tolerance(calibration, grad):
+    """A variant's relative error may be 3x cuDNN's (bf16 rounding of P and dS, atomics' order)
+    and never needs to beat 1e-2; no calibration: 2e-2."""
+    ref = calibration.get("cudnn", {}).get(grad)
+    return max(3.0 * ref, 1e-2) if isinstance(ref, float) and math.isfinite(ref) else 2e-2
+
+
+def check_variant(name, ref_path):
+    """Rows: relative errors of dq, dk, dv against float64 at CHECKS (ok within the tolerance),
+    and against cuDNN's gradients at the timing CASES (ok below 2e-2 relative)."""
+    rows = []
+    data = torch.load(ref_path, weights_only=False)
+    for entry in data:
+        case = entry["case"]
+        causal = case[0]
+        q, k, v, do = _inputs(case, entry["seed"])
+        label = "check " + _label(case)
+        try:
+            dq, dk, dv = Backward(name, q, k, v, entry["o"], entry["lse"], do, causal)()
+            torch.cuda.synchronize()
+        except Exception as e:
+            rows.append({"variant": name, "check": label, "ok": False,
+                         "error": f"{type(e).__name__}: {str(e)[:600]}"})
+            continue
+        row = {"variant": name, "check": label, "ok": True}
+        for grad, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+            if got is None:  # the no-dQ variant
+                continue
+            err = _rel_err(got, entry[grad])
+            tol = _tolerance(entry["calibration"], grad)
+            row[f"err_{grad}"], row[f"tol_{grad}"] = err, tol
+            row["ok"] = row["ok"] and err <= tol
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    for i, case in enumerate(CASES):
+        causal = case[0]
+        q, k, v, do = _inputs(case, seed=i)
+        o, lse = forward_fp32(q, k, v, causal)
+        label = "vs cuDNN " + _label(case)
+        try:
+            got = Backward(name, q, k, v, o, lse, do, causal)()
+            torch.cuda.synchronize()
+            want = _cudnn_grads(q, k, v, do, causal)
+        except Exception as e:
+            rows.append({"variant": name, "check": label, "ok": False,
+                         "error": f"{type(e).__name__}: {str(e)[:600]}"})
+            continue
+        row = {"variant": name, "check": label, "ok": True}
+        for grad, x, y in zip(("dq", "dk", "dv"), got, want):
+            if x is None:
+                continue
+            err = _rel_err(x, y.to(torch.float64))
+            row[f"err_{grad}"] = err
+            row["ok"] = row["ok"] and err <= 2e-2
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del got, want, o, lse
+    return rows
+
+
+def _flops(case):
+    causal, batch, heads, hkv, seq = case
+    # Backward = 2.5 x the forward's 4 B H N^2 D; causal halves it.
+    return 2.5 * 4 * batch * heads * seq * seq * DIM * (0.5 if causal else 1.0)
+
+
+def _bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def time_variant(name):
+    """Rows: median ms (do_bench: CUDA events, L2 flushed before each call) and TFLOP/s at
+    CASES; `baseline`: cuDNN's and AttnFuse's backward alone (forward once with grad, then
+    autograd.grad with retain_graph timed)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    rows = []
+    for i, case in enumerate(CASES):
+        causal = case[0]
+        q, k, v, do = _inputs(case, seed=i)
+        impls = {}
+        if name == "baseline":
+            group = q.shape[1] // k.shape[1]
+            qq = q.detach().requires_grad_()
+            # cuDNN gets k, v expanded to the query heads as leaves: its backward alone,
+            # without the group sum.
+            kx, vx = (t.repeat_interleave(group, 1).detach().requires_grad_() for t in (k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out_c = F.scaled_dot_product_attention(qq, kx, vx, is_causal=causal)
+            impls["cudnn"] = lambda: torch.autograd.grad(out_c, (qq, kx, vx), do, retain_graph=True)
+            try:
+                fn = _attnfuse_fn(causal)
+                qa, ka, va = (t.detach().requires_grad_() for t in (q, k, v))
+                out_a = fn(qa, ka, va)
+                impls["attnfuse"] = lambda: torch.autograd.grad(out_a, (qa, ka, va), do, retain_graph=True)
+            except Exception as e:
+                rows.append({"variant": "attnfuse", "case": _label(case),
+                             "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        else:
+            o, lse = forward_fp32(q, k, v, causal)
+            bwd = Backward(name, q, k, v, o, lse, do, causal)
+            impls[name] = bwd
+            impls[name + ":kernel"] = bwd.kernel
+        for label, impl in impls.items():
+            try:
+                ms = _bench(impl)
+                rows.append({"variant": label, "case": _label(case), "ms": ms,
+                             "tflops": _flops(case) / ms / 1e9})
+            except Exception as e:
+                rows.append({"variant": label, "case": _label(case),
+                             "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(json.dumps(rows[-1]), flush=True)
+        del impls
+        torch.cuda.empty_cache()
+    return rows
+
+
+def orchestrate(out_dir, names, check_timeout, time_timeout):
+    """References once; every variant's check in a parallel subprocess (a hang or crash is
+    killed by its timeout and reported; compiling fills Triton's cache for the timing); then
+    the timings one process at a time, of the baseline and of the variants whose every check
+    passed (a wrong kernel is never timed). Writes OUT/<stamp>-gluon_backward_probe.{json,md}."""
+    import subprocess
+    import time
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import benchlib
+    me = os.path.abspath(__file__)
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = benchlib.stamp()
+    results = {"meta": benchlib.metadata(DEVICE), "checks": [], "timings": [], "failures": [],
+               "calibration": []}
+    start = time.time()
+    ref_path = os.path.join(out_dir, "gluon_backward_refs.pt")
+    log = open(os.path.join(out_dir, "gluon_backward_refs.log"), "w")
+    proc = subprocess.run([sys.executable, me, "--prepare", ref_path], stdout=log,
+                          stderr=subprocess.STDOUT, timeout=check_timeout)
+    log.close()
+    print(open(log.name).read()[-3000:], flush=True)
+    if proc.returncode != 0:
+        print("REFERENCES FAILED: nothing checked, nothing timed", flush=True)
+        return
+    for entry in torch.load(ref_path, weights_only=False):
+        results["calibration"].append({"case": _label(entry["case"]), **entry["calibration"]})
+    print(f"[references in {time.time() - start:.0f} s]", flush=True)
+    procs = {}
+    for name in names:
+        path = os.path.join(out_dir, f"check_{name}.json")
+        log_file = open(os.path.join(out_dir, f"check_{name}.log"), "w")
+        procs[name] = (subprocess.Popen([sys.executable, me, "--check", name, "--refs", ref_path,
+                                         "--json", path], stdout=log_file, stderr=subprocess.STDOUT),
+                       path, log_file)
+    passed = []
+    check_start = time.time()
+    for name, (proc, path, log_file) in procs.items():
+        try:
+            proc.wait(timeout=max(1, check_timeout - (time.time() - check_start)))
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            timed_out = True
+        log_file.close()
+        text = open(log_file.name).read()
+        if timed_out or proc.returncode != 0 or not os.path.exists(path):
+            why = "timeout (hang?)" if timed_out else f"rc {proc.returncode}"
+            results["failures"].append({"variant": name, "phase": "check", "why": why, "log": text[-3000:]})
+            print(f"[check] {name}: FAILED ({why})\n{text[-1500:]}", flush=True)
+            continue
+        rows = json.load(open(path))
+        results["checks"] += rows
+        bad = [r for r in rows if not r.get("ok", False)]
+        print(f"[check] {name}: {len(rows) - len(bad)}/{len(rows)} ok"
+              + "".join(f"\n    FAIL {r}" for r in bad), flush=True)
+        if bad:
+            results["failures"].append({"variant": name, "phase": "check", "why": "wrong gradients (not timed)"})
+        else:
+            passed.append(name)
+    print(f"[checks done at {time.time() - start:.0f} s]", flush=True)
+    for name in ["baseline"] + passed:
+        path = os.path.join(out_dir, f"time_{name}.json")
+        try:
+            proc = subprocess.run([sys.executable, me, "--time", name, "--json", path],
+                                  capture_output=True, text=True, timeout=time_timeout)
+            if proc.returncode != 0:
+                results["failures"].append({"variant": name, "phase": "time", "why": f"rc {proc.returncode}",
+                                            "log": (proc.stdout + proc.stderr)[-3000:]})
+                print(f"[time] {name}: FAILED rc {proc.returncode}\n{(proc.stdout + proc.stderr)[-1500:]}", flush=True)
+            else:
+                results["timings"] += json.load(open(path))
+                print(f"[time] {name} done at {time.time() - start:.0f} s", flush=True)
+        except subprocess.TimeoutExpired:
+            results["failures"].append({"variant": name, "phase": "time", "why": "timeout"})
+            print(f"[time] {name}: TIMEOUT", flush=True)
+    _report(out_dir, stamp, results, passed, benchlib)
+    print(f"[all done in {time.time() - start:.0f} s]", flush=True)
+
+
+def _report(out_dir, stamp, results, passed, benchlib):
+    table = {}
+    for r in results["timings"]:
+        if "ms" in r:
+            table.setdefault(r["case"], {})[r["variant"]] = r
+    columns = ["cudnn", "attnfuse"] + [c for n in passed for c in (n, n + ":kernel")]
+    lines = ["# Hand-written warp-specialized Gluon attention backward (probe) beside cuDNN and AttnFuse", ""]
+    lines += benchlib.metadata_lines(results["meta"])
+    lines += ["Backward alone, median ms (triton.testing.do_bench, L2 flushed); `name` = delta "
+              "preprocess + kernel + dq conversion, `name:kernel` = the warp-specialized kernel alone; "
+              "TFLOP/s = 2.5 x forward FLOPs (causal halved) / ms.", ""]
+    rows = []
+    for case, row in table.items():
+        rows.append([case] + [benchlib.fmt(row[c]["ms"]) if c in row else "-" for c in columns])
+    lines += benchlib.markdown_table(["case"] + columns, rows) + [""]
+    rows = []
+    for case, row in table.items():
+        rows.append([case] + [benchlib.fmt(row[c]["tflops"], ".0f") if c in row else "-" for c in columns])
+    lines += ["TFLOP/s:", ""] + benchlib.markdown_table(["case"] + columns, rows) + [""]
+    rows = []
+    for case, row in table.items():
+        rows.append([case] + [benchlib.fmt(row["cudnn"]["ms"] / row[c]["ms"], ".2f")
+                              if c in row and "cudnn" in row else "-" for c in columns])
+    lines += ["cuDNN ms / column ms (above 1: faster than cuDNN):", ""]
+    lines += benchlib.markdown_table(["case"] + columns, rows) + [""]
+    lines += ["Checks (relative max error vs float64; tolerance max(3 x cuDNN's, 1e-2); at the timing "
+              "shapes vs cuDNN's gradients, 2e-2):", ""]
+    lines += benchlib.markdown_table(
+        ["variant", "check", "ok", "dq", "dk", "dv", "error"],
+        [[r["variant"], r["check"], r.get("ok"), benchlib.fmt(r.get("err_dq"), ".2e"),
+          benchlib.fmt(r.get("err_dk"), ".2e"), benchlib.fmt(r.get("err_dv"), ".2e"),
+          r.get("error", "")] for r in results["checks"]]) + [""]
+    lines += ["Calibration (cuDNN's and AttnFuse's relative errors vs float64):", ""]
+    lines += [f"- {json.dumps(c)}" for c in results["calibration"]] + [""]
+    if results["failures"]:
+        lines += ["Failures:", ""] + [f"- {f['variant']} ({f['phase']}): {f['why']}" for f in results["failures"]]
+    benchlib.write_outputs(__import__("pathlib").Path(out_dir), f"{stamp}-gluon_backward_probe", results, lines)
+    print("\n".join(lines), flush=True)
+    for failure in results["failures"]:
+        if "log" in failure:
+            print("FAILURE", failure["variant"], failure["phase"], failure["why"], "\n", failure["log"][-1500:])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--capability", type=int, default=90)
+    parser.add_argument("--out", help="check and time everything, write DIR/<stamp>-gluon_backward_probe.{json,md}")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
+    parser.add_argument("--prepare", metavar="PATH", help="(internal) write the check references")
+    parser.add_argument("--check", metavar="VARIANT", help="(internal) check one variant")
+    parser.add_argument("--refs", help="(internal) the references --check reads")
+    parser.add_argument("--time", metavar="VARIANT", help="(internal) time one variant or 'baseline'")
+    parser.add_argument("--json", help="(internal) where --check/--time write their rows")
+    parser.add_argument("--check-timeout", type=float, default=120)
+    parser.add_argument("--time-timeout", type=float, default=60)
     args = parser.parse_args()
     names = [n for n in args.variants.split(",") if n]
+    for name in names:
+        if name not in VARIANTS:
+            parser.error(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
     if args.compile_only:
         compile_only(args.capability, names)
         return
+    if args.prepare:
+        prepare_references(args.prepare)
+        return
+    if args.check or args.time:
+        rows = check_variant(args.check, args.refs) if args.check else time_variant(args.time)
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+        return
+    if not args.out:
+        parser.error("--out DIR, --compile-only, or an internal mode")
+    orchestrate(args.out, names, args.check_timeout, args.time_timeout)
 
 
 if __name__ == "__main__":

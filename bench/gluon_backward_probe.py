@@ -95,7 +95,7 @@ def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem,
                   n_start, m_first, n_mb, total, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                   NW: gl.constexpr, DQ: gl.constexpr, DQ_BUFS: gl.constexpr,
-                  SYNC_RELEASE: gl.constexpr):
+                  SYNC_RELEASE: gl.constexpr, EARLY_DV: gl.constexpr):
     dtype: gl.constexpr = k_smem.dtype
     # Key-major accumulators: each warpgroup owns 64 keys (rows) of S^T, dP^T, dK, dV.
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -138,10 +138,18 @@ def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem,
             # Only blocks that cross the diagonal mask (key j kept iff j <= query i).
             if m_start < n_start + BLOCK_N:
                 pt = gl.where(keys[:, None] <= (m_start + cols)[None, :], pt, 0.0)
-        dpt = warpgroup_mma_wait(0, deps=(dpt,))
-        dst = pt * (dpt - delta[None, :])
-        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
-        dv_acc = warpgroup_mma(pt_op, do_s, dv, is_async=True)
+        if EARLY_DV:
+            # dV = P^T dO issued before the wait for dP^T: dS^T is computed under it (groups
+            # complete in issue order, so one outstanding means dP^T is done).
+            pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+            dv_acc = warpgroup_mma(pt_op, do_s, dv, is_async=True)
+            dpt = warpgroup_mma_wait(1, deps=(dpt,))
+            dst = pt * (dpt - delta[None, :])
+        else:
+            dpt = warpgroup_mma_wait(0, deps=(dpt,))
+            dst = pt * (dpt - delta[None, :])
+            pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+            dv_acc = warpgroup_mma(pt_op, do_s, dv, is_async=True)
         ds16 = dst.to(dtype)
         if DQ != 0:
             # dS^T goes to shared memory for dQ_b = dS K (A = its transposed view): every warp's
@@ -193,7 +201,7 @@ def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      STAGES: gl.constexpr, DQ: gl.constexpr, DQ_BUFS: gl.constexpr,
                      SYNC_RELEASE: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     EARLY_DV: gl.constexpr, num_warps: gl.constexpr):
     """Gradients of one key block over the whole GQA group; grid (B * Hkv, N / BLOCK_N): the
     kv head varies fastest, so causal's longest programs (key block 0) start first."""
     gl.static_assert(BLOCK_N == 16 * num_warps, "each warpgroup owns 64 keys")
@@ -231,7 +239,7 @@ def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
         (_bwd_consumer, (dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem,
                          q_bufs, do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, sm_scale, kv_row,
                          q_base, seq, n_start, m_first, n_mb, total, CAUSAL, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, STAGES, num_warps, DQ, DQ_BUFS, SYNC_RELEASE)),
+                         HEAD_DIM, STAGES, num_warps, DQ, DQ_BUFS, SYNC_RELEASE, EARLY_DV)),
         (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_bar,
                        ready, empty, kv_row, q_base, seq, m_first, n_mb, total, BLOCK_M, STAGES)),
     ], [1], [LOADER_REGS])
@@ -281,6 +289,8 @@ VARIANTS = {
     "wg2_tma_db": dict(warps=8, block_m=64, stages=2, dq="tma", dq_bufs=2),
     # dQ by fp32 atomics from registers.
     "wg2_atomic": dict(warps=8, block_m=64, stages=2, dq="atomic"),
+    # dV issued after dS (no overlap of dS with dV): what the early issue buys.
+    "wg2_tma_late_dv": dict(warps=8, block_m=64, stages=2, dq="tma", early_dv=False),
     # One consumer warpgroup (4 warps, 64 keys), TMA reduce.
     "wg1_tma": dict(warps=4, block_m=64, stages=2, dq="tma"),
     # No dQ (the deterministic split's dK/dV half: 4 products per block pair).
@@ -311,7 +321,7 @@ def _launch_args(name, causal):
     return dict(block_m=spec["block_m"], block_n=16 * warps, stages=spec["stages"],
                 dq=DQ_MODES[spec["dq"]], dq_bufs=spec.get("dq_bufs", 1),
                 sync_release=spec.get("sync_release", True), loader_regs=spec.get("loader_regs", 24),
-                warps=warps, causal=causal)
+                early_dv=spec.get("early_dv", True), warps=warps, causal=causal)
 
 
 class Backward:
@@ -350,7 +360,7 @@ class Backward:
                                     1.0 / math.sqrt(self.dim), self.seq, self.group, self.causal,
                                     a["block_m"], a["block_n"], self.dim, a["stages"], a["dq"],
                                     a["dq_bufs"], a["sync_release"], a["loader_regs"],
-                                    num_warps=a["warps"])
+                                    a["early_dv"], num_warps=a["warps"])
 
     def finish(self):
         if self.dq is not None:
@@ -380,7 +390,7 @@ def _warmup(name, causal, dim=128, dtype=torch.bfloat16):
     return attention_bwd_ws.warmup(*descs, dq_acc, lse, lse, 0.1, n, heads // hkv, causal,
                                    a["block_m"], a["block_n"], dim, a["stages"], a["dq"],
                                    a["dq_bufs"], a["sync_release"], a["loader_regs"],
-                                   num_warps=a["warps"], grid=(1,))
+                                   a["early_dv"], num_warps=a["warps"], grid=(1,))
 
 
 def compile_only(capability: int, names) -> None:

@@ -90,8 +90,22 @@ def _bwd_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs
 
 
 @gluon.jit
+def _bwd_dq_writer(dq_desc, dq_bufs, dq_full, dq_empty, q_base, seq, m_first, n_mb, total,
+                   BLOCK_M: gl.constexpr, DQ_BUFS: gl.constexpr):
+    """DQ=3: the TMA reduce-adds of the consumer's dQ_b tiles, off the consumer's path: wait
+    for a staged tile, issue its reduce, wait until the copy engine has read it, free it."""
+    for it in range(total):
+        b = it % DQ_BUFS
+        mbarrier.wait(dq_full.index(b), (it // DQ_BUFS) & 1)
+        row = q_base + (it // n_mb) * seq + (m_first + it % n_mb) * BLOCK_M
+        _tma_reduce_add(dq_desc, [row, 0], dq_bufs.index(b))
+        tma.store_wait(0)
+        mbarrier.arrive(dq_empty.index(b), count=1)
+
+
+@gluon.jit
 def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem, q_bufs,
-                  do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, sm_scale, kv_row, q_base, seq,
+                  do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, dq_full, dq_empty, sm_scale, kv_row, q_base, seq,
                   n_start, m_first, n_mb, total, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                   NW: gl.constexpr, DQ: gl.constexpr, DQ_BUFS: gl.constexpr,
@@ -180,6 +194,13 @@ def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem,
             fence_async_shared()
             gl.thread_barrier()
             _tma_reduce_add(dq_desc, [q_row, 0], dq_s)
+        elif DQ == 3:
+            b = it % DQ_BUFS
+            mbarrier.wait(dq_empty.index(b), ((it // DQ_BUFS) & 1) ^ 1)
+            dq_bufs.index(b).store(dq * sm_scale)
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's part is in before the writer is told
+            mbarrier.arrive(dq_full.index(b), count=1)
         elif DQ == 2:
             offs = (q_row + dq_r)[:, None] * HEAD_DIM + dq_c[None, :]
             gl.atomic_add(dq_ptr + offs, dq * sm_scale)
@@ -223,26 +244,49 @@ def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-    if DQ == 1:
+    if DQ == 1 or DQ == 3:
         dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, HEAD_DIM], dq_desc.layout)
     else:
         dq_bufs = ds_smem  # unused
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(DQ_BUFS):
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
 
-    gl.warp_specialize([
-        (_bwd_consumer, (dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem,
-                         q_bufs, do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, sm_scale, kv_row,
-                         q_base, seq, n_start, m_first, n_mb, total, CAUSAL, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, STAGES, num_warps, DQ, DQ_BUFS, SYNC_RELEASE, EARLY_DV)),
-        (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_bar,
-                       ready, empty, kv_row, q_base, seq, m_first, n_mb, total, BLOCK_M, STAGES)),
-    ], [1], [LOADER_REGS])
+    # Gluon takes each partition's arguments literally (a tuple built beforehand loses the
+    # constexpr-ness of its items): one written-out list per partition count.
+    if DQ == 3:
+        gl.warp_specialize([
+            (_bwd_consumer, (dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem,
+                             q_bufs, do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, dq_full,
+                             dq_empty, sm_scale, kv_row, q_base, seq, n_start, m_first, n_mb, total,
+                             CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps, DQ, DQ_BUFS,
+                             SYNC_RELEASE, EARLY_DV)),
+            (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_bar,
+                           ready, empty, kv_row, q_base, seq, m_first, n_mb, total, BLOCK_M,
+                           STAGES)),
+            (_bwd_dq_writer, (dq_desc, dq_bufs, dq_full, dq_empty, q_base, seq, m_first, n_mb,
+                              total, BLOCK_M, DQ_BUFS)),
+        ], [1, 1], [LOADER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_bwd_consumer, (dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem,
+                             q_bufs, do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, dq_full,
+                             dq_empty, sm_scale, kv_row, q_base, seq, n_start, m_first, n_mb, total,
+                             CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps, DQ, DQ_BUFS,
+                             SYNC_RELEASE, EARLY_DV)),
+            (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_bar,
+                           ready, empty, kv_row, q_base, seq, m_first, n_mb, total, BLOCK_M,
+                           STAGES)),
+        ], [1], [LOADER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +331,9 @@ VARIANTS = {
     "wg2_tma_st3": dict(warps=8, block_m=64, stages=3, dq="tma"),
     # Two dQ staging buffers: the reduce of block i overlaps the products of block i+1.
     "wg2_tma_db": dict(warps=8, block_m=64, stages=2, dq="tma", dq_bufs=2),
+    # dQ's TMA reduces issued by a third partition (1 warp), 2 staging buffers: the consumer
+    # only stores the tile and signals.
+    "wg2_writer": dict(warps=8, block_m=64, stages=2, dq="writer", dq_bufs=2),
     # dQ by fp32 atomics from registers.
     "wg2_atomic": dict(warps=8, block_m=64, stages=2, dq="atomic"),
     # dV issued after dS (no overlap of dS with dV): what the early issue buys.
@@ -296,7 +343,7 @@ VARIANTS = {
     # No dQ (the deterministic split's dK/dV half: 4 products per block pair).
     "wg2_nodq": dict(warps=8, block_m=64, stages=2, dq="none"),
 }
-DQ_MODES = {"none": 0, "tma": 1, "atomic": 2}
+DQ_MODES = {"none": 0, "tma": 1, "atomic": 2, "writer": 3}
 
 
 def _descriptors(q, k, v, do, dk, dv, dq_acc, block_m, block_n):

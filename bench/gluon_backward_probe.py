@@ -290,6 +290,115 @@ def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
 
 
 # ---------------------------------------------------------------------------------------------
+# The deterministic split's dQ kernel (FA2's): one program per (block of BLOCK_M = 128 query
+# rows, batch x query head), Q, dO, lse, delta once, K and V blocks through a ring; per block
+# S = Q K^T, dP = dO V^T, dS = P o (dP - delta), dQ += dS K (A = dS from registers). 3 products
+# per block pair (with the dK/dV kernel's 4: 7, as AttnFuse's portable backward); no atomics.
+# ---------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _dq_loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, ready,
+               empty, q_row, kv_row, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [q_row, 0], q_bar, do_smem)
+    for j in range(n_blocks):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(empty.index(stage), phase ^ 1)
+        mbarrier.expect(ready.index(stage), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], ready.index(stage),
+                                        k_bufs.index(stage))
+        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], ready.index(stage),
+                                        v_bufs.index(stage))
+
+
+@gluon.jit
+def _dq_consumer(dq_desc, lse_ptr, delta_ptr, q_smem, do_smem, k_bufs, v_bufs, q_bar, ready, empty,
+                 sm_scale, q_row, q_start, n_blocks, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                 NW: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    qk_scale = sm_scale * 1.4426950408889634
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    lse2 = gl.load(lse_ptr + q_row + rows) * 1.4426950408889634
+    delta = gl.load(delta_ptr + q_row + rows)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    mbarrier.wait(q_bar, 0)
+    for j in range(n_blocks):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        k_s = k_bufs.index(stage)
+        mbarrier.wait(ready.index(stage), phase)
+        s = warpgroup_mma(q_smem, k_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_smem, v_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False,
+                           is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        p = gl.exp2(s * qk_scale - lse2[:, None])
+        if CAUSAL:
+            k_start = j * BLOCK_N
+            if k_start + BLOCK_N > q_start:
+                cols = k_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                p = gl.where(cols[None, :] <= (q_start + rows)[:, None], p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp,))
+        ds = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
+        dq_acc = warpgroup_mma(ds, k_s, dq, is_async=True)
+        dq, ds = warpgroup_mma_wait(0, deps=(dq_acc, ds))
+        gl.thread_barrier()  # both warpgroups are done with the stage
+        mbarrier.arrive(empty.index(stage), count=1)
+    # dQ leaves through Q's buffer (no product reads it any more).
+    q_smem.store((dq * sm_scale).to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(dq_desc, [q_row, 0], q_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attention_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, sm_scale,
+                        seq, heads, group, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                        LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """dQ of one query block; grid (N / BLOCK_M, B * Hq), the longest causal programs first."""
+    gl.static_assert(BLOCK_M == 16 * num_warps, "each warpgroup owns 64 query rows")
+    dtype: gl.constexpr = q_desc.dtype
+    bh = gl.program_id(1)
+    block = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
+    q_start = block * BLOCK_M
+    q_row = bh * seq + q_start
+    kv_bh = (bh // heads) * (heads // group) + (bh % heads) // group
+    kv_row = kv_bh * seq
+    if CAUSAL:
+        n_blocks = gl.cdiv(q_start + BLOCK_M, BLOCK_N)
+    else:
+        n_blocks = seq // BLOCK_N
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_dq_consumer, (dq_desc, lse_ptr, delta_ptr, q_smem, do_smem, k_bufs, v_bufs, q_bar, ready,
+                        empty, sm_scale, q_row, q_start, n_blocks, CAUSAL, BLOCK_M, BLOCK_N,
+                        HEAD_DIM, STAGES, num_warps)),
+        (_dq_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar,
+                      ready, empty, q_row, kv_row, n_blocks, BLOCK_N, STAGES)),
+    ], [1], [LOADER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
 # The small `tl` kernels around it: delta (and dq_acc zeroed), dq_acc -> dq.
 # ---------------------------------------------------------------------------------------------
 
@@ -334,6 +443,12 @@ VARIANTS = {
     # dQ's TMA reduces issued by a third partition (1 warp), 2 staging buffers: the consumer
     # only stores the tile and signals.
     "wg2_writer": dict(warps=8, block_m=64, stages=2, dq="writer", dq_bufs=2),
+    # The deterministic split: the dK/dV kernel without dQ, then the dQ kernel (128 query rows,
+    # 64-key blocks); no atomics, no fp32 dQ buffer, 7 products per block pair.
+    "det": dict(warps=8, block_m=64, stages=2, dq="none",
+                dq_kernel=dict(block_m=128, block_n=64, stages=2, warps=8)),
+    "det_n128": dict(warps=8, block_m=64, stages=2, dq="none",
+                     dq_kernel=dict(block_m=128, block_n=128, stages=2, warps=8)),
     # dQ by fp32 atomics from registers.
     "wg2_atomic": dict(warps=8, block_m=64, stages=2, dq="atomic"),
     # dV issued after dS (no overlap of dS with dV): what the early issue buys.
@@ -362,13 +477,32 @@ def _descriptors(q, k, v, do, dk, dv, dq_acc, block_m, block_n):
             TensorDescriptor.from_tensor(flat(dq_acc), [block_m, dim], dq_layout))
 
 
+def a_dq_acc_used(a):
+    """Whether the dK/dV kernel accumulates dQ into the fp32 buffer (then converted)."""
+    return a["dq"] != 0
+
+
+def _dq_descriptors(q, k, v, do, dq, block_m, block_n):
+    dim = q.shape[-1]
+    dtype = _gl_dtype(q)
+    q_layout = gl.NVMMASharedLayout.get_default_for([block_m, dim], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, dim], dtype)
+    flat = lambda t: t.reshape(-1, dim)  # noqa: E731
+    return (TensorDescriptor.from_tensor(flat(q), [block_m, dim], q_layout),
+            TensorDescriptor.from_tensor(flat(k), [block_n, dim], kv_layout),
+            TensorDescriptor.from_tensor(flat(v), [block_n, dim], kv_layout),
+            TensorDescriptor.from_tensor(flat(do), [block_m, dim], q_layout),
+            TensorDescriptor.from_tensor(flat(dq), [block_m, dim], q_layout))
+
+
 def _launch_args(name, causal):
     spec = VARIANTS[name]
     warps = spec["warps"]
     return dict(block_m=spec["block_m"], block_n=16 * warps, stages=spec["stages"],
                 dq=DQ_MODES[spec["dq"]], dq_bufs=spec.get("dq_bufs", 1),
                 sync_release=spec.get("sync_release", True), loader_regs=spec.get("loader_regs", 24),
-                early_dv=spec.get("early_dv", True), warps=warps, causal=causal)
+                early_dv=spec.get("early_dv", True), warps=warps, causal=causal,
+                dq_kernel=spec.get("dq_kernel"))
 
 
 class Backward:
@@ -392,9 +526,15 @@ class Backward:
         self.delta = torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
         self.dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
         self.dk, self.dv = torch.empty_like(k), torch.empty_like(v)
-        self.dq = torch.empty_like(q) if a["dq"] else None
+        self.dq = torch.empty_like(q) if a["dq"] or a["dq_kernel"] else None
         self.descs = _descriptors(q, k, v, do, self.dk, self.dv, self.dq_acc, a["block_m"], a["block_n"])
         self.grid = (batch * hkv, seq // a["block_n"])
+        self.heads = heads
+        if a["dq_kernel"]:
+            d = a["dq_kernel"]
+            assert seq % d["block_m"] == 0 and seq % d["block_n"] == 0, "the probe needs whole blocks"
+            self.dq_descs = _dq_descriptors(q, k, v, do, self.dq, d["block_m"], d["block_n"])
+            self.dq_grid = (seq // d["block_m"], batch * heads)
 
     def prepare(self):
         _bwd_preprocess[(triton.cdiv(self.rows, 64),)](self.o, self.do, self.delta, self.dq_acc,
@@ -408,9 +548,16 @@ class Backward:
                                     a["block_m"], a["block_n"], self.dim, a["stages"], a["dq"],
                                     a["dq_bufs"], a["sync_release"], a["loader_regs"],
                                     a["early_dv"], num_warps=a["warps"])
+        if a["dq_kernel"]:
+            d = a["dq_kernel"]
+            attention_bwd_dq_ws[self.dq_grid](*self.dq_descs, self.lse, self.delta,
+                                              1.0 / math.sqrt(self.dim), self.seq, self.heads,
+                                              self.group, self.causal, d["block_m"], d["block_n"],
+                                              self.dim, d["stages"], d.get("loader_regs", 24),
+                                              num_warps=d["warps"])
 
     def finish(self):
-        if self.dq is not None:
+        if a_dq_acc_used(self.args):
             n = self.dq.numel()
             _dq_convert[(triton.cdiv(n, 4096),)](self.dq_acc, self.dq, n, 4096, num_warps=4)
 
@@ -434,10 +581,18 @@ def _warmup(name, causal, dim=128, dtype=torch.bfloat16):
     dq_acc = torch.empty(1, heads, n, dim, dtype=torch.float32)
     lse = torch.empty(1, heads, n)
     descs = _descriptors(q, k, k, q, k, k, dq_acc, a["block_m"], a["block_n"])
-    return attention_bwd_ws.warmup(*descs, dq_acc, lse, lse, 0.1, n, heads // hkv, causal,
-                                   a["block_m"], a["block_n"], dim, a["stages"], a["dq"],
-                                   a["dq_bufs"], a["sync_release"], a["loader_regs"],
-                                   a["early_dv"], num_warps=a["warps"], grid=(1,))
+    out = [("dkdv", attention_bwd_ws.warmup(*descs, dq_acc, lse, lse, 0.1, n, heads // hkv, causal,
+                                            a["block_m"], a["block_n"], dim, a["stages"], a["dq"],
+                                            a["dq_bufs"], a["sync_release"], a["loader_regs"],
+                                            a["early_dv"], num_warps=a["warps"], grid=(1,)))]
+    if a["dq_kernel"]:
+        d = a["dq_kernel"]
+        dq_descs = _dq_descriptors(q, k, k, q, q, d["block_m"], d["block_n"])
+        out.append(("dq", attention_bwd_dq_ws.warmup(*dq_descs, lse, lse, 0.1, n, heads, heads // hkv,
+                                                     causal, d["block_m"], d["block_n"], dim,
+                                                     d["stages"], d.get("loader_regs", 24),
+                                                     num_warps=d["warps"], grid=(1,))))
+    return out
 
 
 def compile_only(capability: int, names) -> None:
@@ -458,36 +613,44 @@ def compile_only(capability: int, names) -> None:
         for causal in (True, False):
             label = f"{name:12s} causal={causal!s:5s} {VARIANTS[name]}"
             try:
-                compiled = _warmup(name, causal)
+                kernels = _warmup(name, causal)
             except Exception as e:  # a construct that does not compile is a finding
                 print(f"{label}: COMPILE ERROR {type(e).__name__}: {str(e)[:2000]}", flush=True)
                 continue
-            used = resources(compiled.asm["cubin"])
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(compiled.asm["cubin"])
-                f.flush()
-                sass = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", f.name],
-                                      capture_output=True, text=True).stdout
-            spill_ops = len(re.findall(r"\b(STL|LDL)\b", sass))
-            with tempfile.TemporaryDirectory() as tmp:
-                ptx_path = os.path.join(tmp, "k.ptx")
-                with open(ptx_path, "w") as f:
-                    f.write(compiled.asm["ptx"])
-                arch = f"sm_{capability}a" if capability == 90 else f"sm_{capability}"
-                info = subprocess.run([os.path.join(bin_dir, "ptxas"), f"-arch={arch}", "-v", ptx_path,
-                                       "-o", os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
-            serialized = "C7512" in info.stderr + info.stdout
-            ptx = compiled.asm["ptx"]
-            nregs = sorted(set(int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)))
-            counts = {key: len(re.findall(pattern, text)) for key, pattern, text in (
-                ("HGMMA", r"HGMMA", sass),
-                ("tma-reduce", r"cp\.reduce\.async\.bulk", ptx),
-                ("red/atom.f32", r"(?:red|atom)\.global[.\w]*\.f32", ptx),
-                ("bar.sync", r"\bbar\.sync|barrier\.sync", ptx))}
-            print(f"{label}: REG {used.get('REG')} STACK {used.get('STACK')} LOCAL {used.get('LOCAL')} "
-                  f"STL/LDL {spill_ops} setmaxnreg {nregs} shared {compiled.metadata.shared} B "
-                  f"wgmma-serialized {serialized} "
-                  + " ".join(f"{key} {value}" for key, value in counts.items()), flush=True)
+            for kernel_name, compiled in kernels:
+                print(f"{label} [{kernel_name}]: {_resource_line(compiled, capability, bin_dir)}", flush=True)
+
+
+def _resource_line(compiled, capability, bin_dir):
+    import re
+    import subprocess
+    import tempfile
+    from kernel_resources import resources
+    used = resources(compiled.asm["cubin"])
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", f.name],
+                              capture_output=True, text=True).stdout
+    spill_ops = len(re.findall(r"\b(STL|LDL)\b", sass))
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx_path = os.path.join(tmp, "k.ptx")
+        with open(ptx_path, "w") as f:
+            f.write(compiled.asm["ptx"])
+        arch = f"sm_{capability}a" if capability == 90 else f"sm_{capability}"
+        info = subprocess.run([os.path.join(bin_dir, "ptxas"), f"-arch={arch}", "-v", ptx_path,
+                               "-o", os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
+    serialized = "C7512" in info.stderr + info.stdout
+    ptx = compiled.asm["ptx"]
+    nregs = sorted(set(int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)))
+    counts = {key: len(re.findall(pattern, text)) for key, pattern, text in (
+        ("HGMMA", r"HGMMA", sass),
+        ("tma-reduce", r"cp\.reduce\.async\.bulk", ptx),
+        ("red/atom.f32", r"(?:red|atom)\.global[.\w]*\.f32", ptx),
+        ("bar.sync", r"\bbar\.sync|barrier\.sync", ptx))}
+    return (f"REG {used.get('REG')} STACK {used.get('STACK')} LOCAL {used.get('LOCAL')} "
+            f"STL/LDL {spill_ops} setmaxnreg {nregs} shared {compiled.metadata.shared} B "
+            f"wgmma-serialized {serialized} " + " ".join(f"{key} {value}" for key, value in counts.items()))
 
 
 

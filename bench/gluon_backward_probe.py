@@ -71,9 +71,10 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _bwd_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_bar, ready,
-                empty, kv_row, q_base, seq, m_first, n_mb, total, BLOCK_M: gl.constexpr,
-                STAGES: gl.constexpr):
+def _bwd_loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_bufs,
+                do_bufs, lse_bufs, delta_bufs, kv_bar, ready, empty, kv_row, q_base, seq, m_first,
+                n_mb, total, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                LSE_SMEM: gl.constexpr):
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)
@@ -84,9 +85,17 @@ def _bwd_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs
         row = q_base + head * seq + (m_first + it % n_mb) * BLOCK_M
         # Barriers start as if phase 1 had completed: the first round waits on nothing.
         mbarrier.wait(empty.index(stage), phase ^ 1)
-        mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        if LSE_SMEM:
+            mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [row, 0], ready.index(stage), q_bufs.index(stage))
         tma.async_copy_global_to_shared(do_desc, [row, 0], ready.index(stage), do_bufs.index(stage))
+        if LSE_SMEM:
+            tma.async_copy_global_to_shared(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))
+            tma.async_copy_global_to_shared(delta_desc, [row], ready.index(stage),
+                                            delta_bufs.index(stage))
 
 
 @gluon.jit
@@ -105,11 +114,12 @@ def _bwd_dq_writer(dq_desc, dq_bufs, dq_full, dq_empty, q_base, seq, m_first, n_
 
 @gluon.jit
 def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem, q_bufs,
-                  do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, dq_full, dq_empty, sm_scale, kv_row, q_base, seq,
-                  n_start, m_first, n_mb, total, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                  NW: gl.constexpr, DQ: gl.constexpr, DQ_BUFS: gl.constexpr,
-                  SYNC_RELEASE: gl.constexpr, EARLY_DV: gl.constexpr):
+                  do_bufs, lse_bufs, delta_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, dq_full,
+                  dq_empty, sm_scale, kv_row, q_base, seq, n_start, m_first, n_mb, total,
+                  CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NW: gl.constexpr,
+                  DQ: gl.constexpr, DQ_BUFS: gl.constexpr, SYNC_RELEASE: gl.constexpr,
+                  EARLY_DV: gl.constexpr, LSE_SMEM: gl.constexpr):
     dtype: gl.constexpr = k_smem.dtype
     # Key-major accumulators: each warpgroup owns 64 keys (rows) of S^T, dP^T, dK, dV.
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -138,14 +148,18 @@ def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem,
         head = it // n_mb
         m_start = (m_first + it % n_mb) * BLOCK_M
         q_row = q_base + head * seq + m_start
-        # lse and delta of the block's query rows (columns of S^T), read while the TMA lands.
-        lse2 = gl.load(lse_ptr + q_row + cols) * 1.4426950408889634
-        delta = gl.load(delta_ptr + q_row + cols)
+        if not LSE_SMEM:
+            # lse and delta of the block's query rows (columns of S^T), read while the TMA lands.
+            lse2 = gl.load(lse_ptr + q_row + cols) * 1.4426950408889634
+            delta = gl.load(delta_ptr + q_row + cols)
         q_s = q_bufs.index(stage)
         do_s = do_bufs.index(stage)
         mbarrier.wait(ready.index(stage), phase)
         st = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        if LSE_SMEM:
+            # From the ring, as late as possible (short register lifetimes: FA3's way).
+            lse2 = lse_bufs.index(stage).load(gl.SliceLayout(0, st_layout)) * 1.4426950408889634
         st = warpgroup_mma_wait(1, deps=(st,))
         pt = gl.exp2(st * qk_scale - lse2[None, :])
         if CAUSAL:
@@ -157,9 +171,13 @@ def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem,
             # complete in issue order, so one outstanding means dP^T is done).
             pt_op = gl.convert_layout(pt.to(dtype), a_layout)
             dv_acc = warpgroup_mma(pt_op, do_s, dv, is_async=True)
+            if LSE_SMEM:
+                delta = delta_bufs.index(stage).load(gl.SliceLayout(0, st_layout))
             dpt = warpgroup_mma_wait(1, deps=(dpt,))
             dst = pt * (dpt - delta[None, :])
         else:
+            if LSE_SMEM:
+                delta = delta_bufs.index(stage).load(gl.SliceLayout(0, st_layout))
             dpt = warpgroup_mma_wait(0, deps=(dpt,))
             dst = pt * (dpt - delta[None, :])
             pt_op = gl.convert_layout(pt.to(dtype), a_layout)
@@ -217,12 +235,14 @@ def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem,
 
 
 @gluon.jit
-def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr,
-                     delta_ptr, sm_scale, seq, group, CAUSAL: gl.constexpr,
+def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_desc,
+                     delta_desc, dq_ptr, lse_ptr, delta_ptr, sm_scale, seq, group,
+                     CAUSAL: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      STAGES: gl.constexpr, DQ: gl.constexpr, DQ_BUFS: gl.constexpr,
                      SYNC_RELEASE: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     EARLY_DV: gl.constexpr, num_warps: gl.constexpr):
+                     EARLY_DV: gl.constexpr, LSE_SMEM: gl.constexpr,
+                     num_warps: gl.constexpr):
     """Gradients of one key block over the whole GQA group; grid (B * Hkv, N / BLOCK_N): the
     kv head varies fastest, so causal's longest programs (key block 0) start first."""
     gl.static_assert(BLOCK_N == 16 * num_warps, "each warpgroup owns 64 keys")
@@ -244,6 +264,12 @@ def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    if LSE_SMEM:
+        lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
+        delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
+    else:
+        lse_bufs = ds_smem  # unused
+        delta_bufs = ds_smem
     if DQ == 1 or DQ == 3:
         dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, HEAD_DIM], dq_desc.layout)
     else:
@@ -266,26 +292,26 @@ def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     if DQ == 3:
         gl.warp_specialize([
             (_bwd_consumer, (dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem,
-                             q_bufs, do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, dq_full,
-                             dq_empty, sm_scale, kv_row, q_base, seq, n_start, m_first, n_mb, total,
-                             CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps, DQ, DQ_BUFS,
-                             SYNC_RELEASE, EARLY_DV)),
-            (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_bar,
-                           ready, empty, kv_row, q_base, seq, m_first, n_mb, total, BLOCK_M,
-                           STAGES)),
+                             q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq_bufs, kv_bar, ready,
+                             empty, dq_full, dq_empty, sm_scale, kv_row, q_base, seq, n_start,
+                             m_first, n_mb, total, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                             num_warps, DQ, DQ_BUFS, SYNC_RELEASE, EARLY_DV, LSE_SMEM)),
+            (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
+                           q_bufs, do_bufs, lse_bufs, delta_bufs, kv_bar, ready, empty, kv_row,
+                           q_base, seq, m_first, n_mb, total, BLOCK_M, STAGES, LSE_SMEM)),
             (_bwd_dq_writer, (dq_desc, dq_bufs, dq_full, dq_empty, q_base, seq, m_first, n_mb,
                               total, BLOCK_M, DQ_BUFS)),
         ], [1, 1], [LOADER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_bwd_consumer, (dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem,
-                             q_bufs, do_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, dq_full,
-                             dq_empty, sm_scale, kv_row, q_base, seq, n_start, m_first, n_mb, total,
-                             CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, num_warps, DQ, DQ_BUFS,
-                             SYNC_RELEASE, EARLY_DV)),
-            (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, kv_bar,
-                           ready, empty, kv_row, q_base, seq, m_first, n_mb, total, BLOCK_M,
-                           STAGES)),
+                             q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq_bufs, kv_bar, ready,
+                             empty, dq_full, dq_empty, sm_scale, kv_row, q_base, seq, n_start,
+                             m_first, n_mb, total, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                             num_warps, DQ, DQ_BUFS, SYNC_RELEASE, EARLY_DV, LSE_SMEM)),
+            (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
+                           q_bufs, do_bufs, lse_bufs, delta_bufs, kv_bar, ready, empty, kv_row,
+                           q_base, seq, m_first, n_mb, total, BLOCK_M, STAGES, LSE_SMEM)),
         ], [1], [LOADER_REGS])
 
 
@@ -436,7 +462,10 @@ def _gl_dtype(t):
 VARIANTS = {
     # Two consumer warpgroups (8 warps, 128 keys), dQ by TMA reduce-add, 2-stage Q/dO ring.
     "wg2_tma": dict(warps=8, block_m=64, stages=2, dq="tma"),
-    # The same, 3 stages.
+    # lse and delta TMA-loaded into the ring with Q and dO, read from shared memory when needed.
+    "wg2_tma_lse": dict(warps=8, block_m=64, stages=2, dq="tma", lse_smem=True),
+    "wg2_writer_lse": dict(warps=8, block_m=64, stages=2, dq="writer", dq_bufs=2, lse_smem=True),
+    # The same as wg2_tma, 3 stages.
     "wg2_tma_st3": dict(warps=8, block_m=64, stages=3, dq="tma"),
     # Two dQ staging buffers: the reduce of block i overlaps the products of block i+1.
     "wg2_tma_db": dict(warps=8, block_m=64, stages=2, dq="tma", dq_bufs=2),
@@ -479,6 +508,12 @@ def _descriptors(q, k, v, do, dk, dv, dq_acc, block_m, block_n):
             TensorDescriptor.from_tensor(flat(dq_acc), [block_m, dim], dq_layout))
 
 
+def _row_descriptors(lse, delta, block_m):
+    """1-D descriptors of lse and delta ([B*Hq*N] fp32), BLOCK_M rows a box."""
+    layout = gl.NVMMASharedLayout.get_default_for([block_m], gl.float32)
+    return tuple(TensorDescriptor.from_tensor(t.reshape(-1), [block_m], layout) for t in (lse, delta))
+
+
 def a_dq_acc_used(a):
     """Whether the dK/dV kernel accumulates dQ into the fp32 buffer (then converted)."""
     return a["dq"] != 0
@@ -503,7 +538,8 @@ def _launch_args(name, causal):
     return dict(block_m=spec["block_m"], block_n=16 * warps, stages=spec["stages"],
                 dq=DQ_MODES[spec["dq"]], dq_bufs=spec.get("dq_bufs", 1),
                 sync_release=spec.get("sync_release", True), loader_regs=spec.get("loader_regs", 24),
-                early_dv=spec.get("early_dv", True), warps=warps, causal=causal,
+                early_dv=spec.get("early_dv", True), lse_smem=spec.get("lse_smem", False),
+                warps=warps, causal=causal,
                 dq_kernel=spec.get("dq_kernel"))
 
 
@@ -529,7 +565,8 @@ class Backward:
         self.dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
         self.dk, self.dv = torch.empty_like(k), torch.empty_like(v)
         self.dq = torch.empty_like(q) if a["dq"] or a["dq_kernel"] else None
-        self.descs = _descriptors(q, k, v, do, self.dk, self.dv, self.dq_acc, a["block_m"], a["block_n"])
+        self.descs = (_descriptors(q, k, v, do, self.dk, self.dv, self.dq_acc, a["block_m"], a["block_n"])
+                      + _row_descriptors(lse, self.delta, a["block_m"]))
         self.grid = (batch * hkv, seq // a["block_n"])
         self.heads = heads
         if a["dq_kernel"]:
@@ -561,7 +598,7 @@ class Backward:
                                     1.0 / math.sqrt(self.dim), self.seq, self.group, self.causal,
                                     a["block_m"], a["block_n"], self.dim, a["stages"], a["dq"],
                                     a["dq_bufs"], a["sync_release"], a["loader_regs"],
-                                    a["early_dv"], num_warps=a["warps"])
+                                    a["early_dv"], a["lse_smem"], num_warps=a["warps"])
 
     def dq_kernel(self):
         if self.args["dq_kernel"]:
@@ -596,11 +633,13 @@ def _warmup(name, causal, dim=128, dtype=torch.bfloat16):
     k = torch.empty(1, hkv, n, dim, dtype=dtype)
     dq_acc = torch.empty(1, heads, n, dim, dtype=torch.float32)
     lse = torch.empty(1, heads, n)
-    descs = _descriptors(q, k, k, q, k, k, dq_acc, a["block_m"], a["block_n"])
+    descs = (_descriptors(q, k, k, q, k, k, dq_acc, a["block_m"], a["block_n"])
+             + _row_descriptors(lse, lse, a["block_m"]))
     out = [("dkdv", attention_bwd_ws.warmup(*descs, dq_acc, lse, lse, 0.1, n, heads // hkv, causal,
                                             a["block_m"], a["block_n"], dim, a["stages"], a["dq"],
                                             a["dq_bufs"], a["sync_release"], a["loader_regs"],
-                                            a["early_dv"], num_warps=a["warps"], grid=(1,)))]
+                                            a["early_dv"], a["lse_smem"], num_warps=a["warps"],
+                                            grid=(1,)))]
     if a["dq_kernel"]:
         d = a["dq_kernel"]
         dq_descs = _dq_descriptors(q, k, k, q, q, d["block_m"], d["block_n"])
@@ -958,12 +997,15 @@ def orchestrate(out_dir, names, check_timeout, time_timeout):
     start = time.time()
     ref_path = os.path.join(out_dir, "gluon_backward_refs.pt")
     log = open(os.path.join(out_dir, "gluon_backward_refs.log"), "w")
-    proc = subprocess.run([sys.executable, me, "--prepare", ref_path], stdout=log,
-                          stderr=subprocess.STDOUT, timeout=check_timeout)
+    try:
+        rc = subprocess.run([sys.executable, me, "--prepare", ref_path], stdout=log,
+                            stderr=subprocess.STDOUT, timeout=check_timeout).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
     log.close()
     print(open(log.name).read()[-3000:], flush=True)
-    if proc.returncode != 0:
-        print("REFERENCES FAILED: nothing checked, nothing timed", flush=True)
+    if rc != 0:
+        print(f"REFERENCES FAILED ({rc}): nothing checked, nothing timed", flush=True)
         return
     for entry in torch.load(ref_path, weights_only=False):
         results["calibration"].append({"case": _label(entry["case"]), **entry["calibration"]})

@@ -73,7 +73,7 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 @gluon.jit
 def _bwd_loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_bufs,
                 do_bufs, lse_bufs, delta_bufs, kv_bar, ready, empty, kv_row, q_base, seq, m_first,
-                n_mb, total, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                n_mb, rot, total, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                 LSE_SMEM: gl.constexpr):
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)
@@ -82,7 +82,7 @@ def _bwd_loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v
         stage = it % STAGES
         phase = (it // STAGES) & 1
         head = it // n_mb
-        row = q_base + head * seq + (m_first + it % n_mb) * BLOCK_M
+        row = q_base + head * seq + (m_first + (it + rot) % n_mb) * BLOCK_M
         # Barriers start as if phase 1 had completed: the first round waits on nothing.
         mbarrier.wait(empty.index(stage), phase ^ 1)
         if LSE_SMEM:
@@ -99,14 +99,14 @@ def _bwd_loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v
 
 
 @gluon.jit
-def _bwd_dq_writer(dq_desc, dq_bufs, dq_full, dq_empty, q_base, seq, m_first, n_mb, total,
+def _bwd_dq_writer(dq_desc, dq_bufs, dq_full, dq_empty, q_base, seq, m_first, n_mb, rot, total,
                    BLOCK_M: gl.constexpr, DQ_BUFS: gl.constexpr):
     """DQ=3: the TMA reduce-adds of the consumer's dQ_b tiles, off the consumer's path: wait
     for a staged tile, issue its reduce, wait until the copy engine has read it, free it."""
     for it in range(total):
         b = it % DQ_BUFS
         mbarrier.wait(dq_full.index(b), (it // DQ_BUFS) & 1)
-        row = q_base + (it // n_mb) * seq + (m_first + it % n_mb) * BLOCK_M
+        row = q_base + (it // n_mb) * seq + (m_first + (it + rot) % n_mb) * BLOCK_M
         _tma_reduce_add(dq_desc, [row, 0], dq_bufs.index(b))
         tma.store_wait(0)
         mbarrier.arrive(dq_empty.index(b), count=1)
@@ -115,7 +115,7 @@ def _bwd_dq_writer(dq_desc, dq_bufs, dq_full, dq_empty, q_base, seq, m_first, n_
 @gluon.jit
 def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem, q_bufs,
                   do_bufs, lse_bufs, delta_bufs, ds_smem, dq_bufs, kv_bar, ready, empty, dq_full,
-                  dq_empty, sm_scale, kv_row, q_base, seq, n_start, m_first, n_mb, total,
+                  dq_empty, sm_scale, kv_row, q_base, seq, n_start, m_first, n_mb, rot, total,
                   CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NW: gl.constexpr,
                   DQ: gl.constexpr, DQ_BUFS: gl.constexpr, SYNC_RELEASE: gl.constexpr,
@@ -146,7 +146,7 @@ def _bwd_consumer(dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem,
         stage = it % STAGES
         phase = (it // STAGES) & 1
         head = it // n_mb
-        m_start = (m_first + it % n_mb) * BLOCK_M
+        m_start = (m_first + (it + rot) % n_mb) * BLOCK_M
         q_row = q_base + head * seq + m_start
         if not LSE_SMEM:
             # lse and delta of the block's query rows (columns of S^T), read while the TMA lands.
@@ -241,7 +241,7 @@ def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      STAGES: gl.constexpr, DQ: gl.constexpr, DQ_BUFS: gl.constexpr,
                      SYNC_RELEASE: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     EARLY_DV: gl.constexpr, LSE_SMEM: gl.constexpr,
+                     EARLY_DV: gl.constexpr, LSE_SMEM: gl.constexpr, STAGGER: gl.constexpr,
                      num_warps: gl.constexpr):
     """Gradients of one key block over the whole GQA group; grid (B * Hkv, N / BLOCK_N): the
     kv head varies fastest, so causal's longest programs (key block 0) start first."""
@@ -257,6 +257,12 @@ def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
         m_first = 0
     n_mb = seq // BLOCK_M - m_first
     total = group * n_mb
+    if STAGGER:
+        # Programs that run together start at different query blocks, so their dQ reduces
+        # land on different rows instead of queueing on the same ones.
+        rot = (gl.program_id(1) * n_mb) // gl.num_programs(1)
+    else:
+        rot = 0
 
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -294,24 +300,24 @@ def attention_bwd_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
             (_bwd_consumer, (dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem,
                              q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq_bufs, kv_bar, ready,
                              empty, dq_full, dq_empty, sm_scale, kv_row, q_base, seq, n_start,
-                             m_first, n_mb, total, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                             m_first, n_mb, rot, total, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
                              num_warps, DQ, DQ_BUFS, SYNC_RELEASE, EARLY_DV, LSE_SMEM)),
             (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
                            q_bufs, do_bufs, lse_bufs, delta_bufs, kv_bar, ready, empty, kv_row,
-                           q_base, seq, m_first, n_mb, total, BLOCK_M, STAGES, LSE_SMEM)),
+                           q_base, seq, m_first, n_mb, rot, total, BLOCK_M, STAGES, LSE_SMEM)),
             (_bwd_dq_writer, (dq_desc, dq_bufs, dq_full, dq_empty, q_base, seq, m_first, n_mb,
-                              total, BLOCK_M, DQ_BUFS)),
+                              rot, total, BLOCK_M, DQ_BUFS)),
         ], [1, 1], [LOADER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_bwd_consumer, (dk_desc, dv_desc, dq_desc, dq_ptr, lse_ptr, delta_ptr, k_smem, v_smem,
                              q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq_bufs, kv_bar, ready,
                              empty, dq_full, dq_empty, sm_scale, kv_row, q_base, seq, n_start,
-                             m_first, n_mb, total, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                             m_first, n_mb, rot, total, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
                              num_warps, DQ, DQ_BUFS, SYNC_RELEASE, EARLY_DV, LSE_SMEM)),
             (_bwd_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
                            q_bufs, do_bufs, lse_bufs, delta_bufs, kv_bar, ready, empty, kv_row,
-                           q_base, seq, m_first, n_mb, total, BLOCK_M, STAGES, LSE_SMEM)),
+                           q_base, seq, m_first, n_mb, rot, total, BLOCK_M, STAGES, LSE_SMEM)),
         ], [1], [LOADER_REGS])
 
 
@@ -465,6 +471,9 @@ VARIANTS = {
     # lse and delta TMA-loaded into the ring with Q and dO, read from shared memory when needed.
     "wg2_tma_lse": dict(warps=8, block_m=64, stages=2, dq="tma", lse_smem=True),
     "wg2_writer_lse": dict(warps=8, block_m=64, stages=2, dq="writer", dq_bufs=2, lse_smem=True),
+    # The same, each program starting its walk at a different query block (dQ reduces spread).
+    "wg2_writer_lse_stag": dict(warps=8, block_m=64, stages=2, dq="writer", dq_bufs=2, lse_smem=True,
+                                stagger=True),
     # The same as wg2_tma, 3 stages.
     "wg2_tma_st3": dict(warps=8, block_m=64, stages=3, dq="tma"),
     # Two dQ staging buffers: the reduce of block i overlaps the products of block i+1.
@@ -492,8 +501,8 @@ VARIANTS = {
     "wg2_nodq": dict(warps=8, block_m=64, stages=2, dq="none"),
 }
 # What `--out` runs unless told (about 4 minutes on an H200); the others are ablations.
-DEFAULT_VARIANTS = ["wg2_tma", "wg2_tma_lse", "wg2_writer", "wg2_writer_lse", "wg2_atomic", "wg1_tma",
-                    "det"]
+DEFAULT_VARIANTS = ["wg2_tma", "wg2_tma_lse", "wg2_writer", "wg2_writer_lse", "wg2_writer_lse_stag",
+                    "wg2_atomic", "wg1_tma", "det"]
 DQ_MODES = {"none": 0, "tma": 1, "atomic": 2, "writer": 3}
 
 
@@ -544,6 +553,7 @@ def _launch_args(name, causal):
                 dq=DQ_MODES[spec["dq"]], dq_bufs=spec.get("dq_bufs", 1),
                 sync_release=spec.get("sync_release", True), loader_regs=spec.get("loader_regs", 24),
                 early_dv=spec.get("early_dv", True), lse_smem=spec.get("lse_smem", False),
+                stagger=spec.get("stagger", False),
                 warps=warps, causal=causal,
                 dq_kernel=spec.get("dq_kernel"))
 
@@ -603,7 +613,7 @@ class Backward:
                                     1.0 / math.sqrt(self.dim), self.seq, self.group, self.causal,
                                     a["block_m"], a["block_n"], self.dim, a["stages"], a["dq"],
                                     a["dq_bufs"], a["sync_release"], a["loader_regs"],
-                                    a["early_dv"], a["lse_smem"], num_warps=a["warps"])
+                                    a["early_dv"], a["lse_smem"], a["stagger"], num_warps=a["warps"])
 
     def dq_kernel(self):
         if self.args["dq_kernel"]:
@@ -643,8 +653,8 @@ def _warmup(name, causal, dim=128, dtype=torch.bfloat16):
     out = [("dkdv", attention_bwd_ws.warmup(*descs, dq_acc, lse, lse, 0.1, n, heads // hkv, causal,
                                             a["block_m"], a["block_n"], dim, a["stages"], a["dq"],
                                             a["dq_bufs"], a["sync_release"], a["loader_regs"],
-                                            a["early_dv"], a["lse_smem"], num_warps=a["warps"],
-                                            grid=(1,)))]
+                                            a["early_dv"], a["lse_smem"], a["stagger"],
+                                            num_warps=a["warps"], grid=(1,)))]
     if a["dq_kernel"]:
         d = a["dq_kernel"]
         dq_descs = _dq_descriptors(q, k, k, q, q, d["block_m"], d["block_n"])

@@ -5,36 +5,43 @@ that says what FlashAttention-3's backward design costs in Gluon before the tile
 `attention_bwd_ws`: one program per (block of BLOCK_N key rows, batch x kv head); the program
 walks every query block of every query head of its GQA group (Hq / Hkv heads), so K and V are
 read once and dK, dV accumulate in registers over the whole group (no reduction afterwards).
+Grid (B * Hkv, N / BLOCK_N), kv head fastest: causal's longest programs (key block 0) first.
 
-- producer (worker partition, 1 warp): TMA loads of K and V once (one barrier), then Q and dO
-  blocks (BLOCK_M rows each) into a ring of STAGES shared-memory buffers with a ready barrier
-  (TMA byte count) and an empty barrier (released by the consumer once its last product reading
-  that stage is done);
-- consumer (default partition, CONSUMER_WARPS = 4 or 8 warps, one or two warpgroups in lockstep,
-  each owning 64 of the block's keys): the products in the key-major ("swapped") orientation,
-  so that P^T and dS^T come out of the tensor cores in the layout of the A operand of dV and dK:
+- loader (worker partition, 1 warp): TMA loads of K and V once (one barrier), then Q and dO
+  blocks (BLOCK_M = 64 rows; with LSE_SMEM also their lse and delta rows, 1-D TMA) into a ring
+  of STAGES shared-memory buffers with a ready barrier (TMA byte count) and an empty barrier
+  (released by the consumer once its last product reading that stage is done);
+- consumer (default partition, 8 warps = two warpgroups in lockstep, or 4 warps = one, each
+  warpgroup owning 64 of the block's keys): the products in the key-major ("swapped")
+  orientation, so that P^T and dS^T come out of the tensor cores in the layout of the A operand
+  of dV and dK:
       S^T  = K Q^T                      (A = K smem, B = Q^T smem view)
       dP^T = V dO^T                     (A = V smem, B = dO^T smem view)
       P^T  = exp2(S^T * scale * log2e - lse * log2e)   (causal mask on diagonal blocks only)
+      dV  += P^T dO                     (A = P^T registers, B = dO smem; issued before the
+                                         wait for dP^T, so dS^T is computed under it)
       dS^T = P^T o (dP^T - delta)
-      dV  += P^T dO                     (A = P^T registers, B = dO smem)
       dK  += dS^T Q                     (A = dS^T registers, B = Q smem)
-      dQ_b = dS K  (queries x D)        (A = dS^T smem, transposed view; B = K smem)
+      dQ_b = dS K  (queries x D)        (A = dS^T smem, transposed view; B = K smem; the two
+                                         warpgroups take half of D each)
   5 products per block pair, as cuDNN and FA3. dQ_b * scale goes into an fp32 buffer dq_acc
-  [B*Hq*N, D] either by a TMA reduce-add from shared memory (DQ="tma": ttng.async_tma_reduce,
-  which Gluon 3.6's builder has but does not wrap; `_tma_reduce_add` below wraps it) or by
-  per-element fp32 atomics from registers (DQ="atomic"); DQ="none" skips it (the deterministic
-  split: dQ then comes from a separate kernel, here AttnFuse's own dQ kernel is not reused, so
-  the "none" variant is timed as the dK/dV half only, for comparison with AttnFuse's dK/dV
-  kernel).
+  [B*Hq*N, D]: DQ="tma", a TMA reduce-add from a shared staging tile issued by the consumer
+  (ttng.async_tma_reduce: Gluon 3.6's builder has it, its Python API does not; `_tma_reduce_add`
+  wraps it); DQ="writer", the same reduces issued by a third partition (1 warp) from two
+  staging tiles, the consumer only storing and signalling; DQ="atomic", fp32 atomics from
+  registers (relaxed, REDG.F32x2); DQ="none", no dQ: the dK/dV half of the deterministic split
+  (`det`), whose dQ comes from `attention_bwd_dq_ws` (FA2's dQ kernel, warp-specialized: Q,
+  dO once, K/V through a ring, 3 products, dQ stored in bf16 by TMA, no atomics).
 - delta = rowsum(dO o O) and the zeroing of dq_acc: a small `tl` preprocess kernel; dq_acc ->
-  bf16 (dq): a small `tl` postprocess kernel. Both are in the timed total.
+  bf16 dq: a small `tl` kernel. Both are in each variant's timed total (`name`); `name:kernel`
+  times the warp-specialized kernel(s) alone.
 
     PYTHONPATH=/tmp/lead/t36:. python bench/gluon_backward_probe.py --compile-only  # no GPU
-    python bench/gluon_backward_probe.py --out DIR      # H200: check, then time beside cuDNN
+    python3 bench/gluon_backward_probe.py --out DIR     # H200: check, then time beside cuDNN
+    GLUON_BWD_PROBE_DRYRUN=1 python bench/gluon_backward_probe.py --out DIR  # CPU plumbing test
 
-A probe, not the product: Nq == Nk, N a multiple of the key block (128), head dim 64 or 128,
-q/k/v/o/do contiguous [B, H, N, D], fp16 or bf16.
+A probe, not the product: Nq == Nk, N a multiple of 128, head dim 128 (64 compiles, unchecked),
+q/k/v/o/do contiguous [B, H, N, D], bf16 (fp16 compiles), no dropout, scale 1/sqrt(D).
 """
 
 from __future__ import annotations

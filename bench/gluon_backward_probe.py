@@ -855,8 +855,9 @@ def _rel_err(x, ref):
 
 
 def prepare_references(path):
-    """The check inputs' float64 references and cuDNN's / AttnFuse's errors against them (the
-    tolerance's calibration), saved once for every variant's check."""
+    """Saved once for every variant's check and timing: the check inputs' float64 references
+    and cuDNN's / AttnFuse's errors against them (the tolerance's calibration); o and lse of
+    the timing shapes (TF32 forward, the backward's inputs)."""
     data = []
     for i, case in enumerate(CHECKS):
         causal = case[0]
@@ -872,7 +873,12 @@ def prepare_references(path):
                 entry["calibration"][impl] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         print(_label(case), entry["calibration"], flush=True)
         data.append(entry)
-    torch.save(data, path)
+    cases = []
+    for i, case in enumerate(CASES):
+        q, k, v, _ = _inputs(case, seed=i)
+        o, lse = forward_fp32(q, k, v, case[0])
+        cases.append({"case": case, "seed": i, "o": o, "lse": lse})
+    torch.save({"checks": data, "cases": cases}, path)
 
 
 def _tolerance(calibration, grad):
@@ -886,8 +892,8 @@ def check_variant(name, ref_path):
     """Rows: relative errors of dq, dk, dv against float64 at CHECKS (ok within the tolerance),
     and against cuDNN's gradients at the timing CASES (ok below 2e-2 relative)."""
     rows = []
-    data = torch.load(ref_path, weights_only=False)
-    for entry in data:
+    refs = torch.load(ref_path, weights_only=False)
+    for entry in refs["checks"]:
         case = entry["case"]
         causal = case[0]
         q, k, v, do = _inputs(case, entry["seed"])
@@ -909,10 +915,10 @@ def check_variant(name, ref_path):
             row["ok"] = row["ok"] and err <= tol
         rows.append(row)
         print(json.dumps(row), flush=True)
-    for i, case in enumerate(CASES):
+    for entry in refs["cases"]:
+        case, o, lse = entry["case"], entry["o"], entry["lse"]
         causal = case[0]
-        q, k, v, do = _inputs(case, seed=i)
-        o, lse = forward_fp32(q, k, v, causal)
+        q, k, v, do = _inputs(case, seed=entry["seed"])
         label = "vs cuDNN " + _label(case)
         try:
             got = Backward(name, q, k, v, o, lse, do, causal)()
@@ -951,16 +957,17 @@ def _bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def time_variant(name):
+def time_variant(name, ref_path):
     """Rows: median ms (do_bench: CUDA events, L2 flushed before each call) and TFLOP/s at
     CASES; `baseline`: cuDNN's and AttnFuse's backward alone (forward once with grad, then
     autograd.grad with retain_graph timed)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
     rows = []
-    for i, case in enumerate(CASES):
+    for entry in torch.load(ref_path, weights_only=False)["cases"]:
+        case = entry["case"]
         causal = case[0]
-        q, k, v, do = _inputs(case, seed=i)
+        q, k, v, do = _inputs(case, seed=entry["seed"])
         impls = {}
         if name == "baseline":
             group = q.shape[1] // k.shape[1]
@@ -984,8 +991,7 @@ def time_variant(name):
                 rows.append({"variant": "attnfuse", "case": _label(case),
                              "error": f"{type(e).__name__}: {str(e)[:300]}"})
         else:
-            o, lse = forward_fp32(q, k, v, causal)
-            bwd = Backward(name, q, k, v, o, lse, do, causal)
+            bwd = Backward(name, q, k, v, entry["o"], entry["lse"], do, causal)
             impls[name] = bwd
             impls.update({f"{name}:{part}": fn for part, fn in bwd.parts().items()})
         for label, impl in impls.items():
@@ -1017,7 +1023,10 @@ def orchestrate(out_dir, names, check_timeout, time_timeout, budget):
     results = {"meta": benchlib.metadata(DEVICE), "checks": [], "timings": [], "failures": [],
                "calibration": []}
     start = time.time()
-    ref_path = os.path.join(out_dir, "gluon_backward_refs.pt")
+    import tempfile
+    # The references (about 200 MB at the timing shapes) stay out of DIR, which comes back.
+    ref_dir = tempfile.mkdtemp(prefix="gluon_backward_refs")
+    ref_path = os.path.join(ref_dir, "refs.pt")
     log = open(os.path.join(out_dir, "gluon_backward_refs.log"), "w")
     try:
         rc = subprocess.run([sys.executable, me, "--prepare", ref_path], stdout=log,
@@ -1029,7 +1038,7 @@ def orchestrate(out_dir, names, check_timeout, time_timeout, budget):
     if rc != 0:
         print(f"REFERENCES FAILED ({rc}): nothing checked, nothing timed", flush=True)
         return
-    for entry in torch.load(ref_path, weights_only=False):
+    for entry in torch.load(ref_path, weights_only=False)["checks"]:
         results["calibration"].append({"case": _label(entry["case"]), **entry["calibration"]})
     print(f"[references in {time.time() - start:.0f} s]", flush=True)
     procs = {}
@@ -1074,7 +1083,7 @@ def orchestrate(out_dir, names, check_timeout, time_timeout, budget):
             print(f"[time] {name}: skipped (budget)", flush=True)
             continue
         try:
-            proc = subprocess.run([sys.executable, me, "--time", name, "--json", path],
+            proc = subprocess.run([sys.executable, me, "--time", name, "--refs", ref_path, "--json", path],
                                   capture_output=True, text=True, timeout=min(time_timeout, left))
             if proc.returncode != 0:
                 results["failures"].append({"variant": name, "phase": "time", "why": f"rc {proc.returncode}",
@@ -1087,6 +1096,8 @@ def orchestrate(out_dir, names, check_timeout, time_timeout, budget):
             results["failures"].append({"variant": name, "phase": "time", "why": "timeout"})
             print(f"[time] {name}: TIMEOUT", flush=True)
     _report(out_dir, stamp, results, passed, benchlib)
+    import shutil
+    shutil.rmtree(ref_dir, ignore_errors=True)
     print(f"[all done in {time.time() - start:.0f} s]", flush=True)
 
 
@@ -1189,7 +1200,7 @@ def main() -> None:
                                            "for --out)")
     parser.add_argument("--prepare", metavar="PATH", help="(internal) write the check references")
     parser.add_argument("--check", metavar="VARIANT", help="(internal) check one variant")
-    parser.add_argument("--refs", help="(internal) the references --check reads")
+    parser.add_argument("--refs", help="(internal) the references --check and --time read")
     parser.add_argument("--time", metavar="VARIANT", help="(internal) time one variant or 'baseline'")
     parser.add_argument("--json", help="(internal) where --check/--time write their rows")
     parser.add_argument("--check-timeout", type=float, default=120)
@@ -1214,7 +1225,7 @@ def main() -> None:
         prepare_references(args.prepare)
         return
     if args.check or args.time:
-        rows = check_variant(args.check, args.refs) if args.check else time_variant(args.time)
+        rows = check_variant(args.check, args.refs) if args.check else time_variant(args.time, args.refs)
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
         return

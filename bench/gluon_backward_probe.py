@@ -846,6 +846,26 @@ def _sync():
         torch.cuda.synchronize()
 
 
+HANG_S = 20.0  # a backward of the checked sizes takes milliseconds
+
+
+def _finish_or_exit(what):
+    """Wait for the GPU, or end this process (exit code 3) after HANG_S seconds: a kernel that
+    deadlocks on its barriers would otherwise hold the GPU's SMs while the other variants'
+    checks run beside it (ending the process ends its kernels)."""
+    if DEVICE != "cuda":
+        return
+    import time
+    done = torch.cuda.Event()
+    done.record()
+    start = time.time()
+    while not done.query():
+        if time.time() - start > HANG_S:
+            print(f"HANG: {what} not done after {HANG_S:.0f} s; exiting", flush=True)
+            os._exit(3)
+        time.sleep(0.005)
+
+
 def _rel_err(x, ref):
     """max |x - ref| / max |ref| (inf when x has a non-finite value)."""
     x = x.to(torch.float64)
@@ -890,7 +910,8 @@ def _tolerance(calibration, grad):
 
 def check_variant(name, ref_path):
     """Rows: relative errors of dq, dk, dv against float64 at CHECKS (ok within the tolerance),
-    and against cuDNN's gradients at the timing CASES (ok below 3e-2 relative: two bf16 results, TF32 lse)."""
+    and against cuDNN's gradients at the timing CASES (ok below 3e-2 relative: two bf16
+    results, the kernel's lse from a TF32 forward)."""
     rows = []
     refs = torch.load(ref_path, weights_only=False)
     for entry in refs["checks"]:
@@ -900,7 +921,7 @@ def check_variant(name, ref_path):
         label = "check " + _label(case)
         try:
             dq, dk, dv = Backward(name, q, k, v, entry["o"], entry["lse"], do, causal)()
-            _sync()
+            _finish_or_exit(f"{name} {label}")
         except Exception as e:
             rows.append({"variant": name, "check": label, "ok": False,
                          "error": f"{type(e).__name__}: {str(e)[:600]}"})
@@ -922,7 +943,7 @@ def check_variant(name, ref_path):
         label = "vs cuDNN " + _label(case)
         try:
             got = Backward(name, q, k, v, o, lse, do, causal)()
-            _sync()
+            _finish_or_exit(f"{name} {label}")
         except Exception as e:
             rows.append({"variant": name, "check": label, "ok": False,
                          "error": f"{type(e).__name__}: {str(e)[:600]}"})
@@ -1061,7 +1082,8 @@ def orchestrate(out_dir, names, check_timeout, time_timeout, budget):
         log_file.close()
         text = open(log_file.name).read()
         if timed_out or proc.returncode != 0 or not os.path.exists(path):
-            why = "timeout (hang?)" if timed_out else f"rc {proc.returncode}"
+            why = ("timeout (hang?)" if timed_out else "hang (its kernel did not finish)"
+                   if proc.returncode == 3 else f"rc {proc.returncode}")
             results["failures"].append({"variant": name, "phase": "check", "why": why, "log": text[-3000:]})
             print(f"[check] {name}: FAILED ({why})\n{text[-1500:]}", flush=True)
             continue

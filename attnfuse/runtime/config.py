@@ -197,13 +197,13 @@ def decode_tile_config(problem: Problem, paged: bool = False) -> TileConfig:
     return TileConfig(block_m, 64, 4, 3, merge_stages=DECODE_MERGE_STAGES)
 
 
-DECODE_MERGE_STAGES = 3
-"""The split merge's loop over the splits, pipelined three deep (`tl.range`): two splits'
-partials in flight while one merges. Unpipelined (the merge before; Triton pipelines loads
-outside products only in a loop that asks, so the merge kernel's launch stages changed
-nothing: bench/results/20261201T1340Z-decode_tune-merge.md), each of the 16 splits of a B=1
-cache costs a dependent round trip to L2. Not measured yet (bench/decode_tune.py's merge
-stages column)."""
+DECODE_MERGE_STAGES = 1
+"""The split merge's loop over its steps, unpipelined. A step holds all of a decode's splits
+(up to 64 at head dim 128, `lowering/triton.py`'s `splits_per_step`), so the loop runs once
+and a pipeline only routes the loads through shared memory: on the H200 the merge kernel took
+2.14 / 2.18 / 2.40 / 2.98 µs unpipelined against 3.23 / 3.23 / 3.30 / 5.22 three deep at the
+4k / 16k / 32k / B=8 x 8k caches (one split per step, three deep, it took 4.4 µs at 16k:
+bench/results/20261201T194551Z-decode_profile.md, 20261201T191104Z-decode_profile.md)."""
 
 
 DECODE_LONG_CACHE = 32768

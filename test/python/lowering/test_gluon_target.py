@@ -24,11 +24,12 @@ from attnfuse.runtime.inputs import Problem
 from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
 
-def forward_kernel(spec, head_dim=128, placement=("fused", "fused"), dtype="bf16"):
-    """The forward kernel of `spec` after `warp-specialize` (scheduled where it is flash-shaped)."""
+def forward_kernel(spec, head_dim=128, placement=("fused", "fused"), dtype="bf16", **options):
+    """The forward kernel of `spec` after `warp-specialize` (scheduled where it is flash-shaped),
+    with the pass's `options`."""
     key = CompileKey(head_dim, head_dim, dtype, TileConfig(64, 64, 4, 2), placement)
     module = lower_spec(spec, key)
-    WarpSpecializePass().apply(make_context(), module)
+    WarpSpecializePass(**options).apply(make_context(), module)
     return next(op for op in module.ops if op.sym_name.data == "attention_fwd")
 
 
@@ -83,18 +84,22 @@ def sm90():
         driver._active = previous
 
 
-@pytest.mark.parametrize("name,spec,dim", [
-    ("causal", af.attention(af.causal()), 128),
-    ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64),
+@pytest.mark.parametrize("name,spec,dim,consumers", [
+    ("causal", af.attention(af.causal()), 128, 2),
+    ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64, 2),
+    # FA3's head-dim-64 shape: 160 registers per consumer, a diagonal and a full key loop.
+    ("causal-3", af.attention(af.causal()), 64, 3),
 ])
-def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, tmp_path, monkeypatch):
+def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, tmp_path, monkeypatch):
     """Valid Gluon for this Triton, within the register cap, its products on HGMMA; the
-    plain causal kernel does not spill."""
+    plain causal kernel does not spill, nor, with Triton 3.6 (the H200's), the three-consumer
+    one."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    import triton
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    program = emit_gluon_kernel(forward_kernel(spec, dim))
+    program = emit_gluon_kernel(forward_kernel(spec, dim, consumers=consumers))
     # Stored and imported as the runtime does it (`gluon_forward._gluon_module`).
     module = gluon_forward._gluon_module(program.source)
     # A [B, N, H, D] projection seen as [B, H, N, D], as models pass q, k and v.
@@ -117,6 +122,10 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, tmp_path, monke
         # A few bytes of stack frame come and go with Triton versions (0-8 seen with 3.6 and
         # 3.9); a consumer that runs out of registers spills kilobytes.
         assert spills <= 64, f"{spills} bytes of stack"
+    if name == "causal-3" and triton.__version__.startswith("3.6"):
+        # One step function for both key loops: 0 bytes (two inlined ones spilled 88). Triton
+        # 3.9 spills here (152-168 bytes), as it does the hand-written probe (72).
+        assert spills <= 8, f"{spills} bytes of stack"
 
 
 @pytest.mark.parametrize("spec,placement,op", [

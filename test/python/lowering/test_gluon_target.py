@@ -89,6 +89,8 @@ def sm90():
     ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64, 2),
     # FA3's head-dim-64 shape: 160 registers per consumer, a diagonal and a full key loop.
     ("causal-3", af.attention(af.causal()), 64, 3),
+    # Three consumers at head dim 128 (64-key blocks, `gluon_forward.SCHEDULES`).
+    ("causal-3", af.attention(af.causal()), 128, 3),
 ])
 def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, tmp_path, monkeypatch):
     """Valid Gluon for this Triton, within the register cap, its products on HGMMA; the
@@ -99,15 +101,17 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, tmp_
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    program = emit_gluon_kernel(forward_kernel(spec, dim, consumers=consumers))
+    # The options the runtime gives this head dim and consumer count.
+    program = emit_gluon_kernel(forward_kernel(spec, dim, **gluon_forward.SCHEDULES[dim].options(consumers)))
     # Stored and imported as the runtime does it (`gluon_forward._gluon_module`).
     module = gluon_forward._gluon_module(program.source)
     # A [B, N, H, D] projection seen as [B, H, N, D], as models pass q, k and v.
     x = torch.empty(1, 256, 4, dim, dtype=torch.bfloat16).transpose(1, 2)
+    block_n = program.kernels[0].block_n
     rows = gl.NVMMASharedLayout.get_default_for([1, 1, 64, dim], gl.bfloat16)
-    keys = gl.NVMMASharedLayout.get_default_for([1, 1, 128, dim], gl.bfloat16)
+    keys = gl.NVMMASharedLayout.get_default_for([1, 1, block_n, dim], gl.bfloat16)
     descs = [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, n, dim], layout)
-             for n, layout in ((64, rows), (128, keys), (128, keys), (64, rows))]
+             for n, layout in ((64, rows), (block_n, keys), (block_n, keys), (64, rows))]
     lse, slopes = torch.empty(1, 4, 256), torch.empty(4)
     pointers = []
     for role in program.kernels[0].roles:
@@ -123,8 +127,9 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, tmp_
         # 3.9); a consumer that runs out of registers spills kilobytes.
         assert spills <= 64, f"{spills} bytes of stack"
     if name == "causal-3" and triton.__version__.startswith("3.6"):
-        # One step function for both key loops: 0 bytes (two inlined ones spilled 88). Triton
-        # 3.9 spills here (152-168 bytes), as it does the hand-written probe (72).
+        # One step function for both key loops: 0 bytes (two inlined ones spilled 88 at head
+        # dim 64). Triton 3.9 spills at head dim 64 (152-168 bytes), as it does the
+        # hand-written probe (72).
         assert spills <= 8, f"{spills} bytes of stack"
 
 
@@ -177,6 +182,29 @@ def test_auto_rule_and_fit():
     assert gluon_forward.fits(problem(250, 383))  # descriptors clip at the sequence end
     assert not gluon_forward.fits(problem(256, 384, d=96))
     assert not gluon_forward.fits(problem(256, 384, dtype=torch.float32))
+
+
+def test_schedules_by_head_dim(monkeypatch):
+    """Every head dim the schedule covers has options; three consumers at head dim 64 (two with
+    ALiBi), two at 128; `ATTNFUSE_GLUON_CONSUMERS` forces the count, checked."""
+    from attnfuse.dialects.flash_shape import HEAD_DIMS
+
+    monkeypatch.delenv("ATTNFUSE_GLUON_CONSUMERS", raising=False)
+    assert set(gluon_forward.SCHEDULES) == set(HEAD_DIMS)
+    assert gluon_forward.schedule_options(64) == {"consumers": 3, "block_n": 128}
+    assert gluon_forward.schedule_options(128) == {"consumers": 2, "block_n": 128}
+    key = CompileKey(64, 64, "f16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
+    alibi = lower_spec(af.attention(af.alibi(), af.causal()), key)
+    assert gluon_forward.schedule_options(64, alibi)["consumers"] == 2
+    assert gluon_forward.schedule_options(64, lower_spec(af.attention(af.causal()), key))["consumers"] == 3
+    monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", "2")
+    assert gluon_forward.schedule_options(64) == {"consumers": 2, "block_n": 128}
+    monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", "3")
+    assert gluon_forward.schedule_options(128) == {"consumers": 3, "block_n": 64}
+    assert gluon_forward.schedule_options(64, alibi)["consumers"] == 3  # forced is forced
+    monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", "4")
+    with pytest.raises(ArgumentError, match="ATTNFUSE_GLUON_CONSUMERS"):
+        gluon_forward.schedule_options(64)
 
 
 def test_target_choice_is_checked(monkeypatch):

@@ -457,6 +457,9 @@ class GluonKernel:
     block_n: int
     num_warps: int
     """Warps of the launch (the default partition: the first consumer)."""
+    persistent: bool = False
+    """One program per SM walking the tiles (`gluon_persistent.py`): launched on
+    `min(tiles, SMs)` programs, with `batch_heads` after `group_size`."""
 
 
 @dataclass(frozen=True)
@@ -469,12 +472,15 @@ class GluonProgram:
 
 def emit_gluon_kernel(kernel: tile.KernelOp) -> GluonProgram:
     """The Gluon module of one warp-specialized kernel, or `GluonUnsupported`."""
-    emitter = GluonEmitter(kernel)
+    from attnfuse.lowering.gluon_persistent import PersistentGluonEmitter
+
+    persistent = kernel.int_attr("persistent") == 1
+    emitter = (PersistentGluonEmitter if persistent else GluonEmitter)(kernel)
     body = "\n".join(emitter.run())
     helpers = "".join("\n\n" + HELPERS[name].replace("@triton.jit", "@gluon.jit") for name in sorted(emitter.helpers))
     source = HEADER + helpers + "\n\n" + body + "\n"
     info = GluonKernel(kernel.sym_name.data, tuple(kernel.roles), emitter.operands, kernel.get("block_m"),
-                       kernel.get("block_n"), 4)
+                       kernel.get("block_n"), 4, persistent)
     return GluonProgram(source, (info,))
 
 

@@ -6,7 +6,8 @@ alignment), per call: a call whose tensors a TMA descriptor cannot cover runs th
 kernel of the same plan. `ATTNFUSE_FORWARD_TARGET` forces it: `triton` (never Gluon), `gluon`
 (Gluon wherever it lowers and the shapes fit, whatever the measurements say), `auto` (the
 default: `prefers_gluon`). The schedule's options come per head dim from `SCHEDULES`;
-`ATTNFUSE_GLUON_CONSUMERS` forces the consumer count (to measure one against another).
+`ATTNFUSE_GLUON_CONSUMERS` forces the consumer count and `ATTNFUSE_GLUON_PERSISTENT` the
+persistent grid (to measure one against another).
 Both are read when a plan is made: a compiled function keeps the plans it has made.
 """
 
@@ -54,9 +55,12 @@ class GluonSchedule:
     """Keys per step by consumer count (`consumers` and any `ATTNFUSE_GLUON_CONSUMERS` may force)."""
     alibi_consumers: int
     """The consumer count of a kernel with ALiBi (its score step needs more registers)."""
+    persistent: bool = False
+    """One program per SM walking the tiles (`lowering/gluon_persistent.py`)."""
 
-    def options(self, consumers: int) -> dict[str, int]:
-        return {"consumers": consumers, "block_n": self.block_n[consumers]}
+    def options(self, consumers: int, persistent: bool | None = None) -> dict[str, int | bool]:
+        return {"consumers": consumers, "block_n": self.block_n[consumers],
+                "persistent": self.persistent if persistent is None else persistent}
 
 
 SCHEDULES = {
@@ -74,7 +78,10 @@ does not take Gluon at head dim 64 (`AUTO_HEAD_DIMS`). A kernel with ALiBi keeps
 consumers: with three, its step spills (48 bytes causal, 88 with a window, 192 with soft-capping
 too; Triton 3.6), where plain, windowed, soft-capped and statically scaled kernels spill none.
 Three consumers at head dim 128 get 64-key blocks (with 128 their 160 registers spill, 208-264
-bytes; with 64 none, as in the probe); not measured either."""
+bytes; with 64 none, as in the probe); not measured either. No head dim is persistent yet: the
+printed persistent kernel compiles (no spills at head dim 128; 32 bytes causal with three
+consumers at 64, Triton 3.6) but is not measured; the probe's `ps2` was 3-5% faster than the
+non-persistent probe at head dim 128 (`ATTNFUSE_GLUON_PERSISTENT=1` forces it)."""
 
 AUTO_HEAD_DIMS = (128,)
 """Head dims where `auto` may take the Gluon forward (measured faster, `GLUON_MIN_WORK`)."""
@@ -95,11 +102,21 @@ def gluon_consumers(head_dim: int, alibi: bool = False) -> int:
     return int(forced)
 
 
-def schedule_options(head_dim: int, module: ModuleOp | None = None) -> dict[str, int]:
+def gluon_persistent() -> bool | None:
+    """`ATTNFUSE_GLUON_PERSISTENT` (`0` or `1`, checked), or None when unset (`SCHEDULES`')."""
+    forced = os.environ.get("ATTNFUSE_GLUON_PERSISTENT", "")
+    if not forced:
+        return None
+    if forced not in ("0", "1"):
+        raise ArgumentError(f"ATTNFUSE_GLUON_PERSISTENT={forced!r}: expected 0 or 1 (or unset: by head dim)")
+    return forced == "1"
+
+
+def schedule_options(head_dim: int, module: ModuleOp | None = None) -> dict[str, int | bool]:
     """`warp-specialize`'s options for the Gluon forward at `head_dim`, of the forward kernel in
     `module` (ALiBi or not) when given."""
     alibi = module is not None and any(isinstance(op, tile.AlibiOp) for op in module.walk())
-    return SCHEDULES[head_dim].options(gluon_consumers(head_dim, alibi))
+    return SCHEDULES[head_dim].options(gluon_consumers(head_dim, alibi), gluon_persistent())
 
 
 def forward_target() -> str:
@@ -229,9 +246,20 @@ class GluonLaunch:
             pointers.append(t)
             if tile.role_axes(role):
                 pointers.extend(t.stride())
-        grid = (p.batch * p.heads_q, -(-p.seq_q // block_m))
-        self.kernel[grid](*descs, *pointers, self.sm_scale, p.seq_q, p.seq_k, p.heads_q, p.group_size,
-                          num_warps=self.launch.num_warps)
+        scalars = [self.sm_scale, p.seq_q, p.seq_k, p.heads_q, p.group_size]
+        if self.launch.persistent:
+            # One program per SM (at most one per tile), each walking tiles pid, pid + G, ...
+            tiles = p.batch * p.heads_q * -(-p.seq_q // block_m)
+            grid: tuple[int, ...] = (max(1, min(tiles, _sm_count(q.device))),)
+            scalars.append(p.batch * p.heads_q)
+        else:
+            grid = (p.batch * p.heads_q, -(-p.seq_q // block_m))
+        self.kernel[grid](*descs, *pointers, *scalars, num_warps=self.launch.num_warps)
+
+
+@cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _descriptor_ready(t: torch.Tensor) -> bool:
@@ -255,7 +283,8 @@ def gluon_forward(
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
     from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
-    gluon_consumers(problem.head_dim)  # the user's choice, checked before any lowering
+    gluon_consumers(problem.head_dim)  # the user's choices, checked before any lowering
+    gluon_persistent()
     module = tile_module()
     WarpSpecializePass(**schedule_options(problem.head_dim, module)).apply(make_context(), module)
     forward = next((op for op in module.ops
@@ -273,4 +302,4 @@ def gluon_forward(
 
 
 __all__ = ["AUTO_HEAD_DIMS", "GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forward_target",
-           "gluon_consumers", "gluon_forward", "prefers_gluon", "schedule_options", "takes_gluon"]
+           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon"]

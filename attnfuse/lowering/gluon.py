@@ -143,6 +143,7 @@ class GluonEmitter(KernelEmitter):
                 self.namer.pin(op.result, "scores")
             self.lines = []
             self.HANDLERS[type(op)](self, op)
+            assert op is loop.update or self.namer[op.result] == "scores", f"{op.name} named its result itself"
             pieces.append((isinstance(op, tile.MaskOp), self.lines))
         self.loop_vars.pop()
         return pieces

@@ -10,7 +10,7 @@ OUT="${OUT:-bench/results/run}"
 mkdir -p "$OUT"
 export ATTNFUSE_CACHE_DIR="${ATTNFUSE_CACHE_DIR:-/tmp/afc}" PYTHONUNBUFFERED=1
 NEW="consumer_counts or persistent or three_consumers"
-timeout 300 python3 -m pytest test/python/test_gpu_gluon.py -q -x -p no:cacheprovider -k "$NEW" > "$OUT/gluon_schedule_tests.log" 2>&1
+timeout 420 python3 -m pytest test/python/test_gpu_gluon.py -q -x -p no:cacheprovider -k "$NEW" > "$OUT/gluon_schedule_tests.log" 2>&1
 tail -3 "$OUT/gluon_schedule_tests.log"
 (cd bench && timeout 240 python3 gluon_forward.py --out "$OUT" --reps 50 > "$OUT/gluon_forward.log" 2>&1)
 tail -13 "$OUT"/*-gluon-forward.md

@@ -1,15 +1,19 @@
 """The forward on the Gluon target beside the portable (tl) target and cuDNN, at issue 17's
 sizes, in one run (H200):
 
-    python bench/gluon_forward.py --out bench/results [--reps 100]
+    python bench/gluon_forward.py --out bench/results [--reps 100] [--head-dims 64]
 
 Rows: causal and dense, B=4 H=12 D=64 fp16 at N=4096/8192/16384; causal and dense with the
 Llama-3-8B heads (B=1, 32 query / 8 key-value heads, D=128, bf16) at N=4096/8192; RoPE +
 causal at the Llama heads, where cuDNN gets a compiled pre-rotation and AttnFuse pre-rotates
 in its own kernels for the Gluon column (the fused rotation is not lowered to Gluon) and
 as the Rotation Calculus decides for the others. Each AttnFuse column forces
-its target (`ATTNFUSE_FORWARD_TARGET`); `auto` is what a call gets by default. Every result is
-checked against cuDNN's first. Times: median ms of CUDA-event-timed calls
+its target (`ATTNFUSE_FORWARD_TARGET`); `auto` is what a call gets by default. `Gluon` runs the
+schedule `gluon_forward.SCHEDULES` gives the head dim (three consumer warpgroups at D=64, two
+at D=128); `Gluon 2c` and `Gluon 3c` force two and three consumers (`ATTNFUSE_GLUON_CONSUMERS`;
+three at D=128 take 64-key blocks) and `Gluon persistent` the persistent grid with the table's
+consumers (`ATTNFUSE_GLUON_PERSISTENT=1`), so one run compares them beside tl and cuDNN. Every result
+is checked against cuDNN's first. Times: median ms of CUDA-event-timed calls
 (`benchlib.median_ms`), inference (`torch.no_grad`).
 """
 
@@ -33,7 +37,10 @@ CASES = (
     + [("dense", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]
     + [("rope+causal", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]
 )
-TARGETS = ("gluon", "triton", "auto")
+TARGETS = (("gluon", "gluon", None, None), ("gluon2", "gluon", "2", None), ("gluon3", "gluon", "3", None),
+           ("gluon_ps", "gluon", None, "1"), ("triton", "triton", None, None), ("auto", "auto", None, None))
+"""Columns: (name, ATTNFUSE_FORWARD_TARGET, ATTNFUSE_GLUON_CONSUMERS, ATTNFUSE_GLUON_PERSISTENT; None:
+the table's)."""
 
 
 def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -46,10 +53,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--reps", type=int, default=100)
+    parser.add_argument("--head-dims", default="64,128", help="the cases of these head dims only")
     args = parser.parse_args()
+    head_dims = {int(d) for d in args.head_dims.split(",")}
     meta = benchlib.metadata("cuda")
     rows = []
-    for name, b, hq, hkv, d, n, dtype in CASES:
+    for name, b, hq, hkv, d, n, dtype in [case for case in CASES if case[4] in head_dims]:
         torch.manual_seed(0)
         q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
@@ -74,25 +83,39 @@ def main() -> None:
             expected = cudnn().float()
             row = {"case": f"{name} B{b} H{hq}/{hkv} D{d} N{n} {str(dtype).removeprefix('torch.')}"}
             row["cudnn_ms"] = benchlib.median_ms(cudnn, "cuda", 10, args.reps)[0]
-            for target in TARGETS:
+            for column, target, consumers, persistent in TARGETS:
                 os.environ["ATTNFUSE_FORWARD_TARGET"] = target
+                for variable, value in (("ATTNFUSE_GLUON_CONSUMERS", consumers), ("ATTNFUSE_GLUON_PERSISTENT", persistent)):
+                    if value is None:
+                        os.environ.pop(variable, None)
+                    else:
+                        os.environ[variable] = value
                 # A fused rotation is not lowered to Gluon: its column pre-rotates (one kernel
                 # per operand, then the Gluon forward reads the copies).
                 placement = ("pre_rotated", "pre_rotated") if rope and target == "gluon" else "auto"
+                # A fresh function per column: a plan keeps the target it was made with.
                 fn = af.compile(spec, rope_placement=placement)
                 got = fn(q, k, v).float()
-                row[f"{target}_err"] = (got - expected).abs().max().item()
-                row[f"{target}_ms"] = benchlib.median_ms(lambda: fn(q, k, v), "cuda", 10, args.reps)[0]
-            os.environ.pop("ATTNFUSE_FORWARD_TARGET")
+                launch = next(x for x in fn.plan(q, k, v).launches if x.info.name == "attention_fwd")
+                row[f"{column}_rows"] = getattr(getattr(launch, "launch", None), "block_m", None)
+                row[f"{column}_err"] = (got - expected).abs().max().item()
+                row[f"{column}_ms"] = benchlib.median_ms(lambda: fn(q, k, v), "cuda", 10, args.reps)[0]
+            for variable in ("ATTNFUSE_FORWARD_TARGET", "ATTNFUSE_GLUON_CONSUMERS", "ATTNFUSE_GLUON_PERSISTENT"):
+                os.environ.pop(variable, None)
         flops = 4 * b * hq * n * n * d * (0.5 if causal else 1.0)
         row["gluon_tflops"] = flops / row["gluon_ms"] / 1e9
         benchlib.log(str(row))
         rows.append(row)
-    header = ["case", "Gluon ms", "tl ms", "auto ms", "cuDNN ms", "cuDNN / Gluon", "cuDNN / auto", "Gluon TFLOP/s", "max err (Gluon, tl)"]
-    table = [[r["case"], benchlib.fmt(r["gluon_ms"]), benchlib.fmt(r["triton_ms"]), benchlib.fmt(r["auto_ms"]),
-              benchlib.fmt(r["cudnn_ms"]), benchlib.fmt(r["cudnn_ms"] / r["gluon_ms"], ".2f"),
+    header = ["case", "Gluon ms (rows/program)", "Gluon 2c ms", "Gluon 3c ms", "Gluon persistent ms", "tl ms",
+              "auto ms", "cuDNN ms", "cuDNN / Gluon", "cuDNN / Gluon 3c", "cuDNN / Gluon persistent", "cuDNN / auto",
+              "Gluon TFLOP/s", "max err (Gluon, 2c, 3c, persistent, tl)"]
+    table = [[r["case"], f"{benchlib.fmt(r['gluon_ms'])} ({r['gluon_rows'] or 'portable'})", benchlib.fmt(r["gluon2_ms"]),
+              benchlib.fmt(r["gluon3_ms"]), benchlib.fmt(r["gluon_ps_ms"]), benchlib.fmt(r["triton_ms"]),
+              benchlib.fmt(r["auto_ms"]), benchlib.fmt(r["cudnn_ms"]), benchlib.fmt(r["cudnn_ms"] / r["gluon_ms"], ".2f"),
+              benchlib.fmt(r["cudnn_ms"] / r["gluon3_ms"], ".2f"), benchlib.fmt(r["cudnn_ms"] / r["gluon_ps_ms"], ".2f"),
               benchlib.fmt(r["cudnn_ms"] / r["auto_ms"], ".2f"), benchlib.fmt(r["gluon_tflops"], ".0f"),
-              f"{r['gluon_err']:.1e}, {r['triton_err']:.1e}"] for r in rows]
+              ", ".join(f"{r[c + '_err']:.1e}" for c in ("gluon", "gluon2", "gluon3", "gluon_ps", "triton"))]
+             for r in rows]
     markdown = ["# Forward on the Gluon target beside the tl target and cuDNN", "", *benchlib.metadata_lines(meta),
                 "- rows: inference forward, median ms; ratios > 1 mean AttnFuse is faster", "",
                 *benchlib.markdown_table(header, table)]

@@ -174,7 +174,9 @@ class ScheduleAttr(EnumAttribute[Schedule], SpacedOpaqueSyntaxAttribute):
     consumer partitions, one warpgroup of 64 query rows each (`block_m = 16 * num_warps`), run
     the products as warpgroup MMAs and overlap each block's score step with the previous
     block's P @ V (and with each other's products). `consumer_registers` is what each consumer
-    thread gets. The Gluon target prints these kernels; the portable target prints one whose
+    thread gets. `persistent = 1` (0 when absent): one program per SM walks the (query block,
+    batch x head) tiles, longest first under `block_order = descending`, the producer copying
+    the next tile's blocks while the consumers finish the current one. The Gluon target prints these kernels; the portable target prints one whose
     `block_m` is a power of two as any other and refuses the others (three consumers own 192
     rows); the runtime's portable launch is compiled from the unscheduled IR."""
 
@@ -558,7 +560,7 @@ class KernelOp(IRDLOperation):
     step that uses them), on a kernel that merges split partials optional `merge_stages`
     (the software-pipelining depth of its loop over the splits; 1, not pipelined, when
     absent), and optional `schedule` (`#tile<schedule ...>`, with the integer attributes
-    `producer_warps` and `consumer_registers`; see `ScheduleAttr`).
+    `producer_warps`, `consumer_registers` and optional `persistent`; see `ScheduleAttr`).
 
     A kernel with a `kv_lens` parameter reads its key count per batch (`kv_lens[batch]`,
     clamped to the cache's length); one with a `block_table` parameter (and a `page_size`)
@@ -759,7 +761,7 @@ class KernelOp(IRDLOperation):
     def verify_schedule(self) -> None:
         schedule = self.attributes.get("schedule")
         if schedule is None:
-            for key in ("producer_warps", "consumer_registers"):
+            for key in ("producer_warps", "consumer_registers", "persistent"):
                 if key in self.attributes:
                     raise VerifyException(f"'{key}' belongs to a #tile<schedule ...> kernel")
             return
@@ -777,6 +779,8 @@ class KernelOp(IRDLOperation):
             raise VerifyException("a warp-specialized kernel needs an integer 'producer_warps' >= 1")
         if registers is None or not 24 <= registers <= 255:
             raise VerifyException("a warp-specialized kernel needs an integer 'consumer_registers' in [24, 255]")
+        if "persistent" in self.attributes and self.int_attr("persistent") not in (0, 1):
+            raise VerifyException("'persistent' is an integer 0 or 1 (one program per SM walking the tiles)")
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:

@@ -12,10 +12,12 @@ this target prints them in Gluon (`triton.experimental.gluon`):
 - `tile.scores` and `tile.accumulate` become the consumers' warpgroup MMAs (`<kernel>_consume`);
 - the score ops between them (masks, ALiBi, maps such as soft-capping, scales) and the
   online-softmax step are printed by the portable target's own op printers into one
-  `@gluon.jit` step function per key loop (`<kernel>_step_<i>`), so a block's meaning is still
-  printed in one place. The consecutive key loops (full blocks, then masked ones; masked, full,
-  masked under a sliding window) are one pipelined range whose steps pick their loop's
-  function by the block's start;
+  `@gluon.jit` step function (`<kernel>_step`), so a block's meaning is still printed in one
+  place. The consecutive key loops (full blocks, then masked ones; masked, full, masked under a
+  sliding window) are one pipelined range: the step prints what the loops share once and runs
+  a loop's masks under a runtime test of the block's start against the loops' bounds (one
+  function per loop, chosen at the call site, put two softmax steps into every consumer, and
+  three consumers' 160 registers spilled);
 - finalize as the portable target prints it; o leaves through shared memory and a TMA store.
 
 A kernel without the schedule is refused (`GluonUnsupported`, naming why `warp-specialize` left
@@ -49,8 +51,8 @@ class GluonUnsupported(IRError):
 
 
 class GluonEmitter(KernelEmitter):
-    """Prints one flash-shaped forward kernel as a loader partition, a consumer partition, one
-    score-step function per key loop and the entry kernel."""
+    """Prints one flash-shaped forward kernel as a loader partition, a consumer partition, the
+    score-step function and the entry kernel."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -85,8 +87,7 @@ class GluonEmitter(KernelEmitter):
 
     def run(self) -> list[str]:
         out: list[str] = []
-        for i, loop in enumerate(self.loops):
-            out += self.step_function(i, loop) + ["", ""]
+        out += self.step_function() + ["", ""]
         out += self.loader() + ["", ""]
         out += self.consumer() + ["", ""]
         out += self.entry()
@@ -103,37 +104,131 @@ class GluonEmitter(KernelEmitter):
         """Consumer partitions: one warpgroup (4 warps, 16 rows per warp) each."""
         return self.kernel.get("num_warps") // 4
 
-    def step_function(self, index: int, loop: FlashLoop) -> list[str]:
-        """`<name>_step_<index>(scores, row_max, row_sum, start_n, row_start, ...)`: the score
-        ops and the online-softmax step of one key loop's body, on one consumer's raw
-        q @ k^T tile (its ROWS query rows from `row_start`)."""
-        self.lines, self.indent = [], 1
-        masked = loop.op.masked is not None
-        self.emit(f"# tile.kv_loop {index} over {'partial key blocks: masked' if masked else 'full key blocks'}")
-        self.emit("rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))")
-        self.emit("row_in_bounds = rows < n_q")
-        self.emit("q_pos = rows + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key")
-        self.emit("keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))")
-        if masked:
-            self.emit("key_in_bounds = keys < n_k")
+    def step_params(self) -> list[str]:
+        bounds = [f"bound_{i}" for i in range(1, len(self.loops))]
+        return ["scores", "row_max", "row_sum", "start_n", "row_start", *bounds, "sm_scale", "n_q", "n_k",
+                *self.slope_params()]
+
+    def loop_condition(self, index: int) -> str:
+        """Whether the block at `start_n` lies in key loop `index` (the loops cover consecutive
+        ranges from `bound_i`, the lower bound of loop i)."""
+        last = len(self.loops) - 1
+        below = f"start_n < bound_{index + 1}" if index < last else ""
+        above = f"start_n >= bound_{index}" if index > 0 else ""
+        if below and above:
+            return f"({above}) & ({below})"
+        return below or above or "True"
+
+    def loop_pieces(self, loop: FlashLoop) -> list[tuple[bool, list[str]]]:
+        """One key loop's score ops and softmax step as printed by the portable handlers, op by
+        op: (is a mask, its lines at indent 0). Every score op's result is the variable
+        `scores` (each refines the previous tile in place), so that the pieces of different
+        loops read and write the same names."""
         block = loop.op.body.block
-        for arg, name in zip(block.args, ("acc", "row_max", "row_sum")):
+        for arg, init, name in zip(block.args, loop.op.inits, ("acc", "row_max", "row_sum")):
             self.namer.alias(arg, name)
-        for init, name in zip(loop.op.inits, ("acc", "row_max", "row_sum")):
             self.namer.alias(init, name)
         self.namer.alias(loop.scores.result, "scores")
+        chain = {loop.scores.result, *(op.result for op in loop.score_ops)}
+        pieces: list[tuple[bool, list[str]]] = []
+        self.lines, self.indent = [], 0
         self.emit_score_scale("scores", loop.scores)
-        self.loop_vars.append(LoopRows("keys", "key_in_bounds" if masked else "", "keys"))
+        pieces.append((False, self.lines))
+        self.loop_vars.append(LoopRows("keys", "key_in_bounds" if loop.op.masked is not None else "", "keys"))
         for op in [*loop.score_ops, loop.update]:
+            if isinstance(op, tile.MapOp) and any(v in chain for v in op.inputs[1:]):
+                raise GluonUnsupported("the gluon target cannot lower a score map that reads an earlier score "
+                                       "tile besides the one it refines", op)
+            if op is not loop.update:
+                self.namer.pin(op.result, "scores")
+            self.lines = []
             self.HANDLERS[type(op)](self, op)
+            assert op is loop.update or self.namer[op.result] == "scores", f"{op.name} named its result itself"
+            pieces.append((isinstance(op, tile.MaskOp), self.lines))
         self.loop_vars.pop()
-        u = loop.update
-        self.emit(f"return {self.namer[u.probs]}, {self.namer[u.alpha]}, "
-                  f"{self.namer[u.new_row_max]}, {self.namer[u.new_row_sum]}")
-        params = ["scores", "row_max", "row_sum", "start_n", "row_start", "sm_scale", "n_q", "n_k",
-                  *self.slope_params(), "ROWS: gl.constexpr", "BLOCK_N: gl.constexpr",
-                  "S_LAYOUT: gl.constexpr"]
-        return self.function(f"def {self.name}_step_{index}({', '.join(params)}):", self.lines)
+        return pieces
+
+    def step_function(self) -> list[str]:
+        """`<name>_step(scores, row_max, row_sum, start_n, row_start, bound_1.., ...)`: the score
+        ops and the online-softmax step of the block at `start_n`, on one consumer's raw
+        q @ k^T tile (its ROWS query rows from `row_start`). One function for every key loop:
+        the ops the loops share are printed once and a loop's own masks run under a runtime
+        test of the block's start. (One inlined function per loop, chosen at the call site,
+        doubled the softmax step in the consumer, and three consumers' 160 registers spilled.)"""
+        taken = set(self.namer.taken)
+        per_loop = []
+        for loop in self.loops:
+            # Each loop prints with the same free names, so that what they share prints the same.
+            self.namer.taken = set(taken)
+            per_loop.append(self.loop_pieces(loop))
+        self.namer.taken |= taken
+        body = [
+            "# The block's key loop decides its masks: " + "; ".join(
+                f"loop {i} over {'partial key blocks: masked' if loop.op.masked is not None else 'full key blocks'}"
+                for i, loop in enumerate(self.loops)),
+            "rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))",
+            "row_in_bounds = rows < n_q",
+            "q_pos = rows + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key",
+            "keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
+        ]
+        if any(loop.op.masked is not None for loop in self.loops):
+            body.append("key_in_bounds = keys < n_k")
+        skeletons = [[lines for mask, lines in pieces if not mask] for pieces in per_loop]
+        if all(s == skeletons[0] for s in skeletons):
+            body += self.merged_steps(per_loop)
+        else:
+            body += self.branched_steps(per_loop)
+        u = self.loops[0].update
+        body.append(f"return {self.namer[u.probs]}, {self.namer[u.alpha]}, "
+                    f"{self.namer[u.new_row_max]}, {self.namer[u.new_row_sum]}")
+        params = [*self.step_params(), "ROWS: gl.constexpr", "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
+        return self.function(f"def {self.name}_step({', '.join(params)}):", ["    " + line if line else ""
+                                                                              for line in body])
+
+    def guarded(self, groups: list[tuple[list[int], list[str]]]) -> list[str]:
+        """Each group's lines under the test that the block lies in one of its loops (none for
+        a group of every loop); the loops' ranges are disjoint, so later groups are `elif`s."""
+        out: list[str] = []
+        keyword = "if"
+        for loops, lines in groups:
+            if len(loops) == len(self.loops):
+                out += lines
+                continue
+            test = " | ".join(f"({self.loop_condition(i)})" if len(loops) > 1 else self.loop_condition(i)
+                              for i in loops)
+            out.append(f"{keyword} {test}:")
+            out += ["    " + line if line else "" for line in lines]
+            keyword = "elif"
+        return out
+
+    def merged_steps(self, per_loop: list[list[tuple[bool, list[str]]]]) -> list[str]:
+        """Loops that differ only by masks: the shared ops once, and between them each loop's
+        masks, loops whose masks print alike sharing one test."""
+        out: list[str] = []
+        cursor = [0] * len(self.loops)
+        for shared in [lines for mask, lines in per_loop[0] if not mask]:
+            groups: dict[tuple[str, ...], list[int]] = {}
+            for i, pieces in enumerate(per_loop):
+                masks: list[str] = []
+                while pieces[cursor[i]][0]:
+                    masks += pieces[cursor[i]][1]
+                    cursor[i] += 1
+                cursor[i] += 1  # the shared op itself
+                if masks:
+                    groups.setdefault(tuple(masks), []).append(i)
+            out += self.guarded([(loops, list(masks)) for masks, loops in groups.items()])
+            out += shared
+        return out
+
+    def branched_steps(self, per_loop: list[list[tuple[bool, list[str]]]]) -> list[str]:
+        """Loops whose score ops differ beyond masks: each loop's score ops under its own test,
+        then the softmax step they share."""
+        updates = [pieces[-1][1] for pieces in per_loop]
+        if any(u != updates[0] for u in updates):
+            raise GluonUnsupported("the gluon target cannot lower key loops whose softmax steps differ",
+                                   self.loops[-1].update)
+        groups = [([i], [line for _, lines in pieces[:-1] for line in lines]) for i, pieces in enumerate(per_loop)]
+        return self.guarded(groups) + updates[0]
 
     def emit_score_scale(self, name: str, op: tile.ScoresOp) -> None:
         """The scale `tile.scores` applies to its product (none when folded into the exponential)."""
@@ -173,21 +268,9 @@ class GluonEmitter(KernelEmitter):
         return self.function(f"def {self.name}_load({params}):", body)
 
     def step_call(self, indent: str) -> list[str]:
-        """The step of the block at `start_n`: the function of the key loop that holds it."""
-        args = ", ".join(["scores", "row_max", "row_sum", "start_n", "row_start", "sm_scale", "n_q", "n_k",
-                          *self.slope_params(), "ROWS", "BLOCK_N", "S_LAYOUT"])
-        call = "probs, alpha, row_max, row_sum = {}_step_{}(" + args + ")"
-        if len(self.loops) == 1:
-            return [indent + call.format(self.name, 0)]
-        lines = []
-        for i in range(len(self.loops)):
-            if i < len(self.loops) - 1:
-                keyword = "if" if i == 0 else "elif"
-                lines.append(f"{indent}{keyword} start_n < bound_{i + 1}:")
-            else:
-                lines.append(f"{indent}else:")
-            lines.append(f"{indent}    " + call.format(self.name, i))
-        return lines
+        """The step of the block at `start_n` (its loop's masks are the step's to choose)."""
+        args = ", ".join([*self.step_params(), "ROWS", "BLOCK_N", "S_LAYOUT"])
+        return [f"{indent}probs, alpha, row_max, row_sum = {self.name}_step({args})"]
 
     def consumer(self) -> list[str]:
         """`<name>_consume(..., WG)`: one consumer warpgroup's whole program, its stores
@@ -375,6 +458,9 @@ class GluonKernel:
     block_n: int
     num_warps: int
     """Warps of the launch (the default partition: the first consumer)."""
+    persistent: bool = False
+    """One program per SM walking the tiles (`gluon_persistent.py`): launched on
+    `min(tiles, SMs)` programs, with `batch_heads` after `group_size`."""
 
 
 @dataclass(frozen=True)
@@ -387,12 +473,15 @@ class GluonProgram:
 
 def emit_gluon_kernel(kernel: tile.KernelOp) -> GluonProgram:
     """The Gluon module of one warp-specialized kernel, or `GluonUnsupported`."""
-    emitter = GluonEmitter(kernel)
+    from attnfuse.lowering.gluon_persistent import PersistentGluonEmitter
+
+    persistent = kernel.int_attr("persistent") == 1
+    emitter = (PersistentGluonEmitter if persistent else GluonEmitter)(kernel)
     body = "\n".join(emitter.run())
     helpers = "".join("\n\n" + HELPERS[name].replace("@triton.jit", "@gluon.jit") for name in sorted(emitter.helpers))
     source = HEADER + helpers + "\n\n" + body + "\n"
     info = GluonKernel(kernel.sym_name.data, tuple(kernel.roles), emitter.operands, kernel.get("block_m"),
-                       kernel.get("block_n"), 4)
+                       kernel.get("block_n"), 4, persistent)
     return GluonProgram(source, (info,))
 
 

@@ -114,6 +114,7 @@ class Namer:
     def __init__(self, reserved: set[str]):
         self.taken = set(reserved)
         self.names: dict[SSAValue, str] = {}
+        self.pins: dict[SSAValue, str] = {}
 
     def fresh(self, hint: str) -> str:
         name, i = hint, 1
@@ -123,6 +124,9 @@ class Namer:
         return name
 
     def define(self, value: SSAValue, hint: str | None = None) -> str:
+        if value in self.pins:
+            name = self.names[value] = self.pins.pop(value)
+            return name
         name = self.fresh(hint or value.name_hint or "value")
         self.names[value] = name
         return name
@@ -130,6 +134,11 @@ class Namer:
     def alias(self, value: SSAValue, name: str) -> None:
         """Bind `value` to an existing name (a loop-carried variable)."""
         self.names[value] = name
+
+    def pin(self, value: SSAValue, name: str) -> None:
+        """Make the coming `define` of `value` reuse `name` (a variable the printer reassigns,
+        such as the Gluon target's score tile, which each score op refines in place)."""
+        self.pins[value] = name
 
     def __getitem__(self, value: SSAValue) -> str:
         return self.names[value]

@@ -5,7 +5,10 @@ The choice is per plan (shape) and, for what depends on the tensors themselves (
 alignment), per call: a call whose tensors a TMA descriptor cannot cover runs the portable
 kernel of the same plan. `ATTNFUSE_FORWARD_TARGET` forces it: `triton` (never Gluon), `gluon`
 (Gluon wherever it lowers and the shapes fit, whatever the measurements say), `auto` (the
-default: `prefers_gluon`).
+default: `prefers_gluon`). The schedule's options come per head dim from `SCHEDULES`;
+`ATTNFUSE_GLUON_CONSUMERS` forces the consumer count and `ATTNFUSE_GLUON_PERSISTENT` the
+persistent grid (to measure one against another).
+Both are read when a plan is made: a compiled function keeps the plans it has made.
 """
 
 from __future__ import annotations
@@ -42,6 +45,80 @@ heads, bf16) it took 0.234 / 0.860 ms causal at 4096 / 8192 against the portable
 (bench/results/20261201T165020Z-gluon-forward.md). Smaller calls are not measured."""
 
 
+@dataclass(frozen=True)
+class GluonSchedule:
+    """The options `warp-specialize` gets for one head dim (`SCHEDULES`)."""
+
+    consumers: int
+    """Consumer warpgroups of 64 query rows each."""
+    block_n: dict[int, int]
+    """Keys per step by consumer count (`consumers` and any `ATTNFUSE_GLUON_CONSUMERS` may force)."""
+    alibi_consumers: int
+    """The consumer count of a kernel with ALiBi (its score step needs more registers)."""
+    persistent: bool = False
+    """One program per SM walking the tiles (`lowering/gluon_persistent.py`)."""
+
+    def options(self, consumers: int, persistent: bool | None = None) -> dict[str, int | bool]:
+        return {"consumers": consumers, "block_n": self.block_n[consumers],
+                "persistent": self.persistent if persistent is None else persistent}
+
+
+SCHEDULES = {
+    128: GluonSchedule(2, {1: 128, 2: 128, 3: 64}, alibi_consumers=2),
+    64: GluonSchedule(3, {1: 128, 2: 128, 3: 128}, alibi_consumers=2),
+}
+"""The Gluon forward's schedule per head dim. Head dim 128: two consumers, 128-key blocks, the
+kernel `auto` runs (`GLUON_MIN_WORK` says what it measured). Head dim 64: three consumers
+(FA3's shape, 192 query rows per program), not yet measured as printed: the hand-written probe
+`pp3` was 5-11% faster than cuDNN there (bench/results/20261201T1650Z-gluon_forward_probe-
+variants.md), and the printed three-consumer kernel compiles for sm_90 without spills with
+Triton 3.6 (test/python/lowering/test_gluon_target.py), while the printed two-consumer one was
+0-10% slower than the portable kernel (20261201T165714Z-gluon-forward.md), which is why `auto`
+does not take Gluon at head dim 64 (`AUTO_HEAD_DIMS`). A kernel with ALiBi keeps two
+consumers: with three, its step spills (48 bytes causal, 88 with a window, 192 with soft-capping
+too; Triton 3.6), where plain, windowed, soft-capped and statically scaled kernels spill none.
+Three consumers at head dim 128 get 64-key blocks (with 128 their 160 registers spill, 208-264
+bytes; with 64 none, as in the probe); not measured either. No head dim is persistent yet: the
+printed persistent kernel compiles (no spills at head dim 128; 32 bytes causal with three
+consumers at 64, Triton 3.6) but is not measured; the probe's `ps2` was 3-5% faster than the
+non-persistent probe at head dim 128 (`ATTNFUSE_GLUON_PERSISTENT=1` forces it)."""
+
+AUTO_HEAD_DIMS = (128,)
+"""Head dims where `auto` may take the Gluon forward (measured faster, `GLUON_MIN_WORK`)."""
+
+CONSUMER_COUNTS = (1, 2, 3)
+
+
+def gluon_consumers(head_dim: int, alibi: bool = False) -> int:
+    """The consumer count of the Gluon forward at `head_dim` (of a kernel with ALiBi if
+    `alibi`): `ATTNFUSE_GLUON_CONSUMERS` if set (checked), else `SCHEDULES`'."""
+    forced = os.environ.get("ATTNFUSE_GLUON_CONSUMERS", "")
+    if not forced:
+        schedule = SCHEDULES[head_dim]
+        return schedule.alibi_consumers if alibi else schedule.consumers
+    if forced not in {str(c) for c in CONSUMER_COUNTS}:
+        raise ArgumentError(f"ATTNFUSE_GLUON_CONSUMERS={forced!r}: expected one of "
+                            f"{', '.join(map(str, CONSUMER_COUNTS))} (or unset: by head dim)")
+    return int(forced)
+
+
+def gluon_persistent() -> bool | None:
+    """`ATTNFUSE_GLUON_PERSISTENT` (`0` or `1`, checked), or None when unset (`SCHEDULES`')."""
+    forced = os.environ.get("ATTNFUSE_GLUON_PERSISTENT", "")
+    if not forced:
+        return None
+    if forced not in ("0", "1"):
+        raise ArgumentError(f"ATTNFUSE_GLUON_PERSISTENT={forced!r}: expected 0 or 1 (or unset: by head dim)")
+    return forced == "1"
+
+
+def schedule_options(head_dim: int, module: ModuleOp | None = None) -> dict[str, int | bool]:
+    """`warp-specialize`'s options for the Gluon forward at `head_dim`, of the forward kernel in
+    `module` (ALiBi or not) when given."""
+    alibi = module is not None and any(isinstance(op, tile.AlibiOp) for op in module.walk())
+    return SCHEDULES[head_dim].options(gluon_consumers(head_dim, alibi), gluon_persistent())
+
+
 def forward_target() -> str:
     """The user's choice (`ATTNFUSE_FORWARD_TARGET`), checked."""
     target = os.environ.get("ATTNFUSE_FORWARD_TARGET", "auto")
@@ -73,9 +150,9 @@ def gluon_importable() -> bool:
 
 
 def prefers_gluon(problem: Problem, causal: bool) -> bool:
-    """`auto`'s measured rule (`GLUON_MIN_WORK`)."""
+    """`auto`'s measured rule (`GLUON_MIN_WORK`, `AUTO_HEAD_DIMS`)."""
     work = problem.seq_q * problem.seq_k * (0.5 if causal else 1.0)
-    return problem.head_dim == 128 and work >= GLUON_MIN_WORK
+    return problem.head_dim in AUTO_HEAD_DIMS and work >= GLUON_MIN_WORK
 
 
 def takes_gluon(problem: Problem, causal: bool) -> bool:
@@ -169,9 +246,20 @@ class GluonLaunch:
             pointers.append(t)
             if tile.role_axes(role):
                 pointers.extend(t.stride())
-        grid = (p.batch * p.heads_q, -(-p.seq_q // block_m))
-        self.kernel[grid](*descs, *pointers, self.sm_scale, p.seq_q, p.seq_k, p.heads_q, p.group_size,
-                          num_warps=self.launch.num_warps)
+        scalars = [self.sm_scale, p.seq_q, p.seq_k, p.heads_q, p.group_size]
+        if self.launch.persistent:
+            # One program per SM (at most one per tile), each walking tiles pid, pid + G, ...
+            tiles = p.batch * p.heads_q * -(-p.seq_q // block_m)
+            grid: tuple[int, ...] = (max(1, min(tiles, _sm_count(q.device))),)
+            scalars.append(p.batch * p.heads_q)
+        else:
+            grid = (p.batch * p.heads_q, -(-p.seq_q // block_m))
+        self.kernel[grid](*descs, *pointers, *scalars, num_warps=self.launch.num_warps)
+
+
+@cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _descriptor_ready(t: torch.Tensor) -> bool:
@@ -195,8 +283,10 @@ def gluon_forward(
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
     from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
+    gluon_consumers(problem.head_dim)  # the user's choices, checked before any lowering
+    gluon_persistent()
     module = tile_module()
-    WarpSpecializePass().apply(make_context(), module)
+    WarpSpecializePass(**schedule_options(problem.head_dim, module)).apply(make_context(), module)
     forward = next((op for op in module.ops
                     if isinstance(op, tile.KernelOp) and op.sym_name.data == "attention_fwd"), None)
     if forward is None or forward.schedule is None:
@@ -211,4 +301,5 @@ def gluon_forward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_MIN_WORK", "GluonLaunch", "forward_target", "gluon_forward", "prefers_gluon", "takes_gluon"]
+__all__ = ["AUTO_HEAD_DIMS", "GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forward_target",
+           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon"]

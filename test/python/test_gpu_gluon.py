@@ -1,7 +1,7 @@
 """The Gluon target's forward on a Hopper GPU, against the float64 reference and against the
 portable (tl) kernel: every variant the target lowers, GQA, fp16/bf16, head dims 64 and 128,
 lengths that are not whole blocks, a model's [B, N, H, D] layout, the training call (Gluon
-forward, portable backward), and the fallbacks (unaligned rows, a variant the target refuses). Skipped without CUDA, and without an sm_90 GPU."""
+forward, portable backward), two and three consumer warpgroups at both head dims, the persistent grid, and the fallbacks (unaligned rows, a variant the target refuses). Skipped without CUDA, and without an sm_90 GPU."""
 
 from __future__ import annotations
 
@@ -62,6 +62,61 @@ def test_gluon_forward_matches_reference(name, d, dtype, hq, hkv, nq, nk, monkey
     ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
     assert_close_to_reference(out.cpu(), ref, dtype)
     assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("name", ["dense", "causal", "window", "alibi-softcap"])
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 448, 333), (2, 2, 20, 77), (4, 4, 1024, 1024)])
+def test_gluon_consumer_counts_match_reference(consumers, name, d, dtype, hq, hkv, nq, nk, monkeypatch):
+    """Two and three consumer warpgroups forced (`ATTNFUSE_GLUON_CONSUMERS`; three own 192 rows a
+    program, so lengths cut programs and consumers anywhere; at head dim 128 with 64-key
+    blocks), against the reference."""
+    monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", str(consumers))
+    spec = SPECS[name]
+    fn = af.compile(spec)
+    q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=11)
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch) and launch.launch.block_m == 64 * consumers
+    gluon_only(launch, monkeypatch)
+    with torch.no_grad():
+        out, lse = fn(q, k, v, return_lse=True)
+    ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
+    assert_close_to_reference(out.cpu(), ref, dtype)
+    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("name", ["dense", "causal", "window", "alibi-softcap"])
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 448, 333), (2, 2, 20, 77), (4, 4, 384, 128), (24, 8, 640, 600)])
+def test_gluon_persistent_matches_reference(consumers, name, d, dtype, hq, hkv, nq, nk, monkeypatch):
+    """The persistent grid (`ATTNFUSE_GLUON_PERSISTENT=1`): programs walking more than one tile
+    (B=2, 24 heads, 640 rows: 240 tiles of 128 rows or 192 of 192 beside the H200's 132 SMs),
+    tiles whose rows see no key (causal Nq > Nk: the producer copies nothing for them), ragged
+    lengths, GQA."""
+    monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", "1")
+    monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", str(consumers))
+    spec = SPECS[name]
+    fn = af.compile(spec)
+    q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=12)
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch) and launch.launch.persistent
+    gluon_only(launch, monkeypatch)
+    with torch.no_grad():
+        out, lse = fn(q, k, v, return_lse=True)
+    ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
+    assert_close_to_reference(out.cpu(), ref, dtype)
+    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+
+
+def test_head_dim_64_takes_three_consumers_unless_alibi():
+    """`SCHEDULES`: three consumers at head dim 64 (two with ALiBi), two at head dim 128."""
+    q, k, v = inputs(1, 4, 4, 256, 256, 64, torch.float16)
+    assert forward_launch(af.compile(SPECS["causal"]), q, k, v).launch.block_m == 192
+    assert forward_launch(af.compile(SPECS["alibi-softcap"]), q, k, v).launch.block_m == 128
+    q, k, v = inputs(1, 4, 4, 256, 256, 128, torch.bfloat16)
+    assert forward_launch(af.compile(SPECS["causal"]), q, k, v).launch.block_m == 128
 
 
 def test_gluon_rows_without_keys_are_zero():

@@ -1,6 +1,6 @@
 // RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 block-m=128 block-n=128 backward=false},fold-scale-into-exp,share-offsets,warp-specialize' -t gluon | filecheck %s
 // The Gluon target prints a flash-shaped forward as a warp-specialized Hopper kernel: one
-// score-step function per key loop (printed by the portable target's op printers), a TMA
+// score-step function (printed by the portable target's op printers), a TMA
 // loader partition, a consumer partition running warpgroup MMAs, and the entry kernel.
 
 // CHECK:      from triton.experimental.gluon.language.nvidia.hopper import (
@@ -12,22 +12,24 @@
 // CHECK:      @gluon.jit
 // CHECK-NEXT: def _tanh(x):
 
-// The full key blocks: scale, soft-cap, online softmax on one consumer's rows; no mask.
-// CHECK:      def attention_fwd_step_0(scores, row_max, row_sum, start_n, row_start, sm_scale, n_q, n_k, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
+// One step function for every key loop: the scale and the soft-cap once, the causal mask and
+// the key bounds only for a block of the diagonal loop (a runtime test of its start), then
+// the online softmax once.
+// CHECK:      def attention_fwd_step(scores, row_max, row_sum, start_n, row_start, bound_1, sm_scale, n_q, n_k, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
 // CHECK:          rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
 // CHECK:          keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+// CHECK-NEXT:     key_in_bounds = keys < n_k
 // CHECK:          scores = scores * sm_scale
 // CHECK-NEXT:     # tile.map over (scores), entry by entry
 // CHECK-NEXT:     scores = (_tanh((scores / 30.0)) * 30.0)
-// CHECK-NOT:      tile.mask
+// CHECK-NEXT:     if start_n >= bound_1:
+// CHECK-NEXT:         # tile.mask: keep keys in q_pos + [None, 0] and inside the sequence
+// CHECK-NEXT:         keep = key_in_bounds[None, :] & (keys[None, :] <= q_pos[:, None])
+// CHECK-NEXT:         scores = tl.where(keep, scores, float("-inf"))
+// CHECK-NEXT:     # tile.softmax_update: online softmax step
 // CHECK:          probs = tl.math.exp2(
 // CHECK:          return probs, alpha, row_max, row_sum
-
-// The diagonal blocks: the same, then the causal mask and the key bounds.
-// CHECK:      def attention_fwd_step_1(
-// CHECK:          key_in_bounds = keys < n_k
-// CHECK:          keep = key_in_bounds[None, :] & (keys[None, :] <= q_pos[:, None])
-// CHECK:          return probs_1, alpha_1, row_max, row_sum
+// CHECK-NOT:  def attention_fwd_step
 
 // The producer: each consumer's q tile once, then k and v of every block into the ring.
 // CHECK:      def attention_fwd_load(
@@ -47,10 +49,7 @@
 // CHECK-NEXT:         # Groups complete in issue order: one outstanding means S_j is done.
 // CHECK-NEXT:         scores = warpgroup_mma_wait(1, deps=(scores,))
 // CHECK-NEXT:         mbarrier.arrive(k_empty.index(stage), count=1)
-// CHECK-NEXT:         if start_n < bound_1:
-// CHECK-NEXT:             probs, alpha, row_max, row_sum = attention_fwd_step_0(
-// CHECK-NEXT:         else:
-// CHECK-NEXT:             probs, alpha, row_max, row_sum = attention_fwd_step_1(
+// CHECK-NEXT:         probs, alpha, row_max, row_sum = attention_fwd_step(scores, row_max, row_sum, start_n, row_start, bound_1, sm_scale, n_q, n_k, ROWS, BLOCK_N, S_LAYOUT)
 // CHECK:              mbarrier.wait(q_bars.index(WG), 0)
 // CHECK-NEXT:         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
 // CHECK:          lse = tl.where(has_keys, row_max + tl.math.log2(row_sum_safe) * 0.6931471805599453, float("-inf"))

@@ -2,6 +2,7 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=128},warp-specialize{block-n=64 stages=3 consumers=1 consumer-registers=232}' | filecheck %s --check-prefix=OPTS
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{head-dim=64},warp-specialize' | filecheck %s --check-prefix=FUSED
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=64},warp-specialize{consumers=3}' | filecheck %s --check-prefix=THREE
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=128},warp-specialize{persistent=true}' | filecheck %s --check-prefix=PERSISTENT
 
 // With RoPE pre-applied, warp-specialize schedules the flash-shaped forward (over q_rot, k_rot):
 // two consumer warpgroups of 64 rows, 128-key blocks, two stages; the backward kernels keep the
@@ -9,6 +10,7 @@
 // CHECK:      tile.kernel @attention_fwd(
 // CHECK-SAME: block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64
 // CHECK-SAME: schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64
+// CHECK-NOT:  persistent
 // CHECK:      tile.kernel @attention_bwd_dq_delta(
 // CHECK-NOT:  schedule
 // CHECK-SAME: block_m = 64 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 3 : i64
@@ -25,6 +27,13 @@
 // THREE:      tile.kernel @attention_fwd(
 // THREE-SAME: block_m = 192 : i64, block_n = 128 : i64, num_warps = 12 : i64
 // THREE-SAME: consumer_registers = 160 : i64
+
+// A persistent grid: the kernel says so (no attribute without the option: CHECK-NOT above).
+// PERSISTENT:      tile.kernel @attention_fwd(
+// PERSISTENT-SAME: consumer_registers = 240 : i64, persistent = 1 : i64
+// PERSISTENT:      tile.kernel @attention_bwd_dq_delta(
+// PERSISTENT-NOT:  persistent
+// PERSISTENT-SAME: {
 
 // Fused RoPE rotates q and k in the kernel: not flash-shaped, left alone.
 // FUSED:      tile.kernel @attention_fwd(

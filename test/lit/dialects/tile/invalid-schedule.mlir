@@ -26,3 +26,17 @@ tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid qu
 tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, producer_warps = 1 : i64} {
   tile.return
 }
+
+// -----
+
+// CHECK: 'persistent' belongs to a #tile<schedule ...> kernel
+tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, persistent = 1 : i64} {
+  tile.return
+}
+
+// -----
+
+// CHECK: 'persistent' is an integer 0 or 1 (one program per SM walking the tiles)
+tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64, persistent = 2 : i64} {
+  tile.return
+}

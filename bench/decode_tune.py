@@ -8,6 +8,7 @@ against SDPA before it is timed (a wrong one reads `WRONG` in its cell).
     python bench/decode_tune.py [--reps 100] [--out bench/results/<stamp>-decode_tune.md]
     python bench/decode_tune.py --paged 16,64   # also over shuffled page pools: one run
     python bench/decode_tune.py --smoke         # the CPU interpreter at tiny sizes (timings mean nothing)
+    python bench/decode_tune.py --paged 16 --small-steps   # 16- and 32-key steps over small pages
 
 Rows stop starting after `--time-budget` seconds (default 300; the rows left are listed).
 
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paged", default="", help="page sizes: also tune over shuffled page pools")
     parser.add_argument("--quick", action="store_true", help="key block x stages x page lookahead only")
     parser.add_argument("--merge", action="store_true", help="merge-kernel stages x splits per SM only")
+    parser.add_argument("--small-steps", action="store_true",
+                        help="paged only: key steps of 16 / 32 keys (one or two 16-key pages a step, "
+                             "their ids per step) x 3-8 stages, against the default")
     parser.add_argument("--smoke", action="store_true", help="tiny caches on the CPU interpreter (timings mean nothing)")
     parser.add_argument("--time-budget", type=float, default=300.0,
                         help="seconds from the start after which no further row starts (the table says which were left)")
@@ -180,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
                 sweep(block_n, 1)
             sweep(32, 1, only="paged" if page_sizes else None, lookahead=0, merge_stages=1)
             sweep(32, 1, warps=8, per_sm=2, min_blocks=1)
+            return finish(lines, args.out)
+        if args.small_steps:
+            # Steps no longer than a small page read one table entry per page, not per key.
+            sweep(64, 3, only="paged")
+            for block_n, stages in itertools.product((16, 32), (3, 4, 6, 8)):
+                sweep(block_n, stages, only="paged")
             return finish(lines, args.out)
         if args.merge:
             # The merge kernel's pipelining against the split count it has to walk.

@@ -36,13 +36,20 @@ if TYPE_CHECKING:
 
 TARGETS = ("auto", "gluon", "triton")
 
-GLUON_MIN_WORK = 8 * 1024 * 1024
-"""`auto` takes the Gluon forward at head dim 128 from this many (query, key) pairs per head
-(half of Nq x Nk under a causal band: causal 4096 and up). On the H200 (Triton 3.6, Llama-3-8B
-heads, bf16) it took 0.234 / 0.860 ms causal at 4096 / 8192 against the portable kernel's
-0.288 / 1.225 and cuDNN's 0.258 / 0.904, 0.428 / 1.873 dense against 0.537 / 2.435 (cuDNN
-0.409 / 1.701); at head dim 64 it was 4-12% slower than the portable kernel
-(bench/results/20261201T165020Z-gluon-forward.md). Smaller calls are not measured."""
+GLUON_MIN_WORK = {128: 8 * 1024 * 1024, 64: 16 * 1024 * 1024}
+"""`auto` takes the Gluon forward at a head dim of this table from this many (query, key)
+pairs per head (half of Nq x Nk under a causal band). On the H200 (Triton 3.6,
+bench/results/20261201T200916Z-gluon-forward.md, ms):
+
+- head dim 128 (Llama-3-8B heads, bf16), from causal 4096: two consumers took 0.234 / 0.859
+  causal at 4096 / 8192 against the portable kernel's 0.288 / 1.214 and cuDNN's 0.258 / 0.896,
+  0.427 / 1.789 dense against 0.540 / 2.396 (cuDNN 0.414 / 1.744);
+- head dim 64 (B=4 H=12, fp16), from causal 8192 or dense 4096: three consumers took 0.878 /
+  3.783 causal at 8192 / 16384 against the portable 0.928 / 4.281 and cuDNN's 0.917 / 3.827,
+  0.427 dense at 4096 against 0.510 (cuDNN 0.435); at causal 4096 (8M pairs) 0.261 against
+  the portable 0.252, so the portable kernel keeps it.
+
+Smaller calls are not measured; other head dims never take Gluon under `auto`."""
 
 
 @dataclass(frozen=True)
@@ -67,24 +74,24 @@ SCHEDULES = {
     128: GluonSchedule(2, {1: 128, 2: 128, 3: 64}, alibi_consumers=2),
     64: GluonSchedule(3, {1: 128, 2: 128, 3: 128}, alibi_consumers=2),
 }
-"""The Gluon forward's schedule per head dim. Head dim 128: two consumers, 128-key blocks, the
-kernel `auto` runs (`GLUON_MIN_WORK` says what it measured). Head dim 64: three consumers
-(FA3's shape, 192 query rows per program), not yet measured as printed: the hand-written probe
-`pp3` was 5-11% faster than cuDNN there (bench/results/20261201T1650Z-gluon_forward_probe-
-variants.md), and the printed three-consumer kernel compiles for sm_90 without spills with
-Triton 3.6 (test/python/lowering/test_gluon_target.py), while the printed two-consumer one was
-0-10% slower than the portable kernel (20261201T165714Z-gluon-forward.md), which is why `auto`
-does not take Gluon at head dim 64 (`AUTO_HEAD_DIMS`). A kernel with ALiBi keeps two
-consumers: with three, its step spills (48 bytes causal, 88 with a window, 192 with soft-capping
-too; Triton 3.6), where plain, windowed, soft-capped and statically scaled kernels spill none.
-Three consumers at head dim 128 get 64-key blocks (with 128 their 160 registers spill, 208-264
-bytes; with 64 none, as in the probe); not measured either. No head dim is persistent yet: the
-printed persistent kernel compiles (no spills at head dim 128; 32 bytes causal with three
-consumers at 64, Triton 3.6) but is not measured; the probe's `ps2` was 3-5% faster than the
-non-persistent probe at head dim 128 (`ATTNFUSE_GLUON_PERSISTENT=1` forces it)."""
+"""The Gluon forward's schedule per head dim, as measured on the H200 (Triton 3.6,
+bench/results/20261201T200916Z-gluon-forward.md; `GLUON_MIN_WORK` has the times against the
+portable kernel and cuDNN):
 
-AUTO_HEAD_DIMS = (128,)
-"""Head dims where `auto` may take the Gluon forward (measured faster, `GLUON_MIN_WORK`)."""
+- head dim 128: two consumers of 128-key blocks. Three (64-key blocks: with 128 their 160
+  registers spill 208-264 bytes) took 0.260 / 0.924 ms causal at 4096 / 8192 against two's
+  0.234 / 0.858, and 0.491 / 1.875 dense against 0.430 / 1.748;
+- head dim 64: three consumers (FA3's shape, 192 query rows a program) of 128-key blocks:
+  0.262 / 0.905 / 3.773 ms causal at 4096 / 8192 / 16384 against two's 0.273 / 1.022 / 4.242,
+  0.428 dense at 4096 against 0.484. The printed kernel compiles for sm_90 without spills
+  (test/python/lowering/test_gluon_target.py);
+- a kernel with ALiBi keeps two consumers: with three, its step spills (48 bytes causal, 88
+  with a window, 192 with soft-capping too; Triton 3.6), where plain, windowed, soft-capped and
+  statically scaled kernels spill none (the ALiBi kernels' speed is not measured);
+- no head dim is persistent: the printed persistent kernel (`ATTNFUSE_GLUON_PERSISTENT=1`)
+  took 0-15% longer than the non-persistent one at every measured case (0.249 against 0.234
+  causal 4096, 0.964 against 0.859 causal 8192 at head dim 128; 0.281 against 0.261 and 1.004
+  against 0.878 at head dim 64)."""
 
 CONSUMER_COUNTS = (1, 2, 3)
 
@@ -150,9 +157,10 @@ def gluon_importable() -> bool:
 
 
 def prefers_gluon(problem: Problem, causal: bool) -> bool:
-    """`auto`'s measured rule (`GLUON_MIN_WORK`, `AUTO_HEAD_DIMS`)."""
+    """`auto`'s measured rule (`GLUON_MIN_WORK`)."""
     work = problem.seq_q * problem.seq_k * (0.5 if causal else 1.0)
-    return problem.head_dim in AUTO_HEAD_DIMS and work >= GLUON_MIN_WORK
+    least = GLUON_MIN_WORK.get(problem.head_dim)
+    return least is not None and work >= least
 
 
 def takes_gluon(problem: Problem, causal: bool) -> bool:
@@ -301,5 +309,5 @@ def gluon_forward(
             else launch for launch in launches]
 
 
-__all__ = ["AUTO_HEAD_DIMS", "GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forward_target",
+__all__ = ["GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forward_target",
            "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon"]

@@ -183,7 +183,11 @@ def test_auto_rule_and_fit():
     assert gluon_forward.prefers_gluon(problem(8192, 8192), causal=True)
     assert gluon_forward.prefers_gluon(problem(4096, 4096), causal=True)
     assert not gluon_forward.prefers_gluon(problem(2048, 2048), causal=True)
-    assert not gluon_forward.prefers_gluon(problem(8192, 8192, d=64), causal=True)
+    # Head dim 64: from 16M pairs (causal 8192, dense 4096); the portable kernel at causal 4096.
+    assert gluon_forward.prefers_gluon(problem(8192, 8192, d=64), causal=True)
+    assert gluon_forward.prefers_gluon(problem(4096, 4096, d=64), causal=False)
+    assert not gluon_forward.prefers_gluon(problem(4096, 4096, d=64), causal=True)
+    assert not gluon_forward.prefers_gluon(problem(8192, 8192, d=96), causal=False)
     assert gluon_forward.fits(problem(256, 384))
     assert gluon_forward.fits(problem(250, 383))  # descriptors clip at the sequence end
     assert not gluon_forward.fits(problem(256, 384, d=96))

@@ -45,8 +45,9 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 MERGE_STEP_VALUES = 8192
-"""The fp32 partial outputs a split merge's step holds, `[BLOCK_M, SPLITS, BLOCK_DV]`: 64
-registers a thread at four warps."""
+"""The fp32 partial outputs a split merge's step aims at, `[BLOCK_M, splits, BLOCK_DV]`: 64
+registers a thread at four warps (a step holds one split at least, so a 64-row program at head
+dim 256 holds 16384)."""
 MAX_SPLITS_PER_STEP = 64
 
 

@@ -22,7 +22,8 @@ The shape analysis, `flash_kernel`, lives in `dialects/flash_shape.py`: the Gluo
 
 The defaults are the H200's measured best (bench/results/20261201T1650Z-gluon_forward_probe-
 variants.md): 128-key blocks, two stages, one producer warp, two consumer warpgroups of 240
-registers each (`DEFAULT_CONSUMERS` says why not three at head dim 64).
+registers each (`DEFAULT_CONSUMERS`; the runtime asks for three at head dim 64,
+`gluon_forward.SCHEDULES`).
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ class WarpSpecialize(RewritePattern):
 
 
 DEFAULT_CONSUMERS = 2
-"""Two consumer warpgroups at every head dim. Three (FA3's head-dim-64 shape, 192 rows per
-program) measured faster in the hand-written probe, but the printed kernel spills at the 160
-registers three consumers get (88-128 bytes at head dim 64, Triton 3.6 and 3.9)."""
+"""Two consumer warpgroups unless the `consumers` option says otherwise: the H200's best at
+head dim 128. At head dim 64 the runtime asks for three (FA3's shape, 192 rows a program:
+10-14% faster there, `gluon_forward.SCHEDULES`); with the 160 registers three consumers get,
+the printed kernel spills none with Triton 3.6 and 152-168 bytes with 3.9."""
 
 CONSUMER_REGISTERS = {1: 240, 2: 240, 3: 160}
 """Registers per consumer thread by consumer count: what 64K registers hold beside a 24-register
@@ -94,8 +96,8 @@ class WarpSpecializePass(ModulePass):
     consumer_registers: int = 0
     """Registers per consumer thread; 0: by consumer count (`CONSUMER_REGISTERS`)."""
     persistent: bool = False
-    """One program per SM walking the tiles (`persistent = 1` on the kernel); not measured as
-    printed (the hand-written probe's `ps2` was 3-5% faster at head dim 128)."""
+    """One program per SM walking the tiles (`persistent = 1` on the kernel); measured up to 12%
+    slower than the plain grid as printed (the hand-written probe's `ps2` was 3-5% faster)."""
 
     def __post_init__(self) -> None:
         if not (self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0):

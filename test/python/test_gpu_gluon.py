@@ -89,12 +89,14 @@ def test_gluon_consumer_counts_match_reference(consumers, name, d, dtype, hq, hk
 @pytest.mark.parametrize("consumers", [2, 3])
 @pytest.mark.parametrize("name", ["dense", "causal", "window", "alibi-softcap"])
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
-@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 448, 333), (2, 2, 20, 77), (4, 4, 384, 128), (24, 8, 640, 600)])
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 448, 333), (2, 2, 20, 77), (4, 4, 384, 128), (24, 8, 640, 600),
+                                           (24, 24, 1024, 256)])
 def test_gluon_persistent_matches_reference(consumers, name, d, dtype, hq, hkv, nq, nk, monkeypatch):
     """The persistent grid (`ATTNFUSE_GLUON_PERSISTENT=1`): programs walking more than one tile
     (B=2, 24 heads, 640 rows: 240 tiles of 128 rows or 192 of 192 beside the H200's 132 SMs),
-    tiles whose rows see no key (causal Nq > Nk: the producer copies nothing for them), ragged
-    lengths, GQA."""
+    tiles whose rows see no key (causal Nq > Nk: the producer copies nothing for them), both in
+    one program (24 heads, 1024 queries over 256 keys: 384 or 288 tiles, the first 768 rows
+    of each head keyless under causal), ragged lengths, GQA."""
     monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", "1")
     monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", str(consumers))
     spec = SPECS[name]

@@ -111,3 +111,5 @@ def test_merge_loop_pipelines_as_asked(tmp_path, merge_stages, buffers):
     ttgir = decode_kernel_ttgir(tmp_path, 0, 1, kernel="attention_merge", merge_stages=merge_stages)
     found = re.findall(r"local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x1x64x128xf32", ttgir)
     assert {int(n) for n in found} == buffers
+    if not buffers:
+        assert "local_alloc" not in ttgir, "an unpipelined merge loads straight into registers"

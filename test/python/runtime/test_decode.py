@@ -547,3 +547,29 @@ def test_page_pools_of_different_page_sizes_are_named_so():
     table = torch.zeros(2, 2, dtype=torch.int32)
     with pytest.raises(ArgumentError, match="v's pages must have k's page size 16, got 8"):
         fn(q, k, v, kv_lens=torch.tensor([3, 4], dtype=torch.int32), block_table=table)
+
+
+# --------------------------------------------------------------------------------------------
+# Merges over several steps
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["causal", "relu"])
+@pytest.mark.parametrize("merge", ["kernel", "last-split"])
+def test_merge_over_several_steps_matches_the_reference(monkeypatch, name, merge):
+    """A merge whose splits take several steps (more splits than `MAX_SPLITS_PER_STEP`: an
+    MQA cache over many SMs on a GPU) rescales across steps as within one: five splits, two a
+    step, over ragged lengths with an empty sequence and one of a single key."""
+    from attnfuse.lowering import triton as triton_target
+    from attnfuse.runtime import kv_cache
+
+    monkeypatch.setattr(kv_cache, "INTERPRETER_SPLITS", 5)
+    monkeypatch.setattr(kv_cache, "DECODE_MERGE", merge)
+    monkeypatch.setattr(triton_target, "MAX_SPLITS_PER_STEP", 2)
+    spec = {"causal": af.attention(af.causal()), "relu": af.attention(af.relu())}[name]
+    fn = af.compile(spec)
+    q, k, v = make_cache(4, 1, 1, 160, 16, torch.float32, 23)
+    lens = [160, 141, 0, 1]
+    run_case(fn, spec, q, k, v, lens, lse=name != "relu")
+    source = fn.last.source
+    assert "tl.arange(0, 2)  # the step's splits" in source, "the merge must take two splits a step"

@@ -2,7 +2,10 @@
 
 The kernel cache is pointed at a fresh temporary directory *before* `attnfuse` is imported
 anywhere, so a test run never reads entries a previous run (or another checkout) wrote and
-never litters the user's `~/.cache/attnfuse`.
+never litters the user's `~/.cache/attnfuse`. Under pytest-xdist (`-n 2`, README's test
+command) the workers share the directory the controlling process made, as processes share a
+kernel cache anywhere (its writes are atomic renames, `runtime/cache.py`): each kernel is then
+compiled once per run, not once per worker; the controlling process removes it at the end.
 """
 
 from __future__ import annotations
@@ -11,7 +14,11 @@ import os
 import shutil
 import tempfile
 
-_CACHE_DIR = tempfile.mkdtemp(prefix="attnfuse-test-cache-")
+_SHARED = os.environ.get("ATTNFUSE_TEST_CACHE_DIR") if os.environ.get("PYTEST_XDIST_WORKER") else None
+_CACHE_DIR = _SHARED or tempfile.mkdtemp(prefix="attnfuse-test-cache-")
+_OWNS_CACHE_DIR = _SHARED is None
+# Workers, started after this module is imported in the controlling process, inherit it.
+os.environ["ATTNFUSE_TEST_CACHE_DIR"] = _CACHE_DIR
 os.environ["ATTNFUSE_CACHE_DIR"] = _CACHE_DIR
 # Inductor's caches too: a graph cached by another run would hide a change of a fake kernel.
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_CACHE_DIR, "inductor")
@@ -40,11 +47,16 @@ LSE_ATOL = 1e-3
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def attnfuse_cache_dir():
-    """The kernel cache directory of this test session (removed at the end)."""
-    yield _CACHE_DIR
-    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+    """The kernel cache directory of this test run (removed at its end, `pytest_unconfigure`)."""
+    return _CACHE_DIR
+
+
+def pytest_unconfigure(config):
+    """The process that made the cache directory removes it, after its workers, if any, end."""
+    if _OWNS_CACHE_DIR:
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 def pytest_configure(config):

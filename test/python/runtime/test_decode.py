@@ -554,22 +554,19 @@ def test_page_pools_of_different_page_sizes_are_named_so():
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["causal", "relu"])
-@pytest.mark.parametrize("merge", ["kernel", "last-split"])
+@pytest.mark.parametrize("name, merge", [("causal", "kernel"), ("relu", "kernel"), ("causal", "last-split")])
 def test_merge_over_several_steps_matches_the_reference(monkeypatch, name, merge):
-    """A merge whose splits take several steps (more splits than `MAX_SPLITS_PER_STEP`: an
-    MQA cache over many SMs on a GPU) rescales across steps as within one: five splits, two a
-    step, over ragged lengths with an empty sequence and one of a single key."""
-    from attnfuse.lowering import triton as triton_target
+    """A merge whose splits take several steps rescales across steps as within one: at head
+    dim 256 a merge step holds 32 splits (the merge kernel's one row) or 2 (the last split's 16
+    rows, `lowering/triton.py`'s `splits_per_step`), and 40 splits take 2 or 20 steps, over
+    ragged lengths with an empty sequence. (On a GPU: an MQA cache over many SMs.)"""
     from attnfuse.runtime import kv_cache
 
-    monkeypatch.setattr(kv_cache, "INTERPRETER_SPLITS", 5)
+    monkeypatch.setattr(kv_cache, "INTERPRETER_SPLITS", 40)
     monkeypatch.setattr(kv_cache, "DECODE_MERGE", merge)
-    monkeypatch.setattr(triton_target, "MAX_SPLITS_PER_STEP", 2)
     spec = {"causal": af.attention(af.causal()), "relu": af.attention(af.relu())}[name]
     fn = af.compile(spec)
-    q, k, v = make_cache(4, 1, 1, 160, 16, torch.float32, 23)
-    lens = [160, 141, 0, 1]
-    run_case(fn, spec, q, k, v, lens, lse=name != "relu")
-    source = fn.last.source
-    assert "tl.arange(0, 2)  # the step's splits" in source, "the merge must take two splits a step"
+    q, k, v = make_cache(3, 1, 1, 1280, 256, torch.float32, 23)
+    run_case(fn, spec, q, k, v, [1280, 1011, 0], lse=name != "relu")
+    per_step = 32 if merge == "kernel" else 2
+    assert f"tl.arange(0, {per_step})  # the step's splits" in fn.last.source

@@ -41,11 +41,11 @@ and at B=8 x 8k; four or eight per SM took up to 2x longer
 
 DECODE_MERGE = "kernel"
 """Where split decodes merge their partials: "kernel" (a second kernel) or "last-split" (the
-last split program of each row block, one kernel). On the H200 (bench/decode.py, CUDA graphs)
-last-split took 0.5-1.3% less time for one token over a contiguous cache, but 1-6% more over
-paged caches and 12% more at Nq=16 (27.10 against 24.19 µs at 4k), where one program merges
-64 rows of every split at the end: bench/results/20261201T141110Z-decode-last-split.md
-against 20261201T135430Z-decode.md. So the second kernel stays the default."""
+last split program of each row block, one kernel). On the H200, with merges that load many
+splits a step, last-split took 10% longer at a 16k cache and 9% at 32k (B=1, where the last
+program merges 16 rows of 16 splits four a step on the critical path) and 4% less at B=8 x 8k,
+against the second kernel's one-row programs (kernel spans,
+bench/results/20261201T194551Z-decode_profile.md). So the second kernel stays the default."""
 
 INTERPRETER_SPLITS = 2
 """The splits of a decode on the CPU interpreter, which runs programs one at a time: two (of

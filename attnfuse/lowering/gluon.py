@@ -367,15 +367,10 @@ class GluonEmitter(KernelEmitter):
         passes them."""
         return [name for role in self.pointer_roles() for name in (f"{role}_ptr", *self.strides(role))]
 
-    def entry(self) -> list[str]:
-        k = self.kernel
-        self.lines, self.indent = [], 1
-        self.emit("dtype: gl.constexpr = q_desc.dtype")
-        self.emit("# Program grid: one program per block of BLOCK_M query rows of one (batch, head),")
-        self.emit("# CONSUMERS warpgroups of ROWS rows each.")
-        self.emit("block_id = tl.num_programs(1) - 1 - tl.program_id(1)" if k.block_order == tile.BlockOrder.DESCENDING
-                  else "block_id = tl.program_id(1)")
-        self.emit("batch_head = tl.program_id(0)")
+    def emit_tile_start(self) -> str:
+        """From `block_id` and `batch_head` (the grid's, or a persistent program's tile): the
+        tile's batch, heads and first query row, its ALiBi slopes, its key bounds and
+        `n_blocks`, the key blocks it visits. Returns the name of its first key."""
         self.emit("batch = batch_head // num_heads")
         self.emit("head = batch_head % num_heads")
         self.emit("kv_head = head // group_size  # GQA/MQA: query heads share a key/value head")
@@ -385,6 +380,18 @@ class GluonEmitter(KernelEmitter):
         kv_start = self.namer[self.loops[0].op.lower]
         kv_end = self.namer[self.loops[-1].op.upper]
         self.emit(f"n_blocks = ({kv_end} - {kv_start} + BLOCK_N - 1) // BLOCK_N")
+        return kv_start
+
+    def entry(self) -> list[str]:
+        k = self.kernel
+        self.lines, self.indent = [], 1
+        self.emit("dtype: gl.constexpr = q_desc.dtype")
+        self.emit("# Program grid: one program per block of BLOCK_M query rows of one (batch, head),")
+        self.emit("# CONSUMERS warpgroups of ROWS rows each.")
+        self.emit("block_id = tl.num_programs(1) - 1 - tl.program_id(1)" if k.block_order == tile.BlockOrder.DESCENDING
+                  else "block_id = tl.program_id(1)")
+        self.emit("batch_head = tl.program_id(0)")
+        kv_start = self.emit_tile_start()
         self.emit("# Buffers in the descriptors' [1, 1, rows, D] block shape; the products read 2-D views.")
         self.emit("q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS, 1, 1, ROWS, HEAD_DIM], q_desc.layout)")
         self.emit("k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)")

@@ -60,15 +60,7 @@ class PersistentGluonEmitter(GluonEmitter):
             self.emit("block_id = n_row_blocks - 1 - t // batch_heads  # the last query blocks (most keys) first")
         else:
             self.emit("block_id = t // batch_heads")
-        self.emit("batch = batch_head // num_heads")
-        self.emit("head = batch_head % num_heads")
-        self.emit("kv_head = head // group_size  # GQA/MQA: query heads share a key/value head")
-        self.emit("q_start = block_id * BLOCK_M")
-        self.emit_slope_loads()
-        self.emit_kv_bounds(self.bounds)
-        kv_start = self.namer[self.loops[0].op.lower]
-        kv_end = self.namer[self.loops[-1].op.upper]
-        self.emit(f"n_blocks = ({kv_end} - {kv_start} + BLOCK_N - 1) // BLOCK_N")
+        kv_start = self.emit_tile_start()
         values = ["batch", "head", "kv_head", "q_start", kv_start, "n_blocks",
                   *[self.namer[loop.op.lower] for loop in self.loops[1:]], *self.slope_params()]
         self.emit(f"return {', '.join(values)}")

@@ -89,6 +89,24 @@ def median_ms(step: Callable[[], Any], device: str, warmup: int, reps: int,
     return statistics.median(times), quartiles[2] - quartiles[0]
 
 
+def capture_graph(step: Callable[[], Any], calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` calls of `step`, after two warm-up calls on a side stream (so
+    that lazy work, compiles and allocations, stays out of the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            step()
+    torch.cuda.synchronize()
+    return graph
+
+
 def _git_commit() -> str | None:
     with contextlib.suppress(Exception):
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,

@@ -552,21 +552,6 @@ class Timer:
         ms, iqr = benchlib.median_ms(fn, self.device, self.args.warmup, self.args.reps, before=self.flush)
         return ms * 1e3, iqr * 1e3
 
-    def capture(self, fn: Callable, calls: int) -> torch.cuda.CUDAGraph:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-        torch.cuda.synchronize()
-        return graph
-
     def graphs(self, fn: Callable, row: dict) -> None:
         """`graph_us` (one call per graph, L2 flushed before each replay) and `loop_us`
         (graph_calls calls per graph, warm), or `graph_error`."""
@@ -575,11 +560,11 @@ class Timer:
         graph = loop = None
         stream = torch.cuda.current_stream()
         try:
-            graph = self.capture(fn, 1)
+            graph = benchlib.capture_graph(fn, 1)
             ms, _ = benchlib.median_ms(graph.replay, "cuda", self.args.warmup, self.args.reps, before=self.flush)
             row["graph_us"] = ms * 1e3
             calls = self.args.graph_calls
-            loop = self.capture(fn, calls)
+            loop = benchlib.capture_graph(fn, calls)
             ms, _ = benchlib.median_ms(loop.replay, "cuda", 2, max(5, self.args.reps // 5))
             row["loop_us"] = ms * 1e3 / calls
         except Exception as err:  # noqa: BLE001 - capture refused: the plain timing stands

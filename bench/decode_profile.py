@@ -77,30 +77,14 @@ class Flush:
         self.buf.max()
 
 
-def capture(fn, calls: int) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
-    return graph
-
-
 def graph_times(fn, flush: Flush, reps: int) -> dict[str, float]:
     """µs of one call as a graph after a dirty and a clean flush, and warm (16 per graph)."""
-    one = capture(fn, 1)
+    one = benchlib.capture_graph(fn, 1)
     out = {}
     for name, before in (("dirty", flush.dirty), ("clean", flush.clean)):
         ms, _ = benchlib.median_ms(one.replay, "cuda", 5, reps, before=before)
         out[name] = ms * 1e3
-    loop = capture(fn, 16)
+    loop = benchlib.capture_graph(fn, 16)
     ms, _ = benchlib.median_ms(loop.replay, "cuda", 2, max(5, reps // 5))
     out["warm"] = ms * 1e3 / 16
     return out

@@ -46,6 +46,17 @@ def forward_launch(fn, q, k, v, training=False):
     return next(launch for launch in plan.launches if launch.info.name == "attention_fwd")
 
 
+def assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch):
+    """`fn`'s output and lse, run through the Gluon `launch` alone (`gluon_only`), against the
+    reference on the CPU."""
+    gluon_only(launch, monkeypatch)
+    with torch.no_grad():
+        out, lse = fn(q, k, v, return_lse=True)
+    ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
+    assert_close_to_reference(out.cpu(), ref, q.dtype)
+    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+
+
 @pytest.mark.parametrize("name", list(SPECS))
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
 @pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 4, 256, 256), (8, 2, 128, 384), (4, 1, 384, 256), (4, 2, 300, 333),
@@ -56,12 +67,7 @@ def test_gluon_forward_matches_reference(name, d, dtype, hq, hkv, nq, nk, monkey
     q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype)
     launch = forward_launch(fn, q, k, v)
     assert isinstance(launch, GluonLaunch), "the call must take the Gluon forward"
-    gluon_only(launch, monkeypatch)
-    with torch.no_grad():
-        out, lse = fn(q, k, v, return_lse=True)
-    ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
-    assert_close_to_reference(out.cpu(), ref, dtype)
-    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch)
 
 
 @pytest.mark.parametrize("consumers", [2, 3])
@@ -78,12 +84,7 @@ def test_gluon_consumer_counts_match_reference(consumers, name, d, dtype, hq, hk
     q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=11)
     launch = forward_launch(fn, q, k, v)
     assert isinstance(launch, GluonLaunch) and launch.launch.block_m == 64 * consumers
-    gluon_only(launch, monkeypatch)
-    with torch.no_grad():
-        out, lse = fn(q, k, v, return_lse=True)
-    ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
-    assert_close_to_reference(out.cpu(), ref, dtype)
-    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch)
 
 
 @pytest.mark.parametrize("consumers", [2, 3])
@@ -104,12 +105,7 @@ def test_gluon_persistent_matches_reference(consumers, name, d, dtype, hq, hkv, 
     q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=12)
     launch = forward_launch(fn, q, k, v)
     assert isinstance(launch, GluonLaunch) and launch.launch.persistent
-    gluon_only(launch, monkeypatch)
-    with torch.no_grad():
-        out, lse = fn(q, k, v, return_lse=True)
-    ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
-    assert_close_to_reference(out.cpu(), ref, dtype)
-    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch)
 
 
 def test_head_dim_64_takes_three_consumers_unless_alibi():

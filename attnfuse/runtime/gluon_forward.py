@@ -140,6 +140,7 @@ three-consumer head-dim-64 kernel spills none with 3.6 (the H200's) and 152-168 
 (test/python/lowering/test_gluon_target.py), so elsewhere `auto` keeps the portable kernel."""
 
 
+@cache
 def triton_release() -> tuple[int, int]:
     """The installed Triton's (major, minor)."""
     import triton

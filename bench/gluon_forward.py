@@ -37,6 +37,12 @@ CASES = (
     + [("dense", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]
     + [("rope+causal", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]
 )
+ROPE_SWEEP = (
+    [("rope+causal", 4, 12, 12, 64, n, torch.float16) for n in (1024, 2048, 4096, 8192, 16384)]
+    + [("rope+causal", 1, 32, 8, 128, n, torch.bfloat16) for n in (1024, 2048, 4096, 8192, 16384)]
+)
+"""`--cases rope-sweep`: issue 17's "RoPE + causal at every N from 1k to 16k", at the paper's
+shape (D=64) and the Llama-3-8B heads."""
 TARGETS = (("gluon", "gluon", None, None), ("gluon2", "gluon", "2", None), ("gluon3", "gluon", "3", None),
            ("gluon_ps", "gluon", None, "1"), ("triton", "triton", None, None), ("auto", "auto", None, None))
 """Columns: (name, ATTNFUSE_FORWARD_TARGET, ATTNFUSE_GLUON_CONSUMERS, ATTNFUSE_GLUON_PERSISTENT; None:
@@ -54,11 +60,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--head-dims", default="64,128", help="the cases of these head dims only")
+    parser.add_argument("--cases", choices=("issue", "rope-sweep"), default="issue",
+                        help="issue 17's table (default) or RoPE + causal from N=1k to 16k")
+    parser.add_argument("--columns", default=",".join(t[0] for t in TARGETS),
+                        help="the AttnFuse columns to time (default all: " + ",".join(t[0] for t in TARGETS) + ")")
     args = parser.parse_args()
     head_dims = {int(d) for d in args.head_dims.split(",")}
+    columns = set(args.columns.split(","))
+    unknown = columns - {t[0] for t in TARGETS}
+    if unknown:
+        parser.error(f"unknown columns {sorted(unknown)}")
+    cases = CASES if args.cases == "issue" else ROPE_SWEEP
     meta = benchlib.metadata("cuda")
     rows = []
-    for name, b, hq, hkv, d, n, dtype in [case for case in CASES if case[4] in head_dims]:
+    for name, b, hq, hkv, d, n, dtype in [case for case in cases if case[4] in head_dims]:
         torch.manual_seed(0)
         q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
@@ -84,6 +99,10 @@ def main() -> None:
             row = {"case": f"{name} B{b} H{hq}/{hkv} D{d} N{n} {str(dtype).removeprefix('torch.')}"}
             row["cudnn_ms"] = benchlib.median_ms(cudnn, "cuda", 10, args.reps)[0]
             for column, target, consumers, persistent in TARGETS:
+                if column not in columns:
+                    row[f"{column}_ms"] = row[f"{column}_err"] = float("nan")
+                    row[f"{column}_rows"] = None
+                    continue
                 os.environ["ATTNFUSE_FORWARD_TARGET"] = target
                 for variable, value in (("ATTNFUSE_GLUON_CONSUMERS", consumers), ("ATTNFUSE_GLUON_PERSISTENT", persistent)):
                     if value is None:

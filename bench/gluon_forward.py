@@ -90,7 +90,13 @@ def main() -> None:
         k_full, v_full = (t.repeat_interleave(hq // hkv, 1) for t in (k, v))
 
         def cudnn():
-            qq, kk = (rotate(q, cos, sin), rotate(k_full, cos, sin)) if rope else (q, k_full)
+            # The rotation runs on the Hkv key heads, then they are expanded (as a model with
+            # GQA would hand them to SDPA); rotating the expanded keys would charge cuDNN's
+            # column Hq / Hkv times the key rotation.
+            if rope:
+                qq, kk = rotate(q, cos, sin), rotate(k, cos, sin).repeat_interleave(hq // hkv, 1)
+            else:
+                qq, kk = q, k_full
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(qq, kk, v_full, is_causal=causal)
 

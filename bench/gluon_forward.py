@@ -55,6 +55,16 @@ def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return torch.cat([lo * cos - hi * sin, lo * sin + hi * cos], dim=-1).to(x.dtype)
 
 
+def cudnn_takes_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether cuDNN's SDPA runs with fewer key/value heads than query heads here."""
+    try:
+        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return True
+    except RuntimeError:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -86,23 +96,26 @@ def main() -> None:
         cos, sin = angle.cos(), angle.sin()
         rotate = torch.compile(rotate_half) if rope else None
 
-        # cuDNN's SDPA takes as many key/value heads as query heads: expanded once, untimed.
+        # cuDNN's SDPA is given the Hkv key/value heads (`enable_gqa`) where it takes them;
+        # otherwise they are expanded to Hq heads once, untimed, and with RoPE the keys are
+        # rotated before they are expanded (rotating the expanded keys would charge the cuDNN
+        # column Hq / Hkv times the key rotation), the expansion then inside the timed call.
         k_full, v_full = (t.repeat_interleave(hq // hkv, 1) for t in (k, v))
+        gqa = hq != hkv and cudnn_takes_gqa(q, k, v)
 
         def cudnn():
-            # The rotation runs on the Hkv key heads, then they are expanded (as a model with
-            # GQA would hand them to SDPA); rotating the expanded keys would charge cuDNN's
-            # column Hq / Hkv times the key rotation.
-            if rope:
-                qq, kk = rotate(q, cos, sin), rotate(k, cos, sin).repeat_interleave(hq // hkv, 1)
+            qq = rotate(q, cos, sin) if rope else q
+            if gqa or hq == hkv:
+                kk, vv = (rotate(k, cos, sin) if rope else k), v
             else:
-                qq, kk = q, k_full
+                kk, vv = (rotate(k, cos, sin).repeat_interleave(hq // hkv, 1) if rope else k_full), v_full
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(qq, kk, v_full, is_causal=causal)
+                return F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=gqa)
 
         with torch.no_grad():
             expected = cudnn().float()
-            row = {"case": f"{name} B{b} H{hq}/{hkv} D{d} N{n} {str(dtype).removeprefix('torch.')}"}
+            row = {"case": f"{name} B{b} H{hq}/{hkv} D{d} N{n} {str(dtype).removeprefix('torch.')}",
+                   "cudnn_gqa": gqa}
             row["cudnn_ms"] = benchlib.median_ms(cudnn, "cuda", 10, args.reps)[0]
             for column, target, consumers, persistent in TARGETS:
                 if column not in columns:

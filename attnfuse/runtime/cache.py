@@ -113,10 +113,15 @@ def triton_target(interpret: bool) -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = before
 
 
-def load_module(path: Path, key: str, interpret: bool) -> ModuleType:
+def load_module(path: Path, key: str, interpret: bool, source: str | None = None) -> ModuleType:
     """Imports a generated source file (Triton needs kernels to live in a real file), its
-    kernels decorated for the CPU interpreter (`interpret`) or for the GPU."""
-    name = f"attnfuse_generated_{key[:24]}_{'interp' if interpret else 'gpu'}"
+    kernels decorated for the CPU interpreter (`interpret`) or for the GPU. A module is
+    imported once per process and name; the name carries `source`'s digest when it is given,
+    so a source that differs under the same key (a printer patched at run time) is imported
+    anew rather than answered by the earlier module (a key that is itself a digest of the
+    source needs none)."""
+    tag = f"_{_digest(source)[:16]}" if source is not None else ""
+    name = f"attnfuse_generated_{key[:24]}{tag}_{'interp' if interpret else 'gpu'}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)

@@ -173,7 +173,7 @@ def _compile(variant: VariantProgram, key: CompileKey, interpret: bool) -> Compi
     stored = kernel_cache.lookup(digest)
     if stored is None or stored[0].source != program.source:
         path = kernel_cache.store(digest, program)
-    module = kernel_cache.load_module(path, digest, interpret)
+    module = kernel_cache.load_module(path, digest, interpret, program.source)
     return CompiledProgram(program, module, key.pipeline())
 
 

@@ -245,3 +245,17 @@ def test_different_head_dims_get_different_entries(cache_dir):
         spec(q, k, v)
     assert len(list(cache_dir.glob("*.py"))) == 2
     assert len(list(cache_dir.glob("*.json"))) == 2
+
+
+def test_a_changed_source_under_the_same_key_is_imported_anew(cache_dir):
+    # A printer patched at run time (a test, a developer's experiment) gives a new source under
+    # the key of the unpatched one: the module must be the new source's, not a memo of the old.
+    key = "same-key-" + "0" * 40
+    modules = []
+    for answer in (1, 2):
+        source = f"ANSWER = {answer}\n"
+        path = cache.store(key, TritonProgram(source, ()))
+        modules.append(cache.load_module(path, key, interpret=True, source=source))
+    assert [m.ANSWER for m in modules] == [1, 2]
+    again = cache.load_module(path, key, interpret=True, source="ANSWER = 2\n")
+    assert again is modules[1], "the same source is imported once"

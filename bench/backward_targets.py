@@ -1,0 +1,202 @@
+"""The training step's attention (forward + backward, and the backward alone) with each of
+AttnFuse's backwards beside cuDNN, in one run (H200):
+
+    python bench/backward_targets.py --out bench/results [--reps 30] [--seq-lens 4096,8192]
+    python bench/backward_targets.py --smoke       # CPU (interpreter), tiny shapes: checks the script
+
+Columns (a fresh `af.compile` each, since a plan keeps the backward it was made with):
+
+- `separate`: the default, `deterministic=True` — FlashAttention-2's split (dK/dV, then dQ),
+  every gradient bit-for-bit reproducible;
+- `fused tl`: `deterministic=False` with `ATTNFUSE_BACKWARD=fused` and the portable target
+  (`ATTNFUSE_BACKWARD_TARGET=triton`): one dK/dV kernel adding each block pair's dQ part into
+  an fp32 accumulator with atomics, then a finishing kernel;
+- `nondet auto`: `deterministic=False` and nothing forced: what a call allowing a
+  non-deterministic backward gets (the Gluon backward where `gluon_backward` takes it);
+- cuDNN: `F.scaled_dot_product_attention` under `sdpa_kernel(CUDNN_ATTENTION)`, given the
+  Hkv key/value heads (`enable_gqa`) where it takes them, else expanded once outside the
+  timing; with RoPE, q and k rotated by a `torch.compile`d function inside the step.
+
+Rows: causal, dense and RoPE + causal at the Llama-3-8B heads (B=1, 32/8 heads of 128, bf16).
+Every AttnFuse column's gradients are compared with cuDNN's (max abs error, and the relative
+Frobenius error of dq, dk, dv). Times: median ms of CUDA-event-timed steps
+(`benchlib.median_ms`), gradients reset outside the events; "bwd" times `out.backward(g)` alone
+on a fresh forward each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attnfuse as af
+from attnfuse.runtime.reference import reference_gradients
+import benchlib
+
+COLUMNS = (
+    # (name, deterministic, ATTNFUSE_BACKWARD, ATTNFUSE_BACKWARD_TARGET)
+    ("separate", True, None, None),
+    ("fused_tl", False, "fused", "triton"),
+    ("nondet_auto", False, None, None),
+)
+CASES = ("causal", "dense", "rope+causal")
+
+
+@contextmanager
+def environment(settings: dict[str, str | None]):
+    """`os.environ` with `settings` applied (None: unset), restored afterwards."""
+    before = {name: os.environ.get(name) for name in settings}
+    try:
+        for name, value in settings.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    lo, hi = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([lo * cos - hi * sin, lo * sin + hi * cos], dim=-1).to(x.dtype)
+
+
+def cudnn_takes_gqa(q, k, v) -> bool:
+    """Whether cuDNN's SDPA runs with fewer key/value heads than query heads here."""
+    try:
+        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return True
+    except RuntimeError:
+        return False
+
+
+def time_training(fn, leaves, grad_out, device, warmup, reps) -> tuple[float, float]:
+    """(fwd+bwd ms, bwd-alone ms) of `fn(*leaves)` with `grad_out`."""
+    def reset():
+        for t in leaves:
+            t.grad = None
+
+    def fwdbwd():
+        fn(*leaves).backward(grad_out)
+
+    both = benchlib.median_ms(fwdbwd, device, warmup, reps, before=reset)[0]
+    pending = []
+
+    def forward():
+        reset()
+        pending.append(fn(*leaves))
+
+    def backward():
+        pending.pop().backward(grad_out)
+
+    bwd = benchlib.median_ms(backward, device, warmup, reps, before=forward)[0]
+    return both, bwd
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--seq-lens", default="4096,8192")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, no cuDNN")
+    args = parser.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+        b, hq, hkv, d, dtype, seq_lens, warmup, reps = 1, 4, 2, 16, torch.float32, [40], 0, 1
+    else:
+        b, hq, hkv, d, dtype = 1, 32, 8, 128, torch.bfloat16
+        seq_lens, warmup, reps = [int(n) for n in args.seq_lens.split(",")], 5, args.reps
+    meta = benchlib.metadata(device)
+    rows = []
+    for case in args.cases.split(","):
+        causal, rope = case != "dense", case.startswith("rope")
+        spec = af.attention(*([af.rope(theta=500000.0)] if rope else []), *([af.causal()] if causal else []))
+        for n in seq_lens:
+            torch.manual_seed(0)
+            q = torch.randn(b, hq, n, d, device=device, dtype=dtype, requires_grad=True)
+            k, v = (torch.randn(b, hkv, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+            grad_out = torch.randn(b, hq, n, d, device=device, dtype=dtype)
+            theta = 500000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+            angle = torch.arange(n, device=device, dtype=torch.float32)[:, None] * theta[None, :]
+            cos, sin = angle.cos(), angle.sin()
+            row = {"case": f"{case} B{b} H{hq}/{hkv} D{d} N{n} {str(dtype).removeprefix('torch.')}"}
+            if args.smoke:
+                grads64 = reference_gradients(spec, q, k, v, grad_out)
+                ref_grads = tuple(grads64[name] for name in ("q", "k", "v"))
+            else:
+                gqa = cudnn_takes_gqa(q.detach(), k.detach(), v.detach())
+                row["cudnn_gqa"] = gqa
+                rotate = torch.compile(rotate_half) if rope else None
+
+                def cudnn(q, k, v):
+                    if rope:
+                        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+                    if not gqa:
+                        k, v = (t.repeat_interleave(hq // hkv, 1) for t in (k, v))
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+                ref_grads = torch.autograd.grad(cudnn(q, k, v), (q, k, v), grad_out)
+                row["cudnn_fwdbwd_ms"], row["cudnn_bwd_ms"] = time_training(cudnn, (q, k, v), grad_out,
+                                                                            device, warmup, reps)
+            for name, deterministic, backward, target in COLUMNS:
+                with environment({"ATTNFUSE_BACKWARD": backward, "ATTNFUSE_BACKWARD_TARGET": target}):
+                    fn = af.compile(spec, deterministic=deterministic)
+                    grads = torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out)
+                    row[f"{name}_kernels"] = " ".join(
+                        launch.info.name.removeprefix("attention_bwd_")
+                        for launch in fn.plan(q, k, v, training=True, backward=True).launches)
+                    row[f"{name}_err"] = max((g.float() - r.float()).abs().max().item() for g, r in zip(grads, ref_grads))
+                    row[f"{name}_rel"] = max(((g.float() - r.float()).norm() / r.float().norm()).item()
+                                             for g, r in zip(grads, ref_grads))
+                    row[f"{name}_fwdbwd_ms"], row[f"{name}_bwd_ms"] = time_training(fn, (q, k, v), grad_out,
+                                                                                    device, warmup, reps)
+            benchlib.log(str(row))
+            rows.append(row)
+            write(args.out, meta, rows, args.smoke)
+
+
+def write(out: Path, meta, rows, smoke: bool) -> None:
+    """The markdown and JSON of the rows so far (rewritten after each case)."""
+    header = ["case", *(f"{name} fwd+bwd / bwd ms" for name, *_ in COLUMNS), "cuDNN fwd+bwd / bwd ms",
+              *(f"cuDNN / {name} (fwd+bwd, bwd)" for name, *_ in COLUMNS), "max rel err vs cuDNN", "the program's kernels"]
+    table = []
+    for r in rows:
+        cells = [r["case"]]
+        for name, *_ in COLUMNS:
+            cells.append(f"{benchlib.fmt(r[f'{name}_fwdbwd_ms'])} / {benchlib.fmt(r[f'{name}_bwd_ms'])}")
+        cells.append(f"{benchlib.fmt(r.get('cudnn_fwdbwd_ms'))} / {benchlib.fmt(r.get('cudnn_bwd_ms'))}")
+        for name, *_ in COLUMNS:
+            if "cudnn_fwdbwd_ms" in r:
+                cells.append(f"{r['cudnn_fwdbwd_ms'] / r[f'{name}_fwdbwd_ms']:.2f}, "
+                             f"{r['cudnn_bwd_ms'] / r[f'{name}_bwd_ms']:.2f}")
+            else:
+                cells.append("-")
+        cells.append(", ".join(f"{r[f'{name}_rel']:.1e}" for name, *_ in COLUMNS))
+        cells.append("; ".join(f"{name}: {r[f'{name}_kernels']}" for name, *_ in COLUMNS))
+        table.append(cells)
+    reference = "the float64 reference" if smoke else "cuDNN's gradients"
+    markdown = ["# Attention forward + backward: AttnFuse's backwards beside cuDNN", "",
+                *benchlib.metadata_lines(meta),
+                f"- median ms of CUDA-event-timed steps; ratios > 1 mean AttnFuse is faster; errors against {reference}",
+                "", *benchlib.markdown_table(header, table)]
+    benchlib.write_outputs(out, f"{benchlib.stamp()}-backward-targets", {"metadata": meta, "rows": rows}, markdown)
+
+
+if __name__ == "__main__":
+    main()

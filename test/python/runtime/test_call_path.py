@@ -297,3 +297,44 @@ def test_a_returned_lse_is_never_the_scratch_of_later_calls():
     assert scratch.data_ptr() != lse.data_ptr()
     expected = reference_attention(af.attention(af.causal()), q, k, v, return_lse=True)[1]
     assert torch.allclose(lse.double(), expected.double(), atol=1e-4)
+
+
+def test_training_call_bypasses_only_function_apply_preamble():
+    """`api.apply_attention` reproduces what `torch.autograd.Function.apply` does outside
+    functorch's transforms for a Function without `setup_context`: unwrap dead wrappers, then
+    the C apply. A torch whose `Function.apply` does more fails this test: read its new
+    preamble and extend `apply_attention` (or call `Function.apply` again)."""
+    import inspect
+
+    source = inspect.getsource(torch.autograd.Function.apply)
+    assert "args = _functorch.utils.unwrap_dead_wrappers(args)" in source
+    assert "return super().apply(*args, **kwargs)" in source
+    body = [line.strip() for line in source.splitlines()]
+    # Nothing between the transforms check and the C apply but the unwrapping (and a comment).
+    start = body.index("if not torch._C._are_functorch_transforms_active():")
+    assert [line for line in body[start + 1:start + 4] if not line.startswith("#")] == [
+        "args = _functorch.utils.unwrap_dead_wrappers(args)",
+        "return super().apply(*args, **kwargs)  # type: ignore[misc]",
+    ]
+    assert api._AttentionFunction.setup_context is torch.autograd.Function.setup_context
+
+
+def test_training_call_builds_an_attention_node(no_launches):
+    """A training call's output hangs off `_AttentionFunction`'s node (the direct C apply),
+    whose backward the engine runs."""
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = tiny(requires_grad=True)
+    out = fn(q, k, v)
+    assert type(out.grad_fn).__name__ == "_AttentionFunctionBackward"
+    out.backward(torch.ones_like(out))
+    assert q.grad is not None and q.grad.shape == q.shape
+    assert no_launches == ["attention_fwd", "attention_bwd_dq_delta", "attention_bwd_dkdv"]
+
+
+def test_training_call_under_functorch_goes_through_function_apply(no_launches):
+    """Under a functorch transform the call takes `Function.apply`'s path, which refuses a
+    Function without `setup_context` as before."""
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = tiny()
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda q: fn(q, k, v).float().sum())(q)

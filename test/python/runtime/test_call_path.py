@@ -307,14 +307,14 @@ def test_training_call_bypasses_only_function_apply_preamble():
     import inspect
 
     source = inspect.getsource(torch.autograd.Function.apply)
-    assert "args = _functorch.utils.unwrap_dead_wrappers(args)" in source
-    assert "return super().apply(*args, **kwargs)" in source
-    body = [line.strip() for line in source.splitlines()]
-    # Nothing between the transforms check and the C apply but the unwrapping (and a comment).
-    start = body.index("if not torch._C._are_functorch_transforms_active():")
-    assert [line for line in body[start + 1:start + 4] if not line.startswith("#")] == [
+    # The code lines, comments dropped (they differ between torch versions).
+    code = [line.split("#")[0].strip() for line in source.splitlines()]
+    code = [line for line in code if line]
+    # Nothing between the transforms check and the C apply but the unwrapping.
+    start = code.index("if not torch._C._are_functorch_transforms_active():")
+    assert code[start + 1:start + 3] == [
         "args = _functorch.utils.unwrap_dead_wrappers(args)",
-        "return super().apply(*args, **kwargs)  # type: ignore[misc]",
+        "return super().apply(*args, **kwargs)",
     ]
     assert api._AttentionFunction.setup_context is torch.autograd.Function.setup_context
 

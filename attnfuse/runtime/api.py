@@ -38,6 +38,7 @@ from attnfuse.runtime.kv_cache import (
     row_blocks,
     split_plan,
 )
+from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
 from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.interpreter import runs_interpreted
@@ -835,29 +836,38 @@ class _AttentionFunction(torch.autograd.Function):
         return None, None, None, dq, dk, dv, dbias
 
 
-_function_apply = super(torch.autograd.Function, _AttentionFunction).apply
+DIRECT_APPLY = direct_apply_supported()
+"""Whether training calls make their autograd node through the C apply directly
+(`apply_attention`): this torch's `Function.apply` has the preamble that reproduces, checked
+once at import (`runtime/direct_apply.py`)."""
+
+_function_apply = c_apply(_AttentionFunction)
 """`torch._C._FunctionBase.apply` bound to `_AttentionFunction`: the autograd node's creation,
 which `Function.apply` calls after its Python preamble."""
 
-_functorch_transforms_active = torch._C._are_functorch_transforms_active
-_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+if DIRECT_APPLY:  # read once, here: the per-call path looks up no attributes of torch._C
+    _transforms_active = torch._C._are_functorch_transforms_active
+    _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
-def apply_attention(
+def _apply_direct(
     fn: CompiledAttention, plan: CallPlan, data: dict[str, torch.Tensor],
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_AttentionFunction.apply(fn, plan, data, q, k, v, bias)`. Outside functorch's
-    transforms `Function.apply` (torch/autograd/function.py) only unwraps the tensors of
-    transforms that have exited ("dead wrappers") and calls the C apply; for a Function
-    without `setup_context` nothing else. That is done here without its Python frames (about
-    a dozen calls, a few us of a training step's host time); under a transform the call goes
-    through `Function.apply` (which refuses this Function: it has no `setup_context`).
-    test_training_host.py pins the preamble this reproduces."""
-    if _functorch_transforms_active():
+    """`_AttentionFunction.apply(fn, plan, data, q, k, v, bias)` without `Function.apply`'s
+    Python frames: outside functorch's transforms it only unwraps the tensors of transforms
+    that have exited ("dead wrappers") and calls the C apply (`EXPECTED_PREAMBLE`); under a
+    transform the call goes through `Function.apply` (which refuses this Function: it has no
+    `setup_context`)."""
+    if _transforms_active():
         return _AttentionFunction.apply(fn, plan, data, q, k, v, bias)
     return _function_apply(fn, plan, data, _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
                            None if bias is None else _unwrap_if_dead(bias))
+
+
+apply_attention = _apply_direct if DIRECT_APPLY else _AttentionFunction.apply
+"""How a training call makes its autograd node: `_apply_direct` where the feature test at
+import passed, else `Function.apply` (the same node, a few us more per step)."""
 
 
 def _without_second_derivative(

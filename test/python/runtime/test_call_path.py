@@ -17,7 +17,7 @@ from conftest import assert_close_to_reference, make_qkv
 
 import attnfuse as af
 from attnfuse.errors import ArgumentError
-from attnfuse.runtime import api
+from attnfuse.runtime import api, direct_apply
 from attnfuse.runtime import launch as launch_module
 from attnfuse.runtime.tensor_cache import TENSORS_PER_PLAN
 from attnfuse.runtime.reference import gradient_errors, reference_attention, reference_gradients
@@ -299,24 +299,50 @@ def test_a_returned_lse_is_never_the_scratch_of_later_calls():
     assert torch.allclose(lse.double(), expected.double(), atol=1e-4)
 
 
-def test_training_call_bypasses_only_function_apply_preamble():
-    """`api.apply_attention` reproduces what `torch.autograd.Function.apply` does outside
-    functorch's transforms for a Function without `setup_context`: unwrap dead wrappers, then
-    the C apply. A torch whose `Function.apply` does more fails this test: read its new
-    preamble and extend `apply_attention` (or call `Function.apply` again)."""
-    import inspect
-
-    source = inspect.getsource(torch.autograd.Function.apply)
-    # The code lines, comments dropped (they differ between torch versions).
-    code = [line.split("#")[0].strip() for line in source.splitlines()]
-    code = [line for line in code if line]
-    # Nothing between the transforms check and the C apply but the unwrapping.
-    start = code.index("if not torch._C._are_functorch_transforms_active():")
-    assert code[start + 1:start + 3] == [
-        "args = _functorch.utils.unwrap_dead_wrappers(args)",
-        "return super().apply(*args, **kwargs)",
-    ]
+def test_direct_apply_is_used_exactly_where_the_preamble_is_the_known_one(monkeypatch):
+    """`api.apply_attention` is the direct C apply iff this torch's `Function.apply` has the
+    preamble it reproduces (`direct_apply.EXPECTED_PREAMBLE`); a torch whose preamble differs
+    (or has no source) gets `Function.apply`. The CI's torch (2.13) has the known preamble."""
+    supported = direct_apply.direct_apply_supported()
+    assert api.DIRECT_APPLY == supported
+    assert (api.apply_attention is api._apply_direct) == supported
+    if torch.__version__.startswith("2.13"):
+        assert supported
+    code = direct_apply.function_apply_code()
+    changed = [line.replace("unwrap_dead_wrappers", "unwrap_and_check") for line in code]
+    monkeypatch.setattr(direct_apply, "function_apply_code", lambda: changed)
+    assert not direct_apply.direct_apply_supported()
+    monkeypatch.setattr(direct_apply, "function_apply_code", lambda: None)
+    assert not direct_apply.direct_apply_supported()
     assert api._AttentionFunction.setup_context is torch.autograd.Function.setup_context
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("spec", ["causal", "bias"])
+def test_direct_apply_and_function_apply_give_equal_gradients(monkeypatch, spec):
+    """Both ways of making the autograd node run the same kernels: equal outputs and
+    gradients (bitwise), each near the float64 reference."""
+    blocks = af.causal() if spec == "causal" else af.additive_bias()
+    fn = af.compile(af.attention(blocks))
+    q0, k0, v0 = tiny(n=32)
+    bias0 = torch.randn(1, 2, 32, 32, generator=torch.Generator().manual_seed(3)).to(q0.dtype)
+    grad_out = torch.randn(q0.shape, generator=torch.Generator().manual_seed(4)).to(q0.dtype)
+    results = []
+    for apply in (api._apply_direct, api._AttentionFunction.apply):
+        monkeypatch.setattr(api, "apply_attention", apply)
+        q, k, v, bias = (t.clone().requires_grad_(True) for t in (q0, k0, v0, bias0))
+        extra = {"bias": bias} if spec == "bias" else {}
+        out = fn(q, k, v, **extra)
+        assert type(out.grad_fn).__name__ == "_AttentionFunctionBackward"
+        out.backward(grad_out)
+        grads = [q.grad, k.grad, v.grad] + ([bias.grad] if spec == "bias" else [])
+        results.append([out.detach(), *grads])
+    for direct, python in zip(*results):
+        assert torch.equal(direct, python)
+    q, k, v = (t.double() for t in (q0, k0, v0))
+    extra = {"bias": bias0.double()} if spec == "bias" else {}
+    expected = reference_attention(af.attention(blocks), q, k, v, **extra)
+    assert torch.allclose(results[0][0].double(), expected, atol=2e-3)
 
 
 def test_training_call_builds_an_attention_node(no_launches):

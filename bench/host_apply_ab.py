@@ -1,6 +1,6 @@
 """A training step's host cost with the autograd node made by the C apply directly
-(`api.apply_attention`, what a call does) against one made through `Function.apply`
-(monkeypatched back), interleaved in one process so that the machine's load falls on both
+(`api._apply_direct`, what a call does where `api.DIRECT_APPLY`) against one made through
+`Function.apply` (each monkeypatched in as `api.apply_attention` in turn), interleaved in one process so that the machine's load falls on both
 alike: the part of `bench/host_python.py`'s step that `apply_attention` saves.
 
     python bench/host_apply_ab.py [--cases causal,rope] [--blocks 40] [--steps 300]
@@ -37,7 +37,8 @@ def main() -> None:
         original(self, tensors)
 
     launch_module.KernelLaunch.__call__ = direct
-    paths = {"direct C apply": api.apply_attention, "Function.apply": api._AttentionFunction.apply}
+    paths = {"direct C apply": api._apply_direct, "Function.apply": api._AttentionFunction.apply}
+    restore = api.apply_attention
     try:
         for case in args.cases.split(","):
             fn, leaves, kwargs, grad_out = host_python.make_case(case)
@@ -63,7 +64,7 @@ def main() -> None:
                 print(f"{case:8s} {name:15s} fastest {xs[0]:6.1f}  p25 {xs[len(xs) // 4]:6.1f}  "
                       f"median {xs[len(xs) // 2]:6.1f} us per step")
     finally:
-        api.apply_attention = paths["direct C apply"]
+        api.apply_attention = restore
 
 
 if __name__ == "__main__":

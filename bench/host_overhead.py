@@ -6,7 +6,9 @@ forward call and per training step when the kernels themselves are tiny.
 
 Default problem: B=1, H=8, D=64, fp16, causal, N=128 and 512. Implementations: AttnFuse
 (`af.compile(af.attention(af.causal()))`), SDPA with its default backend choice
-(`is_causal=True`, no `sdpa_kernel`), and SDPA pinned to FlashAttention (`sdpa_kernel` entered
+(`is_causal=True`, no `sdpa_kernel`), AttnFuse with its autograd node made through
+`Function.apply` (`attnfuse-function-apply`: the A/B of `runtime/direct_apply.py`'s direct C
+apply, which the `attnfuse` row uses where `api.DIRECT_APPLY`), and SDPA pinned to FlashAttention (`sdpa_kernel` entered
 once around the whole measurement, not per call). Modes: `fwd` (one call under `no_grad`)
 and `train` (the inputs' `.grad` reset to None, the call, `out.backward(g)`).
 
@@ -158,7 +160,28 @@ def implementations(causal_spec: bool = True) -> dict[str, Callable]:
         return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), \
             (lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
 
-    return {"attnfuse": attnfuse, "sdpa-default": sdpa_default, "sdpa-flash": sdpa_flash}
+    def attnfuse_function_apply(q, k, v):
+        # The same call with its autograd node made through Function.apply (the path a torch
+        # without the known preamble takes, runtime/direct_apply.py): an A/B of the direct
+        # C apply in the same run. Only where the direct path is in use (else the same row).
+        from attnfuse.runtime import api
+
+        if not api.DIRECT_APPLY:
+            raise RuntimeError("api.DIRECT_APPLY is False here: attnfuse already uses Function.apply")
+        call, _ = attnfuse(q, k, v)
+
+        @contextlib.contextmanager
+        def function_apply():
+            api.apply_attention = api._AttentionFunction.apply
+            try:
+                yield
+            finally:
+                api.apply_attention = api._apply_direct
+
+        return call, function_apply
+
+    return {"attnfuse": attnfuse, "attnfuse-function-apply": attnfuse_function_apply,
+            "sdpa-default": sdpa_default, "sdpa-flash": sdpa_flash}
 
 
 def steps(call: Callable, leaves: tuple[torch.Tensor, ...], grad_out: torch.Tensor) -> dict[str, Callable]:
@@ -290,7 +313,7 @@ def add_ratios(rows: list[dict]) -> None:
     and whether the host ratio meets the mode's target."""
     by_key = {(row["n"], row["impl"], row["mode"]): row for row in rows}
     for row in rows:
-        if row["impl"] != "attnfuse" or row.get("error"):
+        if not row["impl"].startswith("attnfuse") or row.get("error"):
             continue
         for peer in ("sdpa-default", "sdpa-flash"):
             other = by_key.get((row["n"], peer, row["mode"]))
@@ -313,7 +336,7 @@ def table(rows: list[dict]) -> list[str]:
             cells.append([row["n"], row["mode"], row["impl"], f"fails: {row['error']}", "", "", "", "", "", ""])
             continue
         target = ""
-        if row["impl"] == "attnfuse":
+        if row["impl"].startswith("attnfuse"):
             verdicts = []
             for peer, short in (("sdpa-default", "default"), ("sdpa-flash", "flash")):
                 met = row.get(f"meets_target_{peer}")

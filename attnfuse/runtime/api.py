@@ -38,6 +38,7 @@ from attnfuse.runtime.kv_cache import (
     row_blocks,
     split_plan,
 )
+from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
 from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.interpreter import runs_interpreted
@@ -91,19 +92,22 @@ class CallPlan:
     def reads(self, role: str) -> bool:
         """Whether any kernel of the plan takes a tensor of `role` (the compiled program, not
         the spec, says which buffers a call must provide)."""
-        return role in self._roles
+        return role in self.roles
 
     def backward_reads(self, role: str) -> bool:
         """Whether a backward kernel of the plan takes a tensor of `role`."""
-        return role in self._backward_roles
+        return role in self.backward_roles
 
-    # Asked on every call: worked out once per plan.
+    # Asked on every call (the per-call paths test membership directly, without a method
+    # call): worked out once per plan.
     @cached_property
-    def _roles(self) -> frozenset[str]:
+    def roles(self) -> frozenset[str]:
+        """The roles any kernel of the plan takes (`reads`)."""
         return frozenset(role for launch in self.launches for role in launch.info.roles)
 
     @cached_property
-    def _backward_roles(self) -> frozenset[str]:
+    def backward_roles(self) -> frozenset[str]:
+        """The roles the plan's backward kernels take (`backward_reads`)."""
         return frozenset(role for launch in self.launches
                          if launch.info.name.startswith(BACKWARD_KERNEL_PREFIX)
                          for role in launch.info.roles)
@@ -338,9 +342,11 @@ class CompiledAttention:
         whose program has the backward kernels (never the split decode's), for a backward
         run apart from its forward (the traced operators')."""
         try:
+            # The usual contiguous layout enters as None: a CacheLayout's (dataclass) hash is
+            # a Python call, and the key is hashed on every call.
             key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
-                   v.device, q.layout, k.layout, v.layout, explicit_positions, training, cache,
-                   paged_keys, backward)
+                   v.device, q.layout, k.layout, v.layout, explicit_positions, training,
+                   None if cache is CONTIGUOUS else cache, paged_keys, backward)
         except (AttributeError, RuntimeError):
             key = None  # not dense tensors: check_inputs says which argument is wrong
         plan = self._plans.get(key) if key is not None else None
@@ -548,7 +554,7 @@ class CompiledAttention:
         if training:
             # The user's bias goes in as an input of its own so autograd tracks it.
             given_bias = bias if "bias" in data else None
-            out, lse = _AttentionFunction.apply(self, plan, data, q, k, v, given_bias)
+            out, lse = apply_attention(self, plan, data, q, k, v, given_bias)
             return (out, lse) if return_lse else out
         out, lse = self.forward(plan, data, q, k, v, keep_lse=return_lse)
         return (out, lse) if return_lse else out
@@ -659,7 +665,9 @@ class CompiledAttention:
             return out, lse
         self._run(plan, tensors, ("attention_fwd",))
         if rotated is not None:
-            rotated.update({role: tensors[role] for role in ROTATION_KERNELS.values() if role in tensors})
+            for role in ROTATED_ROLES:
+                if role in tensors:
+                    rotated[role] = tensors[role]
         return out, lse
 
     def _run(self, plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]) -> None:
@@ -738,7 +746,7 @@ class CompiledAttention:
         sources = data.get(LIST_SOURCES)
         if sources is not None:
             tensors |= self._block_lists(sources, plan, backward=True)  # type: ignore[arg-type]
-        softmax = plan.reads("delta")  # relu attention has no delta and no preprocess
+        softmax = "delta" in plan.roles  # relu attention has no delta and no preprocess
         if softmax:
             tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
         if softmax and grad_lse is None and dbias is None:
@@ -759,6 +767,9 @@ class CompiledAttention:
 
 ROTATION_KERNELS = {"rotate_query": "q_rot", "rotate_key": "k_rot"}
 """The pre-rotation kernels and the rotated copy each writes."""
+
+ROTATED_ROLES = tuple(ROTATION_KERNELS.values())
+"""The rotated copies, in the order `forward` hands them back."""
 
 BACKWARD_KERNEL_PREFIX = "attention_bwd"
 """The backward kernels' names start with this (lower_backward.py)."""
@@ -786,14 +797,14 @@ class _AttentionFunction(torch.autograd.Function):
         ctx.list_states = () if sources is None else tuple(tensor_state(source.given) for source in sources)
         # A rotated copy replaces its operand where the backward reads the copy; otherwise
         # the backward gets the operand (and rotates it itself if it must).
-        q_saved = rotated["q_rot"] if "q_rot" in rotated and plan.backward_reads("q_rot") else None
-        k_saved = rotated["k_rot"] if "k_rot" in rotated and plan.backward_reads("k_rot") else None
+        q_saved = rotated["q_rot"] if "q_rot" in rotated and "q_rot" in plan.backward_roles else None
+        k_saved = rotated["k_rot"] if "k_rot" in rotated and "k_rot" in plan.backward_roles else None
         ctx.saved_roles = ("q" if q_saved is None else "q_rot", "k" if k_saved is None else "k_rot")
         ctx.save_for_backward(q if q_saved is None else q_saved, k if k_saved is None else k_saved,
                               v, out, lse)
         # An output nobody differentiated (usually lse) arrives as None, not as a tensor of
         # zeros that would cost a fill and a subtraction on the device.
-        ctx.set_materialize_grads(False)
+        ctx.materialize_grads = False  # what ctx.set_materialize_grads(False) sets, without its call
         if not fn._has_lse:
             ctx.mark_non_differentiable(lse)  # a normalizer without one (relu)
         return out, lse
@@ -803,7 +814,7 @@ class _AttentionFunction(torch.autograd.Function):
         fn: CompiledAttention = ctx.fn
         bias_grad = ctx.needs_input_grad[6]
         saved = ctx.saved_tensors  # unpacked once: each access unpacks them all again
-        for source, state in zip(ctx.data.get(LIST_SOURCES, ()), ctx.list_states):
+        for source, state in zip(ctx.data[LIST_SOURCES], ctx.list_states) if ctx.list_states else ():
             if tensor_state(source.given) != state:
                 # As autograd refuses a saved tensor changed in place: the backward would read
                 # the new data, not what the forward used.
@@ -823,6 +834,40 @@ class _AttentionFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True
             dq, dk, dv, dbias = _without_second_derivative((dq, dk, dv, dbias), (*saved, grad_out, grad_lse))
         return None, None, None, dq, dk, dv, dbias
+
+
+DIRECT_APPLY = direct_apply_supported()
+"""Whether training calls make their autograd node through the C apply directly
+(`apply_attention`): this torch's `Function.apply` has the preamble that reproduces, checked
+once at import (`runtime/direct_apply.py`)."""
+
+_function_apply = c_apply(_AttentionFunction)
+"""`torch._C._FunctionBase.apply` bound to `_AttentionFunction`: the autograd node's creation,
+which `Function.apply` calls after its Python preamble."""
+
+if DIRECT_APPLY:  # read once, here: the per-call path looks up no attributes of torch._C
+    _transforms_active = torch._C._are_functorch_transforms_active
+    _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def _apply_direct(
+    fn: CompiledAttention, plan: CallPlan, data: dict[str, torch.Tensor],
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_AttentionFunction.apply(fn, plan, data, q, k, v, bias)` without `Function.apply`'s
+    Python frames: outside functorch's transforms it only unwraps the tensors of transforms
+    that have exited ("dead wrappers") and calls the C apply (`EXPECTED_PREAMBLE`); under a
+    transform the call goes through `Function.apply` (which refuses this Function: it has no
+    `setup_context`)."""
+    if _transforms_active():
+        return _AttentionFunction.apply(fn, plan, data, q, k, v, bias)
+    return _function_apply(fn, plan, data, _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
+                           None if bias is None else _unwrap_if_dead(bias))
+
+
+apply_attention = _apply_direct if DIRECT_APPLY else _AttentionFunction.apply
+"""How a training call makes its autograd node: `_apply_direct` where the feature test at
+import passed, else `Function.apply` (the same node, a few us more per step)."""
 
 
 def _without_second_derivative(

@@ -17,7 +17,7 @@ from conftest import assert_close_to_reference, make_qkv
 
 import attnfuse as af
 from attnfuse.errors import ArgumentError
-from attnfuse.runtime import api
+from attnfuse.runtime import api, direct_apply
 from attnfuse.runtime import launch as launch_module
 from attnfuse.runtime.tensor_cache import TENSORS_PER_PLAN
 from attnfuse.runtime.reference import gradient_errors, reference_attention, reference_gradients
@@ -297,3 +297,70 @@ def test_a_returned_lse_is_never_the_scratch_of_later_calls():
     assert scratch.data_ptr() != lse.data_ptr()
     expected = reference_attention(af.attention(af.causal()), q, k, v, return_lse=True)[1]
     assert torch.allclose(lse.double(), expected.double(), atol=1e-4)
+
+
+def test_direct_apply_is_used_exactly_where_the_preamble_is_the_known_one(monkeypatch):
+    """`api.apply_attention` is the direct C apply iff this torch's `Function.apply` has the
+    preamble it reproduces (`direct_apply.EXPECTED_PREAMBLE`); a torch whose preamble differs
+    (or has no source) gets `Function.apply`. The CI's torch (2.13) has the known preamble."""
+    supported = direct_apply.direct_apply_supported()
+    assert api.DIRECT_APPLY == supported
+    assert (api.apply_attention is api._apply_direct) == supported
+    if torch.__version__.startswith("2.13"):
+        assert supported
+    code = direct_apply.function_apply_code()
+    changed = [line.replace("unwrap_dead_wrappers", "unwrap_and_check") for line in code]
+    monkeypatch.setattr(direct_apply, "function_apply_code", lambda: changed)
+    assert not direct_apply.direct_apply_supported()
+    monkeypatch.setattr(direct_apply, "function_apply_code", lambda: None)
+    assert not direct_apply.direct_apply_supported()
+    assert api._AttentionFunction.setup_context is torch.autograd.Function.setup_context
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("spec", ["causal", "bias"])
+def test_direct_apply_and_function_apply_give_equal_gradients(monkeypatch, spec):
+    """Both ways of making the autograd node run the same kernels: equal outputs and
+    gradients (bitwise), each near the float64 reference."""
+    blocks = af.causal() if spec == "causal" else af.additive_bias()
+    fn = af.compile(af.attention(blocks))
+    q0, k0, v0 = tiny(n=32)
+    bias0 = torch.randn(1, 2, 32, 32, generator=torch.Generator().manual_seed(3)).to(q0.dtype)
+    grad_out = torch.randn(q0.shape, generator=torch.Generator().manual_seed(4)).to(q0.dtype)
+    results = []
+    for apply in (api._apply_direct, api._AttentionFunction.apply):
+        monkeypatch.setattr(api, "apply_attention", apply)
+        q, k, v, bias = (t.clone().requires_grad_(True) for t in (q0, k0, v0, bias0))
+        extra = {"bias": bias} if spec == "bias" else {}
+        out = fn(q, k, v, **extra)
+        assert type(out.grad_fn).__name__ == "_AttentionFunctionBackward"
+        out.backward(grad_out)
+        grads = [q.grad, k.grad, v.grad] + ([bias.grad] if spec == "bias" else [])
+        results.append([out.detach(), *grads])
+    for direct, python in zip(*results):
+        assert torch.equal(direct, python)
+    q, k, v = (t.double() for t in (q0, k0, v0))
+    extra = {"bias": bias0.double()} if spec == "bias" else {}
+    expected = reference_attention(af.attention(blocks), q, k, v, **extra)
+    assert torch.allclose(results[0][0].double(), expected, atol=2e-3)
+
+
+def test_training_call_builds_an_attention_node(no_launches):
+    """A training call's output hangs off `_AttentionFunction`'s node (the direct C apply),
+    whose backward the engine runs."""
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = tiny(requires_grad=True)
+    out = fn(q, k, v)
+    assert type(out.grad_fn).__name__ == "_AttentionFunctionBackward"
+    out.backward(torch.ones_like(out))
+    assert q.grad is not None and q.grad.shape == q.shape
+    assert no_launches == ["attention_fwd", "attention_bwd_dq_delta", "attention_bwd_dkdv"]
+
+
+def test_training_call_under_functorch_goes_through_function_apply(no_launches):
+    """Under a functorch transform the call takes `Function.apply`'s path, which refuses a
+    Function without `setup_context` as before."""
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = tiny()
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda q: fn(q, k, v).float().sum())(q)

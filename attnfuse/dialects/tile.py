@@ -337,6 +337,7 @@ TENSOR_AXES: dict[str, str] = {
     "dk": "bhnd",
     "dv": "bhnd",
     "dbias": "bhnd",
+    "dq_acc": "bhnd",
     "full_q_blocks": "bhnd",
     "full_q_count": "bhn",
     "partial_q_blocks": "bhnd",
@@ -363,6 +364,8 @@ block lists of listed filters (block sparsity, documents), key-block lists
 needing no mask, `partial_*`: masked; shared ones have zero strides).
 Backward kernels add `do` (dL/dO), `delta` `[B, Hq, Nq]` (rowsum(dO * O), fp32), the
 gradients `dq`, `dk`, `dv`, `dbias` `[B, Hq, Nq, Nk]` (before reduction over broadcast dims),
+the fused backward's `dq_acc` `[B, Hq, Nq, D]` (fp32, zeroed before the dK/dV kernel adds
+each block pair's unscaled `dS K` into it with `tile.store_add`),
 and, for key-block programs, the transposed lists `*_q_blocks` / `*_q_count`
 `[B, H, key blocks, ...]` (query blocks per key block).
 Decoding adds `kv_lens` `[B]` (int32: sequence `b` has keys `j < kv_lens[b]`; a kernel with
@@ -401,10 +404,10 @@ def role_axes(role: str) -> str:
     return TENSOR_AXES[role_kind(role)]
 
 BLOCK_ROLES = ("q", "k", "v", "o", "q_rot", "k_rot", "lse", "do", "delta", "dq", "dk", "dv",
-               "o_part", "lse_part", "k_cache", "v_cache")
+               "dq_acc", "o_part", "lse_part", "k_cache", "v_cache")
 """Roles accessed by `tile.load` / `tile.store` blocks of rows."""
 
-QUERY_ROW_ROLES = ("q", "q_rot", "o", "lse", "do", "delta", "dq", "o_part", "lse_part")
+QUERY_ROW_ROLES = ("q", "q_rot", "o", "lse", "do", "delta", "dq", "dq_acc", "o_part", "lse_part")
 """Block roles whose rows are queries; the others (k, k_rot, v, dk, dv) have key rows."""
 
 
@@ -418,8 +421,9 @@ def rows_axis(grid: str, rows: str) -> str:
 KEY_ROW_ROLES = tuple(role for role in BLOCK_ROLES if role not in QUERY_ROW_ROLES)
 """Block roles whose rows are keys, indexed by the key/value head."""
 
-FP32_ROLES = ("lse", "delta", "o_part", "lse_part")
-"""Block roles that are fp32 whatever the kernel's element type (per-row statistics)."""
+FP32_ROLES = ("lse", "delta", "o_part", "lse_part", "dq_acc")
+"""Block roles that are fp32 whatever the kernel's element type (per-row statistics, split
+partials, and the fused backward's dQ accumulator)."""
 WIDENABLE_ROLES = ("q", "k", "q_rot", "k_rot")
 """Operand roles a kernel may load widened to f32 (for score products far more exact than
 products of element-type operands)."""
@@ -2017,6 +2021,108 @@ class DotTransposedOp(IRDLOperation):
 
 
 @irdl_op_definition
+class DotLhsTransposedOp(IRDLOperation):
+    """`r = a^T @ b` in fp32, for `a` (`m x n`, f32) over (program rows, loop rows) and `b`
+    (`m x c`) over the program's rows: the fused backward's `dQ` part `dS K` of one block
+    pair in a `key_blocks` kernel, whose score-shaped tiles are transposed (`dS^T` is
+    `key x query`), so the result is `n x c`, over the loop's (query) rows. `a` is rounded
+    to `b`'s element type for the product, as `tile.accumulate` rounds its probabilities
+    (a `b` widened to f32 in an f16/bf16 kernel is rounded back to the kernel's type
+    first), so the product runs at the element type's precision and tensor-core rate."""
+
+    name = "tile.dot_lhs_transposed"
+
+    lhs = operand_def(TileType)
+    rhs = operand_def(TileType)
+    result = result_def(TileType)
+
+    assembly_format = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
+    traits = traits_def(Pure())
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue):
+        rhs_type = _tile(rhs, "right operand")
+        cols = rhs_type.shape[-1]
+        super().__init__(operands=[lhs, rhs], result_types=[TileType(("n", cols), f32)])
+
+    def verify_(self) -> None:
+        _verify_f32_state([(self.lhs, ("m", "n"), "left operand")])
+        rhs = _tile(self.rhs, "right operand")
+        if len(rhs.shape) != 2 or rhs.shape[0] != "m":
+            raise VerifyException(f"right operand must be <m x _>, got {' x '.join(rhs.shape)}")
+        kernel = _kernel_of(self)
+        if kernel is not None and rhs.elem not in (kernel.elem, "f32"):
+            raise VerifyException(
+                f"right operand must have the kernel's element type {kernel.elem} (or be widened "
+                f"to f32), got {rhs.elem}")
+        _verify_f32_state([(self.result, ("n", rhs.shape[1]), "product")])
+
+
+@irdl_op_definition
+class StoreAddOp(IRDLOperation):
+    """Adds an fp32 tile into `[rows, cols]` of an fp32 accumulator tensor (`dq_acc`), as
+    `tile.store` addresses those rows (in a `key_blocks` kernel the loop's rows are the loop's
+    query block of the loop's query head); rows and columns past the tensor's bounds are not
+    touched. Programs add into the same rows concurrently (atomics, or TMA reduce-add): the
+    sum's order, and so its last bits, is not deterministic."""
+
+    name = "tile.store_add"
+
+    value = operand_def(TileType)
+    dest = operand_def(TensorType)
+    rows = prop_def(RowsAttr)
+    cols = opt_prop_def(ColumnsAttr)
+
+    def __init__(self, value: SSAValue, dest: SSAValue, rows: str, cols: str | None):
+        super().__init__(
+            operands=[value, dest],
+            properties={
+                "rows": RowsAttr(Rows(rows)),
+                "cols": None if cols is None else ColumnsAttr(Columns(cols)),
+            },
+        )
+
+    @property
+    def role(self) -> str:
+        assert isinstance(self.dest.type, TensorType)
+        return self.dest.type.role.data
+
+    def verify_(self) -> None:
+        _expect_role(self.dest, "dq_acc", f"tile.store_add adds into the dq_acc tensor, not {self.dest.type}")
+        cols = None if self.cols is None else self.cols.data
+        _verify_block_ref(self, self.role, self.rows.data, cols)
+        ty = _expect_shape(self.value, expected_tile_shape(self.role, self.rows.data, cols), "added tile")
+        if ty.elem != "f32":
+            raise VerifyException(f"an added tile must have element type f32, got {ty.elem}")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> StoreAddOp:
+        unresolved_value = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        unresolved_dest = parser.parse_unresolved_operand()
+        rows, cols = _parse_block_ref(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        value_type = parser.parse_type()
+        parser.parse_punctuation("->")
+        dest_type = parser.parse_type()
+        value = parser.resolve_operand(unresolved_value, value_type)
+        dest = parser.resolve_operand(unresolved_dest, dest_type)
+        op = cls(value, dest, rows, cols)
+        op.attributes |= attrs
+        return op
+
+    def print(self, printer: Printer) -> None:
+        cols = "" if self.cols is None else f", {self.cols.data}"
+        printer.print_string(" ")
+        printer.print_operand(self.value)
+        printer.print_string(", ")
+        printer.print_operand(self.dest)
+        printer.print_string(f"[{self.rows.data}{cols}]")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(f" : {self.value.type} -> {self.dest.type}")
+
+
+@irdl_op_definition
 class RecomputeProbsOp(IRDLOperation):
     """Softmax probabilities from the forward's log-sum-exp: `p = exp(s - lse)`, 0 for
     dropped pairs and for rows with no kept key (`lse = -inf`, never NaN)."""
@@ -2310,6 +2416,8 @@ Tile = Dialect(
         SparseQLoopOp,
         RowDotOp,
         DotTransposedOp,
+        DotLhsTransposedOp,
+        StoreAddOp,
         RecomputeProbsOp,
         SoftmaxGradOp,
         ReluGradOp,
@@ -2339,6 +2447,7 @@ __all__ = [
     "AlibiOp",
     "ApplyScaleOp",
     "DocumentMaskOp",
+    "DotLhsTransposedOp",
     "DotTransposedOp",
     "JoinOp",
     "KVBoundsOp",
@@ -2368,6 +2477,7 @@ __all__ = [
     "SparseKVLoopOp",
     "SparseQLoopOp",
     "SplitOp",
+    "StoreAddOp",
     "StoreOp",
     "StoreScoresOp",
     "TensorType",

@@ -545,7 +545,7 @@ class KernelEmitter:
         if "rope_table" in self.roles:
             used.add("cols_half")
         for op in self.kernel.walk():
-            if isinstance(op, (tile.LoadOp, tile.StoreOp)) and op.cols is not None:
+            if isinstance(op, (tile.LoadOp, tile.StoreOp, tile.StoreAddOp)) and op.cols is not None:
                 role = op.role
                 cols = op.cols.data
                 if cols == "all":
@@ -615,6 +615,16 @@ class KernelEmitter:
         masking = f", mask={mask}" if mask else ""
         value = f"{self.namer[op.value]}.to({role}_ptr.dtype.element_ty)"
         self.emit(f"tl.store({ptrs}, {value}{masking})")
+
+    def emit_store_add(self, op: tile.StoreAddOp) -> None:
+        role = op.role
+        cols = None if op.cols is None else op.cols.data
+        ptrs, mask = self.block_pointer(role, op.rows.data, cols)
+        self.emit(f"# tile.store_add: added into {role} rows ({op.rows.data})"
+                  + (f", {COLUMN_COMMENT[cols]}" if cols else "") + " (atomics: unordered)")
+        # Relaxed: the adds only need to be atomic; nothing reads dq_acc before the kernel ends.
+        masking = f", mask={mask}" if mask else ""
+        self.emit(f'tl.atomic_add({ptrs}, {self.namer[op.value]}{masking}, sem="relaxed")')
 
     def positions(self, op: tile.RotateOp) -> tuple[str, str | None]:
         """(positions of the rotated rows, their in-bounds mask or None)."""
@@ -1250,6 +1260,19 @@ class KernelEmitter:
         self.emit("# tile.dot_transposed: a @ b^T, fp32 accumulation")
         self.emit(f"{self.namer.define(op.result)} = tl.dot({a}, tl.trans({b}){self.dot_options()})")
 
+    def emit_dot_lhs_transposed(self, op: tile.DotLhsTransposedOp) -> None:
+        a, b = self.namer[op.lhs], self.namer[op.rhs]
+        self.emit("# tile.dot_lhs_transposed: a^T @ b, fp32 accumulation")
+        assert isinstance(op.rhs.type, tile.TileType)
+        if op.rhs.type.elem == "f32" and self.elem != "f32" and not self.upcast_dots:
+            # A widened operand (exact scores): rounded back, as tile.accumulate does.
+            elem = TRITON_TYPES[self.elem]
+            a_op, b_op = f"{a}.to({elem})", f"{b}.to({elem})"
+        else:
+            b_op = self.dot_operand(b)
+            a_op = a if self.upcast_dots else f"{a}.to({b}.dtype)"
+        self.emit(f"{self.namer.define(op.result)} = tl.dot(tl.trans({a_op}), {b_op}{self.dot_options()})")
+
     def emit_recompute_probs(self, op: tile.RecomputeProbsOp) -> None:
         lse = self.namer[op.lse]
         self.emit("# tile.recompute_probs: p = exp(s - lse); a row with no kept key (lse = -inf) gives 0")
@@ -1321,6 +1344,7 @@ class KernelEmitter:
 KernelEmitter.HANDLERS = {
     tile.LoadOp: KernelEmitter.emit_load,
     tile.StoreOp: KernelEmitter.emit_store,
+    tile.StoreAddOp: KernelEmitter.emit_store_add,
     tile.RotateOp: KernelEmitter.emit_rotate,
     tile.ScoresOp: KernelEmitter.emit_scores,
     tile.MaskOp: KernelEmitter.emit_mask,
@@ -1348,6 +1372,7 @@ KernelEmitter.HANDLERS = {
     tile.SparseQLoopOp: KernelEmitter.emit_sparse_kv_loop,
     tile.RowDotOp: KernelEmitter.emit_row_dot,
     tile.DotTransposedOp: KernelEmitter.emit_dot_transposed,
+    tile.DotLhsTransposedOp: KernelEmitter.emit_dot_lhs_transposed,
     tile.RecomputeProbsOp: KernelEmitter.emit_recompute_probs,
     tile.SoftmaxGradOp: KernelEmitter.emit_softmax_grad,
     tile.ReluGradOp: KernelEmitter.emit_relu_grad,

@@ -38,6 +38,7 @@ from attnfuse.runtime.kv_cache import (
     row_blocks,
     split_plan,
 )
+from attnfuse.runtime.backward_choice import choose_backward
 from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
 from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon
 from attnfuse.runtime.inputs import Problem, check_inputs
@@ -141,9 +142,13 @@ class CompiledAttention:
         *,
         rope_placement: str | tuple[str, str] = "auto",
         config: TileConfig | None = None,
+        deterministic: bool = True,
     ):
         if config is not None and not isinstance(config, TileConfig):
             raise ArgumentError(f"config must be an af.TileConfig or None, got {config!r}")
+        if not isinstance(deterministic, bool):
+            raise ArgumentError(f"deterministic must be True or False, got {deterministic!r}")
+        self.deterministic = deterministic
         query, key = check_placement_request(rope_placement)
         self.program: VariantProgram = as_program(source)
         self.spec = source
@@ -188,7 +193,7 @@ class CompiledAttention:
                 texts[explicit] = anonymous_text(self.program.module(explicit))
         keys = {}
         for explicit, text in texts.items():
-            keys[explicit] = torch_op.operator_key(text, self.rope_placement, self.config)
+            keys[explicit] = torch_op.operator_key(text, self.rope_placement, self.config, self.deterministic)
             torch_op.register(keys[explicit], self)
         return keys
 
@@ -241,9 +246,12 @@ class CompiledAttention:
         # kernels loops over q or k, so in-loop rotation is paid per program for both
         # (measured slower at every N on the H200: bench/results/20261129T1234Z-backward_tune-parts.log).
         bwd_rope = "pre_rotated" if automatic_placement(self._placement) else "as_forward"
+        # Decoding and cache layouts build no backward.
+        bwd_dq = ("separate" if decode or cache != CONTIGUOUS
+                  else choose_backward(problem, self.variant, self.deterministic))
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
                           placement, explicit_positions, bwd_rope, decode, cache,
-                          decode_merge=kv_cache.DECODE_MERGE if decode else "kernel")
+                          decode_merge=kv_cache.DECODE_MERGE if decode else "kernel", bwd_dq=bwd_dq)
 
     def training_key(self, key: CompileKey, compiled: CompiledProgram) -> CompileKey:
         """The compile key of a call that autograd records. Where the backward reads a
@@ -346,7 +354,9 @@ class CompiledAttention:
             # a Python call, and the key is hashed on every call.
             key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
                    v.device, q.layout, k.layout, v.layout, explicit_positions, training,
-                   None if cache is CONTIGUOUS else cache, paged_keys, backward)
+                   None if cache is CONTIGUOUS else cache, paged_keys, backward,
+                   # Deterministic algorithms forbid the fused backward (`choose_backward`).
+                   not self.deterministic and torch.are_deterministic_algorithms_enabled())
         except (AttributeError, RuntimeError):
             key = None  # not dense tensors: check_inputs says which argument is wrong
         plan = self._plans.get(key) if key is not None else None
@@ -749,6 +759,20 @@ class CompiledAttention:
         softmax = "delta" in plan.roles  # relu attention has no delta and no preprocess
         if softmax:
             tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
+        if plan.backward_reads("dq_acc"):
+            # The fused backward (`bwd-dq=fused`, never with a bias): dK/dV adds dS K into
+            # dq_acc, the finish kernel scales it into dq. Zeroed here, per call: torch.zeros
+            # is an async device fill (no host sync, so CUDA-graph capture still works) and
+            # keeps the preprocess, which does not run for relu, free of a second job.
+            assert dbias is None
+            tensors["dq_acc"] = torch.zeros(p.batch, p.heads_q, p.seq_q, p.head_dim,
+                                            dtype=torch.float32, device=p.device)
+            if softmax:
+                self._run(plan, tensors, ("attention_bwd_preprocess",))
+                if grad_lse is not None:
+                    tensors["delta"].sub_(grad_lse)  # as below
+            self._run(plan, tensors, ("attention_bwd_dkdv_dq", "attention_bwd_dq_finish"))
+            return dq, dk, dv, dbias
         if softmax and grad_lse is None and dbias is None:
             # dQ forms delta itself and stores it; dK/dV, launched after it, reads it.
             self._run(plan, tensors, ("attention_bwd_dq_delta", "attention_bwd_dkdv"))
@@ -912,6 +936,7 @@ def compile(
     *,
     rope_placement: str | tuple[str, str] = "auto",
     config: TileConfig | None = None,
+    deterministic: bool = True,
 ) -> CompiledAttention:
     """Compiles a variant: a spec (`af.attention(...)`) or an attn program, as text or as an
     xDSL module holding one `attn.variant` (hand-written IR runs and is checked like DSL
@@ -921,5 +946,12 @@ def compile(
     A pair `(query, "given")`, the query "auto", "fused" or "pre_rotated", compiles for keys
     that arrive rotated (a KV cache's, `R(k_pos) k`, written with `rotate_keys`): no kernel
     rotates k, its gradient is that of the k passed, and `k_positions=` is an error; the
-    queries are rotated at their positions (`q_positions=`, `[Nq]` or `[B, Nq]`)."""
-    return CompiledAttention(source, rope_placement=rope_placement, config=config)
+    queries are rotated at their positions (`q_positions=`, `[Nq]` or `[B, Nq]`).
+
+    `deterministic=True` (the default) keeps the backward bit-for-bit reproducible (the
+    separate dQ kernels). `deterministic=False` allows the fused backward, whose dQ is an
+    unordered (atomic) fp32 sum, so its last bits vary between runs; it runs where
+    `backward_choice.choose_backward` picks it (`ATTNFUSE_BACKWARD=auto|fused|separate`),
+    never under `torch.use_deterministic_algorithms(True)` nor for a variant with a bias."""
+    return CompiledAttention(source, rope_placement=rope_placement, config=config,
+                             deterministic=deterministic)

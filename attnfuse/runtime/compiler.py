@@ -49,6 +49,9 @@ class CompileKey:
     """The cache append kernel alone (`lower-to-tile`'s `append`)."""
     decode_merge: str = "kernel"
     """Where a split decode merges (`lower-to-tile`'s `decode-merge`)."""
+    bwd_dq: str = "separate"
+    """How the backward computes dQ (`lower-to-tile`'s `bwd-dq`: separate or fused;
+    `backward_choice.choose_backward`)."""
 
     def pipeline(self) -> str:
         """The `attnfuse-opt -p` pipeline that produces this compile's tile IR."""
@@ -64,10 +67,16 @@ class CompileKey:
             f"num-warps={c.num_warps} num-stages={c.num_stages} "
             f"bwd-block-m={bm} bwd-block-n={bn} bwd-num-warps={warps} bwd-num-stages={stages} "
             f"dkdv-block-m={kv_bm} dkdv-block-n={kv_bn} dkdv-num-warps={kv_warps} "
-            f"dkdv-num-stages={kv_stages} bwd-rope={self.bwd_rope}{self.cache_options()}}},"
+            f"dkdv-num-stages={kv_stages} bwd-rope={self.bwd_rope}{self.bwd_dq_option()}"
+            f"{self.cache_options()}}},"
             f"{TILE_PIPELINE}"
         )
 
+
+    def bwd_dq_option(self) -> str:
+        """` bwd-dq=fused` for the fused backward (none for the default, so the pipelines of
+        other calls read as before)."""
+        return f" bwd-dq={self.bwd_dq}" if self.bwd_dq != "separate" else ""
 
     def cache_options(self) -> str:
         """The `lower-to-tile` options for decoding and the cache layout (none by default,

@@ -42,12 +42,15 @@ _rebuilt: dict[str, CompiledAttention] = {}
 (a loaded exported program): kept, since the graph holding the key may run again."""
 
 
-def operator_key(program_text: str, rope_placement: object, config: TileConfig | None) -> str:
+def operator_key(
+    program_text: str, rope_placement: object, config: TileConfig | None, deterministic: bool = True
+) -> str:
     """The string that names a compiled variant in a traced graph."""
     return json.dumps({
         "program": program_text,
         "rope_placement": rope_placement,
         "config": None if config is None else asdict(config),
+        "deterministic": deterministic,
     }, sort_keys=True)
 
 
@@ -70,6 +73,7 @@ def variant_for(key: str) -> CompiledAttention:
             described["program"],
             rope_placement=tuple(placement) if isinstance(placement, list) else placement,
             config=None if config is None else TileConfig(**config),
+            deterministic=described.get("deterministic", True),
         )
         _rebuilt[key] = fn
     return fn

@@ -169,6 +169,9 @@ class KernelConfig:
     merge_stages: int = 1
     """The software-pipelining depth of a split merge's loop over the splits (the kernel
     attribute `merge_stages` of kernels that merge): 1, not pipelined."""
+    bwd_dq: str = "separate"
+    """How the backward computes dQ: "separate" (FlashAttention-2's dQ kernels) or "fused"
+    (the dK/dV kernel adds dQ parts into `dq_acc`; `attention_bwd_dq_finish`)."""
 
     def for_backward(self) -> KernelConfig:
         """The configuration the dQ and preprocess kernels are built with."""

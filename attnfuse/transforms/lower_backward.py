@@ -25,6 +25,13 @@ Given dO, the forward's output O and per-row log-sum-exp, these kernels compute 
 
 Every sum runs in a fixed order inside one program: results are bit-for-bit deterministic.
 
+`bwd-dq=fused` (FlashAttention-3's design, `build_fused_backward_kernels`) replaces the two
+dQ kernels: `attention_bwd_dkdv_dq` is the dK/dV kernel that also computes each block pair's
+dQ part `dS K` (`tile.dot_lhs_transposed`) and adds it into an fp32 `dq_acc`
+(`tile.store_add`, atomics: not deterministic), and `attention_bwd_dq_finish` scales it,
+applies the rotation's transpose and stores dQ. The scores are formed once per block pair
+instead of twice.
+
 RoPE: the kernels see rotated operands (rotated in registers where the forward placement
 fused the rotation, read from the pre-rotation kernels' output otherwise) and, at the end,
 apply the rotation's transpose (`tile.rotate ... inverse`) to dQ and dK in registers, so they
@@ -208,13 +215,16 @@ def _grad_scores(
     return probs, lower_chain_vjp(k, inputs, grad)
 
 
-def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
-    """dK and dV: programs own key blocks and walk query blocks (see the module docstring)."""
+def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool = False) -> tile.KernelOp:
+    """dK and dV: programs own key blocks and walk query blocks (see the module docstring).
+    With `fused_dq` (`attention_bwd_dkdv_dq`) every block pair also adds its unscaled dQ part
+    `dS K` into `dq_acc` (`tile.dot_lhs_transposed`, `tile.store_add`)."""
     q_source, k_source = _sources(facts)
     softmax = facts.has_lse
-    roles = _gradient_kernel_roles(facts, ["dk", "dv"], "_q")
+    roles = _gradient_kernel_roles(facts, ["dk", "dv", *(["dq_acc"] if fused_dq else [])], "_q")
     rotation = facts.rotation
-    k = KernelBuilder("attention_bwd_dkdv", roles, "key_blocks", config,
+    name = "attention_bwd_dkdv_dq" if fused_dq else "attention_bwd_dkdv"
+    k = KernelBuilder(name, roles, "key_blocks", config,
                       rotation.rotary_dim if rotation else None, facts.data_roles)
     parts = _parts(facts, config)
     # Program rows are keys: load them (and their values) once.
@@ -242,6 +252,13 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelO
         new_dv = inner.add(tile.AccumulateOp(dv, probs, grad_out), "dv").results[0]
         new_dk = [inner.add(tile.AccumulateOp(acc, grad_scores, q), name).results[0]
                   for acc, q, name in zip(dk, query_parts, names)]
+        if fused_dq:
+            # The loop's query rows' dQ part, (dS^T)^T K per column part, added into dq_acc
+            # unscaled (the finish kernel scales once).
+            for key, part in zip(key_parts, parts):
+                dq_part = inner.add(tile.DotLhsTransposedOp(grad_scores, key),
+                                    f"dq_part{PART_SUFFIX[part]}").results[0]
+                inner.builder.insert(tile.StoreAddOp(dq_part, inner.arg("dq_acc"), "loop", part))
         inner.builder.insert(tile.YieldOp([*new_dk, new_dv]))
 
     *dk, dv = build_band_loops(k, facts, state, names, body, over="queries")
@@ -301,12 +318,51 @@ def build_dq_kernel(
     return k.finish()
 
 
-def build_backward_kernels(
+def build_dq_finish_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
+    """`attention_bwd_dq_finish` (the fused backward): dQ from the accumulated `dq_acc`,
+    scaled once, through the rotation's transpose where q has one, stored as dq."""
+    rotation = facts.rotation
+    roles = ["dq_acc", "dq", *_rotation_roles(facts)]
+    k = KernelBuilder("attention_bwd_dq_finish", roles, "query_blocks", config,
+                      rotation.rotary_dim if rotation else None)
+    parts = _parts(facts, config)
+    acc = [k.load("dq_acc", "program", p, f"dq_acc{PART_SUFFIX[p]}") for p in parts]
+    _store_gradient(k, "q", acc, parts, facts.query_rotation, "query", facts.scale)
+    return k.finish()
+
+
+def build_fused_backward_kernels(
     facts: VariantFacts, config: KernelConfig, dkdv_config: KernelConfig
+) -> list[tile.KernelOp]:
+    """`bwd-dq=fused` (FlashAttention-3's design): the preprocess (softmax only), the dK/dV
+    kernel that also adds each block pair's dQ part into the fp32 `dq_acc` (zeroed by the
+    caller first; an unordered reduction, so dQ's last bits vary from run to run), and the
+    finish kernel that turns `dq_acc` into dQ. No bias gradient (see `fused_dq_unsupported`)."""
+    assert fused_dq_unsupported(facts) is None
+    kernels = [build_preprocess_kernel(config)] if facts.has_lse else []
+    return kernels + [build_dkdv_kernel(facts, dkdv_config, fused_dq=True),
+                      build_dq_finish_kernel(facts, config)]
+
+
+def fused_dq_unsupported(facts: VariantFacts) -> str | None:
+    """Why the fused backward cannot lower the variant, or None: a bias gradient is written
+    by the dQ-bias kernel (`attention_bwd_dq_bias`), which the fused backward has no
+    counterpart of."""
+    if facts.data_gradient_roles():
+        return ("the fused backward (bwd-dq=fused) has no bias gradient kernel: lower a "
+                "variant with a bias with bwd-dq=separate")
+    return None
+
+
+def build_backward_kernels(
+    facts: VariantFacts, config: KernelConfig, dkdv_config: KernelConfig, bwd_dq: str = "separate"
 ) -> list[tile.KernelOp]:
     """The backward kernels of a variant, in program order, which is the launch order of those
     a call runs: `attention_bwd_dq_delta` and then dK/dV, or the preprocess, dK/dV and a dQ
-    kernel (`dkdv_config` tunes the dK/dV kernel, `config` the others)."""
+    kernel (`dkdv_config` tunes the dK/dV kernel, `config` the others). With
+    `bwd_dq == "fused"`, `build_fused_backward_kernels`' instead."""
+    if bwd_dq == "fused":
+        return build_fused_backward_kernels(facts, config, dkdv_config)
     kernels = []
     if facts.has_lse:
         kernels += [build_preprocess_kernel(config),
@@ -317,4 +373,4 @@ def build_backward_kernels(
     return kernels
 
 
-__all__ = ["backward_facts", "build_backward_kernels", "needs_exact_scores"]
+__all__ = ["backward_facts", "build_backward_kernels", "fused_dq_unsupported", "needs_exact_scores"]

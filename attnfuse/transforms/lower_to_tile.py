@@ -66,7 +66,7 @@ from attnfuse.transforms.kernel_builder import (
     load_operand,
     lower_score_chain,
 )
-from attnfuse.transforms.lower_backward import backward_facts, build_backward_kernels
+from attnfuse.transforms.lower_backward import backward_facts, build_backward_kernels, fused_dq_unsupported
 
 # --------------------------------------------------------------------------------------------
 # What the attn program asks for
@@ -363,6 +363,8 @@ class LowerVariant(RewritePattern):
         # of both come first, each built once.
         # Decoding and cache layouts are inference-only: no backward kernels for them.
         wants_backward = c.backward and not (c.decode or c.kv_lens or c.page_size)
+        if wants_backward and c.bwd_dq == "fused" and (why := fused_dq_unsupported(facts)):
+            raise _fail(op, why)
         backward = backward_facts(facts, c.bwd_rope, c.element_type) if wants_backward else None
         kernels: list[Operation] = []
         for operand, fwd, bwd in (
@@ -376,7 +378,7 @@ class LowerVariant(RewritePattern):
         if c.decode and c.decode_merge == "kernel":
             kernels.append(build_merge_kernel(facts, c))
         if backward is not None:
-            kernels += build_backward_kernels(backward, c.for_backward(), c.for_dkdv())
+            kernels += build_backward_kernels(backward, c.for_backward(), c.for_dkdv(), c.bwd_dq)
         rewriter.insert(kernels, InsertPoint.before(op))
         rewriter.erase(op)
 
@@ -433,6 +435,11 @@ class LowerToTilePass(ModulePass):
     """pre_rotated: the backward reads rotated copies of q and k (each backward kernel loops
     over one of them, so an in-loop rotation would be paid once per program for both);
     as_forward: the forward's placement."""
+    bwd_dq: str = "separate"
+    """separate: dQ by its own kernels (`attention_bwd_dq_delta` / `attention_bwd_dq`,
+    deterministic); fused: the dK/dV kernel also adds each block pair's dQ part into an fp32
+    `dq_acc` (`attention_bwd_dkdv_dq`, atomics, not deterministic) and
+    `attention_bwd_dq_finish` scales it (not for a variant with a bias gradient)."""
     decode: bool = False
     """Split-KV decoding: `attention_decode` (programs own a split of the keys for all the
     query heads of one key/value head) and `attention_merge` replace `attention_fwd`; no
@@ -484,6 +491,10 @@ class LowerToTilePass(ModulePass):
             raise PassOptionError(
                 f"lower-to-tile: bwd-rope must be pre_rotated or as_forward, got '{self.bwd_rope}'"
             )
+        if self.bwd_dq not in ("separate", "fused"):
+            raise PassOptionError(
+                f"lower-to-tile: bwd-dq must be separate or fused, got '{self.bwd_dq}'"
+            )
         if self.decode_merge not in ("kernel", "last-split"):
             raise PassOptionError(
                 f"lower-to-tile: decode-merge must be kernel or last-split, got '{self.decode_merge}'"
@@ -504,7 +515,7 @@ class LowerToTilePass(ModulePass):
                             bwd_block_n, bwd_num_warps, bwd_num_stages, *dkdv,
                             self.backward, self.bwd_rope, self.decode, self.kv_lens,
                             self.page_size, self.append, self.decode_merge, self.page_lookahead,
-                            self.merge_stages)
+                            self.merge_stages, self.bwd_dq)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

@@ -430,12 +430,12 @@ GRAD_LIMIT = {torch.float16: 2e-2, torch.bfloat16: 2e-2, torch.float32: 1e-4}
 """Issue 4's bounds on ||g - ref|| / ||ref||."""
 
 
-def check_gradients(spec, q, k, v, rope_placement="auto", **data):
+def check_gradients(spec, q, k, v, rope_placement="auto", deterministic=True, **data):
     """Runs forward and backward and compares dq, dk, dv (and the bias's gradient)."""
     from attnfuse.runtime.reference import gradient_errors, reference_gradients
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = af.compile(spec, rope_placement=rope_placement)(q, k, v, **data)
+    out = af.compile(spec, rope_placement=rope_placement, deterministic=deterministic)(q, k, v, **data)
     grad_out = torch.randn_like(out)
     out.backward(grad_out)
     ref = reference_gradients(spec, q, k, v, grad_out, device="cuda", **data)
@@ -487,6 +487,22 @@ def test_backward_bias_and_block_sparse_1024(dtype):
     check_gradients(af.attention(af.additive_bias(), af.causal()), q, k, v, bias=bias)
     layout = torch.rand(8, 8, 8, device="cuda") < 0.5
     check_gradients(af.attention(af.block_sparse(128), af.causal()), q, k, v, block_layout=layout)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        pytest.param(lambda: [af.rope(theta=500000.0), af.causal()], id="rope+causal"),
+        pytest.param(lambda: [af.relu(), af.causal()], id="relu+causal"),
+    ],
+)
+def test_backward_fused_triton(monkeypatch, blocks, dtype):
+    """The portable fused backward (ATTNFUSE_BACKWARD=fused: dQ by fp32 atomics in the dK/dV
+    kernel) at the Llama-3-8B heads, GQA 4, a ragged Nq."""
+    monkeypatch.setenv("ATTNFUSE_BACKWARD", "fused")
+    q, k, v = make_qkv(1, 32, 8, nq=2043, nk=2048, d=128, dtype=dtype, device="cuda")
+    check_gradients(af.attention(*blocks()), q, k, v, deterministic=False)
 
 
 def test_second_derivative_raises_on_gpu():

@@ -1,0 +1,56 @@
+"""Which backward a training call's program is built with: the separate dQ kernels
+(FlashAttention-2's split, deterministic) or the fused one (`lower-to-tile{bwd-dq=fused}`:
+the dK/dV kernel adds each block pair's dQ part into an fp32 accumulator with atomics, so
+dQ's last bits vary from run to run)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from attnfuse.errors import ArgumentError
+from attnfuse.runtime import gluon_backward
+from attnfuse.runtime.inputs import Problem
+from attnfuse.runtime.program import Canonical
+
+BACKWARD_ENV = "ATTNFUSE_BACKWARD"
+"""auto (default): `choose_backward`'s rule; fused / separate: that backward wherever it is
+allowed (fused never overrides determinism, nor applies to a variant with a bias)."""
+
+BACKWARD_CHOICES = ("auto", "fused", "separate")
+
+
+def backward_request() -> str:
+    """The `ATTNFUSE_BACKWARD` setting, checked."""
+    value = os.environ.get(BACKWARD_ENV, "auto").strip().lower() or "auto"
+    if value not in BACKWARD_CHOICES:
+        raise ArgumentError(f"{BACKWARD_ENV} must be one of {', '.join(BACKWARD_CHOICES)}, got {value!r}")
+    return value
+
+
+def fused_allowed(variant: Canonical, deterministic: bool) -> bool:
+    """Whether the fused backward may run: the caller allowed non-determinism
+    (`af.compile(..., deterministic=False)`) and torch does not ask for deterministic
+    algorithms, and the variant has no bias (its gradient is written by the separate
+    backward's dQ-bias kernel, which the fused one has no counterpart of)."""
+    if deterministic or torch.are_deterministic_algorithms_enabled():
+        return False
+    return not variant.reads("bias")
+
+
+def choose_backward(problem: Problem, variant: Canonical, deterministic: bool) -> str:
+    """"fused" or "separate" (`lower-to-tile`'s `bwd-dq`) for a call's backward. Where the
+    fused backward is allowed, `ATTNFUSE_BACKWARD` decides; on `auto`, fused only where the
+    Gluon backward takes the call (`gluon_backward.takes_gluon_backward`): the portable
+    (Triton) fused backward measured slower than the split on the H200
+    (docs/performance.md §8)."""
+    request = backward_request()
+    if request == "separate" or not fused_allowed(variant, deterministic):
+        return "separate"
+    if request == "fused":
+        return "fused"
+    return "fused" if gluon_backward.takes_gluon_backward(problem, variant) else "separate"
+
+
+__all__ = ["BACKWARD_ENV", "backward_request", "choose_backward", "fused_allowed"]

@@ -1,0 +1,139 @@
+// RUN: attnfuse-opt %s --split-input-file --parsing-diagnostics --verify-diagnostics | filecheck %s
+// Verifier errors of the fused backward's ops (tile.dot_lhs_transposed, tile.store_add).
+
+// The left operand is a score-shaped f32 tile.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq: !tile.tensor<dq>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %kb = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %g = tile.zeros : !tile.tile<m x n x f16>
+    %p = tile.dot_lhs_transposed %g, %kb : !tile.tile<m x n x f16>, !tile.tile<m x d x f16> -> !tile.tile<n x d x f32>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}left operand must be f32, got f16
+
+// -----
+
+// The right operand's rows are the program's.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq: !tile.tensor<dq>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %kb = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %g = tile.zeros : !tile.tile<m x n x f32>
+    %kn = tile.zeros : !tile.tile<n x d x f16>
+    %p = tile.dot_lhs_transposed %g, %kn : !tile.tile<m x n x f32>, !tile.tile<n x d x f16> -> !tile.tile<n x d x f32>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}right operand must be <m x _>, got n x d
+
+// -----
+
+// The right operand has the kernel's element type (or f32).
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq: !tile.tensor<dq>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %kb = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %g = tile.zeros : !tile.tile<m x n x f32>
+    %kb16 = tile.zeros : !tile.tile<m x d x bf16>
+    %p = tile.dot_lhs_transposed %g, %kb16 : !tile.tile<m x n x f32>, !tile.tile<m x d x bf16> -> !tile.tile<n x d x f32>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}right operand must have the kernel's element type f16 (or be widened to f32), got bf16
+
+// -----
+
+// The product is n x (the right operand's columns), f32.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq: !tile.tensor<dq>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %kb = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %g = tile.zeros : !tile.tile<m x n x f32>
+    %p = tile.dot_lhs_transposed %g, %kb : !tile.tile<m x n x f32>, !tile.tile<m x d x f16> -> !tile.tile<n x half x f32>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}product must be a n x d tile, got n x half
+
+// -----
+
+// store_add adds into dq_acc only.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq: !tile.tensor<dq>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %kb = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %p = tile.zeros : !tile.tile<n x d x f32>
+    tile.store_add %p, %dq[loop, all] : !tile.tile<n x d x f32> -> !tile.tensor<dq>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}tile.store_add adds into the dq_acc tensor, not !tile.tensor<dq>
+
+// -----
+
+// The added tile has the block's shape.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq: !tile.tensor<dq>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %kb = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %p = tile.zeros : !tile.tile<m x d x f32>
+    tile.store_add %p, %dq_acc[loop, all] : !tile.tile<m x d x f32> -> !tile.tensor<dq_acc>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}added tile must be a n x d tile, got m x d
+
+// -----
+
+// The added tile is f32.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq: !tile.tensor<dq>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %kb = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %p = tile.zeros : !tile.tile<n x d x f16>
+    tile.store_add %p, %dq_acc[loop, all] : !tile.tile<n x d x f16> -> !tile.tensor<dq_acc>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}an added tile must have element type f32, got f16
+
+// -----
+
+// dq_acc rows are query rows: the program rows of a key_blocks kernel are keys.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq: !tile.tensor<dq>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %kb = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %p = tile.zeros : !tile.tile<m x d x f32>
+    tile.store_add %p, %dq_acc[program, all] : !tile.tile<m x d x f32> -> !tile.tensor<dq_acc>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}dq_acc rows are query rows, but the program rows of a key_blocks kernel are key rows
+

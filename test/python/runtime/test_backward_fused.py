@@ -1,0 +1,136 @@
+"""The fused backward (`lower-to-tile{bwd-dq=fused}`, issue 17) through the real kernels.
+
+`ATTNFUSE_BACKWARD=fused` with `af.compile(..., deterministic=False)` makes a training call's
+program the fused one: the preprocess (softmax), `attention_bwd_dkdv_dq` (dK/dV adding each
+block pair's dQ part into dq_acc with atomics) and `attention_bwd_dq_finish`. Gradients are
+checked against the float64 reference with test_backward's bounds (`check_grads`), on tiny
+shapes; `deterministic=True`, `torch.use_deterministic_algorithms` and a bias keep the
+separate kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("hypothesis")
+
+from conftest import make_qkv
+from test_backward import check_grads, launched  # noqa: F401 (launched: a fixture)
+
+import attnfuse as af
+from attnfuse.errors import ArgumentError
+from attnfuse.runtime.backward_choice import BACKWARD_ENV, backward_request
+from attnfuse.runtime.reference import reference_gradients
+
+pytestmark = [pytest.mark.interpreter, pytest.mark.filterwarnings("error::RuntimeWarning")]
+
+FUSED = ["attention_bwd_dkdv_dq", "attention_bwd_dq_finish"]
+SEPARATE = {"attention_bwd_dkdv", "attention_bwd_dq_delta"}
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    monkeypatch.setenv(BACKWARD_ENV, "fused")
+
+
+CASES = {
+    "causal": (lambda: [af.causal()], {}),
+    "window": (lambda: [af.sliding_window(9), af.causal()], {}),
+    "alibi": (lambda: [af.alibi()], {}),
+    "softcap": (lambda: [af.softcap(5.0)], {}),
+    "rope-auto": (lambda: [af.rope(), af.causal()], {}),
+    "rope-fused": (lambda: [af.rope(rotary_dim=16), af.causal()], {"placement": "fused"}),
+    "gqa4-ragged": (lambda: [af.causal()], {"hq": 4, "hkv": 1, "nq": 37, "nk": 37}),
+    "relu": (lambda: [af.relu()], {}),
+    "lse-grad": (lambda: [af.causal()], {"lse_grad": True}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_gradients(fused, launched, name):
+    """Every kernel the call ran is the fused backward's (no dQ kernel), and dq, dk, dv match
+    the reference. Default shapes: Nq = 37 != Nk = 45, neither a multiple of the blocks."""
+    blocks, options = CASES[name]
+    spec = af.attention(*blocks())
+    options = {"hq": 2, "nq": 37, "nk": 45, "d": 32} | options
+    placement = options.pop("placement", "auto")
+    fn = af.compile(spec, rope_placement=placement, deterministic=False)
+    check_grads(spec, fn=fn, seed=3, placement=placement, **options)
+    backward = [name for name in launched if name.startswith("attention_bwd")]
+    assert backward[-2:] == FUSED and not SEPARATE & set(backward), backward
+
+
+def test_fused_sigmoid(fused, launched):
+    """Sigmoid attention (no delta, no preprocess), fp32, against the float64 reference's
+    gradients directly (test_backward's emulation bound is written for softmax and relu)."""
+    spec = af.attention(af.sigmoid(), af.causal())
+    q, k, v = make_qkv(1, 2, None, 37, 45, 32, None, torch.float32, seed=9, requires_grad=True)
+    out = af.compile(spec, deterministic=False)(q, k, v)
+    go = torch.randn(out.shape, generator=torch.Generator().manual_seed(10))
+    out.backward(go)
+    ref = reference_gradients(spec, q, k, v, go)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        err = (t.grad.double() - ref[name]).abs().max().item()
+        assert err <= 2e-4 * ref[name].abs().max().item() + 1e-6, (name, err)
+    assert [n for n in launched if n.startswith("attention_bwd")] == FUSED
+
+
+def test_fused_half(fused, launched):
+    """bf16 operands: dS is rounded to K's type for the dQ part, as for dK."""
+    spec = af.attention(af.rope(), af.causal())
+    fn = af.compile(spec, deterministic=False)
+    check_grads(spec, fn=fn, hq=2, nq=24, nk=40, d=32, dtype=torch.bfloat16)
+    assert launched[-2:] == FUSED
+
+
+def _backward_kernels(fn, launched) -> list[str]:
+    q, k, v = make_qkv(1, 2, None, 20, 20, 16, None, torch.float32, seed=5, requires_grad=True)
+    launched.clear()
+    fn(q, k, v).sum().backward()
+    return [name for name in launched if name.startswith("attention_bwd")]
+
+
+def test_deterministic_keeps_separate(fused, launched):
+    """deterministic=True (the default) never runs the fused backward, even when asked."""
+    spec = af.attention(af.causal())
+    assert not set(FUSED) & set(_backward_kernels(af.compile(spec), launched))
+
+
+def test_deterministic_algorithms_keep_separate(fused, launched):
+    """torch.use_deterministic_algorithms(True) overrides deterministic=False."""
+    spec = af.attention(af.causal())
+    fn = af.compile(spec, deterministic=False)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        ran = _backward_kernels(fn, launched)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert not set(FUSED) & set(ran), ran
+    assert set(FUSED) <= set(_backward_kernels(fn, launched))  # allowed again: fused
+
+
+def test_separate_and_auto(monkeypatch, launched):
+    """ATTNFUSE_BACKWARD=separate, and auto on the CPU (no Gluon backward), keep the split."""
+    spec = af.attention(af.causal())
+    for request in ("separate", "auto"):
+        monkeypatch.setenv(BACKWARD_ENV, request)
+        assert not set(FUSED) & set(_backward_kernels(af.compile(spec, deterministic=False), launched))
+
+
+def test_bias_keeps_separate(fused):
+    """A variant with a bias has no fused backward (the dQ-bias kernel writes its gradient)."""
+    spec = af.attention(af.additive_bias(), af.causal())
+    bias = torch.randn(1, 2, 37, 45).requires_grad_()
+    fn = af.compile(spec, deterministic=False)
+    grads, _ref = check_grads(spec, fn=fn, bias=bias)
+    assert "dkdv_dq" not in fn.last.source
+
+
+def test_bad_requests(monkeypatch):
+    with pytest.raises(ArgumentError, match="deterministic"):
+        af.compile(af.attention(af.causal()), deterministic="yes")
+    monkeypatch.setenv(BACKWARD_ENV, "fast")
+    with pytest.raises(ArgumentError, match=BACKWARD_ENV):
+        backward_request()

@@ -25,6 +25,10 @@ Implementations (a row's `impl`):
 - `attnfuse`: `af.compile(af.attention(af.causal()))` called `fn(q, k, v, kv_lens=lens)` on the
   contiguous cache `k, v [B, Hkv, L_max, D]`; `attnfuse-paged<P>`: the same function on page
   pools `[num_pages, Hkv, P, D]` with `block_table=` int32 `[B, max_pages]` and `kv_lens=`;
+  `attnfuse-paged<P>-unhoisted` (with `--paged-forms hoisted,unhoisted`): the same call through a
+  second compiled function whose plans are made under `ATTNFUSE_HOIST_PAGE_ROWS=0`: every key
+  step derives its keys' pages and rows from their positions (the paged addressing before
+  `hoist_page_rows`), to time both forms in one run;
   `attnfuse-full`: `fn(q, k, v)` without `kv_lens` (the whole cache, bottom-right causal: what
   works before the decoding API lands; only where every sequence fills the cache);
   `attnfuse-rope` / `attnfuse-rope-full`: `af.attention(af.rope(theta=500000.0), af.causal())`
@@ -172,13 +176,22 @@ class Case:
         return min(self.lengths) == self.lmax
 
 
+PAGED_FORMS = ("hoisted", "unhoisted")
+"""`--paged-forms`: AttnFuse's paged key steps with their page rows hoisted (the default) or
+derived per step (`ATTNFUSE_HOIST_PAGE_ROWS=0`)."""
+
+
+def paged_suffix(form: str) -> str:
+    return "" if form == "hoisted" else f"-{form}"
+
+
 def ragged_lengths(sizes: Sizes) -> list[int]:
     generator = torch.Generator().manual_seed(0)
     low, high = sizes.ragged_range
     return torch.randint(low, high + 1, (sizes.ragged_batch,), generator=generator).tolist()
 
 
-def build_cases(sizes: Sizes, rows: list[str]) -> list[Case]:
+def build_cases(sizes: Sizes, rows: list[str], paged_forms: tuple[str, ...] = ("hoisted",)) -> list[Case]:
     geoms = {"llama8b": sizes.llama8b, "mistral": sizes.mistral, "llama70b": sizes.llama70b}
     cases = []
 
@@ -195,14 +208,16 @@ def build_cases(sizes: Sizes, rows: list[str]) -> list[Case]:
         for r in ("1", "2", "3", "4"):
             geom, batch, length = base(r)
             impls = ["attnfuse", "attnfuse-full"]
-            impls += [f"attnfuse-paged{p}" for p in sizes.page_sizes] + [f"flex-paged{p}" for p in sizes.page_sizes]
+            impls += [f"attnfuse-paged{p}{paged_suffix(form)}" for p in sizes.page_sizes for form in paged_forms]
+            impls += [f"flex-paged{p}" for p in sizes.page_sizes]
             cases.append(Case("5", f"row {r}: {geom.name} B={batch} L={length}", geom, [length] * batch, 1, impls,
                               base_key=f"{r}"))
     if "6" in rows:
         p = sizes.ragged_page
         cases.append(Case("6", f"{sizes.llama8b.name} B={sizes.ragged_batch} ragged", sizes.llama8b,
                           ragged_lengths(sizes), 1,
-                          ["attnfuse", f"attnfuse-paged{p}", "flex", f"flex-paged{p}", "sdpa-mask"], base_key="6"))
+                          ["attnfuse", *[f"attnfuse-paged{p}{paged_suffix(form)}" for form in paged_forms], "flex",
+                           f"flex-paged{p}", "sdpa-mask"], base_key="6"))
     if "7" in rows:
         for r in ("1", "2", "3", "4"):
             geom, batch, length = base(r)
@@ -368,6 +383,8 @@ class Peers:
             import attnfuse as af
 
             self.af["causal"] = af.compile(af.attention(af.causal()))
+            # Its own plans (made under ATTNFUSE_HOIST_PAGE_ROWS=0: `-unhoisted` rows).
+            self.af["causal-unhoisted"] = af.compile(af.attention(af.causal()))
             self.af["rope"] = af.compile(af.attention(af.rope(theta=ROPE_THETA), af.causal()),
                                          rope_placement=("fused", "given"))
         except Exception as err:  # noqa: BLE001 - no xDSL on the machine, say: the peers still run
@@ -398,9 +415,13 @@ class Peers:
                     raise Unavailable("the sequences do not all fill the cache")
                 return Impl(lambda: fn(q, k, v), rope, note="no kv_lens (whole cache)")
             if "-paged" in name:
-                page = int(name.removeprefix("attnfuse-paged"))
+                page_text, _, form = name.removeprefix("attnfuse-paged").partition("-")
+                page = int(page_text)
                 paged = x.paged(page)
                 pk, pv, table = paged["pool_k"], paged["pool_v"], paged["block_table"]
+                if form == "unhoisted":
+                    return self.unhoisted(lambda: self.af["causal-unhoisted"](q, pk, pv, block_table=table, kv_lens=lens),
+                                          page, paged)
                 return Impl(lambda: fn(q, pk, pv, block_table=table, kv_lens=lens), rope, f"paged {page}",
                             f"{paged['n_pages']} pages")
             return Impl(lambda: fn(q, k, v, kv_lens=lens), rope)
@@ -413,6 +434,25 @@ class Peers:
         if name == "sdpa-mask":
             return self.build_sdpa_mask(x)
         raise ValueError(name)
+
+    def unhoisted(self, call: Callable, page: int, paged: dict) -> Impl:
+        """An `-unhoisted` paged row: its plan (and kernels) made by the first call, under
+        ATTNFUSE_HOIST_PAGE_ROWS=0; later calls replay that plan."""
+        from attnfuse.runtime.config import HOIST_PAGE_ROWS_ENV
+
+        previous = os.environ.get(HOIST_PAGE_ROWS_ENV)
+        os.environ[HOIST_PAGE_ROWS_ENV] = "0"
+        try:
+            call()
+        finally:
+            if previous is None:
+                os.environ.pop(HOIST_PAGE_ROWS_ENV, None)
+            else:
+                os.environ[HOIST_PAGE_ROWS_ENV] = previous
+        source = self.af["causal-unhoisted"].last.program.source
+        if "page_rows = keys % PAGE_SIZE" not in source:
+            raise Unavailable("the unhoisted plan's kernels hoist their page rows (ATTNFUSE_HOIST_PAGE_ROWS ignored)")
+        return Impl(call, False, f"paged {page}", f"{paged['n_pages']} pages; page rows per step (unhoisted)")
 
     # -- flex ---------------------------------------------------------------------------------
 
@@ -804,10 +844,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget", type=float, default=210.0,
                         help="seconds after which no new case starts (default 210; the rows say what was skipped)")
     parser.add_argument("--out", type=Path, default=benchlib.ROOT / "bench" / "results")
+    parser.add_argument("--paged-forms", default="hoisted",
+                        help=f"comma-separated AttnFuse paged forms for rows 5 and 6, of {', '.join(PAGED_FORMS)} "
+                        "(default hoisted; unhoisted adds attnfuse-paged<P>-unhoisted rows)")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU, tiny sizes (4q/2kv/D16, L <= 128), fp32, 1 warmup + 2 timed calls, flex eager")
     args = parser.parse_args(argv)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    paged_forms = tuple(f.strip() for f in args.paged_forms.split(",") if f.strip())
+    if not paged_forms or any(f not in PAGED_FORMS for f in paged_forms):
+        parser.error(f"--paged-forms takes {', '.join(PAGED_FORMS)}, got {args.paged_forms!r}")
     for r in rows:
         if r not in ROWS:
             parser.error(f"unknown row {r!r}; choose from {', '.join(ROWS)}")
@@ -842,7 +888,7 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_bandwidth(timer, device, sizes.copy_bytes)
     benchlib.log(f"copy: {copy}")
     peers = Peers(args, device)
-    cases = build_cases(sizes, rows)
+    cases = build_cases(sizes, rows, paged_forms)
     config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
     document: dict[str, Any] = {"metadata": meta, "device": device, "config": config, "copy": copy,
                                 "sizes": dataclasses.asdict(sizes), "rows": []}

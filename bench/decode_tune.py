@@ -8,7 +8,7 @@ against SDPA before it is timed (a wrong one reads `WRONG` in its cell).
     python bench/decode_tune.py [--reps 100] [--out bench/results/<stamp>-decode_tune.md]
     python bench/decode_tune.py --paged 16,64   # also over shuffled page pools: one run
     python bench/decode_tune.py --smoke         # the CPU interpreter at tiny sizes (timings mean nothing)
-    python bench/decode_tune.py --paged 16 --small-steps   # 16- and 32-key steps over small pages
+    python bench/decode_tune.py --paged 16 --small-steps   # hoisted page rows or not; 16- and 32-key steps
 
 Rows stop starting after `--time-budget` seconds (default 300; the rows left are listed).
 
@@ -142,18 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     original = config.decode_tile_config
 
     def sweep(block_n: int, stages: int, warps: int = 4, per_sm: int = 1, min_blocks: int = 4,
-              merge_stages: int | None = None, only: str | None = None, lookahead: int = 1) -> None:
+              merge_stages: int | None = None, only: str | None = None, lookahead: int = 1,
+              hoist: int = 1) -> None:
         """One row: every case (or only the "paged" / "contiguous" ones) under this
         configuration, checked against SDPA, then timed."""
+        ahead = f"{lookahead}{'' if hoist else ' (rows per step)'}" if page_sizes else "-"
         if time.monotonic() - started > args.time_budget:
-            lines.append(f"| {block_n} | {stages} | {warps} | {lookahead if page_sizes else '-'} | {per_sm} | {min_blocks} | "
+            lines.append(f"| {block_n} | {stages} | {warps} | {ahead} | {per_sm} | {min_blocks} | "
                          f"{merge_stages or 'default'} | " + " | ".join("not run (time budget)" for _ in cases) + " |")
             log(lines[-1])
             return
         def tuned(problem, paged=False):
             base = original(problem, paged)
             return replace(base, block_n=block_n, num_stages=stages, num_warps=warps, page_lookahead=lookahead,
-                           merge_stages=base.merge_stages if merge_stages is None else merge_stages)
+                           hoist_page_rows=hoist, merge_stages=base.merge_stages if merge_stages is None else merge_stages)
 
         api.decode_tile_config = tuned  # what compile_key calls
         kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS = per_sm, min_blocks
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{time_us(lambda: fn(q, k, v, **extra), args.reps):.1f}")
             except Exception as err:  # noqa: BLE001 - a config that does not fit is a row
                 cells.append(f"fails: {type(err).__name__}")
-        lines.append(f"| {block_n} | {stages} | {warps} | {lookahead if page_sizes else '-'} | {per_sm} | {min_blocks} | "
+        lines.append(f"| {block_n} | {stages} | {warps} | {ahead} | {per_sm} | {min_blocks} | "
                      f"{merge_stages or 'default'} | " + " | ".join(cells) + " |")
         log(lines[-1])
 
@@ -184,10 +186,15 @@ def main(argv: list[str] | None = None) -> int:
                 sweep(block_n, 1)
             sweep(32, 1, only="paged" if page_sizes else None, lookahead=0, merge_stages=1)
             sweep(32, 1, warps=8, per_sm=2, min_blocks=1)
+            sweep(32, 1, only="paged" if page_sizes else None, hoist=0)
             return finish(lines, args.out)
         if args.small_steps:
-            # Steps no longer than a small page read one table entry per page, not per key.
-            sweep(64, 3, only="paged")
+            # The page rows hoisted (the default) or derived per step, at the decode
+            # configurations; then steps no longer than a small page, which read one table
+            # entry per step, not per key.
+            for block_n in (64, 128):
+                sweep(block_n, 3, only="paged")
+                sweep(block_n, 3, only="paged", hoist=0)
             for block_n, stages in itertools.product((16, 32), (3, 4, 6, 8)):
                 sweep(block_n, stages, only="paged")
             return finish(lines, args.out)

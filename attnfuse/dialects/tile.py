@@ -561,7 +561,10 @@ class KernelOp(IRDLOperation):
     block-table entries of a step this many steps ahead: 1, the default when absent, reads
     the next step's entries during a step, so no K/V address waits on a table load in its
     own step and the loads software-pipeline like a contiguous cache's; 0 reads them in the
-    step that uses them), on a kernel that merges split partials optional `merge_stages`
+    step that uses them), optional `hoist_page_rows` (1, the default when absent: where a
+    step's keys start a page or lie in one, each key's row in its page is the same every
+    step and is computed once before the loop, and a step's table entries are indexed from
+    its first key; 0: both from each key's position, every step), on a kernel that merges split partials optional `merge_stages`
     (the software-pipelining depth of its loop over the splits; 1, not pipelined, when
     absent), and optional `schedule` (`#tile<schedule ...>`, with the integer attributes
     `producer_warps`, `consumer_registers` and optional `persistent`; see `ScheduleAttr`).
@@ -663,6 +666,14 @@ class KernelOp(IRDLOperation):
         return 1 if value is None else value
 
     @property
+    def hoist_page_rows(self) -> int:
+        """1 when a paged kernel's key loops compute the keys' rows in their pages once
+        before the loop (where steps start pages or lie in one), 0 when every step computes
+        them from the keys' positions (1 when the attribute is absent)."""
+        value = self.int_attr("hoist_page_rows")
+        return 1 if value is None else value
+
+    @property
     def shared_offsets(self) -> tuple[str, ...] | None:
         """(follower, leader) roles whose loop loads may share offsets, or None."""
         attr = self.attributes.get("shared_offsets")
@@ -747,6 +758,11 @@ class KernelOp(IRDLOperation):
                 raise VerifyException("page_lookahead is an attribute of a paged kernel (one with a block_table parameter)")
             if self.int_attr("page_lookahead") not in (0, 1):
                 raise VerifyException(f"page_lookahead must be 0 or 1, got {self.int_attr('page_lookahead')}")
+        if self.attributes.get("hoist_page_rows") is not None:
+            if not paged:
+                raise VerifyException("hoist_page_rows is an attribute of a paged kernel (one with a block_table parameter)")
+            if self.int_attr("hoist_page_rows") not in (0, 1):
+                raise VerifyException(f"hoist_page_rows must be 0 or 1, got {self.int_attr('hoist_page_rows')}")
         if paged and "kv_lens" not in self.roles:
             raise VerifyException("a paged kernel needs a kv_lens parameter: the pages hold no length")
         if self.grid == "appended_keys" and "kv_lens" not in self.roles:

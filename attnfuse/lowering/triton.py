@@ -352,6 +352,8 @@ class KernelEmitter:
             # Rows are (query head in the group, query) pairs: both axes vary by row.
             return f"(row_head * stride_{role}_h + row_query * stride_{role}_n)"
         if rows == "loop" and self.paged and role in self.paged_roles:
+            if self.page_rows_hoisted and self.page_per_step:
+                return f"(page_rows * stride_{role}_n)"  # after the step's page offset (`block_pointer`)
             return f"(pages * stride_{role}_b + page_rows * stride_{role}_n)"
         if rows == "program" and role in ("k_cache", "v_cache"):
             # A cache append writes each new key at its position after the cached ones.
@@ -360,14 +362,29 @@ class KernelEmitter:
             return f"(k_pos * stride_{role}_n)"
         return None
 
+    def step_page_offset(self, role: str, rows: str) -> str:
+        """`+ offset` of the step's page from `{role}_base` where a paged step's keys lie in
+        one page and their rows are hoisted (`page_rows_hoisted`), else empty: the step
+        adds one scalar to offsets that do not change across steps."""
+        if not (rows == "loop" and self.paged and role in self.paged_roles
+                and self.page_rows_hoisted and self.page_per_step):
+            return ""
+        first = "" if self.kernel.get("page_size") == self.kernel.get("block_n") else f" + start_n % PAGE_SIZE * stride_{role}_n"
+        return f" + (pages * stride_{role}_b{first})"
+
     def block_pointer(self, role: str, rows: str, cols: str | None) -> tuple[str, str | None]:
         row_index, row_mask = self.rows(rows)
         offsets = self.row_offsets(role, rows)
+        page = self.step_page_offset(role, rows)
         if cols is None:
-            return f"{role}_base + {offsets or f'{row_index} * stride_{role}_n'}", row_mask
+            return f"{role}_base{page} + {offsets or f'{row_index} * stride_{role}_n'}", row_mask
         col_index, col_mask = self.columns(role, cols)
         row_part = f"{offsets}[:, None]" if offsets else f"{row_index}[:, None] * stride_{role}_n"
-        ptrs = f"{role}_base + {row_part} + ({col_index})[None, :] * stride_{role}_d"
+        if page:
+            # The rows' and columns' offsets, summed apart from the page: the same every step.
+            ptrs = f"{role}_base{page} + ({row_part} + ({col_index})[None, :] * stride_{role}_d)"
+        else:
+            ptrs = f"{role}_base + {row_part} + ({col_index})[None, :] * stride_{role}_d"
         masks = [m for m in (row_mask and f"{row_mask}[:, None]", col_mask and f"({col_mask})[None, :]") if m]
         return ptrs, " & ".join(masks) if masks else None
 
@@ -980,9 +997,15 @@ class KernelEmitter:
         self.emit(f"# tile.kv_loop over {kind}")
         lo, hi = self.namer[op.lower], self.namer[op.upper]
         ahead = self.paged and self.kernel.page_lookahead > 0
+
+        def prelude() -> None:
+            if ahead:
+                self.emit_first_pages(lo)
+            if self.page_rows_hoisted:
+                self.emit_page_rows()
+
         self.emit_block_loop(op, f"for start_n in range({lo}, {hi}, BLOCK_N):", [], masked,
-                             prelude=(lambda: self.emit_first_pages(lo)) if ahead else None,
-                             pages_ahead=ahead)
+                             prelude=prelude if self.paged else None, pages_ahead=ahead)
 
     def emit_q_loop(self, op: tile.QLoopOp) -> None:
         masked = op.masked is not None
@@ -1050,14 +1073,35 @@ class KernelEmitter:
         step), so the step reads one table entry, not one per key."""
         return self.kernel.get("page_size") % self.kernel.get("block_n") == 0
 
+    @property
+    def page_rows_hoisted(self) -> bool:
+        """Whether a key step's rows in their pages are the same every step and computed
+        once before the loop (`hoist_page_rows`): its keys start pages (the page size divides
+        the step, which starts at a multiple of BLOCK_N) or lie in one page."""
+        page, step = self.kernel.get("page_size"), self.kernel.get("block_n")
+        return bool(self.kernel.hoist_page_rows) and (page % step == 0 or step % page == 0)
+
+    def emit_page_rows(self) -> None:
+        """Before a paged key loop with hoisted rows: each step key's row in its page
+        (`page_rows`), relative to the step's first row when the step lies in one page."""
+        if self.page_per_step:
+            self.emit("page_rows = tl.arange(0, BLOCK_N)  # from the step's first row in its page")
+        else:
+            self.emit("page_rows = tl.arange(0, BLOCK_N) % PAGE_SIZE  # steps start pages: the same every step")
+
     def table_load(self, keys: str, per_step: str) -> str:
         """The load of the pages of the step whose keys are `keys` (its first key
         `per_step` when a step's keys lie in one page), masked to the sequence's keys: a
-        table's entries past the sequence may hold anything (-1), or lie past its end."""
+        table's entries past the sequence may hold anything (-1), or lie past its end.
+        With hoisted rows a step's entries are indexed from its first key."""
         if self.page_per_step:
             first = f"({per_step})" if " " in per_step else per_step
             return (f"tl.load(block_table_base + {first} // PAGE_SIZE * stride_block_table_n, "
                     f"mask={per_step} < n_k, other=0)")
+        if self.page_rows_hoisted:
+            first = f"({per_step})" if " " in per_step else per_step
+            return (f"tl.load(block_table_base + ({first} // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE)"
+                    f" * stride_block_table_n, mask={keys} < n_k, other=0)")
         return (f"tl.load(block_table_base + (({keys}) // PAGE_SIZE) * stride_block_table_n, "
                 f"mask={keys} < n_k, other=0)")
 
@@ -1077,7 +1121,8 @@ class KernelEmitter:
         ahead of it (widened first, the load would go to the user's step)."""
         self.emit(f"next_page_ids = {self.table_load('keys + BLOCK_N', 'start_n + BLOCK_N')}")
         self.emit("pages = page_ids.to(tl.int64)  # int64 offsets: a pool can pass 2**31 elements")
-        self.emit("page_rows = keys % PAGE_SIZE")
+        if not self.page_rows_hoisted:
+            self.emit("page_rows = keys % PAGE_SIZE")
 
     def emit_pages(self, masked: bool) -> None:
         """A paged kernel's key step that reads its own page ids (`page_lookahead` 0, or a
@@ -1094,8 +1139,11 @@ class KernelEmitter:
             self.emit(f"pages = tl.load(block_table_base + {entry} * stride_block_table_n{guard}).to(tl.int64)")
         else:
             guard = ", mask=key_in_bounds, other=0" if masked else ""
-            self.emit(f"pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n{guard}).to(tl.int64)")
-        self.emit("page_rows = keys % PAGE_SIZE")
+            entries = ("(start_n // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE)" if self.page_rows_hoisted
+                       else "(keys // PAGE_SIZE)")
+            self.emit(f"pages = tl.load(block_table_base + {entries} * stride_block_table_n{guard}).to(tl.int64)")
+        if not self.page_rows_hoisted:
+            self.emit("page_rows = keys % PAGE_SIZE")
 
     def emit_yield(self, op: tile.YieldOp) -> None:
         loop = op.parent_op()

@@ -94,6 +94,8 @@ class CompileKey:
             options += f" page-size={self.cache.page_size}"
             if self.config.page_lookahead != 1:
                 options += f" page-lookahead={self.config.page_lookahead}"
+            if self.config.hoist_page_rows != 1:
+                options += f" hoist-page-rows={self.config.hoist_page_rows}"
         return options
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,13 @@ class TileConfig:
     ahead (lower-to-tile's `page-lookahead`): 1, the next step's during a step, so the K/V
     loads software-pipeline as deep as a contiguous cache's; 0, each step its own (then
     Triton's pipeliner spends a stage on the table load and K/V get one fewer)."""
+    hoist_page_rows: int = 1
+    """A paged cache's key loops compute each key's row in its page once, before the loop,
+    where a step's keys start pages or lie in one (lower-to-tile's `hoist-page-rows`): 1, so
+    a step spends no division or remainder per key, and a step inside one page adds one page
+    offset to loop-invariant row offsets; 0, every step derives each key's page index and row
+    from its position (the earlier form; `ATTNFUSE_HOIST_PAGE_ROWS=0` selects it for the
+    decode configurations, to compare the two)."""
 
     def dkdv(self) -> tuple[int, int, int, int]:
         """The dK/dV kernel's (block_m, block_n, num_warps, num_stages): its programs own
@@ -187,14 +195,31 @@ def decode_tile_config(problem: Problem, paged: bool = False) -> TileConfig:
     splits there from two key blocks on, so short caches still merge splits)."""
     del paged  # the same configuration (see above); kept for callers that tune paged calls apart
     block_m = decode_block_m(problem)
+    hoist = hoist_page_rows()
     if problem.device.type != "cuda":
-        return TileConfig(block_m, 32, 4, 1, merge_stages=2)  # the pipelined merge's code path
+        # The pipelined merge's code path.
+        return TileConfig(block_m, 32, 4, 1, merge_stages=2, hoist_page_rows=hoist)
     d = max(problem.head_dim, problem.head_dim_v)
     if d > 128:
-        return TileConfig(block_m, 32, 4, 2, merge_stages=DECODE_MERGE_STAGES)
+        return TileConfig(block_m, 32, 4, 2, merge_stages=DECODE_MERGE_STAGES, hoist_page_rows=hoist)
     if problem.seq_k >= DECODE_LONG_CACHE:
-        return TileConfig(block_m, 128, 4, 3, merge_stages=DECODE_MERGE_STAGES)
-    return TileConfig(block_m, 64, 4, 3, merge_stages=DECODE_MERGE_STAGES)
+        return TileConfig(block_m, 128, 4, 3, merge_stages=DECODE_MERGE_STAGES, hoist_page_rows=hoist)
+    return TileConfig(block_m, 64, 4, 3, merge_stages=DECODE_MERGE_STAGES, hoist_page_rows=hoist)
+
+
+HOIST_PAGE_ROWS_ENV = "ATTNFUSE_HOIST_PAGE_ROWS"
+"""The environment variable that, set to 0 when a call's plan is made, gives the decode
+configurations `hoist_page_rows=0` (the earlier paged addressing), so one process can time
+both forms (bench/decode.py's `attnfuse-paged<P>-unhoisted` rows)."""
+
+
+def hoist_page_rows() -> int:
+    """`TileConfig.hoist_page_rows` for the decode configurations: 1 unless
+    `ATTNFUSE_HOIST_PAGE_ROWS` is "0" (then 0); any other value is an `ArgumentError`."""
+    value = os.environ.get(HOIST_PAGE_ROWS_ENV, "1")
+    if value not in ("0", "1"):
+        raise ArgumentError(f"{HOIST_PAGE_ROWS_ENV} must be 0 or 1, got {value!r}")
+    return int(value)
 
 
 DECODE_MERGE_STAGES = 1

@@ -172,6 +172,10 @@ class KernelConfig:
     bwd_dq: str = "separate"
     """How the backward computes dQ: "separate" (FlashAttention-2's dQ kernels) or "fused"
     (the dK/dV kernel adds dQ parts into `dq_acc`; `attention_bwd_dq_finish`)."""
+    hoist_page_rows: int = 1
+    """A paged kernel's key loops compute each key's row in its page once, before the loop,
+    where a step's keys start pages or lie in one (the kernel attribute `hoist_page_rows`);
+    0: from each key's position in every step."""
 
     def for_backward(self) -> KernelConfig:
         """The configuration the dQ and preprocess kernels are built with."""
@@ -226,6 +230,7 @@ class KernelBuilder:
         if "block_table" in roles:
             attributes["page_size"] = config.page_size
             attributes["page_lookahead"] = config.page_lookahead
+            attributes["hoist_page_rows"] = config.hoist_page_rows
         self.kernel = tile.KernelOp(
             name, roles, grid=grid, element_type=self.elem, config=attributes,
         )

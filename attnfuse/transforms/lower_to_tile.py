@@ -465,6 +465,12 @@ class LowerToTilePass(ModulePass):
     ahead: 1 (the next step's, during a step: no K/V address waits on a table load of its
     own step, so Triton pipelines the K/V loads as deep as a contiguous cache's) or 0 (the
     step's own)."""
+    hoist_page_rows: int = 1
+    """1: a paged cache's key loops compute each key's row in its page once, before the
+    loop, where a step's keys start pages (the page size divides block-n) or lie in one (it
+    is a multiple of block-n), and index a step's table entries from its first key: per step
+    no division or remainder per key, and with whole-page steps one page offset per step. 0:
+    both from each key's position in every step (the form before; kept to compare)."""
 
     def config(self) -> KernelConfig:
         """The options, checked."""
@@ -505,6 +511,8 @@ class LowerToTilePass(ModulePass):
             raise PassOptionError(f"lower-to-tile: merge-stages must be >= 1, got {self.merge_stages}")
         if self.page_lookahead not in (0, 1):
             raise PassOptionError(f"lower-to-tile: page-lookahead must be 0 or 1, got {self.page_lookahead}")
+        if self.hoist_page_rows not in (0, 1):
+            raise PassOptionError(f"lower-to-tile: hoist-page-rows must be 0 or 1, got {self.hoist_page_rows}")
         if self.page_size and not self.kv_lens:
             raise PassOptionError(
                 f"lower-to-tile: page-size={self.page_size} needs kv-lens=true: the pages do not "
@@ -515,7 +523,7 @@ class LowerToTilePass(ModulePass):
                             bwd_block_n, bwd_num_warps, bwd_num_stages, *dkdv,
                             self.backward, self.bwd_rope, self.decode, self.kv_lens,
                             self.page_size, self.append, self.decode_merge, self.page_lookahead,
-                            self.merge_stages, self.bwd_dq)
+                            self.merge_stages, self.bwd_dq, self.hoist_page_rows)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

@@ -3,6 +3,11 @@
 // RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=64 page-lookahead=0 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=IN-STEP
 // RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=16 page-lookahead=0 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=IN-STEP-KEYS
 // RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'lower-to-tile{decode=true kv-lens=true page-size=16 page-lookahead=2}' 2>&1 | filecheck %s --check-prefix=LOOKAHEAD-OPTION
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=128 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=BIG-PAGES
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=48 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=ODD-PAGES
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=64 hoist-page-rows=0 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=UNHOISTED
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=16 hoist-page-rows=0 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=UNHOISTED-KEYS
+// RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'lower-to-tile{decode=true kv-lens=true page-size=16 hoist-page-rows=2}' 2>&1 | filecheck %s --check-prefix=HOIST-OPTION
 // RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true merge-stages=3 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=MERGE-PIPELINED
 // RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'lower-to-tile{decode=true merge-stages=0}' 2>&1 | filecheck %s --check-prefix=MERGE-STAGES-OPTION
 
@@ -27,13 +32,15 @@
 // CHECK-NEXT:  split_lo = split * split_len
 // A step's 64 keys lie in one 64-row page: one table entry per step, read a step ahead (the
 // first step's before the loop), never past the sequence's keys; the ids are carried int32.
+// The keys' rows in the step's page are the same every step (hoist-page-rows=1, the default):
+// computed before the loop; a step adds its page's offset to offsets that do not change.
 // CHECK:       page_ids = tl.load(block_table_base + split_start // PAGE_SIZE * stride_block_table_n, mask=split_start < n_k, other=0)
+// CHECK-NEXT:  page_rows = tl.arange(0, BLOCK_N)
 // CHECK-NEXT:  for start_n in range(split_start, split_full_end, BLOCK_N):
 // CHECK:           next_page_ids = tl.load(block_table_base + (start_n + BLOCK_N) // PAGE_SIZE * stride_block_table_n, mask=start_n + BLOCK_N < n_k, other=0)
 // CHECK-NEXT:      pages = page_ids.to(tl.int64)
-// CHECK-NEXT:      page_rows = keys % PAGE_SIZE
 // CHECK-NEXT:      # tile.load: k rows (loop)
-// CHECK-NEXT:      k_lo = tl.load(k_base + (pages * stride_k_b + page_rows * stride_k_n)[:, None]
+// CHECK-NEXT:      k_lo = tl.load(k_base + (pages * stride_k_b) + ((page_rows * stride_k_n)[:, None] + (cols_half)[None, :] * stride_k_d))
 // Keys rotate at their logical positions, not their page rows.
 // CHECK:       tile.rotate: RoPE at key positions
 // CHECK:       table_rows_1 = keys
@@ -41,6 +48,7 @@
 // CHECK:           page_ids = next_page_ids
 // The partial loop reads its first step's ids itself.
 // CHECK:       page_ids = tl.load(block_table_base + split_full_end // PAGE_SIZE * stride_block_table_n, mask=split_full_end < n_k, other=0)
+// CHECK-NEXT:  page_rows = tl.arange(0, BLOCK_N)
 // CHECK-NEXT:  for start_n in range(split_full_end, split_end, BLOCK_N):
 // CHECK:       tl.store(o_part_base + (row_head * stride_o_part_h + row_query * stride_o_part_n)[:, None]
 
@@ -58,26 +66,53 @@
 // CHECK:           weight = tl.math.exp2((split_lse - safe_max[:, None]) * 1.4426950408889634)
 // CHECK-NEXT:      out = out * rescale[:, None] + tl.sum(split_out * weight[:, :, None], 1)
 
-// Pages smaller than a step: one table entry per key, none read past the sequence.
-// SMALL-PAGES:      page_ids = tl.load(block_table_base + ((split_start + tl.arange(0, BLOCK_N)) // PAGE_SIZE) * stride_block_table_n, mask=split_start + tl.arange(0, BLOCK_N) < n_k, other=0)
-// SMALL-PAGES:      next_page_ids = tl.load(block_table_base + ((keys + BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=keys + BLOCK_N < n_k, other=0)
-// SMALL-PAGES-NEXT: pages = page_ids.to(tl.int64)
-// SMALL-PAGES:      page_ids = next_page_ids
+// Pages smaller than a step: one table entry per key, none read past the sequence. Steps start
+// pages, so each key's row in its page, and its entry's distance from the step's first, are the
+// same every step: no division or remainder per key in the loop.
+// SMALL-PAGES:      page_ids = tl.load(block_table_base + (split_start // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=split_start + tl.arange(0, BLOCK_N) < n_k, other=0)
+// SMALL-PAGES-NEXT: page_rows = tl.arange(0, BLOCK_N) % PAGE_SIZE
+// SMALL-PAGES-NEXT: for start_n in range(split_start, split_full_end, BLOCK_N):
+// SMALL-PAGES:          next_page_ids = tl.load(block_table_base + ((start_n + BLOCK_N) // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=keys + BLOCK_N < n_k, other=0)
+// SMALL-PAGES-NEXT:     pages = page_ids.to(tl.int64)
+// SMALL-PAGES-NEXT:     # tile.load: k rows (loop)
+// SMALL-PAGES-NEXT:     k_lo = tl.load(k_base + (pages * stride_k_b + page_rows * stride_k_n)[:, None] + (cols_half)[None, :] * stride_k_d)
+// SMALL-PAGES-NOT:      keys % PAGE_SIZE
+// SMALL-PAGES:          page_ids = next_page_ids
+
+// Pages larger than a step: the step's first row in its page joins the page's offset.
+// BIG-PAGES:            k_lo = tl.load(k_base + (pages * stride_k_b + start_n % PAGE_SIZE * stride_k_n) + ((page_rows * stride_k_n)[:, None] + (cols_half)[None, :] * stride_k_d))
+// Pages that neither divide nor are multiples of a step: each key's page and row from its position.
+// ODD-PAGES-NOT:        page_rows = tl.arange
+// ODD-PAGES:            next_page_ids = tl.load(block_table_base + ((keys + BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=keys + BLOCK_N < n_k, other=0)
+// ODD-PAGES:            page_rows = keys % PAGE_SIZE
+
+// hoist-page-rows=0: the earlier form, every step derives each key's page and row from its position.
+// UNHOISTED-NOT:        page_rows = tl.arange
+// UNHOISTED:            next_page_ids = tl.load(block_table_base + (start_n + BLOCK_N) // PAGE_SIZE * stride_block_table_n, mask=start_n + BLOCK_N < n_k, other=0)
+// UNHOISTED-NEXT:       pages = page_ids.to(tl.int64)
+// UNHOISTED-NEXT:       page_rows = keys % PAGE_SIZE
+// UNHOISTED-NEXT:       # tile.load: k rows (loop)
+// UNHOISTED-NEXT:       k_lo = tl.load(k_base + (pages * stride_k_b + page_rows * stride_k_n)[:, None]
+// UNHOISTED-KEYS:       page_ids = tl.load(block_table_base + ((split_start + tl.arange(0, BLOCK_N)) // PAGE_SIZE) * stride_block_table_n, mask=split_start + tl.arange(0, BLOCK_N) < n_k, other=0)
+// UNHOISTED-KEYS:       next_page_ids = tl.load(block_table_base + ((keys + BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=keys + BLOCK_N < n_k, other=0)
+// UNHOISTED-KEYS-NEXT:  pages = page_ids.to(tl.int64)
+// UNHOISTED-KEYS-NEXT:  page_rows = keys % PAGE_SIZE
+// HOIST-OPTION: error: lower-to-tile: hoist-page-rows must be 0 or 1, got 2
 
 // page-lookahead=0: each step reads its own ids (per step with 64-row pages, per key with
 // 16-row ones); the full loop's steps lie inside the sequence and need no mask.
 // IN-STEP-NOT:      page_ids
 // IN-STEP:          for start_n in range(split_start, split_full_end, BLOCK_N):
 // IN-STEP:              pages = tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n).to(tl.int64)
-// IN-STEP-NEXT:         page_rows = keys % PAGE_SIZE
+// IN-STEP-NEXT:         # tile.load: k rows (loop)
 // IN-STEP-NOT:          page_ids
 // IN-STEP:          for start_n in range(split_full_end, split_end, BLOCK_N):
 // IN-STEP:              pages = tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n, mask=start_n < n_k, other=0).to(tl.int64)
 // IN-STEP-NOT:          page_ids
 // IN-STEP-KEYS-NOT:     page_ids
-// IN-STEP-KEYS:         pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n).to(tl.int64)
+// IN-STEP-KEYS:         pages = tl.load(block_table_base + (start_n // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE) * stride_block_table_n).to(tl.int64)
 // IN-STEP-KEYS-NOT:     page_ids
-// IN-STEP-KEYS:         pages = tl.load(block_table_base + (keys // PAGE_SIZE) * stride_block_table_n, mask=key_in_bounds, other=0).to(tl.int64)
+// IN-STEP-KEYS:         pages = tl.load(block_table_base + (start_n // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=key_in_bounds, other=0).to(tl.int64)
 // IN-STEP-KEYS-NOT:     page_ids
 
 // LOOKAHEAD-OPTION: error: lower-to-tile: page-lookahead must be 0 or 1, got 2

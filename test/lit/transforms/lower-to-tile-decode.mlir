@@ -1,5 +1,6 @@
 // RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true kv-lens=true page-size=16 head-dim=64 block-m=16 block-n=16}' | filecheck %s
 // RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true head-dim=64}' | filecheck %s --check-prefix=CONTIGUOUS
+// RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true kv-lens=true page-size=16 hoist-page-rows=0 head-dim=64}' | filecheck %s --check-prefix=UNHOISTED
 // RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{kv-lens=true head-dim=64}' | filecheck %s --check-prefix=LENGTHS
 
 // Split-KV decoding: the forward program on the kv_splits grid, its key range clipped to the
@@ -8,6 +9,9 @@
 // CHECK-SAME: grid = #tile<grid kv_splits>
 // CHECK-SAME: page_size = 16 : i64
 // CHECK-SAME: page_lookahead = 1 : i64
+// CHECK-SAME: hoist_page_rows = 1 : i64
+// UNHOISTED:  tile.kernel @attention_decode(
+// UNHOISTED-SAME: hoist_page_rows = 0 : i64
 // CHECK:      %kv_start, %full_start, %full_end, %kv_end = tile.kv_bounds {band = #attn.band<upper = 0>}
 // CHECK-NEXT: %split_start, %split_full_start, %split_full_end, %split_end = tile.kv_split %kv_start, %full_start, %full_end, %kv_end
 // CHECK-NEXT: tile.kv_loop %split_start to %split_full_end iter_args

@@ -278,31 +278,36 @@ def test_decode_without_kv_lens(blocks, dtype, hkv):
     assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, k))
 
 
-def with_page_lookahead(monkeypatch, lookahead):
+def with_page_lookahead(monkeypatch, lookahead, hoist_page_rows=1):
     """Decode calls compiled from here on read their block tables `lookahead` steps ahead
-    (`TileConfig.page_lookahead`; 1 is the default)."""
+    (`TileConfig.page_lookahead`; 1 is the default) and hoist their keys' page rows or not
+    (`TileConfig.hoist_page_rows`; 1 is the default)."""
     from attnfuse.runtime import api
 
     original = api.decode_tile_config
     monkeypatch.setattr(api, "decode_tile_config",
-                        lambda problem, paged=False: replace(original(problem, paged), page_lookahead=lookahead))
+                        lambda problem, paged=False: replace(original(problem, paged), page_lookahead=lookahead,
+                                                             hoist_page_rows=hoist_page_rows))
 
 
-@pytest.mark.parametrize("lookahead", [1, 0], ids=["ids-ahead", "ids-in-step"])
-def test_decode_paged_equals_contiguous(monkeypatch, lookahead):
-    """One cache, three layouts (contiguous, pages of 16, pages of 32) and a sequence that
+@pytest.mark.parametrize("lookahead, hoist", [(1, 1), (0, 1), (1, 0)],
+                         ids=["ids-ahead", "ids-in-step", "rows-per-key"])
+def test_decode_paged_equals_contiguous(monkeypatch, lookahead, hoist):
+    """One cache, four layouts (contiguous, pages of 16, 32 and 64) and a sequence that
     reads a prefix of another's pages (2 shares 0's table, with fewer keys: its last page only
     in part): the same attention, whether a step reads its page ids a step ahead or in the
-    step (pages of 16 take a table entry per key, of 32 one per 32-key step)."""
-    with_page_lookahead(monkeypatch, lookahead)
+    step, and whether its keys' rows in their pages are computed once (`hoist_page_rows`) or
+    per step. On the interpreter a step is 32 keys: pages of 16 take a table entry per key,
+    of 32 one per step, of 64 one per step at row 0 or 32 of the page."""
+    with_page_lookahead(monkeypatch, lookahead, hoist)
     spec = af.attention(af.alibi(), af.causal())
     fn = af.compile(spec)
     lens = [93, 64, 45, 0]
-    q, k, v = make_cache(4, 2, 4, 96, 16, FP32, 7)
+    q, k, v = make_cache(4, 2, 4, 128, 16, FP32, 7)
     k[2], v[2] = k[0], v[0]
     kv_lens = torch.tensor(lens, dtype=torch.int32)
     contiguous = run_case(fn, spec, q, k, v, lens)
-    for page_size in (16, 32):
+    for page_size in (16, 32, 64):
         k2, v2, pool_k, pool_v, table = paginate(k, v, lens, page_size, page_size)
         table[2] = table[0]  # the same pages as sequence 0
         table[2, -(-45 // page_size):] = -1
@@ -311,8 +316,10 @@ def test_decode_paged_equals_contiguous(monkeypatch, lookahead):
         assert_close_to_reference(out, ref, FP32)
         # Sequence 1 took 0's first pages (paginate's shared prefix): the others' data is k's.
         torch.testing.assert_close(out[[0, 2, 3]], contiguous[[0, 2, 3]], rtol=0, atol=2e-5)
-        # The kernels that ran read the ids as asked (the parametrization took effect).
-        assert ("next_page_ids" in fn.last.program.source) == (lookahead == 1)
+        # The kernels that ran read the ids and rows as asked (the parametrization took effect).
+        source = fn.last.program.source
+        assert ("next_page_ids" in source) == (lookahead == 1)
+        assert ("page_rows = keys % PAGE_SIZE" in source) == (hoist == 0)
 
 
 @pytest.mark.parametrize("page_size, lookahead", [(None, 1), (32, 1), (16, 1), (32, 0)],

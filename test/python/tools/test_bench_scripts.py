@@ -129,7 +129,7 @@ def test_decode_smoke_checks_and_times_every_peer(scripts, tmp_path):
 
 def test_decode_tune_smoke_checks_every_configuration(scripts, tmp_path):
     """`bench/decode_tune.py --smoke --paged 16,64`: every row of its sweep (both page-id
-    lookaheads, both table paths, the long-cache axes) compiles, runs and matches SDPA on
+    lookaheads, both table paths, the long-cache axes, page rows hoisted or not) compiles, runs and matches SDPA on
     the CPU, and the tuning it patched is restored."""
     from attnfuse.runtime import api, kv_cache
 
@@ -138,10 +138,11 @@ def test_decode_tune_smoke_checks_every_configuration(scripts, tmp_path):
     assert scripts["decode_tune"].main(["--smoke", "--paged", "16,64", "--reps", "1", "--out", str(out)]) == 0
     assert (api.decode_tile_config, kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS) == before
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert len(rows) == 4
+    assert len(rows) == 5
     cells = [cell.strip() for row in rows for cell in row.strip("|").split("|")[7:]]
-    assert len(cells) == 4 * 3 and all(cell == "" or float(cell) > 0 for cell in cells), rows
+    assert len(cells) == 5 * 3 and all(cell == "" or float(cell) > 0 for cell in cells), rows
     assert "| 0 |" in rows[2]  # the page lookahead axis reached the row
+    assert "(rows per step)" in rows[4]  # and the unhoisted page rows theirs
 
 
 def test_decode_paged_cache_holds_each_sequence(scripts):

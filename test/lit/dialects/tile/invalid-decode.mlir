@@ -72,6 +72,20 @@ tile.kernel @k(%kv_lens: !tile.tensor<kv_lens>, %block_table: !tile.tensor<block
 
 // -----
 
+tile.kernel @k(%kv_lens: !tile.tensor<kv_lens>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, hoist_page_rows = 1 : i64} {
+  tile.return
+}
+// CHECK: hoist_page_rows is an attribute of a paged kernel (one with a block_table parameter)
+
+// -----
+
+tile.kernel @k(%kv_lens: !tile.tensor<kv_lens>, %block_table: !tile.tensor<block_table>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, page_size = 16 : i64, hoist_page_rows = 2 : i64} {
+  tile.return
+}
+// CHECK: hoist_page_rows must be 0 or 1, got 2
+
+// -----
+
 tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, merge_stages = 0 : i64} {
   tile.return
 }

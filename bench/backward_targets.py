@@ -122,6 +122,7 @@ def main() -> None:
         b, hq, hkv, d, dtype = 1, 32, 8, 128, torch.bfloat16
         seq_lens, warmup, reps = [int(n) for n in args.seq_lens.split(",")], 5, args.reps
     meta = benchlib.metadata(device)
+    stem = f"{benchlib.stamp()}-backward-targets"  # one pair of files per run, rewritten per case
     rows = []
     for case in args.cases.split(","):
         causal, rope = case != "dense", case.startswith("rope")
@@ -168,10 +169,10 @@ def main() -> None:
                                                                                     device, warmup, reps)
             benchlib.log(str(row))
             rows.append(row)
-            write(args.out, meta, rows, args.smoke)
+            write(args.out, stem, meta, rows, args.smoke)
 
 
-def write(out: Path, meta, rows, smoke: bool) -> None:
+def write(out: Path, stem: str, meta, rows, smoke: bool) -> None:
     """The markdown and JSON of the rows so far (rewritten after each case)."""
     header = ["case", *(f"{name} fwd+bwd / bwd ms" for name, *_ in COLUMNS), "cuDNN fwd+bwd / bwd ms",
               *(f"cuDNN / {name} (fwd+bwd, bwd)" for name, *_ in COLUMNS), "max rel err vs cuDNN", "the program's kernels"]
@@ -195,7 +196,7 @@ def write(out: Path, meta, rows, smoke: bool) -> None:
                 *benchlib.metadata_lines(meta),
                 f"- median ms of CUDA-event-timed steps; ratios > 1 mean AttnFuse is faster; errors against {reference}",
                 "", *benchlib.markdown_table(header, table)]
-    benchlib.write_outputs(out, f"{benchlib.stamp()}-backward-targets", {"metadata": meta, "rows": rows}, markdown)
+    benchlib.write_outputs(out, stem, {"metadata": meta, "rows": rows}, markdown)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ Columns (a fresh `af.compile` each, since a plan keeps the backward it was made 
 
 - `separate`: the default, `deterministic=True` — FlashAttention-2's split (dK/dV, then dQ),
   every gradient bit-for-bit reproducible;
-- `fused tl`: `deterministic=False` with `ATTNFUSE_BACKWARD=fused` and the portable target
-  (`ATTNFUSE_BACKWARD_TARGET=triton`): one dK/dV kernel adding each block pair's dQ part into
+- `fused tl`: `deterministic=False` with `ATTNFUSE_BACKWARD=fused` (the portable target, the
+  only one that prints the fused backward today): one dK/dV kernel adding each block pair's dQ part into
   an fp32 accumulator with atomics, then a finishing kernel;
 - `nondet auto`: `deterministic=False` and nothing forced: what a call allowing a
   non-deterministic backward gets (the Gluon backward where `gluon_backward` takes it);
@@ -40,10 +40,10 @@ from attnfuse.runtime.reference import reference_gradients
 import benchlib
 
 COLUMNS = (
-    # (name, deterministic, ATTNFUSE_BACKWARD, ATTNFUSE_BACKWARD_TARGET)
-    ("separate", True, None, None),
-    ("fused_tl", False, "fused", "triton"),
-    ("nondet_auto", False, None, None),
+    # (name, deterministic, ATTNFUSE_BACKWARD)
+    ("separate", True, None),
+    ("fused_tl", False, "fused"),
+    ("nondet_auto", False, None),
 )
 CASES = ("causal", "dense", "rope+causal")
 
@@ -155,8 +155,8 @@ def main() -> None:
                 ref_grads = torch.autograd.grad(cudnn(q, k, v), (q, k, v), grad_out)
                 row["cudnn_fwdbwd_ms"], row["cudnn_bwd_ms"] = time_training(cudnn, (q, k, v), grad_out,
                                                                             device, warmup, reps)
-            for name, deterministic, backward, target in COLUMNS:
-                with environment({"ATTNFUSE_BACKWARD": backward, "ATTNFUSE_BACKWARD_TARGET": target}):
+            for name, deterministic, backward in COLUMNS:
+                with environment({"ATTNFUSE_BACKWARD": backward}):
                     fn = af.compile(spec, deterministic=deterministic)
                     grads = torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out)
                     row[f"{name}_kernels"] = " ".join(

@@ -148,7 +148,7 @@ class CompiledAttention:
             raise ArgumentError(f"config must be an af.TileConfig or None, got {config!r}")
         if not isinstance(deterministic, bool):
             raise ArgumentError(f"deterministic must be True or False, got {deterministic!r}")
-        self.deterministic = deterministic
+        self._deterministic = deterministic
         query, key = check_placement_request(rope_placement)
         self.program: VariantProgram = as_program(source)
         self.spec = source
@@ -221,6 +221,12 @@ class CompiledAttention:
                 # warpgroup is the measured choice.
                 config = replace(config, num_warps=4)
         return config
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether the backward must be bit-for-bit reproducible (`af.compile`'s keyword;
+        fixed for the object: its plans and operators are keyed on it)."""
+        return self._deterministic
 
     def compile_key(
         self, problem: Problem, explicit_positions: tuple[bool, bool] = (False, False),
@@ -765,6 +771,14 @@ class CompiledAttention:
             # is an async device fill (no host sync, so CUDA-graph capture still works) and
             # keeps the preprocess, which does not run for relu, free of a second job.
             assert dbias is None
+            if torch.are_deterministic_algorithms_enabled():
+                # The plan was made (in the forward) while they were off; its atomics would
+                # break the promise made since. PyTorch's own non-deterministic ops raise here.
+                raise ArgumentError(
+                    "torch.use_deterministic_algorithms(True) was set after the forward of a "
+                    "deterministic=False call that took the fused (atomic) backward: run the "
+                    "forward again with deterministic algorithms on, or compile with "
+                    "deterministic=True")
             tensors["dq_acc"] = torch.zeros(p.batch, p.heads_q, p.seq_q, p.head_dim,
                                             dtype=torch.float32, device=p.device)
             if softmax:

@@ -134,3 +134,26 @@ def test_bad_requests(monkeypatch):
     monkeypatch.setenv(BACKWARD_ENV, "fast")
     with pytest.raises(ArgumentError, match=BACKWARD_ENV):
         backward_request()
+
+
+def test_deterministic_algorithms_turned_on_before_the_backward(fused):
+    """A forward planned with the fused backward, then deterministic algorithms turned on:
+    its backward would run atomics, so it raises instead (as PyTorch's own
+    non-deterministic ops do)."""
+    fn = af.compile(af.attention(af.causal()), deterministic=False)
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, nq=20, nk=20, d=16, seed=5))
+    out = fn(q, k, v)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(af.AttnFuseError, match="use_deterministic_algorithms"):
+            out.sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def test_deterministic_is_fixed_for_the_object():
+    fn = af.compile(af.attention(af.causal()), deterministic=False)
+    assert fn.deterministic is False
+    with pytest.raises(AttributeError):
+        fn.deterministic = True  # its plans and operators are keyed on it

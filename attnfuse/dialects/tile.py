@@ -991,12 +991,13 @@ class LoadOp(IRDLOperation):
         printer.print_string(f" : {self.source.type} -> {self.result.type}")
 
 
-@irdl_op_definition
-class StoreOp(IRDLOperation):
-    """Stores a tile into `[rows, cols]` of a tensor, converting to the tensor's type; rows
-    and columns past the tensor's bounds are not written."""
+class _BlockWrite(IRDLOperation):
+    """What `tile.store` and `tile.store_add` share: a tile written into `[rows, cols]` of a
+    tensor, addressed as `tile.load` addresses it, with its syntax
+    `value, dest[rows, cols] : tile -> tensor`."""
 
-    name = "tile.store"
+    VALUE_NAME: ClassVar[str]
+    """What the verifier calls the written tile."""
 
     value = operand_def(TileType)
     dest = operand_def(TensorType)
@@ -1020,10 +1021,10 @@ class StoreOp(IRDLOperation):
     def verify_(self) -> None:
         cols = None if self.cols is None else self.cols.data
         _verify_block_ref(self, self.role, self.rows.data, cols)
-        _expect_shape(self.value, expected_tile_shape(self.role, self.rows.data, cols), "stored tile")
+        _expect_shape(self.value, expected_tile_shape(self.role, self.rows.data, cols), self.VALUE_NAME)
 
     @classmethod
-    def parse(cls, parser: Parser) -> StoreOp:
+    def parse(cls, parser: Parser) -> _BlockWrite:
         unresolved_value = parser.parse_unresolved_operand()
         parser.parse_punctuation(",")
         unresolved_dest = parser.parse_unresolved_operand()
@@ -1050,9 +1051,13 @@ class StoreOp(IRDLOperation):
         printer.print_string(f" : {self.value.type} -> {self.dest.type}")
 
 
-# --------------------------------------------------------------------------------------------
-# Compute
-# --------------------------------------------------------------------------------------------
+@irdl_op_definition
+class StoreOp(_BlockWrite):
+    """Stores a tile into `[rows, cols]` of a tensor, converting to the tensor's type; rows
+    and columns past the tensor's bounds are not written."""
+
+    name = "tile.store"
+    VALUE_NAME: ClassVar[str] = "stored tile"
 
 
 @irdl_op_definition
@@ -2074,7 +2079,7 @@ class DotLhsTransposedOp(IRDLOperation):
 
 
 @irdl_op_definition
-class StoreAddOp(IRDLOperation):
+class StoreAddOp(_BlockWrite):
     """Adds an fp32 tile into `[rows, cols]` of an fp32 accumulator tensor (`dq_acc`), as
     `tile.store` addresses those rows (in a `key_blocks` kernel the loop's rows are the loop's
     query block of the loop's query head); rows and columns past the tensor's bounds are not
@@ -2082,60 +2087,14 @@ class StoreAddOp(IRDLOperation):
     sum's order, and so its last bits, is not deterministic."""
 
     name = "tile.store_add"
-
-    value = operand_def(TileType)
-    dest = operand_def(TensorType)
-    rows = prop_def(RowsAttr)
-    cols = opt_prop_def(ColumnsAttr)
-
-    def __init__(self, value: SSAValue, dest: SSAValue, rows: str, cols: str | None):
-        super().__init__(
-            operands=[value, dest],
-            properties={
-                "rows": RowsAttr(Rows(rows)),
-                "cols": None if cols is None else ColumnsAttr(Columns(cols)),
-            },
-        )
-
-    @property
-    def role(self) -> str:
-        assert isinstance(self.dest.type, TensorType)
-        return self.dest.type.role.data
+    VALUE_NAME: ClassVar[str] = "added tile"
 
     def verify_(self) -> None:
         _expect_role(self.dest, "dq_acc", f"tile.store_add adds into the dq_acc tensor, not {self.dest.type}")
-        cols = None if self.cols is None else self.cols.data
-        _verify_block_ref(self, self.role, self.rows.data, cols)
-        ty = _expect_shape(self.value, expected_tile_shape(self.role, self.rows.data, cols), "added tile")
-        if ty.elem != "f32":
-            raise VerifyException(f"an added tile must have element type f32, got {ty.elem}")
-
-    @classmethod
-    def parse(cls, parser: Parser) -> StoreAddOp:
-        unresolved_value = parser.parse_unresolved_operand()
-        parser.parse_punctuation(",")
-        unresolved_dest = parser.parse_unresolved_operand()
-        rows, cols = _parse_block_ref(parser)
-        attrs = parser.parse_optional_attr_dict()
-        parser.parse_punctuation(":")
-        value_type = parser.parse_type()
-        parser.parse_punctuation("->")
-        dest_type = parser.parse_type()
-        value = parser.resolve_operand(unresolved_value, value_type)
-        dest = parser.resolve_operand(unresolved_dest, dest_type)
-        op = cls(value, dest, rows, cols)
-        op.attributes |= attrs
-        return op
-
-    def print(self, printer: Printer) -> None:
-        cols = "" if self.cols is None else f", {self.cols.data}"
-        printer.print_string(" ")
-        printer.print_operand(self.value)
-        printer.print_string(", ")
-        printer.print_operand(self.dest)
-        printer.print_string(f"[{self.rows.data}{cols}]")
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(f" : {self.value.type} -> {self.dest.type}")
+        super().verify_()
+        elem = _tile(self.value, self.VALUE_NAME).elem
+        if elem != "f32":
+            raise VerifyException(f"an added tile must have element type f32, got {elem}")
 
 
 @irdl_op_definition

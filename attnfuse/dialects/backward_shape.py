@@ -23,9 +23,14 @@ from dataclasses import dataclass, field
 from xdsl.ir import Operation
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.flash_shape import ELEMENT_TYPES, HEAD_DIMS, NotFlashShaped
+from attnfuse.dialects.flash_shape import (
+    SCORE_OPS,
+    NotFlashShaped,
+    check_schedulable,
+    refining_chain,
+    refuse,
+)
 
-SCORE_OPS = (tile.MaskOp, tile.MapOp, tile.AlibiOp, tile.ApplyScaleOp)
 """Ops between `tile.scores` and `tile.recompute_probs` (elementwise on the score tile)."""
 
 VJP_OPS = (tile.MapOp, tile.ApplyScaleOp, tile.MaskOp)
@@ -80,70 +85,50 @@ class BackwardKernel:
         return (first.q_load.role, self.k_load.role, self.v_load.role, first.do_load.role)
 
 
-def _refuse(kernel: tile.KernelOp, op: Operation | None, why: str) -> NotFlashShaped:
-    where = f" ({op.name})" if op is not None else ""
-    return NotFlashShaped(f"{kernel.sym_name.data}{where}: {why}", op if op is not None else kernel)
-
-
 def _whole(op: Operation | None, roles: tuple[str, ...]) -> bool:
     return (isinstance(op, tile.LoadOp) and op.role in roles and op.cols is not None
             and op.cols.data == "all")
 
 
-def _chain(kernel: tile.KernelOp, it, first_value, kinds) -> tuple[list[Operation], object, Operation | None]:
-    """The ops of `kinds` refining `first_value` in order, the last value, and the op after."""
-    ops: list[Operation] = []
-    chain = first_value
-    op = next(it, None)
-    while isinstance(op, kinds):
-        source = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
-        if source is not chain:
-            raise _refuse(kernel, op, "chain ops must refine the previous tile, in order")
-        ops.append(op)
-        chain = op.result
-        op = next(it, None)
-    return ops, chain, op
-
-
 def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
     """The parts of one query loop, or `NotFlashShaped`."""
     if not isinstance(loop, tile.QLoopOp):
-        raise _refuse(kernel, loop, "query loops over ranges (block lists have no schedule here)")
+        raise refuse(kernel, loop, "query loops over ranges (block lists have no schedule here)")
     it = iter(loop.body.block.ops)
 
     def take(kind: type[Operation], what: str, op: Operation | None = None) -> Operation:
         op = next(it, None) if op is None else op
         if not isinstance(op, kind):
-            raise _refuse(kernel, op, f"expected {what} here in the query loop")
+            raise refuse(kernel, op, f"expected {what} here in the query loop")
         return op
 
     q_load = take(tile.LoadOp, "the load of q")
     if not _whole(q_load, ("q", "q_rot")):
-        raise _refuse(kernel, q_load, "queries must be loaded whole (no rotation in the kernel)")
+        raise refuse(kernel, q_load, "queries must be loaded whole (no rotation in the kernel)")
     do_load = take(tile.LoadOp, "the load of dO")
     if not _whole(do_load, ("do",)):
-        raise _refuse(kernel, do_load, "dO must be loaded whole")
+        raise refuse(kernel, do_load, "dO must be loaded whole")
     lse_load = take(tile.LoadOp, "the load of lse")
     delta_load = take(tile.LoadOp, "the load of delta")
     if lse_load.role != "lse" or delta_load.role != "delta":
-        raise _refuse(kernel, lse_load, "the row statistics are lse then delta (softmax)")
+        raise refuse(kernel, lse_load, "the row statistics are lse then delta (softmax)")
     scores = take(tile.ScoresOp, "tile.scores")
     # The transposed product: the score tile's rows are the program's keys, so the op's
     # first (row) operand is k and its second q.
     if len(scores.queries) != 1 or scores.queries[0] is not k or scores.keys[0] is not q_load.result:
-        raise _refuse(kernel, scores, "one k @ q^T product of the loaded tiles")
-    score_ops, chain, op = _chain(kernel, it, scores.result, SCORE_OPS)
+        raise refuse(kernel, scores, "one k @ q^T product of the loaded tiles")
+    score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops")
     score_values = [scores.result] + [o.result for o in score_ops]
     probs = take(tile.RecomputeProbsOp, "tile.recompute_probs (softmax)", op)
     if probs.scores is not chain or probs.lse is not lse_load.result:
-        raise _refuse(kernel, probs, "the probabilities of the refined scores and the loop's lse")
+        raise refuse(kernel, probs, "the probabilities of the refined scores and the loop's lse")
     grad_probs = take(tile.DotTransposedOp, "tile.dot_transposed")
     if grad_probs.lhs is not v or grad_probs.rhs is not do_load.result:
-        raise _refuse(kernel, grad_probs, "dP^T = v @ dO^T of the loaded tiles")
+        raise refuse(kernel, grad_probs, "dP^T = v @ dO^T of the loaded tiles")
     grad_scores = take(tile.SoftmaxGradOp, "tile.softmax_grad")
     if (grad_scores.probs is not probs.result or grad_scores.grad_probs is not grad_probs.result
             or grad_scores.delta is not delta_load.result):
-        raise _refuse(kernel, grad_scores, "dS^T of the loop's p^T, dP^T and delta")
+        raise refuse(kernel, grad_scores, "dS^T of the loop's p^T, dP^T and delta")
     # The dV accumulate may sit before or among the VJP ops; take it where it is.
     vjp_ops: list[Operation] = []
     dv_accumulate = None
@@ -160,27 +145,27 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
             source = op.inputs[-1] if isinstance(op, tile.MapOp) else op.input
             primal = list(op.inputs[:-1]) if isinstance(op, tile.MapOp) else []
             if source is not chain or any(x not in score_values for x in primal):
-                raise _refuse(kernel, op, "VJP ops must refine the previous gradient tile, in order")
+                raise refuse(kernel, op, "VJP ops must refine the previous gradient tile, in order")
             vjp_ops.append(op)
             chain = op.result
         op = next(it, None)
     dk_dv = loop.body.block.args
     if dv_accumulate is None or dv_accumulate.value is not do_load.result or dv_accumulate.acc is not dk_dv[1]:
-        raise _refuse(kernel, dv_accumulate or op, "dV += p^T dO of the loop's dV")
+        raise refuse(kernel, dv_accumulate or op, "dV += p^T dO of the loop's dV")
     dk_accumulate = take(tile.AccumulateOp, "the dK accumulate", op)
     if (dk_accumulate.probs is not chain or dk_accumulate.value is not q_load.result
             or dk_accumulate.acc is not dk_dv[0]):
-        raise _refuse(kernel, dk_accumulate, "dK += dS^T q of the loop's dK")
+        raise refuse(kernel, dk_accumulate, "dK += dS^T q of the loop's dK")
     dq_part = take(tile.DotLhsTransposedOp, "tile.dot_lhs_transposed (the fused backward's dQ part)")
     if dq_part.lhs is not chain or dq_part.rhs is not k:
-        raise _refuse(kernel, dq_part, "dQ part = dS k of the block's gradient and keys")
+        raise refuse(kernel, dq_part, "dQ part = dS k of the block's gradient and keys")
     store_add = take(tile.StoreAddOp, "tile.store_add into dq_acc")
     if store_add.value is not dq_part.result or store_add.role != "dq_acc" \
             or store_add.cols is None or store_add.cols.data != "all":
-        raise _refuse(kernel, store_add, "the whole dQ part added into dq_acc (no column parts)")
+        raise refuse(kernel, store_add, "the whole dQ part added into dq_acc (no column parts)")
     end = take(tile.YieldOp, "tile.yield")
     if list(end.operands) != [dk_accumulate.result, dv_accumulate.result]:
-        raise _refuse(kernel, end, "the loop carries dK then dV")
+        raise refuse(kernel, end, "the loop carries dK then dV")
     return BackwardLoop(loop, q_load, do_load, lse_load, delta_load, scores, score_ops, probs,
                         grad_probs, grad_scores, vjp_ops, dv_accumulate, dk_accumulate, dq_part,
                         store_add)
@@ -189,50 +174,44 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
 def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     """The parts of a fused backward kernel (`attention_bwd_dkdv_dq`), or `NotFlashShaped`
     saying why not (the op at fault, or the kernel)."""
-    if kernel.sym_name.data != "attention_bwd_dkdv_dq" or kernel.grid != "key_blocks":
-        raise _refuse(kernel, None, "only the fused backward kernel (key_blocks grid) has this shape")
-    if kernel.elem not in ELEMENT_TYPES:
-        raise _refuse(kernel, None, f"element type {kernel.elem}: warpgroup MMAs take f16 or bf16 here")
-    dim, dim_v = kernel.get("head_dim"), kernel.get("head_dim_v")
-    if dim not in HEAD_DIMS or dim_v != dim:
-        raise _refuse(kernel, None, f"head dim {dim}/{dim_v}: the schedule covers {HEAD_DIMS}")
+    check_schedulable(kernel, "the fused backward kernel", "attention_bwd_dkdv_dq", "key_blocks")
     ops = list(kernel.body.block.ops)
     if len(ops) < 6:
-        raise _refuse(kernel, None, "expected k, v loads, dK/dV zeros, query bounds, query loops, epilogue")
+        raise refuse(kernel, None, "expected k, v loads, dK/dV zeros, query bounds, query loops, epilogue")
     k_load, v_load = ops[0], ops[1]
     if not _whole(k_load, ("k", "k_rot")) or not _whole(v_load, ("v",)):
-        raise _refuse(kernel, k_load, "k then v, loaded whole (no rotation in the kernel)")
+        raise refuse(kernel, k_load, "k then v, loaded whole (no rotation in the kernel)")
     if not (isinstance(ops[2], tile.ZerosOp) and isinstance(ops[3], tile.ZerosOp)):
-        raise _refuse(kernel, ops[2], "dK and dV start at zero")
+        raise refuse(kernel, ops[2], "dK and dV start at zero")
     bounds = ops[4]
     if not isinstance(bounds, tile.QBoundsOp):
-        raise _refuse(kernel, bounds, "the query range's bounds (tile.q_bounds)")
+        raise refuse(kernel, bounds, "the query range's bounds (tile.q_bounds)")
     rest = ops[5:]
     n_loops = 0
     while n_loops < len(rest) and not isinstance(rest[n_loops], EPILOGUE_OPS + (tile.ReturnOp,)):
         n_loops += 1
     if n_loops == 0:
-        raise _refuse(kernel, rest[0], "expected query loops after the bounds")
+        raise refuse(kernel, rest[0], "expected query loops after the bounds")
     loops = [backward_loop(kernel, op, k_load.result, v_load.result) for op in rest[:n_loops]]
     carried = [ops[2].results[0], ops[3].results[0]]
     for loop in loops:
         if list(loop.op.inits) != carried:
-            raise _refuse(kernel, loop.op, "query loops must chain dK and dV")
+            raise refuse(kernel, loop.op, "query loops must chain dK and dV")
         carried = list(loop.op.results)
     for before, after in zip(loops, loops[1:]):
         if after.op.lower is not before.op.upper:
-            raise _refuse(kernel, after.op, "query loops must cover consecutive ranges")
+            raise refuse(kernel, after.op, "query loops must cover consecutive ranges")
     epilogue = rest[n_loops:-1]
     for op in epilogue:
         if not isinstance(op, EPILOGUE_OPS):
-            raise _refuse(kernel, op, "after the loops: dK's scale and rotation, the stores of dK and dV")
+            raise refuse(kernel, op, "after the loops: dK's scale and rotation, the stores of dK and dV")
     if not isinstance(rest[-1], tile.ReturnOp):
-        raise _refuse(kernel, rest[-1], "the kernel ends in tile.return")
+        raise refuse(kernel, rest[-1], "the kernel ends in tile.return")
     parts = BackwardKernel(kernel, k_load, v_load, bounds, loops, epilogue)
     allowed = set(parts.operands) | {"lse", "delta", "dk", "dv", "dq_acc", "rope_table"}
     for role in kernel.roles:
         if role not in allowed and tile.role_kind(role) != "slopes":
-            raise _refuse(kernel, None, f"role {role} has no place in the schedule")
+            raise refuse(kernel, None, f"role {role} has no place in the schedule")
     return parts
 
 

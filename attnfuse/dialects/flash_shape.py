@@ -78,9 +78,42 @@ class FlashKernel:
         return (self.q_load.role, first.k_load.role, first.v_load.role, self.o_store.role)
 
 
-def _refuse(kernel: tile.KernelOp, op: Operation | None, why: str) -> NotFlashShaped:
+def refuse(kernel: tile.KernelOp, op: Operation | None, why: str) -> NotFlashShaped:
+    """The `NotFlashShaped` naming the kernel, the op at fault (or the kernel) and why."""
     where = f" ({op.name})" if op is not None else ""
     return NotFlashShaped(f"{kernel.sym_name.data}{where}: {why}", op if op is not None else kernel)
+
+
+def check_schedulable(kernel: tile.KernelOp, what: str, name: str, grid: str) -> None:
+    """`NotFlashShaped` unless `kernel` is `what`, the kernel `name` on `grid`, of an element type and
+    head dim the warp-specialized schedules cover (what the forward and the fused backward
+    analyses both ask first)."""
+    if kernel.grid != grid or kernel.sym_name.data != name:
+        raise refuse(kernel, None, f"only {what} ({name}, {grid} grid) has this shape")
+    if kernel.elem not in ELEMENT_TYPES:
+        raise refuse(kernel, None, f"element type {kernel.elem}: warpgroup MMAs take f16 or bf16 here")
+    dim, dim_v = kernel.get("head_dim"), kernel.get("head_dim_v")
+    if dim not in HEAD_DIMS or dim_v != dim:
+        raise refuse(kernel, None, f"head dim {dim}/{dim_v}: the schedule covers {HEAD_DIMS}")
+
+
+def refining_chain(kernel: tile.KernelOp, it, first_value, kinds, what: str
+                   ) -> tuple[list[Operation], object, Operation | None]:
+    """The ops of `kinds` that `it` yields next, each refining the previous one's result
+    starting from `first_value` (a map reads it first; its other inputs are vectors and
+    scalars), the last value, and the op after them. The warp-specialized consumer hands
+    each step one tile, so any other order is `NotFlashShaped` (`what`: the chain's name)."""
+    ops: list[Operation] = []
+    chain = first_value
+    op = next(it, None)
+    while isinstance(op, kinds):
+        source = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
+        if source is not chain:
+            raise refuse(kernel, op, f"{what} must refine the previous tile, in order")
+        ops.append(op)
+        chain = op.result
+        op = next(it, None)
+    return ops, chain, op
 
 
 def _whole(load: Operation) -> bool:
@@ -94,88 +127,71 @@ def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp) -> FlashLoop:
     def take(kind: type[Operation], what: str) -> Operation:
         op = next(it, None)
         if not isinstance(op, kind):
-            raise _refuse(kernel, op, f"expected {what} here in the key loop")
+            raise refuse(kernel, op, f"expected {what} here in the key loop")
         return op
 
     k_load = take(tile.LoadOp, "the load of k")
     if k_load.role not in ("k", "k_rot") or not _whole(k_load):
-        raise _refuse(kernel, k_load, "keys must be loaded whole (no rotation in the kernel)")
+        raise refuse(kernel, k_load, "keys must be loaded whole (no rotation in the kernel)")
     scores = take(tile.ScoresOp, "tile.scores")
     if len(scores.queries) != 1 or scores.keys[0] is not k_load.result:
-        raise _refuse(kernel, scores, "one q @ k^T product of the loaded tiles")
-    score_ops: list[Operation] = []
-    chain = scores.result  # the score tile each op refines, in order
-    op = next(it, None)
-    while isinstance(op, SCORE_OPS):
-        # The consumer hands the step one tile: each op refines the previous one's result
-        # (a map reads it first; its other inputs are vectors and scalars).
-        first = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
-        if first is not chain:
-            raise _refuse(kernel, op, "score ops must refine the previous score tile, in order")
-        score_ops.append(op)
-        chain = op.result
-        op = next(it, None)
+        raise refuse(kernel, scores, "one q @ k^T product of the loaded tiles")
+    score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops")
     if not isinstance(op, tile.LoadOp) or op.role != "v" or not _whole(op):
-        raise _refuse(kernel, op, "score ops are masks, maps, ALiBi and scales, then the load of v")
+        raise refuse(kernel, op, "score ops are masks, maps, ALiBi and scales, then the load of v")
     update = take(tile.SoftmaxUpdateOp, "tile.softmax_update")
     acc, row_max, row_sum = loop.body.block.args
     if update.scores is not chain or update.row_max is not row_max or update.row_sum is not row_sum:
-        raise _refuse(kernel, update, "the softmax step reads the refined scores and the loop's row statistics")
+        raise refuse(kernel, update, "the softmax step reads the refined scores and the loop's row statistics")
     accumulate = take(tile.AccumulateOp, "tile.accumulate")
     if (accumulate.value is not op.result or accumulate.probs is not update.probs
             or accumulate.alpha is not update.alpha or accumulate.acc is not acc):
-        raise _refuse(kernel, accumulate, "acc * alpha + p @ v of the loop's accumulator and the softmax step's p")
+        raise refuse(kernel, accumulate, "acc * alpha + p @ v of the loop's accumulator and the softmax step's p")
     end = take(tile.YieldOp, "tile.yield")
     if list(end.operands) != [accumulate.result, update.new_row_max, update.new_row_sum]:
-        raise _refuse(kernel, end, "the loop carries the accumulator, row max and row sum, in that order")
+        raise refuse(kernel, end, "the loop carries the accumulator, row max and row sum, in that order")
     return FlashLoop(loop, k_load, scores, score_ops, op, update, accumulate)
 
 
 def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
     """The parts of a flash-shaped forward kernel, or `NotFlashShaped` saying why not."""
-    if kernel.grid != "query_blocks" or kernel.sym_name.data != "attention_fwd":
-        raise _refuse(kernel, None, "only the forward kernel (query_blocks grid) has the flash shape")
-    if kernel.elem not in ELEMENT_TYPES:
-        raise _refuse(kernel, None, f"element type {kernel.elem}: warpgroup MMAs take f16 or bf16 here")
-    dim, dim_v = kernel.get("head_dim"), kernel.get("head_dim_v")
-    if dim not in HEAD_DIMS or dim_v != dim:
-        raise _refuse(kernel, None, f"head dim {dim}/{dim_v}: the schedule covers {HEAD_DIMS}")
+    check_schedulable(kernel, "the forward kernel", "attention_fwd", "query_blocks")
     ops = list(kernel.body.block.ops)
     if isinstance(ops[0], tile.LoadOp) and not _whole(ops[0]):
-        raise _refuse(kernel, ops[0], "the query must be loaded whole (no rotation in the kernel)")
+        raise refuse(kernel, ops[0], "the query must be loaded whole (no rotation in the kernel)")
     head = [tile.LoadOp, tile.SoftmaxInitOp, tile.KVBoundsOp]
     tail = [tile.SoftmaxFinalizeOp, tile.StoreOp, tile.StoreOp, tile.ReturnOp]
     shape = "expected q load, softmax init, key bounds, key loops, finalize, stores"
     for op, kind in zip(ops, head + [tile.KVLoopOp] * (len(ops) - len(head) - len(tail)) + tail):
         if not isinstance(op, kind):
-            raise _refuse(kernel, op, shape)
+            raise refuse(kernel, op, shape)
     if len(ops) < len(head) + len(tail) + 1:
-        raise _refuse(kernel, None, shape)
+        raise refuse(kernel, None, shape)
     q_load, init, bounds = ops[0], ops[1], ops[2]
     if q_load.role not in ("q", "q_rot"):
-        raise _refuse(kernel, q_load, "the first load must be the query's")
+        raise refuse(kernel, q_load, "the first load must be the query's")
     loops = [flash_loop(kernel, op) for op in ops[3:-4]]
     for loop in loops:
         if loop.scores.queries[0] is not q_load.result:
-            raise _refuse(kernel, loop.scores, "the scores read the loaded query")
+            raise refuse(kernel, loop.scores, "the scores read the loaded query")
     carried = list(init.results)
     for loop in loops:
         if list(loop.op.inits) != carried:
-            raise _refuse(kernel, loop.op, "key loops must chain their accumulator and row statistics")
+            raise refuse(kernel, loop.op, "key loops must chain their accumulator and row statistics")
         carried = list(loop.op.results)
     for before, after in zip(loops, loops[1:]):
         if after.op.lower is not before.op.upper:
-            raise _refuse(kernel, after.op, "key loops must cover consecutive ranges")
+            raise refuse(kernel, after.op, "key loops must cover consecutive ranges")
     finalize, o_store, lse_store = ops[-4], ops[-3], ops[-2]
     if list(finalize.operands) != carried:
-        raise _refuse(kernel, finalize, "finalize must read the last loop's state")
+        raise refuse(kernel, finalize, "finalize must read the last loop's state")
     if o_store.role != "o" or lse_store.role != "lse" or o_store.value is not finalize.output \
             or lse_store.value is not finalize.lse:
-        raise _refuse(kernel, o_store, "stores of finalize's o and lse")
+        raise refuse(kernel, o_store, "stores of finalize's o and lse")
     parts = FlashKernel(kernel, q_load, init, bounds, loops, finalize, o_store, lse_store)
     for role in kernel.roles:
         if role not in parts.operands and role not in POINTER_ROLES and tile.role_kind(role) != "slopes":
-            raise _refuse(kernel, None, f"role {role} has no place in the schedule")
+            raise refuse(kernel, None, f"role {role} has no place in the schedule")
     return parts
 
 

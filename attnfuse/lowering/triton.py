@@ -1207,16 +1207,22 @@ class KernelEmitter:
         self.emit("# tile.accumulate: " + ("acc * alpha + p @ v" if op.alpha is not None else "acc + p @ v"))
         scaled = f"{acc} * {self.namer[op.alpha]}[:, None]" if op.alpha is not None else acc
         result = self.fresh_result(op.result)
-        assert isinstance(op.value.type, tile.TileType)
-        if op.value.type.elem == "f32" and self.elem != "f32" and not self.upcast_dots:
-            # An operand widened for exact scores: this product needs no more than the
-            # element type's precision, like every other gradient product.
-            elem = TRITON_TYPES[self.elem]
-            p_op, value_op = f"{probs}.to({elem})", f"{value}.to({elem})"
-        else:
-            value_op = self.dot_operand(value)
-            p_op = probs if self.upcast_dots else f"{probs}.to({value}.dtype)"
+        p_op, value_op = self.gradient_product_operands(probs, op.value)
         self.emit(f"{result} = tl.dot({p_op}, {value_op}, acc={scaled}{self.dot_options()})")
+
+    def gradient_product_operands(self, weights: str, value: SSAValue) -> tuple[str, str]:
+        """The operands of a product of an fp32 weight tile (probabilities, score gradients)
+        with a loaded tile `value`, as `tile.accumulate` and `tile.dot_lhs_transposed` define
+        it: the weights rounded to the value's element type, so the product runs at that
+        precision and tensor-core rate. A value widened to f32 for exact scores is rounded
+        back too: this product needs no more than the element type's precision, like every
+        other gradient product."""
+        name = self.namer[value]
+        assert isinstance(value.type, tile.TileType)
+        if value.type.elem == "f32" and self.elem != "f32" and not self.upcast_dots:
+            elem = TRITON_TYPES[self.elem]
+            return f"{weights}.to({elem})", f"{name}.to({elem})"
+        return (weights if self.upcast_dots else f"{weights}.to({name}.dtype)"), self.dot_operand(name)
 
     def emit_softmax_finalize(self, op: tile.SoftmaxFinalizeOp) -> None:
         acc, row_max, row_sum = (self.namer[v] for v in op.operands)
@@ -1309,16 +1315,8 @@ class KernelEmitter:
         self.emit(f"{self.namer.define(op.result)} = tl.dot({a}, tl.trans({b}){self.dot_options()})")
 
     def emit_dot_lhs_transposed(self, op: tile.DotLhsTransposedOp) -> None:
-        a, b = self.namer[op.lhs], self.namer[op.rhs]
         self.emit("# tile.dot_lhs_transposed: a^T @ b, fp32 accumulation")
-        assert isinstance(op.rhs.type, tile.TileType)
-        if op.rhs.type.elem == "f32" and self.elem != "f32" and not self.upcast_dots:
-            # A widened operand (exact scores): rounded back, as tile.accumulate does.
-            elem = TRITON_TYPES[self.elem]
-            a_op, b_op = f"{a}.to({elem})", f"{b}.to({elem})"
-        else:
-            b_op = self.dot_operand(b)
-            a_op = a if self.upcast_dots else f"{a}.to({b}.dtype)"
+        a_op, b_op = self.gradient_product_operands(self.namer[op.lhs], op.rhs)
         self.emit(f"{self.namer.define(op.result)} = tl.dot(tl.trans({a_op}), {b_op}{self.dot_options()})")
 
     def emit_recompute_probs(self, op: tile.RecomputeProbsOp) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -46,41 +45,6 @@ COLUMNS = (
     ("nondet_auto", False, None),
 )
 CASES = ("causal", "dense", "rope+causal")
-
-
-@contextmanager
-def environment(settings: dict[str, str | None]):
-    """`os.environ` with `settings` applied (None: unset), restored afterwards."""
-    before = {name: os.environ.get(name) for name in settings}
-    try:
-        for name, value in settings.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    lo, hi = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([lo * cos - hi * sin, lo * sin + hi * cos], dim=-1).to(x.dtype)
-
-
-def cudnn_takes_gqa(q, k, v) -> bool:
-    """Whether cuDNN's SDPA runs with fewer key/value heads than query heads here."""
-    try:
-        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return True
-    except RuntimeError:
-        return False
 
 
 def time_training(fn, leaves, grad_out, device, warmup, reps) -> tuple[float, float]:
@@ -140,9 +104,9 @@ def main() -> None:
                 grads64 = reference_gradients(spec, q, k, v, grad_out)
                 ref_grads = tuple(grads64[name] for name in ("q", "k", "v"))
             else:
-                gqa = cudnn_takes_gqa(q.detach(), k.detach(), v.detach())
+                gqa = benchlib.cudnn_takes_gqa(q.detach(), k.detach(), v.detach())
                 row["cudnn_gqa"] = gqa
-                rotate = torch.compile(rotate_half) if rope else None
+                rotate = torch.compile(benchlib.rotate_half) if rope else None
 
                 def cudnn(q, k, v):
                     if rope:
@@ -156,7 +120,7 @@ def main() -> None:
                 row["cudnn_fwdbwd_ms"], row["cudnn_bwd_ms"] = time_training(cudnn, (q, k, v), grad_out,
                                                                             device, warmup, reps)
             for name, deterministic, backward in COLUMNS:
-                with environment({"ATTNFUSE_BACKWARD": backward}):
+                with benchlib.environment({"ATTNFUSE_BACKWARD": backward}):
                     fn = af.compile(spec, deterministic=deterministic)
                     grads = torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out)
                     row[f"{name}_kernels"] = " ".join(

@@ -14,6 +14,7 @@ import datetime as _dt
 import importlib.util
 import json
 import math
+import os
 import platform
 import shlex
 import statistics
@@ -194,3 +195,43 @@ def first_line(err: BaseException) -> str:
     """`Type: first line of the message`, for a table cell."""
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
+
+
+@contextlib.contextmanager
+def environment(settings: dict[str, str | None]):
+    """`os.environ` with `settings` applied (None: unset), restored afterwards: for the
+    columns that force an AttnFuse choice read when a plan is made."""
+    def apply(values: dict[str, str | None]) -> None:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    before = {name: os.environ.get(name) for name in settings}
+    apply(settings)
+    try:
+        yield
+    finally:
+        apply(before)
+
+
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on half-split pairs (x_t, x_{t + D/2}) in fp32, cast back: the pre-rotation the
+    peers get (wrapped in `torch.compile` by the scripts)."""
+    half = x.shape[-1] // 2
+    lo, hi = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([lo * cos - hi * sin, lo * sin + hi * cos], dim=-1).to(x.dtype)
+
+
+def cudnn_takes_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether cuDNN's SDPA runs with fewer key/value heads than query heads (`enable_gqa`)
+    for tensors like these."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return True
+    except RuntimeError:
+        return False

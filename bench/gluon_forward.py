@@ -20,7 +20,6 @@ is checked against cuDNN's first. Times: median ms of CUDA-event-timed calls
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
@@ -47,22 +46,6 @@ TARGETS = (("gluon", "gluon", None, None), ("gluon2", "gluon", "2", None), ("glu
            ("gluon_ps", "gluon", None, "1"), ("triton", "triton", None, None), ("auto", "auto", None, None))
 """Columns: (name, ATTNFUSE_FORWARD_TARGET, ATTNFUSE_GLUON_CONSUMERS, ATTNFUSE_GLUON_PERSISTENT; None:
 the table's)."""
-
-
-def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    lo, hi = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([lo * cos - hi * sin, lo * sin + hi * cos], dim=-1).to(x.dtype)
-
-
-def cudnn_takes_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether cuDNN's SDPA runs with fewer key/value heads than query heads here."""
-    try:
-        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return True
-    except RuntimeError:
-        return False
 
 
 def main() -> None:
@@ -94,14 +77,14 @@ def main() -> None:
         theta = 500000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
         angle = torch.arange(n, device="cuda", dtype=torch.float32)[:, None] * theta[None, :]
         cos, sin = angle.cos(), angle.sin()
-        rotate = torch.compile(rotate_half) if rope else None
+        rotate = torch.compile(benchlib.rotate_half) if rope else None
 
         # cuDNN's SDPA is given the Hkv key/value heads (`enable_gqa`) where it takes them;
         # otherwise they are expanded to Hq heads once, untimed, and with RoPE the keys are
         # rotated before they are expanded (rotating the expanded keys would charge the cuDNN
         # column Hq / Hkv times the key rotation), the expansion then inside the timed call.
         k_full, v_full = (t.repeat_interleave(hq // hkv, 1) for t in (k, v))
-        gqa = hq != hkv and cudnn_takes_gqa(q, k, v)
+        gqa = hq != hkv and benchlib.cudnn_takes_gqa(q, k, v)
 
         def cudnn():
             qq = rotate(q, cos, sin) if rope else q
@@ -122,24 +105,19 @@ def main() -> None:
                     row[f"{column}_ms"] = row[f"{column}_err"] = float("nan")
                     row[f"{column}_rows"] = None
                     continue
-                os.environ["ATTNFUSE_FORWARD_TARGET"] = target
-                for variable, value in (("ATTNFUSE_GLUON_CONSUMERS", consumers), ("ATTNFUSE_GLUON_PERSISTENT", persistent)):
-                    if value is None:
-                        os.environ.pop(variable, None)
-                    else:
-                        os.environ[variable] = value
-                # A fused rotation is not lowered to Gluon: its column pre-rotates (one kernel
-                # per operand, then the Gluon forward reads the copies).
-                placement = ("pre_rotated", "pre_rotated") if rope and target == "gluon" else "auto"
-                # A fresh function per column: a plan keeps the target it was made with.
-                fn = af.compile(spec, rope_placement=placement)
-                got = fn(q, k, v).float()
-                launch = next(x for x in fn.plan(q, k, v).launches if x.info.name == "attention_fwd")
-                row[f"{column}_rows"] = getattr(getattr(launch, "launch", None), "block_m", None)
-                row[f"{column}_err"] = (got - expected).abs().max().item()
-                row[f"{column}_ms"] = benchlib.median_ms(lambda: fn(q, k, v), "cuda", 10, args.reps)[0]
-            for variable in ("ATTNFUSE_FORWARD_TARGET", "ATTNFUSE_GLUON_CONSUMERS", "ATTNFUSE_GLUON_PERSISTENT"):
-                os.environ.pop(variable, None)
+                settings = {"ATTNFUSE_FORWARD_TARGET": target, "ATTNFUSE_GLUON_CONSUMERS": consumers,
+                            "ATTNFUSE_GLUON_PERSISTENT": persistent}
+                with benchlib.environment(settings):
+                    # A fused rotation is not lowered to Gluon: its column pre-rotates (one kernel
+                    # per operand, then the Gluon forward reads the copies).
+                    placement = ("pre_rotated", "pre_rotated") if rope and target == "gluon" else "auto"
+                    # A fresh function per column: a plan keeps the target it was made with.
+                    fn = af.compile(spec, rope_placement=placement)
+                    got = fn(q, k, v).float()
+                    launch = next(x for x in fn.plan(q, k, v).launches if x.info.name == "attention_fwd")
+                    row[f"{column}_rows"] = getattr(getattr(launch, "launch", None), "block_m", None)
+                    row[f"{column}_err"] = (got - expected).abs().max().item()
+                    row[f"{column}_ms"] = benchlib.median_ms(lambda: fn(q, k, v), "cuda", 10, args.reps)[0]
         flops = 4 * b * hq * n * n * d * (0.5 if causal else 1.0)
         row["gluon_tflops"] = flops / row["gluon_ms"] / 1e9
         benchlib.log(str(row))

@@ -178,7 +178,13 @@ class ScheduleAttr(EnumAttribute[Schedule], SpacedOpaqueSyntaxAttribute):
     batch x head) tiles, longest first under `block_order = descending`, the producer copying
     the next tile's blocks while the consumers finish the current one. The Gluon target prints these kernels; the portable target prints one whose
     `block_m` is a power of two as any other and refuses the others (three consumers own 192
-    rows); the runtime's portable launch is compiled from the unscheduled IR."""
+    rows); the runtime's portable launch is compiled from the unscheduled IR.
+
+    On the fused backward's `key_blocks` kernel (`attention_bwd_dkdv_dq`): a loader partition
+    of `producer_warps` copies k and v once and q, dO, lse and delta of each query block into
+    the ring; the consumer, the kernel's own `num_warps` (one or two warpgroups of 64 keys,
+    `block_m = 16 * num_warps`), runs the five products per block; a writer warp issues the
+    `tile.store_add`s as TMA reduce-adds (`lowering/gluon_backward.py`)."""
 
     name = "tile.schedule"
 
@@ -787,8 +793,12 @@ class KernelOp(IRDLOperation):
             return
         if not isinstance(schedule, ScheduleAttr):
             raise VerifyException(f"schedule must be a #tile<schedule ...>, got {schedule}")
+        if self.grid == "key_blocks":
+            self.verify_backward_schedule()
+            return
         if self.grid != "query_blocks":
-            raise VerifyException("a warp-specialized kernel owns query blocks (grid query_blocks)")
+            raise VerifyException("a warp-specialized kernel owns query blocks (grid query_blocks) or, "
+                                  "the fused backward's, key blocks (grid key_blocks)")
         warps, producers, registers = self.get("num_warps"), self.int_attr("producer_warps"), self.int_attr("consumer_registers")
         if warps % 4 or self.get("block_m") != 16 * warps:
             raise VerifyException(
@@ -801,6 +811,23 @@ class KernelOp(IRDLOperation):
             raise VerifyException("a warp-specialized kernel needs an integer 'consumer_registers' in [24, 255]")
         if "persistent" in self.attributes and self.int_attr("persistent") not in (0, 1):
             raise VerifyException("'persistent' is an integer 0 or 1 (one program per SM walking the tiles)")
+
+    def verify_backward_schedule(self) -> None:
+        """A warp-specialized `key_blocks` kernel (the fused backward): one consumer partition
+        of `num_warps` (4 or 8: one or two warpgroups of 64 keys, so `block_m = 16 *
+        num_warps`) and a loader of `producer_warps`; the consumer is the kernel's own
+        partition, which takes the registers the others leave (no `consumer_registers`)."""
+        warps, producers = self.get("num_warps"), self.int_attr("producer_warps")
+        if warps not in (4, 8) or self.get("block_m") != 16 * warps:
+            raise VerifyException(
+                "a warp-specialized key_blocks kernel's consumer is one or two warpgroups of 64 keys: "
+                f"num_warps 4 or 8 and block_m = 16 * num_warps, got {warps} and {self.get('block_m')}"
+            )
+        if producers is None or producers < 1:
+            raise VerifyException("a warp-specialized kernel needs an integer 'producer_warps' >= 1")
+        for key in ("consumer_registers", "persistent"):
+            if key in self.attributes:
+                raise VerifyException(f"'{key}' belongs to a warp-specialized query_blocks kernel, not a key_blocks one")
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:

@@ -42,6 +42,7 @@ from xdsl.utils.target import Target
 
 from attnfuse.dialects import tile
 from attnfuse.errors import AttnFuseError, IRError
+from attnfuse.lowering.gluon_steps import MaskedLoopSteps
 from attnfuse.lowering.triton import HELPERS, KernelEmitter, LoopRows
 from attnfuse.dialects.flash_shape import FlashLoop, NotFlashShaped, flash_kernel
 
@@ -50,7 +51,7 @@ class GluonUnsupported(IRError):
     the op at fault, or the kernel."""
 
 
-class GluonEmitter(KernelEmitter):
+class GluonEmitter(MaskedLoopSteps, KernelEmitter):
     """Prints one flash-shaped forward kernel as a loader partition, a consumer partition, the
     score-step function and the entry kernel."""
 
@@ -109,16 +110,6 @@ class GluonEmitter(KernelEmitter):
         return ["scores", "row_max", "row_sum", "start_n", "row_start", *bounds, "sm_scale", "n_q", "n_k",
                 *self.slope_params()]
 
-    def loop_condition(self, index: int) -> str:
-        """Whether the block at `start_n` lies in key loop `index` (the loops cover consecutive
-        ranges from `bound_i`, the lower bound of loop i)."""
-        last = len(self.loops) - 1
-        below = f"start_n < bound_{index + 1}" if index < last else ""
-        above = f"start_n >= bound_{index}" if index > 0 else ""
-        if below and above:
-            return f"({above}) & ({below})"
-        return below or above or "True"
-
     def loop_pieces(self, loop: FlashLoop) -> list[tuple[bool, list[str]]]:
         """One key loop's score ops and softmax step as printed by the portable handlers, op by
         op: (is a mask, its lines at indent 0). Every score op's result is the variable
@@ -173,8 +164,7 @@ class GluonEmitter(KernelEmitter):
         ]
         if any(loop.op.masked is not None for loop in self.loops):
             body.append("key_in_bounds = keys < n_k")
-        skeletons = [[lines for mask, lines in pieces if not mask] for pieces in per_loop]
-        if all(s == skeletons[0] for s in skeletons):
+        if self.same_skeleton(per_loop):
             body += self.merged_steps(per_loop)
         else:
             body += self.branched_steps(per_loop)
@@ -184,41 +174,6 @@ class GluonEmitter(KernelEmitter):
         params = [*self.step_params(), "ROWS: gl.constexpr", "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_step({', '.join(params)}):", ["    " + line if line else ""
                                                                               for line in body])
-
-    def guarded(self, groups: list[tuple[list[int], list[str]]]) -> list[str]:
-        """Each group's lines under the test that the block lies in one of its loops (none for
-        a group of every loop); the loops' ranges are disjoint, so later groups are `elif`s."""
-        out: list[str] = []
-        keyword = "if"
-        for loops, lines in groups:
-            if len(loops) == len(self.loops):
-                out += lines
-                continue
-            test = " | ".join(f"({self.loop_condition(i)})" if len(loops) > 1 else self.loop_condition(i)
-                              for i in loops)
-            out.append(f"{keyword} {test}:")
-            out += ["    " + line if line else "" for line in lines]
-            keyword = "elif"
-        return out
-
-    def merged_steps(self, per_loop: list[list[tuple[bool, list[str]]]]) -> list[str]:
-        """Loops that differ only by masks: the shared ops once, and between them each loop's
-        masks, loops whose masks print alike sharing one test."""
-        out: list[str] = []
-        cursor = [0] * len(self.loops)
-        for shared in [lines for mask, lines in per_loop[0] if not mask]:
-            groups: dict[tuple[str, ...], list[int]] = {}
-            for i, pieces in enumerate(per_loop):
-                masks: list[str] = []
-                while pieces[cursor[i]][0]:
-                    masks += pieces[cursor[i]][1]
-                    cursor[i] += 1
-                cursor[i] += 1  # the shared op itself
-                if masks:
-                    groups.setdefault(tuple(masks), []).append(i)
-            out += self.guarded([(loops, list(masks)) for masks, loops in groups.items()])
-            out += shared
-        return out
 
     def branched_steps(self, per_loop: list[list[tuple[bool, list[str]]]]) -> list[str]:
         """Loops whose score ops differ beyond masks: each loop's score ops under its own test,
@@ -444,12 +399,31 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # The TMA copies are tma.async_load / async_store from Triton 3.7 on, async_copy_* before.
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+# A CTA-wide barrier is gl.thread_barrier in Triton 3.6, gl.barrier from 3.7 on.
+thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
 def tile_2d(buffer):
     """A [1, 1, rows, D] buffer (a descriptor's block over [B, H, N, D]) as [rows, D]."""
     return buffer.reshape([buffer.shape[2], buffer.shape[3]])
+'''
+
+REDUCE_ADD_HELPER = '''
+
+from triton.experimental.gluon.language._core import builtin
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """global[block at coord] += shared `src` (cp.reduce.async.bulk.tensor.add), clipped at the
+    tensor's bounds; completes like a TMA store (`tma.store_wait`). Gluon 3.6 has the builder
+    call (ttng.async_tma_reduce) but no Python wrapper for it."""
+    from triton._C.libtriton import ir
+
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                              coord, src.handle)
 '''
 
 
@@ -478,25 +452,43 @@ class GluonProgram:
     kernels: tuple[GluonKernel, ...]
 
 
-def emit_gluon_kernel(kernel: tile.KernelOp) -> GluonProgram:
-    """The Gluon module of one warp-specialized kernel, or `GluonUnsupported`."""
+def kernel_source(kernel: tile.KernelOp) -> tuple[str, set[str], GluonKernel]:
+    """One warp-specialized kernel's functions, the helpers they call and its launch, or
+    `GluonUnsupported`: a forward (`query_blocks`) or the fused backward (`key_blocks`)."""
+    from attnfuse.lowering.gluon_backward import GluonBackwardEmitter
     from attnfuse.lowering.gluon_persistent import PersistentGluonEmitter
 
     persistent = kernel.int_attr("persistent") == 1
+    if kernel.grid == "key_blocks":
+        backward = GluonBackwardEmitter(kernel)
+        info = GluonKernel(kernel.sym_name.data, tuple(kernel.roles), backward.operands, kernel.get("block_m"),
+                           kernel.get("block_n"), kernel.get("num_warps"))
+        return "\n".join(backward.run()), backward.helpers | {"tma_reduce_add"}, info
     emitter = (PersistentGluonEmitter if persistent else GluonEmitter)(kernel)
-    body = "\n".join(emitter.run())
-    helpers = "".join("\n\n" + HELPERS[name].replace("@triton.jit", "@gluon.jit") for name in sorted(emitter.helpers))
-    source = HEADER + helpers + "\n\n" + body + "\n"
     info = GluonKernel(kernel.sym_name.data, tuple(kernel.roles), emitter.operands, kernel.get("block_m"),
                        kernel.get("block_n"), 4, persistent)
-    return GluonProgram(source, (info,))
+    return "\n".join(emitter.run()), emitter.helpers, info
+
+
+def gluon_source(bodies: list[str], helpers: set[str]) -> str:
+    """The generated module: the header, the helpers the kernels call, the kernels."""
+    source = HEADER + (REDUCE_ADD_HELPER if "tma_reduce_add" in helpers else "")
+    source += "".join("\n\n" + HELPERS[name].replace("@triton.jit", "@gluon.jit")
+                      for name in sorted(helpers - {"tma_reduce_add"}))
+    return source + "".join("\n\n" + body for body in bodies) + "\n"
+
+
+def emit_gluon_kernel(kernel: tile.KernelOp) -> GluonProgram:
+    """The Gluon module of one warp-specialized kernel, or `GluonUnsupported`."""
+    body, helpers, info = kernel_source(kernel)
+    return GluonProgram(gluon_source([body], helpers), (info,))
 
 
 def emit_gluon_module(module: ModuleOp) -> GluonProgram:
-    """The Gluon module of the warp-specialized kernel in `module`. Kernels without the
-    schedule (rotation kernels, the backward's) are the portable target's: the source lists
-    them in a comment. A module with no scheduled kernel is refused, saying why its forward
-    was left alone."""
+    """The Gluon module of the warp-specialized kernels in `module` (the forward, the fused
+    backward). Kernels without the schedule (rotation kernels, the separate backward's) are
+    the portable target's: the source lists them in a comment. A module with no scheduled
+    kernel is refused, saying why its forward (or else its first kernel) was left alone."""
     kernels = [op for op in module.ops if isinstance(op, tile.KernelOp)]
     if not kernels:
         raise AttnFuseError("no tile.kernel to print: run lower-to-tile first")
@@ -504,10 +496,12 @@ def emit_gluon_module(module: ModuleOp) -> GluonProgram:
     if not scheduled:
         forward = next((k for k in kernels if k.sym_name.data == "attention_fwd"), kernels[0])
         emit_gluon_kernel(forward)  # raises, with the reason
-    program = emit_gluon_kernel(scheduled[0])
+    printed = [kernel_source(k) for k in scheduled]
+    helpers = set().union(*(h for _, h, _ in printed))
+    source = gluon_source([body for body, _, _ in printed], helpers)
     portable = [k.sym_name.data for k in kernels if k.schedule is None]
     note = f"\n# Not warp-specialized (printed by -t triton): {', '.join(portable)}\n" if portable else ""
-    return GluonProgram(program.source + note, program.kernels)
+    return GluonProgram(source + note, tuple(info for _, _, info in printed))
 
 
 @dataclass(frozen=True)

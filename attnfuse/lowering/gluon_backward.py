@@ -1,0 +1,499 @@
+"""The Gluon target's backward: the fused 5-product backward (`attention_bwd_dkdv_dq`,
+`lower-to-tile{bwd-dq=fused}`) as a warp-specialized Hopper kernel.
+
+One program owns a block of BLOCK_M keys (two consumer warpgroups of 64 keys each, 8 warps) of
+one (batch, key/value head) and walks every query block of every query head of its GQA group,
+as the portable kernel does; the schedule is FlashAttention-3's and the hand-written probe's
+(`bench/gluon_backward_probe.py`, variant `wg2_writer_lse`):
+
+- a loader partition (1 warp, TMA only): k and v once, then q, dO, lse and delta of each query
+  block into a ring of `num_stages` shared-memory buffers (ready/empty barriers);
+- the consumer partition (the kernel's own warps), per block, in the key-major orientation the
+  tile IR already has (`tile.scores` of k and q is s^T):
+      s^T = k q^T, dp^T = v dO^T (both issued at once), then `<kernel>_probs`: the score ops and
+      `tile.recompute_probs` (the portable target's printers); dV += p^T dO issued before the
+      wait for dp^T, `<kernel>_grads` (`tile.softmax_grad` and the VJP ops) under it; dK += ds^T q;
+      the dQ part ds k (`tile.dot_lhs_transposed`, A = ds^T from shared memory, transposed view);
+- a dQ writer partition (1 warp): `tile.store_add` as TMA reduce-adds of the staged dQ parts
+  into the f32 `dq_acc` (unordered: not deterministic, as the op says), two staging buffers;
+- the epilogue (`tile.apply_scale`, a RoPE inverse rotation, the stores): whole tiles leave
+  through k's and v's buffers and TMA stores; a rotation's halves go through the dQ staging
+  buffers (free by then) and are stored from registers as the portable target stores them.
+
+The loops of the kernel (masked, full, masked) are one pipelined range of `group_size *
+n_blocks` steps; a step runs its loop's masks under a test of its start (`gluon_steps`).
+Query rows past `n_q` and key rows past `n_k` are zero-filled by the 4-D descriptors and
+clipped on the stores and reduces; their lse is taken as +inf, so their probabilities are 0.
+
+Launch ABI: descriptors `q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_acc_desc`
+(4-D over `[B, H, N, D]`, blocks `[1, 1, rows, D]`), `lse_desc, delta_desc` (1-D over the
+contiguous `[B * Hq * Nq]` f32 rows, blocks of BLOCK_N), then the pointer and strides of every
+other role (`dk` for the stores by column part, `rope_table`, `slopes`), then `sm_scale, n_q,
+n_k, num_heads (Hkv), group_size`; grid `(B * Hkv, cdiv(n_k, BLOCK_M))`, `num_warps` warps.
+"""
+
+from __future__ import annotations
+
+from xdsl.ir import Operation, SSAValue
+
+from attnfuse.dialects import tile
+from attnfuse.dialects.backward_shape import BackwardLoop, backward_kernel
+from attnfuse.dialects.flash_shape import NotFlashShaped
+from attnfuse.lowering.gluon_steps import MaskedLoopSteps, Pieces
+from attnfuse.lowering.triton import KernelEmitter, LoopRows, padded
+
+DESCRIPTOR_ROLES = ("do", "dv", "dq_acc", "lse", "delta")
+"""Roles read or written only through descriptors (besides q, k and v, whose roles vary)."""
+
+DQ_BUFFERS = 2
+"""dQ staging buffers between the consumer and the writer (the probe's best)."""
+
+
+def _unsupported(message: str, op: Operation | None):
+    from attnfuse.lowering.gluon import GluonUnsupported
+
+    return GluonUnsupported(message, op)
+
+
+class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
+    """Prints one warp-specialized fused backward kernel: the probability and gradient step
+    functions, the loader, the dQ writer, the consumer and the entry kernel."""
+
+    STEP_START = "start_m"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        k = self.kernel
+        try:
+            parts = backward_kernel(k)
+        except NotFlashShaped as err:
+            raise _unsupported(f"the gluon target cannot lower {err}", err.op) from err
+        if k.schedule != tile.Schedule.WARP_SPECIALIZED:
+            raise _unsupported(f"the gluon target prints warp-specialized kernels: {k.sym_name.data} has no "
+                               "#tile<schedule warp_specialized> (run warp-specialize first)", k)
+        if padded(self.head_dim) != self.head_dim or self.head_dim != self.head_dim_v:
+            raise _unsupported("the gluon backward needs equal power-of-two head dims", k)
+        self.parts = parts
+        self.loops: list[BackwardLoop] = parts.loops
+        for op in parts.epilogue:
+            if isinstance(op, tile.SplitOp) and (op.pairs.data != "half" or self.rotary_dim != self.head_dim):
+                raise _unsupported("the gluon backward rotates dK back by halves of the full head dim only "
+                                   "(interleaved pairs and partial rotary widths are the portable target's)", op)
+        self.primal: dict[SSAValue, str] = {}
+        """Score tiles the VJP ops read (soft-capping's s), by the name that carries them from
+        the probability step to the gradient step."""
+
+    # -- names -------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.kernel.sym_name.data
+
+    @property
+    def operands(self) -> tuple[str, str, str, str]:
+        """The roles of q, k, v and dO (TMA-loaded)."""
+        return self.parts.operands
+
+    def pointer_roles(self) -> list[str]:
+        return [r for r in self.roles if r not in self.operands and r not in DESCRIPTOR_ROLES]
+
+    def pointer_params(self) -> list[str]:
+        return [name for role in self.pointer_roles() for name in (f"{role}_ptr", *self.strides(role))]
+
+    def slope_params(self) -> list[str]:
+        return [self.slope_name(role) for role in self.slope_roles()]
+
+    def bound_params(self) -> list[str]:
+        return [f"bound_{i}" for i in range(1, len(self.loops))]
+
+    def function(self, header: str, body: list[str]) -> list[str]:
+        return ["@gluon.jit", header] + body
+
+    def run(self) -> list[str]:
+        self.find_primal_values()
+        out: list[str] = []
+        out += self.probs_function() + ["", ""]
+        out += self.grads_function() + ["", ""]
+        out += self.loader() + ["", ""]
+        out += self.dq_writer() + ["", ""]
+        out += self.consumer() + ["", ""]
+        out += self.entry()
+        return out
+
+    # -- the step functions ------------------------------------------------------------------
+
+    def find_primal_values(self) -> None:
+        """Name the score tiles a VJP op reads besides the gradient (by position in the
+        loop's list of VJP ops, so that every loop's steps use the same names)."""
+        for loop in self.loops:
+            for i, op in enumerate(loop.vjp_ops):
+                if isinstance(op, tile.MapOp):
+                    for j, value in enumerate(op.inputs[:-1]):
+                        self.primal[value] = f"primal_{i}_{j}"
+
+    def primal_names(self) -> list[str]:
+        return sorted(set(self.primal.values()))
+
+    def step_header(self, masked: bool) -> list[str]:
+        lines = [
+            "rows = n_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))",
+            "row_in_bounds = rows < n_k",
+            "queries = start_m + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
+            "query_in_bounds = queries < n_q",
+            "q_pos = queries + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key",
+        ]
+        del masked
+        return lines
+
+    def save_primal(self, value: SSAValue, pieces: Pieces) -> None:
+        """After the piece that leaves `value` in `scores`: keep it for the gradient step."""
+        name = self.primal.get(value)
+        if name is not None:
+            pieces[-1][1].append(f"{name} = scores  # read by a VJP op in the gradient step")
+
+    def probs_pieces(self, loop: BackwardLoop) -> Pieces:
+        """The score ops and `tile.recompute_probs` of one loop, op by op; every score op's
+        result is `scores` (each refines the previous tile in place)."""
+        for value in (loop.lse_load.result,):
+            self.namer.alias(value, "lse")
+        self.namer.alias(loop.scores.result, "scores")
+        pieces: Pieces = []
+        self.lines, self.indent = [], 0
+        self.emit("# tile.scores: k @ q^T came from warpgroup_mma (fp32)")
+        self.emit_score_scale("scores", loop.scores)
+        pieces.append((False, self.lines))
+        self.save_primal(loop.scores.result, pieces)
+        self.loop_vars.append(LoopRows("queries", "query_in_bounds" if loop.masked else "", "q_pos"))
+        for op in [*loop.score_ops, loop.probs]:
+            if op is not loop.probs:
+                self.namer.pin(op.result, "scores")
+            else:
+                self.namer.pin(op.result, "probs")
+            self.lines = []
+            self.HANDLERS[type(op)](self, op)
+            pieces.append((isinstance(op, tile.MaskOp), self.lines))
+            if op is not loop.probs:
+                self.save_primal(op.result, pieces)
+        self.loop_vars.pop()
+        return pieces
+
+    def grads_pieces(self, loop: BackwardLoop) -> Pieces:
+        """`tile.softmax_grad` and the VJP ops of one loop; each result is `grad_scores`."""
+        self.namer.alias(loop.probs.result, "probs")
+        self.namer.alias(loop.grad_probs.result, "grad_probs")
+        self.namer.alias(loop.delta_load.result, "delta")
+        for value, name in self.primal.items():
+            self.namer.alias(value, name)
+        pieces: Pieces = []
+        self.loop_vars.append(LoopRows("queries", "query_in_bounds" if loop.masked else "", "q_pos"))
+        for op in [loop.grad_scores, *loop.vjp_ops]:
+            self.namer.pin(op.result, "grad_scores")
+            self.lines, self.indent = [], 0
+            self.HANDLERS[type(op)](self, op)
+            pieces.append((isinstance(op, tile.MaskOp), self.lines))
+        self.loop_vars.pop()
+        return pieces
+
+    def step_body(self, pieces_of) -> list[str]:
+        taken = set(self.namer.taken)
+        per_loop = []
+        for loop in self.loops:
+            # Each loop prints with the same free names, so that what they share prints the same.
+            self.namer.taken = set(taken)
+            per_loop.append(pieces_of(loop))
+        self.namer.taken |= taken
+        if self.same_skeleton(per_loop):
+            return self.merged_steps(per_loop)
+        return self.guarded([([i], [line for _, lines in pieces for line in lines])
+                             for i, pieces in enumerate(per_loop)])
+
+    def step_params(self) -> list[str]:
+        return ["start_m", "n_start", *self.bound_params(), "sm_scale", "n_q", "n_k", *self.slope_params()]
+
+    def probs_function(self) -> list[str]:
+        """`<name>_probs(scores, lse, ...)`: p^T of the block at `start_m` from the raw k q^T
+        tile (and the score tiles the gradient step reads)."""
+        body = ["# The block's query loop decides its masks: " + "; ".join(
+            f"loop {i} over {'partial query blocks: masked' if loop.masked else 'full query blocks'}"
+            for i, loop in enumerate(self.loops))]
+        body += self.step_header(True)
+        body.append("# Query rows past n_q (zero-filled) get lse = +inf: their probabilities are 0.")
+        body.append("lse = gl.where(query_in_bounds, lse, float(\"inf\"))")
+        body += self.step_body(self.probs_pieces)
+        body.append("return " + ", ".join(["probs", *self.primal_names()]))
+        params = ["scores", "lse", *self.step_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
+                  "S_LAYOUT: gl.constexpr"]
+        return self.function(f"def {self.name}_probs({', '.join(params)}):",
+                             ["    " + line if line else "" for line in body])
+
+    def grads_function(self) -> list[str]:
+        """`<name>_grads(probs, grad_probs, delta, ...)`: ds^T of the block at `start_m`."""
+        body = self.step_header(True)
+        body.append("delta = gl.where(query_in_bounds, delta, 0.0)")
+        body += self.step_body(self.grads_pieces)
+        body.append("return grad_scores")
+        params = ["probs", "grad_probs", "delta", *self.primal_names(), *self.step_params(),
+                  "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
+        return self.function(f"def {self.name}_grads({', '.join(params)}):",
+                             ["    " + line if line else "" for line in body])
+
+    # -- partitions --------------------------------------------------------------------------
+
+    STEP_COORDS = [
+        "head = kv_head * group_size + it // n_blocks",
+        "start_m = q_start + (it % n_blocks) * BLOCK_N",
+    ]
+
+    def loader(self) -> list[str]:
+        body = [
+            "# The producer: TMA copies only. k and v of the program's key block once, then q, dO,",
+            "# lse and delta of each step's query block into the ring. Empty barriers start as if",
+            "# phase 1 had completed, so the first round of waits passes.",
+            "mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
+            "tma_load(k_desc, [batch, kv_head, n_start, 0], kv_bar, k_smem)",
+            "tma_load(v_desc, [batch, kv_head, n_start, 0], kv_bar, v_smem)",
+            "step_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes"
+            " + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)",
+            "for it in range(total):",
+            "    stage = it % STAGES",
+            "    phase = (it // STAGES) & 1",
+            *["    " + line for line in self.STEP_COORDS],
+            "    row = (batch * num_heads * group_size + head) * n_q + start_m  # in the flat lse / delta",
+            "    mbarrier.wait(empty.index(stage), phase ^ 1)",
+            "    mbarrier.expect(ready.index(stage), step_bytes)",
+            "    tma_load(q_desc, [batch, head, start_m, 0], ready.index(stage), q_bufs.index(stage))",
+            "    tma_load(do_desc, [batch, head, start_m, 0], ready.index(stage), do_bufs.index(stage))",
+            "    tma_load(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))",
+            "    tma_load(delta_desc, [row], ready.index(stage), delta_bufs.index(stage))",
+        ]
+        params = ("q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs, "
+                  "lse_bufs, delta_bufs, kv_bar, ready, empty, batch, kv_head, n_start, q_start, n_blocks, total, "
+                  "n_q, num_heads, group_size, BLOCK_N: gl.constexpr, STAGES: gl.constexpr")
+        return self.function(f"def {self.name}_load({params}):", ["    " + line for line in body])
+
+    def dq_writer(self) -> list[str]:
+        store_add = self.loops[0].store_add
+        body = [
+            f"# {store_add.name}: each step's dQ part added into {store_add.role} by a TMA reduce-add",
+            "# (unordered between programs: not deterministic), off the consumer's path: wait for a",
+            "# staged part, issue its reduce, wait until the copy engine has read it, free the buffer.",
+            "for it in range(total):",
+            f"    b = it % {DQ_BUFFERS}",
+            f"    mbarrier.wait(dq_full.index(b), (it // {DQ_BUFFERS}) & 1)",
+            *["    " + line for line in self.STEP_COORDS],
+            "    tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))",
+            "    tma.store_wait(0)",
+            "    mbarrier.arrive(dq_empty.index(b), count=1)",
+        ]
+        params = ("dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, "
+                  "BLOCK_N: gl.constexpr")
+        return self.function(f"def {self.name}_dq_write({params}):", ["    " + line for line in body])
+
+    def step_args(self) -> str:
+        return ", ".join([*self.step_params(), "BLOCK_M", "BLOCK_N", "S_LAYOUT"])
+
+    def consumer(self) -> list[str]:
+        first = self.loops[0]
+        primal = self.primal_names()
+        self.lines, self.indent = [], 1
+        for line in [
+            "# Two warpgroups (NW = 8 warps), each owning 64 of the block's keys; the products in",
+            "# the key-major orientation, so p^T and ds^T come out of the tensor cores in the layout",
+            "# of the A operand of dV and dK.",
+            "S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16])",
+            "KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16])",
+            "A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=KV_LAYOUT, k_width=2)",
+            "# The dQ part has BLOCK_N query rows: the warpgroups split its columns.",
+            "DQ_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NW // 4], instr_shape=[16, HEAD_DIM // (NW // 4), 16])",
+            "k_tile = tile_2d(k_smem)",
+            "v_tile = tile_2d(v_smem)",
+            "dtype: gl.constexpr = k_smem.dtype",
+            "# tile.zeros: dK and dV",
+            "dk = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=KV_LAYOUT)",
+            "dv = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=KV_LAYOUT)",
+            "s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_LAYOUT)",
+            "dq_zero = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=DQ_LAYOUT)",
+            "mbarrier.wait(kv_bar, 0)",
+            "for it in range(total):",
+            "    stage = it % STAGES",
+            "    phase = (it // STAGES) & 1",
+            *["    " + line for line in self.STEP_COORDS],
+            *[f"    {self.slope_name(r)} = tl.load({r}_ptr + head)  # this head's ALiBi slope" for r in self.slope_roles()],
+            "    q_s = tile_2d(q_bufs.index(stage))",
+            "    do_s = tile_2d(do_bufs.index(stage))",
+            "    mbarrier.wait(ready.index(stage), phase)",
+            f"    # {first.scores.name} (s^T = k q^T) and {first.grad_probs.name} (dp^T = v dO^T), issued together",
+            "    scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            "    grad_probs = warpgroup_mma(v_tile, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            "    lse = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT))",
+            "    # Groups complete in issue order: one outstanding means s^T is done.",
+            "    scores = warpgroup_mma_wait(1, deps=(scores,))",
+            f"    {', '.join(['probs', *primal])} = {self.name}_probs(scores, lse, {self.step_args()})",
+            "    # tile.accumulate: dV += p^T dO, issued before the wait for dp^T (ds^T is computed under it)",
+            "    p_op = gl.convert_layout(probs.to(dtype), A_LAYOUT)",
+            "    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)",
+            "    delta = delta_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT))",
+            "    grad_probs = warpgroup_mma_wait(1, deps=(grad_probs,))",
+            f"    grad_scores = {self.name}_grads(probs, grad_probs, delta, {', '.join(primal + [self.step_args()])})",
+            "    ds16 = grad_scores.to(dtype)",
+            "    # ds^T to shared memory for the dQ part (A = its transposed view): every warp's part",
+            "    # before the tensor cores read it (a fence for the async proxy, then a barrier).",
+            "    ds_smem.store(ds16)",
+            "    fence_async_shared()",
+            "    # tile.accumulate: dK += ds^T q",
+            "    ds_op = gl.convert_layout(ds16, A_LAYOUT)",
+            "    dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)",
+            "    thread_barrier()",
+            "    # tile.dot_lhs_transposed: the dQ part ds k",
+            "    dq_part = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)",
+            "    dv, dk, dq_part, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq_part, p_op, ds_op))",
+            "    # Every warpgroup's products on this stage are done before the loader may refill it.",
+            "    thread_barrier()",
+            "    mbarrier.arrive(empty.index(stage), count=1)",
+            "    # tile.store_add: staged for the writer partition's reduce",
+            f"    b = it % {DQ_BUFFERS}",
+            f"    mbarrier.wait(dq_empty.index(b), ((it // {DQ_BUFFERS}) & 1) ^ 1)",
+            "    tile_2d(dq_bufs.index(b)).store(dq_part)",
+            "    fence_async_shared()",
+            "    thread_barrier()  # every thread's part is in before the writer is told",
+            "    mbarrier.arrive(dq_full.index(b), count=1)",
+        ]:
+            self.emit(line)
+        self.namer.alias(first.op.results[0], "dk")
+        self.namer.alias(first.op.results[1], "dv")
+        for loop in self.loops:
+            self.namer.alias(loop.op.results[0], "dk")
+            self.namer.alias(loop.op.results[1], "dv")
+        self.epilogue()
+        params = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs",
+                  "delta_bufs", "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full", "dq_empty", "batch",
+                  "kv_head", "q_start", "n_blocks", "total", "group_size", "n_start", *self.bound_params(),
+                  "sm_scale", "n_q", "n_k",
+                  "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr", "HEAD_DIM: gl.constexpr", "STAGES: gl.constexpr",
+                  "NW: gl.constexpr", *self.rotary_params()]
+        return self.function(f"def {self.name}_consume({', '.join(params)}):", self.lines)
+
+    def rotary_params(self) -> list[str]:
+        return ["ROT_HALF: gl.constexpr", "BLOCK_HALF: gl.constexpr"] if self.splits_dk else []
+
+    @property
+    def splits_dk(self) -> bool:
+        return any(isinstance(op, tile.SplitOp) for op in self.parts.epilogue)
+
+    # -- the epilogue ------------------------------------------------------------------------
+
+    def epilogue(self) -> None:
+        """dK's scale, its inverse rotation and the stores, as the IR says them."""
+        self.emit("# The epilogue. No product reads k's and v's buffers any more.")
+        if self.splits_dk:
+            self.emit("# The halves of a rotation are stored from registers in this layout:")
+            self.emit("EPI_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])")
+            self.emit("rows = n_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, EPI_LAYOUT))")
+            self.emit("row_in_bounds = rows < n_k")
+            self.emit("cols_half = gl.arange(0, BLOCK_HALF, layout=gl.SliceLayout(0, EPI_LAYOUT))")
+            self.emit("dk_base = dk_ptr + batch.to(tl.int64) * stride_dk_b + kv_head.to(tl.int64) * stride_dk_h")
+        stores = []
+        for op in self.parts.epilogue:
+            if isinstance(op, tile.StoreOp) and op.cols is not None and op.cols.data == "all":
+                stores.append(op)
+                continue
+            if isinstance(op, tile.SplitOp):
+                self.emit_split_halves(op)
+                continue
+            self.HANDLERS[type(op)](self, op)
+        # Whole tiles last, through shared memory and TMA stores (clipped at the sequence end).
+        buffers = {"dk": "k_smem", "dv": "v_smem"}
+        for op in stores:
+            self.emit(f"# tile.store: {op.role} rows (program), all columns, by TMA")
+            self.emit(f"tile_2d({buffers[op.role]}).store({self.namer[op.value]}.to(dtype))")
+        if stores:
+            self.emit("fence_async_shared()")
+            self.emit("thread_barrier()")
+            for op in stores:
+                self.emit(f"tma_store({op.role}_desc, [batch, kv_head, n_start, 0], {buffers[op.role]})")
+            self.emit("tma.store_wait(0)")
+
+    def emit_split_halves(self, op: tile.SplitOp) -> None:
+        """`tile.split` of a full-width tile into the halves of the rotary pairs: through the
+        dQ staging buffers (f32, BLOCK_M rows in all), whose reduces are done by then."""
+        value = self.namer[op.input]
+        lo, hi = self.namer.define(op.lo), self.namer.define(op.hi)
+        self.emit("# tile.split: full width into the halves of the rotary pairs, through shared memory")
+        self.emit("# The writer's last reduce from each buffer is done: the k-th release of buffer b")
+        self.emit("# completes phase k - 1 of its barrier; a buffer never used waits on nothing.")
+        for b in range(DQ_BUFFERS):
+            self.emit(f"mbarrier.wait(dq_empty.index({b}), ((total - {b} + {DQ_BUFFERS - 1}) // {DQ_BUFFERS} - 1) & 1)")
+        # The two [BLOCK_N, HEAD_DIM] f32 staging buffers hold BLOCK_M rows of f32 (asserted
+        # where the schedule is set); unswizzled, so that column halves are plain slices.
+        self.emit("halves = dq_bufs._reinterpret(gl.float32, [BLOCK_M, HEAD_DIM], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))")
+        self.emit(f"halves.store({value})")
+        self.emit("thread_barrier()")
+        self.emit(f"{lo} = halves.slice(0, ROT_HALF, dim=1).load(EPI_LAYOUT)")
+        self.emit(f"{hi} = halves.slice(ROT_HALF, ROT_HALF, dim=1).load(EPI_LAYOUT)")
+
+    # -- the entry ---------------------------------------------------------------------------
+
+    def entry(self) -> list[str]:
+        k = self.kernel
+        self.lines, self.indent = [], 1
+        self.emit("dtype: gl.constexpr = q_desc.dtype")
+        self.emit("# Program grid: one program per (batch x key/value head, block of BLOCK_M keys).")
+        self.emit("block_id = tl.program_id(1)")
+        self.emit("batch_head = tl.program_id(0)")
+        self.emit("batch = batch_head // num_heads")
+        self.emit("kv_head = batch_head % num_heads")
+        self.emit("n_start = block_id * BLOCK_M")
+        self.HANDLERS[type(self.parts.bounds)](self, self.parts.bounds)
+        q_start = self.namer[self.loops[0].op.lower]
+        q_end = self.namer[self.loops[-1].op.upper]
+        self.emit(f"n_blocks = ({q_end} - {q_start} + BLOCK_N - 1) // BLOCK_N")
+        self.emit("total = group_size * n_blocks  # steps: every query block of every head of the group")
+        self.emit("# Buffers in the descriptors' block shapes; the products read 2-D views.")
+        self.emit("k_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], k_desc.layout)")
+        self.emit("v_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], v_desc.layout)")
+        self.emit("q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], q_desc.layout)")
+        self.emit("do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], do_desc.layout)")
+        self.emit("lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], lse_desc.layout)")
+        self.emit("delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], delta_desc.layout)")
+        self.emit("DS_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)")
+        self.emit("ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)")
+        self.emit(f"dq_bufs = gl.allocate_shared_memory(gl.float32, [{DQ_BUFFERS}, 1, 1, BLOCK_N, HEAD_DIM], dq_acc_desc.layout)")
+        self.emit("kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())")
+        for bar, count in (("ready", "STAGES"), ("empty", "STAGES"), ("dq_full", DQ_BUFFERS), ("dq_empty", DQ_BUFFERS)):
+            self.emit(f"{bar} = gl.allocate_shared_memory(gl.int64, [{count}, 1], mbarrier.MBarrierLayout())")
+        self.emit("mbarrier.init(kv_bar, count=1)")
+        self.emit("for i in gl.static_range(STAGES):")
+        self.emit("    mbarrier.init(ready.index(i), count=1)")
+        self.emit("    mbarrier.init(empty.index(i), count=1)")
+        self.emit(f"for i in gl.static_range({DQ_BUFFERS}):")
+        self.emit("    mbarrier.init(dq_full.index(i), count=1)")
+        self.emit("    mbarrier.init(dq_empty.index(i), count=1)")
+        bounds = [self.namer[loop.op.lower] for loop in self.loops[1:]]
+        consume_args = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs",
+                        "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full",
+                        "dq_empty", "batch", "kv_head", q_start, "n_blocks", "total", "group_size",
+                        "n_start", *bounds, "sm_scale", "n_q", "n_k",
+                        "BLOCK_M", "BLOCK_N", "HEAD_DIM", "STAGES", "num_warps",
+                        *(["ROT_HALF", "BLOCK_HALF"] if self.splits_dk else [])]
+        load_args = ["q_desc", "k_desc", "v_desc", "do_desc", "lse_desc", "delta_desc", "k_smem", "v_smem",
+                     "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "kv_bar", "ready", "empty", "batch", "kv_head",
+                     "n_start", q_start, "n_blocks", "total", "n_q", "num_heads", "group_size", "BLOCK_N", "STAGES"]
+        write_args = ["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", q_start, "n_blocks",
+                      "total", "group_size", "BLOCK_N"]
+        # Gluon takes the partitions as a literal list (a tuple built beforehand loses its
+        # items' constexpr-ness): the consumer (the kernel's own warps), the loader, the writer.
+        self.emit("gl.warp_specialize([")
+        self.emit(f"    ({self.name}_consume, ({', '.join(consume_args)})),")
+        self.emit(f"    ({self.name}_load, ({', '.join(load_args)})),")
+        self.emit(f"    ({self.name}_dq_write, ({', '.join(write_args)})),")
+        producers = k.get("producer_warps")
+        self.emit(f"], [{producers}, 1], [24, 24])  # the loader and the writer issue TMA only")
+        constexprs = [f"BLOCK_M: gl.constexpr = {k.get('block_m')}", f"BLOCK_N: gl.constexpr = {k.get('block_n')}",
+                      f"HEAD_DIM: gl.constexpr = {self.head_dim}", f"STAGES: gl.constexpr = {k.get('num_stages')}"]
+        if self.splits_dk:
+            constexprs += [f"ROT_HALF: gl.constexpr = {self.rot_half}", f"BLOCK_HALF: gl.constexpr = {padded(self.rot_half)}"]
+        params = ["q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc", "dq_acc_desc", "lse_desc",
+                  "delta_desc", *self.pointer_params(), "sm_scale", "n_q", "n_k", "num_heads", "group_size",
+                  *constexprs, "num_warps: gl.constexpr = 8"]
+        header = [f"def {self.name}(", *[f"    {p}," for p in params], "):"]
+        return ["@gluon.jit", *header, *self.lines]

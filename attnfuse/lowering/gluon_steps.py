@@ -1,0 +1,87 @@
+"""What the Gluon target's step functions share between the forward and the backward: several
+consecutive loops of a kernel (full blocks, masked blocks) run as ONE pipelined range, so a
+step function prints the ops the loops share once and each loop's masks under a runtime test
+of the block's start against the loops' bounds (`bound_1`, ...: the lower bound of loop i).
+
+One function per loop, chosen at the call site, doubled the softmax step in every consumer of
+the forward and three consumers' 160 registers spilled; the merged form spills none."""
+
+from __future__ import annotations
+
+
+Pieces = list[tuple[bool, list[str]]]
+"""One loop's ops as printed, op by op: (is a mask, its lines at indent 0)."""
+
+
+class MaskedLoopSteps:
+    """Mixin of `KernelEmitter`s that print one step function for a kernel's consecutive
+    loops (`self.loops`, each with the loop op as `.op`); `STEP_START` names the variable
+    holding the block's first row (`start_n` over keys, `start_m` over queries)."""
+
+    STEP_START = "start_n"
+
+    def loop_condition(self, index: int) -> str:
+        """Whether the block at `STEP_START` lies in loop `index` (the loops cover consecutive
+        ranges from `bound_i`, the lower bound of loop i)."""
+        last = len(self.loops) - 1  # type: ignore[attr-defined]
+        start = self.STEP_START
+        below = f"{start} < bound_{index + 1}" if index < last else ""
+        above = f"{start} >= bound_{index}" if index > 0 else ""
+        if below and above:
+            return f"({above}) & ({below})"
+        return below or above or "True"
+
+    def guarded(self, groups: list[tuple[list[int], list[str]]]) -> list[str]:
+        """Each group's lines under the test that the block lies in one of its loops (none for
+        a group of every loop); the loops' ranges are disjoint, so later groups are `elif`s."""
+        out: list[str] = []
+        keyword = "if"
+        every = len(self.loops)  # type: ignore[attr-defined]
+        for loops, lines in groups:
+            if len(loops) == every:
+                out += lines
+                continue
+            test = " | ".join(f"({self.loop_condition(i)})" if len(loops) > 1 else self.loop_condition(i)
+                              for i in loops)
+            out.append(f"{keyword} {test}:")
+            out += ["    " + line if line else "" for line in lines]
+            keyword = "elif"
+        return out
+
+    @staticmethod
+    def same_skeleton(per_loop: list[Pieces]) -> bool:
+        """Whether the loops differ only by their masks (then `merged_steps` prints them)."""
+        skeletons = [[lines for mask, lines in pieces if not mask] for pieces in per_loop]
+        return all(s == skeletons[0] for s in skeletons)
+
+    def merged_steps(self, per_loop: list[Pieces]) -> list[str]:
+        """Loops that differ only by masks: the shared ops once, and between them each loop's
+        masks, loops whose masks print alike sharing one test. A loop's masks after its last
+        shared op come last."""
+        out: list[str] = []
+        cursor = [0] * len(per_loop)
+
+        def masks_of(i: int, pieces: Pieces) -> list[str]:
+            masks: list[str] = []
+            while cursor[i] < len(pieces) and pieces[cursor[i]][0]:
+                masks += pieces[cursor[i]][1]
+                cursor[i] += 1
+            return masks
+
+        def grouped_masks() -> list[str]:
+            groups: dict[tuple[str, ...], list[int]] = {}
+            for i, pieces in enumerate(per_loop):
+                masks = masks_of(i, pieces)
+                if masks:
+                    groups.setdefault(tuple(masks), []).append(i)
+            return self.guarded([(loops, list(masks)) for masks, loops in groups.items()])
+
+        for shared in [lines for mask, lines in per_loop[0] if not mask]:
+            out += grouped_masks()
+            for i in range(len(per_loop)):
+                cursor[i] += 1  # the shared op itself
+            out += shared
+        return out + grouped_masks()
+
+
+__all__ = ["MaskedLoopSteps", "Pieces"]

@@ -424,6 +424,14 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
                                               coord, src.handle)
+
+
+@builtin
+def reinterpret_shared(buffer, dtype, shape, layout, _semantic=None):
+    """`buffer`'s bytes as a buffer of another type, shape or layout (`_reinterpret` in Triton
+    3.6, `reinterpret` from 3.7 on)."""
+    method = getattr(buffer, "reinterpret", None) or buffer._reinterpret
+    return method(dtype, shape, layout, _semantic=_semantic)
 '''
 
 

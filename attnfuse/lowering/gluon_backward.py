@@ -425,7 +425,7 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
             self.emit(f"mbarrier.wait(dq_empty.index({b}), ((total - {b} + {DQ_BUFFERS - 1}) // {DQ_BUFFERS} - 1) & 1)")
         # The two [BLOCK_N, HEAD_DIM] f32 staging buffers hold BLOCK_M rows of f32 (asserted
         # where the schedule is set); unswizzled, so that column halves are plain slices.
-        self.emit("halves = dq_bufs._reinterpret(gl.float32, [BLOCK_M, HEAD_DIM], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))")
+        self.emit("halves = reinterpret_shared(dq_bufs, gl.float32, [BLOCK_M, HEAD_DIM], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))")
         self.emit(f"halves.store({value})")
         self.emit("thread_barrier()")
         self.emit(f"{lo} = halves.slice(0, ROT_HALF, dim=1).load(EPI_LAYOUT)")

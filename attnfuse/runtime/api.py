@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import weakref
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -40,6 +42,7 @@ from attnfuse.runtime.kv_cache import (
 )
 from attnfuse.runtime.backward_choice import choose_backward
 from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
+from attnfuse.runtime.gluon_backward import gluon_backward
 from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.interpreter import runs_interpreted
@@ -411,8 +414,11 @@ class CompiledAttention:
         launches = prepare(compiled, problem, scale, splits)
         if not decode and problem.device.type == "cuda":
             # On Hopper the forward may run on the Gluon target (runtime/gluon_forward.py).
-            launches = gluon_forward(launches, problem, scale, lambda: lower_spec(self.program, key),
-                                     causal=variant.band[1] is not None)
+            # The same tile module for both (lowered at most once, only where Gluon may run).
+            tile_module = functools.cache(lambda: lower_spec(self.program, key))
+            launches = gluon_forward(launches, problem, scale, tile_module, causal=variant.band[1] is not None)
+            # And the fused backward's dK/dV/dQ kernel (runtime/gluon_backward.py).
+            launches = gluon_backward(launches, problem, scale, tile_module)
         launches = tuple(launches)
         if any("split_counts" in launch.info.roles for launch in launches):
             # The last-split merge's arrival counts: zero between calls (each call's last

@@ -1,19 +1,190 @@
-"""The Hopper (Gluon) backward: which calls it takes (helper B's; only the hook for now)."""
+"""The Hopper (Gluon) backward: where a training call's backward runs the warp-specialized
+fused kernel (`lowering/gluon_backward.py`) and how it is launched.
+
+`takes_gluon_backward` decides at plan time, before the program is compiled, whether the
+fused backward (`lower-to-tile{bwd-dq=fused}`) is built for the Gluon target: the rule
+`backward_choice.choose_backward` applies under `ATTNFUSE_BACKWARD=auto` where the caller
+allowed a non-deterministic backward (`af.compile(..., deterministic=False)`). `gluon_backward`
+then replaces the plan's portable `attention_bwd_dkdv_dq` launch with the Gluon one where
+`warp-specialize` scheduled the kernel; a call whose tensors a TMA descriptor cannot cover runs
+the portable fused kernel of the same plan. `ATTNFUSE_BACKWARD_TARGET=triton` keeps the
+portable kernel, `gluon` takes Gluon wherever it lowers and the shape fits (whatever the
+measurements say), `auto` (the default) follows `GLUON_BACKWARD_MIN_WORK`. Read at plan time.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from xdsl.dialects.builtin import ModuleOp
+
+from attnfuse.dialects import make_context, tile
+from attnfuse.errors import ArgumentError
+from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, gluon_importable
 from attnfuse.runtime.inputs import Problem
+from attnfuse.runtime.interpreter import runs_interpreted
+from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.runtime.program import Canonical
+
+if TYPE_CHECKING:
+    from attnfuse.lowering.gluon import GluonKernel
+
+TARGET_ENV = "ATTNFUSE_BACKWARD_TARGET"
+TARGETS = ("auto", "gluon", "triton")
+
+KERNEL = "attention_bwd_dkdv_dq"
+
+GLUON_BACKWARD_MIN_WORK = {128: 8 * 1024 * 1024}
+"""`auto` takes the Gluon backward at a head dim of this table from this many (query, key)
+pairs per head (half of Nq x Nk under a causal band): the hand-written probe of this schedule
+(bench/gluon_backward_probe.py, `wg2_writer_lse`) took 0.698 / 2.786 ms causal at 4096 / 8192
+and 1.303 / 5.198 dense at the Llama-3-8B heads (bf16) against cuDNN's 0.752 / 2.806 and
+1.331 / 5.181 and the portable split's 0.928 / 3.613 and 1.795 / 7.284
+(bench/results/20261201T195040Z-gluon_backward_probe.md). Head dim 64 compiles and is
+checked on the H200 but not measured: `auto` leaves it to the split backward."""
+
+
+def backward_target() -> str:
+    """The user's choice (`ATTNFUSE_BACKWARD_TARGET`), checked."""
+    target = os.environ.get(TARGET_ENV, "auto").strip().lower() or "auto"
+    if target not in TARGETS:
+        raise ArgumentError(f"{TARGET_ENV}={target!r}: expected one of {', '.join(TARGETS)}")
+    return target
+
+
+def _hopper(problem: Problem) -> bool:
+    """An sm_90 CUDA GPU whose Triton has the Gluon this target prints, not interpreted."""
+    if problem.device.type != "cuda" or not gluon_importable() or runs_interpreted(problem.device):
+        return False
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(problem.device) == (9, 0)
+
+
+def variant_fits(variant: Canonical) -> bool:
+    """Whether the variant's fused backward has the shape `warp-specialize` schedules
+    (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax
+    over elementwise score ops (no bias, block lists or document ids) and RoPE, if any, by
+    halves of the full head dim. `gluon_backward` checks the lowered kernel itself."""
+    if variant.normalizer_name != "softmax" or variant.block_size is not None or variant.listed:
+        return False
+    if variant.reads("bias") or variant.reads("doc_ids"):
+        return False
+    rope = variant.rope
+    if rope is not None and (getattr(rope, "interleaved", None) is not None or variant.rotary_dim is not None):
+        return False
+    return True
+
+
+def fits(problem: Problem) -> bool:
+    """Head dims the schedule is written for, equal for keys and values, 16-bit inputs."""
+    return (problem.head_dim in (64, 128) and problem.head_dim_v == problem.head_dim
+            and problem.dtype in (torch.float16, torch.bfloat16))
 
 
 def takes_gluon_backward(problem: Problem, variant: Canonical) -> bool:
     """Whether the backward of a call of this shape and variant runs the Gluon fused
-    backward (which `backward_choice.choose_backward` then picks where the fused backward is
-    allowed). No Gluon backward is printed yet: the kernel's shape is read by
-    `dialects.backward_shape.backward_kernel`, the printer and launches are still to come
-    (docs/architecture.md §6.7). False."""
-    del problem, variant
-    return False
+    backward (`backward_choice.choose_backward` then builds the fused backward, where it is
+    allowed): an sm_90 GPU, a variant and shape the schedule covers, and the user's choice
+    (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (`GLUON_BACKWARD_MIN_WORK`)."""
+    target = backward_target()
+    if target == "triton" or not _hopper(problem) or not fits(problem) or not variant_fits(variant):
+        return False
+    if target == "gluon":
+        return True
+    least = GLUON_BACKWARD_MIN_WORK.get(problem.head_dim)
+    causal = variant.band[1] is not None
+    work = problem.seq_q * problem.seq_k * (0.5 if causal else 1.0)
+    return least is not None and work >= least
 
 
-__all__ = ["takes_gluon_backward"]
+@dataclass
+class GluonBackwardLaunch:
+    """The fused backward's dK/dV/dQ launch on the Gluon target; `portable` runs calls whose
+    tensors a descriptor cannot cover. Shaped like `KernelLaunch` where the runtime reads it."""
+
+    portable: KernelLaunch
+    kernel: Any
+    launch: GluonKernel
+    problem: Problem
+    sm_scale: float
+
+    @property
+    def info(self):
+        return self.portable.info
+
+    def check_grid(self) -> None:
+        self.portable.check_grid()
+
+    def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
+        q_role, k_role, v_role, do_role = self.launch.operands
+        blocks = [tensors[r] for r in (q_role, k_role, v_role, do_role, "dk", "dv", "dq_acc")]
+        rows = [tensors["lse"], tensors["delta"]]
+        if not (all(_descriptor_ready(t) for t in blocks)
+                and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in rows)):
+            self.portable(tensors)
+            return
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        p = self.problem
+        dim = p.head_dim
+        block_m, block_n = self.launch.block_m, self.launch.block_n
+        dtype = gl.float16 if blocks[0].dtype == torch.float16 else gl.bfloat16
+        shapes = {"query": [1, 1, block_n, dim], "key": [1, 1, block_m, dim]}
+        layouts = {"query": gl.NVMMASharedLayout.get_default_for(shapes["query"], dtype),
+                   "key": gl.NVMMASharedLayout.get_default_for(shapes["key"], dtype),
+                   "acc": gl.NVMMASharedLayout.get_default_for(shapes["query"], gl.float32)}
+        kinds = ("query", "key", "key", "query", "key", "key", "acc")
+        descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), shapes["query" if kind == "acc" else kind],
+                                  layouts[kind]) for t, kind in zip(blocks, kinds)]
+        row_layout = gl.NVMMASharedLayout.get_default_for([block_n], gl.float32)
+        descs += [TensorDescriptor(t, [t.numel()], [1], [block_n], row_layout) for t in rows]
+        pointers: list[object] = []
+        skip = {q_role, k_role, v_role, do_role, "dv", "dq_acc", "lse", "delta"}
+        for role in self.launch.roles:
+            if role in skip:
+                continue
+            t = tensors[role]
+            pointers.append(t)
+            if tile.role_axes(role):
+                pointers.extend(t.stride())
+        grid = (p.batch * p.heads_kv, -(-p.seq_k // block_m))
+        self.kernel[grid](*descs, *pointers, self.sm_scale, p.seq_q, p.seq_k, p.heads_kv, p.group_size,
+                          num_warps=self.launch.num_warps)
+
+
+def gluon_backward(
+    launches: list[Any], problem: Problem, sm_scale: float, tile_module: Callable[[], ModuleOp],
+) -> list[Any]:
+    """`launches` with the fused backward's dK/dV/dQ kernel replaced by its Gluon launch where
+    the plan has it, this GPU and the user's choice allow it and `warp-specialize` schedules
+    the kernel (unchanged otherwise)."""
+    if not any(launch.info.name == KERNEL for launch in launches) or backward_target() == "triton":
+        return launches
+    if not _hopper(problem) or not fits(problem):
+        return launches
+    from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
+    from attnfuse.transforms.warp_specialize import WarpSpecializePass
+
+    module = tile_module()
+    WarpSpecializePass().apply(make_context(), module)
+    kernel = next((op for op in module.ops if isinstance(op, tile.KernelOp) and op.sym_name.data == KERNEL), None)
+    if kernel is None or kernel.schedule is None:
+        return launches
+    try:
+        program = emit_gluon_kernel(kernel)
+    except GluonUnsupported:
+        return launches
+    compiled = getattr(_gluon_module(program.source), KERNEL)
+    info = program.kernels[0]
+    return [GluonBackwardLaunch(launch, compiled, info, problem, sm_scale) if launch.info.name == KERNEL
+            else launch for launch in launches]
+
+
+__all__ = ["GLUON_BACKWARD_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward",
+           "takes_gluon_backward", "variant_fits"]

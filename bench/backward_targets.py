@@ -124,7 +124,9 @@ def main() -> None:
                     fn = af.compile(spec, deterministic=deterministic)
                     grads = torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out)
                     row[f"{name}_kernels"] = " ".join(
-                        launch.info.name.removeprefix("attention_bwd_")
+                        # "gluon:" marks a kernel launched on the Gluon target.
+                        ("gluon:" if type(launch).__name__.startswith("Gluon") else "")
+                        + launch.info.name.removeprefix("attention_bwd_")
                         for launch in fn.plan(q, k, v, training=True, backward=True).launches)
                     row[f"{name}_err"] = max((g.float() - r.float()).abs().max().item() for g, r in zip(grads, ref_grads))
                     row[f"{name}_rel"] = max(((g.float() - r.float()).norm() / r.float().norm()).item()

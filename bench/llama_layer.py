@@ -73,6 +73,10 @@ LLAMA3_8B = LayerShape(hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=1433
 QUICK = LayerShape(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128)
 
 IMPLS = ("sdpa-cudnn", "flex", "attnfuse")
+
+DETERMINISTIC = [True]
+"""`af.compile(..., deterministic=)` of the attnfuse column (`--nondeterministic` allows the
+fused backward: the Gluon one on the H200, runtime/gluon_backward.py)."""
 MODES = {"fwd": "forward (no_grad)", "fwdbwd": "forward + backward", "step": "forward + backward + AdamW"}
 
 
@@ -182,7 +186,8 @@ def build_attention(impl: str, shape: LayerShape, n: int, device: str, whole_lay
     if impl == "attnfuse":
         import attnfuse as af
 
-        fn = _COMPILED.get("attnfuse") or af.compile(af.attention(af.rope(theta=shape.theta), af.causal()))
+        fn = _COMPILED.get("attnfuse") or af.compile(af.attention(af.rope(theta=shape.theta), af.causal()),
+                                                     deterministic=DETERMINISTIC[0])
         _COMPILED["attnfuse"] = fn
         return Attention(fn)
 
@@ -530,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget", type=float, default=None,
                         help="seconds after which no new case starts (the results say what ran)")
     parser.add_argument("--out", type=Path, default=benchlib.ROOT / "bench" / "results")
+    parser.add_argument("--nondeterministic", action="store_true",
+                        help="compile the attnfuse column with deterministic=False (the fused backward)")
     parser.add_argument("--quick", action="store_true",
                         help="CPU, a tiny layer (hidden 64, 4/2 heads of 16, MLP 128), N=32, fp32, "
                         "eager only unless --compile is given, 1 warmup and 2 timed steps")
@@ -541,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         if name not in MODES:
             parser.error(f"unknown --modes entry {name!r}; choose from {', '.join(MODES)}")
 
+    DETERMINISTIC[0] = not args.nondeterministic
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     shape = LLAMA3_8B
     if args.quick:

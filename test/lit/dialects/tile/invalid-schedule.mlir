@@ -1,8 +1,22 @@
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics --parsing-diagnostics | filecheck %s
 // The verifier's rules for #tile<schedule warp_specialized> kernels.
 
-// CHECK: a warp-specialized kernel owns query blocks (grid query_blocks)
-tile.kernel @attention_bwd_dkdv(%k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64} {
+// CHECK: 'consumer_registers' belongs to a warp-specialized query_blocks kernel, not a key_blocks one
+tile.kernel @attention_bwd_dkdv_dq(%k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64} {
+  tile.return
+}
+
+// -----
+
+// CHECK: a warp-specialized key_blocks kernel's consumer is one or two warpgroups of 64 keys: num_warps 4 or 8 and block_m = 16 * num_warps, got 8 and 64
+tile.kernel @attention_bwd_dkdv_dq(%k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64} {
+  tile.return
+}
+
+// -----
+
+// CHECK: a warp-specialized kernel owns query blocks (grid query_blocks) or, the fused backward's, key blocks (grid key_blocks)
+tile.kernel @attention_fwd_split(%q: !tile.tensor<q>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64} {
   tile.return
 }
 

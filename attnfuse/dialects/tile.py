@@ -799,7 +799,7 @@ class KernelOp(IRDLOperation):
             return
         value = self.int_attr("pdl")
         if value not in (0, 1):
-            raise VerifyException(f"pdl must be 0 or 1, got {self.attributes['pdl']}")
+            raise VerifyException(f"pdl must be 0 or 1, got {self.attributes['pdl'] if value is None else value}")
         walk = list(self.body.walk())
         if self.grid == "kv_splits":
             if any(isinstance(op, MergeLastSplitOp) for op in walk):

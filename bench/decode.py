@@ -29,6 +29,11 @@ Implementations (a row's `impl`):
   second compiled function whose plans are made under `ATTNFUSE_HOIST_PAGE_ROWS=0`: every key
   step derives its keys' pages and rows from their positions (the paged addressing before
   `hoist_page_rows`), to time both forms in one run;
+  `attnfuse-nopdl`, `attnfuse-paged<P>-nopdl` (with `--pdl-forms on,off`): the same calls
+  through a compiled function whose plans are made under `ATTNFUSE_DECODE_PDL=0`: the merge
+  kernel launched after the split kernel as an ordinary launch, not as its programmatic
+  dependent (the default rows, PDL on, are the `on` form; PDL needs a CUDA GPU of capability
+  9.0 or more, elsewhere both forms launch the same way); their `vs` is against the PDL row;
   `attnfuse-full`: `fn(q, k, v)` without `kv_lens` (the whole cache, bottom-right causal: what
   works before the decoding API lands; only where every sequence fills the cache);
   `attnfuse-rope` / `attnfuse-rope-full`: `af.attention(af.rope(theta=500000.0), af.causal())`
@@ -186,13 +191,35 @@ def paged_suffix(form: str) -> str:
     return "" if form == "hoisted" else f"-{form}"
 
 
+PDL_FORMS = ("on", "off")
+"""`--pdl-forms`: AttnFuse's split decode with the merge launched as the split kernel's
+programmatic dependent (on, the default rows) or as an ordinary launch after it (off:
+`-nopdl` rows, plans made under `ATTNFUSE_DECODE_PDL=0`)."""
+
+NO_PDL = "-nopdl"
+
+
+def pdl_twins(impls: list[str], pdl_forms: tuple[str, ...]) -> list[str]:
+    """`impls` with, for `--pdl-forms ...off`, a `-nopdl` row after each AttnFuse decode row
+    that has kv_lens (contiguous and hoisted paged; not `-full`, `-rope` or `-unhoisted`)."""
+    if "off" not in pdl_forms:
+        return impls
+    out = []
+    for name in impls:
+        out.append(name)
+        if name == "attnfuse" or (name.startswith("attnfuse-paged") and name.removeprefix("attnfuse-paged").isdigit()):
+            out.append(name + NO_PDL)
+    return out
+
+
 def ragged_lengths(sizes: Sizes) -> list[int]:
     generator = torch.Generator().manual_seed(0)
     low, high = sizes.ragged_range
     return torch.randint(low, high + 1, (sizes.ragged_batch,), generator=generator).tolist()
 
 
-def build_cases(sizes: Sizes, rows: list[str], paged_forms: tuple[str, ...] = ("hoisted",)) -> list[Case]:
+def build_cases(sizes: Sizes, rows: list[str], paged_forms: tuple[str, ...] = ("hoisted",),
+                pdl_forms: tuple[str, ...] = ("on",)) -> list[Case]:
     geoms = {"llama8b": sizes.llama8b, "mistral": sizes.mistral, "llama70b": sizes.llama70b}
     cases = []
 
@@ -204,21 +231,22 @@ def build_cases(sizes: Sizes, rows: list[str], paged_forms: tuple[str, ...] = ("
         if r in rows:
             geom, batch, length = base(r)
             cases.append(Case(r, f"{geom.name} B={batch} L={length}", geom, [length] * batch, 1,
-                              ["attnfuse", "attnfuse-full", "sdpa-flash", "flex"]))
+                              pdl_twins(["attnfuse", "attnfuse-full", "sdpa-flash", "flex"], pdl_forms)))
     if "5" in rows:
         for r in ("1", "2", "3", "4"):
             geom, batch, length = base(r)
             impls = ["attnfuse", "attnfuse-full"]
             impls += [f"attnfuse-paged{p}{paged_suffix(form)}" for p in sizes.page_sizes for form in paged_forms]
             impls += [f"flex-paged{p}" for p in sizes.page_sizes]
+            impls = pdl_twins(impls, pdl_forms)
             cases.append(Case("5", f"row {r}: {geom.name} B={batch} L={length}", geom, [length] * batch, 1, impls,
                               base_key=f"{r}"))
     if "6" in rows:
         p = sizes.ragged_page
         cases.append(Case("6", f"{sizes.llama8b.name} B={sizes.ragged_batch} ragged", sizes.llama8b,
                           ragged_lengths(sizes), 1,
-                          ["attnfuse", *[f"attnfuse-paged{p}{paged_suffix(form)}" for form in paged_forms], "flex",
-                           f"flex-paged{p}", "sdpa-mask"], base_key="6"))
+                          pdl_twins(["attnfuse", *[f"attnfuse-paged{p}{paged_suffix(form)}" for form in paged_forms],
+                                     "flex", f"flex-paged{p}", "sdpa-mask"], pdl_forms), base_key="6"))
     if "7" in rows:
         for r in ("1", "2", "3", "4"):
             geom, batch, length = base(r)
@@ -228,7 +256,7 @@ def build_cases(sizes: Sizes, rows: list[str], paged_forms: tuple[str, ...] = ("
         geom, batch, length = base("1")
         for nq in sizes.spec_nq:
             cases.append(Case("8", f"{geom.name} B={batch} L={length} Nq={nq}", geom, [length] * batch, nq,
-                              ["attnfuse", "attnfuse-full", "sdpa-flash", "sdpa-mask", "flex"]))
+                              pdl_twins(["attnfuse", "attnfuse-full", "sdpa-flash", "sdpa-mask", "flex"], pdl_forms)))
     return cases
 
 
@@ -386,6 +414,8 @@ class Peers:
             self.af["causal"] = af.compile(af.attention(af.causal()))
             # Its own plans (made under ATTNFUSE_HOIST_PAGE_ROWS=0: `-unhoisted` rows).
             self.af["causal-unhoisted"] = af.compile(af.attention(af.causal()))
+            # Its own plans (made under ATTNFUSE_DECODE_PDL=0: `-nopdl` rows).
+            self.af["causal-nopdl"] = af.compile(af.attention(af.causal()))
             self.af["rope"] = af.compile(af.attention(af.rope(theta=ROPE_THETA), af.causal()),
                                          rope_placement=("fused", "given"))
         except Exception as err:  # noqa: BLE001 - no xDSL on the machine, say: the peers still run
@@ -403,13 +433,16 @@ class Peers:
         except Exception as err:  # noqa: BLE001
             self.flex_error = f"flex unavailable: {benchlib.first_line(err)}"
 
-    def build(self, name: str, x: Inputs) -> Impl:
+    def build(self, name: str, x: Inputs, causal: str = "causal") -> Impl:
+        """The row `name` on `x`; AttnFuse's causal rows call `self.af[causal]`."""
         case = x.case
         if name.startswith("attnfuse"):
             if self.af_error:
                 raise Unavailable(self.af_error)
+            if name.endswith(NO_PDL):
+                return self.without_pdl(self.build(name.removesuffix(NO_PDL), x, causal="causal-nopdl"))
             rope = "rope" in name
-            fn = self.af["rope" if rope else "causal"]
+            fn = self.af["rope" if rope else causal]
             q, k, v, lens = x.q, x.k, x.v, x.kv_lens
             if name.endswith("-full"):
                 if not case.full:
@@ -454,6 +487,27 @@ class Peers:
         if "page_rows = keys % PAGE_SIZE" not in source:
             raise Unavailable("the unhoisted plan's kernels hoist their page rows (ATTNFUSE_HOIST_PAGE_ROWS ignored)")
         return Impl(call, False, f"paged {page}", f"{paged['n_pages']} pages; page rows per step (unhoisted)")
+
+    def without_pdl(self, pdl: Impl) -> Impl:
+        """A `-nopdl` row from its PDL row built on `causal-nopdl` (`pdl`): the call's plan
+        (and kernels) made by its first call, under ATTNFUSE_DECODE_PDL=0; later calls
+        replay that plan."""
+        from attnfuse.runtime.config import DECODE_PDL_ENV
+
+        fn = self.af["causal-nopdl"]
+        previous = os.environ.get(DECODE_PDL_ENV)
+        os.environ[DECODE_PDL_ENV] = "0"
+        try:
+            pdl.fn()
+        finally:
+            if previous is None:
+                os.environ.pop(DECODE_PDL_ENV, None)
+            else:
+                os.environ[DECODE_PDL_ENV] = previous
+        if fn.last is None or "decode-pdl=0" not in fn.last.pipeline:
+            raise Unavailable("the no-PDL plan's kernels were compiled with PDL (ATTNFUSE_DECODE_PDL ignored)")
+        note = "; ".join(n for n in (pdl.note, "merge launched after the split kernel (no PDL)") if n)
+        return Impl(pdl.fn, pdl.rope, pdl.layout, note)
 
     # -- flex ---------------------------------------------------------------------------------
 
@@ -702,7 +756,7 @@ def compared_us(row: dict) -> float:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Each row's comparison (`vs`, `vs_label`, `goal`): rows 5 and 6's paged rows against the
+    """Each row's comparison (`vs`, `vs_label`, `goal`): a `-nopdl` row against its PDL row, rows 5 and 6's paged rows against the
     contiguous cache, row 7's RoPE against no RoPE, the others against AttnFuse."""
     by_case: dict[tuple, dict[str, dict]] = {}
     for r in rows:
@@ -717,7 +771,9 @@ def add_ratios(rows: list[dict]) -> None:
         for name, r in impls.items():
             r.pop("vs", None)
             mine, other, label, goal = us(r), None, None, None
-            if row_id in "56" and "-paged" in name:
+            if name.endswith(NO_PDL):
+                other, label = impls.get(name.removesuffix(NO_PDL)), "pdl on"
+            elif row_id in "56" and "-paged" in name:
                 if name.startswith("attnfuse"):
                     other = af_ref
                     label = "contiguous" + ("" if other is None or other["impl"] == "attnfuse" else " (no kv_lens)")
@@ -785,7 +841,7 @@ def tables(document: dict) -> list[str]:
     if document["rows"]:
         lines += ["`vs`: this row's µs over the named row's µs in the same case (below 1: faster); paged rows "
                   "against the contiguous cache (flex-paged against row 1-4's flex), RoPE rows against the same "
-                  "call without RoPE, peers against AttnFuse (`attnfuse-full` where `attnfuse` has no time). "
+                  "call without RoPE, `-nopdl` rows against the same call with PDL, peers against AttnFuse (`attnfuse-full` where `attnfuse` has no time). "
                   "`n/a`: the call raised (text in notes); `FAIL`: wrong output, not timed.", ""]
     return lines
 
@@ -857,6 +913,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paged-forms", default="hoisted",
                         help=f"comma-separated AttnFuse paged forms for rows 5 and 6, of {', '.join(PAGED_FORMS)} "
                         "(default hoisted; unhoisted adds attnfuse-paged<P>-unhoisted rows)")
+    parser.add_argument("--pdl-forms", default="on",
+                        help=f"comma-separated forms of AttnFuse's split-decode merge launch, of {', '.join(PDL_FORMS)} "
+                        "(default on: launched as the split kernel's programmatic dependent; off adds "
+                        "attnfuse-nopdl / attnfuse-paged<P>-nopdl rows, ordinary launches)")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU, tiny sizes (4q/2kv/D16, L <= 128), fp32, 1 warmup + 2 timed calls, flex eager")
     args = parser.parse_args(argv)
@@ -864,6 +924,9 @@ def main(argv: list[str] | None = None) -> int:
     paged_forms = tuple(f.strip() for f in args.paged_forms.split(",") if f.strip())
     if not paged_forms or any(f not in PAGED_FORMS for f in paged_forms):
         parser.error(f"--paged-forms takes {', '.join(PAGED_FORMS)}, got {args.paged_forms!r}")
+    pdl_forms = tuple(f.strip() for f in args.pdl_forms.split(",") if f.strip())
+    if not pdl_forms or any(f not in PDL_FORMS for f in pdl_forms):
+        parser.error(f"--pdl-forms takes {', '.join(PDL_FORMS)}, got {args.pdl_forms!r}")
     for r in rows:
         if r not in ROWS:
             parser.error(f"unknown row {r!r}; choose from {', '.join(ROWS)}")
@@ -898,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_bandwidth(timer, device, sizes.copy_bytes)
     benchlib.log(f"copy: {copy}")
     peers = Peers(args, device)
-    cases = build_cases(sizes, rows, paged_forms)
+    cases = build_cases(sizes, rows, paged_forms, pdl_forms)
     config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
     document: dict[str, Any] = {"metadata": meta, "device": device, "config": config, "copy": copy,
                                 "sizes": dataclasses.asdict(sizes), "rows": []}

@@ -572,8 +572,13 @@ class KernelOp(IRDLOperation):
     step and is computed once before the loop, and a step's table entries are indexed from
     its first key; 0: both from each key's position, every step), on a kernel that merges split partials optional `merge_stages`
     (the software-pipelining depth of its loop over the splits; 1, not pipelined, when
-    absent), and optional `schedule` (`#tile<schedule ...>`, with the integer attributes
-    `producer_warps`, `consumer_registers` and optional `persistent`; see `ScheduleAttr`).
+    absent), on a split decode's two kernels optional `pdl` (1: they overlap through
+    programmatic dependent launch: the `kv_splits` kernel lets the kernel after it, the merge,
+    launch while it runs, and the merge kernel, launched as its dependent, waits for it to
+    complete before reading any partial result; 0, the default when absent: an ordinary
+    launch after the split kernel has finished), and optional `schedule` (`#tile<schedule
+    ...>`, with the integer attributes `producer_warps`, `consumer_registers` and optional
+    `persistent`; see `ScheduleAttr`).
 
     A kernel with a `kv_lens` parameter reads its key count per batch (`kv_lens[batch]`,
     clamped to the cache's length); one with a `block_table` parameter (and a `page_size`)
@@ -680,6 +685,12 @@ class KernelOp(IRDLOperation):
         return 1 if value is None else value
 
     @property
+    def pdl(self) -> int:
+        """1 when the kernel takes part in a split decode's programmatic dependent launch
+        (the `pdl` attribute; 0 when absent)."""
+        return self.int_attr("pdl") or 0
+
+    @property
     def shared_offsets(self) -> tuple[str, ...] | None:
         """(follower, leader) roles whose loop loads may share offsets, or None."""
         attr = self.attributes.get("shared_offsets")
@@ -769,6 +780,7 @@ class KernelOp(IRDLOperation):
                 raise VerifyException("hoist_page_rows is an attribute of a paged kernel (one with a block_table parameter)")
             if self.int_attr("hoist_page_rows") not in (0, 1):
                 raise VerifyException(f"hoist_page_rows must be 0 or 1, got {self.int_attr('hoist_page_rows')}")
+        self.verify_pdl()
         if paged and "kv_lens" not in self.roles:
             raise VerifyException("a paged kernel needs a kv_lens parameter: the pages hold no length")
         if self.grid == "appended_keys" and "kv_lens" not in self.roles:
@@ -783,6 +795,26 @@ class KernelOp(IRDLOperation):
                     "shared_offsets names two of the kernel's tensor roles (follower, leader), "
                     f"got {list(self.shared_offsets)}"
                 )
+
+    def verify_pdl(self) -> None:
+        """`pdl` belongs to the two kernels of a split decode merged by a second kernel: the
+        `kv_splits` kernel (the primary) and the one that merges its partials
+        (`tile.merge_splits`, the dependent). A split kernel that merges its own splits
+        (`tile.merge_last_split`) has no dependent kernel to launch early."""
+        if self.attributes.get("pdl") is None:
+            return
+        value = self.int_attr("pdl")
+        if value not in (0, 1):
+            raise VerifyException(f"pdl must be 0 or 1, got {self.attributes['pdl'] if value is None else value}")
+        walk = list(self.body.walk())
+        if self.grid == "kv_splits":
+            if any(isinstance(op, MergeLastSplitOp) for op in walk):
+                raise VerifyException("pdl: a kv_splits kernel that merges its own splits "
+                                      "(tile.merge_last_split) has no dependent kernel to launch early")
+            return
+        if not any(isinstance(op, MergeSplitsOp) for op in walk):
+            raise VerifyException("pdl is an attribute of a split decode's kernels: a kv_splits "
+                                  "kernel or the kernel that merges its partials (tile.merge_splits)")
 
     def verify_schedule(self) -> None:
         schedule = self.attributes.get("schedule")

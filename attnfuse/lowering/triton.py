@@ -88,6 +88,10 @@ class KernelInfo:
     splits: bool = False
     """The kernel takes `num_splits, split_len` after `group_size`: a split decode kernel
     (`kv_splits` grid) or the merge of its partial results."""
+    launch_pdl: bool = False
+    """The kernel is launched as a programmatic dependent of the kernel before it (Triton's
+    `launch_pdl`): a split decode's merge printed with `pdl = 1` for a GPU, which waits for
+    the split kernel (`gdc_wait`) before reading its partials."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +224,7 @@ class KernelEmitter:
             "page_rows", "group_rows",
             "split_lo", "split_hi", "split_lse", "split_out", "new_max", "safe_max", "rescale",
             "weight", "cached", "k_pos", "arrived", "count_ptr", "s",
-            "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS,
+            "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS, *GDC_FUNCTIONS,
         }
         for role in self.roles:
             names |= {f"{role}_ptr", f"{role}_base"} | {f"stride_{role}_{a}" for a in "bhnd"}
@@ -477,9 +481,35 @@ class KernelEmitter:
             if line is not None and not self.set_in_query_head_loop(role):
                 self.emit(line)
 
+    @property
+    def pdl(self) -> bool:
+        """Whether the kernel is printed with programmatic dependent launch (`pdl = 1`): for
+        a GPU only. The grid-dependency calls are instructions (inline PTX in Triton 3.6) that
+        Triton's CPU interpreter cannot run, and there kernels run one after the other
+        anyway."""
+        return bool(self.kernel.pdl) and not self.interpreter
+
+    @property
+    def launch_pdl(self) -> bool:
+        """Whether the runtime launches the kernel as its predecessor's programmatic
+        dependent (`KernelInfo.launch_pdl`): the merge of a `pdl` split decode, which waits
+        before its first read. The split kernel itself waits for nothing, so it is launched
+        as usual (launched early, it could read a cache the kernel before it still writes)."""
+        return self.pdl and self.grid != "kv_splits"
+
     def split_prologue(self) -> None:
         """The prologue of a `kv_splits` kernel: which key/value head, block of the group's
         (query head, query) rows and split of the keys the program owns."""
+        if self.pdl:
+            # The merge may launch now. Its `gdc_wait` waits for this whole grid to complete
+            # and its stores to be visible (griddepcontrol.wait), so where this trigger sits
+            # decides only when the merge's programs may start, never what they read. The
+            # launch happens once every program of this grid has triggered (or exited), i.e.
+            # once the last one has started: triggering first thing lets the merge's launch
+            # and prologue overlap all of this kernel's work. Its waiting programs take no
+            # slot a split program needs: by then every split program is resident (the grid
+            # is about one program per SM, `kv_cache.PROGRAMS_PER_SM`).
+            self.emit("gdc_launch_dependents()  # pdl: the merge kernel may launch (it waits for this grid before reading)")
         self.emit(f"# Program grid ({tile.GRIDS['kv_splits']}).")
         self.emit("split = tl.program_id(1)")
         self.emit("group_rows = group_size * n_q  # (query head, query) pairs per key/value head")
@@ -982,6 +1012,11 @@ class KernelEmitter:
         o_role, lse_role = self.role_of(op.o_part), self.role_of(op.lse_part)
         out, lse = self.namer.define(op.output), self.namer.define(op.lse)
         o_rows = f"rows * stride_{o_role}_n"
+        if self.pdl:
+            # Launched as the split kernel's dependent, the merge may start while that kernel
+            # runs: nothing before this line reads memory, and this waits for the split
+            # kernel's whole grid to complete, its partials visible.
+            self.emit("gdc_wait()  # pdl: the split kernel has completed; its partials are visible")
         if op.weighted is None:
             self.emit("# tile.merge_splits: a pointwise normalizer's outputs are sums over keys: add them")
             self.emit_split_merge(o_role, f"{o_role}_base", o_rows, None, None, None, out, None)
@@ -1525,6 +1560,12 @@ import triton
 import triton.language as tl
 '''
 
+GDC_FUNCTIONS = ("gdc_launch_dependents", "gdc_wait")
+"""Triton's grid-dependency control (`triton.language.extra.cuda`, Triton 3.6 and later),
+imported by a module whose kernels are printed with `pdl` (`KernelEmitter.pdl`)."""
+
+GDC_IMPORT = f"from triton.language.extra.cuda import {', '.join(GDC_FUNCTIONS)}\n"
+
 
 def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
     """The Triton source of every `tile.kernel` in `module`, with launch information
@@ -1538,8 +1579,10 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
     parts = [HEADER]
     infos = []
     helpers: set[str] = set()
+    gdc = False
     for kernel in kernels:
         emitter = KernelEmitter(kernel, interpreter)
+        gdc |= emitter.pdl
         parts.append("\n\n" + "\n".join(emitter.run()) + "\n")
         helpers |= emitter.helpers
         infos.append(
@@ -1552,10 +1595,13 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
                 num_stages=kernel.get("num_stages"),
                 shared_offsets=emitter.shared_offsets,
                 splits=emitter.splits,
+                launch_pdl=emitter.launch_pdl,
             )
         )
     for name in sorted(helpers):
         parts.insert(1, "\n\n" + HELPERS[name])
+    if gdc:
+        parts[0] += GDC_IMPORT
     return TritonProgram("".join(parts), tuple(infos))
 
 

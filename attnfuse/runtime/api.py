@@ -29,6 +29,7 @@ from attnfuse.runtime.config import (
     choose_tile_config,
     decode_tile_config,
     rope_placement,
+    takes_decode_pdl,
 )
 from attnfuse.runtime import kv_cache
 from attnfuse.runtime.kv_cache import (
@@ -258,9 +259,12 @@ class CompiledAttention:
         # Decoding and cache layouts build no backward.
         bwd_dq = ("separate" if decode or cache != CONTIGUOUS
                   else choose_backward(problem, self.variant, self.deterministic))
+        # Read (and checked) for decode plans only: other kernels have no dependent launch.
+        pdl = takes_decode_pdl(problem, runs_interpreted(problem.device)) if decode else True
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
                           placement, explicit_positions, bwd_rope, decode, cache,
-                          decode_merge=kv_cache.DECODE_MERGE if decode else "kernel", bwd_dq=bwd_dq)
+                          decode_merge=kv_cache.DECODE_MERGE if decode else "kernel",
+                          decode_pdl=pdl, bwd_dq=bwd_dq)
 
     def training_key(self, key: CompileKey, compiled: CompiledProgram) -> CompileKey:
         """The compile key of a call that autograd records. Where the backward reads a

@@ -49,6 +49,9 @@ class CompileKey:
     """The cache append kernel alone (`lower-to-tile`'s `append`)."""
     decode_merge: str = "kernel"
     """Where a split decode merges (`lower-to-tile`'s `decode-merge`)."""
+    decode_pdl: bool = True
+    """A split decode's merge kernel launches as the split kernel's programmatic dependent
+    (`lower-to-tile`'s `decode-pdl`; `config.takes_decode_pdl`)."""
     bwd_dq: str = "separate"
     """How the backward computes dQ (`lower-to-tile`'s `bwd-dq`: separate or fused;
     `backward_choice.choose_backward`)."""
@@ -84,6 +87,8 @@ class CompileKey:
         options = " decode=true" if self.decode else ""
         if self.decode and self.decode_merge != "kernel":
             options += f" decode-merge={self.decode_merge}"
+        if self.decode and not self.decode_pdl:
+            options += " decode-pdl=0"
         if self.decode and self.config.merge_stages != 1:
             options += f" merge-stages={self.config.merge_stages}"
         if self.append:

@@ -222,6 +222,38 @@ def hoist_page_rows() -> int:
     return int(value)
 
 
+DECODE_PDL_ENV = "ATTNFUSE_DECODE_PDL"
+"""The environment variable that, set to 0 when a call's plan is made, launches a split
+decode's merge after the split kernel as an ordinary launch instead of as its programmatic
+dependent (lower-to-tile `decode-pdl=0`), so one process can time both (bench/decode.py
+`--pdl-forms on,off`)."""
+
+
+def decode_pdl_requested() -> bool:
+    """Whether `ATTNFUSE_DECODE_PDL` leaves programmatic dependent launch on: True unless it
+    is "0"; any value other than "0" or "1" is an `ArgumentError`."""
+    value = os.environ.get(DECODE_PDL_ENV, "1")
+    if value not in ("0", "1"):
+        raise ArgumentError(f"{DECODE_PDL_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def takes_decode_pdl(problem: Problem, interpreted: bool) -> bool:
+    """Whether a split decode's kernels are compiled with programmatic dependent launch
+    (`CompileKey.decode_pdl`): unless `ATTNFUSE_DECODE_PDL=0`, on a CUDA GPU of compute
+    capability 9.0 or more (PDL and its `griddepcontrol` instructions are Hopper's; ROCm has
+    neither, and its MI200 reports 9.0 too), and on the CPU interpreter (`interpreted`),
+    whose printed kernels leave the PDL calls out (`KernelEmitter.pdl`), so its compile key
+    is the GPU's. The variable is read, and checked, for every decode plan."""
+    if not decode_pdl_requested():
+        return False
+    if interpreted:
+        return True
+    if problem.device.type != "cuda" or not torch.cuda.is_available() or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(problem.device) >= (9, 0)
+
+
 DECODE_MERGE_STAGES = 1
 """The split merge's loop over its steps, unpipelined. A step holds all of a decode's splits
 (up to 64 at head dim 128, `lowering/triton.py`'s `splits_per_step`), so the loop runs once

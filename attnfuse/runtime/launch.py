@@ -229,7 +229,11 @@ class KernelLaunch:
     def launch_jit(self, args: list[object], shared: bool = False) -> object:
         """Launches through the JIT (compiling on first use); returns what it launched.
         `shared`: the kernel's `SHARED_OFFSETS` (`shares_offsets`), where it has one."""
-        flags = {"SHARED_OFFSETS": shared} if self.info.shared_offsets is not None else {}
+        flags: dict[str, bool] = {"SHARED_OFFSETS": shared} if self.info.shared_offsets is not None else {}
+        if self.info.launch_pdl:
+            # A compile option that the launcher reads from the compiled kernel's metadata, so
+            # the direct launcher (`triton_launcher`) launches it as a dependent too.
+            flags["launch_pdl"] = True
         while True:
             try:
                 with interpreting() if is_interpreted(self.kernel) else contextlib.nullcontext():

@@ -176,6 +176,9 @@ class KernelConfig:
     """A paged kernel's key loops compute each key's row in its page once, before the loop,
     where a step's keys start pages or lie in one (the kernel attribute `hoist_page_rows`);
     0: from each key's position in every step."""
+    decode_pdl: int = 1
+    """A split decode merged by a second kernel overlaps the two through programmatic
+    dependent launch (the kernel attribute `pdl` on both); 0: ordinary launches."""
 
     def for_backward(self) -> KernelConfig:
         """The configuration the dQ and preprocess kernels are built with."""

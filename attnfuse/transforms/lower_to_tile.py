@@ -248,6 +248,8 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
     k.builder.insert(tile.StoreOp(out, k.arg(out_role), "program", "all"))
     if lse is not None:
         k.builder.insert(tile.StoreOp(lse, k.arg(lse_role), "program", None))
+    if takes_pdl(config):
+        k.kernel.attributes["pdl"] = IntegerAttr(1, i64)
     if config.decode and config.decode_merge == "last-split":
         # Its merge stays unpipelined: the partials other programs wrote are read past L1
         # (.cg), which Triton's asynchronous copies do not promise for every load width.
@@ -255,6 +257,12 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
             k.arg("o_part"), k.arg("lse_part"), k.arg("split_counts"), k.arg("o"),
             k.arg("lse") if facts.has_lse else None, facts.has_lse))
     return k.finish()
+
+
+def takes_pdl(config: KernelConfig) -> bool:
+    """Whether a split decode's kernels get `pdl = 1`: decoding, merged by a second kernel
+    (the last-split merge is one kernel, with nothing to overlap), `decode-pdl=1`."""
+    return config.decode and config.decode_merge == "kernel" and bool(config.decode_pdl)
 
 
 def build_merge_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
@@ -265,6 +273,8 @@ def build_merge_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kernel
     merge_config = replace(config, block_m=MERGE_BLOCK_M, num_warps=MERGE_NUM_WARPS, num_stages=1)
     k = KernelBuilder("attention_merge", roles, "query_blocks", merge_config, None)
     k.kernel.attributes["merge_stages"] = IntegerAttr(config.merge_stages, i64)
+    if takes_pdl(config):
+        k.kernel.attributes["pdl"] = IntegerAttr(1, i64)
     merged = k.add(tile.MergeSplitsOp(k.arg("o_part"), k.arg("lse_part"), facts.has_lse), "out", "lse")
     k.builder.insert(tile.StoreOp(merged.results[0], k.arg("o"), "program", "all"))
     if facts.has_lse:
@@ -471,6 +481,12 @@ class LowerToTilePass(ModulePass):
     is a multiple of block-n), and index a step's table entries from its first key: per step
     no division or remainder per key, and with whole-page steps one page offset per step. 0:
     both from each key's position in every step (the form before; kept to compare)."""
+    decode_pdl: int = 1
+    """1: with decode=true and decode-merge=kernel, the split kernel and the merge kernel get
+    `pdl = 1` (programmatic dependent launch: the merge launches while the split kernel runs
+    and waits for it before reading the partials; printed for GPUs only, and launched so by
+    the runtime on CUDA GPUs of capability 9.0 and up). 0: ordinary launches, one after the
+    other."""
 
     def config(self) -> KernelConfig:
         """The options, checked."""
@@ -513,6 +529,8 @@ class LowerToTilePass(ModulePass):
             raise PassOptionError(f"lower-to-tile: page-lookahead must be 0 or 1, got {self.page_lookahead}")
         if self.hoist_page_rows not in (0, 1):
             raise PassOptionError(f"lower-to-tile: hoist-page-rows must be 0 or 1, got {self.hoist_page_rows}")
+        if self.decode_pdl not in (0, 1):
+            raise PassOptionError(f"lower-to-tile: decode-pdl must be 0 or 1, got {self.decode_pdl}")
         if self.page_size and not self.kv_lens:
             raise PassOptionError(
                 f"lower-to-tile: page-size={self.page_size} needs kv-lens=true: the pages do not "
@@ -523,7 +541,7 @@ class LowerToTilePass(ModulePass):
                             bwd_block_n, bwd_num_warps, bwd_num_stages, *dkdv,
                             self.backward, self.bwd_rope, self.decode, self.kv_lens,
                             self.page_size, self.append, self.decode_merge, self.page_lookahead,
-                            self.merge_stages, self.bwd_dq, self.hoist_page_rows)
+                            self.merge_stages, self.bwd_dq, self.hoist_page_rows, self.decode_pdl)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)

@@ -212,3 +212,43 @@ def test_append_and_attend_in_one_cuda_graph(paged):
             ref = af.reference_attention(spec, q.cpu(), keys, values, kv_lens=lens.cpu())
             assert_close_to_reference(out.cpu(), ref, torch.float16)
         assert lens.cpu().tolist() == [n + 3 for n in prompt]
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_with_and_without_programmatic_dependent_launch(paged, monkeypatch):
+    """On a GPU of capability 9.0 and up the merge launches as the split kernel's programmatic
+    dependent (waiting for it before reading the partials); `ATTNFUSE_DECODE_PDL=0` launches
+    it after. Both give the same outputs, eagerly and replayed from a CUDA graph (whose
+    capture turns the dependent launch into a programmatic edge), against the reference."""
+    spec = af.attention(af.causal())
+    b, hq, hkv, d, l_max, page = 4, 32, 8, 128, 4096, 64
+    q, k, v = (t.cuda() for t in cache(b, hq, hkv, 1, l_max, d, torch.float16, seed=5))
+    lens = torch.tensor([4096, 1, 2731, 1500], dtype=torch.int32, device="cuda")
+    call = {"kv_lens": lens}
+    keys, values = k, v
+    if paged:
+        pages = l_max // page
+        keys = k.reshape(b, hkv, pages, page, d).permute(0, 2, 1, 3, 4).reshape(b * pages, hkv, page, d).contiguous()
+        values = v.reshape(b, hkv, pages, page, d).permute(0, 2, 1, 3, 4).reshape(b * pages, hkv, page, d).contiguous()
+        call["block_table"] = torch.arange(b * pages, dtype=torch.int32, device="cuda").reshape(b, pages)
+    outputs = {}
+    hopper = torch.cuda.get_device_capability() >= (9, 0) and torch.version.hip is None
+    for form in ("1", "0"):
+        monkeypatch.setenv("ATTNFUSE_DECODE_PDL", form)
+        fn = af.compile(spec)
+        eager = fn(q, keys, values, **call)
+        merge = fn.last.program.kernel("attention_merge")
+        assert merge.launch_pdl == (form == "1" and hopper)
+        assert ("gdc_wait()" in fn.last.source) == (form == "1" and hopper)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = fn(q, keys, values, **call)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, eager)
+        outputs[form] = eager
+    assert torch.equal(outputs["1"], outputs["0"])
+    ref = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), kv_lens=lens.cpu())
+    assert_close_to_reference(outputs["1"].cpu(), ref, torch.float16)

@@ -10,15 +10,24 @@
 // RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'lower-to-tile{decode=true kv-lens=true page-size=16 hoist-page-rows=2}' 2>&1 | filecheck %s --check-prefix=HOIST-OPTION
 // RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true merge-stages=3 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=MERGE-PIPELINED
 // RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'lower-to-tile{decode=true merge-stages=0}' 2>&1 | filecheck %s --check-prefix=MERGE-STAGES-OPTION
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true kv-lens=true page-size=64 head-dim=64 block-m=16 block-n=64}' -t 'triton{interpreter=true}' | filecheck %s --check-prefix=INTERPRETER
+// RUN: attnfuse-opt %S/../inputs/rope.mlir -p 'analyze-masks,place-rope{query=fused key=fused},lower-to-tile{decode=true decode-pdl=0 head-dim=64 block-m=16 block-n=64}' -t triton | filecheck %s --check-prefix=NO-PDL
 
 // The split decode kernel: one program per (batch x key/value head x row block, split); its
 // rows are (query head, query) pairs; the key count is the sequence's; keys come from pages.
+// Programmatic dependent launch (pdl, lower-to-tile's decode-pdl=1 by default): Triton's
+// grid-dependency calls, imported once.
+// CHECK:       from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 // CHECK-LABEL: def attention_decode(
 // CHECK:       kv_lens_ptr,
 // CHECK-NEXT:  block_table_ptr, stride_block_table_b, stride_block_table_n,
 // CHECK-NEXT:  sm_scale, n_q, n_k, num_heads, group_size,
 // CHECK-NEXT:  num_splits, split_len,
 // CHECK:       PAGE_SIZE: tl.constexpr = 64,
+// The split kernel lets the merge launch first thing (the merge waits for it to complete).
+// CHECK-NEXT:  ):
+// CHECK-NEXT:  gdc_launch_dependents()
+// CHECK-NEXT:  # Program grid
 // CHECK:       split = tl.program_id(1)
 // CHECK:       head = kv_head * group_size  # the group's first query head
 // CHECK-NEXT:  n_k = tl.minimum(tl.maximum(tl.load(kv_lens_ptr + batch), 0), n_k)  # this sequence's keys
@@ -57,6 +66,11 @@
 // One query row per program (block_m 1), all of its splits (up to 64 at head dim 64) loaded in
 // one step; unpipelined by default (merge-stages=1).
 // CHECK:       BLOCK_M: tl.constexpr = 1,
+// Launched as the split kernel's dependent, the merge reads nothing before it waits for it.
+// CHECK-NOT:   tl.load
+// CHECK:       lse_base = lse_ptr + batch * stride_lse_b + head * stride_lse_h
+// CHECK-NEXT:  gdc_wait()
+// CHECK-NEXT:  # tile.merge_splits
 // CHECK:       for step in range(0, num_splits, 64):
 // CHECK-NEXT:      splits = step + tl.arange(0, 64)
 // CHECK-NEXT:      split_rows = row_in_bounds[:, None] & (splits < num_splits)[None, :]
@@ -123,3 +137,13 @@
 // MERGE-PIPELINED:       for step in tl.range(0, num_splits, 64, num_stages=3):
 // MERGE-PIPELINED-NEXT:      splits = step + tl.arange(0, 64)
 // MERGE-STAGES-OPTION: error: lower-to-tile: merge-stages must be >= 1, got 0
+
+// Triton's CPU interpreter cannot run the grid-dependency calls (and runs kernels one by one):
+// a kernel printed for it leaves them out, pdl = 1 or not.
+// INTERPRETER-NOT: gdc_
+// INTERPRETER:     def attention_merge(
+// INTERPRETER-NOT: gdc_
+// decode-pdl=0: ordinary launches, no grid-dependency calls.
+// NO-PDL-NOT:      gdc_
+// NO-PDL:          def attention_merge(
+// NO-PDL-NOT:      gdc_

@@ -2,6 +2,8 @@
 // RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true head-dim=64}' | filecheck %s --check-prefix=CONTIGUOUS
 // RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true kv-lens=true page-size=16 hoist-page-rows=0 head-dim=64}' | filecheck %s --check-prefix=UNHOISTED
 // RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{kv-lens=true head-dim=64}' | filecheck %s --check-prefix=LENGTHS
+// RUN: attnfuse-opt %s -p 'analyze-masks,place-rope,lower-to-tile{decode=true decode-pdl=0 head-dim=64}' | filecheck %s --check-prefix=NO-PDL
+// RUN: not attnfuse-opt %s -p 'lower-to-tile{decode=true decode-pdl=2}' 2>&1 | filecheck %s --check-prefix=PDL-OPTION
 
 // Split-KV decoding: the forward program on the kv_splits grid, its key range clipped to the
 // program's split, partial results stored, then merged; no backward kernels.
@@ -10,6 +12,8 @@
 // CHECK-SAME: page_size = 16 : i64
 // CHECK-SAME: page_lookahead = 1 : i64
 // CHECK-SAME: hoist_page_rows = 1 : i64
+// The merge launches as its programmatic dependent (decode-pdl=1, the default).
+// CHECK-SAME: pdl = 1 : i64
 // UNHOISTED:  tile.kernel @attention_decode(
 // UNHOISTED-SAME: hoist_page_rows = 0 : i64
 // CHECK:      %kv_start, %full_start, %full_end, %kv_end = tile.kv_bounds {band = #attn.band<upper = 0>}
@@ -20,6 +24,7 @@
 // CHECK-NEXT: tile.store %lse, %lse_part[program]
 // CHECK:      tile.kernel @attention_merge(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>)
 // CHECK-SAME: grid = #tile<grid query_blocks>
+// CHECK-SAME: pdl = 1 : i64
 // CHECK-NEXT: %out, %lse_1 = tile.merge_splits %o_part, %lse_part weighted
 // CHECK-NEXT: tile.store %out, %o[program, all]
 // CHECK-NEXT: tile.store %lse_1, %lse[program]
@@ -28,6 +33,13 @@
 // CONTIGUOUS:     tile.kernel @attention_decode(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>)
 // CONTIGUOUS-NOT: page_size
 // CONTIGUOUS:     tile.kernel @attention_merge
+
+// decode-pdl=0: ordinary launches, no pdl attribute on either kernel.
+// NO-PDL:     tile.kernel @attention_decode(
+// NO-PDL-NOT: pdl
+// NO-PDL:     tile.kernel @attention_merge(
+// NO-PDL-NOT: pdl
+// PDL-OPTION: error: lower-to-tile: decode-pdl must be 0 or 1, got 2
 
 // Per-sequence lengths alone keep the forward kernel (a prefill into a cache), without backward.
 // LENGTHS:     tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %kv_lens: !tile.tensor<kv_lens>)
@@ -46,9 +58,12 @@ attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
 // RUN: not attnfuse-opt %s -p 'lower-to-tile{decode=true decode-merge=tree}' 2>&1 | filecheck %s --check-prefix=MERGE-OPTION
 // One kernel: the last split program of each row block merges the partials and stores o, lse.
 // LAST:      tile.kernel @attention_decode(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %split_counts: !tile.tensor<split_counts>)
+// The one kernel has no dependent to launch early: no pdl attribute.
+// LAST-NOT:  pdl
 // LAST:      tile.store %lse_1, %lse_part[program]
 // LAST-NEXT: tile.merge_last_split %o_part, %lse_part, %split_counts into %o, %lse weighted
 // LAST-NOT:  tile.kernel
+// LAST-TRITON-NOT:  gdc_
 // LAST-TRITON:      arrived = tl.atomic_add(count_ptr, 1)
 // LAST-TRITON-NEXT: if arrived == num_splits - 1:
 // The last split's merge reads other programs' partials past L1 and is never pipelined.

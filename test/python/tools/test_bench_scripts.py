@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -125,6 +126,27 @@ def test_decode_smoke_checks_and_times_every_peer(scripts, tmp_path):
     assert ragged["flex"]["kv_tokens"] == sum(document["ragged_lengths"])
     markdown = json_path.with_suffix(".md").read_text()
     assert "Lengths (seed 0, 3 sequences" in markdown
+
+
+def test_decode_pdl_forms_time_both_launches(scripts, tmp_path):
+    """`--pdl-forms on,off`: each AttnFuse decode row with kv_lens gets a `-nopdl` twin, planned
+    under ATTNFUSE_DECODE_PDL=0 (its pipeline says decode-pdl=0), checked and compared with
+    the PDL row; the variable is restored after."""
+    decode = scripts["decode"]
+    case = decode.build_cases(decode.SMOKE, ["1"], pdl_forms=("on", "off"))[0]
+    assert case.impls == ["attnfuse", "attnfuse-nopdl", "attnfuse-full", "sdpa-flash", "flex"]
+    argv = ["--smoke", "--rows", "1", "--reps", "1", "--warmup", "0", "--pdl-forms", "on,off",
+            "--out", str(tmp_path)]
+    before = os.environ.get("ATTNFUSE_DECODE_PDL")
+    assert decode.main(argv) == 0
+    assert os.environ.get("ATTNFUSE_DECODE_PDL") == before
+    (json_path,) = tmp_path.glob("*-decode.json")
+    rows = {r["impl"]: r for r in json.loads(json_path.read_text())["rows"]}
+    twin = rows["attnfuse-nopdl"]
+    assert twin["status"] == "ok" and twin["rel_err"] < 1e-4, twin.get("error")
+    assert twin["vs_label"] == "pdl on" and "no PDL" in twin["note"]
+    with pytest.raises(SystemExit):
+        decode.main(["--smoke", "--pdl-forms", "maybe", "--out", str(tmp_path)])
 
 
 def test_decode_tune_smoke_checks_every_configuration(scripts, tmp_path):

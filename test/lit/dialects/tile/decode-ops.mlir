@@ -17,11 +17,13 @@ tile.kernel @decode(%q: !tile.tensor<q>, %o_part: !tile.tensor<o_part>, %lse_par
   tile.return
 }
 
-// A merge multiplies nothing: its programs may own a single query row (block_m 1).
+// A merge multiplies nothing: its programs may own a single query row (block_m 1). It may be
+// launched as the split kernel's programmatic dependent (pdl).
 // CHECK: tile.kernel @merge
+// CHECK-SAME: pdl = 1 : i64
 // CHECK: %out, %lse_1 = tile.merge_splits %o_part, %lse_part weighted : !tile.tensor<o_part>, !tile.tensor<lse_part> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>
 // CHECK: %sum, %none = tile.merge_splits %o_part, %lse_part : !tile.tensor<o_part>, !tile.tensor<lse_part> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>
-tile.kernel @merge(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 1 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+tile.kernel @merge(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 1 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, pdl = 1 : i64} {
   %out, %lse_1 = tile.merge_splits %o_part, %lse_part weighted : !tile.tensor<o_part>, !tile.tensor<lse_part> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>
   %sum, %none = tile.merge_splits %o_part, %lse_part : !tile.tensor<o_part>, !tile.tensor<lse_part> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>
   tile.store %out, %o[program, all] : !tile.tile<m x dv x f32> -> !tile.tensor<o>

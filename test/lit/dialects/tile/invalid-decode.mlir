@@ -196,3 +196,26 @@ tile.kernel @k(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>,
   tile.return
 }
 // CHECK: block_m must be a power of two >= 16, got 1
+
+// -----
+
+// pdl: only on a split decode's two kernels (the kv_splits kernel, the merge), and 0 or 1.
+tile.kernel @k(%q: !tile.tensor<q>, %o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, pdl = 1 : i64} {
+  tile.return
+}
+// CHECK: pdl is an attribute of a split decode's kernels: a kv_splits kernel or the kernel that merges its partials (tile.merge_splits)
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, pdl = 2 : i64} {
+  tile.return
+}
+// CHECK: pdl must be 0 or 1, got 2
+
+// -----
+
+tile.kernel @k(%o_part: !tile.tensor<o_part>, %lse_part: !tile.tensor<lse_part>, %c: !tile.tensor<split_counts>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>) attributes {grid = #tile<grid kv_splits>, element_type = f16, block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 1 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, pdl = 1 : i64} {
+  tile.merge_last_split %o_part, %lse_part, %c into %o, %lse weighted : !tile.tensor<o_part>, !tile.tensor<lse_part>, !tile.tensor<split_counts>, !tile.tensor<o>, !tile.tensor<lse>
+  tile.return
+}
+// CHECK: pdl: a kv_splits kernel that merges its own splits (tile.merge_last_split) has no dependent kernel to launch early

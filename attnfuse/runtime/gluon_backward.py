@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -112,6 +112,9 @@ class GluonBackwardLaunch:
     launch: GluonKernel
     problem: Problem
     sm_scale: float
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    """Calls that ran the portable kernel, by the first tensor a descriptor could not cover
+    (for benchmarks and tests to see which calls did)."""
 
     @property
     def info(self):
@@ -122,10 +125,13 @@ class GluonBackwardLaunch:
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         q_role, k_role, v_role, do_role = self.launch.operands
-        blocks = [tensors[r] for r in (q_role, k_role, v_role, do_role, "dk", "dv", "dq_acc")]
+        names = (q_role, k_role, v_role, do_role, "dk", "dv", "dq_acc")
+        blocks = [tensors[r] for r in names]
         rows = [tensors["lse"], tensors["delta"]]
-        if not (all(_descriptor_ready(t) for t in blocks)
-                and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in rows)):
+        unready = [name for name, t in zip(names, blocks) if not _descriptor_ready(t)]
+        unready += [name for name, t in zip(("lse", "delta"), rows) if not (t.is_contiguous() and t.data_ptr() % 16 == 0)]
+        if unready:
+            self.fallbacks[unready[0]] = self.fallbacks.get(unready[0], 0) + 1
             self.portable(tensors)
             return
         from triton.experimental.gluon import language as gl

@@ -128,6 +128,10 @@ def main() -> None:
                         ("gluon:" if type(launch).__name__.startswith("Gluon") else "")
                         + launch.info.name.removeprefix("attention_bwd_")
                         for launch in fn.plan(q, k, v, training=True, backward=True).launches)
+                    row[f"{name}_fallbacks"] = {
+                        launch.info.name: dict(launch.fallbacks)
+                        for plan_launches in [fn.plan(q, k, v, training=True).launches]
+                        for launch in plan_launches if getattr(launch, "fallbacks", None)}
                     row[f"{name}_err"] = max((g.float() - r.float()).abs().max().item() for g, r in zip(grads, ref_grads))
                     row[f"{name}_rel"] = max(((g.float() - r.float()).norm() / r.float().norm()).item()
                                              for g, r in zip(grads, ref_grads))
@@ -155,7 +159,9 @@ def write(out: Path, stem: str, meta, rows, smoke: bool) -> None:
             else:
                 cells.append("-")
         cells.append(", ".join(f"{r[f'{name}_rel']:.1e}" for name, *_ in COLUMNS))
-        cells.append("; ".join(f"{name}: {r[f'{name}_kernels']}" for name, *_ in COLUMNS))
+        cells.append("; ".join(f"{name}: {r[f'{name}_kernels']}"
+                               + (f" (portable fallbacks: {r[f'{name}_fallbacks']})" if r.get(f"{name}_fallbacks") else "")
+                               for name, *_ in COLUMNS))
         table.append(cells)
     reference = "the float64 reference" if smoke else "cuDNN's gradients"
     markdown = ["# Attention forward + backward: AttnFuse's backwards beside cuDNN", "",

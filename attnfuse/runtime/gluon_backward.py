@@ -6,8 +6,9 @@ fused backward (`lower-to-tile{bwd-dq=fused}`) is built for the Gluon target: th
 `backward_choice.choose_backward` applies under `ATTNFUSE_BACKWARD=auto` where the caller
 allowed a non-deterministic backward (`af.compile(..., deterministic=False)`). `gluon_backward`
 then replaces the plan's portable `attention_bwd_dkdv_dq` launch with the Gluon one where
-`warp-specialize` scheduled the kernel; a call whose tensors a TMA descriptor cannot cover runs
-the portable fused kernel of the same plan. `ATTNFUSE_BACKWARD_TARGET=triton` keeps the
+`warp-specialize` scheduled the kernel. An input a TMA descriptor cannot cover (strides of 0,
+rows not 16-byte aligned) is copied; a call whose outputs or row statistics it cannot cover
+runs the portable fused kernel of the same plan. `ATTNFUSE_BACKWARD_TARGET=triton` keeps the
 portable kernel, `gluon` takes Gluon wherever it lowers and the shape fits (whatever the
 measurements say), `auto` (the default) follows `GLUON_BACKWARD_MIN_WORK`. Read at plan time.
 """
@@ -126,7 +127,10 @@ class GluonBackwardLaunch:
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         q_role, k_role, v_role, do_role = self.launch.operands
         names = (q_role, k_role, v_role, do_role, "dk", "dv", "dq_acc")
-        blocks = [tensors[r] for r in names]
+        # An input a descriptor cannot cover (an expanded dO, whose strides are 0, say) is
+        # copied: a copy costs a pass over it, the portable fused kernel far more.
+        blocks = [t if _descriptor_ready(t) or name in ("dk", "dv", "dq_acc") else t.clone(memory_format=torch.contiguous_format)
+                  for name, t in ((r, tensors[r]) for r in names)]
         rows = [tensors["lse"], tensors["delta"]]
         unready = [name for name, t in zip(names, blocks) if not _descriptor_ready(t)]
         unready += [name for name, t in zip(("lse", "delta"), rows) if not (t.is_contiguous() and t.data_ptr() % 16 == 0)]

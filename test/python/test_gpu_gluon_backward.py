@@ -126,15 +126,16 @@ def test_deterministic_calls_keep_the_split_backward():
     assert gluon_backward_launch(af.compile(SPECS["causal"]), q, k, v) is None
 
 
-def test_expanded_keys_run_the_portable_fused_kernel():
-    """Keys expanded to the query heads (a 0 stride) have no descriptor: the same plan's
-    portable fused kernel runs them, with the same gradients."""
+def test_expanded_keys_are_copied_for_the_descriptors():
+    """Keys expanded to the query heads (a 0 stride) have no descriptor: the launch copies them
+    and the Gluon kernel runs, with the right gradients (summed back over the expansion)."""
     spec = SPECS["causal"]
     q, k, v = inputs(1, 4, 1, 256, 256, 128, torch.bfloat16, seed=13)
     fn = af.compile(spec, deterministic=False)
     k_wide, v_wide = (t.expand(1, 4, 256, 128) for t in (k, v))
     launch = gluon_backward_launch(fn, q, k_wide, v_wide)
     assert isinstance(launch, GluonBackwardLaunch)
+    launch.portable = _NoFallback(launch.portable)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(14)).to(q.dtype).cuda()
     fn(q, k_wide, v_wide).backward(grad)
     want = reference_gradients(spec, q.detach().cpu(), k_wide.detach().cpu(), v_wide.detach().cpu(), grad.cpu())

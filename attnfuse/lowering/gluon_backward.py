@@ -85,6 +85,14 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
 
     # -- names -------------------------------------------------------------------------------
 
+    CONSUMER_NAMES = ("dk", "dv", "scores", "probs", "grad_probs", "grad_scores", "lse", "delta", "p_op", "ds16",
+                      "ds_op", "dq_part", "q_s", "do_s", "k_tile", "v_tile", "s_zero", "dq_zero", "stage", "phase",
+                      "it", "b", "total", "n_blocks", "n_start", "halves", "dtype", "row", "step_bytes")
+    """Names the printed partitions use themselves: the ops' results take others."""
+
+    def reserved_names(self) -> set[str]:
+        return super().reserved_names() | set(self.CONSUMER_NAMES)
+
     @property
     def name(self) -> str:
         return self.kernel.sym_name.data

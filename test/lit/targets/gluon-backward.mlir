@@ -1,0 +1,72 @@
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{bwd-dq=fused head-dim=128},fold-scale-into-exp,warp-specialize' -t gluon | filecheck %s
+// The Gluon target's fused backward (lowering/gluon_backward.py). Causal: one pipelined
+// range over the three query loops, whose masks run under a test of the step's start; the
+// score step and the gradient step are the portable printers' code; the dQ parts go to the
+// writer partition's TMA reduce-adds; dK and dV leave by TMA stores.
+
+// CHECK-LABEL: def attention_bwd_dkdv_dq_probs(scores, lse, start_m, n_start, bound_1, bound_2, sm_scale, n_q, n_k,
+// CHECK:         lse = gl.where(query_in_bounds, lse, float("inf"))
+// CHECK:         if (start_m < bound_1) | (start_m >= bound_2):
+// CHECK-NEXT:        # tile.mask: keep keys in q_pos + [None, 0] and inside the sequence
+// CHECK-NEXT:        keep = query_in_bounds[None, :] & row_in_bounds[:, None] & (rows[:, None] <= q_pos[None, :])
+// CHECK-NEXT:        scores = tl.where(keep, scores, float("-inf"))
+// CHECK:         probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - (lse_safe_1 * 1.4426950408889634)[None, :])
+// CHECK-NEXT:    return probs
+// CHECK-LABEL: def attention_bwd_dkdv_dq_grads(probs, grad_probs, delta,
+// CHECK:         grad_scores = probs * (grad_probs - delta[None, :])
+// CHECK-NEXT:    return grad_scores
+// CHECK-LABEL: def attention_bwd_dkdv_dq_load(
+// CHECK:         tma_load(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))
+// CHECK-LABEL: def attention_bwd_dkdv_dq_dq_write(
+// CHECK:         tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))
+// CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
+// CHECK:         scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+// CHECK-NEXT:    grad_probs = warpgroup_mma(v_tile, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+// CHECK:         probs = attention_bwd_dkdv_dq_probs(scores, lse, start_m, n_start, bound_1, bound_2,
+// CHECK:         dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+// CHECK:         grad_scores = attention_bwd_dkdv_dq_grads(probs, grad_probs, delta,
+// CHECK:         dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+// CHECK:         dq_part = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
+// CHECK:         tile_2d(dq_bufs.index(b)).store(dq_part)
+// CHECK:         dk_1 = dk * sm_scale
+// CHECK:         tma_store(dk_desc, [batch, kv_head, n_start, 0], k_smem)
+// CHECK:         tma_store(dv_desc, [batch, kv_head, n_start, 0], v_smem)
+// CHECK-LABEL: def attention_bwd_dkdv_dq(
+// CHECK:         n_blocks = (q_end - q_start + BLOCK_N - 1) // BLOCK_N
+// CHECK:         gl.warp_specialize([
+// CHECK-NEXT:        (attention_bwd_dkdv_dq_consume,
+// CHECK-NEXT:        (attention_bwd_dkdv_dq_load,
+// CHECK-NEXT:        (attention_bwd_dkdv_dq_dq_write,
+// CHECK:         # Not warp-specialized (printed by -t triton): attention_bwd_preprocess, attention_bwd_dq_finish
+attn.variant @causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// RoPE (pre-rotated q and k): dK is rotated back by halves, through the dQ staging buffers
+// (waited free), and stored from registers; dV still leaves by TMA.
+// CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
+// CHECK:         mbarrier.wait(dq_empty.index(0), ((total - 0 + 1) // 2 - 1) & 1)
+// CHECK-NEXT:    mbarrier.wait(dq_empty.index(1), ((total - 1 + 1) // 2 - 1) & 1)
+// CHECK-NEXT:    halves = reinterpret_shared(dq_bufs, gl.float32, [BLOCK_M, HEAD_DIM], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+// CHECK-NEXT:    halves.store(dk_1)
+// CHECK:         dk_lo = halves.slice(0, ROT_HALF, dim=1).load(EPI_LAYOUT)
+// CHECK-NEXT:    dk_hi = halves.slice(ROT_HALF, ROT_HALF, dim=1).load(EPI_LAYOUT)
+// CHECK:         sin = sin * -1.0
+// CHECK:         tl.store(dk_base + rows[:, None] * stride_dk_n + (ROT_HALF + cols_half)[None, :] * stride_dk_d, dk_hi_1.to(dk_ptr.dtype.element_ty), mask=row_in_bounds[:, None])
+// CHECK-NOT:     tma_store(dk_desc
+// CHECK:         tma_store(dv_desc, [batch, kv_head, n_start, 0], v_smem)
+attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+  %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key
+  %s = attn.scores %qr, %kr
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -1,0 +1,127 @@
+"""The Gluon target's fused backward without a GPU: the printed kernel compiles for sm_90 ahead
+of time with the installed Triton (HGMMA products, the register cap, a bounded stack), the
+schedule goes only where the kernel has the fused-backward shape, and the runtime's choice
+follows its rules. Its numbers are checked on the H200 (test/python/test_gpu_gluon_backward.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_gluon_target import _cuobjdump, _registers_and_spills, sm90  # noqa: F401  (fixture)
+
+import attnfuse as af
+from attnfuse.dialects import make_context
+from attnfuse.errors import ArgumentError
+from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
+from attnfuse.runtime import gluon_backward, gluon_forward
+from attnfuse.runtime.compiler import CompileKey, lower_spec
+from attnfuse.runtime.config import TileConfig
+from attnfuse.runtime.inputs import Problem
+from attnfuse.transforms.warp_specialize import WarpSpecializePass
+
+
+def backward_kernel(spec, head_dim=128, **options):
+    """`attention_bwd_dkdv_dq` of `spec`'s fused backward after `warp-specialize`."""
+    rope = af.compile(spec).program.canonical((False, False)).rope is not None
+    placement = ("pre_rotated", "pre_rotated") if rope else None
+    key = CompileKey(head_dim, head_dim, "bf16", TileConfig(64, 64, 4, 2), placement, bwd_rope="pre_rotated",
+                     bwd_dq="fused")
+    module = lower_spec(spec, key)
+    WarpSpecializePass(**options).apply(make_context(), module)
+    return next(op for op in module.ops if op.sym_name.data == "attention_bwd_dkdv_dq")
+
+
+@pytest.mark.parametrize("name,spec,dim", [
+    ("causal", af.attention(af.causal()), 128),
+    ("rope-causal", af.attention(af.rope(), af.causal()), 128),
+    ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64),
+])
+def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    kernel = backward_kernel(spec, dim)
+    assert kernel.schedule is not None, "warp-specialize schedules the fused backward"
+    program = emit_gluon_kernel(kernel)
+    info = program.kernels[0]
+    module = gluon_forward._gluon_module(program.source)
+    n, heads, heads_kv = 256, 4, 2
+    q = torch.empty(1, n, heads, dim, dtype=torch.bfloat16).transpose(1, 2)  # a model's layout
+    kv = torch.empty(1, heads_kv, n, dim, dtype=torch.bfloat16)
+    acc = torch.empty(1, heads, n, dim)
+    rows_flat = torch.empty(heads * n)
+
+    def desc(t, rows, dtype=gl.bfloat16):
+        block = [1, 1, rows, dim]
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+    row_layout = gl.NVMMASharedLayout.get_default_for([info.block_n], gl.float32)
+    descs = [desc(q, info.block_n), desc(kv, info.block_m), desc(kv, info.block_m), desc(q, info.block_n),
+             desc(kv, info.block_m), desc(kv, info.block_m), desc(acc, info.block_n, gl.float32),
+             *(TensorDescriptor(rows_flat, [heads * n], [1], [info.block_n], row_layout) for _ in range(2))]
+    pointers: list[object] = []
+    for role in info.roles:
+        if role in (*info.operands, "dv", "dq_acc", "lse", "delta"):
+            continue
+        if role == "dk":
+            pointers += [kv, *kv.stride()]
+        elif role == "rope_table":
+            table = torch.empty(2, n, dim // 2)
+            pointers += [table, *table.stride()]
+        else:
+            pointers.append(torch.empty(heads))
+    compiled = module.attention_bwd_dkdv_dq.warmup(*descs, *pointers, 0.1, n, n, heads_kv, heads // heads_kv,
+                                                   grid=(1,), num_warps=8)
+    registers, spills = _registers_and_spills(compiled.asm["cubin"])
+    assert registers <= 255
+    sass = _cuobjdump(compiled.asm["cubin"], "-sass")
+    assert "HGMMA" in sass, "the products must be warpgroup MMAs"
+    assert "UTMAREDG.4D.ADD" in sass, "dQ is added by TMA reduces"
+    assert "ATOM" not in sass and " REDG" not in sass, "and not by atomics"
+    # A few dozen bytes of stack come and go with Triton versions (24-96 seen with 3.6 and
+    # 3.9 for the causal kernels); a consumer out of registers spills kilobytes.
+    assert spills <= 256, f"{spills} bytes of stack"
+
+
+def test_warp_specialize_schedules_the_fused_backward_only():
+    kernel = backward_kernel(af.attention(af.causal()))
+    assert (kernel.get("block_m"), kernel.get("block_n"), kernel.get("num_warps")) == (128, 64, 8)
+    assert kernel.int_attr("producer_warps") == 1 and kernel.int_attr("consumer_registers") is None
+    assert backward_kernel(af.attention(af.causal()), backward=False).schedule is None
+
+
+def test_unscheduled_backward_is_refused_with_the_reason():
+    kernel = backward_kernel(af.attention(af.causal()), backward=False)
+    with pytest.raises(GluonUnsupported, match="warp-specialize"):
+        emit_gluon_kernel(kernel)
+
+
+def problem(n=4096, d=128, dtype=torch.bfloat16, device="cpu"):
+    return Problem(batch=1, heads_q=32, heads_kv=8, seq_q=n, seq_k=n, head_dim=d, head_dim_v=d,
+                   dtype=dtype, device=torch.device(device))
+
+
+def test_cpu_problems_never_take_the_gluon_backward(monkeypatch):
+    monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
+    variant = af.compile(af.attention(af.causal())).program.canonical((False, False))
+    assert not gluon_backward.takes_gluon_backward(problem(), variant)
+
+
+def test_backward_target_is_checked(monkeypatch):
+    monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "tpu")
+    with pytest.raises(ArgumentError, match="ATTNFUSE_BACKWARD_TARGET"):
+        gluon_backward.backward_target()
+
+
+@pytest.mark.parametrize("spec,fits", [
+    (af.attention(af.causal()), True),
+    (af.attention(af.rope(), af.causal()), True),
+    (af.attention(af.rope(interleaved=True), af.causal()), False),
+    (af.attention(af.additive_bias()), False),
+    (af.attention(af.relu()), False),
+    (af.attention(af.document()), False),
+])
+def test_variants_the_schedule_takes(spec, fits):
+    variant = af.compile(spec).program.canonical((False, False))
+    assert gluon_backward.variant_fits(variant) == fits

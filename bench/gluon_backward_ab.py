@@ -72,6 +72,18 @@ def main() -> None:
                 cells = [f"{label} {bench(impl):.3f}" for label, impl in impls.items()]
                 print(f"{case} N={n} round {r}: " + " | ".join(cells), flush=True)
             print(f"  fallbacks {launch.fallbacks}", flush=True)
+            # Host time of one backward call (launches queued, not waited for).
+            import time
+            for label in ("compiled backward", "cuDNN backward"):
+                torch.cuda.synchronize()
+                times = []
+                for _ in range(20):
+                    start = time.perf_counter()
+                    impls[label]()
+                    times.append(time.perf_counter() - start)
+                    torch.cuda.synchronize()
+                times.sort()
+                print(f"  host {label}: median {times[10] * 1e6:.0f} us", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -138,22 +139,15 @@ class GluonBackwardLaunch:
             self.fallbacks[unready[0]] = self.fallbacks.get(unready[0], 0) + 1
             self.portable(tensors)
             return
-        from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         p = self.problem
-        dim = p.head_dim
         block_m, block_n = self.launch.block_m, self.launch.block_n
-        dtype = gl.float16 if blocks[0].dtype == torch.float16 else gl.bfloat16
-        shapes = {"query": [1, 1, block_n, dim], "key": [1, 1, block_m, dim]}
-        layouts = {"query": gl.NVMMASharedLayout.get_default_for(shapes["query"], dtype),
-                   "key": gl.NVMMASharedLayout.get_default_for(shapes["key"], dtype),
-                   "acc": gl.NVMMASharedLayout.get_default_for(shapes["query"], gl.float32)}
-        kinds = ("query", "key", "key", "query", "key", "key", "acc")
-        descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), shapes["query" if kind == "acc" else kind],
-                                  layouts[kind]) for t, kind in zip(blocks, kinds)]
-        row_layout = gl.NVMMASharedLayout.get_default_for([block_n], gl.float32)
-        descs += [TensorDescriptor(t, [t.numel()], [1], [block_n], row_layout) for t in rows]
+        blocks_and_layouts = _blocks_and_layouts(blocks[0].dtype == torch.float16, p.head_dim, block_m, block_n)
+        descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+                 for t, (block, layout) in zip(blocks, blocks_and_layouts[:7])]
+        row_block, row_layout = blocks_and_layouts[7]
+        descs += [TensorDescriptor(t, [t.numel()], [1], row_block, row_layout) for t in rows]
         pointers: list[object] = []
         skip = {q_role, k_role, v_role, do_role, "dv", "dq_acc", "lse", "delta"}
         for role in self.launch.roles:
@@ -166,6 +160,22 @@ class GluonBackwardLaunch:
         grid = (p.batch * p.heads_kv, -(-p.seq_k // block_m))
         self.kernel[grid](*descs, *pointers, self.sm_scale, p.seq_q, p.seq_k, p.heads_kv, p.group_size,
                           num_warps=self.launch.num_warps)
+
+
+@cache
+def _blocks_and_layouts(fp16: bool, dim: int, block_m: int, block_n: int) -> tuple[tuple[list[int], Any], ...]:
+    """The block shape and shared layout of each descriptor (q, k, v, dO, dK, dV, dq_acc, then
+    the rows of lse and delta): made once per shape, not on every call (host time)."""
+    from triton.experimental.gluon import language as gl
+
+    dtype = gl.float16 if fp16 else gl.bfloat16
+    query, key = [1, 1, block_n, dim], [1, 1, block_m, dim]
+    q_layout = gl.NVMMASharedLayout.get_default_for(query, dtype)
+    k_layout = gl.NVMMASharedLayout.get_default_for(key, dtype)
+    acc_layout = gl.NVMMASharedLayout.get_default_for(query, gl.float32)
+    rows = ([block_n], gl.NVMMASharedLayout.get_default_for([block_n], gl.float32))
+    return ((query, q_layout), (key, k_layout), (key, k_layout), (query, q_layout), (key, k_layout),
+            (key, k_layout), (query, acc_layout), rows)
 
 
 def gluon_backward(

@@ -74,7 +74,9 @@ def main() -> None:
             print(f"  fallbacks {launch.fallbacks}", flush=True)
             # Host time of one backward call (launches queued, not waited for).
             import time
-            for label in ("compiled backward", "cuDNN backward"):
+            portable = launch.portable
+            impls["portable fused kernel"] = lambda: portable(tensors)
+            for label in ("compiled kernel", "portable fused kernel", "compiled backward", "cuDNN backward"):
                 torch.cuda.synchronize()
                 times = []
                 for _ in range(20):

@@ -42,12 +42,12 @@ KERNEL = "attention_bwd_dkdv_dq"
 
 GLUON_BACKWARD_MIN_WORK = {128: 16 * 1024 * 1024}
 """`auto` takes the Gluon backward at a head dim of this table from this many (query, key)
-pairs per head (half of Nq x Nk under a causal band): the hand-written probe of this schedule
-(bench/gluon_backward_probe.py, `wg2_writer_lse`) took 0.698 / 2.786 ms causal at 4096 / 8192
-and 1.303 / 5.198 dense at the Llama-3-8B heads (bf16) against cuDNN's 0.752 / 2.806 and
-1.331 / 5.181 and the portable split's 0.928 / 3.613 and 1.795 / 7.284
-(bench/results/20261201T195040Z-gluon_backward_probe.md). Head dim 64 compiles and is
-checked on the H200 but not measured: `auto` leaves it to the split backward."""
+pairs per head (half of Nq x Nk under a causal band). On the H200 at the Llama-3-8B heads
+(bf16; bench/results/20261202T02*-backward-targets.md, four runs), backward alone in ms:
+dense 4096 1.377-1.383 against the split's 1.816-1.851 (cuDNN 1.271-1.371), causal 8192
+2.995-3.057 against 3.629-3.682 (cuDNN 2.825-2.890). At causal 4096 (8M pairs) its time varies
+from run to run, 0.764-1.034 against the split's steady 0.863-0.938, so the split keeps it.
+Head dim 64 compiles and is checked on the H200 but not timed: `auto` leaves it to the split."""
 
 
 def backward_target() -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +27,7 @@ from xdsl.dialects.builtin import ModuleOp
 from attnfuse.dialects import make_context, tile
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, gluon_importable
+from attnfuse.runtime.gluon_launch import GluonRunner, specialization_of
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.launch import KernelLaunch
@@ -149,17 +150,29 @@ class GluonBackwardLaunch:
         row_block, row_layout = blocks_and_layouts[7]
         descs += [TensorDescriptor(t, [t.numel()], [1], row_block, row_layout) for t in rows]
         pointers: list[object] = []
+        pointer_tensors = []
         skip = {q_role, k_role, v_role, do_role, "dv", "dq_acc", "lse", "delta"}
         for role in self.launch.roles:
             if role in skip:
                 continue
             t = tensors[role]
             pointers.append(t)
+            pointer_tensors.append(t)
             if tile.role_axes(role):
                 pointers.extend(t.stride())
-        grid = (p.batch * p.heads_kv, -(-p.seq_k // block_m))
-        self.kernel[grid](*descs, *pointers, self.sm_scale, p.seq_q, p.seq_k, p.heads_kv, p.group_size,
-                          num_warps=self.launch.num_warps)
+        self.runner([*descs, *pointers], self.scalars, specialization_of(blocks + rows, pointer_tensors))
+
+    @cached_property
+    def scalars(self) -> tuple[object, ...]:
+        p = self.problem
+        return (self.sm_scale, p.seq_q, p.seq_k, p.heads_kv, p.group_size)
+
+    @cached_property
+    def runner(self) -> GluonRunner:
+        """The kernel's launches over this plan's grid `(B * Hkv, cdiv(n_k, BLOCK_M))`."""
+        p = self.problem
+        return GluonRunner(self.kernel, (p.batch * p.heads_kv, -(-p.seq_k // self.launch.block_m)),
+                           self.launch.num_warps)
 
 
 @cache

@@ -17,7 +17,7 @@ import hashlib
 import re
 import os
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import runs_interpreted
+from attnfuse.runtime.gluon_launch import GluonRunner, specialization_of
 from attnfuse.runtime.launch import KernelLaunch
 
 if TYPE_CHECKING:
@@ -244,38 +245,56 @@ class GluonLaunch:
         if not all(_descriptor_ready(t) for t in (q, k, v)):
             self.portable(tensors)
             return
-        from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        p = self.problem
-        block_m, block_n = self.launch.block_m, self.launch.block_n
-        dtype = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
-        dim = p.head_dim
-        # One q (and o) block per consumer warpgroup: 64 rows.
-        row_block, key_block = [1, 1, 64, dim], [1, 1, block_n, dim]
-        row_layout = gl.NVMMASharedLayout.get_default_for(row_block, dtype)
-        key_layout = gl.NVMMASharedLayout.get_default_for(key_block, dtype)
+        (row_block, row_layout), (key_block, key_layout) = _forward_layouts(
+            q.dtype == torch.float16, self.problem.head_dim, self.launch.block_n)
         o = tensors[self.operands[3]]
         descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
                  for t, block, layout in ((q, row_block, row_layout), (k, key_block, key_layout),
                                           (v, key_block, key_layout), (o, row_block, row_layout))]
         pointers: list[object] = []
+        pointer_tensors = []
         for role in self.launch.roles:
             if role in self.operands:
                 continue
             t = tensors[role]
             pointers.append(t)
+            pointer_tensors.append(t)
             if tile.role_axes(role):
                 pointers.extend(t.stride())
-        scalars = [self.sm_scale, p.seq_q, p.seq_k, p.heads_q, p.group_size]
+        self.runner([*descs, *pointers], self.scalars, specialization_of([q, k, v, o], pointer_tensors))
+
+    @cached_property
+    def scalars(self) -> tuple[object, ...]:
+        p = self.problem
+        scalars: tuple[object, ...] = (self.sm_scale, p.seq_q, p.seq_k, p.heads_q, p.group_size)
+        return (*scalars, p.batch * p.heads_q) if self.launch.persistent else scalars
+
+    @cached_property
+    def runner(self) -> GluonRunner:
+        """The kernel's launches over this plan's grid: one program per (batch x head, query
+        block), or with `persistent` one per SM (at most one per tile), each walking tiles
+        pid, pid + G, ..."""
+        p = self.problem
         if self.launch.persistent:
-            # One program per SM (at most one per tile), each walking tiles pid, pid + G, ...
-            tiles = p.batch * p.heads_q * -(-p.seq_q // block_m)
-            grid: tuple[int, ...] = (max(1, min(tiles, _sm_count(q.device))),)
-            scalars.append(p.batch * p.heads_q)
+            tiles = p.batch * p.heads_q * -(-p.seq_q // self.launch.block_m)
+            grid: tuple[int, ...] = (max(1, min(tiles, _sm_count(p.device))),)
         else:
-            grid = (p.batch * p.heads_q, -(-p.seq_q // block_m))
-        self.kernel[grid](*descs, *pointers, *scalars, num_warps=self.launch.num_warps)
+            grid = (p.batch * p.heads_q, -(-p.seq_q // self.launch.block_m))
+        return GluonRunner(self.kernel, grid, self.launch.num_warps)
+
+
+@cache
+def _forward_layouts(fp16: bool, dim: int, block_n: int) -> tuple[tuple[list[int], Any], tuple[list[int], Any]]:
+    """The block shapes and shared layouts of the forward's descriptors, q's and o's (one block
+    of 64 rows per consumer warpgroup) and k's and v's: made once per shape (host time)."""
+    from triton.experimental.gluon import language as gl
+
+    dtype = gl.float16 if fp16 else gl.bfloat16
+    row_block, key_block = [1, 1, 64, dim], [1, 1, block_n, dim]
+    return ((row_block, gl.NVMMASharedLayout.get_default_for(row_block, dtype)),
+            (key_block, gl.NVMMASharedLayout.get_default_for(key_block, dtype)))
 
 
 @cache

@@ -1,0 +1,63 @@
+"""Launching a generated Gluon kernel with little host work per call.
+
+Through the JIT (`kernel[grid](...)`) a Gluon launch binds and specializes its two dozen
+arguments on every call: 157 us of host time for the fused backward on the H200 where a
+portable kernel's direct launch takes 36 (bench/results/20261202T0233Z-gluon_backward_ab-
+launch-host.log). `GluonRunner` launches through the JIT the first time for each
+specialization of a call's arguments (what the caller says Triton specializes on: pointer
+alignments, strides and the values of integers) and through the compiled kernel's own
+launcher after that (`triton_launcher.direct_launcher`, which also turns the host-side TMA
+descriptors into the kernel's descriptor arguments, as the JIT's launch does)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from attnfuse.runtime.launch import MAX_RUNNERS, _launchable
+from attnfuse.runtime.triton_launcher import direct_launcher
+
+
+class GluonRunner:
+    """The launches of one Gluon kernel over one grid with `num_warps` warps."""
+
+    def __init__(self, kernel: Any, grid: tuple[int, ...], num_warps: int):
+        self.kernel = kernel
+        self.grid = grid
+        self.num_warps = num_warps
+        self.runners: dict[tuple, Callable[[list[object]], bool]] = {}
+        params = kernel.params
+        first = next((i for i, p in enumerate(params) if p.is_constexpr), len(params))
+        # The trailing constexprs' values (their defaults: the printed kernel fixes them), which
+        # the compiled kernel's launcher takes after the runtime arguments; None if the
+        # parameters are not laid out that way (every launch then goes through the JIT).
+        self.constexprs = (tuple(p.default for p in params[first:])
+                           if all(p.is_constexpr for p in params[first:]) else None)
+        self.runtime_params = first
+
+    def __call__(self, args: list[object], scalars: tuple[object, ...], specialization: tuple) -> None:
+        """Launch with the runtime arguments `args` (descriptors, tensors and strides) and the
+        plan's `scalars`; `specialization` keys the direct launcher: it must hold everything
+        of the arguments the JIT may specialize on (`specialization_of`)."""
+        launch = self.runners.get(specialization)
+        if launch is not None and launch(args):
+            return
+        compiled = self.kernel[self.grid](*args, *scalars, num_warps=self.num_warps)
+        if (launch is None and self.constexprs is not None and _launchable(compiled)
+                and len(args) + len(scalars) == self.runtime_params):
+            if len(self.runners) >= MAX_RUNNERS:
+                self.runners.clear()
+            grid = (*self.grid, *(1,) * (3 - len(self.grid)))
+            self.runners[specialization] = direct_launcher(compiled, grid, (*scalars, *self.constexprs))
+
+
+def specialization_of(descriptor_tensors: list[Any], pointer_tensors: list[Any]) -> tuple:
+    """What a launch's direct launcher is keyed on: the tensors behind the descriptors (dtype,
+    shape, strides, base alignment) and the pointer arguments (dtype, 16-byte alignment,
+    strides). More than the JIT specializes on, so a replayed launch is always one the JIT
+    would have compiled the same way."""
+    return (tuple((t.dtype, tuple(t.shape), t.stride(), t.data_ptr() & 15) for t in descriptor_tensors),
+            tuple((t.dtype, t.data_ptr() & 15, t.stride()) for t in pointer_tensors))
+
+
+__all__ = ["GluonRunner", "specialization_of"]

@@ -41,13 +41,14 @@ TARGETS = ("auto", "gluon", "triton")
 
 KERNEL = "attention_bwd_dkdv_dq"
 
-GLUON_BACKWARD_MIN_WORK = {128: 16 * 1024 * 1024}
+GLUON_BACKWARD_MIN_WORK = {128: 8 * 1024 * 1024}
 """`auto` takes the Gluon backward at a head dim of this table from this many (query, key)
 pairs per head (half of Nq x Nk under a causal band). On the H200 at the Llama-3-8B heads
-(bf16; bench/results/20261202T02*-backward-targets.md, four runs), backward alone in ms:
-dense 4096 1.377-1.383 against the split's 1.816-1.851 (cuDNN 1.271-1.371), causal 8192
-2.995-3.057 against 3.629-3.682 (cuDNN 2.825-2.890). At causal 4096 (8M pairs) its time varies
-from run to run, 0.764-1.034 against the split's steady 0.863-0.938, so the split keeps it.
+(bf16, backward alone, ms; bench/results/20261202T023503Z- and 20261202T023559Z-backward-
+targets.md, after launches went direct, `gluon_launch.GluonRunner`): causal 4096 0.761-0.776
+against the split's 0.860-0.941 (cuDNN 0.780-0.797), RoPE + causal 4096 0.767-0.774 against
+0.876-0.920 (cuDNN 0.816-0.836), causal 8192 3.000 against 3.622 (cuDNN 2.853); dense 4096
+1.377-1.383 against 1.816-1.851 (20261202T020424Z-, 021309Z-). Smaller calls are not measured.
 Head dim 64 compiles and is checked on the H200 but not timed: `auto` leaves it to the split."""
 
 

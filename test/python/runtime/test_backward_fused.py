@@ -44,6 +44,15 @@ CASES = {
     "gqa4-ragged": (lambda: [af.causal()], {"hq": 4, "hkv": 1, "nq": 37, "nk": 37}),
     "relu": (lambda: [af.relu()], {}),
     "lse-grad": (lambda: [af.causal()], {"lse_grad": True}),
+    # GQA with Nq != Nk, both ragged: dq_acc's rows follow the loop's query head.
+    "gqa2-nq-ne-nk": (lambda: [af.causal()], {"hq": 4, "hkv": 2, "nq": 29, "nk": 53}),
+    # A head dim that is no power of two (padded columns, masked loads and adds).
+    "head-dim-24": (lambda: [af.sliding_window(12)], {"d": 24}),
+    # Interleaved RoPE over part of the head dim, pre-rotated (the backward rotates dK back).
+    "rope-interleaved-partial": (lambda: [af.rope(rotary_dim=24, interleaved=True), af.causal()],
+                                 {"hq": 4, "hkv": 2, "nq": 27, "nk": 40, "placement": "pre_rotated"}),
+    # Relu with RoPE in bf16 (no delta, no preprocess; the rotation in the kernels).
+    "relu-rope-bf16": (lambda: [af.rope(), af.relu()], {"dtype": torch.bfloat16, "placement": "fused"}),
 }
 
 
@@ -57,6 +66,18 @@ def test_fused_gradients(fused, launched, name):
     placement = options.pop("placement", "auto")
     fn = af.compile(spec, rope_placement=placement, deterministic=False)
     check_grads(spec, fn=fn, seed=3, placement=placement, **options)
+    backward = [name for name in launched if name.startswith("attention_bwd")]
+    assert backward[-2:] == FUSED and not SEPARATE & set(backward), backward
+
+
+def test_fused_given_positions(fused, launched):
+    """RoPE at call-time positions per batch (`q_positions=`, `k_positions=`), Llama-3 scaling."""
+    spec = af.attention(af.rope(scaling=af.llama3_scaling(original_max_position=16)), af.causal())
+    gen = torch.Generator().manual_seed(5)
+    qp = torch.randint(0, 300, (2, 23), generator=gen)
+    kp = torch.randint(0, 300, (2, 38), generator=gen)
+    fn = af.compile(spec, rope_placement="pre_rotated", deterministic=False)
+    check_grads(spec, fn=fn, b=2, hq=2, nq=23, nk=38, d=32, placement="pre_rotated", q_positions=qp, k_positions=kp)
     backward = [name for name in launched if name.startswith("attention_bwd")]
     assert backward[-2:] == FUSED and not SEPARATE & set(backward), backward
 

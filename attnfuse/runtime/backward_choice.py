@@ -39,7 +39,8 @@ def fused_allowed(variant: Canonical, deterministic: bool) -> bool:
     return not variant.reads("bias")
 
 
-def choose_backward(problem: Problem, variant: Canonical, deterministic: bool) -> str:
+def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
+                    explicit_positions: tuple[bool, bool] = (False, False)) -> str:
     """"fused" or "separate" (`lower-to-tile`'s `bwd-dq`) for a call's backward. Where the
     fused backward is allowed, `ATTNFUSE_BACKWARD` decides; on `auto`, fused only where the
     Gluon backward takes the call (`gluon_backward.takes_gluon_backward`): the portable
@@ -50,7 +51,7 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool) -
         return "separate"
     if request == "fused":
         return "fused"
-    return "fused" if gluon_backward.takes_gluon_backward(problem, variant) else "separate"
+    return "fused" if gluon_backward.takes_gluon_backward(problem, variant, explicit_positions) else "separate"
 
 
 __all__ = ["BACKWARD_ENV", "backward_request", "choose_backward", "fused_allowed"]

@@ -90,13 +90,19 @@ def fits(problem: Problem) -> bool:
             and problem.dtype in (torch.float16, torch.bfloat16))
 
 
-def takes_gluon_backward(problem: Problem, variant: Canonical) -> bool:
+def takes_gluon_backward(problem: Problem, variant: Canonical,
+                         explicit_positions: tuple[bool, bool] = (False, False)) -> bool:
     """Whether the backward of a call of this shape and variant runs the Gluon fused
     backward (`backward_choice.choose_backward` then builds the fused backward, where it is
     allowed): an sm_90 GPU, a variant and shape the schedule covers, and the user's choice
-    (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (`GLUON_BACKWARD_MIN_WORK`)."""
+    (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (`GLUON_BACKWARD_MIN_WORK`). RoPE at
+    call-time positions (`explicit_positions`) is not scheduled: its inverse rotation of dK
+    reads the positions, which the schedule has no place for (`backward_shape`), so such a
+    call keeps the split rather than the portable fused kernel, which is slower."""
     target = backward_target()
     if target == "triton" or not _hopper(problem) or not fits(problem) or not variant_fits(variant):
+        return False
+    if variant.rope is not None and any(explicit_positions):
         return False
     if target == "gluon":
         return True

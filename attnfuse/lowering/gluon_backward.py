@@ -142,16 +142,15 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
     def primal_names(self) -> list[str]:
         return sorted(set(self.primal.values()))
 
-    def step_header(self, masked: bool) -> list[str]:
-        lines = [
-            "rows = n_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))",
-            "row_in_bounds = rows < n_k",
-            "queries = start_m + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
-            "query_in_bounds = queries < n_q",
-            "q_pos = queries + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key",
-        ]
-        del masked
-        return lines
+    STEP_HEADER = [
+        "rows = n_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))",
+        "row_in_bounds = rows < n_k",
+        "queries = start_m + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
+        "query_in_bounds = queries < n_q",
+        "q_pos = queries + (n_k - n_q)  # bottom-right aligned: the last query sits at the last key",
+    ]
+    """The row and column indices every step function starts with (the names the portable
+    printers use in a `key_blocks` kernel: keys down, queries across)."""
 
     def save_primal(self, value: SSAValue, pieces: Pieces) -> None:
         """After the piece that leaves `value` in `scores`: keep it for the gradient step."""
@@ -224,7 +223,7 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
         body = ["# The block's query loop decides its masks: " + "; ".join(
             f"loop {i} over {'partial query blocks: masked' if loop.masked else 'full query blocks'}"
             for i, loop in enumerate(self.loops))]
-        body += self.step_header(True)
+        body += self.STEP_HEADER
         body.append("# Query rows past n_q (zero-filled) get lse = +inf: their probabilities are 0.")
         body.append("lse = gl.where(query_in_bounds, lse, float(\"inf\"))")
         body += self.step_body(self.probs_pieces)
@@ -236,7 +235,7 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
 
     def grads_function(self) -> list[str]:
         """`<name>_grads(probs, grad_probs, delta, ...)`: ds^T of the block at `start_m`."""
-        body = self.step_header(True)
+        body = list(self.STEP_HEADER)
         body.append("delta = gl.where(query_in_bounds, delta, 0.0)")
         body += self.step_body(self.grads_pieces)
         body.append("return grad_scores")
@@ -367,8 +366,6 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
             "    mbarrier.arrive(dq_full.index(b), count=1)",
         ]:
             self.emit(line)
-        self.namer.alias(first.op.results[0], "dk")
-        self.namer.alias(first.op.results[1], "dv")
         for loop in self.loops:
             self.namer.alias(loop.op.results[0], "dk")
             self.namer.alias(loop.op.results[1], "dv")

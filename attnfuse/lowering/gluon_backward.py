@@ -75,10 +75,11 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
             raise _unsupported("the gluon backward needs equal power-of-two head dims", k)
         self.parts = parts
         self.loops: list[BackwardLoop] = parts.loops
-        for op in parts.epilogue:
-            if isinstance(op, tile.SplitOp) and (op.pairs.data != "half" or self.rotary_dim != self.head_dim):
-                raise _unsupported("the gluon backward rotates dK back by halves of the full head dim only "
-                                   "(interleaved pairs and partial rotary widths are the portable target's)", op)
+        if self.splits_dk and DQ_BUFFERS * k.get("block_n") < k.get("block_m"):
+            # dK's halves go through the dQ staging buffers: they must hold BLOCK_M f32 rows.
+            raise _unsupported(f"the gluon backward rotates dK back through {DQ_BUFFERS} dQ staging buffers of "
+                               f"block_n rows: block_n = {k.get('block_n')} holds fewer than block_m = "
+                               f"{k.get('block_m')}", k)
         self.primal: dict[SSAValue, str] = {}
         """Score tiles the VJP ops read (soft-capping's s), by the name that carries them from
         the probability step to the gradient step."""
@@ -87,11 +88,18 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
 
     CONSUMER_NAMES = ("dk", "dv", "scores", "probs", "grad_probs", "grad_scores", "lse", "delta", "p_op", "ds16",
                       "ds_op", "dq_part", "q_s", "do_s", "k_tile", "v_tile", "s_zero", "dq_zero", "stage", "phase",
-                      "it", "b", "total", "n_blocks", "n_start", "halves", "dtype", "row", "step_bytes")
+                      "it", "b", "total", "n_blocks", "n_start", "halves", "dtype", "row", "step_bytes",
+                      "S_LAYOUT", "KV_LAYOUT", "A_LAYOUT", "DQ_LAYOUT", "EPI_LAYOUT", "DS_SMEM", "NW",
+                      "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs",
+                      "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i",
+                      "tile_2d", "tma_load", "tma_store", "tma_reduce_add", "reinterpret_shared", "thread_barrier",
+                      "gl", "gluon", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait", "fence_async_shared")
     """Names the printed partitions use themselves: the ops' results take others."""
 
     def reserved_names(self) -> set[str]:
-        return super().reserved_names() | set(self.CONSUMER_NAMES)
+        # Primal tiles are named primal_<op>_<operand> (`find_primal_values`); bounds bound_<i>.
+        primal = {f"primal_{i}_{j}" for i in range(16) for j in range(4)}
+        return super().reserved_names() | set(self.CONSUMER_NAMES) | primal | {f"bound_{i}" for i in range(8)}
 
     @property
     def name(self) -> str:
@@ -499,6 +507,6 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
             constexprs += [f"ROT_HALF: gl.constexpr = {self.rot_half}", f"BLOCK_HALF: gl.constexpr = {padded(self.rot_half)}"]
         params = ["q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc", "dq_acc_desc", "lse_desc",
                   "delta_desc", *self.pointer_params(), "sm_scale", "n_q", "n_k", "num_heads", "group_size",
-                  *constexprs, "num_warps: gl.constexpr = 8"]
+                  *constexprs, f"num_warps: gl.constexpr = {k.get('num_warps')}"]
         header = [f"def {self.name}(", *[f"    {p}," for p in params], "):"]
         return ["@gluon.jit", *header, *self.lines]

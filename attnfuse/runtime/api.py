@@ -258,7 +258,7 @@ class CompiledAttention:
         bwd_rope = "pre_rotated" if automatic_placement(self._placement) else "as_forward"
         # Decoding and cache layouts build no backward.
         bwd_dq = ("separate" if decode or cache != CONTIGUOUS
-                  else choose_backward(problem, self.variant, self.deterministic, explicit_positions))
+                  else choose_backward(problem, self.variant, self.deterministic, explicit_positions, bwd_rope))
         # Read (and checked) for decode plans only: other kernels have no dependent launch.
         pdl = takes_decode_pdl(problem, runs_interpreted(problem.device)) if decode else True
         return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,

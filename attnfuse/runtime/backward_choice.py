@@ -40,7 +40,8 @@ def fused_allowed(variant: Canonical, deterministic: bool) -> bool:
 
 
 def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
-                    explicit_positions: tuple[bool, bool] = (False, False)) -> str:
+                    explicit_positions: tuple[bool, bool] = (False, False),
+                    bwd_rope: str = "pre_rotated") -> str:
     """"fused" or "separate" (`lower-to-tile`'s `bwd-dq`) for a call's backward. Where the
     fused backward is allowed, `ATTNFUSE_BACKWARD` decides; on `auto`, fused only where the
     Gluon backward takes the call (`gluon_backward.takes_gluon_backward`): the portable
@@ -51,7 +52,7 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
         return "separate"
     if request == "fused":
         return "fused"
-    return "fused" if gluon_backward.takes_gluon_backward(problem, variant, explicit_positions) else "separate"
+    return "fused" if gluon_backward.takes_gluon_backward(problem, variant, explicit_positions, bwd_rope) else "separate"
 
 
 __all__ = ["BACKWARD_ENV", "backward_request", "choose_backward", "fused_allowed"]

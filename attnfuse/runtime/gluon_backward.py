@@ -6,11 +6,14 @@ fused backward (`lower-to-tile{bwd-dq=fused}`) is built for the Gluon target: th
 `backward_choice.choose_backward` applies under `ATTNFUSE_BACKWARD=auto` where the caller
 allowed a non-deterministic backward (`af.compile(..., deterministic=False)`). `gluon_backward`
 then replaces the plan's portable `attention_bwd_dkdv_dq` launch with the Gluon one where
-`warp-specialize` scheduled the kernel. An input a TMA descriptor cannot cover (strides of 0,
+`warp-specialize` scheduled the kernel, whatever chose the fused backward (under
+`ATTNFUSE_BACKWARD=fused` too, at any size: the portable fused kernel is slower still). An input
+a TMA descriptor cannot cover (strides of 0,
 rows not 16-byte aligned) is copied; a call whose outputs or row statistics it cannot cover
 runs the portable fused kernel of the same plan. `ATTNFUSE_BACKWARD_TARGET=triton` keeps the
 portable kernel, `gluon` takes Gluon wherever it lowers and the shape fits (whatever the
-measurements say), `auto` (the default) follows `GLUON_BACKWARD_MIN_WORK`. Read at plan time.
+measurements say), `auto` (the default) builds the fused backward for it only where
+`GLUON_BACKWARD_MIN_WORK` says. Read at plan time.
 """
 
 from __future__ import annotations
@@ -26,10 +29,9 @@ from xdsl.dialects.builtin import ModuleOp
 
 from attnfuse.dialects import make_context, tile
 from attnfuse.errors import ArgumentError
-from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, gluon_importable
+from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, hopper
 from attnfuse.runtime.gluon_launch import GluonRunner, specialization_of
 from attnfuse.runtime.inputs import Problem
-from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.runtime.program import Canonical
 
@@ -60,15 +62,6 @@ def backward_target() -> str:
     return target
 
 
-def _hopper(problem: Problem) -> bool:
-    """An sm_90 CUDA GPU whose Triton has the Gluon this target prints, not interpreted."""
-    if problem.device.type != "cuda" or not gluon_importable() or runs_interpreted(problem.device):
-        return False
-    if not torch.cuda.is_available() or torch.version.hip is not None:
-        return False
-    return torch.cuda.get_device_capability(problem.device) == (9, 0)
-
-
 def variant_fits(variant: Canonical) -> bool:
     """Whether the variant's fused backward has the shape `warp-specialize` schedules
     (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax
@@ -91,25 +84,36 @@ def fits(problem: Problem) -> bool:
 
 
 def takes_gluon_backward(problem: Problem, variant: Canonical,
-                         explicit_positions: tuple[bool, bool] = (False, False)) -> bool:
+                         explicit_positions: tuple[bool, bool] = (False, False),
+                         bwd_rope: str = "pre_rotated") -> bool:
     """Whether the backward of a call of this shape and variant runs the Gluon fused
     backward (`backward_choice.choose_backward` then builds the fused backward, where it is
     allowed): an sm_90 GPU, a variant and shape the schedule covers, and the user's choice
     (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (`GLUON_BACKWARD_MIN_WORK`). RoPE at
     call-time positions (`explicit_positions`) is not scheduled: its inverse rotation of dK
     reads the positions, which the schedule has no place for (`backward_shape`), so such a
-    call keeps the split rather than the portable fused kernel, which is slower."""
+    call keeps the split rather than the portable fused kernel, which is slower. Nor is a
+    backward that rotates in its loops (`bwd_rope` other than `pre_rotated`: a placement the
+    caller asked for), since the schedule reads q and k whole."""
     target = backward_target()
-    if target == "triton" or not _hopper(problem) or not fits(problem) or not variant_fits(variant):
+    if target == "triton" or not hopper(problem) or not fits(problem) or not variant_fits(variant):
         return False
-    if variant.rope is not None and any(explicit_positions):
+    if variant.rope is not None and (any(explicit_positions) or bwd_rope != "pre_rotated"):
         return False
     if target == "gluon":
         return True
     least = GLUON_BACKWARD_MIN_WORK.get(problem.head_dim)
+    return least is not None and pairs_per_head(problem, variant) >= least
+
+
+def pairs_per_head(problem: Problem, variant: Canonical) -> float:
+    """The (query, key) pairs a head's backward visits, as `GLUON_BACKWARD_MIN_WORK` counts
+    them: Nq x Nk, halved under a causal band, and at most the band's width of keys per query
+    under a sliding window."""
+    if variant.keys_per_row is not None:
+        return problem.seq_q * min(problem.seq_k, variant.keys_per_row)
     causal = variant.band[1] is not None
-    work = problem.seq_q * problem.seq_k * (0.5 if causal else 1.0)
-    return least is not None and work >= least
+    return problem.seq_q * problem.seq_k * (0.5 if causal else 1.0)
 
 
 @dataclass
@@ -206,7 +210,7 @@ def gluon_backward(
     the kernel (unchanged otherwise)."""
     if not any(launch.info.name == KERNEL for launch in launches) or backward_target() == "triton":
         return launches
-    if not _hopper(problem) or not fits(problem):
+    if not hopper(problem) or not fits(problem):
         return launches
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
     from attnfuse.transforms.warp_specialize import WarpSpecializePass
@@ -226,5 +230,5 @@ def gluon_backward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_BACKWARD_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward",
+__all__ = ["GLUON_BACKWARD_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
            "takes_gluon_backward", "variant_fits"]

@@ -182,7 +182,15 @@ def takes_gluon(problem: Problem, causal: bool) -> bool:
     an sm_90 GPU whose Triton has Gluon, a shape the schedule covers, and the user's choice
     (`ATTNFUSE_FORWARD_TARGET`) or `auto`'s rule."""
     target = forward_target()
-    if target == "triton" or problem.device.type != "cuda" or not gluon_importable():
+    if target == "triton" or not hopper(problem) or not fits(problem):
+        return False
+    return target == "gluon" or prefers_gluon(problem, causal)
+
+
+def hopper(problem: Problem) -> bool:
+    """Whether the problem's device is an sm_90 CUDA GPU whose Triton has the Gluon the target
+    prints (`gluon_importable`), the kernels not interpreted."""
+    if problem.device.type != "cuda" or not gluon_importable():
         return False
     # The interpreter runs every kernel when asked to (`TRITON_INTERPRET=1`); Gluon's JIT
     # would compile for the GPU regardless.
@@ -192,9 +200,7 @@ def takes_gluon(problem: Problem, causal: bool) -> bool:
     # ROCm GPU, whose MI200 also reports capability 9.0.
     if not torch.cuda.is_available() or torch.version.hip is not None:
         return False
-    if torch.cuda.get_device_capability(problem.device) != (9, 0) or not fits(problem):
-        return False
-    return target == "gluon" or prefers_gluon(problem, causal)
+    return torch.cuda.get_device_capability(problem.device) == (9, 0)
 
 
 def fits(problem: Problem) -> bool:

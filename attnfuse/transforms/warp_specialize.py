@@ -128,13 +128,16 @@ class WarpSpecializePass(ModulePass):
     backward: bool = True
     """Schedule the fused backward's dK/dV/dQ kernel too (`WarpSpecializeBackward`)."""
     bwd_block_n: int = 64
-    """Queries per step of the scheduled backward."""
+    """Queries per step of the scheduled backward (64 only, for now: what fits shared memory)."""
     bwd_stages: int = 2
     """Ring buffers of q, dO, lse and delta in the scheduled backward."""
 
     def __post_init__(self) -> None:
-        if self.bwd_block_n not in (64, 128):
-            raise PassOptionError(f"warp-specialize: bwd-block-n must be 64 or 128, got {self.bwd_block_n}")
+        if self.bwd_block_n != 64:
+            # 128 queries a step need ~352 KB of shared memory at head dim 128 (the dQ staging
+            # and the q/dO ring double), more than an H200's 227 KB.
+            raise PassOptionError(f"warp-specialize: bwd-block-n must be 64 (the schedule's shared memory "
+                                  f"fits that at head dim 128), got {self.bwd_block_n}")
         if self.bwd_stages < 1:
             raise PassOptionError("warp-specialize: bwd-stages must be >= 1")
         if not (self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0):

@@ -142,3 +142,22 @@ def test_expanded_keys_are_copied_for_the_descriptors():
     errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad},
                              {"q": want["q"], "k": want["k"].sum(1, keepdim=True), "v": want["v"].sum(1, keepdim=True)})
     assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), errors
+
+
+def test_second_backward_goes_through_the_direct_launcher(monkeypatch):
+    """The same plan twice with fresh data: the first launch compiles through the JIT, the
+    second replays the compiled kernel's own launcher (`gluon_launch.GluonRunner`); both give
+    the reference's gradients."""
+    spec = SPECS["rope-causal"]
+    fn = af.compile(spec, deterministic=False)
+    for seed in (21, 22):
+        q, k, v = inputs(1, 8, 2, 300, 300, 128, torch.bfloat16, seed=seed)
+        launch = gluon_backward_launch(fn, q, k, v)
+        assert isinstance(launch, GluonBackwardLaunch)
+        monkeypatch.setattr(launch, "portable", _NoFallback(launch.portable))
+        grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.dtype).cuda()
+        fn(q, k, v).backward(grad)
+        want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), grad.cpu())
+        errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
+        assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), (seed, errors)
+    assert launch.runner.runners, "the second call must have a direct launcher"

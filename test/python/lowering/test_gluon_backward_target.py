@@ -125,3 +125,51 @@ def test_backward_target_is_checked(monkeypatch):
 def test_variants_the_schedule_takes(spec, fits):
     variant = af.compile(spec).program.canonical((False, False))
     assert gluon_backward.variant_fits(variant) == fits
+
+
+def test_interleaved_rope_is_not_scheduled():
+    """A kernel the printer cannot print is not scheduled (dK's halves are column slices)."""
+    key = CompileKey(128, 128, "bf16", TileConfig(64, 64, 4, 2), ("pre_rotated", "pre_rotated"),
+                     bwd_rope="pre_rotated", bwd_dq="fused")
+    module = lower_spec(af.attention(af.rope(interleaved=True), af.causal()), key)
+    WarpSpecializePass().apply(make_context(), module)
+    kernel = next(op for op in module.ops if op.sym_name.data == "attention_bwd_dkdv_dq")
+    assert kernel.schedule is None
+    with pytest.raises(GluonUnsupported, match="halves of the full head dim"):
+        emit_gluon_kernel(kernel)
+
+
+def test_rotation_needs_staging_rows_for_every_key():
+    """dK's halves go through the two dQ staging buffers: with fewer rows than keys the
+    printer refuses instead of writing past them."""
+    from xdsl.dialects.builtin import IntegerAttr, i64
+
+    kernel = backward_kernel(af.attention(af.rope(), af.causal()))
+    kernel.attributes["block_n"] = IntegerAttr(32, i64)
+    with pytest.raises(GluonUnsupported, match="fewer than block_m"):
+        emit_gluon_kernel(kernel)
+
+
+def test_bwd_block_n_is_checked():
+    from attnfuse.errors import PassOptionError
+
+    with pytest.raises(PassOptionError, match="bwd-block-n must be 64"):
+        WarpSpecializePass(bwd_block_n=128)
+
+
+def test_calls_the_schedule_cannot_take_keep_the_split(monkeypatch):
+    """On a (pretended) Hopper GPU: RoPE at call-time positions, or rotated in the backward's
+    loops (an explicit placement), keeps the split rather than the slower portable fused kernel;
+    a sliding window counts the pairs its band keeps."""
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    rope = af.compile(af.attention(af.rope(), af.causal())).program
+    p = problem(8192)
+    assert gluon_backward.takes_gluon_backward(p, rope.canonical((False, False)))
+    assert not gluon_backward.takes_gluon_backward(p, rope.canonical((True, True)), (True, True))
+    assert not gluon_backward.takes_gluon_backward(p, rope.canonical((False, False)), bwd_rope="as_forward")
+    window = af.compile(af.attention(af.sliding_window(256), af.causal())).program.canonical((False, False))
+    assert gluon_backward.pairs_per_head(p, window) == 8192 * 256
+    assert not gluon_backward.takes_gluon_backward(p, window)
+    dense = af.compile(af.attention()).program.canonical((False, False))
+    assert gluon_backward.takes_gluon_backward(problem(4096), dense)
+    assert not gluon_backward.takes_gluon_backward(problem(2048), dense)

@@ -32,6 +32,7 @@ from attnfuse.runtime.config import DECODE_PDL_ENV, TileConfig, takes_decode_pdl
 from attnfuse.runtime.inputs import check_inputs
 from attnfuse.runtime.kv_cache import CacheLayout
 from attnfuse.runtime.launch import KernelLaunch
+from aot import sm90_compile, skip_unless_aot
 
 PAGED = CacheLayout(kv_lens=True, page_size=64)
 GDC_CALLS = ("gdc_launch_dependents()", "gdc_wait()")
@@ -161,37 +162,6 @@ def test_launch_asks_triton_for_a_dependent_launch(launch_pdl):
 
 # -- ahead-of-time compiles for sm_90 ---------------------------------------------------------
 
-INDEX_ROLES = ("kv_lens", "block_table")
-FP32_ROLES = ("o_part", "lse_part", "lse")
-
-
-def sm90_compile(fn, stages: int, launch_pdl: bool):
-    """`fn` compiled for sm_90 with the launch's option (16-divisible pointers and strides,
-    unit column strides), by whichever Triton is imported."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
-
-    signature, constants, attrs = {}, {}, {}
-    for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
-        if param.is_constexpr:
-            signature[name], constants[name] = "constexpr", param.default
-        elif name.endswith("_ptr"):
-            role = name.removesuffix("_ptr")
-            signature[name] = "*i32" if role in INDEX_ROLES else "*fp32" if role in FP32_ROLES else "*fp16"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name.startswith("stride_") and name.endswith("_d"):
-            signature[name], constants[name] = "constexpr", 1
-        elif name == "sm_scale":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if name.startswith("stride_"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "num_stages": stages, "launch_pdl": launch_pdl})
-
-
 def sm90_report(directory: str) -> dict[str, dict[str, object]]:
     """Per kernel of the printed GPU decode (D=128, 64-key steps, paged), compiled for sm_90
     as the runtime launches it: whether its PTX has griddepcontrol.wait / .launch_dependents,
@@ -206,7 +176,7 @@ def sm90_report(directory: str) -> dict[str, dict[str, object]]:
     with kernel_cache.triton_target(interpret=False):
         spec.loader.exec_module(module)
         for info in program.kernels:
-            compiled = sm90_compile(getattr(module, info.name), info.num_stages, info.launch_pdl)
+            compiled = sm90_compile(getattr(module, info.name), info.num_stages, launch_pdl=info.launch_pdl)
             ptx = compiled.asm["ptx"]
             report[info.name] = {
                 "wait": bool(re.search(r"griddepcontrol\.wait", ptx)),
@@ -224,15 +194,7 @@ EXPECTED = {
 
 
 def _gpu_compiles_here() -> None:
-    triton = pytest.importorskip("triton")
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.compiler.compiler import ASTSource  # noqa: F401
-    except ImportError:  # pragma: no cover
-        pytest.skip("this Triton cannot compile for a GPU target")
-    from triton.runtime.jit import JITFunction
-    if not isinstance(triton.language.standard.cdiv, JITFunction):
-        pytest.skip("Triton was imported for its interpreter (TRITON_INTERPRET=1)")
+    skip_unless_aot()
     try:
         import triton.language.extra.cuda as cuda
     except ImportError:  # pragma: no cover

@@ -22,21 +22,9 @@ from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.config import TileConfig
 from attnfuse.runtime.kv_cache import CacheLayout
 
-triton = pytest.importorskip("triton")
-try:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
-except ImportError:  # pragma: no cover - a Triton without ahead-of-time compiles
-    pytest.skip("this Triton cannot compile for a GPU target", allow_module_level=True)
-from triton.runtime.jit import JITFunction  # noqa: E402
+from aot import sm90_compile, skip_unless_aot  # noqa: E402
 
-if not isinstance(triton.language.standard.cdiv, JITFunction):
-    # Triton was imported under TRITON_INTERPRET=1: its own library functions are
-    # interpreter-only, and nothing in this process compiles for a GPU.
-    pytest.skip("Triton was imported for its interpreter (TRITON_INTERPRET=1)", allow_module_level=True)
-
-INDEX_ROLES = ("kv_lens", "block_table")
-FP32_ROLES = ("o_part", "lse_part")
+skip_unless_aot(module_level=True)
 
 
 def decode_kernel_ttgir(tmp_path, page_size: int, lookahead: int, stages: int = 3,
@@ -56,27 +44,8 @@ def decode_kernel_ttgir(tmp_path, page_size: int, lookahead: int, stages: int = 
 
 
 def sm90_ttgir(fn, stages: int) -> str:
-    """The TTGIR of a decode kernel compiled for sm_90: 16-divisible pointers and strides,
-    unit column strides (what Triton specializes a launch on)."""
-    signature, constants, attrs = {}, {}, {}
-    for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
-        if param.is_constexpr:
-            signature[name], constants[name] = "constexpr", param.default
-        elif name.endswith("_ptr"):
-            role = name.removesuffix("_ptr")
-            signature[name] = "*i32" if role in INDEX_ROLES else "*fp32" if role in FP32_ROLES else "*fp16"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name.startswith("stride_") and name.endswith("_d"):
-            signature[name], constants[name] = "constexpr", 1  # contiguous rows, as Triton specializes
-        elif name == "sm_scale":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if name.startswith("stride_"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "num_stages": stages})
-    return compiled.asm["ttgir"]
+    """The TTGIR of a decode kernel compiled for sm_90 (`aot.sm90_compile`)."""
+    return sm90_compile(fn, stages).asm["ttgir"]
 
 
 def kv_buffers(ttgir: str) -> set[int]:

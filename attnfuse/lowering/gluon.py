@@ -42,7 +42,7 @@ from xdsl.utils.target import Target
 
 from attnfuse.dialects import tile
 from attnfuse.errors import AttnFuseError, IRError
-from attnfuse.lowering.gluon_steps import MaskedLoopSteps
+from attnfuse.lowering.gluon_steps import GluonFunctions, MaskedLoopSteps
 from attnfuse.lowering.triton import HELPERS, KernelEmitter, LoopRows
 from attnfuse.dialects.flash_shape import FlashLoop, NotFlashShaped, flash_kernel
 
@@ -51,7 +51,7 @@ class GluonUnsupported(IRError):
     the op at fault, or the kernel."""
 
 
-class GluonEmitter(MaskedLoopSteps, KernelEmitter):
+class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     """Prints one flash-shaped forward kernel as a loader partition, a consumer partition, the
     score-step function and the entry kernel."""
 
@@ -74,18 +74,6 @@ class GluonEmitter(MaskedLoopSteps, KernelEmitter):
 
     # -- printing ----------------------------------------------------------------------------
 
-    @property
-    def name(self) -> str:
-        return self.kernel.sym_name.data
-
-    @property
-    def operands(self) -> tuple[str, str, str, str]:
-        """The roles of the four descriptors, in the entry's order (q, k, v, o)."""
-        return self.parts.operands
-
-    def pointer_roles(self) -> list[str]:
-        return [role for role in self.roles if role not in self.operands]
-
     def run(self) -> list[str]:
         out: list[str] = []
         out += self.step_function() + ["", ""]
@@ -94,19 +82,13 @@ class GluonEmitter(MaskedLoopSteps, KernelEmitter):
         out += self.entry()
         return out
 
-    def function(self, header: str, body: list[str]) -> list[str]:
-        return ["@gluon.jit", header] + body
-
-    def slope_params(self) -> list[str]:
-        return [self.slope_name(role) for role in self.slope_roles()]
-
     @property
     def consumers(self) -> int:
         """Consumer partitions: one warpgroup (4 warps, 16 rows per warp) each."""
         return self.kernel.get("num_warps") // 4
 
     def step_params(self) -> list[str]:
-        bounds = [f"bound_{i}" for i in range(1, len(self.loops))]
+        bounds = self.bound_params()
         return ["scores", "row_max", "row_sum", "start_n", "row_start", *bounds, "sm_scale", "n_q", "n_k",
                 *self.slope_params()]
 
@@ -310,17 +292,12 @@ class GluonEmitter(MaskedLoopSteps, KernelEmitter):
         self.emit("    fence_async_shared()")
         self.emit("    tma_store(o_desc, [batch, head, row_start, 0], q_smem)")
         self.emit("    tma.store_wait(0)")
-        bounds = [f"bound_{i}" for i in range(1, len(self.loops))]
+        bounds = self.bound_params()
         params = ["o_desc", *self.pointer_params(), "q_bufs", "k_bufs", "v_bufs", "q_bars", "k_ready", "k_empty",
                   "v_ready", "v_empty", "batch", "head", "q_start", "kv_start", "n_blocks", *bounds, "sm_scale",
                   "n_q", "n_k", *self.slope_params(), "WG: gl.constexpr", "ROWS: gl.constexpr",
                   "BLOCK_N: gl.constexpr", "HEAD_DIM: gl.constexpr", "STAGES: gl.constexpr"]
         return self.function(f"def {self.name}_consume({', '.join(params)}):", self.lines)
-
-    def pointer_params(self) -> list[str]:
-        """The pointer roles' parameters (pointer, then strides), as the portable target
-        passes them."""
-        return [name for role in self.pointer_roles() for name in (f"{role}_ptr", *self.strides(role))]
 
     def emit_tile_start(self) -> str:
         """From `block_id` and `batch_head` (the grid's, or a persistent program's tile): the

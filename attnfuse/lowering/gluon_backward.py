@@ -39,7 +39,7 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects import tile
 from attnfuse.dialects.backward_shape import BackwardLoop, backward_kernel
 from attnfuse.dialects.flash_shape import NotFlashShaped
-from attnfuse.lowering.gluon_steps import MaskedLoopSteps, Pieces
+from attnfuse.lowering.gluon_steps import GluonFunctions, MaskedLoopSteps, Pieces
 from attnfuse.lowering.triton import KernelEmitter, LoopRows, padded
 
 DESCRIPTOR_ROLES = ("do", "dv", "dq_acc", "lse", "delta")
@@ -55,11 +55,12 @@ def _unsupported(message: str, op: Operation | None):
     return GluonUnsupported(message, op)
 
 
-class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
+class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     """Prints one warp-specialized fused backward kernel: the probability and gradient step
     functions, the loader, the dQ writer, the consumer and the entry kernel."""
 
     STEP_START = "start_m"
+    DESCRIPTOR_ROLES = DESCRIPTOR_ROLES
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,30 +101,6 @@ class GluonBackwardEmitter(MaskedLoopSteps, KernelEmitter):
         # Primal tiles are named primal_<op>_<operand> (`find_primal_values`); bounds bound_<i>.
         primal = {f"primal_{i}_{j}" for i in range(16) for j in range(4)}
         return super().reserved_names() | set(self.CONSUMER_NAMES) | primal | {f"bound_{i}" for i in range(8)}
-
-    @property
-    def name(self) -> str:
-        return self.kernel.sym_name.data
-
-    @property
-    def operands(self) -> tuple[str, str, str, str]:
-        """The roles of q, k, v and dO (TMA-loaded)."""
-        return self.parts.operands
-
-    def pointer_roles(self) -> list[str]:
-        return [r for r in self.roles if r not in self.operands and r not in DESCRIPTOR_ROLES]
-
-    def pointer_params(self) -> list[str]:
-        return [name for role in self.pointer_roles() for name in (f"{role}_ptr", *self.strides(role))]
-
-    def slope_params(self) -> list[str]:
-        return [self.slope_name(role) for role in self.slope_roles()]
-
-    def bound_params(self) -> list[str]:
-        return [f"bound_{i}" for i in range(1, len(self.loops))]
-
-    def function(self, header: str, body: list[str]) -> list[str]:
-        return ["@gluon.jit", header] + body
 
     def run(self) -> list[str]:
         self.find_primal_values()

@@ -39,7 +39,7 @@ class PersistentGluonEmitter(GluonEmitter):
     def tile_results(self) -> list[str]:
         """What `<name>_tile` returns: the tile's coordinates, its key range, the loops' lower
         bounds (`bound_i`) and its head's slopes."""
-        bounds = [f"bound_{i}" for i in range(1, len(self.loops))]
+        bounds = self.bound_params()
         return ["batch", "head", "kv_head", "q_start", "kv_start", "n_blocks", *bounds, *self.slope_params()]
 
     TILE_SCALARS = ["n_q", "n_k", "num_heads", "group_size", "batch_heads"]

@@ -1,4 +1,6 @@
-"""What the Gluon target's step functions share between the forward and the backward: several
+"""What the Gluon target's forward and backward printers share: the names of a kernel's
+functions and parameters (`GluonFunctions`), and its step functions (`MaskedLoopSteps`):
+several
 consecutive loops of a kernel (full blocks, masked blocks) run as ONE pipelined range, so a
 step function prints the ops the loops share once and each loop's masks under a runtime test
 of the block's start against the loops' bounds (`bound_1`, ...: the lower bound of loop i).
@@ -11,6 +13,45 @@ from __future__ import annotations
 
 Pieces = list[tuple[bool, list[str]]]
 """One loop's ops as printed, op by op: (is a mask, its lines at indent 0)."""
+
+
+class GluonFunctions:
+    """Mixin of `KernelEmitter`s printing a Gluon kernel from its shape analysis's `parts`
+    (whose `operands` are the roles behind its leading TMA descriptors): the kernel's name, its
+    other roles' pointer parameters, its slopes, its loops' bounds, and `@gluon.jit` functions.
+    `DESCRIPTOR_ROLES`: roles besides the operands that only descriptors carry."""
+
+    DESCRIPTOR_ROLES: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.kernel.sym_name.data  # type: ignore[attr-defined]
+
+    @property
+    def operands(self) -> tuple[str, str, str, str]:
+        """The roles of the leading descriptors, in the entry's order."""
+        return self.parts.operands  # type: ignore[attr-defined]
+
+    def pointer_roles(self) -> list[str]:
+        skip = set(self.operands) | set(self.DESCRIPTOR_ROLES)
+        return [role for role in self.roles if role not in skip]  # type: ignore[attr-defined]
+
+    def pointer_params(self) -> list[str]:
+        """The pointer roles' parameters (pointer, then strides), as the portable target
+        passes them."""
+        return [name for role in self.pointer_roles()
+                for name in (f"{role}_ptr", *self.strides(role))]  # type: ignore[attr-defined]
+
+    def slope_params(self) -> list[str]:
+        return [self.slope_name(role) for role in self.slope_roles()]  # type: ignore[attr-defined]
+
+    def bound_params(self) -> list[str]:
+        """`bound_i`, the lower bound of loop i, for every loop after the first."""
+        return [f"bound_{i}" for i in range(1, len(self.loops))]  # type: ignore[attr-defined]
+
+    @staticmethod
+    def function(header: str, body: list[str]) -> list[str]:
+        return ["@gluon.jit", header] + body
 
 
 class MaskedLoopSteps:
@@ -84,4 +125,4 @@ class MaskedLoopSteps:
         return out + grouped_masks()
 
 
-__all__ = ["MaskedLoopSteps", "Pieces"]
+__all__ = ["GluonFunctions", "MaskedLoopSteps", "Pieces"]

@@ -30,7 +30,8 @@ from xdsl.dialects.builtin import ModuleOp
 from attnfuse.dialects import make_context, tile
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, hopper
-from attnfuse.runtime.gluon_launch import GluonRunner, specialization_of
+from attnfuse.lowering.gluon_backward import DESCRIPTOR_ROLES
+from attnfuse.runtime.gluon_launch import GluonRunner, pointer_arguments, specialization_of
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.runtime.program import Canonical
@@ -42,6 +43,12 @@ TARGET_ENV = "ATTNFUSE_BACKWARD_TARGET"
 TARGETS = ("auto", "gluon", "triton")
 
 KERNEL = "attention_bwd_dkdv_dq"
+
+OUTPUT_ROLES = ("dk", "dv", "dq_acc")
+"""The outputs behind the descriptors after q, k, v and dO (the launch ABI's order)."""
+
+ROW_ROLES = ("lse", "delta")
+"""The row statistics behind the 1-D descriptors (contiguous `[B, Hq, Nq]` fp32)."""
 
 GLUON_BACKWARD_MIN_WORK = {128: 8 * 1024 * 1024}
 """`auto` takes the Gluon backward at a head dim of this table from this many (query, key)
@@ -138,19 +145,21 @@ class GluonBackwardLaunch:
         self.portable.check_grid()
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
-        q_role, k_role, v_role, do_role = self.launch.operands
-        names = (q_role, k_role, v_role, do_role, "dk", "dv", "dq_acc")
         # An input a descriptor cannot cover (an expanded dO, whose strides are 0, say) is
-        # copied: a copy costs a pass over it, the portable fused kernel far more.
-        blocks = [t if _descriptor_ready(t) or name in ("dk", "dv", "dq_acc") else t.clone(memory_format=torch.contiguous_format)
-                  for name, t in ((r, tensors[r]) for r in names)]
-        rows = [tensors["lse"], tensors["delta"]]
-        unready = [name for name, t in zip(names, blocks) if not _descriptor_ready(t)]
-        unready += [name for name, t in zip(("lse", "delta"), rows) if not (t.is_contiguous() and t.data_ptr() % 16 == 0)]
+        # copied: a copy costs a pass over it, the portable fused kernel far more. The outputs
+        # and row statistics are the runtime's own allocations, covered unless a caller of the
+        # plan hands others.
+        inputs = [t if _descriptor_ready(t) else t.clone(memory_format=torch.contiguous_format)
+                  for t in (tensors[role] for role in self.launch.operands)]
+        outputs = [tensors[role] for role in OUTPUT_ROLES]
+        rows = [tensors[role] for role in ROW_ROLES]
+        unready = [role for role, t in zip(OUTPUT_ROLES, outputs) if not _descriptor_ready(t)]
+        unready += [role for role, t in zip(ROW_ROLES, rows) if not (t.is_contiguous() and t.data_ptr() % 16 == 0)]
         if unready:
             self.fallbacks[unready[0]] = self.fallbacks.get(unready[0], 0) + 1
             self.portable(tensors)
             return
+        blocks = inputs + outputs
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         p = self.problem
@@ -160,18 +169,9 @@ class GluonBackwardLaunch:
                  for t, (block, layout) in zip(blocks, blocks_and_layouts[:7])]
         row_block, row_layout = blocks_and_layouts[7]
         descs += [TensorDescriptor(t, [t.numel()], [1], row_block, row_layout) for t in rows]
-        pointers: list[object] = []
-        pointer_tensors = []
-        skip = {q_role, k_role, v_role, do_role, "dv", "dq_acc", "lse", "delta"}
-        for role in self.launch.roles:
-            if role in skip:
-                continue
-            t = tensors[role]
-            pointers.append(t)
-            pointer_tensors.append(t)
-            if tile.role_axes(role):
-                pointers.extend(t.stride())
-        self.runner([*descs, *pointers], self.scalars, specialization_of(blocks + rows, pointer_tensors))
+        pointers, pointed = pointer_arguments(self.launch.roles, set(self.launch.operands) | set(DESCRIPTOR_ROLES),
+                                              tensors)
+        self.runner([*descs, *pointers], self.scalars, specialization_of(blocks + rows, pointed))
 
     @cached_property
     def scalars(self) -> tuple[object, ...]:

@@ -29,7 +29,7 @@ from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import runs_interpreted
-from attnfuse.runtime.gluon_launch import GluonRunner, specialization_of
+from attnfuse.runtime.gluon_launch import GluonRunner, pointer_arguments, specialization_of
 from attnfuse.runtime.launch import KernelLaunch
 
 if TYPE_CHECKING:
@@ -259,17 +259,8 @@ class GluonLaunch:
         descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
                  for t, block, layout in ((q, row_block, row_layout), (k, key_block, key_layout),
                                           (v, key_block, key_layout), (o, row_block, row_layout))]
-        pointers: list[object] = []
-        pointer_tensors = []
-        for role in self.launch.roles:
-            if role in self.operands:
-                continue
-            t = tensors[role]
-            pointers.append(t)
-            pointer_tensors.append(t)
-            if tile.role_axes(role):
-                pointers.extend(t.stride())
-        self.runner([*descs, *pointers], self.scalars, specialization_of([q, k, v, o], pointer_tensors))
+        pointers, pointed = pointer_arguments(self.launch.roles, set(self.operands), tensors)
+        self.runner([*descs, *pointers], self.scalars, specialization_of([q, k, v, o], pointed))
 
     @cached_property
     def scalars(self) -> tuple[object, ...]:

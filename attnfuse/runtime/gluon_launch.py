@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from attnfuse.dialects import tile
 from attnfuse.runtime.launch import MAX_RUNNERS, _launchable
 from attnfuse.runtime.triton_launcher import direct_launcher
 
@@ -51,6 +52,23 @@ class GluonRunner:
             self.runners[specialization] = direct_launcher(compiled, grid, (*scalars, *self.constexprs))
 
 
+def pointer_arguments(roles: tuple[str, ...], skip: set[str], tensors: dict[str, Any]) -> tuple[list[object], list[Any]]:
+    """The pointer arguments of a Gluon kernel's roles besides those in `skip` (which
+    descriptors carry), as the portable target passes them: each tensor, then its strides
+    (for a role with axes). Also the tensors alone (for `specialization_of`)."""
+    args: list[object] = []
+    pointed: list[Any] = []
+    for role in roles:
+        if role in skip:
+            continue
+        t = tensors[role]
+        args.append(t)
+        pointed.append(t)
+        if tile.role_axes(role):
+            args.extend(t.stride())
+    return args, pointed
+
+
 def specialization_of(descriptor_tensors: list[Any], pointer_tensors: list[Any]) -> tuple:
     """What a launch's direct launcher is keyed on: the tensors behind the descriptors (dtype,
     shape, strides, base alignment) and the pointer arguments (dtype, 16-byte alignment,
@@ -60,4 +78,4 @@ def specialization_of(descriptor_tensors: list[Any], pointer_tensors: list[Any])
             tuple((t.dtype, t.data_ptr() & 15, t.stride()) for t in pointer_tensors))
 
 
-__all__ = ["GluonRunner", "specialization_of"]
+__all__ = ["GluonRunner", "pointer_arguments", "specialization_of"]

@@ -242,3 +242,23 @@ def check_forward_backward(spec, q, k, v, *, lse: bool = False, lse_slack: float
     for name, err in errors.items():
         assert err <= GRAD_TOLERANCE[q.dtype], f"d{name}: relative error {err:.2e} ({errors})"
     return out
+
+
+class NoFallback:
+    """Stands in for a Gluon launch's portable fallback (`launch.portable`): the same kernel
+    info, and a call that fails the test, so a passing call is known to have run the Gluon
+    kernel."""
+
+    def __init__(self, portable):
+        self.info = portable.info
+
+    def check_grid(self):
+        pass
+
+    def __call__(self, tensors):
+        raise AssertionError("the call fell back to the portable kernel")
+
+
+def gluon_only(launch, monkeypatch) -> None:
+    """Make `launch` (a `GluonLaunch` or `GluonBackwardLaunch`) fail the test if it falls back."""
+    monkeypatch.setattr(launch, "portable", NoFallback(launch.portable))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GRAD_TOLERANCE, assert_close_to_reference, assert_lse_close, lse_tolerance
+from conftest import GRAD_TOLERANCE, assert_close_to_reference, assert_lse_close, gluon_only, lse_tolerance
 
 import attnfuse as af
 from attnfuse.runtime.gluon_forward import GluonLaunch
@@ -155,24 +155,6 @@ def test_gluon_training_call_gradients():
     want = reference_gradients(spec, q.cpu(), k.cpu(), v.cpu(), grad.cpu())
     errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
     assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), errors
-
-
-class _NoFallback:
-    """Stands in for a Gluon launch's portable fallback: the same kernel info, and a call that
-    fails the test (so a passing call is known to have run the Gluon kernel)."""
-
-    def __init__(self, portable):
-        self.info = portable.info
-
-    def check_grid(self):
-        pass
-
-    def __call__(self, tensors):
-        raise AssertionError("the call fell back to the portable kernel")
-
-
-def gluon_only(launch, monkeypatch):
-    monkeypatch.setattr(launch, "portable", _NoFallback(launch.portable))
 
 
 def test_model_layout_runs_on_gluon(monkeypatch):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GRAD_TOLERANCE
+from conftest import GRAD_TOLERANCE, gluon_only
 
 import attnfuse as af
 from attnfuse.runtime.gluon_backward import GluonBackwardLaunch
@@ -46,20 +46,6 @@ def inputs(b, hq, hkv, nq, nk, d, dtype, seed=0, layout="bhnd"):
     return [t.detach().requires_grad_() for t in made]
 
 
-class _NoFallback:
-    """Stands in for the portable fallback: a call fails the test, so a passing call is known
-    to have run the Gluon kernel."""
-
-    def __init__(self, portable):
-        self.info = portable.info
-
-    def check_grid(self):
-        pass
-
-    def __call__(self, tensors):
-        raise AssertionError("the backward fell back to the portable kernel")
-
-
 def gluon_backward_launch(fn, q, k, v):
     plan = fn.plan(q, k, v, training=True)
     return next((launch for launch in plan.launches if launch.info.name == "attention_bwd_dkdv_dq"), None)
@@ -69,7 +55,7 @@ def run_and_check(spec, q, k, v, monkeypatch, seed=1, lse_grad=False):
     fn = af.compile(spec, deterministic=False)
     launch = gluon_backward_launch(fn, q, k, v)
     assert isinstance(launch, GluonBackwardLaunch), "the training call must take the Gluon backward"
-    monkeypatch.setattr(launch, "portable", _NoFallback(launch.portable))
+    gluon_only(launch, monkeypatch)
     gen = torch.Generator().manual_seed(seed)
     grad = torch.randn(q.shape, generator=gen).to(q.dtype).cuda()
     if lse_grad:
@@ -126,7 +112,7 @@ def test_deterministic_calls_keep_the_split_backward():
     assert gluon_backward_launch(af.compile(SPECS["causal"]), q, k, v) is None
 
 
-def test_expanded_keys_are_copied_for_the_descriptors():
+def test_expanded_keys_are_copied_for_the_descriptors(monkeypatch):
     """Keys expanded to the query heads (a 0 stride) have no descriptor: the launch copies them
     and the Gluon kernel runs, with the right gradients (summed back over the expansion)."""
     spec = SPECS["causal"]
@@ -135,7 +121,7 @@ def test_expanded_keys_are_copied_for_the_descriptors():
     k_wide, v_wide = (t.expand(1, 4, 256, 128) for t in (k, v))
     launch = gluon_backward_launch(fn, q, k_wide, v_wide)
     assert isinstance(launch, GluonBackwardLaunch)
-    launch.portable = _NoFallback(launch.portable)
+    gluon_only(launch, monkeypatch)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(14)).to(q.dtype).cuda()
     fn(q, k_wide, v_wide).backward(grad)
     want = reference_gradients(spec, q.detach().cpu(), k_wide.detach().cpu(), v_wide.detach().cpu(), grad.cpu())
@@ -154,7 +140,7 @@ def test_second_backward_goes_through_the_direct_launcher(monkeypatch):
         q, k, v = inputs(1, 8, 2, 300, 300, 128, torch.bfloat16, seed=seed)
         launch = gluon_backward_launch(fn, q, k, v)
         assert isinstance(launch, GluonBackwardLaunch)
-        monkeypatch.setattr(launch, "portable", _NoFallback(launch.portable))
+        gluon_only(launch, monkeypatch)
         grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.dtype).cuda()
         fn(q, k, v).backward(grad)
         want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), grad.cpu())

@@ -26,6 +26,7 @@ from attnfuse.dialects import tile
 from attnfuse.dialects.flash_shape import (
     SCORE_OPS,
     NotFlashShaped,
+    chained_loops,
     check_schedulable,
     refining_chain,
     refuse,
@@ -193,14 +194,7 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     if n_loops == 0:
         raise refuse(kernel, rest[0], "expected query loops after the bounds")
     loops = [backward_loop(kernel, op, k_load.result, v_load.result) for op in rest[:n_loops]]
-    carried = [ops[2].results[0], ops[3].results[0]]
-    for loop in loops:
-        if list(loop.op.inits) != carried:
-            raise refuse(kernel, loop.op, "query loops must chain dK and dV")
-        carried = list(loop.op.results)
-    for before, after in zip(loops, loops[1:]):
-        if after.op.lower is not before.op.upper:
-            raise refuse(kernel, after.op, "query loops must cover consecutive ranges")
+    chained_loops(kernel, loops, [ops[2].results[0], ops[3].results[0]], "query loops", "dK and dV")
     epilogue = rest[n_loops:-1]
     for op in epilogue:
         if not isinstance(op, EPILOGUE_OPS):

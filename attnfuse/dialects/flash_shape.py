@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import tile
 from attnfuse.errors import IRError
@@ -153,6 +153,22 @@ def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp) -> FlashLoop:
     return FlashLoop(loop, k_load, scores, score_ops, op, update, accumulate)
 
 
+def chained_loops(kernel: tile.KernelOp, loops: list, carried: list[SSAValue], what: str,
+                  state: str) -> list[SSAValue]:
+    """Check that `loops` (each with its loop op as `.op`) run one after another: each starts
+    from the previous one's results (the first from `carried`) over the range after the
+    previous one's; returns the last loop's results. `what` and `state` name the loops and
+    what they carry in the refusal."""
+    for loop in loops:
+        if list(loop.op.inits) != carried:
+            raise refuse(kernel, loop.op, f"{what} must chain {state}")
+        carried = list(loop.op.results)
+    for before, after in zip(loops, loops[1:]):
+        if after.op.lower is not before.op.upper:
+            raise refuse(kernel, after.op, f"{what} must cover consecutive ranges")
+    return carried
+
+
 def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
     """The parts of a flash-shaped forward kernel, or `NotFlashShaped` saying why not."""
     check_schedulable(kernel, "the forward kernel", "attention_fwd", "query_blocks")
@@ -174,14 +190,7 @@ def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
     for loop in loops:
         if loop.scores.queries[0] is not q_load.result:
             raise refuse(kernel, loop.scores, "the scores read the loaded query")
-    carried = list(init.results)
-    for loop in loops:
-        if list(loop.op.inits) != carried:
-            raise refuse(kernel, loop.op, "key loops must chain their accumulator and row statistics")
-        carried = list(loop.op.results)
-    for before, after in zip(loops, loops[1:]):
-        if after.op.lower is not before.op.upper:
-            raise refuse(kernel, after.op, "key loops must cover consecutive ranges")
+    carried = chained_loops(kernel, loops, list(init.results), "key loops", "their accumulator and row statistics")
     finalize, o_store, lse_store = ops[-4], ops[-3], ops[-2]
     if list(finalize.operands) != carried:
         raise refuse(kernel, finalize, "finalize must read the last loop's state")

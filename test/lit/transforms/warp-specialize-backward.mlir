@@ -1,0 +1,48 @@
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{bwd-dq=fused head-dim=128},fold-scale-into-exp,warp-specialize' | filecheck %s
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{bwd-dq=fused head-dim=128},warp-specialize{backward=false}' | filecheck %s --check-prefix=OFF
+// RUN: not attnfuse-opt %s --split-input-file -p 'warp-specialize{bwd-block-n=128}' 2>&1 | filecheck %s --check-prefix=OPTION
+
+// warp-specialize schedules the fused backward's dK/dV/dQ kernel (backward_shape): 128 keys in
+// two consumer warpgroups (8 warps), 64 queries a step, two ring stages, one loader warp, no
+// consumer_registers (the consumer is the kernel's own partition); the preprocess and the dQ
+// finish keep the portable schedule. RoPE by halves (pre-rotated q and k) is scheduled too.
+// CHECK:      tile.kernel @attention_bwd_preprocess(
+// CHECK-NOT:  schedule
+// CHECK-SAME: {
+// CHECK:      tile.kernel @attention_bwd_dkdv_dq(
+// CHECK-SAME: block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 2 : i64
+// CHECK-SAME: schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64}
+// CHECK:      tile.kernel @attention_bwd_dq_finish(
+// CHECK-NOT:  schedule
+// CHECK-SAME: {
+// OFF:        tile.kernel @attention_bwd_dkdv_dq(
+// OFF-NOT:    schedule
+// OFF-SAME:   {
+// OPTION-NOT: Traceback
+// OPTION:     error: warp-specialize: bwd-block-n must be 64 (the schedule's shared memory fits that at head dim 128), got 128
+attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
+  %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key
+  %s = attn.scores %qr, %kr
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// Interleaved RoPE: dK's pairs are not column halves, which the schedule takes from shared
+// memory as slices, so the kernel keeps the portable schedule.
+// CHECK:      tile.kernel @attention_bwd_dkdv_dq(
+// CHECK-NOT:  schedule
+// CHECK-SAME: {
+attn.variant @rope_interleaved(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64, interleaved} : !attn.query
+  %kr = attn.rope %k {theta = 1.000000e+04 : f64, interleaved} : !attn.key
+  %s = attn.scores %qr, %kr
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

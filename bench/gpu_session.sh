@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One H200 call that runs the named stages in order and packs their logs and results into
+# $OUT/session.tgz (the device returns few files). Usage, from the repository root on the device:
+#   bash bench/gpu_session.sh gluon-tests backward-targets layer host
+# Stages:
+#   gluon-tests       test_gpu_gluon_backward.py (all) and a test_gpu_gluon.py forward subset
+#   gpu-tests         test_gpu.py and test_gpu_decode.py (all)
+#   backward-targets  bench/backward_targets.py, causal and RoPE + causal, 30 reps
+#   layer             bench/llama_layer.py fwd and fwdbwd at 4096 and 8192, eager, deterministic=False
+#   host              bench/host_overhead.py at N=128 and 512
+#   forward           bench/gluon_forward.py at head dim 128
+#   decode            bench/decode.py rows 1-5
+set -u
+dir=/tmp/session
+mkdir -p "$dir"
+pytest_run() {  # name timeout pytest-args...
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider --maxfail=5 "$@" > "$dir/gpu_tests-$name.log" 2>&1
+  echo "$name tests rc=$?"; tail -2 "$dir/gpu_tests-$name.log"
+}
+for stage in "$@"; do
+  start=$(date +%s)
+  case $stage in
+    gluon-tests)
+      pytest_run gluon-backward 240 test/python/test_gpu_gluon_backward.py
+      pytest_run gluon-forward-subset 150 test/python/test_gpu_gluon.py \
+        -k "equals_portable or training_call or model_layout or unaligned or refused or rope or persistent_matches and causal" ;;
+    gpu-tests)
+      pytest_run gpu 400 test/python/test_gpu.py
+      pytest_run decode 200 test/python/test_gpu_decode.py ;;
+    backward-targets)
+      timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir" --reps 30 \
+        > "$dir/backward_targets.log" 2>&1; echo "backward-targets rc=$?" ;;
+    layer)
+      timeout 300 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwd,fwdbwd \
+        --nondeterministic --out "$dir" > "$dir/llama_layer.log" 2>&1; echo "layer rc=$?" ;;
+    host)
+      timeout 200 python3 bench/host_overhead.py --seq-lens 128,512 --out "$dir" \
+        > "$dir/host_overhead.log" 2>&1; echo "host rc=$?" ;;
+    forward)
+      timeout 250 python3 bench/gluon_forward.py --out "$dir" --reps 30 > "$dir/gluon_forward.log" 2>&1
+      echo "forward rc=$?" ;;
+    decode)
+      timeout 250 python3 bench/decode.py --rows 1,2,3,4,5 --time-budget 200 --out "$dir" \
+        > "$dir/decode.log" 2>&1; echo "decode rc=$?" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+  echo "stage $stage took $(( $(date +%s) - start )) s"
+done
+tar czf "$OUT/session.tgz" -C /tmp session

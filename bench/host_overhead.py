@@ -24,7 +24,10 @@ calls, per call:
 - `wall_us`: K calls back to back with a synchronize before and after, on the host clock: what
   a loop of such calls costs, max(host, device) per call plus the gaps.
 
-Ratios are AttnFuse over each SDPA column. The issue's targets: a forward call's host cost at
+Rounds are interleaved: every (implementation, mode) runs one round in turn, in an order
+rotated from round to round, so the machine's drift falls on all alike. Ratios are AttnFuse
+over each SDPA column, as the ratio of the medians and (in parentheses) as the median over
+rounds of the ratio within a round, which the targets are judged by. The issue's targets: a forward call's host cost at
 most SDPA's + 10% (ratio <= 1.10), a training step's at most 1.3x SDPA's; the table marks each
 against SDPA's default backend and against flash.
 
@@ -101,46 +104,55 @@ class SleepCalibration:
         return int(self.cycles_per_ms * ms)
 
 
-def measure(step: Callable[[], object], device: str, calls: int, rounds: int,
-            sleep: SleepCalibration | None) -> dict[str, float | bool | None]:
-    """host_us, gpu_us and wall_us of `step` (see the module docstring): medians over rounds."""
+def warm(step: Callable[[], object], device: str) -> None:
+    """A few untimed calls: the first compiles and caches, the rest settle allocators."""
     for _ in range(5 if device == "cuda" else 1):
         step()
     benchlib.synchronize(device)
-    host, gpu, wall, outlasted = [], [], [], []
-    for _ in range(rounds):
-        # Wall: back to back, synchronized around.
-        benchlib.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            step()
-        benchlib.synchronize(device)
-        wall.append((time.perf_counter() - t0) / calls * 1e6)
-        if sleep is None:  # CPU: the call is the work; host time is the wall time
-            host.append(wall[-1])
-            continue
-        # Host and device: the GPU held by a sleep long enough for the host's whole loop
-        # (estimated from the wall time, with room to spare), then K calls between events.
-        # Fewer calls here: CUDA's queue of pending launches is finite (about a thousand), and
-        # a host that fills it waits for the GPU, which would count as host time.
-        queued = min(calls, QUEUED_CALLS)
-        sleep_ms = max(2.0, 3.0 * wall[-1] * queued / 1e3)
-        before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        torch.cuda.synchronize()
-        before.record()
-        torch.cuda._sleep(sleep.cycles(sleep_ms))
-        start.record()
-        t0 = time.perf_counter()
-        for _ in range(queued):
-            step()
-        host_s = time.perf_counter() - t0
-        end.record()
-        torch.cuda.synchronize()
-        host.append(host_s / queued * 1e6)
-        gpu.append(start.elapsed_time(end) / queued * 1e3)
-        outlasted.append(before.elapsed_time(start) >= host_s * 1e3)
-    return {"host_us": statistics.median(host), "gpu_us": statistics.median(gpu) if gpu else None,
-            "wall_us": statistics.median(wall), "sleep_outlasted_host": all(outlasted) if outlasted else None}
+
+
+def measure_round(step: Callable[[], object], device: str, calls: int,
+                  sleep: SleepCalibration | None) -> dict[str, float | bool | None]:
+    """One round of `step` (see the module docstring): host_us, gpu_us, wall_us per call."""
+    # Wall: back to back, synchronized around.
+    benchlib.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    benchlib.synchronize(device)
+    wall = (time.perf_counter() - t0) / calls * 1e6
+    if sleep is None:  # CPU: the call is the work; host time is the wall time
+        return {"host_us": wall, "gpu_us": None, "wall_us": wall, "sleep_outlasted_host": None}
+    # Host and device: the GPU held by a sleep long enough for the host's whole loop
+    # (estimated from the wall time, with room to spare), then K calls between events.
+    # Fewer calls here: CUDA's queue of pending launches is finite (about a thousand), and
+    # a host that fills it waits for the GPU, which would count as host time.
+    queued = min(calls, QUEUED_CALLS)
+    sleep_ms = max(2.0, 3.0 * wall * queued / 1e3)
+    before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    torch.cuda.synchronize()
+    before.record()
+    torch.cuda._sleep(sleep.cycles(sleep_ms))
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(queued):
+        step()
+    host_s = time.perf_counter() - t0
+    end.record()
+    torch.cuda.synchronize()
+    return {"host_us": host_s / queued * 1e6, "gpu_us": start.elapsed_time(end) / queued * 1e3,
+            "wall_us": wall, "sleep_outlasted_host": before.elapsed_time(start) >= host_s * 1e3}
+
+
+def summarize(rounds: list[dict[str, float | bool | None]]) -> dict[str, object]:
+    """The medians over rounds, and the per-round host times (for paired ratios)."""
+    out: dict[str, object] = {"host_rounds_us": [r["host_us"] for r in rounds]}
+    for what in ("host_us", "gpu_us", "wall_us"):
+        values = [r[what] for r in rounds if r[what] is not None]
+        out[what] = statistics.median(values) if values else None
+    outlasted = [r["sleep_outlasted_host"] for r in rounds if r["sleep_outlasted_host"] is not None]
+    out["sleep_outlasted_host"] = all(outlasted) if outlasted else None
+    return out
 
 
 def implementations(causal_spec: bool = True) -> dict[str, Callable]:
@@ -248,30 +260,48 @@ def main(argv: list[str] | None = None) -> int:
     sleep = SleepCalibration() if device == "cuda" else None
     rows = []
     impls = implementations()
-    total = len(seq_lens) * len(impls) * len(MODES)
+    total = len(seq_lens) * args.rounds
     with benchlib.CaseProgress(total) as progress:
         for n in seq_lens:
             torch.manual_seed(0)
             q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, device=device, dtype=dtype,
                                    requires_grad=True) for _ in range(3))
             grad_out = torch.randn_like(q)
+            # Every (implementation, mode) gets one round in turn, the order rotated from round
+            # to round: the machine's drift (its load, its clocks) then falls on all of them
+            # alike, and each AttnFuse round has SDPA rounds beside it for a paired ratio.
+            units = []
             for name, build in impls.items():
                 try:
                     call, context = build(q, k, v)
                 except Exception as err:  # noqa: BLE001 - one implementation missing is a row
                     for mode in MODES:
-                        progress.step(f"N={n} {name} {mode}")
                         rows.append({"n": n, "impl": name, "mode": mode, "error": benchlib.first_line(err)})
                     continue
                 for mode, step in steps(call, (q, k, v), grad_out).items():
-                    progress.step(f"N={n} {name} {mode}")
-                    row = {"n": n, "impl": name, "mode": mode, "error": None}
+                    units.append(({"n": n, "impl": name, "mode": mode, "error": None}, step, context))
+            measured: dict[int, list] = {i: [] for i in range(len(units))}
+            for i, (row, step, context) in enumerate(units):
+                try:
+                    with context() if context else contextlib.nullcontext():
+                        warm(step, device)
+                except Exception as err:  # noqa: BLE001
+                    row["error"] = benchlib.first_line(err)
+            for r in range(args.rounds):
+                progress.step(f"N={n} round {r + 1}/{args.rounds}")
+                for i in [(r + j) % len(units) for j in range(len(units))]:
+                    row, step, context = units[i]
+                    if row["error"]:
+                        continue
                     try:
                         with context() if context else contextlib.nullcontext():
-                            row.update(measure(step, device, args.calls, args.rounds, sleep))
+                            measured[i].append(measure_round(step, device, args.calls, sleep))
                     except Exception as err:  # noqa: BLE001
                         row["error"] = benchlib.first_line(err)
-                    rows.append(row)
+            for i, (row, _step, _context) in enumerate(units):
+                if not row["error"]:
+                    row.update(summarize(measured[i]))
+                rows.append(row)
     add_ratios(rows)
 
     meta = benchlib.metadata(device)
@@ -322,14 +352,26 @@ def add_ratios(rows: list[dict]) -> None:
             for what in ("host", "wall", "gpu"):
                 mine, theirs = row.get(f"{what}_us"), other.get(f"{what}_us")
                 row[f"{what}_ratio_{peer}"] = mine / theirs if mine and theirs else None
-            ratio = row[f"host_ratio_{peer}"]
+            # Paired: the median over rounds of this round's host time over the peer's in the
+            # same round (interleaved), less exposed to the machine's drift than a ratio of medians.
+            mine_rounds, theirs_rounds = row.get("host_rounds_us") or [], other.get("host_rounds_us") or []
+            pairs = [a / b for a, b in zip(mine_rounds, theirs_rounds) if b]
+            row[f"host_ratio_paired_{peer}"] = statistics.median(pairs) if pairs else None
+            ratio = row[f"host_ratio_paired_{peer}"] or row[f"host_ratio_{peer}"]
             row[f"meets_target_{peer}"] = None if ratio is None else ratio <= TARGETS[row["mode"]]
+
+
+def paired(row: dict, peer: str) -> str:
+    """`ratio of medians (median of paired ratios)`."""
+    plain, pair = row.get(f"host_ratio_{peer}"), row.get(f"host_ratio_paired_{peer}")
+    text = benchlib.fmt(plain, ".2f", "x")
+    return text + (f" ({pair:.2f}x)" if pair is not None else "")
 
 
 def table(rows: list[dict]) -> list[str]:
     """The markdown table: one line per (N, mode, implementation)."""
     header = ["N", "mode", "impl", "host us/call", "gpu us/call (queue full)", "wall us/call",
-              "host ratio vs default", "host ratio vs flash", "wall ratio vs default", "target"]
+              "host ratio vs default (paired)", "host ratio vs flash (paired)", "wall ratio vs default", "target"]
     cells = []
     for row in sorted(rows, key=lambda r: (r["n"], list(MODES).index(r["mode"]))):
         if row.get("error"):
@@ -346,8 +388,7 @@ def table(rows: list[dict]) -> list[str]:
         note = "" if row.get("sleep_outlasted_host") in (True, None) else " (sleep ended early)"
         cells.append([row["n"], row["mode"], row["impl"], benchlib.fmt(row["host_us"], ".1f") + note,
                       benchlib.fmt(row.get("gpu_us"), ".1f"), benchlib.fmt(row["wall_us"], ".1f"),
-                      benchlib.fmt(row.get("host_ratio_sdpa-default"), ".2f", "x"),
-                      benchlib.fmt(row.get("host_ratio_sdpa-flash"), ".2f", "x"),
+                      paired(row, "sdpa-default"), paired(row, "sdpa-flash"),
                       benchlib.fmt(row.get("wall_ratio_sdpa-default"), ".2f", "x"), target])
     return benchlib.markdown_table(header, cells)
 

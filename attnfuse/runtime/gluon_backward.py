@@ -31,7 +31,7 @@ from attnfuse.dialects import make_context, tile
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, hopper
 from attnfuse.lowering.gluon_backward import DESCRIPTOR_ROLES
-from attnfuse.runtime.gluon_launch import GluonRunner, pointer_arguments, specialization_of
+from attnfuse.runtime.gluon_launch import GluonRunner, call_key, pointer_arguments, specialization_of
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.runtime.program import Canonical
@@ -145,6 +145,12 @@ class GluonBackwardLaunch:
         self.portable.check_grid()
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
+        # The same tensors as a call before (the common case in a training loop): its encoded
+        # descriptors again, no checks (the key determines what they found).
+        pointers, pointed = pointer_arguments(self.launch.roles, self.described_roles, tensors)
+        key = call_key([tensors[role] for role in self.keyed_roles])
+        if self.runner.replay(key, pointers):
+            return
         # An input a descriptor cannot cover (an expanded dO, whose strides are 0, say) is
         # copied: a copy costs a pass over it, the portable fused kernel far more. The outputs
         # and row statistics are the runtime's own allocations, covered unless a caller of the
@@ -169,9 +175,21 @@ class GluonBackwardLaunch:
                  for t, (block, layout) in zip(blocks, blocks_and_layouts[:7])]
         row_block, row_layout = blocks_and_layouts[7]
         descs += [TensorDescriptor(t, [t.numel()], [1], row_block, row_layout) for t in rows]
-        pointers, pointed = pointer_arguments(self.launch.roles, set(self.launch.operands) | set(DESCRIPTOR_ROLES),
-                                              tensors)
-        self.runner([*descs, *pointers], self.scalars, specialization_of(blocks + rows, pointed))
+        # Replayed later only if no input was copied (a copy's address is new every call).
+        copied = any(t is not tensors[role] for t, role in zip(inputs, self.launch.operands))
+        self.runner([*descs, *pointers], self.scalars, specialization_of(blocks + rows, pointed),
+                    descriptors=len(descs), key=None if copied else key)
+
+    @cached_property
+    def described_roles(self) -> set[str]:
+        """The roles behind descriptors (the rest are pointer arguments)."""
+        return set(self.launch.operands) | set(DESCRIPTOR_ROLES)
+
+    @cached_property
+    def keyed_roles(self) -> tuple[str, ...]:
+        """Every tensor role of the launch, those behind descriptors first (`call_key`)."""
+        pointer_roles = [role for role in self.launch.roles if role not in self.described_roles]
+        return (*self.launch.operands, *OUTPUT_ROLES, *ROW_ROLES, *pointer_roles)
 
     @cached_property
     def scalars(self) -> tuple[object, ...]:

@@ -29,7 +29,7 @@ from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import runs_interpreted
-from attnfuse.runtime.gluon_launch import GluonRunner, pointer_arguments, specialization_of
+from attnfuse.runtime.gluon_launch import GluonRunner, call_key, pointer_arguments, specialization_of
 from attnfuse.runtime.launch import KernelLaunch
 
 if TYPE_CHECKING:
@@ -247,6 +247,12 @@ class GluonLaunch:
         self.portable.check_grid()
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
+        # The same tensors as a call before: its encoded descriptors again, no checks (the key
+        # determines what they found; gluon_launch.GluonRunner.replay).
+        pointers, pointed = pointer_arguments(self.launch.roles, set(self.operands), tensors)
+        key = call_key([tensors[role] for role in self.keyed_roles])
+        if self.runner.replay(key, pointers):
+            return
         q, k, v = (tensors[role] for role in self.operands[:3])
         if not all(_descriptor_ready(t) for t in (q, k, v)):
             self.portable(tensors)
@@ -259,8 +265,13 @@ class GluonLaunch:
         descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
                  for t, block, layout in ((q, row_block, row_layout), (k, key_block, key_layout),
                                           (v, key_block, key_layout), (o, row_block, row_layout))]
-        pointers, pointed = pointer_arguments(self.launch.roles, set(self.operands), tensors)
-        self.runner([*descs, *pointers], self.scalars, specialization_of([q, k, v, o], pointed))
+        self.runner([*descs, *pointers], self.scalars, specialization_of([q, k, v, o], pointed),
+                    descriptors=len(descs), key=key)
+
+    @cached_property
+    def keyed_roles(self) -> tuple[str, ...]:
+        """Every tensor role of the launch, those behind descriptors first (`call_key`)."""
+        return (*self.operands, *(role for role in self.launch.roles if role not in self.operands))
 
     @cached_property
     def scalars(self) -> tuple[object, ...]:

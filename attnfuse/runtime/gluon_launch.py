@@ -7,7 +7,16 @@ launch-host.log). `GluonRunner` launches through the JIT the first time for each
 specialization of a call's arguments (what the caller says Triton specializes on: pointer
 alignments, strides and the values of integers) and through the compiled kernel's own
 launcher after that (`triton_launcher.direct_launcher`, which also turns the host-side TMA
-descriptors into the kernel's descriptor arguments, as the JIT's launch does)."""
+descriptors into the kernel's descriptor arguments, as the JIT's launch does).
+
+Turning a descriptor into its kernel argument (`cuTensorMapEncodeTiled`) is most of what is
+left: Triton does it on every launch, for each of the backward's nine descriptors. Where
+the launcher lets the encoding be done apart (`triton_launcher.descriptor_encoding`, Triton
+3.6), a runner keeps a call's encoded descriptors by what they depend on (the caller's `key`:
+each tensor's address, strides and shape) and a later call with the same tensors replays
+them (`replay`) without building descriptors or checking the tensors again. A training loop
+hands the same few addresses back call after call (PyTorch's caching allocator), so the
+replay is the common case."""
 
 from __future__ import annotations
 
@@ -16,6 +25,10 @@ from typing import Any
 
 from attnfuse.dialects import tile
 from attnfuse.runtime.launch import MAX_RUNNERS, _launchable
+
+MAX_DESCRIBED = 256
+"""Encoded descriptor sets kept per runner (one per set of tensor addresses seen): a model's
+layers share one plan, each with its own activations, so this is more than MAX_RUNNERS."""
 from attnfuse.runtime.triton_launcher import direct_launcher
 
 
@@ -27,6 +40,8 @@ class GluonRunner:
         self.grid = grid
         self.num_warps = num_warps
         self.runners: dict[tuple, Callable[[list[object]], bool]] = {}
+        self.described: dict[tuple, tuple[Callable[[list[object]], bool], list[object]]] = {}
+        """By a call's `key`: its direct launcher taking encoded descriptors, and those."""
         params = kernel.params
         first = next((i for i, p in enumerate(params) if p.is_constexpr), len(params))
         # The trailing constexprs' values (their defaults: the printed kernel fixes them), which
@@ -36,20 +51,35 @@ class GluonRunner:
                            if all(p.is_constexpr for p in params[first:]) else None)
         self.runtime_params = first
 
-    def __call__(self, args: list[object], scalars: tuple[object, ...], specialization: tuple) -> None:
+    def replay(self, key: tuple, rest: list[object]) -> bool:
+        """Launch again the call that `__call__` was given `key` for, its encoded descriptors
+        followed by `rest` (this call's other runtime arguments); False, launching nothing,
+        if there is no such call (or its launcher declines: another device, a launch hook)."""
+        hit = self.described.get(key)
+        return hit is not None and hit[0]([*hit[1], *rest])
+
+    def __call__(self, args: list[object], scalars: tuple[object, ...], specialization: tuple,
+                 descriptors: int = 0, key: tuple | None = None) -> None:
         """Launch with the runtime arguments `args` (descriptors, tensors and strides) and the
         plan's `scalars`; `specialization` keys the direct launcher: it must hold everything
-        of the arguments the JIT may specialize on (`specialization_of`)."""
+        of the arguments the JIT may specialize on (`specialization_of`). With `key`, the
+        first `descriptors` arguments are encoded once for `replay` under it: the key must
+        determine them and this call's specialization (the tensors' addresses, strides and
+        shapes; the plan fixes their dtypes)."""
         launch = self.runners.get(specialization)
-        if launch is not None and launch(args):
-            return
-        compiled = self.kernel[self.grid](*args, *scalars, num_warps=self.num_warps)
-        if (launch is None and self.constexprs is not None and _launchable(compiled)
-                and len(args) + len(scalars) == self.runtime_params):
-            if len(self.runners) >= MAX_RUNNERS:
-                self.runners.clear()
-            grid = (*self.grid, *(1,) * (3 - len(self.grid)))
-            self.runners[specialization] = direct_launcher(compiled, grid, (*scalars, *self.constexprs))
+        if launch is None or not launch(args):
+            compiled = self.kernel[self.grid](*args, *scalars, num_warps=self.num_warps)
+            if (launch is None and self.constexprs is not None and _launchable(compiled)
+                    and len(args) + len(scalars) == self.runtime_params):
+                if len(self.runners) >= MAX_RUNNERS:
+                    self.runners.clear()
+                grid = (*self.grid, *(1,) * (3 - len(self.grid)))
+                launch = self.runners[specialization] = direct_launcher(compiled, grid, (*scalars, *self.constexprs))
+        encoded = getattr(launch, "encoded", None)
+        if key is not None and descriptors and encoded is not None:
+            if len(self.described) >= MAX_DESCRIBED:
+                self.described.pop(next(iter(self.described)))  # the oldest
+            self.described[key] = (encoded, launch.encode(args[:descriptors]))
 
 
 def pointer_arguments(roles: tuple[str, ...], skip: set[str], tensors: dict[str, Any]) -> tuple[list[object], list[Any]]:
@@ -78,4 +108,10 @@ def specialization_of(descriptor_tensors: list[Any], pointer_tensors: list[Any])
             tuple((t.dtype, t.data_ptr() & 15, t.stride()) for t in pointer_tensors))
 
 
-__all__ = ["GluonRunner", "pointer_arguments", "specialization_of"]
+def call_key(tensors: list[Any]) -> tuple:
+    """What a launch's encoded descriptors and specialization depend on, of its tensors: each
+    one's address, strides and shape (`GluonRunner.replay`)."""
+    return tuple((t.data_ptr(), t.stride(), t.shape) for t in tensors)
+
+
+__all__ = ["GluonRunner", "call_key", "pointer_arguments", "specialization_of"]

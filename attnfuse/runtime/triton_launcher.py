@@ -19,6 +19,7 @@ through Triton's own runner, unchanged.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -113,6 +114,21 @@ def direct_launcher(
                      packed, None, None, None, *args, *trailing)
             return True
         launch.path = "c"  # type: ignore[attr-defined]
+        encoding = descriptor_encoding(c_launch)
+        if encoding is not None:
+            bare, encode = encoding
+
+            def launch_encoded(args: list[object]) -> bool:
+                # As `launch`, with the leading descriptors already encoded (`encode`); under a
+                # launch hook it declines, since the runner takes the descriptors themselves.
+                current = device_of()
+                if current != device or not hooks_idle():
+                    return False
+                bare(gx, gy, gz, stream_of(current), function, cooperative, pdl, None, None,
+                     packed, None, None, None, *args, *trailing)
+                return True
+            launch.encoded = launch_encoded  # type: ignore[attr-defined]
+            launch.encode = encode  # type: ignore[attr-defined]
         return launch
 
     def launch(args: list[object]) -> bool:
@@ -128,6 +144,38 @@ def direct_launcher(
         return True
     launch.path = "launcher"  # type: ignore[attr-defined]
     return launch
+
+
+def descriptor_encoding(c_launch: Any) -> tuple[Callable[..., None], Callable[[list[Any]], list[object]]] | None:
+    """For a kernel with host-side TMA descriptors as its leading arguments, the C launcher
+    (Triton 3.6's `wrap_handle_tensordesc` wraps it in `inner`, which encodes every
+    descriptor on every launch: `make_tensordesc_arg`, a `cuTensorMapEncodeTiled` each) and a
+    function `encode(descriptors)` giving the arguments that wrapper would pass for them, so
+    that a caller may encode a call's descriptors once and launch with them again. None for
+    any other launcher (no descriptors, another Triton): read from the wrapper's closure and
+    globals, and only where they are exactly what Triton 3.6's driver.py has."""
+    code, closure = getattr(c_launch, "__code__", None), getattr(c_launch, "__closure__", None)
+    if code is None or not closure or code.co_name != "inner":
+        return None
+    cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in closure)))
+    bare, indices, metadata = (cells.get(name) for name in ("launcher", "tensordesc_indices", "tensordesc_meta"))
+    encode_one = getattr(c_launch, "__globals__", {}).get("make_tensordesc_arg")
+    if not callable(bare) or not isinstance(indices, set) or not isinstance(metadata, list) or encode_one is None:
+        return None
+    if indices != set(range(len(metadata))):
+        return None  # descriptors that do not lead the runtime arguments
+    try:
+        if len(inspect.signature(encode_one).parameters) != 2:
+            return None
+    except (TypeError, ValueError):
+        return None
+
+    def encode(descriptors: list[Any]) -> list[object]:
+        encoded: list[object] = []
+        for descriptor, meta in zip(descriptors, metadata, strict=True):
+            encoded.extend(encode_one(descriptor, meta))
+        return encoded
+    return bare, encode
 
 
 def _c_launch(run: Any) -> Callable[..., None] | None:

@@ -147,3 +147,35 @@ def test_second_backward_goes_through_the_direct_launcher(monkeypatch):
         errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
         assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), (seed, errors)
     assert launch.runner.runners, "the second call must have a direct launcher"
+
+
+def test_calls_with_the_same_tensors_replay_their_encoded_descriptors(monkeypatch):
+    """A training loop's calls: the same input tensors refilled in place each step, so the
+    runtime's allocations come back at the same addresses and the launch replays its encoded
+    descriptors (`GluonRunner.replay`); every step's gradients are the reference's, and a
+    forward replays too."""
+    spec = SPECS["causal"]
+    fn = af.compile(spec, deterministic=False)
+    q, k, v = inputs(1, 8, 2, 320, 320, 128, torch.bfloat16, seed=30)
+    launch = gluon_backward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonBackwardLaunch)
+    gluon_only(launch, monkeypatch)
+    replayed = []
+    replay = launch.runner.replay
+    monkeypatch.setattr(launch.runner, "replay", lambda key, rest: replayed.append(replay(key, rest)) or replayed[-1])
+    grad = torch.empty_like(q)
+    for step in range(4):
+        fresh = inputs(1, 8, 2, 320, 320, 128, torch.bfloat16, seed=31 + step)
+        with torch.no_grad():
+            for mine, new in zip((q, k, v), fresh):
+                mine.copy_(new)
+            grad.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(step)).to(q.dtype))
+        for t in (q, k, v):
+            t.grad = None
+        fn(q, k, v).backward(grad)
+        want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), grad.cpu())
+        errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
+        assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), (step, errors)
+    if not launch.runner.described:
+        pytest.skip("this Triton's launcher encodes descriptors itself (no replay)")
+    assert any(replayed), f"no step replayed its descriptors: {replayed}"

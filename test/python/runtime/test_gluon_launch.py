@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_triton_launcher import FakeCompiled, cuda  # noqa: F401 (cuda: a fixture)
+from test_triton_launcher import DescriptorLauncher, FakeCompiled, cuda  # noqa: F401 (cuda: a fixture)
 
-from attnfuse.runtime import gluon_launch
-from attnfuse.runtime.gluon_launch import GluonRunner, specialization_of
+from attnfuse.runtime import gluon_launch, triton_launcher
+from attnfuse.runtime.gluon_launch import GluonRunner, call_key, specialization_of
 
 
 class Param:
@@ -74,3 +74,55 @@ def test_specialization_holds_strides_alignment_and_dtype():
     assert specialization_of([a], []) != specialization_of([b], [])
     assert specialization_of([a], [a]) != specialization_of([a], [a.half()])
     assert specialization_of([a], []) == specialization_of([torch.empty(2, 3, 8, 16)], [])
+
+
+class DescriptorCompiled(FakeCompiled):
+    """A compiled kernel whose launcher is Triton 3.6's tensor-descriptor wrapper."""
+
+    def __init__(self, log):
+        super().__init__(log)
+        self.run = DescriptorLauncher(log)
+
+
+class DescriptorKernel(FakeKernel):
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.log.append(("jit", grid, args, options))
+            return DescriptorCompiled(self.log)
+        return launch
+
+
+DESCRIPTOR_PARAMS = [Param("a_desc"), Param("b_desc"), Param("x_ptr"), Param("sm_scale"), Param("BLOCK", True, 64)]
+
+
+def test_replay_launches_the_encoded_descriptors_of_a_keyed_call(cuda, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(triton_launcher, "triton_version", lambda: (3, 6))
+    log: list = []
+    runner = GluonRunner(DescriptorKernel(log, DESCRIPTOR_PARAMS), (3, 5), 8)
+    assert runner.replay(("key",), ["x"]) is False and log == [], "nothing to replay yet"
+    runner(["desc a", "desc b", "x"], (0.5,), ("spec",), descriptors=2, key=("key",))
+    assert log[-1][0] == "jit"
+    assert runner.replay(("key",), ["x2"]) is True
+    kind, launched = log[-1]
+    assert kind == "c" and launched[:3] == (3, 5, 1)
+    assert launched[-9:] == (("tensor map", "desc a", 1), 32, 128, ("tensor map", "desc b", 2), 32, 128,
+                             "x2", 0.5, 64), "encoded descriptors, this call's pointers, scalars, constexprs"
+    assert runner.replay(("other key",), ["x"]) is False
+    runner(["desc c", "desc d", "x"], (0.5,), ("spec",), descriptors=2)
+    assert len(runner.described) == 1, "a call without a key is not kept"
+
+
+def test_described_calls_are_bounded(cuda, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(triton_launcher, "triton_version", lambda: (3, 6))
+    monkeypatch.setattr(gluon_launch, "MAX_DESCRIBED", 3)
+    runner = GluonRunner(DescriptorKernel([], DESCRIPTOR_PARAMS), (1, 1), 8)
+    for key in range(5):
+        runner(["a", "b", "x"], (0.5,), ("spec",), descriptors=2, key=(key,))
+    assert list(runner.described) == [(2,), (3,), (4,)], "the oldest go first"
+
+
+def test_call_key_holds_address_strides_and_shape():
+    a = torch.empty(2, 3, 8, 16)
+    assert call_key([a]) == call_key([a]) != call_key([a.transpose(1, 2)])
+    assert call_key([a]) != call_key([a[:, :, 1:]])
+    assert call_key([a[:1]]) != call_key([a])

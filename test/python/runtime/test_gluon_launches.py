@@ -96,14 +96,23 @@ def test_backward_copies_an_expanded_grad_and_falls_back_on_foreign_outputs():
     assert len(portable.calls) == 1 and launch.fallbacks == {"lse": 1}
 
 
-def test_forward_call_hands_the_abi_its_tensors_and_falls_back_on_expanded_keys():
-    p = problem()
+def forward_launch(p: Problem):
     info = GluonKernel("attention_fwd", ("q", "k", "v", "o", "lse"), ("q", "k", "v", "o"), 128, 128, 4)
     kernel = RecordingKernel([Param(f"arg{i}") for i in range(4 + 4 + 5)] + [Param("BLOCK_M", True, 128)])
     portable = RecordingPortable()
-    launch = GluonLaunch(portable, kernel, info, p, 0.125, info.operands)
+    return GluonLaunch(portable, kernel, info, p, 0.125, info.operands), kernel, portable
+
+
+def forward_tensors(p: Problem):
     t = backward_tensors(p)
-    tensors = {"q": t["q"], "k": t["k"], "v": t["v"], "o": torch.empty_like(t["q"]), "lse": t["lse"]}
+    return {"q": t["q"], "k": t["k"], "v": t["v"], "o": torch.empty_like(t["q"]), "lse": t["lse"]}
+
+
+def test_forward_call_hands_the_abi_its_tensors_and_falls_back_on_expanded_keys():
+    p = problem()
+    launch, kernel, portable = forward_launch(p)
+    tensors = forward_tensors(p)
+    t = tensors
     launch(tensors)
     grid, args, _ = kernel.launches[0]
     assert grid == (p.batch * p.heads_q, 2)
@@ -112,3 +121,50 @@ def test_forward_call_hands_the_abi_its_tensors_and_falls_back_on_expanded_keys(
     tensors["k"] = t["k"][:, :1].expand_as(t["k"])
     launch(tensors)
     assert len(portable.calls) == 1 and len(kernel.launches) == 1
+
+
+class ReplayingRunner:
+    """A `GluonRunner` stand-in: keeps the keys it was given and replays them."""
+
+    def __init__(self):
+        self.kept, self.calls, self.replays = set(), [], []
+
+    def replay(self, key, rest):
+        if key in self.kept:
+            self.replays.append(rest)
+            return True
+        return False
+
+    def __call__(self, args, scalars, specialization, descriptors=0, key=None):
+        self.calls.append((args, descriptors, key))
+        if key is not None:
+            self.kept.add(key)
+
+
+def test_backward_replays_a_call_with_the_same_tensors_only():
+    p = problem()
+    launch, _kernel, _portable = backward_launch(p)
+    launch.__dict__["runner"] = runner = ReplayingRunner()
+    tensors = backward_tensors(p)
+    launch(tensors)
+    assert runner.calls[0][1] == 9 and runner.calls[0][2] is not None, "nine descriptors, keyed"
+    launch(dict(tensors))
+    assert len(runner.calls) == 1 and len(runner.replays) == 1, "the same tensors: replayed"
+    launch({**tensors, "dk": torch.empty_like(tensors["dk"])})
+    assert len(runner.calls) == 2, "another output tensor: a new launch"
+    expanded = {**tensors, "do": tensors["do"][:, :1].expand_as(tensors["do"])}
+    launch(expanded)
+    launch(expanded)
+    assert [call[2] for call in runner.calls[2:]] == [None, None], "a copied input is never replayed"
+
+
+def test_forward_replays_a_call_with_the_same_tensors():
+    p = problem()
+    launch, _kernel, portable = forward_launch(p)
+    launch.__dict__["runner"] = runner = ReplayingRunner()
+    tensors = forward_tensors(p)
+    launch(tensors)
+    launch(dict(tensors))
+    assert len(runner.calls) == 1 and len(runner.replays) == 1 and runner.calls[0][1] == 4
+    launch({**tensors, "q": tensors["q"].clone()})
+    assert len(runner.calls) == 2

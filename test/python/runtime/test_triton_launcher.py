@@ -164,3 +164,68 @@ def test_a_hook_set_as_a_plain_function_counts_as_installed(cuda, monkeypatch):
     assert not triton_launcher.hooks_idle()
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
     assert triton_launcher.hooks_idle()
+
+
+# Triton 3.6's tensor-descriptor wrapper, as its driver.py shapes it: a closure `inner` over
+# the C launcher, the descriptors' argument indices and their metadata, encoding each
+# descriptor with the module's `make_tensordesc_arg(arg, metadata)` on every launch.
+BASE_ARGS = 13
+
+
+def make_tensordesc_arg(arg, metadata):
+    return [("tensor map", arg, metadata["swizzle"]), 32, 128]
+
+
+def wrap_handle_tensordesc(launcher, tensordesc_meta):
+    tensordesc_indices = set(range(len(tensordesc_meta)))
+
+    def inner(*args):
+        final_args = list(args[:BASE_ARGS])
+        for i, arg in enumerate(args[BASE_ARGS:]):
+            if i in tensordesc_indices:
+                final_args.extend(make_tensordesc_arg(arg, tensordesc_meta[i]))
+            else:
+                final_args.append(arg)
+        return launcher(*final_args)
+    return inner
+
+
+def _descriptor_launcher_init(self, log: list, scratch: int = 0):
+    FakeLauncher.__init__(self, log, scratch)
+    self.launch = wrap_handle_tensordesc(lambda *args: log.append(("c", args)), [{"swizzle": 1}, {"swizzle": 2}])
+
+
+DescriptorLauncher = type("CudaLauncher", (NVIDIA,), {"__init__": _descriptor_launcher_init,
+                                                    "__module__": "triton.backends.nvidia.driver"})
+"""A `CudaLauncher` of a kernel whose two leading arguments are TMA descriptors."""
+
+
+def test_descriptors_encoded_apart_launch_what_the_wrapper_launches(cuda, monkeypatch):  # noqa: F811
+    with_version(monkeypatch, (3, 6))
+    log: list = []
+    compiled = FakeCompiled(log)
+    compiled.run = DescriptorLauncher(log)
+    launch = triton_launcher.direct_launcher(compiled, GRID, TRAILING)
+    args = ["desc a", "desc b", 4096, 1]
+    launch(args)
+    encoded = launch.encode(args[:2])
+    assert encoded == [("tensor map", "desc a", 1), 32, 128, ("tensor map", "desc b", 2), 32, 128]
+    assert launch.encoded([*encoded, *args[2:]]) is True
+    assert log[0] == log[1], "the same C launch as through the wrapper"
+    cuda["device"] = 1
+    assert launch.encoded([*encoded, *args[2:]]) is False and len(log) == 2, "declines on another device"
+    cuda["device"] = 0
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
+    assert launch.encoded([*encoded, *args[2:]]) is False, "declines under a launch hook (the runner takes descriptors)"
+
+
+def test_no_encoding_without_the_known_wrapper(cuda, monkeypatch):  # noqa: F811
+    with_version(monkeypatch, (3, 6))
+    assert triton_launcher.descriptor_encoding(lambda *args: None) is None
+    assert triton_launcher.descriptor_encoding(FakeLauncher([]).launch) is None
+    # descriptors that do not lead the runtime arguments
+    inner = wrap_handle_tensordesc(print, [{"swizzle": 1}])
+    inner.__closure__[1].cell_contents = {1}
+    assert triton_launcher.descriptor_encoding(inner) is None
+    launch = triton_launcher.direct_launcher(FakeCompiled([]), GRID, TRAILING)
+    assert not hasattr(launch, "encoded")

@@ -41,9 +41,9 @@ from attnfuse.runtime.kv_cache import (
     row_blocks,
     split_plan,
 )
-from attnfuse.runtime.backward_choice import choose_backward
+from attnfuse.runtime.backward_choice import backward_request, choose_backward
 from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
-from attnfuse.runtime.gluon_backward import gluon_backward
+from attnfuse.runtime.gluon_backward import gluon_backward, scheduled_backward
 from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.interpreter import runs_interpreted
@@ -175,6 +175,8 @@ class CompiledAttention:
         self.config = config
         self.last: CompiledProgram | None = None
         self._plans: dict[tuple, CallPlan] = {}
+        self._gluon_backward_keys: dict[CompileKey, bool] = {}
+        """Per compile key with a fused backward: whether the Gluon target schedules it."""
         self._append_launches: dict[tuple, KernelLaunch] = {}
         """The cache append's prepared launches, per shape and cache layout (`append_kv`)."""
         # What a traced call (torch.compile, torch.export) reads, as plain attributes: the
@@ -261,10 +263,25 @@ class CompiledAttention:
                   else choose_backward(problem, self.variant, self.deterministic, explicit_positions, bwd_rope))
         # Read (and checked) for decode plans only: other kernels have no dependent launch.
         pdl = takes_decode_pdl(problem, runs_interpreted(problem.device)) if decode else True
-        return CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
-                          placement, explicit_positions, bwd_rope, decode, cache,
-                          decode_merge=kv_cache.DECODE_MERGE if decode else "kernel",
-                          decode_pdl=pdl, bwd_dq=bwd_dq)
+        key = CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
+                         placement, explicit_positions, bwd_rope, decode, cache,
+                         decode_merge=kv_cache.DECODE_MERGE if decode else "kernel",
+                         decode_pdl=pdl, bwd_dq=bwd_dq)
+        if bwd_dq == "fused" and backward_request() == "auto" and not self._gluon_schedules(key):
+            # `auto` builds the fused backward only for the Gluon kernel (the portable fused
+            # kernel is slower than the split); `takes_gluon_backward` predicted it from the
+            # variant, and the lowered kernel says otherwise: the split, rather than the
+            # slow kernel.
+            key = replace(key, bwd_dq="separate")
+        return key
+
+    def _gluon_schedules(self, key: CompileKey) -> bool:
+        """Whether the fused backward of `key` lowers to a kernel the Gluon target schedules
+        and prints (`gluon_backward.scheduled_backward`): once per key."""
+        known = self._gluon_backward_keys.get(key)
+        if known is None:
+            known = self._gluon_backward_keys[key] = scheduled_backward(lower_spec(self.program, key)) is not None
+        return known
 
     def training_key(self, key: CompileKey, compiled: CompiledProgram) -> CompileKey:
         """The compile key of a call that autograd records. Where the backward reads a

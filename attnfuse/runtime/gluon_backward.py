@@ -37,7 +37,7 @@ from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.runtime.program import Canonical
 
 if TYPE_CHECKING:
-    from attnfuse.lowering.gluon import GluonKernel
+    from attnfuse.lowering.gluon import GluonKernel, GluonProgram
 
 TARGET_ENV = "ATTNFUSE_BACKWARD_TARGET"
 TARGETS = ("auto", "gluon", "triton")
@@ -73,7 +73,9 @@ def variant_fits(variant: Canonical) -> bool:
     """Whether the variant's fused backward has the shape `warp-specialize` schedules
     (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax
     over elementwise score ops (no bias, block lists or document ids) and RoPE, if any, by
-    halves of the full head dim. `gluon_backward` checks the lowered kernel itself."""
+    halves of the full head dim. A cheap filter before anything is lowered: what decides is
+    the lowered kernel (`scheduled_backward`), which the runtime asks before it builds the
+    fused backward for this target (`CompiledAttention.compile_key`)."""
     if variant.normalizer_name != "softmax" or variant.block_size is not None or variant.listed:
         return False
     if variant.reads("bias") or variant.reads("doc_ids"):
@@ -220,6 +222,24 @@ def _blocks_and_layouts(fp16: bool, dim: int, block_m: int, block_n: int) -> tup
             (key, k_layout), (query, acc_layout), rows)
 
 
+def scheduled_backward(module: ModuleOp) -> GluonProgram | None:
+    """The Gluon program of `module`'s fused backward kernel, where `warp-specialize` schedules
+    it and the Gluon target prints it; None otherwise. This is what decides whether a call
+    runs the Gluon backward (`variant_fits` only predicts it). Applies `warp-specialize` to
+    `module`."""
+    from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
+    from attnfuse.transforms.warp_specialize import WarpSpecializePass
+
+    WarpSpecializePass().apply(make_context(), module)
+    kernel = next((op for op in module.ops if isinstance(op, tile.KernelOp) and op.sym_name.data == KERNEL), None)
+    if kernel is None or kernel.schedule is None:
+        return None
+    try:
+        return emit_gluon_kernel(kernel)
+    except GluonUnsupported:
+        return None
+
+
 def gluon_backward(
     launches: list[Any], problem: Problem, sm_scale: float, tile_module: Callable[[], ModuleOp],
 ) -> list[Any]:
@@ -230,17 +250,8 @@ def gluon_backward(
         return launches
     if not hopper(problem) or not fits(problem):
         return launches
-    from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
-    from attnfuse.transforms.warp_specialize import WarpSpecializePass
-
-    module = tile_module()
-    WarpSpecializePass().apply(make_context(), module)
-    kernel = next((op for op in module.ops if isinstance(op, tile.KernelOp) and op.sym_name.data == KERNEL), None)
-    if kernel is None or kernel.schedule is None:
-        return launches
-    try:
-        program = emit_gluon_kernel(kernel)
-    except GluonUnsupported:
+    program = scheduled_backward(tile_module())
+    if program is None:
         return launches
     compiled = getattr(_gluon_module(program.source), KERNEL)
     info = program.kernels[0]
@@ -249,4 +260,4 @@ def gluon_backward(
 
 
 __all__ = ["GLUON_BACKWARD_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
-           "takes_gluon_backward", "variant_fits"]
+           "scheduled_backward", "takes_gluon_backward", "variant_fits"]

@@ -173,3 +173,19 @@ def test_calls_the_schedule_cannot_take_keep_the_split(monkeypatch):
     dense = af.compile(af.attention()).program.canonical((False, False))
     assert gluon_backward.takes_gluon_backward(problem(4096), dense)
     assert not gluon_backward.takes_gluon_backward(problem(2048), dense)
+
+
+def test_the_lowered_kernel_decides_not_the_prediction(monkeypatch):
+    """On a (pretended) Hopper GPU where `variant_fits` predicts wrongly (patched to say yes
+    to everything): `auto` builds the fused backward only where the lowered kernel is one the
+    Gluon target schedules, and keeps the split elsewhere (relu: no softmax statistics)."""
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.setattr(gluon_backward, "variant_fits", lambda variant: True)
+    monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
+    p = problem(8192)
+    causal = af.compile(af.attention(af.causal()), deterministic=False)
+    assert causal.compile_key(p).bwd_dq == "fused"
+    relu = af.compile(af.attention(af.relu(), af.causal()), deterministic=False)
+    assert relu.compile_key(p).bwd_dq == "separate"
+    monkeypatch.setenv("ATTNFUSE_BACKWARD", "fused")
+    assert relu.compile_key(p).bwd_dq == "fused", "a forced fused backward is the user's choice"

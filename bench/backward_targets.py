@@ -17,7 +17,8 @@ Columns (a fresh `af.compile` each, since a plan keeps the backward it was made 
   Hkv key/value heads (`enable_gqa`) where it takes them, else expanded once outside the
   timing; with RoPE, q and k rotated by a `torch.compile`d function inside the step.
 
-Rows: causal, dense and RoPE + causal at the Llama-3-8B heads (B=1, 32/8 heads of 128, bf16).
+Rows: causal, dense and RoPE + causal at the Llama-3-8B heads (B=1, 32/8 heads of 128, bf16),
+or with `--geometry paper` at the paper's shape (B=4, 12 heads of 64, fp16).
 Every AttnFuse column's gradients are compared with cuDNN's (max abs error, and the relative
 Frobenius error of dq, dk, dv). Times: median ms of CUDA-event-timed steps
 (`benchlib.median_ms`), gradients reset outside the events; "bwd" times `out.backward(g)` alone
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--seq-lens", default="4096,8192")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--geometry", choices=("llama", "paper"), default="llama",
+                        help="llama: B=1, 32/8 heads of 128, bf16; paper: B=4, 12 heads of 64, fp16")
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, no cuDNN")
     args = parser.parse_args()
     device = "cpu" if args.smoke else "cuda"
@@ -83,7 +86,8 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
         b, hq, hkv, d, dtype, seq_lens, warmup, reps = 1, 4, 2, 16, torch.float32, [40], 0, 1
     else:
-        b, hq, hkv, d, dtype = 1, 32, 8, 128, torch.bfloat16
+        b, hq, hkv, d, dtype = (1, 32, 8, 128, torch.bfloat16) if args.geometry == "llama" else \
+            (4, 12, 12, 64, torch.float16)
         seq_lens, warmup, reps = [int(n) for n in args.seq_lens.split(",")], 5, args.reps
     meta = benchlib.metadata(device)
     stem = f"{benchlib.stamp()}-backward-targets"  # one pair of files per run, rewritten per case

@@ -6,6 +6,8 @@
 #   gluon-tests       test_gpu_gluon_backward.py (all) and a test_gpu_gluon.py forward subset
 #   gpu-tests         test_gpu.py and test_gpu_decode.py (all)
 #   backward-targets  bench/backward_targets.py, causal and RoPE + causal, 30 reps
+#   backward-targets-d64  the same at the paper shape (B=4, 12 heads of 64, fp16)
+#   ab                bench/gluon_backward_ab.py, causal, 2 rounds (kernel times and host times)
 #   layer             bench/llama_layer.py fwd and fwdbwd at 4096 and 8192, eager, deterministic=False
 #   host              bench/host_overhead.py at N=128 and 512
 #   forward           bench/gluon_forward.py at head dim 128
@@ -31,6 +33,12 @@ for stage in "$@"; do
     backward-targets)
       timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir" --reps 30 \
         > "$dir/backward_targets.log" 2>&1; echo "backward-targets rc=$?" ;;
+    backward-targets-d64)
+      timeout 200 python3 bench/backward_targets.py --geometry paper --cases causal,dense --seq-lens 4096,8192 \
+        --out "$dir" --reps 30 > "$dir/backward_targets_d64.log" 2>&1; echo "backward-targets-d64 rc=$?" ;;
+    ab)
+      timeout 150 python3 bench/gluon_backward_ab.py --cases causal --rounds 2 > "$dir/gluon_backward_ab.log" 2>&1
+      echo "ab rc=$?"; grep -v Warn "$dir/gluon_backward_ab.log" | tail -14 ;;
     layer)
       timeout 300 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwd,fwdbwd \
         --nondeterministic --out "$dir" > "$dir/llama_layer.log" 2>&1; echo "layer rc=$?" ;;

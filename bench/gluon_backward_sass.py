@@ -61,14 +61,16 @@ def sass_of(cubin: bytes, flag: str = "-sass") -> str:
         return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
 
 
-def instructions(sass: str) -> list[tuple[int, str]]:
-    """(address, instruction text without its predicate) of every SASS instruction."""
+def instructions(sass: str) -> list[tuple[int, str, bool]]:
+    """(address, instruction text without its predicate, whether it had one) of every SASS
+    instruction."""
     out = []
     for line in sass.splitlines():
         m = SASS_LINE.search(line)
         if m:
-            text = re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(2).strip())
-            out.append((int(m.group(1), 16), text))
+            raw = m.group(2).strip()
+            text = re.sub(r"^@!?U?P[T0-9]+\s+", "", raw)
+            out.append((int(m.group(1), 16), text, text != raw))
     return out
 
 
@@ -76,14 +78,14 @@ def main_loop(insts: list[tuple[int, str]]) -> tuple[int, int]:
     """The address range [start, end] of the consumer's main loop: of the ranges a backward
     branch closes, the one holding the most HGMMAs (the smallest of those)."""
     best = None
-    for addr, text in insts:
+    for addr, text, _ in insts:
         m = re.match(r"BRA\b.*?(0x[0-9a-f]+)", text)
         if not m:
             continue
         target = int(m.group(1), 16)
         if target >= addr:
             continue
-        hgmma = sum(1 for a, t in insts if target <= a <= addr and t.startswith("HGMMA"))
+        hgmma = sum(1 for a, t, _ in insts if target <= a <= addr and t.startswith("HGMMA"))
         key = (hgmma, -(addr - target))
         if best is None or key > best[0]:
             best = (key, (target, addr))
@@ -99,13 +101,32 @@ def classify(text: str) -> str:
     return "int/other"
 
 
-def loop_counts(sass: str) -> tuple[Counter, list[str]]:
+def skipped(body: list[tuple[int, str, bool]]) -> set[int]:
+    """Addresses a full (unmasked) step jumps over: the code between a predicated forward
+    branch inside the loop and its target (the masks under their loop's test; in the
+    probe, the causal mask under its diagonal test)."""
+    end = body[-1][0]
+    out: set[int] = set()
+    for addr, text, predicated in body:
+        m = re.match(r"BRA\b.*?(0x[0-9a-f]+)", text)
+        if m and predicated and addr < int(m.group(1), 16) <= end:
+            out |= {a for a, _, _ in body if addr < a < int(m.group(1), 16)}
+    return out
+
+
+def loop_counts(sass: str) -> tuple[Counter, Counter, list[str]]:
+    """Counts by class of the main loop's instructions, all of them and those a full step
+    runs (`skipped` left out), and the loop's SASS."""
     insts = instructions(sass)
     start, end = main_loop(insts)
-    body = [t for a, t in insts if start <= a <= end]
-    counts = Counter(classify(t) for t in body)
-    counts["total"] = len(body)
-    return counts, [f"/*{a:04x}*/ {t}" for a, t in insts if start <= a <= end]
+    body = [i for i in insts if start <= i[0] <= end]
+    skip = skipped(body)
+    every = Counter(classify(t) for _, t, _ in body)
+    every["total"] = len(body)
+    steady = Counter(classify(t) for a, t, _ in body if a not in skip)
+    steady["total"] = len(body) - len(skip)
+    lines = [f"/*{a:04x}*/ {'  (masked) ' if a in skip else ''}{t}" for a, t, _ in body]
+    return every, steady, lines
 
 
 def resources(compiled) -> dict[str, object]:
@@ -197,9 +218,10 @@ def main() -> None:
             kernels.append(("probe", compile_probe(causal), None))
         for who, compiled, source in kernels:
             sass = sass_of(compiled.asm["cubin"])
-            counts, body = loop_counts(sass)
+            every, steady, body = loop_counts(sass)
             res = resources(compiled)
-            rows.append((f"{case} {who}", res, counts))
+            res["loop"], res["LDL/STL"] = every["total"], sum(1 for line in body if re.search(r"\b(LDL|STL)\b", line))
+            rows.append((f"{case} {who}", res, steady))
             if args.dump:
                 os.makedirs(args.dump, exist_ok=True)
                 stem = os.path.join(args.dump, f"{case}-{who}")
@@ -212,12 +234,13 @@ def main() -> None:
                 if source:
                     with open(stem + ".py", "w") as f:
                         f.write(source)
-    print("| kernel | REG | STACK | shared B | setmaxnreg |")
-    print("|---|---|---|---|---|")
+    print("| kernel | REG | STACK | shared B | setmaxnreg | loop instructions (all) | LDL/STL in loop |")
+    print("|---|---|---|---|---|---|---|")
     for label, res, _ in rows:
-        print(f"| {label} | {res['REG']} | {res['STACK']} | {res['shared']} | {res['setmaxnreg']} |")
+        print(f"| {label} | {res['REG']} | {res['STACK']} | {res['shared']} | {res['setmaxnreg']} | {res['loop']} "
+              f"| {res['LDL/STL']} |")
     print()
-    print("Consumer main loop, SASS instructions by class:")
+    print("Consumer main loop, SASS instructions a full (unmasked) step runs, by class:")
     print()
     print("| class | " + " | ".join(label for label, _, _ in rows) + " |")
     print("|---|" + "---|" * len(rows))

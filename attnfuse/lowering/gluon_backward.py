@@ -87,7 +87,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
     # -- names -------------------------------------------------------------------------------
 
-    CONSUMER_NAMES = ("dk", "dv", "scores", "probs", "grad_probs", "grad_scores", "lse", "delta", "p_op", "ds16",
+    CONSUMER_NAMES = ("dk", "dv", "scores", "probs", "grad_probs", "grad_scores", "lse", "lse_log2", "delta", "p_op", "ds16",
                       "ds_op", "dq_part", "q_s", "do_s", "k_tile", "v_tile", "s_zero", "dq_zero", "stage", "phase",
                       "it", "b", "total", "n_blocks", "n_start", "halves", "dtype", "row", "step_bytes",
                       "S_LAYOUT", "KV_LAYOUT", "A_LAYOUT", "DQ_LAYOUT", "EPI_LAYOUT", "DS_SMEM", "NW",
@@ -147,7 +147,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         """The score ops and `tile.recompute_probs` of one loop, op by op; every score op's
         result is `scores` (each refines the previous tile in place)."""
         for value in (loop.lse_load.result,):
-            self.namer.alias(value, "lse")
+            self.namer.alias(value, "lse_log2")
         self.namer.alias(loop.scores.result, "scores")
         pieces: Pieces = []
         self.lines, self.indent = [], 0
@@ -170,7 +170,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             pieces.append((True, guard))
         self.lines = []
         self.emit("# tile.recompute_probs: p = exp(s - lse)")
-        self.emit(f"probs = tl.math.exp2(scores * {self.exponent_factor(loop.probs)} - (lse * {LOG2E})[None, :])")
+        self.emit(f"probs = tl.math.exp2(scores * {self.exponent_factor(loop.probs)} - lse_log2[None, :])")
         pieces.append((False, self.lines))
         self.loop_vars.pop()
         return pieces
@@ -187,10 +187,10 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         if loop.masked:
             return ["# Query rows past n_q (zero-filled) or with no kept key (lse = -inf) get lse = +inf:",
                     "# their probabilities are 0.",
-                    "lse = gl.where(query_in_bounds & (lse != float(\"-inf\")), lse, float(\"inf\"))"]
+                    "lse_log2 = gl.where(query_in_bounds & (lse_log2 != float(\"-inf\")), lse_log2, float(\"inf\"))"]
         if any(not isinstance(op, tile.MaskOp) for op in loop.score_ops):
             return ["# A row with no kept key (lse = -inf) gives 0.",
-                    "lse = gl.where(lse == float(\"-inf\"), float(\"inf\"), lse)"]
+                    "lse_log2 = gl.where(lse_log2 == float(\"-inf\"), float(\"inf\"), lse_log2)"]
         return []
 
     def grads_pieces(self, loop: BackwardLoop) -> Pieces:
@@ -227,15 +227,15 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         return ["start_m", "n_start", *self.bound_params(), "sm_scale", "n_q", "n_k", *self.slope_params()]
 
     def probs_function(self) -> list[str]:
-        """`<name>_probs(scores, lse, ...)`: p^T of the block at `start_m` from the raw k q^T
-        tile (and the score tiles the gradient step reads)."""
+        """`<name>_probs(scores, lse_log2, ...)`: p^T of the block at `start_m` from the raw
+        k q^T tile and lse times log2(e) (and the score tiles the gradient step reads)."""
         body = ["# The block's query loop decides its masks: " + "; ".join(
             f"loop {i} over {'partial query blocks: masked' if loop.masked else 'full query blocks'}"
             for i, loop in enumerate(self.loops))]
         body += self.STEP_HEADER
         body += self.step_body(self.probs_pieces)
         body.append("return " + ", ".join(["probs", *self.primal_names()]))
-        params = ["scores", "lse", *self.step_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
+        params = ["scores", "lse_log2", *self.step_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
                   "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_probs({', '.join(params)}):",
                              ["    " + line if line else "" for line in body])
@@ -350,10 +350,11 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             f"    # {first.scores.name} (s^T = k q^T) and {first.grad_probs.name} (dp^T = v dO^T), issued together",
             "    scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "    grad_probs = warpgroup_mma(v_tile, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
-            "    lse = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT))",
+            "    # lse in log2 units (the exponent's), scaled as it is loaded, under the products",
+            f"    lse_log2 = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT)) * {LOG2E}",
             "    # Groups complete in issue order: one outstanding means s^T is done.",
             "    scores = warpgroup_mma_wait(1, deps=(scores,))",
-            f"    {', '.join(['probs', *primal])} = {self.name}_probs(scores, lse, {self.step_args()})",
+            f"    {', '.join(['probs', *primal])} = {self.name}_probs(scores, lse_log2, {self.step_args()})",
             "    # tile.accumulate: dV += p^T dO, issued before the wait for dp^T (ds^T is computed under it)",
             "    p_op = gl.convert_layout(probs.to(dtype), A_LAYOUT)",
             "    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)",

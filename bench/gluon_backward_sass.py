@@ -7,8 +7,6 @@ HGMMAs) counted by instruction class. Run it with the Triton the H200 has (3.6):
 
     PYTHONPATH=/tmp/lead/t36:. python bench/gluon_backward_sass.py [--cases causal,dense]
         [--dump DIR]     # also write each kernel's source, PTX and loop SASS to DIR
-
-`--option NAME=VALUE` passes a `GluonBackwardEmitter` printer option (A/B of a printer change).
 """
 
 from __future__ import annotations
@@ -146,9 +144,9 @@ def compile_probe(causal: bool):
     return _warmup("wg2_writer_lse", causal)[0][1]
 
 
-def compile_attnfuse(causal: bool, options: dict[str, str]):
+def compile_attnfuse(causal: bool):
     """The runtime's kernel for the case: the fused backward of the spec after
-    warp-specialize, printed with `options`, warmed up with CPU descriptors (n = 256)."""
+    warp-specialize, warmed up with CPU descriptors (n = 256, the Llama-3-8B heads)."""
     import torch
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -167,7 +165,7 @@ def compile_attnfuse(causal: bool, options: dict[str, str]):
     module = lower_spec(spec, key)
     WarpSpecializePass().apply(make_context(), module)
     kernel = next(op for op in module.ops if op.sym_name.data == "attention_bwd_dkdv_dq")
-    program = emit_gluon_kernel(kernel, **options) if options else emit_gluon_kernel(kernel)
+    program = emit_gluon_kernel(kernel)
     info = program.kernels[0]
     fn = getattr(gluon_forward._gluon_module(program.source), "attention_bwd_dkdv_dq")
     n, heads, heads_kv = 256, 32, 8
@@ -196,7 +194,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="causal,dense")
     parser.add_argument("--dump", default=None, help="write sources, PTX and loop SASS here")
-    parser.add_argument("--option", action="append", default=[], help="printer option NAME=VALUE")
     parser.add_argument("--no-probe", action="store_true")
     args = parser.parse_args()
     from triton.backends.compiler import GPUTarget
@@ -205,15 +202,11 @@ def main() -> None:
     from kernel_resources import TargetOnlyDriver
 
     driver.set_active(TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
-    options = {}
-    for item in args.option:
-        name, _, value = item.partition("=")
-        options[name] = {"true": True, "false": False}.get(value.lower(), value)
     columns = [name for name, _ in CLASSES] + ["total"]
     rows = []
     for case in args.cases.split(","):
         causal = case == "causal"
-        kernels = [("attnfuse", *compile_attnfuse(causal, options))]
+        kernels = [("attnfuse", *compile_attnfuse(causal))]
         if not args.no_probe:
             kernels.append(("probe", compile_probe(causal), None))
         for who, compiled, source in kernels:

@@ -21,9 +21,11 @@ as the portable kernel does; the schedule is FlashAttention-3's and the hand-wri
   buffers (free by then) and are stored from registers as the portable target stores them.
 
 The loops of the kernel (masked, full, masked) are one pipelined range of `group_size *
-n_blocks` steps; a step runs its loop's masks under a test of its start (`gluon_steps`).
-Query rows past `n_q` and key rows past `n_k` are zero-filled by the 4-D descriptors and
-clipped on the stores and reduces; their lse is taken as +inf, so their probabilities are 0.
+n_blocks` steps, whose (head, start_m) each partition carries from step to step; a step runs
+its loop's masks under a test of its start (`gluon_steps`), and lse's guards with them
+(`lse_guard`), so a full step runs no guard. Query rows past `n_q` and key rows past `n_k` are
+zero-filled by the 4-D descriptors and clipped on the stores and reduces; their lse is taken as
++inf, so their probabilities are 0 (and ds, for any finite delta: delta is not guarded).
 
 Launch ABI: descriptors `q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_acc_desc`
 (4-D over `[B, H, N, D]`, blocks `[1, 1, rows, D]`), `lse_desc, delta_desc` (1-D over the

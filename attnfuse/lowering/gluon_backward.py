@@ -21,9 +21,11 @@ as the portable kernel does; the schedule is FlashAttention-3's and the hand-wri
   buffers (free by then) and are stored from registers as the portable target stores them.
 
 The loops of the kernel (masked, full, masked) are one pipelined range of `group_size *
-n_blocks` steps; a step runs its loop's masks under a test of its start (`gluon_steps`).
-Query rows past `n_q` and key rows past `n_k` are zero-filled by the 4-D descriptors and
-clipped on the stores and reduces; their lse is taken as +inf, so their probabilities are 0.
+n_blocks` steps, whose (head, start_m) each partition carries from step to step; a step runs
+its loop's masks under a test of its start (`gluon_steps`), and lse's guards with them
+(`lse_guard`), so a full step runs no guard. Query rows past `n_q` and key rows past `n_k` are
+zero-filled by the 4-D descriptors and clipped on the stores and reduces; their lse is taken as
++inf, so their probabilities are 0 (and ds, for any finite delta: delta is not guarded).
 
 Launch ABI: descriptors `q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_acc_desc`
 (4-D over `[B, H, N, D]`, blocks `[1, 1, rows, D]`), `lse_desc, delta_desc` (1-D over the
@@ -40,7 +42,7 @@ from attnfuse.dialects import tile
 from attnfuse.dialects.backward_shape import BackwardLoop, backward_kernel
 from attnfuse.dialects.flash_shape import NotFlashShaped
 from attnfuse.lowering.gluon_steps import GluonFunctions, MaskedLoopSteps, Pieces
-from attnfuse.lowering.triton import KernelEmitter, LoopRows, padded
+from attnfuse.lowering.triton import LOG2E, KernelEmitter, LoopRows, padded
 
 DESCRIPTOR_ROLES = ("do", "dv", "dq_acc", "lse", "delta")
 """Roles read or written only through descriptors (besides q, k and v, whose roles vary)."""
@@ -87,12 +89,12 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
     # -- names -------------------------------------------------------------------------------
 
-    CONSUMER_NAMES = ("dk", "dv", "scores", "probs", "grad_probs", "grad_scores", "lse", "delta", "p_op", "ds16",
+    CONSUMER_NAMES = ("dk", "dv", "scores", "probs", "grad_probs", "grad_scores", "lse", "lse_log2", "delta", "p_op", "ds16",
                       "ds_op", "dq_part", "q_s", "do_s", "k_tile", "v_tile", "s_zero", "dq_zero", "stage", "phase",
                       "it", "b", "total", "n_blocks", "n_start", "halves", "dtype", "row", "step_bytes",
                       "S_LAYOUT", "KV_LAYOUT", "A_LAYOUT", "DQ_LAYOUT", "EPI_LAYOUT", "DS_SMEM", "NW",
                       "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs",
-                      "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i",
+                      "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i", "wrap", "head",
                       "tile_2d", "tma_load", "tma_store", "tma_reduce_add", "reinterpret_shared", "thread_barrier",
                       "gl", "gluon", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait", "fence_async_shared")
     """Names the printed partitions use themselves: the ops' results take others."""
@@ -147,7 +149,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         """The score ops and `tile.recompute_probs` of one loop, op by op; every score op's
         result is `scores` (each refines the previous tile in place)."""
         for value in (loop.lse_load.result,):
-            self.namer.alias(value, "lse")
+            self.namer.alias(value, "lse_log2")
         self.namer.alias(loop.scores.result, "scores")
         pieces: Pieces = []
         self.lines, self.indent = [], 0
@@ -156,18 +158,42 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         pieces.append((False, self.lines))
         self.save_primal(loop.scores.result, pieces)
         self.loop_vars.append(LoopRows("queries", "query_in_bounds" if loop.masked else "", "q_pos"))
-        for op in [*loop.score_ops, loop.probs]:
-            if op is not loop.probs:
-                self.namer.pin(op.result, "scores")
-            else:
-                self.namer.pin(op.result, "probs")
+        for op in loop.score_ops:
+            self.namer.pin(op.result, "scores")
             self.lines = []
             self.HANDLERS[type(op)](self, op)
             pieces.append((isinstance(op, tile.MaskOp), self.lines))
-            if op is not loop.probs:
-                self.save_primal(op.result, pieces)
+            self.save_primal(op.result, pieces)
+        if loop.probs.lse is not loop.lse_load.result:
+            raise _unsupported("the gluon backward recomputes p from the loaded lse", loop.probs)
+        self.namer.pin(loop.probs.result, "probs")
+        guard = self.lse_guard(loop)
+        if guard:
+            pieces.append((True, guard))
+        self.lines = []
+        self.emit("# tile.recompute_probs: p = exp(s - lse)")
+        self.emit(f"probs = tl.math.exp2(scores * {self.exponent_factor(loop.probs)} - lse_log2[None, :])")
+        pieces.append((False, self.lines))
         self.loop_vars.pop()
         return pieces
+
+    @staticmethod
+    def lse_guard(loop: BackwardLoop) -> list[str]:
+        """What `tile.recompute_probs` guards lse against in this loop's blocks, printed as a
+        mask is (under the test of the block's loop, so the full blocks of the steady state run
+        none of it): in a masked loop, query rows past n_q (zero-filled; their lse rows are
+        another head's) and rows with no kept key (lse = -inf, which would make exp(s - lse)
+        NaN) get lse = +inf, so their probabilities are 0. An unmasked loop's blocks are whole
+        and keep every pair, so each of their query rows has a finite score of this block in its
+        lse: nothing to guard, unless a score op (not a mask) could make every score -inf."""
+        if loop.masked:
+            return ["# Query rows past n_q (zero-filled) or with no kept key (lse = -inf) get lse = +inf:",
+                    "# their probabilities are 0.",
+                    "lse_log2 = gl.where(query_in_bounds & (lse_log2 != float(\"-inf\")), lse_log2, float(\"inf\"))"]
+        if any(not isinstance(op, tile.MaskOp) for op in loop.score_ops):
+            return ["# A row with no kept key (lse = -inf) gives 0.",
+                    "lse_log2 = gl.where(lse_log2 == float(\"-inf\"), float(\"inf\"), lse_log2)"]
+        return []
 
     def grads_pieces(self, loop: BackwardLoop) -> Pieces:
         """`tile.softmax_grad` and the VJP ops of one loop; each result is `grad_scores`."""
@@ -203,17 +229,15 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         return ["start_m", "n_start", *self.bound_params(), "sm_scale", "n_q", "n_k", *self.slope_params()]
 
     def probs_function(self) -> list[str]:
-        """`<name>_probs(scores, lse, ...)`: p^T of the block at `start_m` from the raw k q^T
-        tile (and the score tiles the gradient step reads)."""
+        """`<name>_probs(scores, lse_log2, ...)`: p^T of the block at `start_m` from the raw
+        k q^T tile and lse times log2(e) (and the score tiles the gradient step reads)."""
         body = ["# The block's query loop decides its masks: " + "; ".join(
             f"loop {i} over {'partial query blocks: masked' if loop.masked else 'full query blocks'}"
             for i, loop in enumerate(self.loops))]
         body += self.STEP_HEADER
-        body.append("# Query rows past n_q (zero-filled) get lse = +inf: their probabilities are 0.")
-        body.append("lse = gl.where(query_in_bounds, lse, float(\"inf\"))")
         body += self.step_body(self.probs_pieces)
         body.append("return " + ", ".join(["probs", *self.primal_names()]))
-        params = ["scores", "lse", *self.step_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
+        params = ["scores", "lse_log2", *self.step_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
                   "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_probs({', '.join(params)}):",
                              ["    " + line if line else "" for line in body])
@@ -221,7 +245,6 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     def grads_function(self) -> list[str]:
         """`<name>_grads(probs, grad_probs, delta, ...)`: ds^T of the block at `start_m`."""
         body = list(self.STEP_HEADER)
-        body.append("delta = gl.where(query_in_bounds, delta, 0.0)")
         body += self.step_body(self.grads_pieces)
         body.append("return grad_scores")
         params = ["probs", "grad_probs", "delta", *self.primal_names(), *self.step_params(),
@@ -231,10 +254,20 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
     # -- partitions --------------------------------------------------------------------------
 
-    STEP_COORDS = [
-        "head = kv_head * group_size + it // n_blocks",
-        "start_m = q_start + (it % n_blocks) * BLOCK_N",
+    STEP_INIT = [
+        "# Each step's query head and block, carried from step to step: a division by the runtime",
+        "# n_blocks costs two dozen instructions a step in the consumer's loop.",
+        "head = kv_head * group_size",
+        "start_m = q_start",
     ]
+    STEP_NEXT = [
+        "# The next step: the next query block, or the next head's first one.",
+        "wrap = start_m + BLOCK_N >= q_start + n_blocks * BLOCK_N",
+        "start_m = gl.where(wrap, q_start, start_m + BLOCK_N)",
+        "head = head + wrap.to(gl.int32)",
+    ]
+    """The (head, start_m) of step `it` (head `kv_head * group_size + it // n_blocks`, block
+    `q_start + (it % n_blocks) * BLOCK_N`), before the loop and at the end of each step."""
 
     def loader(self) -> list[str]:
         body = [
@@ -246,10 +279,10 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "tma_load(v_desc, [batch, kv_head, n_start, 0], kv_bar, v_smem)",
             "step_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes"
             " + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)",
+            *self.STEP_INIT,
             "for it in range(total):",
             "    stage = it % STAGES",
             "    phase = (it // STAGES) & 1",
-            *["    " + line for line in self.STEP_COORDS],
             "    row = (batch * num_heads * group_size + head) * n_q + start_m  # in the flat lse / delta",
             "    mbarrier.wait(empty.index(stage), phase ^ 1)",
             "    mbarrier.expect(ready.index(stage), step_bytes)",
@@ -257,6 +290,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "    tma_load(do_desc, [batch, head, start_m, 0], ready.index(stage), do_bufs.index(stage))",
             "    tma_load(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))",
             "    tma_load(delta_desc, [row], ready.index(stage), delta_bufs.index(stage))",
+            *["    " + line for line in self.STEP_NEXT],
         ]
         params = ("q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs, "
                   "lse_bufs, delta_bufs, kv_bar, ready, empty, batch, kv_head, n_start, q_start, n_blocks, total, "
@@ -269,13 +303,14 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             f"# {store_add.name}: each step's dQ part added into {store_add.role} by a TMA reduce-add",
             "# (unordered between programs: not deterministic), off the consumer's path: wait for a",
             "# staged part, issue its reduce, wait until the copy engine has read it, free the buffer.",
+            *self.STEP_INIT,
             "for it in range(total):",
             f"    b = it % {DQ_BUFFERS}",
             f"    mbarrier.wait(dq_full.index(b), (it // {DQ_BUFFERS}) & 1)",
-            *["    " + line for line in self.STEP_COORDS],
             "    tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))",
             "    tma.store_wait(0)",
             "    mbarrier.arrive(dq_empty.index(b), count=1)",
+            *["    " + line for line in self.STEP_NEXT],
         ]
         params = ("dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, "
                   "BLOCK_N: gl.constexpr")
@@ -306,10 +341,10 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_LAYOUT)",
             "dq_zero = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=DQ_LAYOUT)",
             "mbarrier.wait(kv_bar, 0)",
+            *self.STEP_INIT,
             "for it in range(total):",
             "    stage = it % STAGES",
             "    phase = (it // STAGES) & 1",
-            *["    " + line for line in self.STEP_COORDS],
             *[f"    {self.slope_name(r)} = tl.load({r}_ptr + head)  # this head's ALiBi slope" for r in self.slope_roles()],
             "    q_s = tile_2d(q_bufs.index(stage))",
             "    do_s = tile_2d(do_bufs.index(stage))",
@@ -317,10 +352,11 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             f"    # {first.scores.name} (s^T = k q^T) and {first.grad_probs.name} (dp^T = v dO^T), issued together",
             "    scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "    grad_probs = warpgroup_mma(v_tile, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
-            "    lse = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT))",
+            "    # lse in log2 units (the exponent's), scaled as it is loaded, under the products",
+            f"    lse_log2 = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT)) * {LOG2E}",
             "    # Groups complete in issue order: one outstanding means s^T is done.",
             "    scores = warpgroup_mma_wait(1, deps=(scores,))",
-            f"    {', '.join(['probs', *primal])} = {self.name}_probs(scores, lse, {self.step_args()})",
+            f"    {', '.join(['probs', *primal])} = {self.name}_probs(scores, lse_log2, {self.step_args()})",
             "    # tile.accumulate: dV += p^T dO, issued before the wait for dp^T (ds^T is computed under it)",
             "    p_op = gl.convert_layout(probs.to(dtype), A_LAYOUT)",
             "    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)",
@@ -349,6 +385,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "    fence_async_shared()",
             "    thread_barrier()  # every thread's part is in before the writer is told",
             "    mbarrier.arrive(dq_full.index(b), count=1)",
+            *["    " + line for line in self.STEP_NEXT],
         ]:
             self.emit(line)
         for loop in self.loops:

@@ -4,15 +4,19 @@
 // score step and the gradient step are the portable printers' code; the dQ parts go to the
 // writer partition's TMA reduce-adds; dK and dV leave by TMA stores.
 
-// CHECK-LABEL: def attention_bwd_dkdv_dq_probs(scores, lse, start_m, n_start, bound_1, bound_2, sm_scale, n_q, n_k,
-// CHECK:         lse = gl.where(query_in_bounds, lse, float("inf"))
+// CHECK-LABEL: def attention_bwd_dkdv_dq_probs(scores, lse_log2, start_m, n_start, bound_1, bound_2, sm_scale, n_q, n_k,
+// lse's guards run with the masks, under the masked loops' test: a full step runs none of them.
+// CHECK-NOT:     lse_log2 = gl.where
 // CHECK:         if (start_m < bound_1) | (start_m >= bound_2):
 // CHECK-NEXT:        # tile.mask: keep keys in q_pos + [None, 0] and inside the sequence
 // CHECK-NEXT:        keep = query_in_bounds[None, :] & row_in_bounds[:, None] & (rows[:, None] <= q_pos[None, :])
 // CHECK-NEXT:        scores = tl.where(keep, scores, float("-inf"))
-// CHECK:         probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - (lse_safe_1 * 1.4426950408889634)[None, :])
+// CHECK:             lse_log2 = gl.where(query_in_bounds & (lse_log2 != float("-inf")), lse_log2, float("inf"))
+// CHECK-NEXT:    # tile.recompute_probs: p = exp(s - lse)
+// CHECK-NEXT:    probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - lse_log2[None, :])
 // CHECK-NEXT:    return probs
 // CHECK-LABEL: def attention_bwd_dkdv_dq_grads(probs, grad_probs, delta,
+// CHECK-NOT:     delta = gl.where
 // CHECK:         grad_scores = probs * (grad_probs - delta[None, :])
 // CHECK-NEXT:    return grad_scores
 // CHECK-LABEL: def attention_bwd_dkdv_dq_load(
@@ -20,14 +24,24 @@
 // CHECK-LABEL: def attention_bwd_dkdv_dq_dq_write(
 // CHECK:         tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))
 // CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
+// Each step's head and query block are carried from step to step (no division by n_blocks).
+// CHECK:         head = kv_head * group_size
+// CHECK-NEXT:    start_m = q_start
+// CHECK-NEXT:    for it in range(total):
+// CHECK-NOT:         // n_blocks
 // CHECK:         scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
 // CHECK-NEXT:    grad_probs = warpgroup_mma(v_tile, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-// CHECK:         probs = attention_bwd_dkdv_dq_probs(scores, lse, start_m, n_start, bound_1, bound_2,
+// lse is scaled to log2 units as it is loaded, while the products run (the probe's way).
+// CHECK:         lse_log2 = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT)) * 1.4426950408889634
+// CHECK:         probs = attention_bwd_dkdv_dq_probs(scores, lse_log2, start_m, n_start, bound_1, bound_2,
 // CHECK:         dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
 // CHECK:         grad_scores = attention_bwd_dkdv_dq_grads(probs, grad_probs, delta,
 // CHECK:         dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
 // CHECK:         dq_part = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
 // CHECK:         tile_2d(dq_bufs.index(b)).store(dq_part)
+// CHECK:             wrap = start_m + BLOCK_N >= q_start + n_blocks * BLOCK_N
+// CHECK-NEXT:        start_m = gl.where(wrap, q_start, start_m + BLOCK_N)
+// CHECK-NEXT:        head = head + wrap.to(gl.int32)
 // CHECK:         dk_1 = dk * sm_scale
 // CHECK:         tma_store(dk_desc, [batch, kv_head, n_start, 0], k_smem)
 // CHECK:         tma_store(dv_desc, [batch, kv_head, n_start, 0], v_smem)
@@ -80,6 +94,9 @@ attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
 // CHECK-NEXT:    primal_0_0 = scores  # read by a VJP op in the gradient step
 // CHECK-NEXT:    # tile.map over (scores), entry by entry
 // CHECK-NEXT:    scores = (_tanh((scores / 20.0)) * 20.0)
+// The map is not a mask: the full loop keeps lse's guard against rows with no finite score.
+// CHECK:         elif (start_m >= bound_1) & (start_m < bound_2):
+// CHECK:             lse_log2 = gl.where(lse_log2 == float("-inf"), float("inf"), lse_log2)
 // CHECK:         return probs, primal_0_0
 // CHECK-LABEL: def attention_bwd_dkdv_dq_grads(probs, grad_probs, delta, primal_0_0,
 // CHECK:         entry_1 = _tanh((primal_0_0 / 20.0))

@@ -46,7 +46,8 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
     fused backward is allowed, `ATTNFUSE_BACKWARD` decides; on `auto`, fused only where the
     Gluon backward takes the call (`gluon_backward.takes_gluon_backward`): the portable
     (Triton) fused backward measured slower than the split on the H200
-    (docs/performance.md §8)."""
+    (docs/performance.md §8). `CompiledAttention.compile_key` then keeps `auto`'s fused choice
+    only where the lowered kernel is one the Gluon target schedules."""
     request = backward_request()
     if request == "separate" or not fused_allowed(variant, deterministic):
         return "separate"

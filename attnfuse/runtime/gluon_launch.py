@@ -25,11 +25,11 @@ from typing import Any
 
 from attnfuse.dialects import tile
 from attnfuse.runtime.launch import MAX_RUNNERS, _launchable
+from attnfuse.runtime.triton_launcher import direct_launcher
 
 MAX_DESCRIBED = 256
 """Encoded descriptor sets kept per runner (one per set of tensor addresses seen): a model's
 layers share one plan, each with its own activations, so this is more than MAX_RUNNERS."""
-from attnfuse.runtime.triton_launcher import direct_launcher
 
 
 class GluonRunner:
@@ -67,19 +67,35 @@ class GluonRunner:
         determine them and this call's specialization (the tensors' addresses, strides and
         shapes; the plan fixes their dtypes)."""
         launch = self.runners.get(specialization)
-        if launch is None or not launch(args):
-            compiled = self.kernel[self.grid](*args, *scalars, num_warps=self.num_warps)
-            if (launch is None and self.constexprs is not None and _launchable(compiled)
-                    and len(args) + len(scalars) == self.runtime_params):
-                if len(self.runners) >= MAX_RUNNERS:
-                    self.runners.clear()
-                grid = (*self.grid, *(1,) * (3 - len(self.grid)))
-                launch = self.runners[specialization] = direct_launcher(compiled, grid, (*scalars, *self.constexprs))
-        encoded = getattr(launch, "encoded", None)
-        if key is not None and descriptors and encoded is not None:
-            if len(self.described) >= MAX_DESCRIBED:
-                self.described.pop(next(iter(self.described)))  # the oldest
-            self.described[key] = (encoded, launch.encode(args[:descriptors]))
+        keep = key is not None and descriptors > 0
+        if keep and launch is not None and getattr(launch, "encoded", None) is not None:
+            # Encoded once, here, and launched with that encoding (not encoded again by the
+            # launcher's wrapper).
+            kept = self._keep(key, launch, args[:descriptors])
+            if kept[0]([*kept[1], *args[descriptors:]]):
+                return
+        if launch is not None and launch(args):  # (under a launch hook: through the runner)
+            return
+        compiled = self.kernel[self.grid](*args, *scalars, num_warps=self.num_warps)
+        if (launch is None and self.constexprs is not None and _launchable(compiled)
+                and len(args) + len(scalars) == self.runtime_params):
+            if len(self.runners) >= MAX_RUNNERS:
+                self.runners.clear()
+            grid = (*self.grid, *(1,) * (3 - len(self.grid)))
+            launch = self.runners[specialization] = direct_launcher(compiled, grid, (*scalars, *self.constexprs))
+            if keep and getattr(launch, "encoded", None) is not None:
+                self._keep(key, launch, args[:descriptors])
+
+    def _keep(self, key: tuple, launch: Any, descriptors: list[object]) -> tuple[Callable[[list[object]], bool], list[object]]:
+        """Encodes `descriptors` for `launch` and keeps them under `key` (the oldest forgotten
+        past MAX_DESCRIBED)."""
+        while len(self.described) >= MAX_DESCRIBED:
+            try:
+                self.described.pop(next(iter(self.described)), None)
+            except (StopIteration, RuntimeError):  # emptied or changed by another thread
+                break
+        kept = self.described[key] = (launch.encoded, launch.encode(descriptors))
+        return kept
 
 
 def pointer_arguments(roles: tuple[str, ...], skip: set[str], tensors: dict[str, Any]) -> tuple[list[object], list[Any]]:
@@ -110,8 +126,8 @@ def specialization_of(descriptor_tensors: list[Any], pointer_tensors: list[Any])
 
 def call_key(tensors: list[Any]) -> tuple:
     """What a launch's encoded descriptors and specialization depend on, of its tensors: each
-    one's address, strides and shape (`GluonRunner.replay`)."""
-    return tuple((t.data_ptr(), t.stride(), t.shape) for t in tensors)
+    one's address, strides, shape and dtype (`GluonRunner.replay`)."""
+    return tuple((t.data_ptr(), t.stride(), t.shape, t.dtype) for t in tensors)
 
 
 __all__ = ["GluonRunner", "call_key", "pointer_arguments", "specialization_of"]

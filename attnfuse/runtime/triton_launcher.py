@@ -164,6 +164,10 @@ def descriptor_encoding(c_launch: Any) -> tuple[Callable[..., None], Callable[[l
         return None
     if indices != set(range(len(metadata))):
         return None  # descriptors that do not lead the runtime arguments
+    if not all(isinstance(meta, dict) for meta in metadata):
+        # Not lowered to TMA descriptors: the wrapper passes the tensors themselves, which a
+        # kept encoding would hold alive.
+        return None
     try:
         if len(inspect.signature(encode_one).parameters) != 2:
             return None
@@ -171,8 +175,10 @@ def descriptor_encoding(c_launch: Any) -> tuple[Callable[..., None], Callable[[l
         return None
 
     def encode(descriptors: list[Any]) -> list[object]:
+        if len(descriptors) != len(metadata):
+            raise ValueError(f"{len(descriptors)} descriptors for a kernel of {len(metadata)}")
         encoded: list[object] = []
-        for descriptor, meta in zip(descriptors, metadata, strict=True):
+        for descriptor, meta in zip(descriptors, metadata):
             encoded.extend(encode_one(descriptor, meta))
         return encoded
     return bare, encode

@@ -152,8 +152,7 @@ def test_second_backward_goes_through_the_direct_launcher(monkeypatch):
 def test_calls_with_the_same_tensors_replay_their_encoded_descriptors(monkeypatch):
     """A training loop's calls: the same input tensors refilled in place each step, so the
     runtime's allocations come back at the same addresses and the launch replays its encoded
-    descriptors (`GluonRunner.replay`); every step's gradients are the reference's, and a
-    forward replays too."""
+    descriptors (`GluonRunner.replay`); every step's gradients are the reference's."""
     spec = SPECS["causal"]
     fn = af.compile(spec, deterministic=False)
     q, k, v = inputs(1, 8, 2, 320, 320, 128, torch.bfloat16, seed=30)

@@ -8,6 +8,7 @@
 #   backward-targets  bench/backward_targets.py, causal and RoPE + causal, 30 reps
 #   backward-targets-d64  the same at the paper shape (B=4, 12 heads of 64, fp16)
 #   ab                bench/gluon_backward_ab.py, causal, 2 rounds (kernel times and host times)
+#   launch-host       bench/gluon_launch_host.py: Gluon launch host time, descriptor replay on and off
 #   layer             bench/llama_layer.py fwd and fwdbwd at 4096 and 8192, eager, deterministic=False
 #   host              bench/host_overhead.py at N=128 and 512
 #   forward           bench/gluon_forward.py at head dim 128
@@ -39,6 +40,9 @@ for stage in "$@"; do
     ab)
       timeout 150 python3 bench/gluon_backward_ab.py --cases causal --rounds 2 > "$dir/gluon_backward_ab.log" 2>&1
       echo "ab rc=$?"; grep -v Warn "$dir/gluon_backward_ab.log" | tail -14 ;;
+    launch-host)
+      timeout 120 python3 bench/gluon_launch_host.py > "$dir/gluon_launch_host.log" 2>&1; echo "launch-host rc=$?"
+      grep -v Warn "$dir/gluon_launch_host.log" | tail -8 ;;
     layer)
       timeout 300 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwd,fwdbwd \
         --nondeterministic --out "$dir" > "$dir/llama_layer.log" 2>&1; echo "layer rc=$?" ;;

@@ -50,15 +50,19 @@ OUTPUT_ROLES = ("dk", "dv", "dq_acc")
 ROW_ROLES = ("lse", "delta")
 """The row statistics behind the 1-D descriptors (contiguous `[B, Hq, Nq]` fp32)."""
 
-GLUON_BACKWARD_MIN_WORK = {128: 8 * 1024 * 1024}
+GLUON_BACKWARD_MIN_WORK = {64: 8 * 1024 * 1024, 128: 8 * 1024 * 1024}
 """`auto` takes the Gluon backward at a head dim of this table from this many (query, key)
-pairs per head (half of Nq x Nk under a causal band). On the H200 at the Llama-3-8B heads
-(bf16, backward alone, ms; bench/results/20261202T023503Z- and 20261202T023559Z-backward-
-targets.md, after launches went direct, `gluon_launch.GluonRunner`): causal 4096 0.761-0.776
-against the split's 0.860-0.941 (cuDNN 0.780-0.797), RoPE + causal 4096 0.767-0.774 against
-0.876-0.920 (cuDNN 0.816-0.836), causal 8192 3.000 against 3.622 (cuDNN 2.853); dense 4096
-1.377-1.383 against 1.816-1.851 (20261202T020424Z-, 021309Z-). Smaller calls are not measured.
-Head dim 64 compiles and is checked on the H200 but not timed: `auto` leaves it to the split."""
+pairs per head (half of Nq x Nk under a causal band). On the H200, backward alone, ms, after
+the printer's full steps lost their guards and divisions (bench/results/20261202T051358Z- and
+20261202T051441Z-backward-targets.md):
+- head dim 128 (Llama-3-8B heads, bf16): causal 4096 0.723 against the split's 0.906 (cuDNN
+  0.810), causal 8192 2.806 against 3.662 (cuDNN 2.864), RoPE + causal 4096 0.740 against
+  0.926, 8192 2.922 against 3.672;
+- head dim 64 (B=4, 12 heads, fp16): causal 4096 0.794 against 0.835 (cuDNN 0.718), causal
+  8192 3.025 against 3.243 (cuDNN 2.610), dense 4096 1.490 against 1.764, dense 8192 5.909
+  against 7.149: faster than the split, slower than cuDNN (the schedule's sizes are the head
+  dim 128 ones, not tuned for 64).
+Smaller calls are not measured."""
 
 
 def backward_target() -> str:

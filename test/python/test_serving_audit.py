@@ -366,3 +366,38 @@ def test_the_dynamo_marker_is_what_assume_constant_result_sets():
     marked = torch.compiler.assume_constant_result(lambda: None)
     assert marked._dynamo_marked_constant is True
     assert api._spec_form_name._dynamo_marked_constant is True
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face: a model made with attn_implementation="attnfuse" against the same one on SDPA
+# --------------------------------------------------------------------------------------------
+
+
+def test_transformers_from_config_against_sdpa():
+    """`register()`, then a tiny random Llama made with `attn_implementation="attnfuse"`
+    (each model its own config: `from_config` writes the implementation into the config it is
+    given): left-padded logits equal SDPA's on real positions, and greedy decoding with a
+    static cache equals SDPA's."""
+    import copy
+
+    transformers = pytest.importorskip("transformers")
+    from attnfuse.integrations import transformers as af_hf
+
+    af_hf.register()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=1,
+                                      intermediate_size=96, num_hidden_layers=2, vocab_size=96,
+                                      initializer_range=0.25, pad_token_id=0)
+    fused = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="attnfuse").eval()
+    sdpa = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa").eval()
+    sdpa.load_state_dict(fused.state_dict())
+    assert fused.config._attn_implementation == "attnfuse"
+    ids = torch.randint(1, 96, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :4], ids[1, :4] = 0, 0
+    with torch.no_grad():
+        out, ref = fused(ids, attention_mask=mask).logits, sdpa(ids, attention_mask=mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(out[keep], ref[keep], rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    kwargs = dict(attention_mask=mask, max_new_tokens=3, do_sample=False, cache_implementation="static", pad_token_id=0)
+    assert torch.equal(fused.generate(ids, **kwargs), sdpa.generate(ids, **kwargs))

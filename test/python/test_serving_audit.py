@@ -212,6 +212,24 @@ def test_decode_per_sequence_query_positions_over_given_keys():
     assert_matches(out, lse, want, want_lse)
 
 
+def test_decode_with_both_rotation_positions_per_sequence():
+    """q_positions [B, Nq] and k_positions [B, L_max] (indexed by cache position, as all
+    per-key data) over a contiguous and a paged cache: the naive reference rotates each key
+    at its given position and then takes it as given."""
+    fn = af.compile(af.attention(af.rope(theta=500.0), af.causal()), rope_placement="fused")
+    q, k, v = cache(2, 2, 2, 32, seed=10)
+    lens = torch.tensor([32, 9], dtype=torch.int32)
+    k_positions = torch.stack([torch.arange(32) + 5, torch.arange(32) * 2])
+    q_positions = torch.tensor([[40, 41], [3, 4]])
+    keys = torch.stack([rotate(k[b], k_positions[b], 500.0) for b in range(2)]).float()
+    want, want_lse = naive(q, keys, v, lens, rope=500.0, key_given=True, q_positions=q_positions, causal=True)
+    _k, _v, pool_k, pool_v, table = paginate(k, v, 16, share_prefix=False)
+    for keys_in, values_in, extra in ((k, v, {}), (pool_k, pool_v, {"block_table": table})):
+        out, lse = fn(q, keys_in, values_in, kv_lens=lens, q_positions=q_positions, k_positions=k_positions,
+                      return_lse=True, **extra)
+        assert_matches(out, lse, want, want_lse)
+
+
 def test_lengths_outside_the_cache_are_clamped_by_the_kernels():
     """docs/semantics.md: a length outside [0, L_max] is clamped to it in the kernels (no host
     read: a decode step replays in a CUDA graph), so 40 over a 32-key cache is 32 and -3 is

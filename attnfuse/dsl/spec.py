@@ -88,13 +88,10 @@ class AttentionSpec:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any):
         """Runs the variant (compiling it on first use; the compiled form is cached)."""
-        if self._compiled is None:
-            # The package's `compile` (the runtime, loaded on first use): the DSL itself
-            # imports nothing of the runtime.
-            import attnfuse
+        # The runtime, loaded on first use: the DSL itself imports nothing of it.
+        from attnfuse.runtime.api import compiled_form
 
-            self._compiled = attnfuse.compile(self)
-        return self._compiled(q, k, v, **kwargs)
+        return compiled_form(self)(q, k, v, **kwargs)
 
 
 def attention(*blocks: Block) -> AttentionSpec:

@@ -7,7 +7,7 @@ import functools
 import weakref
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +59,9 @@ from attnfuse.runtime.program import (
     as_program,
 )
 from attnfuse.runtime.tensor_cache import TensorCache, tensor_state
+
+if TYPE_CHECKING:
+    from attnfuse.dsl.spec import AttentionSpec
 
 LIST_SOURCES = "block_list_sources"
 """The entry of a call's data that holds its listed filters (`ListSource`s), from which the
@@ -970,6 +973,58 @@ class _NoSecondDerivative(torch.autograd.Function):
             "computed with create_graph=True was differentiated again (a gradient penalty or "
             "a Hessian-vector product through the attention)"
         )
+
+
+def compiled_form(spec: AttentionSpec) -> CompiledAttention:
+    """What `spec(q, k, v)` runs: `compile(spec)`, made on the spec's first call and kept on
+    it. Under `torch.compile` / `torch.export` (Dynamo traces this function), the spec is
+    compiled (or its compiled form taken) by `_spec_form_name`, which Dynamo runs instead of tracing (compiling
+    is xDSL code), and found by name in `_SPEC_FORMS`: a plain global dict, which the trace
+    reads like any global, so the call traces on into the compiled variant's operator with
+    no graph break. (A spec made inside the traced function is refused there: see
+    `_spec_form_name`.)"""
+    if torch.compiler.is_compiling():
+        # The trace reads nothing of the spec itself: a guard on its `_compiled`, which
+        # changes when the spec compiles, would fail (or recompile the graph).
+        return _SPEC_FORMS[_spec_form_name(spec)]
+    compiled = spec._compiled
+    if compiled is None:
+        compiled = spec._compiled = compile(spec)
+    return compiled
+
+
+_SPEC_FORMS: dict[str, CompiledAttention] = {}
+"""The compiled forms of specs first called under tracing, by their operator key (one per
+variant program: equal specs share one)."""
+_SPEC_FORM_NAMES: dict[AttentionSpec, str] = {}
+
+
+def _spec_form_name(spec: AttentionSpec) -> str:
+    """The `_SPEC_FORMS` name of a spec first called under tracing, compiled here (and kept
+    on the spec, as an eager first call does). Dynamo hands this function the real spec, so
+    the spec must exist outside the traced function: one made inside it is, at this point, an
+    object whose attributes Dynamo has not written yet."""
+    if not hasattr(spec, "_key"):
+        raise AttnFuseError(
+            "a spec made inside a function that torch.compile / torch.export traces cannot be "
+            "called there: make it outside (spec = af.attention(...); the traced function calls "
+            "spec(q, k, v)), or call af.compile(spec) outside and the compiled object inside"
+        )
+    name = _SPEC_FORM_NAMES.get(spec)
+    if name is None:
+        compiled = spec._compiled
+        if compiled is None:
+            compiled = spec._compiled = compile(spec)
+        name = _SPEC_FORM_NAMES[spec] = compiled.operator_key()
+        _SPEC_FORMS.setdefault(name, compiled)
+    return name
+
+
+# What `torch.compiler.assume_constant_result(_spec_form_name)` does (it sets this
+# attribute; Dynamo then calls the function at trace time and keeps its result as a
+# constant), without the 4 s import of torch._dynamo it makes: eager calls do not pay for it.
+# test_serving_audit checks that the decorator still sets this very attribute.
+_spec_form_name._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def compile(

@@ -229,6 +229,16 @@ def test_call_data_changed_before_the_backward_is_refused(argument):
         out.sum().backward()
 
 
+def test_rotate_keys_positions_changed_before_the_backward_is_refused():
+    fn = af.compile(af.attention(af.rope()), rope_placement=("fused", "given"))
+    k = torch.randn(1, 2, 16, 16).requires_grad_()
+    pos = torch.arange(16)
+    rotated = fn.rotate_keys(k, pos)
+    pos.mul_(5)
+    with pytest.raises(ArgumentError, match="k_positions was modified in place between the forward"):
+        rotated.sum().backward()
+
+
 def test_call_data_changed_after_the_backward_is_fine():
     pos = torch.arange(16)
     q, k, v = (torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(i)).requires_grad_() for i in range(3))

@@ -67,6 +67,11 @@ LIST_SOURCES = "block_list_sources"
 """The entry of a call's data that holds its listed filters (`ListSource`s), from which the
 backward builds its own lists; not a kernel role."""
 
+REREAD_BY_BACKWARD = ("bias", "q_positions", "k_positions")
+"""The call-time tensors (their names in a call's data, which are the call's keywords) that
+the backward reads again besides the listed filters' (`LIST_SOURCES`): a training call
+checks that none was changed in place since its forward."""
+
 
 @dataclass(frozen=True)
 class CallPlan:
@@ -566,6 +571,10 @@ class CompiledAttention:
             raise ArgumentError(
                 f"unexpected argument(s) {', '.join(sorted(unexpected))} for {self.program!r}"
             )
+        if return_lse is not True and return_lse is not False:
+            # Any truthy object would otherwise ask for the lse (and a tensor would fail deep
+            # inside with "Boolean value of Tensor ... is ambiguous").
+            raise ArgumentError(f"return_lse must be True or False, got {return_lse!r}")
         if return_lse and not self._has_lse:
             name = self.variant.normalizer_name
             raise ArgumentError(f"return_lse=True needs softmax(): {name}() attention has no log-sum-exp")
@@ -862,7 +871,12 @@ class _AttentionFunction(torch.autograd.Function):
         # The listed filters' tensors (a layout, document ids) as the forward read them: the
         # backward reads them again (its own block lists, the ids per entry).
         sources = data.get(LIST_SOURCES)
-        ctx.list_states = () if sources is None else tuple(tensor_state(source.given) for source in sources)
+        read = [] if sources is None else [(source.argument, source.given) for source in sources]
+        # The bias and RoPE positions are read again too (the scores are recomputed): as the
+        # forward read them, or the gradients follow other scores than the output (positions
+        # past the forward's rotation table would even be read out of bounds).
+        read += [(name, data[name]) for name in REREAD_BY_BACKWARD if name in data]
+        ctx.read_states = tuple((argument, t, tensor_state(t)) for argument, t in read)
         # A rotated copy replaces its operand where the backward reads the copy; otherwise
         # the backward gets the operand (and rotates it itself if it must).
         q_saved = rotated["q_rot"] if "q_rot" in rotated and "q_rot" in plan.backward_roles else None
@@ -882,11 +896,10 @@ class _AttentionFunction(torch.autograd.Function):
         fn: CompiledAttention = ctx.fn
         bias_grad = ctx.needs_input_grad[6]
         saved = ctx.saved_tensors  # unpacked once: each access unpacks them all again
-        for source, state in zip(ctx.data[LIST_SOURCES], ctx.list_states) if ctx.list_states else ():
-            if tensor_state(source.given) != state:
+        for argument, given, state in ctx.read_states:
+            if tensor_state(given) != state:
                 # As autograd refuses a saved tensor changed in place: the backward would read
                 # the new data, not what the forward used.
-                argument = source.argument
                 raise ArgumentError(
                     f"{argument} was modified in place between the forward and the backward; "
                     f"the backward needs the forward's {argument} (pass a copy, or change it "

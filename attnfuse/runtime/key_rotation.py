@@ -33,6 +33,7 @@ from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.launch import KernelLaunch, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
 from attnfuse.runtime.program import VariantProgram
+from attnfuse.runtime.tensor_cache import tensor_state
 
 RopeKey = tuple[float, int | None, bool, tuple[float, ...] | None]
 """`attn.RopeOp.rope_key`: theta, rotary width, interleaved, Llama-3.1 scaling."""
@@ -84,10 +85,18 @@ class _RotateKeys(torch.autograd.Function):
     @staticmethod
     def forward(ctx, launch, positions, table, k):  # type: ignore[override]
         ctx.launch, ctx.positions, ctx.table = launch, positions, table
+        ctx.positions_state = tensor_state(positions)
         return _rotate(launch, k, positions, table)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
+        if tensor_state(ctx.positions) != ctx.positions_state:
+            # As for an attention call: the gradient would rotate back at other positions
+            # (past the table, sized for the forward's, they would be read out of bounds).
+            raise ArgumentError(
+                "k_positions was modified in place between the forward and the backward; "
+                "the backward needs the forward's k_positions (pass a copy, or change it "
+                "after the backward)")
         return None, None, None, _rotate(ctx.launch, grad, -ctx.positions, ctx.table)
 
 

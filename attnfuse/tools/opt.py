@@ -222,6 +222,11 @@ def _pipeline_error(argv: Sequence[str], message: str) -> str:
         elif arg.startswith("--passes="):
             pipeline = arg.split("=", 1)[1]
     col = 1
+    located = re.match(r"Error parsing pass pipeline specification: pass-pipeline:1:(\d+) .*\^\s+(.*)$", message)
+    if located:
+        # xDSL's own message quotes the pipeline with a caret under the column: keep the
+        # column and the words, drop the copy of the pipeline.
+        return f"<pass-pipeline>:1:{located.group(1)}: error: {located.group(2).strip()}"
     quoted = re.search(r"'([^']+)'", message)
     if quoted and quoted.group(1) in pipeline:
         col = pipeline.index(quoted.group(1)) + 1

@@ -21,11 +21,38 @@ from types import ModuleType
 from xdsl.ir import Dialect
 
 
+_REGISTERED: list[ModuleType] = []
+"""Block modules from outside this package (`register_block_module`), in registration order."""
+
+
 @cache
-def block_modules() -> tuple[ModuleType, ...]:
-    """Every block module of this package, imported, in name order."""
+def _package_modules() -> tuple[ModuleType, ...]:
     names = sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_"))
     return tuple(importlib.import_module(f"{__name__}.{name}") for name in names)
+
+
+def block_modules() -> tuple[ModuleType, ...]:
+    """Every block module of this package, imported, in name order, then the modules
+    registered from outside it."""
+    return (*_package_modules(), *_REGISTERED)
+
+
+def register_block_module(module: ModuleType) -> None:
+    """Adds a block module that lives outside this package (a research prototype, a test)
+    to the `attn` dialect: laid out as a module here (§10.1 of docs/architecture.md), its
+    `OPS` and `ATTRIBUTES` are registered by every context made after the call, so its op
+    parses in `af.compile(text)` and `attnfuse-opt`-style tools run in this process. Its
+    source joins the compile cache's fingerprint, so an edit never reuses stale kernels."""
+    if module not in _REGISTERED and module not in _package_modules():
+        _REGISTERED.append(module)
+        attn_dialect.cache_clear()
+
+
+def unregister_block_module(module: ModuleType) -> None:
+    """Removes a module `register_block_module` added (nothing if it was not registered)."""
+    if module in _REGISTERED:
+        _REGISTERED.remove(module)
+        attn_dialect.cache_clear()
 
 
 @cache
@@ -42,4 +69,4 @@ def attn_dialect() -> Dialect:
     return Dialect("attn", ops, attributes)
 
 
-__all__ = ["attn_dialect", "block_modules"]
+__all__ = ["attn_dialect", "block_modules", "register_block_module", "unregister_block_module"]

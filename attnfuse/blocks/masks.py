@@ -33,7 +33,7 @@ from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewri
 from xdsl.traits import HasCanonicalizationPatternsTrait, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from attnfuse.dialects.attn import BandAttr, MaskPredicate, ScoresType, intersect_bands
+from attnfuse.dialects.attn import MAX_BAND_OFFSET, BandAttr, MaskPredicate, ScoresType, intersect_bands
 from attnfuse.dialects.interfaces import KeyFilter
 from attnfuse.dsl.blocks import Block
 from attnfuse.errors import CompositionError
@@ -47,6 +47,15 @@ class CausalAttr(MaskPredicate):
 
     def band(self) -> tuple[int | None, int | None]:
         return (None, 0)
+
+
+MAX_WINDOW = MAX_BAND_OFFSET + 1
+"""The widest window: its band's offsets, `±(w - 1)`, must stay within `MAX_BAND_OFFSET`."""
+
+
+def _too_wide(size: int) -> str:
+    return (f"window size must be at most {MAX_WINDOW} (its band offsets are added to positions "
+            f"in int32), got {size}")
 
 
 @irdl_attr_definition
@@ -66,6 +75,8 @@ class WindowAttr(MaskPredicate):
             size = parser.parse_integer(allow_boolean=False)
             if size <= 0:
                 parser.raise_error(f"window size must be positive, got {size}")
+            if size > MAX_WINDOW:
+                parser.raise_error(_too_wide(size))
             return (IntAttr(size),)
 
     def print_parameters(self, printer: Printer) -> None:
@@ -74,6 +85,8 @@ class WindowAttr(MaskPredicate):
     def verify(self) -> None:
         if self.size.data <= 0:
             raise VerifyException(f"window size must be positive, got {self.size.data}")
+        if self.size.data > MAX_WINDOW:
+            raise VerifyException(_too_wide(self.size.data))
 
     def band(self) -> tuple[int | None, int | None]:
         w = self.size.data
@@ -183,6 +196,8 @@ class SlidingWindow(Block):
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0:
             raise CompositionError(f"sliding_window: window must be a positive int, got {self.window!r}")
+        if self.window > MAX_WINDOW:
+            raise CompositionError(f"sliding_window: {_too_wide(self.window)}")
 
     @property
     def block_name(self) -> str:

@@ -191,6 +191,12 @@ class MaskPredicate(ParametrizedAttribute):
         raise NotImplementedError  # abstract: every concrete predicate overrides it
 
 
+MAX_BAND_OFFSET = 2**30
+"""The largest |offset| of a band side: kernels add offsets to positions in int32 (`q_last +
+upper + 1`), which stays below 2**31 for sequences of up to 2**30 positions. A window of
+2**31 - 1 overflowed there and kept the wrong keys."""
+
+
 @irdl_attr_definition
 class BandAttr(ParametrizedAttribute):
     """`#attn.band<lower = a, upper = b>`: key j is kept by query i iff
@@ -249,6 +255,12 @@ class BandAttr(ParametrizedAttribute):
         lo, hi = self.bounds
         if lo is not None and hi is not None and lo > hi:
             raise VerifyException(f"band keeps no key: lower {lo} > upper {hi}")
+        for side, value in (("lower", lo), ("upper", hi)):
+            if value is not None and abs(value) > MAX_BAND_OFFSET:
+                raise VerifyException(
+                    f"band {side} offset must lie in [-{MAX_BAND_OFFSET}, {MAX_BAND_OFFSET}] "
+                    f"(kernels add it to positions in int32), got {value}"
+                )
 
 
 def intersect_bands(

@@ -3,9 +3,10 @@
     attnfuse-opt variant.mlir -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile
     attnfuse-opt variant.mlir -p ... -t triton
 
-A thin layer over xDSL's opt main: it registers AttnFuse's dialects, passes and the `triton`
-target, and turns every failure into one located line on stderr (`file:line:col: error: ...`)
-and exit code 1, never a Python traceback.
+A thin layer over xDSL's opt main: it registers AttnFuse's dialects, passes and targets
+(`mlir`, the default, `triton` and `gluon`), reads MLIR text from a file of any name or from
+stdin (no file, or `-`), and turns every failure into one located line on stderr
+(`file:line:col: error: ...`) and exit code 1, never a Python traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import sys
 from collections.abc import Sequence
 from typing import IO
+import io
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
@@ -28,6 +30,7 @@ from xdsl.utils.exceptions import (
     VerifyException,
 )
 from xdsl.utils.lexer import Input, Span
+from xdsl.utils.mlir_lexer import MLIRTokenKind
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from attnfuse.dialects import dialects
@@ -38,15 +41,34 @@ from attnfuse.transforms import PASSES
 class LocatingParser(Parser):
     """A parser that remembers where each operation starts, for located diagnostics."""
 
-    def __init__(self, ctx: Context, text: str, name: str, locations: dict[int, Span]):
+    def __init__(self, ctx: Context, text: str, name: str, locations: dict[int, Span],
+                 locate_verify_errors: bool = True):
         super().__init__(ctx, text, name)
         self.locations = locations
+        self.locate_verify_errors = locate_verify_errors
 
     def parse_operation(self) -> Operation:
         span = self._current_token.span
-        op = super().parse_operation()
+        try:
+            op = super().parse_operation()
+        except VerifyException as err:
+            if not self.locate_verify_errors:
+                raise  # --verify-diagnostics prints verifier messages as xDSL does
+            # A constraint checked while the op is parsed (a property's type, an operand
+            # constraint of its format, a type's parameters): the op never exists, so no
+            # verifier run can locate it later. Point at the innermost op being parsed.
+            raise ParseError(span, str(err)) from err
         self.locations[id(op)] = span
         return op
+
+    def _parse_block(self):
+        # xDSL reports anything that is neither an operation nor `}` where a region's ops
+        # end as a missing block label (" in block definition"): say what was found.
+        token = self._current_token
+        if token.kind != MLIRTokenKind.CARET_IDENT:
+            found = "the end of the input" if token.kind == MLIRTokenKind.EOF else f"'{token.text}'"
+            self.raise_error(f"expected an operation or '}}' closing the region, got {found}", token.span)
+        return super()._parse_block()
 
 
 class AttnFuseOptMain(xDSLOptMain):
@@ -65,8 +87,24 @@ class AttnFuseOptMain(xDSLOptMain):
         for name, factory in PASSES.items():
             self.register_pass(name, factory)
 
+    def get_input_stream(self) -> tuple[IO[bytes], str]:
+        """The input and its format: MLIR text, from the named file whatever its extension
+        (xDSL picks a frontend by extension and refuses others), or from stdin when no file
+        or `-` is named."""
+        if self.args.input_file in (None, "-"):
+            self.args.input_file = None
+            return io.BytesIO(sys.stdin.buffer.read()), "mlir"
+        return open(self.args.input_file, "rb"), "mlir"
+
     def register_all_targets(self) -> None:
-        super().register_all_targets()
+        # Only the targets that print AttnFuse IR: xDSL's others (llvm, wgsl, csl, ...) print
+        # nothing or fail on attn and tile ops.
+        def mlir_target():
+            from xdsl.targets.mlir import MLIRTarget
+
+            return MLIRTarget
+
+        self.available_targets["mlir"] = mlir_target
 
         def triton_target():
             from attnfuse.lowering.triton import TritonTarget
@@ -98,7 +136,8 @@ class AttnFuseOptMain(xDSLOptMain):
             self.modules.append(module)
             return module
         # Pad with the lines before this chunk so that locations count from the file's start.
-        parser = LocatingParser(self.ctx, "\n" * start_offset + text, self.get_input_name(), self.locations)
+        parser = LocatingParser(self.ctx, "\n" * start_offset + text, self.get_input_name(), self.locations,
+                                locate_verify_errors=not self.args.verify_diagnostics)
         module = parser.parse_module()
         self.modules.append(module)
         return module
@@ -183,6 +222,11 @@ def _pipeline_error(argv: Sequence[str], message: str) -> str:
         elif arg.startswith("--passes="):
             pipeline = arg.split("=", 1)[1]
     col = 1
+    located = re.match(r"Error parsing pass pipeline specification: pass-pipeline:1:(\d+) .*\^\s+(.*)$", message)
+    if located:
+        # xDSL's own message quotes the pipeline with a caret under the column: keep the
+        # column and the words, drop the copy of the pipeline.
+        return f"<pass-pipeline>:1:{located.group(1)}: error: {located.group(2).strip()}"
     quoted = re.search(r"'([^']+)'", message)
     if quoted and quoted.group(1) in pipeline:
         col = pipeline.index(quoted.group(1)) + 1

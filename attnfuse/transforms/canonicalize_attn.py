@@ -11,6 +11,7 @@ its own:
   says it commutes with the second (`commutes_with`): ALiBi and a bias commute, a soft-cap
   commutes with neither, every filter commutes with every modifier (a dropped key stays
   dropped whatever is added to it);
+- the query's rotation is moved above the key's (the two are independent);
 - every op's own canonicalization patterns (xDSL's `HasCanonicalizationPatternsTrait`) run
   too: `attn.mask` merges adjacent masks, sorts and deduplicates predicates, intersects
   windows and drops an empty mask.
@@ -33,7 +34,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 from xdsl.traits import HasCanonicalizationPatternsTrait
 
-from attnfuse.dialects.attn import VariantOp, YieldOp, is_score_op
+from attnfuse.dialects.attn import KeyType, QueryType, RopeOp, VariantOp, YieldOp, is_score_op
 from attnfuse.dialects.interfaces import KeyFilter, ScoreModifier, score_semantics
 
 
@@ -93,6 +94,28 @@ class OrderScoreOps(RewritePattern):
         rewriter.erase(inner)
 
 
+class OrderRotations(RewritePattern):
+    """Moves the query's rotation above the key's: the two are independent, so programs that
+    write them in either order are equal and must print alike (the DSL builds the query's
+    first)."""
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, RopeOp) or not isinstance(op.input.type, KeyType):
+            return
+        block = op.parent_block()
+        if block is None or not isinstance(op.parent_op(), VariantOp):
+            return
+        later = op.next_op
+        while later is not None:
+            if isinstance(later, RopeOp) and isinstance(later.input.type, QueryType):
+                # Its operands are the variant's arguments, so it may move anywhere above.
+                moved = later.clone()
+                rewriter.insert(moved, InsertPoint.before(op))
+                rewriter.replace(later, [], moved.results)
+                return
+            later = later.next_op
+
+
 def op_patterns(ctx: Context) -> list[RewritePattern]:
     """The canonicalization patterns the attn dialect's ops declare."""
     dialect = ctx.get_optional_dialect("attn")
@@ -113,7 +136,7 @@ class CanonicalizeAttnPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(
             GreedyRewritePatternApplier(
-                [EraseUnusedOp(), OrderScoreOps(), *op_patterns(ctx)],
+                [EraseUnusedOp(), OrderScoreOps(), OrderRotations(), *op_patterns(ctx)],
                 # The pattern above erases only attn ops; xDSL's DCE would also erase unused
                 # ops of any other dialect in the module.
                 dce_enabled=False,

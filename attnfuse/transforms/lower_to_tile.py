@@ -544,7 +544,14 @@ class LowerToTilePass(ModulePass):
                             self.merge_stages, self.bwd_dq, self.hoist_page_rows, self.decode_pdl)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        PatternRewriteWalker(LowerVariant(self.config()), apply_recursively=False).rewrite_module(op)
+        config = self.config()
+        variants = [v for v in op.walk() if isinstance(v, attn.VariantOp)]
+        if len(variants) > 1:
+            # The kernels' names are fixed (attention_fwd, rotate_key, ...: the runtime and the
+            # targets find them by name), so a second variant's would redefine the first's.
+            raise _fail(variants[1], f"a module holds one attn.variant, got {len(variants)}: "
+                                     f"lower @{variants[1].sym_name.data} from a module of its own")
+        PatternRewriteWalker(LowerVariant(config), apply_recursively=False).rewrite_module(op)
 
 
 

@@ -41,7 +41,7 @@ from attnfuse.dialects.attn import (
     ScoresOp,
     VariantOp,
 )
-from attnfuse.errors import PassOptionError
+from attnfuse.errors import IRError, PassOptionError
 from attnfuse.transforms.rotation_calculus import (
     H200,
     GpuRates,
@@ -71,6 +71,13 @@ class PlaceRotation(RewritePattern):
             return  # the program's meaning (keys passed rotated), not a choice to revisit
         if op.placement is not None and op.placement.data == wanted:
             return
+        if wanted == Placement.GIVEN and op.positions is not None:
+            # A given key arrives rotated: it reads no positions (the verifier's rule), so
+            # marking this rotation would make the program invalid rather than say why.
+            raise IRError(
+                "place-rope: key=given, but this key rotation reads call-time positions "
+                "(attn.rope ... at %positions); a given key arrives rotated and reads none: "
+                "place it fused or pre_rotated, or drop the positions", op)
         op.properties["placement"] = PlacementAttr(Placement(wanted))
         rewriter.handle_operation_modification(op)
 

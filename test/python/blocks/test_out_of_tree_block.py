@@ -1,0 +1,190 @@
+"""A block defined outside the package, in this one file, following docs/architecture.md §10.1:
+`score_offset(offset)`, `s <- s + offset`, registered with `attnfuse.blocks.register_block_module`.
+
+What it shows works end to end from one file: the DSL builds it, hand-written IR with the op
+parses (`af.compile(text)`), canonicalize-attn orders it by its own algebra (additive, rank 12:
+after ALiBi, before the mask), the kernels apply it (a `tile.map` in every loop; derivative 1 in
+the backward), and the interpreted kernels match the float64 reference and a formula written out
+by hand. Under relu and sigmoid the offset changes the output (softmax ignores it), so the
+comparison can fail.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from conftest import check_forward_backward, make_qkv
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import FloatAttr, f32, f64
+from xdsl.ir import Operation, SSAValue
+from xdsl.irdl import IRDLOperation, ParsePropInAttrDict, irdl_op_definition, operand_def
+from xdsl.irdl import prop_def, result_def, traits_def
+from xdsl.traits import Pure
+from xdsl.utils.exceptions import VerifyException
+
+import attnfuse as af
+from attnfuse.blocks import register_block_module, unregister_block_module
+from attnfuse.dialects.attn import FP32_MAX, ScoresType
+from attnfuse.dialects.interfaces import ScoreModifier
+from attnfuse.dsl.blocks import Block
+from attnfuse.errors import AttnFuseError, CompositionError
+
+pytestmark = pytest.mark.interpreter
+
+
+# --- the block, laid out as attnfuse/blocks/softcap.py is ------------------------------------
+
+
+@dataclass(frozen=True)
+class ScoreOffsetSemantics(ScoreModifier):
+    """`attn.score_offset` to the compiler, the runtime and the reference. Additive: it
+    commutes with ALiBi and the bias, and its derivative is 1 (the default `vjp`)."""
+
+    rank: int = 12
+    additive: bool = True
+
+    def lower(self, op: Operation, kernel: Any, scores: SSAValue) -> SSAValue:
+        offset = self.offset(op)
+
+        def body(b: Any, args: Any) -> SSAValue:
+            constant = b.insert(arith.ConstantOp(FloatAttr(offset, f32))).result
+            return b.insert(arith.AddfOp(args[0], constant)).result
+
+        return kernel.scalar_map([scores], "scores", body)
+
+    def evaluate(self, op: Operation, scores: Any, env: Any) -> Any:
+        return scores + self.offset(op)
+
+    @staticmethod
+    def offset(op: Operation) -> float:
+        assert isinstance(op, ScoreOffsetOp)
+        return op.offset.value.data
+
+
+@irdl_op_definition
+class ScoreOffsetOp(IRDLOperation):
+    """Adds a constant to every score: `s[i, j] <- s[i, j] + offset`."""
+
+    name = "attn.score_offset"
+
+    input = operand_def(ScoresType)
+    result = result_def(ScoresType)
+    offset = prop_def(FloatAttr)
+
+    assembly_format = "$input attr-dict"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure(), ScoreOffsetSemantics())
+
+    def __init__(self, scores: SSAValue, offset: float):
+        super().__init__(operands=[scores], result_types=[ScoresType()],
+                         properties={"offset": FloatAttr(offset, f64)})
+
+    def verify_(self) -> None:
+        offset = self.offset.value.data
+        if not abs(offset) <= FP32_MAX:
+            raise VerifyException(f"score_offset offset must be a finite fp32 number, got {offset}")
+
+
+@dataclass(frozen=True, repr=False)
+class ScoreOffset(Block):
+    """`s <- s + offset`."""
+
+    offset: float = 0.0
+    category: ClassVar[str] = "modifier"
+    hint: ClassVar[str] = "shifted"
+
+    def __post_init__(self) -> None:
+        o = self.offset
+        if isinstance(o, bool) or not isinstance(o, (int, float)) or not math.isfinite(o) or abs(o) > FP32_MAX:
+            raise CompositionError(f"score_offset: offset must be a finite fp32 number, got {o!r}")
+        object.__setattr__(self, "offset", float(o))
+
+    def build(self, variant: Any, value: SSAValue) -> Operation:
+        return ScoreOffsetOp(value, self.offset)
+
+
+def score_offset(offset: float) -> ScoreOffset:
+    """Adds `offset` to every score."""
+    return ScoreOffset(offset)
+
+
+OPS = (ScoreOffsetOp,)
+
+
+# --- the tests ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    """The block is part of the attn dialect for each test, and only then (the dialect docs'
+    test must not see it)."""
+    module = sys.modules[__name__]
+    register_block_module(module)
+    yield
+    unregister_block_module(module)
+
+
+HAND_WRITTEN = """
+attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %o1 = attn.score_offset %m {offset = 7.500000e-01 : f64}
+  %a = attn.alibi %o1
+  %p = attn.relu %a
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+"""
+
+
+def test_dsl_and_canonical_ir():
+    spec = af.attention(af.causal(), score_offset(0.75), af.alibi(), af.relu())
+    assert "attn.score_offset %kept {offset = 7.500000e-01 : f64}" in spec.ir()
+    canonical = af.compile(HAND_WRITTEN).variant.text  # hand-written IR with the op parses
+    # Its own algebra: additive, rank 12, so ALiBi (10) moves above it and the mask below.
+    assert canonical.index("attn.alibi") < canonical.index("attn.score_offset") < canonical.index("attn.mask")
+
+
+@pytest.mark.parametrize("normalizer", [af.relu(), af.sigmoid(), af.softmax()], ids=["relu", "sigmoid", "softmax"])
+def test_kernels_forward_backward(normalizer):
+    q, k, v = make_qkv(1, 2, 1, 29, 37, 16, seed=5)
+    spec = af.attention(af.causal(), score_offset(0.75), af.alibi(), normalizer)
+    check_forward_backward(spec, q, k, v)
+
+
+def test_hand_written_ir_matches_a_formula():
+    """relu(s + 0.75 + alibi) / Nk on kept keys, written out in float64 by hand."""
+    q, k, v = make_qkv(1, 2, 2, 24, 40, 16, seed=7)
+    fn = af.compile(HAND_WRITTEN)
+    out = fn(q, k, v).double()
+    nq, nk = 24, 40
+    s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(16) + 0.75
+    slopes = torch.tensor([2.0 ** -4, 2.0 ** -8], dtype=torch.float64).view(1, 2, 1, 1)  # 2 heads
+    qpos = torch.arange(nq, dtype=torch.float64).view(-1, 1) + (nk - nq)
+    kpos = torch.arange(nk, dtype=torch.float64).view(1, -1)
+    s = s + slopes * (kpos - qpos)
+    p = torch.where(kpos <= qpos, torch.relu(s), torch.zeros(())) / nk
+    ref = p @ v.double()
+    assert (out - ref).abs().max().item() < 1e-5
+    # The printed kernels apply the offset as a map in every key loop.
+    assert fn.source.count("+ 0.75") >= 2
+
+
+def test_bad_offsets():
+    with pytest.raises(CompositionError, match="score_offset: offset must be a finite"):
+        score_offset(float("inf"))
+    bad = HAND_WRITTEN.replace("7.500000e-01", "0x7FF0000000000000")
+    with pytest.raises(AttnFuseError, match="score_offset offset must be a finite fp32 number"):
+        af.compile(bad)
+
+
+def test_unregistered_op_does_not_parse():
+    unregister_block_module(sys.modules[__name__])
+    # (Another text: programs parsed while the op was registered stay cached.)
+    with pytest.raises(AttnFuseError, match="attn.score_offset"):
+        af.compile(HAND_WRITTEN.replace("7.500000e-01", "2.500000e-01"))

@@ -26,8 +26,11 @@
 // CHECK-NEXT:         # tile.mask: keep keys in q_pos + [None, 0] and inside the sequence
 // CHECK-NEXT:         keep = key_in_bounds[None, :] & (keys[None, :] <= q_pos[:, None])
 // CHECK-NEXT:         scores = tl.where(keep, scores, float("-inf"))
-// CHECK-NEXT:     # tile.softmax_update: online softmax step
-// CHECK:          probs = tl.math.exp2(
+// The row max is kept in base-2 units: no log2(e) multiply per row on the way to the exponentials.
+// CHECK-NEXT:     # tile.softmax_update: online softmax step, the row max in base-2 units
+// CHECK-NEXT:     row_max_new = tl.maximum(row_max, tl.max(scores, 1) * 1.4426950408889634)
+// CHECK:          probs = tl.math.exp2(scores * 1.4426950408889634 - row_max_safe[:, None])
+// CHECK-NEXT:     alpha = tl.math.exp2(row_max - row_max_safe)
 // CHECK:          return probs, alpha, row_max, row_sum
 // CHECK-NOT:  def attention_fwd_step
 
@@ -59,7 +62,7 @@
 // CHECK-NEXT:         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
 // CHECK:              p_op = p_next
 // CHECK-NEXT:         last = (n_blocks - 1) % STAGES
-// CHECK:          lse = tl.where(has_keys, row_max + tl.math.log2(row_sum_safe) * 0.6931471805599453, float("-inf"))
+// CHECK:          lse = tl.where(has_keys, (row_max + tl.math.log2(row_sum_safe)) * 0.6931471805599453, float("-inf"))
 // CHECK:          tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + rows * stride_lse_n, lse, mask=row_in_bounds)
 // CHECK:              tma_store(o_desc, [batch, head, row_start, 0], q_smem)
 

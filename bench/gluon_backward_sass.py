@@ -112,11 +112,12 @@ def skipped(body: list[tuple[int, str, bool]]) -> set[int]:
     return out
 
 
-def loop_counts(sass: str) -> tuple[Counter, Counter, list[str]]:
-    """Counts by class of the main loop's instructions, all of them and those a full step
-    runs (`skipped` left out), and the loop's SASS."""
+def loop_counts(sass: str, loop=main_loop) -> tuple[Counter, Counter, list[str]]:
+    """Counts by class of the main loop's instructions (the range `loop` finds, `main_loop`
+    unless given), all of them and those a full step runs (`skipped` left out), and the
+    loop's SASS."""
     insts = instructions(sass)
-    start, end = main_loop(insts)
+    start, end = loop(insts)
     body = [i for i in insts if start <= i[0] <= end]
     skip = skipped(body)
     every = Counter(classify(t) for _, t, _ in body)

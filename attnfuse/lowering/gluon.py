@@ -43,7 +43,7 @@ from xdsl.utils.target import Target
 from attnfuse.dialects import tile
 from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.lowering.gluon_steps import GluonFunctions, MaskedLoopSteps
-from attnfuse.lowering.triton import HELPERS, KernelEmitter, LoopRows
+from attnfuse.lowering.triton import HELPERS, LN2, KernelEmitter, LoopRows
 from attnfuse.dialects.flash_shape import FlashLoop, NotFlashShaped, flash_kernel
 
 class GluonUnsupported(IRError):
@@ -120,6 +120,40 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             pieces.append((isinstance(op, tile.MaskOp), self.lines))
         self.loop_vars.pop()
         return pieces
+
+    def emit_softmax_update(self, op: tile.SoftmaxUpdateOp) -> None:
+        """The online-softmax step with the row max kept in base-2 units (the max of the
+        scores times the exponent's factor), as the probe and FA3 keep it: p = exp2(s * f - m)
+        is one FMA a score, and neither p's offset nor alpha multiplies by log2(e) per row
+        (4 FMULs a step on the path from the scores to the exponentials). The finalize (below)
+        turns it back into natural units; the row max goes nowhere else."""
+        scores, row_max, row_sum = (self.namer[v] for v in op.operands)
+        new_max, safe = self.namer.fresh("row_max_new"), self.namer.fresh("row_max_safe")
+        factor = self.exponent_factor(op)
+        self.emit("# tile.softmax_update: online softmax step, the row max in base-2 units (as the exponent scales s)")
+        self.emit(f"{new_max} = tl.maximum({row_max}, tl.max({scores}, 1) * {factor})")
+        self.emit("# A row with no kept key yet has max -inf: subtract 0 so exp2 gives 0, not NaN.")
+        self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
+        probs = self.fresh_result(op.probs)
+        alpha = self.fresh_result(op.alpha)
+        self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {safe}[:, None])")
+        self.emit(f"{alpha} = tl.math.exp2({row_max} - {safe})")
+        self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
+        self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")
+
+    def emit_softmax_finalize(self, op: tile.SoftmaxFinalizeOp) -> None:
+        """As the portable target's, with the row max in base-2 units (`emit_softmax_update`):
+        lse = (max + log2(sum)) * ln(2)."""
+        acc, row_max, row_sum = (self.namer[v] for v in op.operands)
+        has_keys = self.namer.fresh("has_keys")
+        self.emit("# tile.softmax_finalize: normalize; a row with no kept key gives 0 and lse = -inf")
+        # != rather than >: a NaN row sum (NaN inputs) must give NaN, not an empty row.
+        self.emit(f"{has_keys} = {row_sum} != 0.0")
+        safe_sum = self.namer.fresh("row_sum_safe")
+        self.emit(f"{safe_sum} = tl.where({has_keys}, {row_sum}, 1.0)")
+        self.emit(f"{self.namer.define(op.output)} = {acc} / {safe_sum}[:, None]")
+        lse = self.namer.define(op.lse)
+        self.emit(f"{lse} = tl.where({has_keys}, ({row_max} + tl.math.log2({safe_sum})) * {LN2}, float(\"-inf\"))")
 
     def step_function(self) -> list[str]:
         """`<name>_step(scores, row_max, row_sum, start_n, row_start, bound_1.., ...)`: the score
@@ -230,8 +264,6 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "alpha = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
             "acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)",
             "s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)",
-            "# P is carried in 16 bits in the product's operand layout (half the registers of fp32).",
-            "p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=P_LAYOUT)",
             "if n_blocks > 0:",
             "    mbarrier.wait(q_bars.index(WG), 0)",
             "    start_n = kv_start",
@@ -240,33 +272,35 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "    scores = warpgroup_mma_wait(0, deps=(scores,))",
             "    mbarrier.arrive(k_empty.index(0), count=1)",
             *[line[4:] for line in self.step_call("        ")],
+            "    # P is carried in 16 bits in the product's operand layout (half the registers of fp32),",
+            "    # first defined here: with a zeros tile before the `if`, the loop carried P as 16-bit",
+            "    # halves and every step copied its 32 registers after the product's wait (PRMT).",
             "    p_op = gl.convert_layout(probs.to(dtype), P_LAYOUT)",
-            "for j in range(1, n_blocks):",
-            "    stage = j % STAGES",
-            "    phase = (j // STAGES) & 1",
-            "    prev = (j - 1) % STAGES",
-            "    prev_phase = ((j - 1) // STAGES) & 1",
-            "    start_n = kv_start + j * BLOCK_N",
-            "    # Data first: no consumer issues products while it waits on a copy.",
-            "    mbarrier.wait(k_ready.index(stage), phase)",
-            "    mbarrier.wait(v_ready.index(prev), prev_phase)",
-            "    # tile.accumulate of block j-1 (acc * alpha + p @ v), issued behind S_j.",
-            "    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
-            "    scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
-            "    acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)",
-            "    # Groups complete in issue order: one outstanding means S_j is done.",
-            "    scores = warpgroup_mma_wait(1, deps=(scores,))",
-            "    mbarrier.arrive(k_empty.index(stage), count=1)",
-            *[line[4:] for line in self.step_call("        ")],
-            "    p_next = gl.convert_layout(probs.to(dtype), P_LAYOUT)",
-            "    # ptxas moves a wgmma wait above the code before it in the same basic block, which",
-            "    # would put the score step after the product; a wait on q's barrier (complete long",
-            "    # ago, it returns at once) is a block boundary that keeps the order.",
-            "    mbarrier.wait(q_bars.index(WG), 0)",
-            "    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))",
-            "    mbarrier.arrive(v_empty.index(prev), count=1)",
-            "    p_op = p_next",
-            "if n_blocks > 0:",
+            "    for j in range(1, n_blocks):",
+            "        stage = j % STAGES",
+            "        phase = (j // STAGES) & 1",
+            "        prev = (j - 1) % STAGES",
+            "        prev_phase = ((j - 1) // STAGES) & 1",
+            "        start_n = kv_start + j * BLOCK_N",
+            "        # Data first: no consumer issues products while it waits on a copy.",
+            "        mbarrier.wait(k_ready.index(stage), phase)",
+            "        mbarrier.wait(v_ready.index(prev), prev_phase)",
+            "        # tile.accumulate of block j-1 (acc * alpha + p @ v), issued behind S_j.",
+            "        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
+            "        scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            "        acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)",
+            "        # Groups complete in issue order: one outstanding means S_j is done.",
+            "        scores = warpgroup_mma_wait(1, deps=(scores,))",
+            "        mbarrier.arrive(k_empty.index(stage), count=1)",
+            *self.step_call("        "),
+            "        p_next = gl.convert_layout(probs.to(dtype), P_LAYOUT)",
+            "        # ptxas moves a wgmma wait above the code before it in the same basic block, which",
+            "        # would put the score step after the product; a wait on q's barrier (complete long",
+            "        # ago, it returns at once) is a block boundary that keeps the order.",
+            "        mbarrier.wait(q_bars.index(WG), 0)",
+            "        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))",
+            "        mbarrier.arrive(v_empty.index(prev), count=1)",
+            "        p_op = p_next",
             "    last = (n_blocks - 1) % STAGES",
             "    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)",
             "    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
@@ -362,6 +396,11 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                   f"CONSUMERS: gl.constexpr = {self.consumers}", "ROWS: gl.constexpr = 64"]
         header = [f"def {self.name}(", *[f"    {p}," for p in params], "):"]
         return ["@gluon.jit", *header, *self.lines]
+
+
+# The forward's online softmax keeps its row max in base-2 units (`GluonEmitter.emit_softmax_update`;
+# its finalize, called directly, reads it so).
+GluonEmitter.HANDLERS = {**KernelEmitter.HANDLERS, tile.SoftmaxUpdateOp: GluonEmitter.emit_softmax_update}
 
 
 HEADER = '''"""Generated by AttnFuse from tile IR for Hopper (the Gluon target). Do not edit."""

@@ -28,14 +28,15 @@
 // CHECK-NEXT:         if n_blocks > 0:
 // CHECK-NEXT:             q_count += 1
 
-// A consumer: per tile, q at its tile's phase; q released after the last S; o through its own buffer.
+// A consumer: per tile, q at its tile's phase; the key loop and the last product under one test of
+// n_blocks (P first defined by block 0's step); q released after the last S; o through its own buffer.
 // CHECK:      def attention_fwd_consume(o_desc, lse_ptr, stride_lse_b, stride_lse_h, stride_lse_n, slopes_ptr, q_bufs, o_bufs,
 // CHECK:          for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
 // CHECK:                  mbarrier.wait(q_bars.index(WG), q_count & 1)
 // CHECK:                  probs, alpha, row_max, row_sum = attention_fwd_step(scores, row_max, row_sum, start_n, row_start, bound_1, sm_scale, n_q, n_k, slope, ROWS, BLOCK_N, S_LAYOUT)
 // CHECK:                  mbarrier.wait(always, 0)
 // CHECK-NEXT:             acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-// CHECK:              if n_blocks > 0:
+// CHECK:                      p_op = p_next
 // CHECK-NEXT:             # Every S product of this tile is done: the producer may copy the next tile's q.
 // CHECK-NEXT:             mbarrier.arrive(q_empty.index(WG), count=1)
 // CHECK:                  tma_store(o_desc, [batch, head, row_start, 0], o_smem)

@@ -26,8 +26,11 @@
 // CHECK-NEXT:         # tile.mask: keep keys in q_pos + [None, 0] and inside the sequence
 // CHECK-NEXT:         keep = key_in_bounds[None, :] & (keys[None, :] <= q_pos[:, None])
 // CHECK-NEXT:         scores = tl.where(keep, scores, float("-inf"))
-// CHECK-NEXT:     # tile.softmax_update: online softmax step
-// CHECK:          probs = tl.math.exp2(
+// The row max is kept in base-2 units: no log2(e) multiply per row on the way to the exponentials.
+// CHECK-NEXT:     # tile.softmax_update: online softmax step, the row max in base-2 units
+// CHECK-NEXT:     row_max_new = tl.maximum(row_max, tl.max(scores, 1) * 1.4426950408889634)
+// CHECK:          probs = tl.math.exp2(scores * 1.4426950408889634 - row_max_safe[:, None])
+// CHECK-NEXT:     alpha = tl.math.exp2(row_max - row_max_safe)
 // CHECK:          return probs, alpha, row_max, row_sum
 // CHECK-NOT:  def attention_fwd_step
 
@@ -41,9 +44,14 @@
 // CHECK:              tma_load(v_desc, [batch, kv_head, start_n, 0], v_ready.index(stage), v_bufs.index(stage))
 
 // A consumer warpgroup picks each block's step by the loop bounds; S_j overlaps P_{j-1} @ v_{j-1};
-// it finalizes and stores its own rows.
+// it finalizes and stores its own rows. P is first defined by block 0's step, and the key loop
+// and the last product sit under the same test of n_blocks (no zeros P before it: ptxas then
+// copied P's registers every step).
 // CHECK:      def attention_fwd_consume(o_desc, lse_ptr, stride_lse_b, stride_lse_h, stride_lse_n, q_bufs,
-// CHECK:          for j in range(1, n_blocks):
+// CHECK-NOT:      p_op = gl.zeros
+// CHECK:          if n_blocks > 0:
+// CHECK:              p_op = gl.convert_layout(probs.to(dtype), P_LAYOUT)
+// CHECK-NEXT:         for j in range(1, n_blocks):
 // CHECK:              scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)
 // CHECK-NEXT:         acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)
 // CHECK-NEXT:         # Groups complete in issue order: one outstanding means S_j is done.
@@ -52,7 +60,9 @@
 // CHECK-NEXT:         probs, alpha, row_max, row_sum = attention_fwd_step(scores, row_max, row_sum, start_n, row_start, bound_1, sm_scale, n_q, n_k, ROWS, BLOCK_N, S_LAYOUT)
 // CHECK:              mbarrier.wait(q_bars.index(WG), 0)
 // CHECK-NEXT:         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-// CHECK:          lse = tl.where(has_keys, row_max + tl.math.log2(row_sum_safe) * 0.6931471805599453, float("-inf"))
+// CHECK:              p_op = p_next
+// CHECK-NEXT:         last = (n_blocks - 1) % STAGES
+// CHECK:          lse = tl.where(has_keys, (row_max + tl.math.log2(row_sum_safe)) * 0.6931471805599453, float("-inf"))
 // CHECK:          tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + rows * stride_lse_n, lse, mask=row_in_bounds)
 // CHECK:              tma_store(o_desc, [batch, head, row_start, 0], q_smem)
 

@@ -269,3 +269,87 @@ def test_hand_written_data_flow_the_schedule_does_not_follow_is_refused():
         flash_kernel(kernel)
     WarpSpecializePass().apply(make_context(), module)
     assert kernel.schedule is None
+
+
+class _TorchLanguage:
+    """Enough of `triton.language` / Gluon's language, on float64 torch tensors, to run a printed
+    step function's and finalize's text on the CPU (layouts are ignored)."""
+
+    float32 = torch.float64
+
+    class math:
+        exp2 = staticmethod(torch.exp2)
+        log2 = staticmethod(torch.log2)
+
+    @staticmethod
+    def arange(start, end, layout=None):
+        return torch.arange(start, end)
+
+    @staticmethod
+    def SliceLayout(dim, parent):  # noqa: N802 - Gluon's name
+        return None
+
+    @staticmethod
+    def where(cond, a, b):
+        return torch.where(torch.as_tensor(cond), torch.as_tensor(a, dtype=torch.float64),
+                           torch.as_tensor(b, dtype=torch.float64))
+
+    maximum = staticmethod(torch.maximum)
+
+    @staticmethod
+    def max(x, axis):
+        return x.amax(axis)
+
+    @staticmethod
+    def sum(x, axis):
+        return x.sum(axis)
+
+
+def test_printed_online_softmax_matches_reference():
+    """The printed step function's online softmax (the row max in base-2 units) and the
+    consumer's finalize, run block by block on the CPU in float64 as the consumer runs them
+    (acc * alpha + p @ v), give softmax(s * scale) @ v and lse = logsumexp(s * scale) of a
+    reference written from the semantics: dense at head dim 128 (the scale unfolded into the
+    exponent), causal, keys past n_k masked in the last block, and a row with no key (empty
+    output, lse -inf)."""
+    import textwrap
+
+    for spec, causal in ((af.attention(), False), (af.attention(af.causal()), True)):
+        source = emit_gluon_kernel(forward_kernel(spec, 128, **gluon_forward.SCHEDULES[128].options(2, False))).source
+        step = re.search(r"@gluon.jit\n(def attention_fwd_step\(.*?\n)(?=\n\n@gluon.jit)", source, re.S).group(1)
+        finalize = re.search(r"\n( +# tile.softmax_finalize.*?\n +lse = .*?\n)", source, re.S).group(1)
+        env = {"tl": _TorchLanguage, "gl": _TorchLanguage}
+        exec(step.replace(": gl.constexpr", ""), env)
+        torch.manual_seed(0)
+        rows, n_k, block_n, dim, scale = 4, 20, 8, 4, 0.3
+        s_all = torch.randn(rows, 24, dtype=torch.float64) * 4
+        v = torch.randn(24, dim, dtype=torch.float64)
+        n_q = rows
+        row_max = torch.full((rows,), float("-inf"), dtype=torch.float64)
+        row_sum = torch.zeros(rows, dtype=torch.float64)
+        acc = torch.zeros(rows, dim, dtype=torch.float64)
+        # The last block (keys 16..23) is partial: n_k = 20; its loop (bound_1) masks it.
+        bound_1 = (n_k // block_n) * block_n
+        # Query row r sits at key position r + (n_k - n_q) (bottom-right aligned).
+        for start_n in range(0, n_k, block_n):
+            scores = s_all[:, start_n:start_n + block_n].clone()
+            if causal:
+                keys = torch.arange(start_n, start_n + block_n)
+                q_pos = torch.arange(rows) + (n_k - n_q)
+                scores = torch.where(keys[None, :] <= q_pos[:, None], scores, float("-inf"))
+            scores[0] = float("-inf")  # a row with no kept key
+            probs, alpha, row_max, row_sum = env["attention_fwd_step"](
+                scores, row_max, row_sum, start_n, 0, bound_1, scale, n_q, n_k, rows, block_n, None)
+            acc = acc * alpha[:, None] + probs @ v[start_n:start_n + block_n]
+        local = {"tl": _TorchLanguage, "acc": acc, "row_max": row_max, "row_sum": row_sum}
+        exec(textwrap.dedent(finalize), local)
+        # The reference: softmax over the kept keys of the scaled scores.
+        kept = s_all[:, :n_k] * scale
+        if causal:
+            keys, q_pos = torch.arange(n_k), torch.arange(rows) + (n_k - n_q)
+            kept = torch.where(keys[None, :] <= q_pos[:, None], kept, float("-inf"))
+        ref_lse = torch.logsumexp(kept[1:], 1)
+        ref_out = torch.softmax(kept[1:], 1) @ v[:n_k]
+        torch.testing.assert_close(local["lse"][1:], ref_lse)
+        torch.testing.assert_close(local["out"][1:], ref_out)
+        assert torch.isneginf(local["lse"][0]) and (local["out"][0] == 0).all()

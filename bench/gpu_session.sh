@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call that runs the named stages in order and packs their logs and results into
-# $OUT/session.tgz (the device returns few files). Usage, from the repository root on the device:
+# $OUT/session.tgz (the device returns few files), rewritten after every stage. Usage, from the repository root on the device:
 #   bash bench/gpu_session.sh gluon-tests backward-targets layer host
 # Stages:
 #   gluon-tests       test_gpu_gluon_backward.py (all) and a test_gpu_gluon.py forward subset
@@ -9,6 +9,10 @@
 #   backward-targets-d64  the same at the paper shape (B=4, 12 heads of 64, fp16)
 #   ab                bench/gluon_backward_ab.py, causal, 2 rounds (kernel times and host times)
 #   launch-host       bench/gluon_launch_host.py: Gluon launch host time, descriptor replay on and off
+#   gluon-tests-short the backward's launch and layout tests and the forward subset
+#   gluon-forward-tests  test_gpu_gluon.py without the consumer-count and persistent permutations
+#   forward-ab        bench/gluon_forward.py's Gluon column on this tree and, if the untracked
+#                     folder ab_before/ holds an older attnfuse package, on that one too
 #   layer             bench/llama_layer.py fwd and fwdbwd at 4096 and 8192, eager, deterministic=False
 #   host              bench/host_overhead.py at N=128 and 512
 #   forward           bench/gluon_forward.py at head dim 128
@@ -28,6 +32,22 @@ for stage in "$@"; do
       pytest_run gluon-backward 240 test/python/test_gpu_gluon_backward.py
       pytest_run gluon-forward-subset 150 test/python/test_gpu_gluon.py \
         -k "equals_portable or training_call or model_layout or unaligned or refused or rope or persistent_matches and causal" ;;
+    gluon-tests-short)
+      pytest_run gluon-backward-short 120 test/python/test_gpu_gluon_backward.py \
+        -k "direct_launcher or replay or equals_split or model_layout or expanded or lse_gradient"
+      pytest_run gluon-forward-subset 150 test/python/test_gpu_gluon.py \
+        -k "equals_portable or training_call or model_layout or unaligned or refused or rope or persistent_matches and causal" ;;
+    gluon-forward-tests)
+      pytest_run gluon-forward 230 test/python/test_gpu_gluon.py -k "forward_matches_reference or \
+        rows_without_keys or equals_portable or training_call or model_layout or unaligned or refused or rope \
+        or persistent_matches and causal" ;;
+    forward-ab)
+      timeout 150 python3 bench/gluon_forward.py --out "$dir" --reps 30 --columns gluon,auto \
+        > "$dir/gluon_forward-after.log" 2>&1; echo "forward (this tree) rc=$?"
+      if [ -d ab_before/attnfuse ]; then
+        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 150 python3 bench/gluon_forward.py --out "$dir/before" \
+          --reps 30 --columns gluon > "$dir/gluon_forward-before.log" 2>&1; echo "forward (ab_before) rc=$?"
+      fi ;;
     gpu-tests)
       pytest_run gpu 400 test/python/test_gpu.py
       pytest_run decode 200 test/python/test_gpu_decode.py ;;
@@ -58,5 +78,5 @@ for stage in "$@"; do
     *) echo "unknown stage $stage" ;;
   esac
   echo "stage $stage took $(( $(date +%s) - start )) s"
+  tar czf "$OUT/session.tgz" -C /tmp session  # after every stage: a call cut short keeps what ran
 done
-tar czf "$OUT/session.tgz" -C /tmp session

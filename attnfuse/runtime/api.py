@@ -7,7 +7,7 @@ import functools
 import weakref
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -60,8 +60,6 @@ from attnfuse.runtime.program import (
 )
 from attnfuse.runtime.tensor_cache import TensorCache, tensor_state
 
-if TYPE_CHECKING:
-    from attnfuse.dsl.spec import AttentionSpec
 
 LIST_SOURCES = "block_list_sources"
 """The entry of a call's data that holds its listed filters (`ListSource`s), from which the
@@ -988,7 +986,7 @@ class _NoSecondDerivative(torch.autograd.Function):
         )
 
 
-def compiled_form(spec: AttentionSpec) -> CompiledAttention:
+def compiled_form(spec: Any) -> CompiledAttention:
     """What `spec(q, k, v)` runs: `compile(spec)`, made on the spec's first call and kept on
     it. Under `torch.compile` / `torch.export` (Dynamo traces this function), the spec is
     compiled (or its compiled form taken) by `_spec_form_name`, which Dynamo runs instead of tracing (compiling
@@ -1009,10 +1007,11 @@ def compiled_form(spec: AttentionSpec) -> CompiledAttention:
 _SPEC_FORMS: dict[str, CompiledAttention] = {}
 """The compiled forms of specs first called under tracing, by their operator key (one per
 variant program: equal specs share one)."""
-_SPEC_FORM_NAMES: dict[AttentionSpec, str] = {}
+_SPEC_FORM_NAMES: dict[Any, str] = {}
+"""The names of the specs (`AttentionSpec`s; the runtime does not import the DSL) in `_SPEC_FORMS`."""
 
 
-def _spec_form_name(spec: AttentionSpec) -> str:
+def _spec_form_name(spec: Any) -> str:
     """The `_SPEC_FORMS` name of a spec first called under tracing, compiled here (and kept
     on the spec, as an eager first call does). Dynamo hands this function the real spec, so
     the spec must exist outside the traced function: one made inside it is, at this point, an

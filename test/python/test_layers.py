@@ -22,6 +22,12 @@ FORBIDDEN = {
 }
 """For each layer, the packages it must never import."""
 
+SANCTIONED = {("dsl/spec.py", "attnfuse.runtime.api")}
+"""The one way a lower layer reaches the runtime: a spec runs itself (`spec(q, k, v)`) through
+`runtime.api.compiled_form`, imported inside the call, so the DSL loads no runtime until a spec
+is called (it went through the package's lazy `attnfuse.compile` before, which the check could
+not see; the direct import is what lets torch.compile trace a spec's first call)."""
+
 
 def imported_modules(path: Path) -> set[str]:
     """Every module an `import` or `from ... import` statement of `path` names."""
@@ -40,7 +46,7 @@ def test_layer_imports_point_one_way(layer):
         f"{path.relative_to(PACKAGE)} imports {name}"
         for path in sorted((PACKAGE / layer).glob("*.py"))
         for name in imported_modules(path)
-        if name.startswith(FORBIDDEN[layer])
+        if name.startswith(FORBIDDEN[layer]) and (str(path.relative_to(PACKAGE)), name) not in SANCTIONED
     }
     assert not offenders, sorted(offenders)
 

@@ -495,8 +495,8 @@ class VariantOp(IRDLOperation):
     """One attention variant: a function from `(q, k, v)` to the output, over one head.
 
     The body is a straight-line program of `attn` ops ending in `attn.yield`; the verifier
-    checks that it is a well-formed attention: one score matrix, one normalizer, one value
-    product, and query/key rotations that agree.
+    checks that it is a well-formed attention: attn ops only, one score matrix, one
+    normalizer, one value product, and query/key rotations that agree.
     """
 
     name = "attn.variant"
@@ -565,6 +565,13 @@ class VariantOp(IRDLOperation):
         block = self.body.block
         if tuple(block.arg_types) != inputs:
             raise VerifyException("entry block arguments must match the variant's inputs")
+        for op in block.ops:
+            # A variant says its attention in attn ops only: the passes read nothing else, and
+            # canonicalization would erase an unused foreign op silently.
+            if not op.name.startswith("attn."):
+                raise VerifyException(
+                    f"'{op.name}' inside attn.variant: a variant's body holds attn ops only"
+                )
         for kind, what in ((ScoresOp, "attn.scores"), (PVOp, "attn.pv")):
             if len(self.ops_of(kind)) != 1:
                 raise VerifyException(f"a variant needs exactly one {what}")

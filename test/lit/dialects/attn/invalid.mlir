@@ -254,3 +254,14 @@ attn.variant @doc_ids_order(%q : !attn.query, %k : !attn.key, %v : !attn.value, 
   attn.yield %o
 }
 // CHECK: attn.variant takes (!attn.query, !attn.key, !attn.value) then optionally, in this order, !attn.bias, !attn.layout, !attn.doc_ids, !attn.positions<query>, !attn.positions<key>; got (!attn.query, !attn.key, !attn.value, !attn.doc_ids, !attn.layout)
+
+// -----
+
+attn.variant @foreign_op(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %c = arith.constant 1.0 : f32
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: 'arith.constant' inside attn.variant: a variant's body holds attn ops only

@@ -55,6 +55,11 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     """Prints one flash-shaped forward kernel as a loader partition, a consumer partition, the
     score-step function and the entry kernel."""
 
+    # The consumer keeps the online softmax's row max in base-2 units (`KernelEmitter.
+    # BASE2_ROW_MAX`), as the probe does: 4 FMULs less a step between the scores and the
+    # exponentials.
+    BASE2_ROW_MAX = True
+
     def __post_init__(self) -> None:
         super().__post_init__()
         k = self.kernel
@@ -120,40 +125,6 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             pieces.append((isinstance(op, tile.MaskOp), self.lines))
         self.loop_vars.pop()
         return pieces
-
-    def emit_softmax_update(self, op: tile.SoftmaxUpdateOp) -> None:
-        """The online-softmax step with the row max kept in base-2 units (the max of the
-        scores times the exponent's factor), as the probe and FA3 keep it: p = exp2(s * f - m)
-        is one FMA a score, and neither p's offset nor alpha multiplies by log2(e) per row
-        (4 FMULs a step on the path from the scores to the exponentials). The finalize (below)
-        turns it back into natural units; the row max goes nowhere else."""
-        scores, row_max, row_sum = (self.namer[v] for v in op.operands)
-        new_max, safe = self.namer.fresh("row_max_new"), self.namer.fresh("row_max_safe")
-        factor = self.exponent_factor(op)
-        self.emit("# tile.softmax_update: online softmax step, the row max in base-2 units (as the exponent scales s)")
-        self.emit(f"{new_max} = tl.maximum({row_max}, tl.max({scores}, 1) * {factor})")
-        self.emit("# A row with no kept key yet has max -inf: subtract 0 so exp2 gives 0, not NaN.")
-        self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
-        probs = self.fresh_result(op.probs)
-        alpha = self.fresh_result(op.alpha)
-        self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {safe}[:, None])")
-        self.emit(f"{alpha} = tl.math.exp2({row_max} - {safe})")
-        self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
-        self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")
-
-    def emit_softmax_finalize(self, op: tile.SoftmaxFinalizeOp) -> None:
-        """As the portable target's, with the row max in base-2 units (`emit_softmax_update`):
-        lse = (max + log2(sum)) * ln(2)."""
-        acc, row_max, row_sum = (self.namer[v] for v in op.operands)
-        has_keys = self.namer.fresh("has_keys")
-        self.emit("# tile.softmax_finalize: normalize; a row with no kept key gives 0 and lse = -inf")
-        # != rather than >: a NaN row sum (NaN inputs) must give NaN, not an empty row.
-        self.emit(f"{has_keys} = {row_sum} != 0.0")
-        safe_sum = self.namer.fresh("row_sum_safe")
-        self.emit(f"{safe_sum} = tl.where({has_keys}, {row_sum}, 1.0)")
-        self.emit(f"{self.namer.define(op.output)} = {acc} / {safe_sum}[:, None]")
-        lse = self.namer.define(op.lse)
-        self.emit(f"{lse} = tl.where({has_keys}, ({row_max} + tl.math.log2({safe_sum})) * {LN2}, float(\"-inf\"))")
 
     def step_function(self) -> list[str]:
         """`<name>_step(scores, row_max, row_sum, start_n, row_start, bound_1.., ...)`: the score

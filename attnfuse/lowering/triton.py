@@ -195,6 +195,12 @@ class KernelEmitter:
     indent: int = 1
     helpers: set[str] = field(default_factory=set)
     """The module's helper functions (`HELPERS`) the kernel calls."""
+    BASE2_ROW_MAX: ClassVar[bool] = False
+    """Whether the online softmax keeps its row max in base-2 units (the max of the scores
+    times the exponent's factor): p = exp2(s * f - m) and alpha = exp2(m_old - m_new) then
+    need no multiply by log2(e) per row, and finalize turns the max back into natural units.
+    The Gluon target's forward keeps it so (as FlashAttention-3 does); the portable target
+    keeps natural units."""
 
     def __post_init__(self) -> None:
         k = self.kernel
@@ -1198,17 +1204,26 @@ class KernelEmitter:
     def emit_softmax_update(self, op: tile.SoftmaxUpdateOp) -> None:
         scores, row_max, row_sum = (self.namer[v] for v in op.operands)
         new_max, safe = self.namer.fresh("row_max_new"), self.namer.fresh("row_max_safe")
-        self.emit("# tile.softmax_update: online softmax step")
-        unscaled = op.unscaled_scores is not None
-        block_max = f"tl.max({scores}, 1) * {scale_expression(op.scale)}" if unscaled else f"tl.max({scores}, 1)"
+        factor = self.exponent_factor(op)
+        if self.BASE2_ROW_MAX:
+            self.emit("# tile.softmax_update: online softmax step, the row max in base-2 units (as the exponent scales s)")
+            block_max = f"tl.max({scores}, 1) * {factor}"
+        else:
+            self.emit("# tile.softmax_update: online softmax step")
+            unscaled = op.unscaled_scores is not None
+            block_max = f"tl.max({scores}, 1) * {scale_expression(op.scale)}" if unscaled else f"tl.max({scores}, 1)"
         self.emit(f"{new_max} = tl.maximum({row_max}, {block_max})")
         self.emit("# A row with no kept key yet has max -inf: subtract 0 so exp2 gives 0, not NaN.")
         self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
         probs = self.fresh_result(op.probs)
         alpha = self.fresh_result(op.alpha)
-        # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
-        self.emit(f"{probs} = tl.math.exp2({scores} * {self.exponent_factor(op)} - ({safe} * {LOG2E})[:, None])")
-        self.emit(f"{alpha} = tl.math.exp2(({row_max} - {safe}) * {LOG2E})")
+        if self.BASE2_ROW_MAX:
+            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {safe}[:, None])")
+            self.emit(f"{alpha} = tl.math.exp2({row_max} - {safe})")
+        else:
+            # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
+            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - ({safe} * {LOG2E})[:, None])")
+            self.emit(f"{alpha} = tl.math.exp2(({row_max} - {safe}) * {LOG2E})")
         self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
         self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")
 
@@ -1269,7 +1284,10 @@ class KernelEmitter:
         self.emit(f"{safe_sum} = tl.where({has_keys}, {row_sum}, 1.0)")
         self.emit(f"{self.namer.define(op.output)} = {acc} / {safe_sum}[:, None]")
         lse = self.namer.define(op.lse)
-        self.emit(f"{lse} = tl.where({has_keys}, {row_max} + tl.math.log2({safe_sum}) * {LN2}, float(\"-inf\"))")
+        # lse in natural units: max + ln(sum), or (max + log2(sum)) * ln(2) for a base-2 max.
+        natural = (f"({row_max} + tl.math.log2({safe_sum})) * {LN2}" if self.BASE2_ROW_MAX
+                   else f"{row_max} + tl.math.log2({safe_sum}) * {LN2}")
+        self.emit(f"{lse} = tl.where({has_keys}, {natural}, float(\"-inf\"))")
 
     def emit_alibi(self, op: tile.AlibiOp) -> None:
         pair = self.oriented()

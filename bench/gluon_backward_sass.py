@@ -228,6 +228,11 @@ def main() -> None:
                 if source:
                     with open(stem + ".py", "w") as f:
                         f.write(source)
+    print_tables(rows, columns)
+
+
+def print_tables(rows: list[tuple[str, dict, Counter]], columns: list[str]) -> None:
+    """The markdown tables of a run: resources per kernel, then a full step's SASS by class."""
     print("| kernel | REG | STACK | shared B | setmaxnreg | loop instructions (all) | LDL/STL in loop |")
     print("|---|---|---|---|---|---|---|")
     for label, res, _ in rows:

@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gluon_backward_sass import CLASSES, loop_counts, resources, sass_of  # noqa: E402
+from gluon_backward_sass import CLASSES, loop_counts, print_tables, resources, sass_of  # noqa: E402
 
 
 def key_loop(insts: list[tuple[int, str, bool]]) -> tuple[int, int]:
@@ -133,18 +133,7 @@ def main() -> None:
                     if text:
                         with open(stem + suffix, "w") as f:
                             f.write(text)
-    print("| kernel | REG | STACK | shared B | setmaxnreg | loop instructions (all) | LDL/STL in loop |")
-    print("|---|---|---|---|---|---|---|")
-    for label, res, _ in rows:
-        print(f"| {label} | {res['REG']} | {res['STACK']} | {res['shared']} | {res['setmaxnreg']} | {res['loop']} "
-              f"| {res['LDL/STL']} |")
-    print()
-    print("Consumer main loop, SASS instructions a full (unmasked) step runs, by class:")
-    print()
-    print("| class | " + " | ".join(label for label, _, _ in rows) + " |")
-    print("|---|" + "---|" * len(rows))
-    for column in columns:
-        print(f"| {column} | " + " | ".join(str(counts.get(column, 0)) for _, _, counts in rows) + " |")
+    print_tables(rows, columns)
 
 
 if __name__ == "__main__":

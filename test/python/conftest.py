@@ -251,9 +251,7 @@ class NoFallback:
 
     def __init__(self, portable):
         self.info = portable.info
-
-    def check_grid(self):
-        pass
+        self.check_grid = portable.check_grid
 
     def __call__(self, tensors):
         raise AssertionError("the call fell back to the portable kernel")

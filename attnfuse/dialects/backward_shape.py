@@ -206,7 +206,7 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     if not isinstance(rest[-1], tile.ReturnOp):
         raise refuse(kernel, rest[-1], "the kernel ends in tile.return")
     parts = BackwardKernel(kernel, k_load, v_load, bounds, loops, epilogue)
-    allowed = set(parts.operands) | {"lse", "delta", "dk", "dv", "dq_acc", "rope_table"}
+    allowed = set(parts.operands) | {"lse", "delta", "dk", "dv", "dq_acc", "dq_order", "rope_table"}
     for role in kernel.roles:
         if role not in allowed and tile.role_kind(role) != "slopes":
             raise refuse(kernel, None, f"role {role} has no place in the schedule")

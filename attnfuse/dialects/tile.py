@@ -344,6 +344,7 @@ TENSOR_AXES: dict[str, str] = {
     "dv": "bhnd",
     "dbias": "bhnd",
     "dq_acc": "bhnd",
+    "dq_order": "bhn",
     "full_q_blocks": "bhnd",
     "full_q_count": "bhn",
     "partial_q_blocks": "bhnd",
@@ -371,7 +372,9 @@ needing no mask, `partial_*`: masked; shared ones have zero strides).
 Backward kernels add `do` (dL/dO), `delta` `[B, Hq, Nq]` (rowsum(dO * O), fp32), the
 gradients `dq`, `dk`, `dv`, `dbias` `[B, Hq, Nq, Nk]` (before reduction over broadcast dims),
 the fused backward's `dq_acc` `[B, Hq, Nq, D]` (fp32, zeroed before the dK/dV kernel adds
-each block pair's unscaled `dS K` into it with `tile.store_add`),
+each block pair's unscaled `dS K` into it with `tile.store_add`), its `dq_order` `[B, Hq,
+Nq]` (int32, zeroed with it: the counter of a query block, at the block's first row, holds
+the key block that adds into the block's rows next, for a `tile.store_add` in key-block order),
 and, for key-block programs, the transposed lists `*_q_blocks` / `*_q_count`
 `[B, H, key blocks, ...]` (query blocks per key block).
 Decoding adds `kv_lens` `[B]` (int32: sequence `b` has keys `j < kv_lens[b]`; a kernel with
@@ -2143,10 +2146,40 @@ class StoreAddOp(_BlockWrite):
     `tile.store` addresses those rows (in a `key_blocks` kernel the loop's rows are the loop's
     query block of the loop's query head); rows and columns past the tensor's bounds are not
     touched. Programs add into the same rows concurrently (atomics, or TMA reduce-add): the
-    sum's order, and so its last bits, is not deterministic."""
+    sum's order, and so its last bits, is not deterministic.
+
+    With `in_order %dq_order` the programs' adds into each query block are made in the order
+    of their key blocks, so the sum, and dQ, is the same bit for bit from run to run: before
+    its add, a program waits until the key block before its own has added into the block, if
+    that key block visits it (the key blocks that visit a query block are consecutive: the
+    first of them waits for none); after the add it hands the block on. The handover is the
+    block's counter in `dq_order` (its first row's: the next key block to add), which must be
+    0 when the kernel starts. A program waits only for programs of lower key blocks, which
+    the GPU starts before it."""
 
     name = "tile.store_add"
     VALUE_NAME: ClassVar[str] = "added tile"
+
+    # Redeclared: IRDL orders a subclass's own operands before the inherited ones.
+    value = operand_def(TileType)
+    dest = operand_def(TensorType)
+    order = opt_operand_def(TensorType)
+
+    def __init__(self, value: SSAValue, dest: SSAValue, rows: str, cols: str | None,
+                 order: SSAValue | None = None):
+        IRDLOperation.__init__(
+            self,
+            operands=[value, dest, [] if order is None else [order]],
+            properties={
+                "rows": RowsAttr(Rows(rows)),
+                "cols": None if cols is None else ColumnsAttr(Columns(cols)),
+            },
+        )
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the adds are made in key-block order (deterministic)."""
+        return self.order is not None
 
     def verify_(self) -> None:
         _expect_role(self.dest, "dq_acc", f"tile.store_add adds into the dq_acc tensor, not {self.dest.type}")
@@ -2154,6 +2187,51 @@ class StoreAddOp(_BlockWrite):
         elem = _tile(self.value, self.VALUE_NAME).elem
         if elem != "f32":
             raise VerifyException(f"an added tile must have element type f32, got {elem}")
+        if self.order is not None:
+            _expect_role(self.order, "dq_order", f"tile.store_add orders its adds by the dq_order tensor, not {self.order.type}")
+            kernel = _kernel_of(self)
+            if self.rows.data != "loop" or (kernel is not None and kernel.grid != "key_blocks"):
+                raise VerifyException("tile.store_add in key-block order adds the loop's query rows of a "
+                                      "key_blocks kernel")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> StoreAddOp:
+        unresolved_value = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        unresolved_dest = parser.parse_unresolved_operand()
+        rows, cols = _parse_block_ref(parser)
+        unresolved_order = None
+        if parser.parse_optional_keyword("in_order") is not None:
+            unresolved_order = parser.parse_unresolved_operand()
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        value_type = parser.parse_type()
+        parser.parse_punctuation("->")
+        dest_type = parser.parse_type()
+        order = None
+        if unresolved_order is not None:
+            parser.parse_punctuation(",")
+            order = parser.resolve_operand(unresolved_order, parser.parse_type())
+        value = parser.resolve_operand(unresolved_value, value_type)
+        dest = parser.resolve_operand(unresolved_dest, dest_type)
+        op = cls(value, dest, rows, cols, order)
+        op.attributes |= attrs
+        return op
+
+    def print(self, printer: Printer) -> None:
+        cols = "" if self.cols is None else f", {self.cols.data}"
+        printer.print_string(" ")
+        printer.print_operand(self.value)
+        printer.print_string(", ")
+        printer.print_operand(self.dest)
+        printer.print_string(f"[{self.rows.data}{cols}]")
+        if self.order is not None:
+            printer.print_string(" in_order ")
+            printer.print_operand(self.order)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(f" : {self.value.type} -> {self.dest.type}")
+        if self.order is not None:
+            printer.print_string(f", {self.order.type}")
 
 
 @irdl_op_definition

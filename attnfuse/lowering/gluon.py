@@ -413,6 +413,17 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
                                               coord, src.handle)
 
 
+@gluon.jit
+def tma_writes_wait():
+    """Waits until the warp's TMA stores and reduces have written global memory
+    (`cp.async.bulk.wait_group 0`; `tma.store_wait` waits only until they have read their
+    shared memory, `.read`, which frees the buffer but publishes nothing). Each thread waits
+    for the copies it issued (the elected one issued them all), then the warp syncs, so that
+    whichever lane releases what the copies wrote comes after them."""
+    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0; bar.warp.sync -1; mov.u32 $0, 0;", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
 @builtin
 def reinterpret_shared(buffer, dtype, shape, layout, _semantic=None):
     """`buffer`'s bytes as a buffer of another type, shape or layout (`_reinterpret` in Triton

@@ -91,11 +91,11 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
     CONSUMER_NAMES = ("dk", "dv", "scores", "probs", "grad_probs", "grad_scores", "lse", "lse_log2", "delta", "p_op", "ds16",
                       "ds_op", "dq_part", "q_s", "do_s", "k_tile", "v_tile", "s_zero", "dq_zero", "stage", "phase",
-                      "it", "b", "total", "n_blocks", "n_start", "halves", "dtype", "row", "step_bytes",
+                      "it", "b", "total", "n_blocks", "n_start", "halves", "first_head", "counter", "dtype", "row", "step_bytes",
                       "S_LAYOUT", "KV_LAYOUT", "A_LAYOUT", "DQ_LAYOUT", "EPI_LAYOUT", "DS_SMEM", "NW",
                       "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs",
                       "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i", "wrap", "head",
-                      "tile_2d", "tma_load", "tma_store", "tma_reduce_add", "reinterpret_shared", "thread_barrier",
+                      "tile_2d", "tma_load", "tma_store", "tma_reduce_add", "tma_writes_wait", "reinterpret_shared", "thread_barrier",
                       "gl", "gluon", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait", "fence_async_shared")
     """Names the printed partitions use themselves: the ops' results take others."""
 
@@ -255,19 +255,24 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     # -- partitions --------------------------------------------------------------------------
 
     STEP_INIT = [
-        "# Each step's query head and block, carried from step to step: a division by the runtime",
-        "# n_blocks costs two dozen instructions a step in the consumer's loop.",
-        "head = kv_head * group_size",
-        "start_m = q_start",
+        "# Each step's query head and block, carried from step to step (a division by the runtime",
+        "# n_blocks costs two dozen instructions a step in the consumer's loop). The query blocks",
+        "# run from the last down, every head of the group at each: programs started together",
+        "# then reach a query block together, which adds in key-block order need (the ordered",
+        "# dQ writer), and read the same q and dO rows at about the same time (L2).",
+        "first_head = kv_head * group_size",
+        "head = first_head",
+        "start_m = q_start + (n_blocks - 1) * BLOCK_N",
     ]
     STEP_NEXT = [
-        "# The next step: the next query block, or the next head's first one.",
-        "wrap = start_m + BLOCK_N >= q_start + n_blocks * BLOCK_N",
-        "start_m = gl.where(wrap, q_start, start_m + BLOCK_N)",
-        "head = head + wrap.to(gl.int32)",
+        "# The next step: the next head of the group, or the first head at the block before.",
+        "wrap = head + 1 >= first_head + group_size",
+        "head = gl.where(wrap, first_head, head + 1)",
+        "start_m = start_m - wrap.to(gl.int32) * BLOCK_N",
     ]
-    """The (head, start_m) of step `it` (head `kv_head * group_size + it // n_blocks`, block
-    `q_start + (it % n_blocks) * BLOCK_N`), before the loop and at the end of each step."""
+    """The (head, start_m) of step `it` (head `kv_head * group_size + it % group_size`, block
+    `q_start + (n_blocks - 1 - it // group_size) * BLOCK_N`), before the loop and at the end
+    of each step."""
 
     def loader(self) -> list[str]:
         body = [
@@ -299,22 +304,52 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
     def dq_writer(self) -> list[str]:
         store_add = self.loops[0].store_add
+        ordered = store_add.ordered
+        order = ["# In key-block order (deterministic): before its reduce, wait until the key block before",
+                 "# this one has added into the query block, where it visits it (the counter holds the",
+                 "# key block that adds next); after it, hand the block on. The reduce has completed",
+                 "# (store_wait) before the release that publishes it."] if ordered else \
+                ["# (unordered between programs: not deterministic), off the consumer's path."]
         body = [
             f"# {store_add.name}: each step's dQ part added into {store_add.role} by a TMA reduce-add",
-            "# (unordered between programs: not deterministic), off the consumer's path: wait for a",
-            "# staged part, issue its reduce, wait until the copy engine has read it, free the buffer.",
+            *order,
+            "# Per step: wait for a staged part, issue its reduce, wait until the copy engine is",
+            "# done with it, free the buffer.",
             *self.STEP_INIT,
             "for it in range(total):",
             f"    b = it % {DQ_BUFFERS}",
             f"    mbarrier.wait(dq_full.index(b), (it // {DQ_BUFFERS}) & 1)",
+        ]
+        if ordered:
+            role = store_add.order.type.role.data  # type: ignore[union-attr]
+            body += [
+                f"    counter = {role}_ptr + batch * stride_{role}_b + head * stride_{role}_h + start_m * stride_{role}_n",
+                f"    if {self.order_waits()}:",
+                '        while gl.atomic_add(counter, 0, sem="acquire") != block_id:',
+                "            pass",
+            ]
+        body += [
             "    tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))",
             "    tma.store_wait(0)",
+        ]
+        if ordered:
+            body += ["    tma_writes_wait()  # the reduce's writes are done (store_wait: its reads) before the release",
+                     '    gl.atomic_xchg(counter, block_id + 1, sem="release")']
+        body += [
             "    mbarrier.arrive(dq_empty.index(b), count=1)",
             *["    " + line for line in self.STEP_NEXT],
         ]
         params = ("dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, "
-                  "BLOCK_N: gl.constexpr")
+                  f"{self.order_params()}BLOCK_N: gl.constexpr")
         return self.function(f"def {self.name}_dq_write({params}):", ["    " + line for line in body])
+
+    def order_params(self) -> str:
+        """The ordered writer's own parameters (with a trailing comma), or nothing."""
+        store_add = self.loops[0].store_add
+        if not store_add.ordered:
+            return ""
+        role = store_add.order.type.role.data  # type: ignore[union-attr]
+        return ", ".join([f"{role}_ptr", *self.strides(role), "block_id", "prev_q_end"]) + ", "
 
     def step_args(self) -> str:
         return ", ".join([*self.step_params(), "BLOCK_M", "BLOCK_N", "S_LAYOUT"])
@@ -506,7 +541,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                      "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "kv_bar", "ready", "empty", "batch", "kv_head",
                      "n_start", q_start, "n_blocks", "total", "n_q", "num_heads", "group_size", "BLOCK_N", "STAGES"]
         write_args = ["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", q_start, "n_blocks",
-                      "total", "group_size", "BLOCK_N"]
+                      "total", "group_size", *filter(None, self.order_params().split(", ")), "BLOCK_N"]
         # Gluon takes the partitions as a literal list (a tuple built beforehand loses its
         # items' constexpr-ness): the consumer (the kernel's own warps), the loader, the writer.
         self.emit("gl.warp_specialize([")

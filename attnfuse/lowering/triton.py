@@ -229,7 +229,7 @@ class KernelEmitter:
             "split_len", "row_head", "row_query", "row_blocks", "pages", "page_ids", "next_page_ids",
             "page_rows", "group_rows",
             "split_lo", "split_hi", "split_lse", "split_out", "new_max", "safe_max", "rescale",
-            "weight", "cached", "k_pos", "arrived", "count_ptr", "s",
+            "weight", "cached", "k_pos", "arrived", "count_ptr", "s", "prev_q_end",
             "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS, *GDC_FUNCTIONS,
         }
         for role in self.roles:
@@ -673,11 +673,69 @@ class KernelEmitter:
         role = op.role
         cols = None if op.cols is None else op.cols.data
         ptrs, mask = self.block_pointer(role, op.rows.data, cols)
+        order = "in key-block order" if op.ordered else "atomics: unordered"
         self.emit(f"# tile.store_add: added into {role} rows ({op.rows.data})"
-                  + (f", {COLUMN_COMMENT[cols]}" if cols else "") + " (atomics: unordered)")
-        # Relaxed: the adds only need to be atomic; nothing reads dq_acc before the kernel ends.
+                  + (f", {COLUMN_COMMENT[cols]}" if cols else "") + f" ({order})")
         masking = f", mask={mask}" if mask else ""
-        self.emit(f'tl.atomic_add({ptrs}, {self.namer[op.value]}{masking}, sem="relaxed")')
+        value = self.namer[op.value]
+        if op.ordered:
+            counter, value = self.emit_order_wait(op, value)
+        # Relaxed: the adds only need to be atomic (and, ordered, made before the handover,
+        # which releases them); nothing reads dq_acc before the kernel ends.
+        self.emit(f'tl.atomic_add({ptrs}, {value}{masking}, sem="relaxed")')
+        if op.ordered:
+            self.emit("tl.debug_barrier()  # every thread's adds are made before the rows are handed on")
+            self.emit(f'tl.atomic_xchg({counter}, block_id + 1, sem="release")  # the next key block adds next')
+
+    ORDER_COUNTER_ROW = {None: 0, "all": 0, "half_lo": 0, "even": 0, "half_hi": 1, "odd": 1, "pass": 2}
+    """The row of a query block whose `dq_order` counter orders the adds of a column part (one
+    counter per part, so that each part's adds are handed on by themselves)."""
+
+    def order_counter(self, op: tile.StoreAddOp) -> str:
+        """The address of the counter that orders `op`'s adds into the loop's query block."""
+        order = op.order
+        assert order is not None and isinstance(order.type, tile.TensorType)
+        role = order.type.role.data
+        row = self.ORDER_COUNTER_ROW[None if op.cols is None else op.cols.data]
+        return f"{role}_base + ({self.STEP_ROW} + {row}) * stride_{role}_n"
+
+    STEP_ROW = "start_m"
+    """The first query row of the loop's block (in a `key_blocks` kernel)."""
+
+    def order_waits(self) -> str:
+        """Whether the key block before the program's visits the loop's query block (then
+        this program's add waits for its): `prev_q_end` is the end of its query range, whose
+        start is at most this program's (the ranges move down the queries with the keys)."""
+        return f"(block_id > 0) & ({self.STEP_ROW} < prev_q_end)"
+
+    def emit_order_wait(self, op: tile.StoreAddOp, value: str) -> tuple[str, str]:
+        """Before an ordered add: wait until the key block before this one has added, where it
+        visits the loop's query block. Returns the counter and the tile to add. The
+        interpreter runs programs one at a time in grid order, so there the key block before
+        has always added: it checks that instead of waiting (a wait that could never end
+        would hang the test), and adds NaN where the order it finds is wrong."""
+        counter = self.namer.fresh("order_counter")
+        self.emit(f"{counter} = {self.order_counter(op)}")
+        if self.interpreter:
+            in_order = self.namer.fresh("in_order")
+            self.emit(f"{in_order} = (block_id == 0) | ({self.STEP_ROW} >= prev_q_end) | (tl.load({counter}) == block_id)")
+            checked = self.namer.fresh("checked")
+            self.emit(f'{checked} = tl.where({in_order}, {value}, float("nan"))  # out of order: NaN, never silently')
+            return counter, checked
+        self.emit(f"if {self.order_waits()}:")
+        self.emit(f'    while tl.atomic_add({counter}, 0, sem="acquire") != block_id:')
+        self.emit("        pass")
+        return counter, value
+
+    def emit_previous_block_end(self, op: tile.QBoundsOp) -> None:
+        """`prev_q_end`: where the query range of key block `block_id - 1` ends (as
+        `emit_q_bounds` computes it for that block), for adds in key-block order."""
+        lower = op.band.bounds[0]
+        if lower is None:
+            self.emit("prev_q_end = n_q  # every earlier key block visits every later query")
+            return
+        self.emit("# The query range of the previous key block ends where its last key's does.")
+        self.emit(f"prev_q_end = tl.minimum({plus('tl.minimum(block_id * BLOCK_M, n_k) - 1 - (n_k - n_q)', -lower + 1)}, n_q)")
 
     def positions(self, op: tile.RotateOp) -> tuple[str, str | None]:
         """(positions of the rotated rows, their in-bounds mask or None)."""
@@ -1356,6 +1414,13 @@ class KernelEmitter:
         self.emit("# A ragged last key block has padded rows: every query block is partial for it.")
         full_start, full_end = (self.namer[r] for r in op.results[1:3])
         self.emit(f"{full_end} = tl.where(block_id * BLOCK_M + BLOCK_M <= n_k, {full_end}, {full_start})")
+        if self.ordered_adds:
+            self.emit_previous_block_end(op)
+
+    @property
+    def ordered_adds(self) -> bool:
+        """Whether the kernel adds into dq_acc in key-block order (`tile.store_add ... in_order`)."""
+        return any(isinstance(op, tile.StoreAddOp) and op.ordered for op in self.kernel.walk())
 
     def emit_row_dot(self, op: tile.RowDotOp) -> None:
         a, b = self.namer[op.lhs], self.namer[op.rhs]

@@ -135,6 +135,20 @@ def records_autograd(*inputs: object) -> bool:
     return False
 
 
+def _dq_accumulator(p: Problem, ordered: bool) -> dict[str, torch.Tensor]:
+    """The fused backward's zeroed `dq_acc` (fp32 `[B, Hq, Nq, D]`) and, for adds in
+    key-block order, its `dq_order` counters (int32 `[B, Hq, Nq]`), zeroed by the same fill:
+    one allocation whose tail holds the counters. Zeroed per call: torch.zeros is an async
+    device fill (no host sync, so CUDA-graph capture still works), and the preprocess, which
+    does not run for relu, stays free of a second job."""
+    rows = p.batch * p.heads_q * p.seq_q
+    acc = torch.zeros(rows * p.head_dim + (rows if ordered else 0), dtype=torch.float32, device=p.device)
+    tensors = {"dq_acc": acc[:rows * p.head_dim].view(p.batch, p.heads_q, p.seq_q, p.head_dim)}
+    if ordered:
+        tensors["dq_order"] = acc[rows * p.head_dim:].view(torch.int32).view(p.batch, p.heads_q, p.seq_q)
+    return tensors
+
+
 def _checked_by_caller() -> None:
     """A `TensorCache` check for a tensor the call has just checked itself."""
 
@@ -273,7 +287,7 @@ class CompiledAttention:
                          placement, explicit_positions, bwd_rope, decode, cache,
                          decode_merge=kv_cache.DECODE_MERGE if decode else "kernel",
                          decode_pdl=pdl, bwd_dq=bwd_dq)
-        if bwd_dq == "fused" and backward_request() == "auto" and not self._gluon_schedules(key):
+        if bwd_dq != "separate" and backward_request() == "auto" and not self._gluon_schedules(key):
             # `auto` builds the fused backward only for the Gluon kernel (the portable fused
             # kernel is slower than the split); `takes_gluon_backward` predicted it from the
             # variant, and the lowered kernel says otherwise: the split, rather than the
@@ -803,12 +817,11 @@ class CompiledAttention:
         if softmax:
             tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
         if plan.backward_reads("dq_acc"):
-            # The fused backward (`bwd-dq=fused`, never with a bias): dK/dV adds dS K into
-            # dq_acc, the finish kernel scales it into dq. Zeroed here, per call: torch.zeros
-            # is an async device fill (no host sync, so CUDA-graph capture still works) and
-            # keeps the preprocess, which does not run for relu, free of a second job.
+            # The fused backward (`bwd-dq=fused` or `ordered`, never with a bias): dK/dV adds
+            # dS K into dq_acc, the finish kernel scales it into dq.
             assert dbias is None
-            if torch.are_deterministic_algorithms_enabled():
+            ordered = plan.backward_reads("dq_order")
+            if not ordered and torch.are_deterministic_algorithms_enabled():
                 # The plan was made (in the forward) while they were off; its atomics would
                 # break the promise made since. PyTorch's own non-deterministic ops raise here.
                 raise ArgumentError(
@@ -816,8 +829,7 @@ class CompiledAttention:
                     "deterministic=False call that took the fused (atomic) backward: run the "
                     "forward again with deterministic algorithms on, or compile with "
                     "deterministic=True")
-            tensors["dq_acc"] = torch.zeros(p.batch, p.heads_q, p.seq_q, p.head_dim,
-                                            dtype=torch.float32, device=p.device)
+            tensors |= _dq_accumulator(p, ordered)
             if softmax:
                 self._run(plan, tensors, ("attention_bwd_preprocess",))
                 if grad_lse is not None:

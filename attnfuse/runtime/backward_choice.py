@@ -1,7 +1,7 @@
 """Which backward a training call's program is built with: the separate dQ kernels
-(FlashAttention-2's split, deterministic) or the fused one (`lower-to-tile{bwd-dq=fused}`:
-the dK/dV kernel adds each block pair's dQ part into an fp32 accumulator with atomics, so
-dQ's last bits vary from run to run)."""
+(FlashAttention-2's split, deterministic) or the fused one, where the dK/dV kernel adds each
+block pair's dQ part into an fp32 accumulator: unordered (`lower-to-tile{bwd-dq=fused}`, so
+dQ's last bits vary from run to run) or in key-block order (`bwd-dq=ordered`, deterministic)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.program import Canonical
 
 BACKWARD_ENV = "ATTNFUSE_BACKWARD"
-"""auto (default): `choose_backward`'s rule; fused / separate: that backward wherever it is
-allowed (fused never overrides determinism, nor applies to a variant with a bias)."""
+"""auto (default): `choose_backward`'s rule; fused / ordered / separate: that backward
+wherever it is allowed, at any size. fused never overrides determinism (a deterministic call
+takes the ordered fused backward instead); neither fused backward applies to a variant with a
+bias."""
 
-BACKWARD_CHOICES = ("auto", "fused", "separate")
+BACKWARD_CHOICES = ("auto", "fused", "ordered", "separate")
 
 
 def backward_request() -> str:
@@ -29,31 +31,38 @@ def backward_request() -> str:
     return value
 
 
-def fused_allowed(variant: Canonical, deterministic: bool) -> bool:
-    """Whether the fused backward may run: the caller allowed non-determinism
-    (`af.compile(..., deterministic=False)`) and torch does not ask for deterministic
-    algorithms, and the variant has no bias (its gradient is written by the separate
-    backward's dQ-bias kernel, which the fused one has no counterpart of)."""
-    if deterministic or torch.are_deterministic_algorithms_enabled():
-        return False
+def fused_allowed(variant: Canonical) -> bool:
+    """Whether a fused backward may run: the variant has no bias (its gradient is written by
+    the separate backward's dQ-bias kernel, which the fused one has no counterpart of)."""
     return not variant.reads("bias")
+
+
+def unordered_allowed(deterministic: bool) -> bool:
+    """Whether the unordered (atomic) fused backward may run: the caller allowed
+    non-determinism (`af.compile(..., deterministic=False)`) and torch does not ask for
+    deterministic algorithms."""
+    return not deterministic and not torch.are_deterministic_algorithms_enabled()
 
 
 def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
                     explicit_positions: tuple[bool, bool] = (False, False),
                     bwd_rope: str = "pre_rotated") -> str:
-    """"fused" or "separate" (`lower-to-tile`'s `bwd-dq`) for a call's backward. Where the
-    fused backward is allowed, `ATTNFUSE_BACKWARD` decides; on `auto`, fused only where the
-    Gluon backward takes the call (`gluon_backward.takes_gluon_backward`): the portable
-    (Triton) fused backward measured slower than the split on the H200
-    (docs/performance.md §8). `CompiledAttention.compile_key` then keeps `auto`'s fused choice
-    only where the lowered kernel is one the Gluon target schedules."""
+    """"separate", "fused" or "ordered" (`lower-to-tile`'s `bwd-dq`) for a call's backward.
+    `ATTNFUSE_BACKWARD` decides where a fused backward is allowed; on `auto`, a fused one only
+    where the Gluon backward takes the call (`gluon_backward.takes_gluon_backward`): the
+    portable (Triton) fused backward measured slower than the split on the H200
+    (docs/performance.md §8); unordered where the caller allowed it, ordered otherwise.
+    `CompiledAttention.compile_key` then keeps `auto`'s fused choice only where the lowered
+    kernel is one the Gluon target schedules."""
     request = backward_request()
-    if request == "separate" or not fused_allowed(variant, deterministic):
+    if request == "separate" or not fused_allowed(variant):
         return "separate"
+    fused = "fused" if unordered_allowed(deterministic) else "ordered"
+    if request == "ordered":
+        return "ordered"
     if request == "fused":
-        return "fused"
-    return "fused" if gluon_backward.takes_gluon_backward(problem, variant, explicit_positions, bwd_rope) else "separate"
+        return fused
+    return fused if gluon_backward.takes_gluon_backward(problem, variant, explicit_positions, bwd_rope) else "separate"
 
 
-__all__ = ["BACKWARD_ENV", "backward_request", "choose_backward", "fused_allowed"]
+__all__ = ["BACKWARD_ENV", "backward_request", "choose_backward", "fused_allowed", "unordered_allowed"]

@@ -170,8 +170,9 @@ class KernelConfig:
     """The software-pipelining depth of a split merge's loop over the splits (the kernel
     attribute `merge_stages` of kernels that merge): 1, not pipelined."""
     bwd_dq: str = "separate"
-    """How the backward computes dQ: "separate" (FlashAttention-2's dQ kernels) or "fused"
-    (the dK/dV kernel adds dQ parts into `dq_acc`; `attention_bwd_dq_finish`)."""
+    """How the backward computes dQ: "separate" (FlashAttention-2's dQ kernels), "fused"
+    (the dK/dV kernel adds dQ parts into `dq_acc`; `attention_bwd_dq_finish`) or "ordered"
+    (fused, the adds in key-block order: deterministic)."""
     hoist_page_rows: int = 1
     """A paged kernel's key loops compute each key's row in its page once, before the loop,
     where a step's keys start pages or lie in one (the kernel attribute `hoist_page_rows`);

@@ -30,7 +30,8 @@ dQ kernels: `attention_bwd_dkdv_dq` is the dK/dV kernel that also computes each 
 dQ part `dS K` (`tile.dot_lhs_transposed`) and adds it into an fp32 `dq_acc`
 (`tile.store_add`, atomics: not deterministic), and `attention_bwd_dq_finish` scales it,
 applies the rotation's transpose and stores dQ. The scores are formed once per block pair
-instead of twice.
+instead of twice. `bwd-dq=ordered` is the same backward with its adds made in key-block order
+(`tile.store_add ... in_order %dq_order`), so dQ is deterministic again.
 
 RoPE: the kernels see rotated operands (rotated in registers where the forward placement
 fused the rotation, read from the pre-rotation kernels' output otherwise) and, at the end,
@@ -215,13 +216,17 @@ def _grad_scores(
     return probs, lower_chain_vjp(k, inputs, grad)
 
 
-def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool = False) -> tile.KernelOp:
+def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool = False,
+                      ordered: bool = False) -> tile.KernelOp:
     """dK and dV: programs own key blocks and walk query blocks (see the module docstring).
     With `fused_dq` (`attention_bwd_dkdv_dq`) every block pair also adds its unscaled dQ part
-    `dS K` into `dq_acc` (`tile.dot_lhs_transposed`, `tile.store_add`)."""
+    `dS K` into `dq_acc` (`tile.dot_lhs_transposed`, `tile.store_add`); `ordered` makes those
+    adds in key-block order, through `dq_order`'s counters (deterministic)."""
+    assert fused_dq or not ordered
     q_source, k_source = _sources(facts)
     softmax = facts.has_lse
-    roles = _gradient_kernel_roles(facts, ["dk", "dv", *(["dq_acc"] if fused_dq else [])], "_q")
+    dq_roles = ["dq_acc", *(["dq_order"] if ordered else [])] if fused_dq else []
+    roles = _gradient_kernel_roles(facts, ["dk", "dv", *dq_roles], "_q")
     rotation = facts.rotation
     name = "attention_bwd_dkdv_dq" if fused_dq else "attention_bwd_dkdv"
     k = KernelBuilder(name, roles, "key_blocks", config,
@@ -258,7 +263,8 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool 
             for key, part in zip(key_parts, parts):
                 dq_part = inner.add(tile.DotLhsTransposedOp(grad_scores, key),
                                     f"dq_part{PART_SUFFIX[part]}").results[0]
-                inner.builder.insert(tile.StoreAddOp(dq_part, inner.arg("dq_acc"), "loop", part))
+                order = inner.arg("dq_order") if ordered else None
+                inner.builder.insert(tile.StoreAddOp(dq_part, inner.arg("dq_acc"), "loop", part, order))
         inner.builder.insert(tile.YieldOp([*new_dk, new_dv]))
 
     *dk, dv = build_band_loops(k, facts, state, names, body, over="queries")
@@ -332,15 +338,17 @@ def build_dq_finish_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Ke
 
 
 def build_fused_backward_kernels(
-    facts: VariantFacts, config: KernelConfig, dkdv_config: KernelConfig
+    facts: VariantFacts, config: KernelConfig, dkdv_config: KernelConfig, ordered: bool = False
 ) -> list[tile.KernelOp]:
     """`bwd-dq=fused` (FlashAttention-3's design): the preprocess (softmax only), the dK/dV
     kernel that also adds each block pair's dQ part into the fp32 `dq_acc` (zeroed by the
     caller first; an unordered reduction, so dQ's last bits vary from run to run), and the
-    finish kernel that turns `dq_acc` into dQ. No bias gradient (see `fused_dq_unsupported`)."""
+    finish kernel that turns `dq_acc` into dQ. No bias gradient (see `fused_dq_unsupported`).
+    `ordered` (`bwd-dq=ordered`): the adds in key-block order (`dq_order`, zeroed by the caller
+    too), so dQ is deterministic."""
     assert fused_dq_unsupported(facts) is None
     kernels = [build_preprocess_kernel(config)] if facts.has_lse else []
-    return kernels + [build_dkdv_kernel(facts, dkdv_config, fused_dq=True),
+    return kernels + [build_dkdv_kernel(facts, dkdv_config, fused_dq=True, ordered=ordered),
                       build_dq_finish_kernel(facts, config)]
 
 
@@ -360,9 +368,9 @@ def build_backward_kernels(
     """The backward kernels of a variant, in program order, which is the launch order of those
     a call runs: `attention_bwd_dq_delta` and then dK/dV, or the preprocess, dK/dV and a dQ
     kernel (`dkdv_config` tunes the dK/dV kernel, `config` the others). With
-    `bwd_dq == "fused"`, `build_fused_backward_kernels`' instead."""
-    if bwd_dq == "fused":
-        return build_fused_backward_kernels(facts, config, dkdv_config)
+    `bwd_dq == "fused"` or `"ordered"`, `build_fused_backward_kernels`' instead."""
+    if bwd_dq in ("fused", "ordered"):
+        return build_fused_backward_kernels(facts, config, dkdv_config, ordered=bwd_dq == "ordered")
     kernels = []
     if facts.has_lse:
         kernels += [build_preprocess_kernel(config),

@@ -373,7 +373,7 @@ class LowerVariant(RewritePattern):
         # of both come first, each built once.
         # Decoding and cache layouts are inference-only: no backward kernels for them.
         wants_backward = c.backward and not (c.decode or c.kv_lens or c.page_size)
-        if wants_backward and c.bwd_dq == "fused" and (why := fused_dq_unsupported(facts)):
+        if wants_backward and c.bwd_dq in ("fused", "ordered") and (why := fused_dq_unsupported(facts)):
             raise _fail(op, why)
         backward = backward_facts(facts, c.bwd_rope, c.element_type) if wants_backward else None
         kernels: list[Operation] = []
@@ -449,7 +449,8 @@ class LowerToTilePass(ModulePass):
     """separate: dQ by its own kernels (`attention_bwd_dq_delta` / `attention_bwd_dq`,
     deterministic); fused: the dK/dV kernel also adds each block pair's dQ part into an fp32
     `dq_acc` (`attention_bwd_dkdv_dq`, atomics, not deterministic) and
-    `attention_bwd_dq_finish` scales it (not for a variant with a bias gradient)."""
+    `attention_bwd_dq_finish` scales it (not for a variant with a bias gradient); ordered: as
+    fused, the adds made in key-block order (`tile.store_add ... in_order`, deterministic)."""
     decode: bool = False
     """Split-KV decoding: `attention_decode` (programs own a split of the keys for all the
     query heads of one key/value head) and `attention_merge` replace `attention_fwd`; no
@@ -513,9 +514,9 @@ class LowerToTilePass(ModulePass):
             raise PassOptionError(
                 f"lower-to-tile: bwd-rope must be pre_rotated or as_forward, got '{self.bwd_rope}'"
             )
-        if self.bwd_dq not in ("separate", "fused"):
+        if self.bwd_dq not in ("separate", "fused", "ordered"):
             raise PassOptionError(
-                f"lower-to-tile: bwd-dq must be separate or fused, got '{self.bwd_dq}'"
+                f"lower-to-tile: bwd-dq must be separate, fused or ordered, got '{self.bwd_dq}'"
             )
         if self.decode_merge not in ("kernel", "last-split"):
             raise PassOptionError(

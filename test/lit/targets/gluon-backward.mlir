@@ -21,12 +21,18 @@
 // CHECK-NEXT:    return grad_scores
 // CHECK-LABEL: def attention_bwd_dkdv_dq_load(
 // CHECK:         tma_load(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))
+// Unordered (bwd-dq=fused): the writer reduces each part as it comes.
 // CHECK-LABEL: def attention_bwd_dkdv_dq_dq_write(
+// CHECK-NOT:     dq_order
 // CHECK:         tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))
+// CHECK-NEXT:    tma.store_wait(0)
+// CHECK-NEXT:    mbarrier.arrive(dq_empty.index(b), count=1)
 // CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
-// Each step's head and query block are carried from step to step (no division by n_blocks).
-// CHECK:         head = kv_head * group_size
-// CHECK-NEXT:    start_m = q_start
+// Each step's head and query block are carried from step to step (no division by n_blocks):
+// the query blocks from the last down, every head of the group at each.
+// CHECK:         first_head = kv_head * group_size
+// CHECK-NEXT:    head = first_head
+// CHECK-NEXT:    start_m = q_start + (n_blocks - 1) * BLOCK_N
 // CHECK-NEXT:    for it in range(total):
 // CHECK-NOT:         // n_blocks
 // CHECK:         scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -39,9 +45,9 @@
 // CHECK:         dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
 // CHECK:         dq_part = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
 // CHECK:         tile_2d(dq_bufs.index(b)).store(dq_part)
-// CHECK:             wrap = start_m + BLOCK_N >= q_start + n_blocks * BLOCK_N
-// CHECK-NEXT:        start_m = gl.where(wrap, q_start, start_m + BLOCK_N)
-// CHECK-NEXT:        head = head + wrap.to(gl.int32)
+// CHECK:             wrap = head + 1 >= first_head + group_size
+// CHECK-NEXT:        head = gl.where(wrap, first_head, head + 1)
+// CHECK-NEXT:        start_m = start_m - wrap.to(gl.int32) * BLOCK_N
 // CHECK:         dk_1 = dk * sm_scale
 // CHECK:         tma_store(dk_desc, [batch, kv_head, n_start, 0], k_smem)
 // CHECK:         tma_store(dv_desc, [batch, kv_head, n_start, 0], v_smem)

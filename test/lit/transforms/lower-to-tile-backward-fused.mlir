@@ -10,7 +10,7 @@
 // as q's and do's are.
 
 // BOGUS-NOT:  Traceback
-// BOGUS:      {{^}}<pass-pipeline>:1:22: error: lower-to-tile: bwd-dq must be separate or fused, got 'bogus'{{$}}
+// BOGUS:      {{^}}<pass-pipeline>:1:22: error: lower-to-tile: bwd-dq must be separate, fused or ordered, got 'bogus'{{$}}
 
 // A bias gradient is written by the dQ-bias kernel, which the fused backward has none of.
 // BIAS:       error: lower-to-tile: the fused backward (bwd-dq=fused) has no bias gradient kernel: lower a variant with a bias with bwd-dq=separate

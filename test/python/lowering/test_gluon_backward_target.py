@@ -5,6 +5,8 @@ follows its rules. Its numbers are checked on the H200 (test/python/test_gpu_glu
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from test_gluon_target import _cuobjdump, _registers_and_spills, sm90  # noqa: F401  (fixture)
@@ -20,28 +22,31 @@ from attnfuse.runtime.inputs import Problem
 from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
 
-def backward_kernel(spec, head_dim=128, **options):
-    """`attention_bwd_dkdv_dq` of `spec`'s fused backward after `warp-specialize`."""
+def backward_kernel(spec, head_dim=128, bwd_dq="fused", **options):
+    """`attention_bwd_dkdv_dq` of `spec`'s fused backward (unordered, or `bwd_dq="ordered"`)
+    after `warp-specialize`."""
     rope = af.compile(spec).program.canonical((False, False)).rope is not None
     placement = ("pre_rotated", "pre_rotated") if rope else None
     key = CompileKey(head_dim, head_dim, "bf16", TileConfig(64, 64, 4, 2), placement, bwd_rope="pre_rotated",
-                     bwd_dq="fused")
+                     bwd_dq=bwd_dq)
     module = lower_spec(spec, key)
     WarpSpecializePass(**options).apply(make_context(), module)
     return next(op for op in module.ops if op.sym_name.data == "attention_bwd_dkdv_dq")
 
 
-@pytest.mark.parametrize("name,spec,dim", [
-    ("causal", af.attention(af.causal()), 128),
-    ("rope-causal", af.attention(af.rope(), af.causal()), 128),
-    ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64),
+@pytest.mark.parametrize("name,spec,dim,bwd_dq", [
+    ("causal", af.attention(af.causal()), 128, "fused"),
+    ("rope-causal", af.attention(af.rope(), af.causal()), 128, "fused"),
+    ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64, "fused"),
+    ("causal-ordered", af.attention(af.causal()), 128, "ordered"),
+    ("rope-window-ordered", af.attention(af.rope(), af.sliding_window(256), af.causal()), 128, "ordered"),
 ])
-def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, monkeypatch):  # noqa: F811
+def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monkeypatch):  # noqa: F811
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    kernel = backward_kernel(spec, dim)
+    kernel = backward_kernel(spec, dim, bwd_dq)
     assert kernel.schedule is not None, "warp-specialize schedules the fused backward"
     program = emit_gluon_kernel(kernel)
     info = program.kernels[0]
@@ -69,6 +74,9 @@ def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, monkeypatch):
         elif role == "rope_table":
             table = torch.empty(2, n, dim // 2)
             pointers += [table, *table.stride()]
+        elif role == "dq_order":
+            counters = torch.empty(1, heads, n, dtype=torch.int32)
+            pointers += [counters, *counters.stride()]
         else:
             pointers.append(torch.empty(heads))
     compiled = module.attention_bwd_dkdv_dq.warmup(*descs, *pointers, 0.1, n, n, heads_kv, heads // heads_kv,
@@ -78,7 +86,15 @@ def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, monkeypatch):
     sass = _cuobjdump(compiled.asm["cubin"], "-sass")
     assert "HGMMA" in sass, "the products must be warpgroup MMAs"
     assert "UTMAREDG.4D.ADD" in sass, "dQ is added by TMA reduces"
-    assert "ATOM" not in sass and " REDG" not in sass, "and not by atomics"
+    atomics = set(re.findall(r"\b(?:ATOMG?|REDG?)\.\S+", sass))
+    if bwd_dq == "ordered":
+        # The counters' handover (an exchange, a release at GPU scope) after the reduce's
+        # writes are done (the full wait, not only store_wait's read wait), and no float atomics.
+        assert atomics == {"ATOMG.E.EXCH.STRONG.GPU"}, atomics
+        assert "cp.async.bulk.wait_group 0;" in compiled.asm["ptx"]
+        assert "ld.global.gpu.acquire" in compiled.asm["ptx"], "the wait acquires"
+    else:
+        assert not atomics, f"and not by atomics: {atomics}"
     # A few dozen bytes of stack come and go with Triton versions (24-96 seen with 3.6 and
     # 3.9 for the causal kernels); a consumer out of registers spills kilobytes.
     assert spills <= 256, f"{spills} bytes of stack"

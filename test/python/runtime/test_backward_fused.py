@@ -4,8 +4,9 @@
 program the fused one: the preprocess (softmax), `attention_bwd_dkdv_dq` (dK/dV adding each
 block pair's dQ part into dq_acc with atomics) and `attention_bwd_dq_finish`. Gradients are
 checked against the float64 reference with test_backward's bounds (`check_grads`), on tiny
-shapes; `deterministic=True`, `torch.use_deterministic_algorithms` and a bias keep the
-separate kernels.
+shapes. `deterministic=True` (the default) and `torch.use_deterministic_algorithms` take the
+same kernels with their adds in key-block order (`bwd-dq=ordered`, deterministic); a bias
+keeps the separate kernels.
 """
 
 from __future__ import annotations
@@ -112,24 +113,28 @@ def _backward_kernels(fn, launched) -> list[str]:
     return [name for name in launched if name.startswith("attention_bwd")]
 
 
-def test_deterministic_keeps_separate(fused, launched):
-    """deterministic=True (the default) never runs the fused backward, even when asked."""
+def test_deterministic_takes_the_ordered_backward(fused, launched):
+    """deterministic=True (the default) never runs the unordered fused backward: asked for
+    the fused one, it gets its adds in key-block order."""
     spec = af.attention(af.causal())
-    assert not set(FUSED) & set(_backward_kernels(af.compile(spec), launched))
+    fn = af.compile(spec)
+    assert _backward_kernels(fn, launched)[-2:] == FUSED
+    assert "dq_order" in fn.last.source
 
 
-def test_deterministic_algorithms_keep_separate(fused, launched):
-    """torch.use_deterministic_algorithms(True) overrides deterministic=False."""
+def test_deterministic_algorithms_take_the_ordered_backward(fused, launched):
+    """torch.use_deterministic_algorithms(True) overrides deterministic=False: ordered adds."""
     spec = af.attention(af.causal())
     fn = af.compile(spec, deterministic=False)
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        ran = _backward_kernels(fn, launched)
+        assert _backward_kernels(fn, launched)[-2:] == FUSED
+        assert "dq_order" in fn.last.source
     finally:
         torch.use_deterministic_algorithms(previous)
-    assert not set(FUSED) & set(ran), ran
-    assert set(FUSED) <= set(_backward_kernels(fn, launched))  # allowed again: fused
+    assert _backward_kernels(fn, launched)[-2:] == FUSED  # allowed again: unordered
+    assert "dq_order" not in fn.last.source
 
 
 def test_separate_and_auto(monkeypatch, launched):
@@ -178,3 +183,43 @@ def test_deterministic_is_fixed_for_the_object():
     assert fn.deterministic is False
     with pytest.raises(AttributeError):
         fn.deterministic = True  # its plans and operators are keyed on it
+
+
+# -- adds in key-block order (`bwd-dq=ordered`) ---------------------------------------------
+
+ORDERED_CASES = ["causal", "window", "gqa2-nq-ne-nk", "rope-fused", "head-dim-24", "lse-grad", "relu-rope-bf16"]
+"""The variants whose ordered backward runs through the interpreter: causal and windowed
+bands (a query block's first key block waits for none), GQA with Nq != Nk, RoPE in the loops
+(a counter per column part), padded columns, a log-sum-exp gradient, relu in bf16."""
+
+
+@pytest.mark.parametrize("name", ORDERED_CASES)
+def test_ordered_gradients(monkeypatch, launched, name):
+    """`ATTNFUSE_BACKWARD=ordered` (the default deterministic=True): the fused kernels, their
+    adds in key-block order (`dq_order`), gradients as the reference's. Small blocks (16 rows),
+    so that every query block is added into by several key blocks and, under a window, a
+    later query block's first key block is not the first of all."""
+    monkeypatch.setenv(BACKWARD_ENV, "ordered")
+    blocks, options = CASES[name]
+    spec = af.attention(*blocks())
+    options = {"hq": 2, "nq": 37, "nk": 45, "d": 32} | options
+    placement = options.pop("placement", "auto")
+    config = af.TileConfig(16, 16, 4, 1)
+    fn = af.compile(spec, rope_placement=placement, config=config)
+    check_grads(spec, fn=fn, seed=3, placement=placement, config=config, **options)
+    backward = [name for name in launched if name.startswith("attention_bwd")]
+    assert backward[-2:] == FUSED and not SEPARATE & set(backward), backward
+    assert "dq_order" in fn.last.source
+
+
+def test_ordered_is_deterministic(monkeypatch):
+    """Two backward calls of the ordered fused backward give the same bits."""
+    monkeypatch.setenv(BACKWARD_ENV, "ordered")
+    fn = af.compile(af.attention(af.sliding_window(20), af.causal()), config=af.TileConfig(16, 16, 4, 1))
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, nq=40, nk=40, d=16, seed=7))
+    grads = []
+    for _ in range(2):
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).square().sum().backward()
+        grads.append([t.grad.clone() for t in (q, k, v)])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -137,3 +137,30 @@ tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq: !tile.te
 }
 // CHECK: {{^}}dq_acc rows are query rows, but the program rows of a key_blocks kernel are key rows
 
+
+// -----
+
+// Adds in key-block order are ordered by the dq_order tensor's counters.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %lse: !tile.tensor<lse>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %kb = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x f16>
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %p = tile.zeros : !tile.tile<n x d x f32>
+    tile.store_add %p, %dq_acc[loop, all] in_order %lse : !tile.tile<n x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<lse>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}tile.store_add orders its adds by the dq_order tensor, not !tile.tensor<lse>
+
+// -----
+
+// Only a key_blocks kernel's loop rows can be added in key-block order.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !tile.tensor<dq_order>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %p = tile.zeros : !tile.tile<m x d x f32>
+  tile.store_add %p, %dq_acc[program, all] in_order %dq_order : !tile.tile<m x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<dq_order>
+  tile.return
+}
+// CHECK: {{^}}tile.store_add in key-block order adds the loop's query rows of a key_blocks kernel

@@ -1,0 +1,25 @@
+// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,lower-to-tile{bwd-dq=ordered bwd-block-m=64 bwd-block-n=32}' -t triton | filecheck %s
+// The portable target's fused backward with its dQ adds in key-block order (bwd-dq=ordered):
+// causal, so every earlier key block visits every later query (prev_q_end = n_q). Before the
+// block pair's atomics the program waits (acquire) until the previous key block has handed
+// the query block's counter on; after them, and a barrier, it hands it on (release).
+
+// CHECK-LABEL: def attention_bwd_dkdv_dq(
+// CHECK:         dq_order_ptr, stride_dq_order_b, stride_dq_order_h, stride_dq_order_n,
+// CHECK:         prev_q_end = n_q  # every earlier key block visits every later query
+// CHECK:         dq_order_base = dq_order_ptr + batch * stride_dq_order_b + head * stride_dq_order_h
+// CHECK:         # tile.store_add: added into dq_acc rows (loop), all columns (in key-block order)
+// CHECK-NEXT:    order_counter = dq_order_base + (start_m + 0) * stride_dq_order_n
+// CHECK-NEXT:    if (block_id > 0) & (start_m < prev_q_end):
+// CHECK-NEXT:        while tl.atomic_add(order_counter, 0, sem="acquire") != block_id:
+// CHECK-NEXT:            pass
+// CHECK-NEXT:    tl.atomic_add(dq_acc_base + {{.*}}, dq_part, mask={{.*}}, sem="relaxed")
+// CHECK-NEXT:    tl.debug_barrier()
+// CHECK-NEXT:    tl.atomic_xchg(order_counter, block_id + 1, sem="release")
+attn.variant @causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

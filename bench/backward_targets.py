@@ -6,8 +6,11 @@ AttnFuse's backwards beside cuDNN, in one run (H200):
 
 Columns (a fresh `af.compile` each, since a plan keeps the backward it was made with):
 
-- `separate`: the default, `deterministic=True` — FlashAttention-2's split (dK/dV, then dQ),
-  every gradient bit-for-bit reproducible;
+- `default`: `deterministic=True` and nothing forced, what a call gets by default: the Gluon
+  backward with its dQ adds in key-block order (`bwd-dq=ordered`) where `gluon_backward`
+  takes it, else the split; every gradient bit-for-bit reproducible;
+- `separate`: `deterministic=True` with `ATTNFUSE_BACKWARD=separate` — FlashAttention-2's
+  split (dK/dV, then dQ), deterministic too;
 - `fused tl`: `deterministic=False` with `ATTNFUSE_BACKWARD=fused` (the portable target, the
   only one that prints the fused backward today): one dK/dV kernel adding each block pair's dQ part into
   an fp32 accumulator with atomics, then a finishing kernel;
@@ -39,12 +42,15 @@ import attnfuse as af
 from attnfuse.runtime.reference import reference_gradients
 import benchlib
 
-COLUMNS = (
+ALL_COLUMNS = (
     # (name, deterministic, ATTNFUSE_BACKWARD)
-    ("separate", True, None),
+    ("default", True, None),
+    ("separate", True, "separate"),
     ("fused_tl", False, "fused"),
     ("nondet_auto", False, None),
 )
+COLUMNS = ALL_COLUMNS
+"""The columns of this run (`--columns`)."""
 CASES = ("causal", "dense", "rope+causal")
 
 
@@ -80,7 +86,15 @@ def main() -> None:
     parser.add_argument("--geometry", choices=("llama", "paper"), default="llama",
                         help="llama: B=1, 32/8 heads of 128, bf16; paper: B=4, 12 heads of 64, fp16")
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, no cuDNN")
+    parser.add_argument("--columns", default=",".join(name for name, *_ in ALL_COLUMNS),
+                        help="AttnFuse's columns, of " + ", ".join(name for name, *_ in ALL_COLUMNS))
     args = parser.parse_args()
+    global COLUMNS
+    known = {name: column for name, *_ in ALL_COLUMNS for column in [(name, *_)]}
+    unknown = [name for name in args.columns.split(",") if name not in known]
+    if unknown:
+        parser.error(f"unknown columns {unknown}")
+    COLUMNS = tuple(known[name] for name in args.columns.split(","))
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"

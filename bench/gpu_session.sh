@@ -5,10 +5,15 @@
 # Stages:
 #   gluon-tests       test_gpu_gluon_backward.py (all) and a test_gpu_gluon.py forward subset
 #   gpu-tests         test_gpu.py and test_gpu_decode.py (all)
-#   backward-targets  bench/backward_targets.py, causal and RoPE + causal, 30 reps
+#   backward-targets  bench/backward_targets.py, causal and RoPE + causal, 30 reps: the default
+#                     (deterministic), separate and nondet_auto columns
+#   backward-ab       bench/backward_targets.py's nondet_auto column on this tree and, if the
+#                     untracked folder ab_before/ holds an older attnfuse package, on that one too
+#   layer-det         bench/llama_layer.py fwdbwd at 4096 and 8192, eager, deterministic (the default)
 #   backward-targets-d64  the same at the paper shape (B=4, 12 heads of 64, fp16)
 #   ab                bench/gluon_backward_ab.py, causal, 2 rounds (kernel times and host times)
 #   launch-host       bench/gluon_launch_host.py: Gluon launch host time, descriptor replay on and off
+#   ordered-tests     test_gpu_gluon_backward.py's tests of the ordered (deterministic) backward
 #   gluon-tests-short the backward's launch and layout tests and the forward subset
 #   gluon-forward-tests  test_gpu_gluon.py without the consumer-count and persistent permutations
 #   forward-ab        bench/gluon_forward.py's Gluon column on this tree and, if the untracked
@@ -29,9 +34,11 @@ for stage in "$@"; do
   start=$(date +%s)
   case $stage in
     gluon-tests)
-      pytest_run gluon-backward 240 test/python/test_gpu_gluon_backward.py
+      pytest_run gluon-backward 420 test/python/test_gpu_gluon_backward.py
       pytest_run gluon-forward-subset 150 test/python/test_gpu_gluon.py \
         -k "equals_portable or training_call or model_layout or unaligned or refused or rope or persistent_matches and causal" ;;
+    ordered-tests)
+      pytest_run gluon-backward-ordered 200 test/python/test_gpu_gluon_backward.py -k ordered ;;
     gluon-tests-short)
       pytest_run gluon-backward-short 120 test/python/test_gpu_gluon_backward.py \
         -k "direct_launcher or replay or equals_split or model_layout or expanded or lse_gradient"
@@ -52,8 +59,19 @@ for stage in "$@"; do
       pytest_run gpu 400 test/python/test_gpu.py
       pytest_run decode 200 test/python/test_gpu_decode.py ;;
     backward-targets)
-      timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir" --reps 30 \
-        > "$dir/backward_targets.log" 2>&1; echo "backward-targets rc=$?" ;;
+      timeout 250 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir" --reps 30 \
+        --columns default,separate,nondet_auto > "$dir/backward_targets.log" 2>&1; echo "backward-targets rc=$?" ;;
+    backward-ab)
+      timeout 150 python3 bench/backward_targets.py --cases causal --out "$dir" --reps 30 --columns nondet_auto \
+        > "$dir/backward_ab-after.log" 2>&1; echo "backward-ab (this tree) rc=$?"
+      if [ -d ab_before/attnfuse ]; then
+        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 150 python3 bench/backward_targets.py --cases causal \
+          --out "$dir/before" --reps 30 --columns nondet_auto > "$dir/backward_ab-before.log" 2>&1
+        echo "backward-ab (ab_before) rc=$?"
+      fi ;;
+    layer-det)
+      timeout 300 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwdbwd \
+        --out "$dir" > "$dir/llama_layer_det.log" 2>&1; echo "layer-det rc=$?" ;;
     backward-targets-d64)
       timeout 200 python3 bench/backward_targets.py --geometry paper --cases causal,dense --seq-lens 4096,8192 \
         --out "$dir" --reps 30 > "$dir/backward_targets_d64.log" 2>&1; echo "backward-targets-d64 rc=$?" ;;

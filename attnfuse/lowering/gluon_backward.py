@@ -307,18 +307,18 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         ordered = store_add.ordered
         order = ["# In key-block order (deterministic): before its reduce, wait until the key block before",
                  "# this one has added into the query block, where it visits it (the counter holds the",
-                 "# key block that adds next); after it, hand the block on. The reduce has completed",
-                 "# (store_wait) before the release that publishes it."] if ordered else \
+                 "# key block that adds next), while the consumer still computes the part; after the",
+                 "# reduce's writes are done (store_wait only waits for its reads, which free the",
+                 "# buffer), hand the block on."] if ordered else \
                 ["# (unordered between programs: not deterministic), off the consumer's path."]
         body = [
             f"# {store_add.name}: each step's dQ part added into {store_add.role} by a TMA reduce-add",
             *order,
-            "# Per step: wait for a staged part, issue its reduce, wait until the copy engine is",
-            "# done with it, free the buffer.",
+            "# Per step: wait for a staged part, issue its reduce, wait until the copy engine has",
+            "# read it, free the buffer.",
             *self.STEP_INIT,
             "for it in range(total):",
             f"    b = it % {DQ_BUFFERS}",
-            f"    mbarrier.wait(dq_full.index(b), (it // {DQ_BUFFERS}) & 1)",
         ]
         if ordered:
             role = store_add.order.type.role.data  # type: ignore[union-attr]
@@ -329,16 +329,15 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                 "            pass",
             ]
         body += [
+            f"    mbarrier.wait(dq_full.index(b), (it // {DQ_BUFFERS}) & 1)",
             "    tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))",
             "    tma.store_wait(0)",
+            "    mbarrier.arrive(dq_empty.index(b), count=1)",
         ]
         if ordered:
-            body += ["    tma_writes_wait()  # the reduce's writes are done (store_wait: its reads) before the release",
+            body += ["    tma_writes_wait()  # the reduce's writes are done before the release publishes them",
                      '    gl.atomic_xchg(counter, block_id + 1, sem="release")']
-        body += [
-            "    mbarrier.arrive(dq_empty.index(b), count=1)",
-            *["    " + line for line in self.STEP_NEXT],
-        ]
+        body += ["    " + line for line in self.STEP_NEXT]
         params = ("dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, "
                   f"{self.order_params()}BLOCK_N: gl.constexpr")
         return self.function(f"def {self.name}_dq_write({params}):", ["    " + line for line in body])

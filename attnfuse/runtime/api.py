@@ -405,7 +405,7 @@ class CompiledAttention:
             key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
                    v.device, q.layout, k.layout, v.layout, explicit_positions, training,
                    None if cache is CONTIGUOUS else cache, paged_keys, backward,
-                   # Deterministic algorithms forbid the fused backward (`choose_backward`).
+                   # Deterministic algorithms order the fused backward's adds (`choose_backward`).
                    not self.deterministic and torch.are_deterministic_algorithms_enabled())
         except (AttributeError, RuntimeError):
             key = None  # not dense tensors: check_inputs says which argument is wrong
@@ -1068,10 +1068,12 @@ def compile(
     rotates k, its gradient is that of the k passed, and `k_positions=` is an error; the
     queries are rotated at their positions (`q_positions=`, `[Nq]` or `[B, Nq]`).
 
-    `deterministic=True` (the default) keeps the backward bit-for-bit reproducible (the
-    separate dQ kernels). `deterministic=False` allows the fused backward, whose dQ is an
-    unordered (atomic) fp32 sum, so its last bits vary between runs; it runs where
-    `backward_choice.choose_backward` picks it (`ATTNFUSE_BACKWARD=auto|fused|separate`),
-    never under `torch.use_deterministic_algorithms(True)` nor for a variant with a bias."""
+    `deterministic=True` (the default) keeps the backward bit-for-bit reproducible: the
+    separate dQ kernels, or, where the Hopper (Gluon) backward takes the call, the fused
+    backward with its dQ adds in key-block order. `deterministic=False` allows the fused
+    backward with its adds unordered (an fp32 sum whose last bits vary between runs; faster).
+    `backward_choice.choose_backward` picks (`ATTNFUSE_BACKWARD=auto|fused|ordered|separate`);
+    `torch.use_deterministic_algorithms(True)` keeps the adds ordered; a variant with a bias
+    takes the separate kernels."""
     return CompiledAttention(source, rope_placement=rope_placement, config=config,
                              deterministic=deterministic)

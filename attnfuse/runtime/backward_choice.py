@@ -62,7 +62,9 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
         return "ordered"
     if request == "fused":
         return fused
-    return fused if gluon_backward.takes_gluon_backward(problem, variant, explicit_positions, bwd_rope) else "separate"
+    takes = gluon_backward.takes_gluon_backward(problem, variant, explicit_positions, bwd_rope,
+                                                ordered=fused == "ordered")
+    return fused if takes else "separate"
 
 
 __all__ = ["BACKWARD_ENV", "backward_request", "choose_backward", "fused_allowed", "unordered_allowed"]

@@ -64,6 +64,14 @@ the printer's full steps lost their guards and divisions (bench/results/20261202
   dim 128 ones, not tuned for 64).
 Smaller calls are not measured."""
 
+GLUON_ORDERED_MIN_WORK = {128: 8 * 1024 * 1024}
+"""The same for the backward with its dQ adds in key-block order (deterministic calls). On the
+H200 at the Llama-3-8B heads, backward alone, ms (bench/results/20261202T151835Z-backward-
+targets.md): causal 4096 0.800 against the split's 0.864 (unordered 0.699, cuDNN 0.779), causal
+8192 3.070 against 3.645, RoPE + causal 4096 0.813 against 0.949, 8192 3.072 against 3.651.
+Head dim 64 is not measured (the unordered kernel is only 5% faster than the split there, and
+the order costs 10% at these sizes): deterministic calls keep the split."""
+
 
 def backward_target() -> str:
     """The user's choice (`ATTNFUSE_BACKWARD_TARGET`), checked."""
@@ -98,11 +106,12 @@ def fits(problem: Problem) -> bool:
 
 def takes_gluon_backward(problem: Problem, variant: Canonical,
                          explicit_positions: tuple[bool, bool] = (False, False),
-                         bwd_rope: str = "pre_rotated") -> bool:
+                         bwd_rope: str = "pre_rotated", ordered: bool = False) -> bool:
     """Whether the backward of a call of this shape and variant runs the Gluon fused
     backward (`backward_choice.choose_backward` then builds the fused backward, where it is
     allowed): an sm_90 GPU, a variant and shape the schedule covers, and the user's choice
-    (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (`GLUON_BACKWARD_MIN_WORK`). RoPE at
+    (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (`GLUON_BACKWARD_MIN_WORK`, or with
+    its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`). RoPE at
     call-time positions (`explicit_positions`) is not scheduled: its inverse rotation of dK
     reads the positions, which the schedule has no place for (`backward_shape`), so such a
     call keeps the split rather than the portable fused kernel, which is slower. Nor is a
@@ -115,7 +124,7 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
         return False
     if target == "gluon":
         return True
-    least = GLUON_BACKWARD_MIN_WORK.get(problem.head_dim)
+    least = (GLUON_ORDERED_MIN_WORK if ordered else GLUON_BACKWARD_MIN_WORK).get(problem.head_dim)
     return least is not None and pairs_per_head(problem, variant) >= least
 
 
@@ -263,5 +272,5 @@ def gluon_backward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_BACKWARD_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
+__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
            "scheduled_backward", "takes_gluon_backward", "variant_fits"]

@@ -205,3 +205,26 @@ def test_the_lowered_kernel_decides_not_the_prediction(monkeypatch):
     assert relu.compile_key(p).bwd_dq == "separate"
     monkeypatch.setenv("ATTNFUSE_BACKWARD", "fused")
     assert relu.compile_key(p).bwd_dq == "fused", "a forced fused backward is the user's choice"
+
+
+def test_deterministic_calls_take_the_ordered_gluon_backward_at_head_dim_128(monkeypatch):
+    """On a (pretended) Hopper GPU under `auto`: a deterministic call (the default) takes the
+    fused backward with its adds in key-block order at head dim 128 from the measured size, a
+    `deterministic=False` one the unordered kernel; at head dim 64 (the order not measured)
+    and below the size a deterministic call keeps the split; deterministic algorithms order
+    the adds of a `deterministic=False` call."""
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
+    spec = af.attention(af.causal())
+    deterministic, free = af.compile(spec), af.compile(spec, deterministic=False)
+    assert deterministic.compile_key(problem(4096)).bwd_dq == "ordered"
+    assert free.compile_key(problem(4096)).bwd_dq == "fused"
+    assert deterministic.compile_key(problem(2048)).bwd_dq == "separate"
+    assert deterministic.compile_key(problem(8192, d=64, dtype=torch.float16)).bwd_dq == "separate"
+    assert free.compile_key(problem(8192, d=64, dtype=torch.float16)).bwd_dq == "fused"
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert free.compile_key(problem(4096)).bwd_dq == "ordered"
+    finally:
+        torch.use_deterministic_algorithms(previous)

@@ -31,10 +31,13 @@ def backward_request() -> str:
     return value
 
 
-def fused_allowed(variant: Canonical) -> bool:
-    """Whether a fused backward may run: the variant has no bias (its gradient is written by
-    the separate backward's dQ-bias kernel, which the fused one has no counterpart of)."""
-    return not variant.reads("bias")
+def fused_allowed(variant: Canonical, ordered: bool) -> bool:
+    """Whether a fused backward (with `ordered`, its adds in key-block order) may run: the
+    variant has no bias (its gradient is written by the separate backward's dQ-bias kernel,
+    which the fused one has no counterpart of), and, ordered, no block list (block sparsity,
+    documents: the key blocks visiting a query block need not be consecutive;
+    `lower_backward.fused_dq_unsupported`)."""
+    return not variant.reads("bias") and not (ordered and variant.listed)
 
 
 def unordered_allowed(deterministic: bool) -> bool:
@@ -55,9 +58,9 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
     `CompiledAttention.compile_key` then keeps `auto`'s fused choice only where the lowered
     kernel is one the Gluon target schedules."""
     request = backward_request()
-    if request == "separate" or not fused_allowed(variant):
+    fused = "ordered" if request == "ordered" or not unordered_allowed(deterministic) else "fused"
+    if request == "separate" or not fused_allowed(variant, fused == "ordered"):
         return "separate"
-    fused = "fused" if unordered_allowed(deterministic) else "ordered"
     if request == "ordered":
         return "ordered"
     if request == "fused":

@@ -286,13 +286,14 @@ class KernelBuilder:
         return op
 
     def load(
-        self, role: str, rows: str, cols: str, name: str, source: str | None = None, widen: bool = False
+        self, role: str, rows: str, cols: str, name: str, source: str | None = None, widen: bool = False,
+        chains: int = 1,
     ) -> SSAValue:
         """Loads a block of `source` (default `role`) into a tile named `name`; `widen` reads
-        it as f32."""
+        it as f32; `chains` sums that many chains of `dq_acc` (`tile.load`'s)."""
         shape = tile.expected_tile_shape(role, rows, cols)
         elem = f32 if role in tile.FP32_ROLES or widen else self.elem
-        load = tile.LoadOp(self.arg(source or role), rows, cols, tile.TileType(shape, elem))
+        load = tile.LoadOp(self.arg(source or role), rows, cols, tile.TileType(shape, elem), chains)
         return self.add(load, name).results[0]
 
     def finish(self) -> tile.KernelOp:

@@ -216,6 +216,15 @@ def _grad_scores(
     return probs, lower_chain_vjp(k, inputs, grad)
 
 
+ORDERED_CHAINS = 2
+"""Chains an ordered fused backward splits each query block's dQ sum into (`tile.store_add
+... chains`): key block j adds into chain j % 2, each chain in key-block order, and the finish
+kernel sums the two in order. Each add waits for the key block two before it rather than the
+one before, so the chain of handovers that the programs of a wave run behind is half as long:
+on the H200 one chain cost 10-14% of the backward against unordered adds at the Llama heads
+(bench/results/20261202T151835Z-backward-targets.md)."""
+
+
 def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool = False,
                       ordered: bool = False) -> tile.KernelOp:
     """dK and dV: programs own key blocks and walk query blocks (see the module docstring).
@@ -264,7 +273,8 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool 
                 dq_part = inner.add(tile.DotLhsTransposedOp(grad_scores, key),
                                     f"dq_part{PART_SUFFIX[part]}").results[0]
                 order = inner.arg("dq_order") if ordered else None
-                inner.builder.insert(tile.StoreAddOp(dq_part, inner.arg("dq_acc"), "loop", part, order))
+                inner.builder.insert(tile.StoreAddOp(dq_part, inner.arg("dq_acc"), "loop", part, order,
+                                                     ORDERED_CHAINS if ordered else 1))
         inner.builder.insert(tile.YieldOp([*new_dk, new_dv]))
 
     *dk, dv = build_band_loops(k, facts, state, names, body, over="queries")
@@ -324,15 +334,16 @@ def build_dq_kernel(
     return k.finish()
 
 
-def build_dq_finish_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
-    """`attention_bwd_dq_finish` (the fused backward): dQ from the accumulated `dq_acc`,
-    scaled once, through the rotation's transpose where q has one, stored as dq."""
+def build_dq_finish_kernel(facts: VariantFacts, config: KernelConfig, chains: int = 1) -> tile.KernelOp:
+    """`attention_bwd_dq_finish` (the fused backward): dQ from the accumulated `dq_acc` (the
+    sum of its `chains`, in order), scaled once, through the rotation's transpose where q has
+    one, stored as dq."""
     rotation = facts.rotation
     roles = ["dq_acc", "dq", *_rotation_roles(facts)]
     k = KernelBuilder("attention_bwd_dq_finish", roles, "query_blocks", config,
                       rotation.rotary_dim if rotation else None)
     parts = _parts(facts, config)
-    acc = [k.load("dq_acc", "program", p, f"dq_acc{PART_SUFFIX[p]}") for p in parts]
+    acc = [k.load("dq_acc", "program", p, f"dq_acc{PART_SUFFIX[p]}", chains=chains) for p in parts]
     _store_gradient(k, "q", acc, parts, facts.query_rotation, "query", facts.scale)
     return k.finish()
 
@@ -346,19 +357,25 @@ def build_fused_backward_kernels(
     finish kernel that turns `dq_acc` into dQ. No bias gradient (see `fused_dq_unsupported`).
     `ordered` (`bwd-dq=ordered`): the adds in key-block order (`dq_order`, zeroed by the caller
     too), so dQ is deterministic."""
-    assert fused_dq_unsupported(facts) is None
+    assert fused_dq_unsupported(facts, ordered) is None
     kernels = [build_preprocess_kernel(config)] if facts.has_lse else []
     return kernels + [build_dkdv_kernel(facts, dkdv_config, fused_dq=True, ordered=ordered),
-                      build_dq_finish_kernel(facts, config)]
+                      build_dq_finish_kernel(facts, config, ORDERED_CHAINS if ordered else 1)]
 
 
-def fused_dq_unsupported(facts: VariantFacts) -> str | None:
-    """Why the fused backward cannot lower the variant, or None: a bias gradient is written
-    by the dQ-bias kernel (`attention_bwd_dq_bias`), which the fused backward has no
-    counterpart of."""
+def fused_dq_unsupported(facts: VariantFacts, ordered: bool = False) -> str | None:
+    """Why the fused backward (with `ordered`, its adds in key-block order) cannot lower the
+    variant, or None: a bias gradient is written by the dQ-bias kernel (`attention_bwd_dq_bias`),
+    which the fused backward has no counterpart of; and the key blocks that a block list
+    (block sparsity, documents) sends to a query block need not be consecutive, which the
+    order's handover from each key block to the next relies on."""
     if facts.data_gradient_roles():
         return ("the fused backward (bwd-dq=fused) has no bias gradient kernel: lower a "
                 "variant with a bias with bwd-dq=separate")
+    if ordered and facts.listed:
+        return ("the fused backward's adds in key-block order (bwd-dq=ordered) need the key blocks that "
+                "visit a query block to be consecutive, which a block list does not promise: lower a "
+                "block-sparse or document variant with bwd-dq=separate (deterministic) or fused")
     return None
 
 
@@ -381,4 +398,4 @@ def build_backward_kernels(
     return kernels
 
 
-__all__ = ["backward_facts", "build_backward_kernels", "fused_dq_unsupported", "needs_exact_scores"]
+__all__ = ["ORDERED_CHAINS", "backward_facts", "build_backward_kernels", "fused_dq_unsupported", "needs_exact_scores"]

@@ -247,3 +247,26 @@ def test_gluon_backward_training_step_in_a_cuda_graph(deterministic, monkeypatch
             assert torch.equal(s.grad, e.grad)
         else:
             assert (s.grad.float() - e.grad.float()).norm() <= 1e-2 * e.grad.float().norm()
+
+
+@pytest.mark.parametrize("name", ["causal", "window-alibi", "rope-causal"])
+def test_portable_ordered_backward_on_the_gpu(name, monkeypatch):
+    """The portable target's ordered fused backward (`ATTNFUSE_BACKWARD=ordered` with the
+    Triton backward target): its spin-wait and handover as the GPU runs them, gradients as
+    the reference's, the same bits twice."""
+    monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "triton")
+    monkeypatch.setenv("ATTNFUSE_BACKWARD", "ordered")
+    spec = SPECS[name]
+    q, k, v = inputs(2, 8, 2, 700, 700, 64, torch.float16, seed=41)
+    fn = af.compile(spec)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(42)).to(q.dtype).cuda()
+    runs = []
+    for _ in range(2):
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).backward(grad)
+        runs.append([t.grad.clone() for t in (q, k, v)])
+    assert "dq_order" in fn.last.source
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), grad.cpu())
+    errors = gradient_errors({"q": runs[0][0], "k": runs[0][1], "v": runs[0][2]}, want)
+    assert all(err <= GRAD_TOLERANCE[q.dtype] for err in errors.values()), errors

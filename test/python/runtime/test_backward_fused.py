@@ -212,14 +212,45 @@ def test_ordered_gradients(monkeypatch, launched, name):
     assert "dq_order" in fn.last.source
 
 
-def test_ordered_is_deterministic(monkeypatch):
-    """Two backward calls of the ordered fused backward give the same bits."""
+@pytest.mark.parametrize("nq", [33, 34], ids=["last-block-1-row", "last-block-2-rows"])
+def test_ordered_column_parts_with_a_ragged_last_block(monkeypatch, launched, nq):
+    """RoPE fused in the loops adds the dQ part by column parts; they share the query block's
+    counter (its first row), so a last query block of 1 or 2 rows addresses no counter past
+    n_q, with several heads (whose counters follow each other)."""
     monkeypatch.setenv(BACKWARD_ENV, "ordered")
-    fn = af.compile(af.attention(af.sliding_window(20), af.causal()), config=af.TileConfig(16, 16, 4, 1))
-    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, nq=40, nk=40, d=16, seed=7))
-    grads = []
-    for _ in range(2):
-        q.grad = k.grad = v.grad = None
-        fn(q, k, v).square().sum().backward()
-        grads.append([t.grad.clone() for t in (q, k, v)])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    spec = af.attention(af.rope(rotary_dim=16), af.causal())
+    config = af.TileConfig(16, 16, 4, 1)
+    fn = af.compile(spec, rope_placement="fused", config=config)
+    check_grads(spec, fn=fn, hq=3, nq=nq, nk=nq + 8, d=32, placement="fused", config=config)
+    assert [n for n in launched if n.startswith("attention_bwd")][-2:] == FUSED
+
+
+@pytest.mark.parametrize("request_", ["ordered", "fused"])
+def test_block_lists_never_take_ordered_adds(monkeypatch, launched, request_):
+    """A document mask's key blocks per query block come from lists, not consecutive: a
+    deterministic call asked for the ordered (or fused) backward keeps the split; lowering it
+    ordered by hand is a located error."""
+    monkeypatch.setenv(BACKWARD_ENV, request_)
+    spec = af.attention(af.document(), af.causal())
+    doc_ids = torch.tensor([0] * 20 + [1] * 25)
+    q, k, v = make_qkv(1, 2, None, 45, 45, 32, None, torch.float32, seed=4, requires_grad=True)
+    out = af.compile(spec)(q, k, v, doc_ids=doc_ids)
+    go = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+    out.backward(go)
+    ref = reference_gradients(spec, q, k, v, go, doc_ids=doc_ids)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        err = (t.grad.double() - ref[name]).abs().max().item()
+        assert err <= 2e-4 * ref[name].abs().max().item() + 1e-6, (name, err)
+    assert not set(FUSED) & set(launched), launched
+
+
+def test_ordered_lowering_of_a_block_list_is_refused():
+    from xdsl.utils.exceptions import DiagnosticException
+
+    from attnfuse.runtime.compiler import CompileKey, lower_spec
+    from attnfuse.runtime.config import TileConfig
+
+    spec = af.attention(af.block_sparse(32), af.causal())
+    key = CompileKey(32, 32, "f32", TileConfig(32, 32, 4, 1), None, bwd_dq="ordered")
+    with pytest.raises((af.AttnFuseError, DiagnosticException), match="consecutive"):
+        lower_spec(spec, key)

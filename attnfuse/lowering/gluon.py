@@ -424,15 +424,6 @@ def tma_writes_wait():
                               dtype=gl.int32, is_pure=False, pack=1)
 
 
-@gluon.jit
-def async_proxy_fence():
-    """Orders this thread's generic-proxy accesses (an acquire that saw another program's
-    reduce complete) before its later async-proxy ones (its own TMA reduce):
-    `fence.proxy.async.global`, which Gluon 3.6 has no call for."""
-    gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
 @builtin
 def reinterpret_shared(buffer, dtype, shape, layout, _semantic=None):
     """`buffer`'s bytes as a buffer of another type, shape or layout (`_reinterpret` in Triton

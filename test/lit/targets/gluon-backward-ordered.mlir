@@ -23,7 +23,6 @@
 // CHECK-NEXT:        if (block_id >= 2) & (start_m < prev_q_end):
 // CHECK-NEXT:            while gl.atomic_add(counter, 0, sem="acquire") != block_id:
 // CHECK-NEXT:                pass
-// CHECK-NEXT:        async_proxy_fence()
 // CHECK-NEXT:        mbarrier.wait(dq_full.index(b), (it // 2) & 1)
 // CHECK-NEXT:        tma_reduce_add(dq_acc_desc, [batch, head + chain_heads, start_m, 0], dq_bufs.index(b))
 // CHECK-NEXT:        tma.store_wait(0)

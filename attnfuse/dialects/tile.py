@@ -994,28 +994,18 @@ class LoadOp(IRDLOperation):
     result = result_def(TileType)
     rows = prop_def(RowsAttr)
     cols = opt_prop_def(ColumnsAttr)
-    chains = opt_prop_def(IntegerAttr)
-    """`dq_acc` only: the sum, chain 0 first, of the block in each of the `chains`
-    accumulators that a `tile.store_add ... chains c` filled (chain i of query head h at head
-    `i * Hq + h`): a fixed order, so the sum is deterministic."""
 
     traits = traits_def(Pure())
 
-    def __init__(self, source: SSAValue, rows: str, cols: str | None, result_type: TileType, chains: int = 1):
+    def __init__(self, source: SSAValue, rows: str, cols: str | None, result_type: TileType):
         super().__init__(
             operands=[source],
             result_types=[result_type],
             properties={
                 "rows": RowsAttr(Rows(rows)),
                 "cols": None if cols is None else ColumnsAttr(Columns(cols)),
-                "chains": None if chains == 1 else IntegerAttr(chains, 64),
             },
         )
-
-    @property
-    def chain_count(self) -> int:
-        """How many chains of `dq_acc` the load sums (1 unless `chains`)."""
-        return 1 if self.chains is None else self.chains.value.data
 
     @property
     def role(self) -> str:
@@ -1025,8 +1015,6 @@ class LoadOp(IRDLOperation):
     def verify_(self) -> None:
         cols = None if self.cols is None else self.cols.data
         _verify_block_ref(self, self.role, self.rows.data, cols)
-        if self.chains is not None and (self.role != "dq_acc" or not 1 <= self.chain_count <= 8):
-            raise VerifyException("tile.load sums chains (1 to 8) of the dq_acc tensor only")
         expected = expected_tile_shape(self.role, self.rows.data, cols)
         ty = _expect_shape(self.result, expected, "loaded tile")
         kernel = _kernel_of(self)
@@ -1044,7 +1032,6 @@ class LoadOp(IRDLOperation):
     def parse(cls, parser: Parser) -> LoadOp:
         unresolved = parser.parse_unresolved_operand()
         rows, cols = _parse_block_ref(parser)
-        chains = parser.parse_integer() if parser.parse_optional_keyword("chains") is not None else 1
         attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
         source_type = parser.parse_type()
@@ -1053,7 +1040,7 @@ class LoadOp(IRDLOperation):
         if not isinstance(result_type, TileType):
             parser.raise_error(f"tile.load produces a !tile.tile, got {result_type}")
         source = parser.resolve_operand(unresolved, source_type)
-        op = cls(source, rows, cols, result_type, chains)
+        op = cls(source, rows, cols, result_type)
         op.attributes |= attrs
         return op
 
@@ -1062,8 +1049,6 @@ class LoadOp(IRDLOperation):
         printer.print_string(" ")
         printer.print_operand(self.source)
         printer.print_string(f"[{self.rows.data}{cols}]")
-        if self.chains is not None:
-            printer.print_string(f" chains {self.chain_count}")
         printer.print_op_attributes(self.attributes)
         printer.print_string(f" : {self.source.type} -> {self.result.type}")
 
@@ -2179,28 +2164,17 @@ class StoreAddOp(_BlockWrite):
     value = operand_def(TileType)
     dest = operand_def(TensorType)
     order = opt_operand_def(TensorType)
-    chains = opt_prop_def(IntegerAttr)
-    """With `in_order`, `chains = c` (default 1) splits the sum into c chains: key block j adds
-    into chain `j % c` (`dq_acc` then holds c accumulators, chain i of query head h at head
-    `i * Hq + h`, and `dq_order` c sets of counters alike), each chain in key-block order, so
-    a key block waits for the one c before it; `tile.load ... chains c` sums them in order."""
 
     def __init__(self, value: SSAValue, dest: SSAValue, rows: str, cols: str | None,
-                 order: SSAValue | None = None, chains: int = 1):
+                 order: SSAValue | None = None):
         IRDLOperation.__init__(
             self,
             operands=[value, dest, [] if order is None else [order]],
             properties={
                 "rows": RowsAttr(Rows(rows)),
                 "cols": None if cols is None else ColumnsAttr(Columns(cols)),
-                "chains": None if chains == 1 else IntegerAttr(chains, 64),
             },
         )
-
-    @property
-    def chain_count(self) -> int:
-        """How many chains the ordered adds are split into (1 unless `chains`)."""
-        return 1 if self.chains is None else self.chains.value.data
 
     @property
     def ordered(self) -> bool:
@@ -2228,8 +2202,6 @@ class StoreAddOp(_BlockWrite):
             if kernel is not None and kernel.block_order == BlockOrder.DESCENDING:
                 raise VerifyException("tile.store_add in key-block order needs the kernel's blocks in ascending "
                                       "order (a program waits for the key block before its own)")
-        if self.chains is not None and (self.order is None or not 1 <= self.chain_count <= 8):
-            raise VerifyException("tile.store_add's chains (1 to 8) split adds in key-block order (in_order)")
 
     @classmethod
     def parse(cls, parser: Parser) -> StoreAddOp:
@@ -2237,11 +2209,9 @@ class StoreAddOp(_BlockWrite):
         parser.parse_punctuation(",")
         unresolved_dest = parser.parse_unresolved_operand()
         rows, cols = _parse_block_ref(parser)
-        unresolved_order, chains = None, 1
+        unresolved_order = None
         if parser.parse_optional_keyword("in_order") is not None:
             unresolved_order = parser.parse_unresolved_operand()
-            if parser.parse_optional_keyword("chains") is not None:
-                chains = parser.parse_integer()
         attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
         value_type = parser.parse_type()
@@ -2253,7 +2223,7 @@ class StoreAddOp(_BlockWrite):
             order = parser.resolve_operand(unresolved_order, parser.parse_type())
         value = parser.resolve_operand(unresolved_value, value_type)
         dest = parser.resolve_operand(unresolved_dest, dest_type)
-        op = cls(value, dest, rows, cols, order, chains)
+        op = cls(value, dest, rows, cols, order)
         op.attributes |= attrs
         return op
 
@@ -2267,8 +2237,6 @@ class StoreAddOp(_BlockWrite):
         if self.order is not None:
             printer.print_string(" in_order ")
             printer.print_operand(self.order)
-            if self.chains is not None:
-                printer.print_string(f" chains {self.chain_count}")
         printer.print_op_attributes(self.attributes)
         printer.print_string(f" : {self.value.type} -> {self.dest.type}")
         if self.order is not None:

@@ -91,7 +91,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
     CONSUMER_NAMES = ("dk", "dv", "scores", "probs", "grad_probs", "grad_scores", "lse", "lse_log2", "delta", "p_op", "ds16",
                       "ds_op", "dq_part", "q_s", "do_s", "k_tile", "v_tile", "s_zero", "dq_zero", "stage", "phase",
-                      "it", "b", "total", "n_blocks", "n_start", "halves", "first_head", "counter", "chain_heads", "dtype", "row", "step_bytes",
+                      "it", "b", "total", "n_blocks", "n_start", "halves", "first_head", "counter", "dtype", "row", "step_bytes",
                       "S_LAYOUT", "KV_LAYOUT", "A_LAYOUT", "DQ_LAYOUT", "EPI_LAYOUT", "DS_SMEM", "NW",
                       "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs",
                       "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i", "wrap", "head",
@@ -323,26 +323,23 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "for it in range(total):",
             f"    b = it % {DQ_BUFFERS}",
         ]
-        chains = store_add.chain_count
-        # A chained sum's key block adds into its chain's heads (`tile.store_add`'s chains).
-        acc_head = "head + chain_heads" if ordered and chains > 1 else "head"
         if ordered:
             role = store_add.order.type.role.data  # type: ignore[union-attr]
             body += [
-                f"    counter = {role}_ptr + batch * stride_{role}_b + ({acc_head}) * stride_{role}_h + start_m * stride_{role}_n",
+                f"    counter = {role}_ptr + batch * stride_{role}_b + head * stride_{role}_h + start_m * stride_{role}_n",
                 f"    if {self.order_waits()}:",
                 '        while gl.atomic_add(counter, 0, sem="acquire") != block_id:',
                 "            pass",
             ]
         body += [
             f"    mbarrier.wait(dq_full.index(b), (it // {DQ_BUFFERS}) & 1)",
-            f"    tma_reduce_add(dq_acc_desc, [batch, {acc_head}, start_m, 0], dq_bufs.index(b))",
+            "    tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))",
             "    tma.store_wait(0)",
             "    mbarrier.arrive(dq_empty.index(b), count=1)",
         ]
         if ordered:
             body += ["    tma_writes_wait()  # the reduce's writes are done before the release publishes them",
-                     f'    gl.atomic_xchg(counter, block_id + {chains}, sem="release")  # the chain\'s next key block']
+                     '    gl.atomic_xchg(counter, block_id + 1, sem="release")  # the next key block adds next']
         body += ["    " + line for line in self.STEP_NEXT]
         params = ("dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, "
                   f"{self.order_params()}BLOCK_N: gl.constexpr")
@@ -354,8 +351,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         if not store_add.ordered:
             return ""
         role = store_add.order.type.role.data  # type: ignore[union-attr]
-        chain = ["chain_heads"] if store_add.chain_count > 1 else []
-        return ", ".join([f"{role}_ptr", *self.strides(role), "block_id", "prev_q_end", *chain]) + ", "
+        return ", ".join([f"{role}_ptr", *self.strides(role), "block_id", "prev_q_end"]) + ", "
 
     def step_args(self) -> str:
         return ", ".join([*self.step_params(), "BLOCK_M", "BLOCK_N", "S_LAYOUT"])
@@ -512,11 +508,6 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("kv_head = batch_head % num_heads")
         self.emit("n_start = block_id * BLOCK_M")
         self.HANDLERS[type(self.parts.bounds)](self, self.parts.bounds)
-        store_add = self.loops[0].store_add
-        if store_add.ordered and store_add.chain_count > 1:
-            self.emit(f"# The program's chain of the ordered dQ sum: key block j adds into chain j % {store_add.chain_count},")
-            self.emit("# whose heads follow the chains before it.")
-            self.emit(f"chain_heads = (block_id % {store_add.chain_count}) * num_heads * group_size")
         q_start = self.namer[self.loops[0].op.lower]
         q_end = self.namer[self.loops[-1].op.upper]
         self.emit(f"n_blocks = ({q_end} - {q_start} + BLOCK_N - 1) // BLOCK_N")

@@ -658,25 +658,7 @@ class KernelEmitter:
             self.emit("else:")
             self.emit(f"    {name} = tl.load({ptrs}{masking}){widen}")
             return
-        if op.chain_count > 1:
-            # The chains' blocks, chain 0 first: a fixed order of the sum (chain i of query
-            # head h is at head i * Hq + h).
-            self.emit(f"# ... summed over its {op.chain_count} chains, in order")
-            loads = [f"tl.load({ptrs}{self.chain_offset(role, str(i))}{masking})" for i in range(op.chain_count)]
-            self.emit(f"{name} = " + " + ".join(loads))
-            return
         self.emit(f"{name} = tl.load({ptrs}{masking}){widen}")
-
-    def chain_offset(self, role: str, chain: str) -> str:
-        """` + offset` of chain `chain` of a chained accumulator (`dq_acc`, `dq_order`): its
-        heads follow the previous chain's Hq heads."""
-        return "" if chain == "0" else f" + ({chain}) * {self.query_heads} * stride_{role}_h"
-
-    @property
-    def query_heads(self) -> str:
-        """Hq in the kernel's scalars: `num_heads` counts query heads in a `query_blocks`
-        kernel, key/value heads elsewhere."""
-        return "num_heads" if self.grid == "query_blocks" else "(num_heads * group_size)"
 
     def emit_store(self, op: tile.StoreOp) -> None:
         role = op.role
@@ -696,31 +678,27 @@ class KernelEmitter:
                   + (f", {COLUMN_COMMENT[cols]}" if cols else "") + f" ({order})")
         masking = f", mask={mask}" if mask else ""
         value = self.namer[op.value]
-        chains = op.chain_count
         # The ordered adds of one step (one per column part of a rotation) share the query
         # block's counter: the first waits for it, the last hands the block on.
         step_adds = [o for o in op.parent_block().ops if isinstance(o, tile.StoreAddOp) and o.ordered] \
             if op.ordered else []
         if op.ordered and op is step_adds[0]:
             value = self.emit_order_wait(op, value)
-        if op.ordered and chains > 1:
-            ptrs = f"{ptrs}{self.chain_offset(role, f'block_id % {chains}')}"
         # Relaxed: the adds only need to be atomic (and, ordered, made before the handover,
         # which releases them); nothing reads dq_acc before the kernel ends.
         self.emit(f'tl.atomic_add({ptrs}, {value}{masking}, sem="relaxed")')
         if op.ordered and op is step_adds[-1]:
             self.emit("tl.debug_barrier()  # every thread's adds are made before the rows are handed on")
-            self.emit(f'tl.atomic_xchg({self.order_counter_name}, block_id + {chains}, sem="release")'
-                      "  # the chain's next key block adds next")
+            self.emit(f'tl.atomic_xchg({self.order_counter_name}, block_id + 1, sem="release")'
+                      "  # the next key block adds next")
 
     def order_counter(self, op: tile.StoreAddOp) -> str:
         """The address of the counter that orders the step's adds into the loop's query
-        block: its first row's in `dq_order` (in the program's chain)."""
+        block: its first row's in `dq_order`."""
         order = op.order
         assert order is not None and isinstance(order.type, tile.TensorType)
         role = order.type.role.data
-        chain = self.chain_offset(role, f"block_id % {op.chain_count}") if op.chain_count > 1 else ""
-        return f"{role}_base + {self.STEP_ROW} * stride_{role}_n{chain}"
+        return f"{role}_base + {self.STEP_ROW} * stride_{role}_n"
 
     STEP_ROW = "start_m"
     """The first query row of the loop's block (in a `key_blocks` kernel)."""
@@ -729,20 +707,14 @@ class KernelEmitter:
     """The counter of the current step's ordered adds (set at the step's first add)."""
 
     def order_waits(self) -> str:
-        """Whether the key block before the program's in its chain (`block_id - chains`)
-        visits the loop's query block (then this program's add waits for its): `prev_q_end` is
-        the end of its query range, whose start is at most this program's (the ranges move
-        down the queries with the keys)."""
-        return f"(block_id >= {self.order_chains}) & ({self.STEP_ROW} < prev_q_end)"
-
-    @property
-    def order_chains(self) -> int:
-        """The chains of the kernel's adds in key-block order (all its ordered adds share them)."""
-        return next(op.chain_count for op in self.kernel.walk() if isinstance(op, tile.StoreAddOp) and op.ordered)
+        """Whether the key block before the program's visits the loop's query block (then
+        this program's add waits for its): `prev_q_end` is the end of its query range, whose
+        start is at most this program's (the ranges move down the queries with the keys)."""
+        return f"(block_id > 0) & ({self.STEP_ROW} < prev_q_end)"
 
     def emit_order_wait(self, op: tile.StoreAddOp, value: str) -> str:
-        """Before the step's first ordered add: wait until the key block before this one in
-        its chain has added, where it visits the loop's query block (`order_counter_name`
+        """Before the step's first ordered add: wait until the key block before this one has
+        added, where it visits the loop's query block (`order_counter_name`
         then names the counter). Returns the tile to add. The interpreter runs a (batch, head)'s
         programs one at a time in ascending key-block order, so there the key block before
         has always added, and the counter holds this block exactly when it visited: the
@@ -752,7 +724,7 @@ class KernelEmitter:
         self.emit(f"{counter} = {self.order_counter(op)}")
         if self.interpreter:
             in_order = self.namer.fresh("in_order")
-            self.emit(f"{in_order} = (block_id < {self.order_chains}) | (({self.STEP_ROW} < prev_q_end)"
+            self.emit(f"{in_order} = (block_id == 0) | (({self.STEP_ROW} < prev_q_end)"
                       f" == (tl.load({counter}) == block_id))")
             checked = self.namer.fresh("checked")
             self.emit(f'{checked} = tl.where({in_order}, {value}, float("nan"))  # out of order: NaN, never silently')
@@ -763,17 +735,14 @@ class KernelEmitter:
         return value
 
     def emit_previous_block_end(self, op: tile.QBoundsOp) -> None:
-        """`prev_q_end`: where the query range of the key block before the program's in its
-        chain (`block_id - chains`) ends (as `emit_q_bounds` computes it for that block), for
-        adds in key-block order."""
+        """`prev_q_end`: where the query range of key block `block_id - 1` ends (as
+        `emit_q_bounds` computes it for that block), for adds in key-block order."""
         lower = op.band.bounds[0]
         if lower is None:
             self.emit("prev_q_end = n_q  # every earlier key block visits every later query")
             return
-        chains = self.order_chains
-        self.emit("# The query range of the chain's previous key block ends where its last key's does.")
-        first_after = "block_id * BLOCK_M" if chains == 1 else f"(block_id - {chains - 1}) * BLOCK_M"
-        self.emit(f"prev_q_end = tl.minimum({plus(f'tl.minimum({first_after}, n_k) - 1 - (n_k - n_q)', -lower + 1)}, n_q)")
+        self.emit("# The query range of the previous key block ends where its last key's does.")
+        self.emit(f"prev_q_end = tl.minimum({plus('tl.minimum(block_id * BLOCK_M, n_k) - 1 - (n_k - n_q)', -lower + 1)}, n_q)")
 
     def positions(self, op: tile.RotateOp) -> tuple[str, str | None]:
         """(positions of the rotated rows, their in-bounds mask or None)."""

@@ -46,7 +46,6 @@ from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
 from attnfuse.runtime.gluon_backward import gluon_backward, scheduled_backward
 from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon
 from attnfuse.runtime.inputs import Problem, check_inputs
-from attnfuse.transforms.lower_backward import ORDERED_CHAINS
 from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.key_rotation import rotate_keys
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
@@ -138,12 +137,11 @@ def records_autograd(*inputs: object) -> bool:
 
 def _dq_accumulator(p: Problem, ordered: bool) -> dict[str, torch.Tensor]:
     """The fused backward's zeroed `dq_acc` (fp32 `[B, Hq, Nq, D]`) and, for adds in
-    key-block order, its `dq_order` counters (int32 `[B, Hq, Nq]`), both with `ORDERED_CHAINS`
-    chains along the head axis (chain i of head h at head `i * Hq + h`, `tile.store_add`'s
-    chains), zeroed by the same fill: one allocation whose tail holds the counters. Zeroed per
-    call: torch.zeros is an async device fill (no host sync, so CUDA-graph capture still
-    works), and the preprocess, which does not run for relu, stays free of a second job."""
-    heads = p.heads_q * (ORDERED_CHAINS if ordered else 1)
+    key-block order, its `dq_order` counters (int32 `[B, Hq, Nq]`), zeroed by the same fill:
+    one allocation whose tail holds the counters. Zeroed per call: torch.zeros is an async
+    device fill (no host sync, so CUDA-graph capture still works), and the preprocess, which
+    does not run for relu, stays free of a second job."""
+    heads = p.heads_q
     rows = p.batch * heads * p.seq_q
     acc = torch.zeros(rows * p.head_dim + (rows if ordered else 0), dtype=torch.float32, device=p.device)
     tensors = {"dq_acc": acc[:rows * p.head_dim].view(p.batch, heads, p.seq_q, p.head_dim)}

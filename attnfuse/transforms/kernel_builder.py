@@ -286,14 +286,13 @@ class KernelBuilder:
         return op
 
     def load(
-        self, role: str, rows: str, cols: str, name: str, source: str | None = None, widen: bool = False,
-        chains: int = 1,
+        self, role: str, rows: str, cols: str, name: str, source: str | None = None, widen: bool = False
     ) -> SSAValue:
         """Loads a block of `source` (default `role`) into a tile named `name`; `widen` reads
-        it as f32; `chains` sums that many chains of `dq_acc` (`tile.load`'s)."""
+        it as f32."""
         shape = tile.expected_tile_shape(role, rows, cols)
         elem = f32 if role in tile.FP32_ROLES or widen else self.elem
-        load = tile.LoadOp(self.arg(source or role), rows, cols, tile.TileType(shape, elem), chains)
+        load = tile.LoadOp(self.arg(source or role), rows, cols, tile.TileType(shape, elem))
         return self.add(load, name).results[0]
 
     def finish(self) -> tile.KernelOp:

@@ -216,15 +216,6 @@ def _grad_scores(
     return probs, lower_chain_vjp(k, inputs, grad)
 
 
-ORDERED_CHAINS = 2
-"""Chains an ordered fused backward splits each query block's dQ sum into (`tile.store_add
-... chains`): key block j adds into chain j % 2, each chain in key-block order, and the finish
-kernel sums the two in order. Each add waits for the key block two before it rather than the
-one before, so the chain of handovers that the programs of a wave run behind is half as long:
-on the H200 one chain cost 10-14% of the backward against unordered adds at the Llama heads
-(bench/results/20261202T151835Z-backward-targets.md)."""
-
-
 def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool = False,
                       ordered: bool = False) -> tile.KernelOp:
     """dK and dV: programs own key blocks and walk query blocks (see the module docstring).
@@ -273,8 +264,7 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool 
                 dq_part = inner.add(tile.DotLhsTransposedOp(grad_scores, key),
                                     f"dq_part{PART_SUFFIX[part]}").results[0]
                 order = inner.arg("dq_order") if ordered else None
-                inner.builder.insert(tile.StoreAddOp(dq_part, inner.arg("dq_acc"), "loop", part, order,
-                                                     ORDERED_CHAINS if ordered else 1))
+                inner.builder.insert(tile.StoreAddOp(dq_part, inner.arg("dq_acc"), "loop", part, order))
         inner.builder.insert(tile.YieldOp([*new_dk, new_dv]))
 
     *dk, dv = build_band_loops(k, facts, state, names, body, over="queries")
@@ -334,16 +324,15 @@ def build_dq_kernel(
     return k.finish()
 
 
-def build_dq_finish_kernel(facts: VariantFacts, config: KernelConfig, chains: int = 1) -> tile.KernelOp:
-    """`attention_bwd_dq_finish` (the fused backward): dQ from the accumulated `dq_acc` (the
-    sum of its `chains`, in order), scaled once, through the rotation's transpose where q has
-    one, stored as dq."""
+def build_dq_finish_kernel(facts: VariantFacts, config: KernelConfig) -> tile.KernelOp:
+    """`attention_bwd_dq_finish` (the fused backward): dQ from the accumulated `dq_acc`,
+    scaled once, through the rotation's transpose where q has one, stored as dq."""
     rotation = facts.rotation
     roles = ["dq_acc", "dq", *_rotation_roles(facts)]
     k = KernelBuilder("attention_bwd_dq_finish", roles, "query_blocks", config,
                       rotation.rotary_dim if rotation else None)
     parts = _parts(facts, config)
-    acc = [k.load("dq_acc", "program", p, f"dq_acc{PART_SUFFIX[p]}", chains=chains) for p in parts]
+    acc = [k.load("dq_acc", "program", p, f"dq_acc{PART_SUFFIX[p]}") for p in parts]
     _store_gradient(k, "q", acc, parts, facts.query_rotation, "query", facts.scale)
     return k.finish()
 
@@ -360,7 +349,7 @@ def build_fused_backward_kernels(
     assert fused_dq_unsupported(facts, ordered) is None
     kernels = [build_preprocess_kernel(config)] if facts.has_lse else []
     return kernels + [build_dkdv_kernel(facts, dkdv_config, fused_dq=True, ordered=ordered),
-                      build_dq_finish_kernel(facts, config, ORDERED_CHAINS if ordered else 1)]
+                      build_dq_finish_kernel(facts, config)]
 
 
 def fused_dq_unsupported(facts: VariantFacts, ordered: bool = False) -> str | None:
@@ -398,4 +387,4 @@ def build_backward_kernels(
     return kernels
 
 
-__all__ = ["ORDERED_CHAINS", "backward_facts", "build_backward_kernels", "fused_dq_unsupported", "needs_exact_scores"]
+__all__ = ["backward_facts", "build_backward_kernels", "fused_dq_unsupported", "needs_exact_scores"]

@@ -8,34 +8,28 @@
 // on (release).
 
 // IR:      tile.kernel @attention_bwd_dkdv_dq({{.*}}%dq_acc: !tile.tensor<dq_acc>, %dq_order: !tile.tensor<dq_order>)
-// Two chains (ORDERED_CHAINS): key block j adds into chain j % 2, each in key-block order; the
-// finish kernel sums the chains, chain 0 first.
-// IR:      tile.store_add %dq_part, %dq_acc[loop, all] in_order %dq_order chains 2 : !tile.tile<n x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<dq_order>
-// IR:      tile.kernel @attention_bwd_dq_finish(
-// IR:        tile.load %dq_acc[program, all] chains 2 : !tile.tensor<dq_acc> -> !tile.tile<m x d x f32>
+// IR:      tile.store_add %dq_part, %dq_acc[loop, all] in_order %dq_order : !tile.tile<n x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<dq_order>
 
-// CHECK-LABEL: def attention_bwd_dkdv_dq_dq_write(dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, dq_order_ptr, stride_dq_order_b, stride_dq_order_h, stride_dq_order_n, block_id, prev_q_end, chain_heads, BLOCK_N: gl.constexpr):
+// CHECK-LABEL: def attention_bwd_dkdv_dq_dq_write(dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, dq_order_ptr, stride_dq_order_b, stride_dq_order_h, stride_dq_order_n, block_id, prev_q_end, BLOCK_N: gl.constexpr):
 // The wait comes before the wait for the staged part (it overlaps the consumer's step); the
 // buffer is freed once the reduce has read it, the block handed on once its writes are done.
 // CHECK:         for it in range(total):
 // CHECK-NEXT:        b = it % 2
-// CHECK-NEXT:        counter = dq_order_ptr + batch * stride_dq_order_b + (head + chain_heads) * stride_dq_order_h + start_m * stride_dq_order_n
-// CHECK-NEXT:        if (block_id >= 2) & (start_m < prev_q_end):
+// CHECK-NEXT:        counter = dq_order_ptr + batch * stride_dq_order_b + head * stride_dq_order_h + start_m * stride_dq_order_n
+// CHECK-NEXT:        if (block_id > 0) & (start_m < prev_q_end):
 // CHECK-NEXT:            while gl.atomic_add(counter, 0, sem="acquire") != block_id:
 // CHECK-NEXT:                pass
 // CHECK-NEXT:        mbarrier.wait(dq_full.index(b), (it // 2) & 1)
-// CHECK-NEXT:        tma_reduce_add(dq_acc_desc, [batch, head + chain_heads, start_m, 0], dq_bufs.index(b))
+// CHECK-NEXT:        tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))
 // CHECK-NEXT:        tma.store_wait(0)
 // CHECK-NEXT:        mbarrier.arrive(dq_empty.index(b), count=1)
 // CHECK-NEXT:        tma_writes_wait()
-// CHECK-NEXT:        gl.atomic_xchg(counter, block_id + 2, sem="release")
+// CHECK-NEXT:        gl.atomic_xchg(counter, block_id + 1, sem="release")
 // CHECK-LABEL: def attention_bwd_dkdv_dq(
 // CHECK:         # tile.q_bounds: query blocks that visit this key block (band q_pos + [-255, 0])
-// The chain's previous key block (block_id - 2) ends a block before this one starts; its
-// queries end 255 after its last key.
-// CHECK:         prev_q_end = tl.minimum(tl.minimum((block_id - 1) * BLOCK_M, n_k) - 1 - (n_k - n_q) + 256, n_q)
-// CHECK:         chain_heads = (block_id % 2) * num_heads * group_size
-// CHECK:         (attention_bwd_dkdv_dq_dq_write, (dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, dq_order_ptr, stride_dq_order_b, stride_dq_order_h, stride_dq_order_n, block_id, prev_q_end, chain_heads, BLOCK_N)),
+// The previous key block's last key is this block's first minus one; its queries end 255 after.
+// CHECK:         prev_q_end = tl.minimum(tl.minimum(block_id * BLOCK_M, n_k) - 1 - (n_k - n_q) + 256, n_q)
+// CHECK:         (attention_bwd_dkdv_dq_dq_write, (dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, dq_order_ptr, stride_dq_order_b, stride_dq_order_h, stride_dq_order_n, block_id, prev_q_end, BLOCK_N)),
 attn.variant @window(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k
   %m = attn.mask %s [#attn.causal, #attn.window<256>]

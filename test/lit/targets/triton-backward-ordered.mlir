@@ -10,19 +10,13 @@
 // CHECK:         prev_q_end = n_q  # every earlier key block visits every later query
 // CHECK:         dq_order_base = dq_order_ptr + batch * stride_dq_order_b + head * stride_dq_order_h
 // CHECK:         # tile.store_add: added into dq_acc rows (loop), all columns (in key-block order)
-// Two chains: key block j adds into chain j % 2 (its heads after the Hq heads of chain 0) and
-// waits for key block j - 2.
-// CHECK-NEXT:    order_counter = dq_order_base + start_m * stride_dq_order_n + (block_id % 2) * (num_heads * group_size) * stride_dq_order_h
-// CHECK-NEXT:    if (block_id >= 2) & (start_m < prev_q_end):
+// CHECK-NEXT:    order_counter = dq_order_base + start_m * stride_dq_order_n
+// CHECK-NEXT:    if (block_id > 0) & (start_m < prev_q_end):
 // CHECK-NEXT:        while tl.atomic_add(order_counter, 0, sem="acquire") != block_id:
 // CHECK-NEXT:            pass
-// CHECK-NEXT:    tl.atomic_add(dq_acc_base + {{.*}} + (block_id % 2) * (num_heads * group_size) * stride_dq_acc_h, dq_part, mask={{.*}}, sem="relaxed")
+// CHECK-NEXT:    tl.atomic_add(dq_acc_base + {{.*}}, dq_part, mask={{.*}}, sem="relaxed")
 // CHECK-NEXT:    tl.debug_barrier()
-// CHECK-NEXT:    tl.atomic_xchg(order_counter, block_id + 2, sem="release")
-// The finish kernel (num_heads counts query heads there) sums the chains, chain 0 first.
-// CHECK-LABEL: def attention_bwd_dq_finish(
-// CHECK:         # ... summed over its 2 chains, in order
-// CHECK-NEXT:    dq_acc = tl.load(dq_acc_base + {{.*}}, other=0.0) + tl.load(dq_acc_base + {{.*}} + (1) * num_heads * stride_dq_acc_h, {{.*}})
+// CHECK-NEXT:    tl.atomic_xchg(order_counter, block_id + 1, sem="release")
 attn.variant @causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k
   %m = attn.mask %s [#attn.causal]
@@ -44,7 +38,7 @@ attn.variant @causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !att
 // PARTS-NOT:     order_counter_1 =
 // PARTS:         tl.atomic_add(dq_acc_base
 // PARTS-NEXT:    tl.debug_barrier()
-// PARTS-NEXT:    tl.atomic_xchg(order_counter, block_id + 2, sem="release")
+// PARTS-NEXT:    tl.atomic_xchg(order_counter, block_id + 1, sem="release")
 attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key

@@ -309,10 +309,10 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                  "# this one has added into the query block, where it visits it (the counter holds the",
                  "# key block that adds next), while the consumer still computes the part; after the",
                  "# reduce's writes are done (store_wait only waits for its reads, which free the",
-                 "# buffer), hand the block on. No proxy fence between the acquire and the reduce (the",
-                 "# reduce is issued only once the loop has seen the handover; FlashAttention-3's",
-                 "# deterministic backward does the same): one measured 10% slower, the writer's",
-                 "# step then outlasting the consumer's."] if ordered else \
+                 "# buffer), hand the block on. No proxy fence between the acquire and the reduce:",
+                 "# the reduce is issued only once the loop has seen the handover, as in",
+                 "# FlashAttention-3's deterministic backward (PTX's model asks for one; Gluon 3.6",
+                 "# has no call for it, and one through inline PTX measured the same)."] if ordered else \
                 ["# (unordered between programs: not deterministic), off the consumer's path."]
         body = [
             f"# {store_add.name}: each step's dQ part added into {store_add.role} by a TMA reduce-add",

@@ -2145,8 +2145,8 @@ class StoreAddOp(_BlockWrite):
     """Adds an fp32 tile into `[rows, cols]` of an fp32 accumulator tensor (`dq_acc`), as
     `tile.store` addresses those rows (in a `key_blocks` kernel the loop's rows are the loop's
     query block of the loop's query head); rows and columns past the tensor's bounds are not
-    touched. Programs add into the same rows concurrently (atomics, or TMA reduce-add): the
-    sum's order, and so its last bits, is not deterministic.
+    touched. Programs add into the same rows concurrently (atomics, or TMA reduce-add): without
+    `in_order` the sum's order, and so its last bits, is not deterministic.
 
     With `in_order %dq_order` the programs' adds into each query block are made in the order
     of their key blocks, so the sum, and dQ, is the same bit for bit from run to run: before

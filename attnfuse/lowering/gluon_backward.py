@@ -15,7 +15,8 @@ as the portable kernel does; the schedule is FlashAttention-3's and the hand-wri
       wait for dp^T, `<kernel>_grads` (`tile.softmax_grad` and the VJP ops) under it; dK += ds^T q;
       the dQ part ds k (`tile.dot_lhs_transposed`, A = ds^T from shared memory, transposed view);
 - a dQ writer partition (1 warp): `tile.store_add` as TMA reduce-adds of the staged dQ parts
-  into the f32 `dq_acc` (unordered: not deterministic, as the op says), two staging buffers;
+  into the f32 `dq_acc`, two staging buffers: unordered (not deterministic), or, for a
+  `store_add ... in_order`, each after the key block before it has added (deterministic);
 - the epilogue (`tile.apply_scale`, a RoPE inverse rotation, the stores): whole tiles leave
   through k's and v's buffers and TMA stores; a rotation's halves go through the dQ staging
   buffers (free by then) and are stored from registers as the portable target stores them.

@@ -2,9 +2,9 @@
 fused kernel (`lowering/gluon_backward.py`) and how it is launched.
 
 `takes_gluon_backward` decides at plan time, before the program is compiled, whether the
-fused backward (`lower-to-tile{bwd-dq=fused}`) is built for the Gluon target: the rule
-`backward_choice.choose_backward` applies under `ATTNFUSE_BACKWARD=auto` where the caller
-allowed a non-deterministic backward (`af.compile(..., deterministic=False)`). `gluon_backward`
+fused backward (`lower-to-tile{bwd-dq=fused}`, or `ordered` for a deterministic call) is built
+for the Gluon target: the rule `backward_choice.choose_backward` applies under
+`ATTNFUSE_BACKWARD=auto`. `gluon_backward`
 then replaces the plan's portable `attention_bwd_dkdv_dq` launch with the Gluon one where
 `warp-specialize` scheduled the kernel, whatever chose the fused backward (under
 `ATTNFUSE_BACKWARD=fused` too, at any size: the portable fused kernel is slower still). An input

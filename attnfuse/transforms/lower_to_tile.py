@@ -448,7 +448,7 @@ class LowerToTilePass(ModulePass):
     bwd_dq: str = "separate"
     """separate: dQ by its own kernels (`attention_bwd_dq_delta` / `attention_bwd_dq`,
     deterministic); fused: the dK/dV kernel also adds each block pair's dQ part into an fp32
-    `dq_acc` (`attention_bwd_dkdv_dq`, atomics, not deterministic) and
+    `dq_acc` (`attention_bwd_dkdv_dq`, unordered atomics, not deterministic) and
     `attention_bwd_dq_finish` scales it (not for a variant with a bias gradient); ordered: as
     fused, the adds made in key-block order (`tile.store_add ... in_order`, deterministic)."""
     decode: bool = False

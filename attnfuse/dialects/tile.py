@@ -1056,7 +1056,8 @@ class LoadOp(IRDLOperation):
 class _BlockWrite(IRDLOperation):
     """What `tile.store` and `tile.store_add` share: a tile written into `[rows, cols]` of a
     tensor, addressed as `tile.load` addresses it, with its syntax
-    `value, dest[rows, cols] : tile -> tensor`."""
+    `value, dest[rows, cols] : tile -> tensor` (`tile.store_add` also
+    `value, dest[rows, cols] in_order order : tile -> tensor, tensor`)."""
 
     VALUE_NAME: ClassVar[str]
     """What the verifier calls the written tile."""
@@ -1085,32 +1086,48 @@ class _BlockWrite(IRDLOperation):
         _verify_block_ref(self, self.role, self.rows.data, cols)
         _expect_shape(self.value, expected_tile_shape(self.role, self.rows.data, cols), self.VALUE_NAME)
 
+    ORDERABLE: ClassVar[bool] = False
+    """Whether the op takes an optional `in_order %tensor` clause (its `order` operand)."""
+
     @classmethod
     def parse(cls, parser: Parser) -> _BlockWrite:
         unresolved_value = parser.parse_unresolved_operand()
         parser.parse_punctuation(",")
         unresolved_dest = parser.parse_unresolved_operand()
         rows, cols = _parse_block_ref(parser)
+        unresolved_order = None
+        if cls.ORDERABLE and parser.parse_optional_keyword("in_order") is not None:
+            unresolved_order = parser.parse_unresolved_operand()
         attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
         value_type = parser.parse_type()
         parser.parse_punctuation("->")
         dest_type = parser.parse_type()
+        order = None
+        if unresolved_order is not None:
+            parser.parse_punctuation(",")
+            order = parser.resolve_operand(unresolved_order, parser.parse_type())
         value = parser.resolve_operand(unresolved_value, value_type)
         dest = parser.resolve_operand(unresolved_dest, dest_type)
-        op = cls(value, dest, rows, cols)
+        op = cls(value, dest, rows, cols, *([order] if cls.ORDERABLE else []))
         op.attributes |= attrs
         return op
 
     def print(self, printer: Printer) -> None:
         cols = "" if self.cols is None else f", {self.cols.data}"
+        order = getattr(self, "order", None) if self.ORDERABLE else None
         printer.print_string(" ")
         printer.print_operand(self.value)
         printer.print_string(", ")
         printer.print_operand(self.dest)
         printer.print_string(f"[{self.rows.data}{cols}]")
+        if order is not None:
+            printer.print_string(" in_order ")
+            printer.print_operand(order)
         printer.print_op_attributes(self.attributes)
         printer.print_string(f" : {self.value.type} -> {self.dest.type}")
+        if order is not None:
+            printer.print_string(f", {order.type}")
 
 
 @irdl_op_definition
@@ -2159,6 +2176,7 @@ class StoreAddOp(_BlockWrite):
 
     name = "tile.store_add"
     VALUE_NAME: ClassVar[str] = "added tile"
+    ORDERABLE: ClassVar[bool] = True
 
     # Redeclared: IRDL orders a subclass's own operands before the inherited ones.
     value = operand_def(TileType)
@@ -2202,45 +2220,6 @@ class StoreAddOp(_BlockWrite):
             if kernel is not None and kernel.block_order == BlockOrder.DESCENDING:
                 raise VerifyException("tile.store_add in key-block order needs the kernel's blocks in ascending "
                                       "order (a program waits for the key block before its own)")
-
-    @classmethod
-    def parse(cls, parser: Parser) -> StoreAddOp:
-        unresolved_value = parser.parse_unresolved_operand()
-        parser.parse_punctuation(",")
-        unresolved_dest = parser.parse_unresolved_operand()
-        rows, cols = _parse_block_ref(parser)
-        unresolved_order = None
-        if parser.parse_optional_keyword("in_order") is not None:
-            unresolved_order = parser.parse_unresolved_operand()
-        attrs = parser.parse_optional_attr_dict()
-        parser.parse_punctuation(":")
-        value_type = parser.parse_type()
-        parser.parse_punctuation("->")
-        dest_type = parser.parse_type()
-        order = None
-        if unresolved_order is not None:
-            parser.parse_punctuation(",")
-            order = parser.resolve_operand(unresolved_order, parser.parse_type())
-        value = parser.resolve_operand(unresolved_value, value_type)
-        dest = parser.resolve_operand(unresolved_dest, dest_type)
-        op = cls(value, dest, rows, cols, order)
-        op.attributes |= attrs
-        return op
-
-    def print(self, printer: Printer) -> None:
-        cols = "" if self.cols is None else f", {self.cols.data}"
-        printer.print_string(" ")
-        printer.print_operand(self.value)
-        printer.print_string(", ")
-        printer.print_operand(self.dest)
-        printer.print_string(f"[{self.rows.data}{cols}]")
-        if self.order is not None:
-            printer.print_string(" in_order ")
-            printer.print_operand(self.order)
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(f" : {self.value.type} -> {self.dest.type}")
-        if self.order is not None:
-            printer.print_string(f", {self.order.type}")
 
 
 @irdl_op_definition

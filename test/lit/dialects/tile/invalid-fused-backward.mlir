@@ -164,3 +164,35 @@ tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !t
   tile.return
 }
 // CHECK: {{^}}tile.store_add in key-block order adds the loop's query rows of a key_blocks kernel
+
+// -----
+
+// A block list's loop sends a query block key blocks that need not be consecutive: no adds in
+// key-block order there.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !tile.tensor<dq_order>, %full_q_blocks: !tile.tensor<full_q_blocks>, %full_q_count: !tile.tensor<full_q_count>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %r = tile.sparse_q_loop %full_q_blocks, %full_q_count iter_args(%a) : !tile.tensor<full_q_blocks>, !tile.tensor<full_q_count>, !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %p = tile.zeros : !tile.tile<n x d x f32>
+    tile.store_add %p, %dq_acc[loop, all] in_order %dq_order : !tile.tile<n x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<dq_order>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}tile.store_add in key-block order cannot add in a tile.sparse_q_loop: the key blocks a block list sends to a query block need not be consecutive
+
+// -----
+
+// A program waits for the key block before its own: the blocks must start in ascending order.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !tile.tensor<dq_order>) attributes {grid = #tile<grid key_blocks>, block_order = #tile<order descending>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %s0, %s1, %s2, %s3 = tile.q_bounds {band = #attn.band<upper = 0>}
+  %r = tile.q_loop %s0 to %s1 iter_args(%a) : !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %p = tile.zeros : !tile.tile<n x d x f32>
+    tile.store_add %p, %dq_acc[loop, all] in_order %dq_order : !tile.tile<n x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<dq_order>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}tile.store_add in key-block order needs the kernel's blocks in ascending order (a program waits for the key block before its own)

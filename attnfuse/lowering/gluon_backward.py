@@ -342,17 +342,17 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             body += ["    tma_writes_wait()  # the reduce's writes are done before the release publishes them",
                      '    gl.atomic_xchg(counter, block_id + 1, sem="release")  # the next key block adds next']
         body += ["    " + line for line in self.STEP_NEXT]
-        params = ("dq_acc_desc, dq_bufs, dq_full, dq_empty, batch, kv_head, q_start, n_blocks, total, group_size, "
-                  f"{self.order_params()}BLOCK_N: gl.constexpr")
+        params = ", ".join(["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", "q_start", "n_blocks",
+                            "total", "group_size", *self.order_params(), "BLOCK_N: gl.constexpr"])
         return self.function(f"def {self.name}_dq_write({params}):", ["    " + line for line in body])
 
-    def order_params(self) -> str:
-        """The ordered writer's own parameters (with a trailing comma), or nothing."""
+    def order_params(self) -> list[str]:
+        """The ordered writer's own parameters (none for unordered adds)."""
         store_add = self.loops[0].store_add
         if not store_add.ordered:
-            return ""
+            return []
         role = store_add.order.type.role.data  # type: ignore[union-attr]
-        return ", ".join([f"{role}_ptr", *self.strides(role), "block_id", "prev_q_end"]) + ", "
+        return [f"{role}_ptr", *self.strides(role), "block_id", "prev_q_end"]
 
     def step_args(self) -> str:
         return ", ".join([*self.step_params(), "BLOCK_M", "BLOCK_N", "S_LAYOUT"])
@@ -544,7 +544,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                      "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "kv_bar", "ready", "empty", "batch", "kv_head",
                      "n_start", q_start, "n_blocks", "total", "n_q", "num_heads", "group_size", "BLOCK_N", "STAGES"]
         write_args = ["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", q_start, "n_blocks",
-                      "total", "group_size", *filter(None, self.order_params().split(", ")), "BLOCK_N"]
+                      "total", "group_size", *self.order_params(), "BLOCK_N"]
         # Gluon takes the partitions as a literal list (a tuple built beforehand loses its
         # items' constexpr-ness): the consumer (the kernel's own warps), the loader, the writer.
         self.emit("gl.warp_specialize([")

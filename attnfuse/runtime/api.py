@@ -141,13 +141,13 @@ def _dq_accumulator(p: Problem, ordered: bool) -> dict[str, torch.Tensor]:
     one allocation whose tail holds the counters. Zeroed per call: torch.zeros is an async
     device fill (no host sync, so CUDA-graph capture still works), and the preprocess, which
     does not run for relu, stays free of a second job."""
-    heads = p.heads_q
-    rows = p.batch * heads * p.seq_q
+    rows = p.batch * p.heads_q * p.seq_q
     acc = torch.zeros(rows * p.head_dim + (rows if ordered else 0), dtype=torch.float32, device=p.device)
-    tensors = {"dq_acc": acc[:rows * p.head_dim].view(p.batch, heads, p.seq_q, p.head_dim)}
+    tensors = {"dq_acc": acc[:rows * p.head_dim].view(p.batch, p.heads_q, p.seq_q, p.head_dim)}
     if ordered:
-        tensors["dq_order"] = acc[rows * p.head_dim:].view(torch.int32).view(p.batch, heads, p.seq_q)
+        tensors["dq_order"] = acc[rows * p.head_dim:].view(torch.int32).view(p.batch, p.heads_q, p.seq_q)
     return tensors
+
 
 def _checked_by_caller() -> None:
     """A `TensorCache` check for a tensor the call has just checked itself."""

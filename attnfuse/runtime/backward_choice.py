@@ -58,15 +58,13 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
     `CompiledAttention.compile_key` then keeps `auto`'s fused choice only where the lowered
     kernel is one the Gluon target schedules."""
     request = backward_request()
-    fused = "ordered" if request == "ordered" or not unordered_allowed(deterministic) else "fused"
-    if request == "separate" or not fused_allowed(variant, fused == "ordered"):
+    ordered = request == "ordered" or not unordered_allowed(deterministic)
+    if request == "separate" or not fused_allowed(variant, ordered):
         return "separate"
-    if request == "ordered":
-        return "ordered"
-    if request == "fused":
+    fused = "ordered" if ordered else "fused"
+    if request != "auto":
         return fused
-    takes = gluon_backward.takes_gluon_backward(problem, variant, explicit_positions, bwd_rope,
-                                                ordered=fused == "ordered")
+    takes = gluon_backward.takes_gluon_backward(problem, variant, explicit_positions, bwd_rope, ordered=ordered)
     return fused if takes else "separate"
 
 

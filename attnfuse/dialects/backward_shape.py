@@ -194,6 +194,12 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     if n_loops == 0:
         raise refuse(kernel, rest[0], "expected query loops after the bounds")
     loops = [backward_loop(kernel, op, k_load.result, v_load.result) for op in rest[:n_loops]]
+    ordered = {loop.store_add.ordered for loop in loops}
+    if len(ordered) > 1:
+        # The schedule's one dQ writer adds every step alike.
+        unordered = next(loop.store_add for loop in loops if not loop.store_add.ordered)
+        raise refuse(kernel, unordered, "the dQ parts of every query loop added alike: all in key-block order "
+                                        "(in_order) or none")
     chained_loops(kernel, loops, [ops[2].results[0], ops[3].results[0]], "query loops", "dK and dV")
     epilogue = rest[n_loops:-1]
     for op in epilogue:

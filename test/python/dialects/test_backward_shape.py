@@ -71,3 +71,19 @@ def test_softcap_vjp_is_a_vjp_op():
     loop = parts.loops[0]
     assert [op.name for op in loop.score_ops] == ["tile.map"] and [op.name for op in loop.vjp_ops] == ["tile.map"]
     assert loop.vjp_ops[0].inputs[0] is loop.scores.result
+
+
+def test_loops_that_add_differently_are_refused():
+    """Hand-written IR whose query loops add their dQ parts differently (one in key-block
+    order, one not) has no schedule: the one dQ writer would print them alike."""
+    key = dataclasses.replace(CompileKey(128, 128, "bf16", TileConfig(64, 64, 4, 2), None), bwd_dq="ordered")
+    kernel = next(op for op in lower_spec(af.attention(af.causal()), key).ops
+                  if op.sym_name.data == "attention_bwd_dkdv_dq")
+    assert all(loop.store_add.ordered for loop in backward_kernel(kernel).loops)
+    ordered_add = next(op for op in kernel.walk() if isinstance(op, tile.StoreAddOp))
+    unordered = tile.StoreAddOp(ordered_add.value, ordered_add.dest, "loop", "all")
+    ordered_add.parent_block().insert_op_before(unordered, ordered_add)
+    ordered_add.detach()
+    ordered_add.erase()
+    with pytest.raises(NotFlashShaped, match="added alike"):
+        backward_kernel(kernel)

@@ -51,6 +51,16 @@ def gluon_backward_launch(fn, q, k, v):
     return next((launch for launch in plan.launches if launch.info.name == "attention_bwd_dkdv_dq"), None)
 
 
+def repeated_gradients(fn, q, k, v, grad, times):
+    """(dq, dk, dv) of `times` backward calls of `fn` on the same inputs, each from fresh grads."""
+    runs = []
+    for _ in range(times):
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).backward(grad)
+        runs.append([t.grad.clone() for t in (q, k, v)])
+    return runs
+
+
 def run_and_check(spec, q, k, v, monkeypatch, seed=1, lse_grad=False, deterministic=False):
     """One training call through the Gluon backward (unordered, or `deterministic`: its adds
     in key-block order), its gradients checked against the float64 reference."""
@@ -131,11 +141,7 @@ def test_ordered_gluon_backward_is_bitwise_deterministic(name, monkeypatch):
     assert isinstance(launch, GluonBackwardLaunch) and "dq_order" in launch.launch.roles
     gluon_only(launch, monkeypatch)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(24)).to(q.dtype).cuda()
-    runs = []
-    for _ in range(3):
-        q.grad = k.grad = v.grad = None
-        fn(q, k, v).backward(grad)
-        runs.append([t.grad.clone() for t in (q, k, v)])
+    runs = repeated_gradients(fn, q, k, v, grad, 3)
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
 
@@ -260,11 +266,7 @@ def test_portable_ordered_backward_on_the_gpu(name, monkeypatch):
     q, k, v = inputs(2, 8, 2, 700, 700, 64, torch.float16, seed=41)
     fn = af.compile(spec)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(42)).to(q.dtype).cuda()
-    runs = []
-    for _ in range(2):
-        q.grad = k.grad = v.grad = None
-        fn(q, k, v).backward(grad)
-        runs.append([t.grad.clone() for t in (q, k, v)])
+    runs = repeated_gradients(fn, q, k, v, grad, 2)
     assert "dq_order" in fn.last.source
     assert all(torch.equal(a, b) for a, b in zip(*runs))
     want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), grad.cpu())

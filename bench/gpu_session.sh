@@ -9,6 +9,9 @@
 #                     (deterministic), separate and nondet_auto columns
 #   backward-ab       bench/backward_targets.py's nondet_auto column on this tree and, if the
 #                     untracked folder ab_before/ holds an older attnfuse package, on that one too
+#   ordered-ab        bench/backward_targets.py's default (deterministic) column, causal and RoPE +
+#                     causal, on this tree and, if the untracked folder ab_before/ holds an older
+#                     attnfuse package, on that one too
 #   layer-det         bench/llama_layer.py fwdbwd at 4096 and 8192, eager, deterministic (the default)
 #   backward-targets-d64  the same at the paper shape (B=4, 12 heads of 64, fp16)
 #   ab                bench/gluon_backward_ab.py, causal, 2 rounds (kernel times and host times)
@@ -68,6 +71,14 @@ for stage in "$@"; do
         PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 150 python3 bench/backward_targets.py --cases causal \
           --out "$dir/before" --reps 30 --columns nondet_auto > "$dir/backward_ab-before.log" 2>&1
         echo "backward-ab (ab_before) rc=$?"
+      fi ;;
+    ordered-ab)
+      timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir" --reps 30 --columns default \
+        > "$dir/ordered_ab-after.log" 2>&1; echo "ordered-ab (this tree) rc=$?"
+      if [ -d ab_before/attnfuse ]; then
+        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal \
+          --out "$dir/before" --reps 30 --columns default > "$dir/ordered_ab-before.log" 2>&1
+        echo "ordered-ab (ab_before) rc=$?"
       fi ;;
     layer-det)
       timeout 300 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwdbwd \

@@ -183,8 +183,9 @@ class ScheduleAttr(EnumAttribute[Schedule], SpacedOpaqueSyntaxAttribute):
     On the fused backward's `key_blocks` kernel (`attention_bwd_dkdv_dq`): a loader partition
     of `producer_warps` copies k and v once and q, dO, lse and delta of each query block into
     the ring; the consumer, the kernel's own `num_warps` (one or two warpgroups of 64 keys,
-    `block_m = 16 * num_warps`), runs the five products per block; a writer warp issues the
-    `tile.store_add`s as TMA reduce-adds (`lowering/gluon_backward.py`)."""
+    `block_m = 16 * num_warps`), runs the five products per block; `dq_writers` writer warps
+    (1 when absent, or 2: each takes every other step) issue the `tile.store_add`s as TMA
+    reduce-adds (`lowering/gluon_backward.py`)."""
 
     name = "tile.schedule"
 
@@ -581,7 +582,8 @@ class KernelOp(IRDLOperation):
     complete before reading any partial result; 0, the default when absent: an ordinary
     launch after the split kernel has finished), and optional `schedule` (`#tile<schedule
     ...>`, with the integer attributes `producer_warps`, `consumer_registers` and optional
-    `persistent`; see `ScheduleAttr`).
+    `persistent`, or on the fused backward `producer_warps` and optional `dq_writers`; see
+    `ScheduleAttr`).
 
     A kernel with a `kv_lens` parameter reads its key count per batch (`kv_lens[batch]`,
     clamped to the cache's length); one with a `block_table` parameter (and a `page_size`)
@@ -822,7 +824,7 @@ class KernelOp(IRDLOperation):
     def verify_schedule(self) -> None:
         schedule = self.attributes.get("schedule")
         if schedule is None:
-            for key in ("producer_warps", "consumer_registers", "persistent"):
+            for key in ("producer_warps", "consumer_registers", "persistent", "dq_writers"):
                 if key in self.attributes:
                     raise VerifyException(f"'{key}' belongs to a #tile<schedule ...> kernel")
             return
@@ -846,12 +848,16 @@ class KernelOp(IRDLOperation):
             raise VerifyException("a warp-specialized kernel needs an integer 'consumer_registers' in [24, 255]")
         if "persistent" in self.attributes and self.int_attr("persistent") not in (0, 1):
             raise VerifyException("'persistent' is an integer 0 or 1 (one program per SM walking the tiles)")
+        if "dq_writers" in self.attributes:
+            raise VerifyException("'dq_writers' belongs to a warp-specialized key_blocks kernel (the fused backward)")
 
     def verify_backward_schedule(self) -> None:
         """A warp-specialized `key_blocks` kernel (the fused backward): one consumer partition
         of `num_warps` (4 or 8: one or two warpgroups of 64 keys, so `block_m = 16 *
         num_warps`) and a loader of `producer_warps`; the consumer is the kernel's own
-        partition, which takes the registers the others leave (no `consumer_registers`)."""
+        partition, which takes the registers the others leave (no `consumer_registers`);
+        optional `dq_writers` (1 when absent): the warps issuing the `tile.store_add`s, 1 or 2
+        (each owning one of the two dQ staging buffers, so every other step)."""
         warps, producers = self.get("num_warps"), self.int_attr("producer_warps")
         if warps not in (4, 8) or self.get("block_m") != 16 * warps:
             raise VerifyException(
@@ -863,6 +869,8 @@ class KernelOp(IRDLOperation):
         for key in ("consumer_registers", "persistent"):
             if key in self.attributes:
                 raise VerifyException(f"'{key}' belongs to a warp-specialized query_blocks kernel, not a key_blocks one")
+        if "dq_writers" in self.attributes and self.int_attr("dq_writers") not in (1, 2):
+            raise VerifyException("'dq_writers' is an integer 1 or 2 (one writer warp per dQ staging buffer at most)")
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:

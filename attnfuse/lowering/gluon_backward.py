@@ -14,9 +14,10 @@ as the portable kernel does; the schedule is FlashAttention-3's and the hand-wri
       `tile.recompute_probs` (the portable target's printers); dV += p^T dO issued before the
       wait for dp^T, `<kernel>_grads` (`tile.softmax_grad` and the VJP ops) under it; dK += ds^T q;
       the dQ part ds k (`tile.dot_lhs_transposed`, A = ds^T from shared memory, transposed view);
-- a dQ writer partition (1 warp): `tile.store_add` as TMA reduce-adds of the staged dQ parts
-  into the f32 `dq_acc`, two staging buffers: unordered (not deterministic), or, for a
-  `store_add ... in_order`, each after the key block before it has added (deterministic);
+- dQ writer partitions (`dq_writers`: 1 warp, or 2 each owning one staging buffer and so
+  every other step): `tile.store_add` as TMA reduce-adds of the staged dQ parts into the f32
+  `dq_acc`, two staging buffers: unordered (not deterministic), or, for a `store_add ...
+  in_order`, each after the key block before it has added (deterministic);
 - the epilogue (`tile.apply_scale`, a RoPE inverse rotation, the stores): whole tiles leave
   through k's and v's buffers and TMA stores; a rotation's halves go through the dQ staging
   buffers (free by then) and are stored from registers as the portable target stores them.
@@ -92,7 +93,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
     CONSUMER_NAMES = ("dk", "dv", "scores", "probs", "grad_probs", "grad_scores", "lse", "lse_log2", "delta", "p_op", "ds16",
                       "ds_op", "dq_part", "q_s", "do_s", "k_tile", "v_tile", "s_zero", "dq_zero", "stage", "phase",
-                      "it", "b", "total", "n_blocks", "n_start", "halves", "first_head", "counter", "dtype", "row", "step_bytes",
+                      "it", "b", "WRITER", "total", "n_blocks", "n_start", "halves", "first_head", "counter", "dtype", "row", "step_bytes",
                       "S_LAYOUT", "KV_LAYOUT", "A_LAYOUT", "DQ_LAYOUT", "EPI_LAYOUT", "DS_SMEM", "NW",
                       "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs",
                       "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i", "wrap", "head",
@@ -315,15 +316,23 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                  "# FlashAttention-3's deterministic backward (PTX's model asks for one; Gluon 3.6",
                  "# has no call for it, and one through inline PTX measured the same)."] if ordered else \
                 ["# (unordered between programs: not deterministic), off the consumer's path."]
+        writers = self.dq_writers
         body = [
             f"# {store_add.name}: each step's dQ part added into {store_add.role} by a TMA reduce-add",
             *order,
             "# Per step: wait for a staged part, issue its reduce, wait until the copy engine has",
             "# read it, free the buffer.",
             *self.STEP_INIT,
-            "for it in range(total):",
-            f"    b = it % {DQ_BUFFERS}",
         ]
+        if writers == 1:
+            body += ["for it in range(total):", f"    b = it % {DQ_BUFFERS}"]
+        else:
+            body += [f"# {writers} writers: writer WRITER owns staging buffer WRITER and the steps WRITER,",
+                     f"# WRITER + {writers}, ...: one's hand-over overlaps the other's wait.",
+                     "if WRITER > 0:",
+                     *["    " + line for line in self.STEP_NEXT],
+                     f"for it in range(WRITER, total, {writers}):",
+                     "    b = WRITER"]
         if ordered:
             role = store_add.order.type.role.data  # type: ignore[union-attr]
             body += [
@@ -341,10 +350,16 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         if ordered:
             body += ["    tma_writes_wait()  # the reduce's writes are done before the release publishes them",
                      '    gl.atomic_xchg(counter, block_id + 1, sem="release")  # the next key block adds next']
-        body += ["    " + line for line in self.STEP_NEXT]
+        body += ["    " + line for _ in range(writers) for line in self.STEP_NEXT]
         params = ", ".join(["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", "q_start", "n_blocks",
-                            "total", "group_size", *self.order_params(), "BLOCK_N: gl.constexpr"])
+                            "total", "group_size", *self.order_params(), "BLOCK_N: gl.constexpr",
+                            *(["WRITER: gl.constexpr"] if writers > 1 else [])])
         return self.function(f"def {self.name}_dq_write({params}):", ["    " + line for line in body])
+
+    @property
+    def dq_writers(self) -> int:
+        """The writer warps (`dq_writers`, 1 when absent): each owns one staging buffer."""
+        return self.kernel.int_attr("dq_writers") or 1
 
     def order_params(self) -> list[str]:
         """The ordered writer's own parameters (none for unordered adds)."""
@@ -550,9 +565,12 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("gl.warp_specialize([")
         self.emit(f"    ({self.name}_consume, ({', '.join(consume_args)})),")
         self.emit(f"    ({self.name}_load, ({', '.join(load_args)})),")
-        self.emit(f"    ({self.name}_dq_write, ({', '.join(write_args)})),")
+        writers = self.dq_writers
+        for writer in range(writers):
+            self.emit(f"    ({self.name}_dq_write, ({', '.join(write_args + ([str(writer)] if writers > 1 else []))})),")
         producers = k.get("producer_warps")
-        self.emit(f"], [{producers}, 1], [24, 24])  # the loader and the writer issue TMA only")
+        workers, registers = [producers] + [1] * writers, [24] * (1 + writers)
+        self.emit(f"], {workers}, {registers})  # the loader and the writers issue TMA only")
         constexprs = [f"BLOCK_M: gl.constexpr = {k.get('block_m')}", f"BLOCK_N: gl.constexpr = {k.get('block_n')}",
                       f"HEAD_DIM: gl.constexpr = {self.head_dim}", f"STAGES: gl.constexpr = {k.get('num_stages')}"]
         if self.splits_dk:

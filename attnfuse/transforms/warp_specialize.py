@@ -76,7 +76,9 @@ class WarpSpecializeBackward(RewritePattern):
     """The fused backward's `attention_bwd_dkdv_dq` (`backward_shape`) -> the warp-specialized
     schedule: two consumer warpgroups of 64 keys (8 warps, `block_m` 128), `bwd_block_n`
     queries per step, `bwd_stages` ring buffers, one loader warp (the hand-written probe's
-    `wg2_writer_lse`, bench/gluon_backward_probe.py: 1.00-1.08x cuDNN's backward on the H200)."""
+    `wg2_writer_lse`, bench/gluon_backward_probe.py: 1.00-1.08x cuDNN's backward on the H200),
+    and `dq_writers` dQ writer warps (`bwd_dq_writers`; by default two where the adds are in
+    key-block order, one otherwise)."""
 
     def __init__(self, options: WarpSpecializePass):
         self.options = options
@@ -86,13 +88,14 @@ class WarpSpecializeBackward(RewritePattern):
         if op.schedule is not None or op.grid != "key_blocks" or not self.options.backward:
             return
         try:
-            backward_kernel(op)
+            shape = backward_kernel(op)
         except NotFlashShaped:
             return
         o = self.options
+        writers = o.bwd_dq_writers or (ORDERED_DQ_WRITERS if shape.loops[0].store_add.ordered else 1)
         op.attributes["schedule"] = tile.ScheduleAttr(tile.Schedule.WARP_SPECIALIZED)
         for key, value in (("block_m", 128), ("block_n", o.bwd_block_n), ("num_warps", 8),
-                           ("num_stages", o.bwd_stages), ("producer_warps", 1)):
+                           ("num_stages", o.bwd_stages), ("producer_warps", 1), ("dq_writers", writers)):
             op.attributes[key] = IntegerAttr(value, i64)
         rewriter.handle_operation_modification(op)
 
@@ -102,6 +105,13 @@ DEFAULT_CONSUMERS = 2
 head dim 128. At head dim 64 the runtime asks for three (FA3's shape, 192 rows a program:
 10-14% faster there, `gluon_forward.SCHEDULES`); with the 160 registers three consumers get,
 the printed kernel spills none with Triton 3.6 and 152-168 bytes with 3.9."""
+
+ORDERED_DQ_WRITERS = 2
+"""dQ writer warps of a backward whose adds are in key-block order, unless `bwd_dq_writers`
+says otherwise. One writer serializes, per step, the wait for the key block before, the
+reduce, the wait for its writes and the hand-over: about a step's time at the Llama-3-8B
+heads, so the writer, not the products, set the pace. Two writers, each owning one dQ staging
+buffer (alternate steps), overlap one step's hand-over with the next step's wait."""
 
 CONSUMER_REGISTERS = {1: 240, 2: 240, 3: 160}
 """Registers per consumer thread by consumer count: what 64K registers hold beside a 24-register
@@ -131,6 +141,9 @@ class WarpSpecializePass(ModulePass):
     """Queries per step of the scheduled backward (64 only, for now: what fits shared memory)."""
     bwd_stages: int = 2
     """Ring buffers of q, dO, lse and delta in the scheduled backward."""
+    bwd_dq_writers: int = 0
+    """dQ writer warps of the scheduled backward, 1 or 2 (one per staging buffer); 0: two for
+    adds in key-block order (`ORDERED_DQ_WRITERS`), one otherwise."""
 
     def __post_init__(self) -> None:
         if self.bwd_block_n != 64:
@@ -140,6 +153,9 @@ class WarpSpecializePass(ModulePass):
                                   f"fits that at head dim 128), got {self.bwd_block_n}")
         if self.bwd_stages < 1:
             raise PassOptionError("warp-specialize: bwd-stages must be >= 1")
+        if self.bwd_dq_writers not in (0, 1, 2):
+            raise PassOptionError(f"warp-specialize: bwd-dq-writers must be 1 or 2 (one per dQ staging buffer; "
+                                  f"0: by the adds' order), got {self.bwd_dq_writers}")
         if not (self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0):
             raise PassOptionError(f"warp-specialize: block-n must be a power of two >= 16, got {self.block_n}")
         if self.consumers not in (0, 1, 2, 3):

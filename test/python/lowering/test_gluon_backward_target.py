@@ -91,6 +91,9 @@ def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monke
         # The counters' handover (an exchange, a release at GPU scope) after the reduce's
         # writes are done (the full wait, not only store_wait's read wait), and no float atomics.
         assert atomics == {"ATOMG.E.EXCH.STRONG.GPU"}, atomics
+        # One handover per writer partition: two writers, each owning a staging buffer.
+        assert kernel.int_attr("dq_writers") == 2
+        assert len(re.findall(r"\bATOMG\.E\.EXCH\.STRONG\.GPU\b", sass)) == 2
         assert "cp.async.bulk.wait_group 0;" in compiled.asm["ptx"]
         assert "ld.global.gpu.acquire" in compiled.asm["ptx"], "the wait acquires"
     else:

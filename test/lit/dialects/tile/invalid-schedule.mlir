@@ -54,3 +54,24 @@ tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid qu
 tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64, persistent = 2 : i64} {
   tile.return
 }
+
+// -----
+
+// CHECK: 'dq_writers' is an integer 1 or 2 (one writer warp per dQ staging buffer at most)
+tile.kernel @attention_bwd_dkdv_dq(%k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, dq_writers = 3 : i64} {
+  tile.return
+}
+
+// -----
+
+// CHECK: 'dq_writers' belongs to a warp-specialized key_blocks kernel (the fused backward)
+tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64, dq_writers = 2 : i64} {
+  tile.return
+}
+
+// -----
+
+// CHECK: 'dq_writers' belongs to a #tile<schedule ...> kernel
+tile.kernel @attention_bwd_dkdv_dq(%k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, dq_writers = 2 : i64} {
+  tile.return
+}

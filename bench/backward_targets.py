@@ -43,11 +43,12 @@ from attnfuse.runtime.reference import reference_gradients
 import benchlib
 
 ALL_COLUMNS = (
-    # (name, deterministic, ATTNFUSE_BACKWARD)
-    ("default", True, None),
-    ("separate", True, "separate"),
-    ("fused_tl", False, "fused"),
-    ("nondet_auto", False, None),
+    # (name, deterministic, ATTNFUSE_BACKWARD, ATTNFUSE_BACKWARD_TARGET)
+    ("default", True, None, None),
+    ("separate", True, "separate", None),
+    ("fused_tl", False, "fused", None),
+    ("nondet_auto", False, None, None),
+    ("ordered_gluon", True, "ordered", "gluon"),  # the ordered Gluon backward wherever it lowers
 )
 COLUMNS = ALL_COLUMNS
 """The columns of this run (`--columns`)."""
@@ -137,8 +138,8 @@ def main() -> None:
                 ref_grads = torch.autograd.grad(cudnn(q, k, v), (q, k, v), grad_out)
                 row["cudnn_fwdbwd_ms"], row["cudnn_bwd_ms"] = time_training(cudnn, (q, k, v), grad_out,
                                                                             device, warmup, reps)
-            for name, deterministic, backward in COLUMNS:
-                with benchlib.environment({"ATTNFUSE_BACKWARD": backward}):
+            for name, deterministic, backward, target in COLUMNS:
+                with benchlib.environment({"ATTNFUSE_BACKWARD": backward, "ATTNFUSE_BACKWARD_TARGET": target}):
                     fn = af.compile(spec, deterministic=deterministic)
                     grads = torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out)
                     row[f"{name}_kernels"] = " ".join(

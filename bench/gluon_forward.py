@@ -31,7 +31,7 @@ import benchlib
 
 CASES = (
     [("causal", 4, 12, 12, 64, n, torch.float16) for n in (4096, 8192, 16384)]
-    + [("dense", 4, 12, 12, 64, 4096, torch.float16)]
+    + [("dense", 4, 12, 12, 64, n, torch.float16) for n in (4096, 8192)]
     + [("causal", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]
     + [("dense", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]
     + [("rope+causal", 1, 32, 8, 128, n, torch.bfloat16) for n in (4096, 8192)]

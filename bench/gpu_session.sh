@@ -24,6 +24,8 @@
 #   layer             bench/llama_layer.py fwd and fwdbwd at 4096 and 8192, eager, deterministic=False
 #   host              bench/host_overhead.py at N=128 and 512
 #   forward           bench/gluon_forward.py at head dim 128
+#   forward-table     bench/gluon_forward.py's issue cases (auto and tl columns) and its RoPE sweep (auto)
+#   backward-d64-ordered  backward_targets.py at the paper shape: default, nondet_auto, ordered_gluon
 #   decode            bench/decode.py rows 1-5
 set -u
 dir=/tmp/session
@@ -101,6 +103,15 @@ for stage in "$@"; do
     forward)
       timeout 250 python3 bench/gluon_forward.py --out "$dir" --reps 30 > "$dir/gluon_forward.log" 2>&1
       echo "forward rc=$?" ;;
+    forward-table)
+      timeout 200 python3 bench/gluon_forward.py --out "$dir" --reps 50 --columns auto,triton > "$dir/gluon_forward_table.log" 2>&1
+      echo "forward-table (issue cases) rc=$?"
+      timeout 150 python3 bench/gluon_forward.py --out "$dir" --reps 50 --cases rope-sweep --columns auto \
+        > "$dir/gluon_forward_rope_sweep.log" 2>&1; echo "forward-table (RoPE sweep) rc=$?" ;;
+    backward-d64-ordered)
+      timeout 200 python3 bench/backward_targets.py --geometry paper --cases causal,dense --seq-lens 4096,8192 \
+        --out "$dir" --reps 30 --columns default,nondet_auto,ordered_gluon > "$dir/backward_d64_ordered.log" 2>&1
+      echo "backward-d64-ordered rc=$?" ;;
     decode)
       timeout 250 python3 bench/decode.py --rows 1,2,3,4,5 --time-budget 200 --out "$dir" \
         > "$dir/decode.log" 2>&1; echo "decode rc=$?" ;;

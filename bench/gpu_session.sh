@@ -27,6 +27,8 @@
 #   forward-table     bench/gluon_forward.py's issue cases (auto and tl columns) and its RoPE sweep (auto)
 #   backward-d64-ordered  backward_targets.py at the paper shape: default, nondet_auto, ordered_gluon
 #   decode            bench/decode.py rows 1-5
+#   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
+#                     time per step, AttnFuse (default) beside cuDNN
 set -u
 dir=/tmp/session
 mkdir -p "$dir"
@@ -115,6 +117,10 @@ for stage in "$@"; do
     decode)
       timeout 250 python3 bench/decode.py --rows 1,2,3,4,5 --time-budget 200 --out "$dir" \
         > "$dir/decode.log" 2>&1; echo "decode rc=$?" ;;
+    step-profile)
+      timeout 200 python3 bench/step_profile.py --preset llama3-8b --dtype bf16 --mode fwdbwd --variants causal \
+        --seq-lens 4096,8192 --impls attnfuse,sdpa-cudnn > "$dir/step_profile.log" 2>&1; echo "step-profile rc=$?"
+      grep -v Warn "$dir/step_profile.log" | tail -30 ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "stage $stage took $(( $(date +%s) - start )) s"

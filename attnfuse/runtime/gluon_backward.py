@@ -64,13 +64,17 @@ the printer's full steps lost their guards and divisions (bench/results/20261202
   dim 128 ones, not tuned for 64).
 Smaller calls are not measured."""
 
-GLUON_ORDERED_MIN_WORK = {128: 8 * 1024 * 1024}
-"""The same for the backward with its dQ adds in key-block order (deterministic calls). On the
-H200 at the Llama-3-8B heads, backward alone, ms (bench/results/20261202T151835Z-backward-
-targets.md): causal 4096 0.800 against the split's 0.864 (unordered 0.699, cuDNN 0.779), causal
-8192 3.070 against 3.645, RoPE + causal 4096 0.813 against 0.949, 8192 3.072 against 3.651.
-Head dim 64 is not measured (the unordered kernel is only 5% faster than the split there, and
-the order costs 10% at these sizes): deterministic calls keep the split."""
+GLUON_ORDERED_MIN_WORK = {64: 8 * 1024 * 1024, 128: 8 * 1024 * 1024}
+"""The same for the backward with its dQ adds in key-block order (deterministic calls), two
+dQ writer warps (`warp-specialize{bwd-dq-writers}`). On the H200, backward alone, ms
+(bench/results/20261202T191044Z- and 20261202T191324Z-backward-targets.md):
+- head dim 128 (Llama-3-8B heads, bf16): causal 4096 0.734 against the split's 0.933
+  (unordered 0.715, cuDNN 0.776), causal 8192 2.832 against 3.708 (cuDNN 2.853), RoPE +
+  causal 4096 0.730 against 0.891, 8192 2.830 against 3.686;
+- head dim 64 (B=4, 12 heads, fp16): causal 4096 0.790 against 0.850 (unordered 0.782),
+  causal 8192 3.019 against 3.233, dense 4096 1.535 against 1.778, dense 8192 6.081 against
+  7.125: the order costs 1-3% over the unordered kernel and beats the split everywhere.
+Smaller calls are not measured: deterministic calls keep the split there."""
 
 
 def backward_target() -> str:

@@ -210,12 +210,12 @@ def test_the_lowered_kernel_decides_not_the_prediction(monkeypatch):
     assert relu.compile_key(p).bwd_dq == "fused", "a forced fused backward is the user's choice"
 
 
-def test_deterministic_calls_take_the_ordered_gluon_backward_at_head_dim_128(monkeypatch):
+def test_deterministic_calls_take_the_ordered_gluon_backward_from_the_measured_size(monkeypatch):
     """On a (pretended) Hopper GPU under `auto`: a deterministic call (the default) takes the
-    fused backward with its adds in key-block order at head dim 128 from the measured size, a
-    `deterministic=False` one the unordered kernel; at head dim 64 (the order not measured)
-    and below the size a deterministic call keeps the split; deterministic algorithms order
-    the adds of a `deterministic=False` call."""
+    fused backward with its adds in key-block order at head dims 128 and 64 from the measured
+    size, a `deterministic=False` one the unordered kernel; below the size (and at a head dim
+    not measured) a deterministic call keeps the split; deterministic algorithms order the adds
+    of a `deterministic=False` call."""
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
     monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
     spec = af.attention(af.causal())
@@ -223,8 +223,10 @@ def test_deterministic_calls_take_the_ordered_gluon_backward_at_head_dim_128(mon
     assert deterministic.compile_key(problem(4096)).bwd_dq == "ordered"
     assert free.compile_key(problem(4096)).bwd_dq == "fused"
     assert deterministic.compile_key(problem(2048)).bwd_dq == "separate"
-    assert deterministic.compile_key(problem(8192, d=64, dtype=torch.float16)).bwd_dq == "separate"
+    assert deterministic.compile_key(problem(8192, d=64, dtype=torch.float16)).bwd_dq == "ordered"
     assert free.compile_key(problem(8192, d=64, dtype=torch.float16)).bwd_dq == "fused"
+    assert deterministic.compile_key(problem(2048, d=64, dtype=torch.float16)).bwd_dq == "separate"
+    assert deterministic.compile_key(problem(8192, d=256)).bwd_dq == "separate"
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:

@@ -25,7 +25,7 @@
 #   host              bench/host_overhead.py at N=128 and 512
 #   forward           bench/gluon_forward.py at head dim 128
 #   forward-table     bench/gluon_forward.py's issue cases (auto and tl columns) and its RoPE sweep (auto)
-#   backward-d64-ordered  backward_targets.py at the paper shape: default, nondet_auto, ordered_gluon
+#   backward-d64-ordered  backward_targets.py at the paper shape: default, separate, nondet_auto, ordered_gluon
 #   decode            bench/decode.py rows 1-5
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
@@ -112,7 +112,7 @@ for stage in "$@"; do
         > "$dir/gluon_forward_rope_sweep.log" 2>&1; echo "forward-table (RoPE sweep) rc=$?" ;;
     backward-d64-ordered)
       timeout 200 python3 bench/backward_targets.py --geometry paper --cases causal,dense --seq-lens 4096,8192 \
-        --out "$dir" --reps 30 --columns default,nondet_auto,ordered_gluon > "$dir/backward_d64_ordered.log" 2>&1
+        --out "$dir" --reps 30 --columns default,separate,nondet_auto,ordered_gluon > "$dir/backward_d64_ordered.log" 2>&1
       echo "backward-d64-ordered rc=$?" ;;
     decode)
       timeout 250 python3 bench/decode.py --rows 1,2,3,4,5 --time-budget 200 --out "$dir" \

@@ -50,31 +50,30 @@ OUTPUT_ROLES = ("dk", "dv", "dq_acc")
 ROW_ROLES = ("lse", "delta")
 """The row statistics behind the 1-D descriptors (contiguous `[B, Hq, Nq]` fp32)."""
 
-GLUON_BACKWARD_MIN_WORK = {64: 8 * 1024 * 1024, 128: 8 * 1024 * 1024}
+GLUON_BACKWARD_MIN_WORK = {64: 16 * 1024 * 1024, 128: 8 * 1024 * 1024}
 """`auto` takes the Gluon backward at a head dim of this table from this many (query, key)
-pairs per head (half of Nq x Nk under a causal band). On the H200, backward alone, ms, after
-the printer's full steps lost their guards and divisions (bench/results/20261202T051358Z- and
-20261202T051441Z-backward-targets.md):
-- head dim 128 (Llama-3-8B heads, bf16): causal 4096 0.723 against the split's 0.906 (cuDNN
-  0.810), causal 8192 2.806 against 3.662 (cuDNN 2.864), RoPE + causal 4096 0.740 against
-  0.926, 8192 2.922 against 3.672;
-- head dim 64 (B=4, 12 heads, fp16): causal 4096 0.794 against 0.835 (cuDNN 0.718), causal
-  8192 3.025 against 3.243 (cuDNN 2.610), dense 4096 1.490 against 1.764, dense 8192 5.909
-  against 7.149: faster than the split, slower than cuDNN (the schedule's sizes are the head
-  dim 128 ones, not tuned for 64).
+pairs per head (half of Nq x Nk under a causal band), for `deterministic=False` calls. Chosen
+by what a training step sees, forward + backward. On the H200, fwd+bwd / bwd alone, ms
+(bench/results/20261203T121105Z- and 20261202T191324Z-backward-targets.md):
+- head dim 128 (Llama-3-8B heads, bf16): causal 4096 0.919 / 0.690 against the split's
+  1.086 / 0.929, causal 8192 3.548 / 2.829 against 4.463 / 3.669;
+- head dim 64 (B=4, 12 heads, fp16): causal 4096 1.028 / 0.782 against the split's
+  0.998 / 0.850 (the split is faster in the step although its backward measures slower
+  alone: from 16M pairs only), causal 8192 3.802 / 2.994 against 4.241 / 3.233, dense 4096
+  1.838 / 1.518 against 2.040 / 1.778, dense 8192 7.674 / 5.957 against 8.957 / 7.125.
 Smaller calls are not measured."""
 
-GLUON_ORDERED_MIN_WORK = {64: 8 * 1024 * 1024, 128: 8 * 1024 * 1024}
-"""The same for the backward with its dQ adds in key-block order (deterministic calls), two
-dQ writer warps (`warp-specialize{bwd-dq-writers}`). On the H200, backward alone, ms
-(bench/results/20261202T191044Z- and 20261202T191324Z-backward-targets.md):
-- head dim 128 (Llama-3-8B heads, bf16): causal 4096 0.734 against the split's 0.933
-  (unordered 0.715, cuDNN 0.776), causal 8192 2.832 against 3.708 (cuDNN 2.853), RoPE +
-  causal 4096 0.730 against 0.891, 8192 2.830 against 3.686;
-- head dim 64 (B=4, 12 heads, fp16): causal 4096 0.790 against 0.850 (unordered 0.782),
-  causal 8192 3.019 against 3.233, dense 4096 1.535 against 1.778, dense 8192 6.081 against
-  7.125: the order costs 1-3% over the unordered kernel and beats the split everywhere.
-Smaller calls are not measured: deterministic calls keep the split there."""
+GLUON_ORDERED_MIN_WORK = {64: 16 * 1024 * 1024, 128: 8 * 1024 * 1024}
+"""The same for the backward with its dQ adds in key-block order (deterministic calls, the
+default), two dQ writer warps (`warp-specialize{bwd-dq-writers}`). On the H200, fwd+bwd / bwd
+alone, ms (the same files):
+- head dim 128: causal 4096 0.950 / 0.757 against the split's 1.086 / 0.929, causal 8192
+  3.720 / 2.865 against 4.463 / 3.669, RoPE + causal 4096 0.975 / 0.732 against 1.126 /
+  0.930, 8192 3.751 / 2.831 against 4.628 / 3.675;
+- head dim 64: causal 4096 1.040 / 0.790 against the split's 0.998 / 0.850 (from 16M pairs
+  only, as above), causal 8192 3.885 / 3.019 against 4.241 / 3.233, dense 4096 1.857 / 1.535
+  against 2.040 / 1.778, dense 8192 7.736 / 6.081 against 8.957 / 7.125.
+The order costs 1-5% over the unordered kernel. Smaller calls keep the split."""
 
 
 def backward_target() -> str:

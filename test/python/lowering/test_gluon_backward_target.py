@@ -225,7 +225,8 @@ def test_deterministic_calls_take_the_ordered_gluon_backward_from_the_measured_s
     assert deterministic.compile_key(problem(2048)).bwd_dq == "separate"
     assert deterministic.compile_key(problem(8192, d=64, dtype=torch.float16)).bwd_dq == "ordered"
     assert free.compile_key(problem(8192, d=64, dtype=torch.float16)).bwd_dq == "fused"
-    assert deterministic.compile_key(problem(2048, d=64, dtype=torch.float16)).bwd_dq == "separate"
+    assert deterministic.compile_key(problem(4096, d=64, dtype=torch.float16)).bwd_dq == "separate"
+    assert free.compile_key(problem(4096, d=64, dtype=torch.float16)).bwd_dq == "separate"
     assert deterministic.compile_key(problem(8192, d=256)).bwd_dq == "separate"
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)

@@ -58,8 +58,8 @@ by what a training step sees, forward + backward. On the H200, fwd+bwd / bwd alo
 - head dim 128 (Llama-3-8B heads, bf16): causal 4096 0.919 / 0.690 against the split's
   1.086 / 0.929, causal 8192 3.548 / 2.829 against 4.463 / 3.669;
 - head dim 64 (B=4, 12 heads, fp16): causal 4096 1.028 / 0.782 against the split's
-  0.998 / 0.850 (the split is faster in the step although its backward measures slower
-  alone: from 16M pairs only), causal 8192 3.802 / 2.994 against 4.241 / 3.233, dense 4096
+  0.998 / 0.850 (within run-to-run spread: the same split kernels measured 1.003 and 1.104
+  in one later run; from 16M pairs only, keeping the atomic-free split), causal 8192 3.802 / 2.994 against 4.241 / 3.233, dense 4096
   1.838 / 1.518 against 2.040 / 1.778, dense 8192 7.674 / 5.957 against 8.957 / 7.125.
 Smaller calls are not measured."""
 

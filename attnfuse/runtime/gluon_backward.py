@@ -52,15 +52,17 @@ ROW_ROLES = ("lse", "delta")
 
 GLUON_BACKWARD_MIN_WORK = {64: 16 * 1024 * 1024, 128: 8 * 1024 * 1024}
 """`auto` takes the Gluon backward at a head dim of this table from this many (query, key)
-pairs per head (half of Nq x Nk under a causal band), for `deterministic=False` calls. Chosen
+pairs per head (half of Nq x Nk under a causal band), for `deterministic=False` calls; chosen
 by what a training step sees, forward + backward. On the H200, fwd+bwd / bwd alone, ms
-(bench/results/20261203T121105Z- and 20261202T191324Z-backward-targets.md):
+(bench/results/20261203T121105Z- (head dim 128), 20261203T121038Z- and
+20261203T123030Z-backward-targets.md (head dim 64)):
 - head dim 128 (Llama-3-8B heads, bf16): causal 4096 0.919 / 0.690 against the split's
   1.086 / 0.929, causal 8192 3.548 / 2.829 against 4.463 / 3.669;
-- head dim 64 (B=4, 12 heads, fp16): causal 4096 1.028 / 0.782 against the split's
-  0.998 / 0.850 (within run-to-run spread: the same split kernels measured 1.003 and 1.104
-  in one later run; from 16M pairs only, keeping the atomic-free split), causal 8192 3.802 / 2.994 against 4.241 / 3.233, dense 4096
-  1.838 / 1.518 against 2.040 / 1.778, dense 8192 7.674 / 5.957 against 8.957 / 7.125.
+- head dim 64 (B=4, 12 heads, fp16): causal 4096 1.029 / 0.774 against the split's 1.003 /
+  0.829 and 1.104 / 0.860 (two columns of the same split kernels in one run: a wash within
+  the spread, so the atomic-free split keeps it; hence 16M), causal 8192 3.968 / 3.049
+  against 4.371 / 3.279, dense 4096 1.836 / 1.511 against 2.042 / 1.796, dense 8192
+  7.951 / 6.180 against 9.109 / 7.269.
 Smaller calls are not measured."""
 
 GLUON_ORDERED_MIN_WORK = {64: 16 * 1024 * 1024, 128: 8 * 1024 * 1024}
@@ -70,10 +72,11 @@ alone, ms (the same files):
 - head dim 128: causal 4096 0.950 / 0.757 against the split's 1.086 / 0.929, causal 8192
   3.720 / 2.865 against 4.463 / 3.669, RoPE + causal 4096 0.975 / 0.732 against 1.126 /
   0.930, 8192 3.751 / 2.831 against 4.628 / 3.675;
-- head dim 64: causal 4096 1.040 / 0.790 against the split's 0.998 / 0.850 (from 16M pairs
-  only, as above), causal 8192 3.885 / 3.019 against 4.241 / 3.233, dense 4096 1.857 / 1.535
-  against 2.040 / 1.778, dense 8192 7.736 / 6.081 against 8.957 / 7.125.
-The order costs 1-5% over the unordered kernel. Smaller calls keep the split."""
+- head dim 64: causal 4096 1.040 / 0.791 and 1.043 / 0.818 against the split's 1.003 /
+  0.829 and 1.104 / 0.860 (a wash, as above), causal 8192 3.830 / 3.072 against 4.371 /
+  3.279, dense 4096 1.941 / 1.564 against 2.042 / 1.796, dense 8192 7.966 / 6.299 against
+  9.109 / 7.269.
+The order costs 0-6% over the unordered kernel. Smaller calls keep the split."""
 
 
 def backward_target() -> str:

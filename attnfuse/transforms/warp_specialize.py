@@ -113,7 +113,7 @@ reduce, the wait for its writes and the hand-over: about a step's time at the Ll
 heads, so the writer, not the products, set the pace. Two writers, each owning one dQ staging
 buffer (alternate steps), overlap one step's hand-over with the next step's wait. Measured on
 the H200 (bench/results/20261202T1907Z-ordered-two-writers-ab.md): backward 0.720 / 2.873 ms
-at causal 4096 / 8192 against one writer's 0.801 / 3.045, within 0-6% of the unordered kernel."""
+at causal 4096 / 8192 against one writer's 0.801 / 3.045, within 0-9% of the unordered kernel."""
 
 CONSUMER_REGISTERS = {1: 240, 2: 240, 3: 160}
 """Registers per consumer thread by consumer count: what 64K registers hold beside a 24-register

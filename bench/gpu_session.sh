@@ -27,6 +27,7 @@
 #   forward-table     bench/gluon_forward.py's issue cases (auto and tl columns) and its RoPE sweep (auto)
 #   backward-d64-ordered  backward_targets.py at the paper shape: default, separate, nondet_auto, ordered_gluon
 #   decode            bench/decode.py rows 1-5
+#   decode-tma-probe  bench/decode_tma_probe.py at the 16k and 32k caches: pointer against TMA loads
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
 set -u
@@ -114,6 +115,9 @@ for stage in "$@"; do
       timeout 200 python3 bench/backward_targets.py --geometry paper --cases causal,dense --seq-lens 4096,8192 \
         --out "$dir" --reps 30 --columns default,separate,nondet_auto,ordered_gluon > "$dir/backward_d64_ordered.log" 2>&1
       echo "backward-d64-ordered rc=$?" ;;
+    decode-tma-probe)
+      timeout 300 python3 bench/decode_tma_probe.py --rows 2,3 --reps 30 --out "$dir" > "$dir/decode_tma_probe.log" 2>&1
+      echo "decode-tma-probe rc=$?" ;;
     decode)
       timeout 250 python3 bench/decode.py --rows 1,2,3,4,5 --time-budget 200 --out "$dir" \
         > "$dir/decode.log" 2>&1; echo "decode rc=$?" ;;

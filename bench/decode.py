@@ -73,10 +73,14 @@ launch work; the median of `--reps` calls after `--warmup`. `graph us`: the call
 CUDA graph (after warm-up calls on a side stream), each replay timed the same way (removes any
 host gap inside a call of several kernels). `loop us`: `--graph-calls` calls captured in one
 graph, replay time / calls, no flush (warm L2 where the cache fits in it, ~50 MB): the steady
-state of a graph-captured decode loop. A capture that fails is recorded (`graph error`).
+state of a graph-captured decode loop. `graph us (clean)`: the same graph after a flush that
+reads 256 MiB instead: zeroing leaves up to L2's size of dirty lines, whose write-back the timed
+call then pays beside its own reads; after a read the call's traffic is its own. A capture that
+fails is recorded (`graph error`).
 GB/s = bytes of K and V attended (sum over sequences of kv_lens[b] * Hkv * D * 2 tensors * bytes
 per element) / `graph us` (`us` where the capture failed); `% copy` = that over the copy's read +
-write GB/s; the `vs` ratios divide the same times. Results (markdown, JSON,
+write GB/s (and `GB/s (clean)`, `% copy (clean)` over `graph us (clean)`); the `vs` ratios
+divide the graph times after the zeroing flush. Results (markdown, JSON,
 a PNG with matplotlib) are rewritten after every case; `--time-budget` stops starting cases.
 """
 
@@ -642,13 +646,21 @@ class Timer:
         if self.flush_buffer is not None:
             self.flush_buffer.zero_()
 
+    def clean_flush(self) -> None:
+        """Evicts L2 by reading 256 MiB: the evicted lines are clean, so the timed call pays only
+        its own traffic (after `flush`'s zeroing it also writes back the dirty lines it evicts,
+        up to L2's size: the previous kernel's cost)."""
+        if self.flush_buffer is not None:
+            self.flush_buffer.max()
+
     def plain(self, fn: Callable) -> tuple[float, float]:
         """Median and spread (µs) of single calls, L2 flushed before each."""
         ms, iqr = benchlib.median_ms(fn, self.device, self.args.warmup, self.args.reps, before=self.flush)
         return ms * 1e3, iqr * 1e3
 
     def graphs(self, fn: Callable, row: dict) -> None:
-        """`graph_us` (one call per graph, L2 flushed before each replay) and `loop_us`
+        """`graph_us` (one call per graph, L2 flushed by zeroing before each replay),
+        `graph_clean_us` (the same after a clean flush, `clean_flush`) and `loop_us`
         (graph_calls calls per graph, warm), or `graph_error`."""
         if self.device != "cuda":
             return  # CPU run: no graphs
@@ -658,6 +670,8 @@ class Timer:
             graph = benchlib.capture_graph(fn, 1)
             ms, _ = benchlib.median_ms(graph.replay, "cuda", self.args.warmup, self.args.reps, before=self.flush)
             row["graph_us"] = ms * 1e3
+            ms, _ = benchlib.median_ms(graph.replay, "cuda", self.args.warmup, self.args.reps, before=self.clean_flush)
+            row["graph_clean_us"] = ms * 1e3
             calls = self.args.graph_calls
             loop = benchlib.capture_graph(fn, calls)
             ms, _ = benchlib.median_ms(loop.replay, "cuda", 2, max(5, self.args.reps // 5))
@@ -730,8 +744,12 @@ def run_case(case: Case, peers: Peers, timer: Timer, args: argparse.Namespace, d
             row["gbps"] = kv_bytes / compared_us(row) / 1e3
             if row.get("graph_us"):
                 row["graph_gbps"] = kv_bytes / row["graph_us"] / 1e3
+            if row.get("graph_clean_us"):
+                row["clean_gbps"] = kv_bytes / row["graph_clean_us"] / 1e3
             if copy.get("rw_gbps"):
                 row["pct_copy"] = 100 * row["gbps"] / copy["rw_gbps"]
+                if row.get("clean_gbps"):
+                    row["pct_copy_clean"] = 100 * row["clean_gbps"] / copy["rw_gbps"]
             benchlib.log(f"  {name}: {row['us']:.2f} us, {row['gbps']:.0f} GB/s"
                          + (f", graph {row['graph_us']:.2f} us" if row.get("graph_us") else "")
                          + (f" (graph: {row['graph_error']})" if row.get("graph_error") else ""))
@@ -810,7 +828,8 @@ def tables(document: dict) -> list[str]:
               benchlib.fmt(copy["read_gbps"], ".0f")]])
         lines += ["", "`% copy` below is an attention's GB/s (K and V bytes read) over the copy's **read + write** "
                   "GB/s.", ""]
-    header = ["case", "impl", "layout", "µs", "graph µs", "loop µs", "GB/s", "% copy", "vs", "rel err", "notes"]
+    header = ["case", "impl", "layout", "µs", "graph µs", "loop µs", "GB/s", "% copy", "graph µs (clean)",
+              "GB/s (clean)", "% copy (clean)", "vs", "rel err", "notes"]
     for row_id, title in ROWS.items():
         rows = [r for r in document["rows"] if r["row"] == row_id]
         if not rows:
@@ -835,7 +854,9 @@ def tables(document: dict) -> list[str]:
                                             f"graph: {r['graph_error']}" if r.get("graph_error") else None]))
             cells.append([r["case"], r["impl"], r.get("layout", ""), time_cell, benchlib.fmt(r.get("graph_us"), ".2f"),
                           benchlib.fmt(r.get("loop_us"), ".2f"), benchlib.fmt(r.get("gbps"), ".0f"),
-                          benchlib.fmt(r.get("pct_copy"), ".0f", "%"), vs, benchlib.fmt(r.get("rel_err"), ".1e"),
+                          benchlib.fmt(r.get("pct_copy"), ".0f", "%"), benchlib.fmt(r.get("graph_clean_us"), ".2f"),
+                          benchlib.fmt(r.get("clean_gbps"), ".0f"), benchlib.fmt(r.get("pct_copy_clean"), ".0f", "%"),
+                          vs, benchlib.fmt(r.get("rel_err"), ".1e"),
                           notes])
         lines += benchlib.markdown_table(header, cells) + [""]
     if document["rows"]:
@@ -854,7 +875,9 @@ def write(document: dict, args: argparse.Namespace, stem: str, final: bool) -> P
                  "- timing: " + ("µs = CUDA events per call, L2 flushed (256 MiB zeroed) before each, median of "
                                  f"{args.reps} after {args.warmup}; graph µs = the call as a CUDA graph, replayed "
                                  f"the same way; loop µs = {args.graph_calls} calls in one graph, replay / "
-                                 f"{args.graph_calls}, warm L2" if document["device"] == "cuda" else
+                                 f"{args.graph_calls}, warm L2; graph µs (clean) = the graph replayed after a 256 MiB read "
+                                 "instead (clean lines: the call pays no write-back of the flush's dirty lines)"
+                                 if document["device"] == "cuda" else
                                  "CPU wall clock (smoke test: the times mean nothing)"),
                  "- GB/s = K and V bytes attended (sum of kv_lens * Hkv * D * 2 * bytes per element) / µs",
                  f"- flex: {args.flex}; attnfuse: {meta.get('attnfuse_path')}; "

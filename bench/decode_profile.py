@@ -20,7 +20,8 @@ counts, block sizes and pipeline depths, timed the same three ways.
 
 `--variants` times AttnFuse's split merge in each named form: `kernel` (the default, a second
 kernel), `kernel-stagesN` (its loop pipelined N deep, `config.DECODE_MERGE_STAGES`) and
-`last-split` (the last split program merges, `kv_cache.DECODE_MERGE`).
+`last-split` (the last split program merges, `kv_cache.DECODE_MERGE`); `kernel-longN` takes
+128-key blocks from caches of N keys (`config.DECODE_LONG_CACHE`).
 """
 
 from __future__ import annotations
@@ -130,22 +131,24 @@ def main(argv: list[str] | None = None) -> int:
 
     def variant_spec(name: str):
         """A fresh compile whose plans take the merge form `name` (see --variants)."""
-        merge, stages = "kernel", config.DECODE_MERGE_STAGES
+        merge, stages, long_cache = "kernel", config.DECODE_MERGE_STAGES, config.DECODE_LONG_CACHE
         if name == "last-split":
             merge = "last-split"
         elif name.startswith("kernel-stages"):
             stages = int(name.removeprefix("kernel-stages"))
+        elif name.startswith("kernel-long"):
+            long_cache = int(name.removeprefix("kernel-long"))
         elif name != "kernel":
             raise SystemExit(f"unknown variant {name!r}")
         fn = af.compile(af.attention(af.causal()))
 
         def call(*a, **kw):
-            saved = kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES
-            kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES = merge, stages
+            saved = kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES, config.DECODE_LONG_CACHE
+            kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES, config.DECODE_LONG_CACHE = merge, stages, long_cache
             try:
                 return fn(*a, **kw)
             finally:
-                kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES = saved
+                kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES, config.DECODE_LONG_CACHE = saved
         return call
 
     lines = [f"# Decode profile ({torch.cuda.get_device_name()})", ""]

@@ -27,6 +27,9 @@
 #   forward-table     bench/gluon_forward.py's issue cases (auto and tl columns) and its RoPE sweep (auto)
 #   backward-d64-ordered  backward_targets.py at the paper shape: default, separate, nondet_auto, ordered_gluon
 #   decode            bench/decode.py rows 1-5
+#   persistent-ab     bench/gluon_persistent_ab.py: the Gluon forward's persistent grid against a program per
+#                     tile, interleaved rounds, dense and causal at both head dims
+#   decode-profile    bench/decode_profile.py rows 1-4: the default decode beside 128-key blocks from 16k keys
 #   decode-tma-probe  bench/decode_tma_probe.py at the 16k and 32k caches: pointer against TMA loads
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
@@ -55,7 +58,7 @@ for stage in "$@"; do
     gluon-forward-tests)
       pytest_run gluon-forward 230 test/python/test_gpu_gluon.py -k "forward_matches_reference or \
         rows_without_keys or equals_portable or training_call or model_layout or unaligned or refused or rope \
-        or persistent_matches and causal" ;;
+        or persistent_matches and causal or takes_the_persistent or takes_three" ;;
     forward-ab)
       timeout 150 python3 bench/gluon_forward.py --out "$dir" --reps 30 --columns gluon,auto \
         > "$dir/gluon_forward-after.log" 2>&1; echo "forward (this tree) rc=$?"
@@ -115,6 +118,12 @@ for stage in "$@"; do
       timeout 200 python3 bench/backward_targets.py --geometry paper --cases causal,dense --seq-lens 4096,8192 \
         --out "$dir" --reps 30 --columns default,separate,nondet_auto,ordered_gluon > "$dir/backward_d64_ordered.log" 2>&1
       echo "backward-d64-ordered rc=$?" ;;
+    persistent-ab)
+      timeout 200 python3 bench/gluon_persistent_ab.py --out "$dir" > "$dir/gluon_persistent_ab.log" 2>&1
+      echo "persistent-ab rc=$?"; tail -12 "$dir/gluon_persistent_ab.log" ;;
+    decode-profile)
+      timeout 200 python3 bench/decode_profile.py --variants kernel,kernel-long16384 --no-stream --out "$dir" \
+        > "$dir/decode_profile.log" 2>&1; echo "decode-profile rc=$?" ;;
     decode-tma-probe)
       timeout 300 python3 bench/decode_tma_probe.py --rows 2,3 --reps 30 --out "$dir" > "$dir/decode_tma_probe.log" 2>&1
       echo "decode-tma-probe rc=$?" ;;

@@ -64,15 +64,20 @@ class GluonSchedule:
     alibi_consumers: int
     """The consumer count of a kernel with ALiBi (its score step needs more registers)."""
     persistent: bool = False
-    """One program per SM walking the tiles (`lowering/gluon_persistent.py`)."""
+    """One program per SM walking the tiles (`lowering/gluon_persistent.py`), for kernels whose
+    tiles differ in work (a causal band or window trims their key loops)."""
+    persistent_uniform: bool = False
+    """The same for kernels whose tiles all do the same work (`uniform_tiles`: dense)."""
 
-    def options(self, consumers: int, persistent: bool | None = None) -> dict[str, int | bool]:
-        return {"consumers": consumers, "block_n": self.block_n[consumers],
-                "persistent": self.persistent if persistent is None else persistent}
+    def options(self, consumers: int, persistent: bool | None = None,
+                uniform: bool = False) -> dict[str, int | bool]:
+        if persistent is None:
+            persistent = self.persistent_uniform if uniform else self.persistent
+        return {"consumers": consumers, "block_n": self.block_n[consumers], "persistent": persistent}
 
 
 SCHEDULES = {
-    128: GluonSchedule(2, {1: 128, 2: 128, 3: 64}, alibi_consumers=2),
+    128: GluonSchedule(2, {1: 128, 2: 128, 3: 64}, alibi_consumers=2, persistent_uniform=True),
     64: GluonSchedule(3, {1: 128, 2: 128, 3: 128}, alibi_consumers=2),
 }
 """The Gluon forward's schedule per head dim, as measured on the H200 (Triton 3.6,
@@ -120,11 +125,28 @@ def gluon_persistent() -> bool | None:
     return forced == "1"
 
 
+def uniform_tiles(module: ModuleOp) -> bool:
+    """Whether every tile (block of query rows) of the forward kernel in `module` does the same
+    work: its key loop is bounded by no band (no causal or window mask trims it) and skips no
+    blocks (no block list, no documents)."""
+    forward = next((op for op in module.ops
+                    if isinstance(op, tile.KernelOp) and op.sym_name.data == "attention_fwd"), None)
+    if forward is None:
+        return False
+    for op in forward.walk():
+        if isinstance(op, (tile.SparseKVLoopOp, tile.DocumentMaskOp)):
+            return False
+        if isinstance(op, tile.KVBoundsOp) and op.band.bounds != (None, None):
+            return False
+    return True
+
+
 def schedule_options(head_dim: int, module: ModuleOp | None = None) -> dict[str, int | bool]:
     """`warp-specialize`'s options for the Gluon forward at `head_dim`, of the forward kernel in
-    `module` (ALiBi or not) when given."""
+    `module` when given (ALiBi or not, uniform tiles or not; without one: neither)."""
     alibi = module is not None and any(isinstance(op, tile.AlibiOp) for op in module.walk())
-    return SCHEDULES[head_dim].options(gluon_consumers(head_dim, alibi), gluon_persistent())
+    uniform = module is not None and uniform_tiles(module)
+    return SCHEDULES[head_dim].options(gluon_consumers(head_dim, alibi), gluon_persistent(), uniform)
 
 
 def forward_target() -> str:
@@ -350,4 +372,5 @@ def gluon_forward(
 
 
 __all__ = ["GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forward_target",
-           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon"]
+           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon",
+           "uniform_tiles"]

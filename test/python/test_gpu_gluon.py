@@ -117,6 +117,17 @@ def test_head_dim_64_takes_three_consumers_unless_alibi():
     assert forward_launch(af.compile(SPECS["causal"]), q, k, v).launch.block_m == 128
 
 
+def test_head_dim_128_dense_takes_the_persistent_grid():
+    """`SCHEDULES`: at head dim 128 a kernel whose tiles do equal work (dense, a static scale)
+    runs the persistent grid by default; a causal or windowed one keeps a program per tile; at
+    head dim 64 neither is persistent."""
+    q, k, v = inputs(1, 4, 4, 256, 256, 128, torch.bfloat16)
+    for name, persistent in (("dense", True), ("static-scale", True), ("causal", False), ("window", False)):
+        assert forward_launch(af.compile(SPECS[name]), q, k, v).launch.persistent is persistent, name
+    q, k, v = inputs(1, 4, 4, 256, 256, 64, torch.float16)
+    assert not forward_launch(af.compile(SPECS["dense"]), q, k, v).launch.persistent
+
+
 def test_gluon_rows_without_keys_are_zero():
     """Causal with Nq > Nk: the first Nq - Nk query rows see no key (bottom-right alignment)."""
     spec = SPECS["causal"]

@@ -201,8 +201,8 @@ def test_auto_rule_and_fit(monkeypatch):
 
 def test_schedules_by_head_dim(monkeypatch):
     """Every head dim the schedule covers has options; three consumers at head dim 64 (two with
-    ALiBi), two at 128, neither persistent; `ATTNFUSE_GLUON_CONSUMERS` and
-    `ATTNFUSE_GLUON_PERSISTENT` force them, checked."""
+    ALiBi), two at 128; persistent only at 128 for kernels of uniform tiles (dense, not causal);
+    `ATTNFUSE_GLUON_CONSUMERS` and `ATTNFUSE_GLUON_PERSISTENT` force them, checked."""
     from attnfuse.dialects.flash_shape import HEAD_DIMS
 
     monkeypatch.delenv("ATTNFUSE_GLUON_CONSUMERS", raising=False)
@@ -214,6 +214,14 @@ def test_schedules_by_head_dim(monkeypatch):
     alibi = lower_spec(af.attention(af.alibi(), af.causal()), key)
     assert gluon_forward.schedule_options(64, alibi)["consumers"] == 2
     assert gluon_forward.schedule_options(64, lower_spec(af.attention(af.causal()), key))["consumers"] == 3
+    key128 = CompileKey(128, 128, "f16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
+    dense, causal = (lower_spec(spec, key128) for spec in (af.attention(), af.attention(af.causal())))
+    assert gluon_forward.schedule_options(128, dense) == {"consumers": 2, "block_n": 128, "persistent": True}
+    assert gluon_forward.schedule_options(128, causal)["persistent"] is False
+    assert gluon_forward.schedule_options(64, lower_spec(af.attention(), key))["persistent"] is False
+    monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", "0")
+    assert gluon_forward.schedule_options(128, dense)["persistent"] is False  # forced off
+    monkeypatch.delenv("ATTNFUSE_GLUON_PERSISTENT")
     monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", "2")
     assert gluon_forward.schedule_options(64) == {"consumers": 2, "block_n": 128, "persistent": False}
     monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", "3")
@@ -226,6 +234,17 @@ def test_schedules_by_head_dim(monkeypatch):
     monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", "4")
     with pytest.raises(ArgumentError, match="ATTNFUSE_GLUON_CONSUMERS"):
         gluon_forward.schedule_options(64)
+
+
+@pytest.mark.parametrize("spec,uniform", [
+    (af.attention(), True), (af.attention(af.alibi()), True), (af.attention(af.softcap(30.0)), True),
+    (af.attention(af.additive_bias()), True), (af.attention(af.causal()), False),
+    (af.attention(af.sliding_window(256)), False), (af.attention(af.rope(), af.causal()), False),
+    (af.attention(af.block_sparse(64)), False), (af.attention(af.document()), False)])
+def test_uniform_tiles_are_those_no_band_or_list_trims(spec, uniform):
+    """`uniform_tiles`: a forward whose key loop no band bounds and that skips no block."""
+    key = CompileKey(128, 128, "f16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
+    assert gluon_forward.uniform_tiles(lower_spec(spec, key)) is uniform
 
 
 def test_target_choice_is_checked(monkeypatch):

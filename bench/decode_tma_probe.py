@@ -15,7 +15,12 @@ after a dirty and a clean L2 flush, 16 calls per graph warm; `kernel_profile`: d
 kernel). A probe, not a product: what it finds decides whether the printer's decode loads
 become descriptor loads.
 
-    python bench/decode_tma_probe.py [--rows 2,3] [--reps 50] [--out DIR]
+    python bench/decode_tma_probe.py [--rows 2,3] [--reps 50] [--out DIR] [--sweep loads|lens]
+
+`--sweep lens` times instead the split kernel (pointer loads, three stages, four warps) as it
+is, with its loop's end read from memory first (AttnFuse's decode reads `kv_lens` before its
+key loop), and with that read preceded by L2 prefetches of the split's first key and value
+rows (`prefetch.global.L2`).
 """
 
 from __future__ import annotations
@@ -56,14 +61,33 @@ def stream_probe(k_desc, v_desc, k_ptr, v_ptr, out_ptr, rows_per_program, D: tl.
 
 
 @triton.jit
-def split_probe(q_ptr, k_desc, v_desc, k_ptr, v_ptr, o_ptr, lse_ptr, seq_len, split_len, qk_scale,
+def prefetch_rows(ptr, first_row, ROWS: tl.constexpr, D: tl.constexpr):
+    """Asks L2 for rows [first_row, first_row + ROWS) of a row-major [*, D] fp16 tensor, one
+    `prefetch.global.L2` per 128-byte line; nothing waits for them."""
+    lines = tl.arange(0, ROWS * D // 64)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                              [ptr + first_row * D + lines * 64], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def split_probe(q_ptr, k_desc, v_desc, k_ptr, v_ptr, o_ptr, lse_ptr, lens_ptr, seq_len, split_len, qk_scale,
                 GROUP: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                STAGES: tl.constexpr, TMA: tl.constexpr):
+                STAGES: tl.constexpr, TMA: tl.constexpr, LENS: tl.constexpr = False,
+                PREFETCH: tl.constexpr = 0):
     """One split of one key/value head: the group's query rows against keys
-    [split * split_len, (split + 1) * split_len), partial output and lse per row."""
+    [split * split_len, (split + 1) * split_len), partial output and lse per row. With `LENS`
+    the split's end is clipped to the sequence length read from `lens_ptr` (as AttnFuse's
+    decode reads `kv_lens`: the loop waits for that read); with `PREFETCH` the split's first
+    PREFETCH key and value rows are asked of L2 before that read."""
     head = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
+    if PREFETCH > 0:
+        prefetch_rows(k_ptr, head * seq_len + split * split_len, PREFETCH, D)
+        prefetch_rows(v_ptr, head * seq_len + split * split_len, PREFETCH, D)
+    end = split_len
+    if LENS:
+        end = tl.minimum(tl.maximum(tl.load(lens_ptr) - split * split_len, 0), split_len)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
     live = rows < GROUP
@@ -73,7 +97,7 @@ def split_probe(q_ptr, k_desc, v_desc, k_ptr, v_ptr, o_ptr, lse_ptr, seq_len, sp
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     base = head * seq_len + split * split_len
     offsets = tl.arange(0, BLOCK)[:, None] * D + cols[None, :]
-    for n in tl.range(0, split_len, BLOCK, num_stages=STAGES):
+    for n in tl.range(0, end, BLOCK, num_stages=STAGES):
         if TMA:
             k = k_desc.load([base + n, 0])
             v = v_desc.load([base + n, 0])
@@ -104,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="a few configurations only")
+    parser.add_argument("--sweep", choices=("loads", "lens"), default="loads",
+                        help="loads: pointer against TMA loads (stream and split); lens: the split kernel "
+                             "with the kv_lens read before its loop, with and without L2 prefetches ahead of it")
     args = parser.parse_args(argv)
     import attnfuse as af
 
@@ -153,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         blocks = (64, 128)
         stage_counts = (3, 4, 6) if not args.quick else (3, 4)
         program_counts = (128, 256) if not args.quick else (128,)
-        for programs, block, stages, tma in itertools.product(program_counts, blocks, stage_counts, (False, True)):
+        stream_configs = itertools.product(program_counts, blocks, stage_counts, (False, True))
+        for programs, block, stages, tma in stream_configs if args.sweep == "loads" else ():
             share = rows_total // programs
             if share % block:
                 continue
@@ -170,9 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         block_m = max(16, triton.next_power_of_2(group))
         scale = d ** -0.5 * 1.4426950408889634
         q2 = q.view(hq, d)
-        for splits, block, stages, warps, tma in itertools.product(
+        if args.sweep == "loads":
+            split_configs = [(*c, False, 0) for c in itertools.product(
                 (sms // hkv, 2 * sms // hkv) if not args.quick else (sms // hkv,), blocks,
-                stage_counts, (4, 8) if not args.quick else (4,), (False, True)):
+                stage_counts, (4, 8) if not args.quick else (4,), (False, True))]
+        else:  # the kv_lens read before the loop, and L2 prefetches ahead of it
+            split_configs = [(sms // hkv, block, 3, 4, False, lens_read, prefetch) for block in blocks
+                             for lens_read, prefetch in ((False, 0), (True, 0), (True, block), (True, 2 * block))]
+        for splits, block, stages, warps, tma, lens_read, prefetch in split_configs:
             split_len = triton.cdiv(triton.cdiv(length, splits), block) * block
             splits = triton.cdiv(length, split_len)
             if splits * split_len != length:
@@ -183,17 +216,18 @@ def main(argv: list[str] | None = None) -> int:
             vd = TensorDescriptor.from_tensor(v2, [block, d])
 
             def split_call(splits=splits, split_len=split_len, block=block, stages=stages, warps=warps,
-                           tma=tma, kd=kd, vd=vd, o=o, lse=lse):
-                split_probe[(hkv, splits)](q2, kd, vd, k2, v2, o, lse, length, split_len, scale,
+                           tma=tma, kd=kd, vd=vd, o=o, lse=lse, lens_read=lens_read, prefetch=prefetch):
+                split_probe[(hkv, splits)](q2, kd, vd, k2, v2, o, lse, lens, length, split_len, scale,
                                            GROUP=group, BLOCK_M=block_m, D=d, BLOCK=block, STAGES=stages,
-                                           TMA=tma, num_warps=warps)
+                                           TMA=tma, LENS=lens_read, PREFETCH=prefetch, num_warps=warps)
             try:
                 split_call()
                 got = merge(o, lse).view(1, hq, 1, d)
                 perr = f"err {(got - ref).abs().max().item():.1e}"
             except Exception as exc:  # noqa: BLE001
                 perr = benchlib.first_line(exc)[:120]
-            record(f"split {'tma' if tma else 'ptr'} S={splits} {block}x{stages} w{warps}", split_call,
+            form = (" lens" if lens_read else "") + (f" prefetch{prefetch}" if prefetch else "")
+            record(f"split {'tma' if tma else 'ptr'} S={splits} {block}x{stages} w{warps}{form}", split_call,
                    kv_bytes, perr)
         lines += benchlib.markdown_table(
             ["kernel", "graph µs (dirty flush)", "graph µs (clean flush)", "warm µs", "kernel span µs",

@@ -30,6 +30,7 @@
 #   persistent-ab     bench/gluon_persistent_ab.py: the Gluon forward's persistent grid against a program per
 #                     tile, interleaved rounds, dense and causal at both head dims
 #   decode-profile    bench/decode_profile.py rows 1-4: the default decode beside 128-key blocks from 16k keys
+#   decode-lens-probe bench/decode_tma_probe.py --sweep lens at the 16k and 32k caches: the kv_lens read's cost
 #   decode-tma-probe  bench/decode_tma_probe.py at the 16k and 32k caches: pointer against TMA loads
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
@@ -124,6 +125,9 @@ for stage in "$@"; do
     decode-profile)
       timeout 200 python3 bench/decode_profile.py --variants kernel,kernel-long16384 --no-stream --out "$dir" \
         > "$dir/decode_profile.log" 2>&1; echo "decode-profile rc=$?" ;;
+    decode-lens-probe)
+      timeout 150 python3 bench/decode_tma_probe.py --rows 2,3 --reps 50 --sweep lens --out "$dir" \
+        > "$dir/decode_lens_probe.log" 2>&1; echo "decode-lens-probe rc=$?" ;;
     decode-tma-probe)
       timeout 300 python3 bench/decode_tma_probe.py --rows 2,3 --reps 30 --out "$dir" > "$dir/decode_tma_probe.log" 2>&1
       echo "decode-tma-probe rc=$?" ;;

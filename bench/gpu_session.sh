@@ -25,6 +25,7 @@
 #   host              bench/host_overhead.py at N=128 and 512
 #   forward           bench/gluon_forward.py at head dim 128
 #   forward-table     bench/gluon_forward.py's issue cases (auto and tl columns) and its RoPE sweep (auto)
+#   forward-256       bench/gluon_forward.py at head dim 256 (Gluon, Gluon 3c, tl and auto columns)
 #   backward-d64-ordered  backward_targets.py at the paper shape: default, separate, nondet_auto, ordered_gluon
 #   decode            bench/decode.py rows 1-5
 #   persistent-ab     bench/gluon_persistent_ab.py: the Gluon forward's persistent grid against a program per
@@ -59,7 +60,7 @@ for stage in "$@"; do
     gluon-forward-tests)
       pytest_run gluon-forward 230 test/python/test_gpu_gluon.py -k "forward_matches_reference or \
         rows_without_keys or equals_portable or training_call or model_layout or unaligned or refused or rope \
-        or persistent_matches and causal or takes_the_persistent or takes_three" ;;
+        or persistent_matches and causal or takes_the_persistent or takes_three or head_dim_256" ;;
     forward-ab)
       timeout 150 python3 bench/gluon_forward.py --out "$dir" --reps 30 --columns gluon,auto \
         > "$dir/gluon_forward-after.log" 2>&1; echo "forward (this tree) rc=$?"
@@ -115,6 +116,9 @@ for stage in "$@"; do
       echo "forward-table (issue cases) rc=$?"
       timeout 150 python3 bench/gluon_forward.py --out "$dir" --reps 50 --cases rope-sweep --columns auto \
         > "$dir/gluon_forward_rope_sweep.log" 2>&1; echo "forward-table (RoPE sweep) rc=$?" ;;
+    forward-256)
+      timeout 200 python3 bench/gluon_forward.py --out "$dir" --reps 30 --head-dims 256 --columns gluon,gluon3,triton,auto \
+        > "$dir/gluon_forward_256.log" 2>&1; echo "forward-256 rc=$?" ;;
     backward-d64-ordered)
       timeout 200 python3 bench/backward_targets.py --geometry paper --cases causal,dense --seq-lens 4096,8192 \
         --out "$dir" --reps 30 --columns default,separate,nondet_auto,ordered_gluon > "$dir/backward_d64_ordered.log" 2>&1

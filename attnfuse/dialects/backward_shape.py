@@ -32,7 +32,9 @@ from attnfuse.dialects.flash_shape import (
     refuse,
 )
 
-"""Ops between `tile.scores` and `tile.recompute_probs` (elementwise on the score tile)."""
+BACKWARD_HEAD_DIMS = (64, 128)
+"""Head dims the fused backward's schedule covers: at 256 its q/dO ring and dQ staging exceed
+Hopper's shared memory (the portable backward runs there)."""
 
 VJP_OPS = (tile.MapOp, tile.ApplyScaleOp, tile.MaskOp)
 """Ops between `tile.softmax_grad` and the dK accumulate: the score chain's derivatives,
@@ -175,7 +177,7 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
 def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     """The parts of a fused backward kernel (`attention_bwd_dkdv_dq`), or `NotFlashShaped`
     saying why not (the op at fault, or the kernel)."""
-    check_schedulable(kernel, "the fused backward kernel", "attention_bwd_dkdv_dq", "key_blocks")
+    check_schedulable(kernel, "the fused backward kernel", "attention_bwd_dkdv_dq", "key_blocks", BACKWARD_HEAD_DIMS)
     ops = list(kernel.body.block.ops)
     if len(ops) < 6:
         raise refuse(kernel, None, "expected k, v loads, dK/dV zeros, query bounds, query loops, epilogue")
@@ -219,4 +221,4 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     return parts
 
 
-__all__ = ["BackwardKernel", "BackwardLoop", "backward_kernel", "backward_loop"]
+__all__ = ["BACKWARD_HEAD_DIMS", "BackwardKernel", "BackwardLoop", "backward_kernel", "backward_loop"]

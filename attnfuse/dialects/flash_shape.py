@@ -33,9 +33,10 @@ for q or k."""
 POINTER_ROLES = ("lse",)
 """Other roles a scheduled kernel may take, besides ALiBi slopes."""
 
-HEAD_DIMS = (64, 128)
-"""Head dims the schedule covers: a [128, D] query tile and two stages of [128, D] k and v
-fit in shared memory, and D is a whole number of warpgroup MMA steps."""
+HEAD_DIMS = (64, 128, 256)
+"""Head dims the forward's schedule covers: D is a whole number of warpgroup MMA steps, and a
+query tile and two stages of k and v blocks fit in shared memory (128-key blocks up to head
+dim 128, 64-key blocks at 256: `tile.KernelOp`'s verifier checks the bytes)."""
 
 ELEMENT_TYPES = ("f16", "bf16")
 """What warpgroup MMAs take here."""
@@ -84,17 +85,17 @@ def refuse(kernel: tile.KernelOp, op: Operation | None, why: str) -> NotFlashSha
     return NotFlashShaped(f"{kernel.sym_name.data}{where}: {why}", op if op is not None else kernel)
 
 
-def check_schedulable(kernel: tile.KernelOp, what: str, name: str, grid: str) -> None:
+def check_schedulable(kernel: tile.KernelOp, what: str, name: str, grid: str,
+                      head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
     """`NotFlashShaped` unless `kernel` is `what`, the kernel `name` on `grid`, of an element type and
-    head dim the warp-specialized schedules cover (what the forward and the fused backward
-    analyses both ask first)."""
+    a head dim of `head_dims` (what the forward and the fused backward analyses both ask first)."""
     if kernel.grid != grid or kernel.sym_name.data != name:
         raise refuse(kernel, None, f"only {what} ({name}, {grid} grid) has this shape")
     if kernel.elem not in ELEMENT_TYPES:
         raise refuse(kernel, None, f"element type {kernel.elem}: warpgroup MMAs take f16 or bf16 here")
     dim, dim_v = kernel.get("head_dim"), kernel.get("head_dim_v")
-    if dim not in HEAD_DIMS or dim_v != dim:
-        raise refuse(kernel, None, f"head dim {dim}/{dim_v}: the schedule covers {HEAD_DIMS}")
+    if dim not in head_dims or dim_v != dim:
+        raise refuse(kernel, None, f"head dim {dim}/{dim_v}: the schedule covers {head_dims}")
 
 
 def refining_chain(kernel: tile.KernelOp, it, first_value, kinds, what: str

@@ -557,6 +557,11 @@ def _is_power_of_two(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
+HOPPER_SHARED_BYTES = 232448
+"""Shared memory one program of an sm_90 SM may take (227 KB): what a warp-specialized
+forward's buffers must fit (`KernelOp.verify_forward_shared_memory`)."""
+
+
 @irdl_op_definition
 class KernelOp(IRDLOperation):
     """One GPU kernel: its tensor parameters, launch grid and tuning attributes.
@@ -850,6 +855,25 @@ class KernelOp(IRDLOperation):
             raise VerifyException("'persistent' is an integer 0 or 1 (one program per SM walking the tiles)")
         if "dq_writers" in self.attributes:
             raise VerifyException("'dq_writers' belongs to a warp-specialized key_blocks kernel (the fused backward)")
+        self.verify_forward_shared_memory()
+
+    def verify_forward_shared_memory(self) -> None:
+        """A warp-specialized forward's buffers fit a Hopper SM's shared memory
+        (`HOPPER_SHARED_BYTES`): the query tile (block_m x head_dim), `num_stages` blocks of k
+        (block_n x head_dim) and of v (block_n x head_dim_v), and with `persistent` an output
+        buffer of its own (block_m x head_dim_v); 16-bit elements."""
+        rows, keys, stages = self.get("block_m"), self.get("block_n"), self.get("num_stages")
+        dim, dim_v = self.get("head_dim"), self.get("head_dim_v")
+        parts = {"the query tile": rows * dim, f"{stages} stages of k and v": stages * keys * (dim + dim_v)}
+        if self.int_attr("persistent") == 1:
+            parts["the output buffer"] = rows * dim_v
+        needed = 2 * sum(parts.values())
+        if needed > HOPPER_SHARED_BYTES:
+            listed = ", ".join(f"{what} {2 * n // 1024} KB" for what, n in parts.items())
+            raise VerifyException(
+                f"a warp-specialized kernel's buffers need {needed // 1024} KB of shared memory ({listed}), "
+                f"more than Hopper's {HOPPER_SHARED_BYTES // 1024} KB: fewer keys per step (block_n), "
+                "stages or consumers")
 
     def verify_backward_schedule(self) -> None:
         """A warp-specialized `key_blocks` kernel (the fused backward): one consumer partition

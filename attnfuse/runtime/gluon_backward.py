@@ -107,7 +107,9 @@ def variant_fits(variant: Canonical) -> bool:
 
 def fits(problem: Problem) -> bool:
     """Head dims the schedule is written for, equal for keys and values, 16-bit inputs."""
-    return (problem.head_dim in (64, 128) and problem.head_dim_v == problem.head_dim
+    from attnfuse.dialects.backward_shape import BACKWARD_HEAD_DIMS
+
+    return (problem.head_dim in BACKWARD_HEAD_DIMS and problem.head_dim_v == problem.head_dim
             and problem.dtype in (torch.float16, torch.bfloat16))
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import make_context, tile
 from attnfuse.errors import ArgumentError
@@ -79,6 +80,7 @@ class GluonSchedule:
 SCHEDULES = {
     128: GluonSchedule(2, {1: 128, 2: 128, 3: 64}, alibi_consumers=2, persistent_uniform=True),
     64: GluonSchedule(3, {1: 128, 2: 128, 3: 128}, alibi_consumers=2),
+    256: GluonSchedule(2, {1: 64, 2: 64, 3: 32}, alibi_consumers=2),
 }
 """The Gluon forward's schedule per head dim, as measured on the H200 (Triton 3.6,
 bench/results/20261201T200916Z-gluon-forward.md; `GLUON_MIN_WORK` has the times against the
@@ -94,6 +96,11 @@ portable kernel and cuDNN):
 - a kernel with ALiBi keeps two consumers: with three, its step spills (48 bytes causal, 88
   with a window, 192 with soft-capping too; Triton 3.6), where plain, windowed, soft-capped and
   statically scaled kernels spill none (the ALiBi kernels' speed is not measured);
+- head dim 256: two consumers of 64-key blocks (196 KB of shared memory; 128-key blocks
+  would need 320 KB), compiled for sm_90 without spills (Triton 3.6,
+  test/python/lowering/test_gluon_target.py); not persistent: its own output buffer would
+  take it to 256 KB. Three consumers (forced) take 32-key blocks. Its speed is not measured,
+  so `auto` never takes it (`GLUON_MIN_WORK`);
 - no head dim is persistent: the printed persistent kernel (`ATTNFUSE_GLUON_PERSISTENT=1`)
   took up to 12% longer than the non-persistent one in every measured case but one (equal) (0.249 against 0.234
   causal 4096, 0.964 against 0.859 causal 8192 at head dim 128; 0.281 against 0.261 and 1.004
@@ -357,6 +364,11 @@ def gluon_forward(
     gluon_persistent()
     module = tile_module()
     WarpSpecializePass(**schedule_options(problem.head_dim, module)).apply(make_context(), module)
+    try:
+        module.verify()
+    except VerifyException as err:  # only forced options get here (the table's schedules fit)
+        raise ArgumentError(f"the Gluon forward at head dim {problem.head_dim} with the forced "
+                            f"ATTNFUSE_GLUON_CONSUMERS / ATTNFUSE_GLUON_PERSISTENT: {err}") from None
     forward = next((op for op in module.ops
                     if isinstance(op, tile.KernelOp) and op.sym_name.data == "attention_fwd"), None)
     if forward is None or forward.schedule is None:

@@ -21,7 +21,7 @@ The shape analysis, `flash_kernel`, lives in `dialects/flash_shape.py`: the Gluo
 (`lowering/gluon.py`) reads a scheduled kernel's parts through it too.
 
 The defaults are the H200's measured best (bench/results/20261201T1650Z-gluon_forward_probe-
-variants.md): 128-key blocks, two stages, one producer warp, two consumer warpgroups of 240
+variants.md): 128-key blocks (64 at head dim 256, `DEFAULT_BLOCK_N`), two stages, one producer warp, two consumer warpgroups of 240
 registers each (`DEFAULT_CONSUMERS`; the runtime asks for three at head dim 64,
 `gluon_forward.SCHEDULES`).
 """
@@ -62,8 +62,9 @@ class WarpSpecialize(RewritePattern):
         o = self.options
         consumers = o.consumers or DEFAULT_CONSUMERS
         registers = o.consumer_registers or CONSUMER_REGISTERS[consumers]
+        block_n = o.block_n or DEFAULT_BLOCK_N[op.get("head_dim")]
         op.attributes["schedule"] = tile.ScheduleAttr(tile.Schedule.WARP_SPECIALIZED)
-        for key, value in (("block_m", 64 * consumers), ("block_n", o.block_n),
+        for key, value in (("block_m", 64 * consumers), ("block_n", block_n),
                            ("num_warps", 4 * consumers), ("num_stages", o.stages),
                            ("producer_warps", o.producer_warps), ("consumer_registers", registers)):
             op.attributes[key] = IntegerAttr(value, i64)
@@ -115,6 +116,10 @@ buffer (alternate steps), overlap one step's hand-over with the next step's wait
 the H200 (bench/results/20261202T1907Z-ordered-two-writers-ab.md): backward 0.720 / 2.873 ms
 at causal 4096 / 8192 against one writer's 0.801 / 3.045, within 0-9% of the unordered kernel."""
 
+DEFAULT_BLOCK_N = {64: 128, 128: 128, 256: 64}
+"""Keys per step unless the `block_n` option says otherwise, by head dim: 128, and 64 at head
+dim 256, where two stages of 128-key k and v blocks (256 KB) exceed shared memory."""
+
 CONSUMER_REGISTERS = {1: 240, 2: 240, 3: 160}
 """Registers per consumer thread by consumer count: what 64K registers hold beside a 24-register
 producer warpgroup, at one program per SM."""
@@ -126,7 +131,8 @@ class WarpSpecializePass(ModulePass):
 
     name = "warp-specialize"
 
-    block_n: int = 128
+    block_n: int = 0
+    """Keys per step; 0: by head dim (`DEFAULT_BLOCK_N`)."""
     stages: int = 2
     consumers: int = 0
     """Consumer warpgroups; 0: `DEFAULT_CONSUMERS`."""
@@ -158,8 +164,9 @@ class WarpSpecializePass(ModulePass):
         if self.bwd_dq_writers not in (0, 1, 2):
             raise PassOptionError(f"warp-specialize: bwd-dq-writers must be 1 or 2 (one per dQ staging buffer; "
                                   f"0: by the adds' order), got {self.bwd_dq_writers}")
-        if not (self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0):
-            raise PassOptionError(f"warp-specialize: block-n must be a power of two >= 16, got {self.block_n}")
+        if self.block_n and not (self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0):
+            raise PassOptionError(f"warp-specialize: block-n must be a power of two >= 16 (0: by head dim), "
+                                  f"got {self.block_n}")
         if self.consumers not in (0, 1, 2, 3):
             raise PassOptionError(f"warp-specialize: consumers must be 1, 2 or 3 warpgroups (0: the default), got {self.consumers}")
         if self.stages < 1 or self.producer_warps < 1:

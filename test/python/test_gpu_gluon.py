@@ -1,7 +1,8 @@
 """The Gluon target's forward on a Hopper GPU, against the float64 reference and against the
 portable (tl) kernel: every variant the target lowers, GQA, fp16/bf16, head dims 64 and 128,
 lengths that are not whole blocks, a model's [B, N, H, D] layout, the training call (Gluon
-forward, portable backward), two and three consumer warpgroups at both head dims, the persistent grid, and the fallbacks (unaligned rows, a variant the target refuses). Skipped without CUDA, and without an sm_90 GPU."""
+forward, portable backward), two and three consumer warpgroups at both head dims, head dim 256,
+the persistent grid, and the fallbacks (unaligned rows, a variant the target refuses). Skipped without CUDA, and without an sm_90 GPU."""
 
 from __future__ import annotations
 
@@ -153,6 +154,33 @@ def test_gluon_forward_equals_portable_kernel(d, monkeypatch):
         assert not isinstance(forward_launch(fn, q, k, v), GluonLaunch)
         out_tl = fn(q, k, v)
     assert (out_gluon.float() - out_tl.float()).abs().max() <= 2e-2
+
+
+@pytest.mark.parametrize("name", ["dense", "causal", "window", "alibi-softcap"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 300, 333), (2, 2, 20, 77), (8, 8, 512, 512)])
+def test_gluon_head_dim_256_matches_reference(name, dtype, hq, hkv, nq, nk, monkeypatch):
+    """Head dim 256: two consumers of 64-key blocks (`SCHEDULES`), against the reference."""
+    spec = SPECS[name]
+    fn = af.compile(spec)
+    q, k, v = inputs(2, hq, hkv, nq, nk, 256, dtype, seed=21)
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch) and launch.launch.block_n == 64 and not launch.launch.persistent
+    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch)
+
+
+def test_gluon_head_dim_256_training_call_gradients():
+    """A training call at head dim 256: the Gluon forward, the portable backward (the fused
+    backward's schedule covers 64 and 128 only)."""
+    spec = SPECS["causal"]
+    fn = af.compile(spec)
+    q, k, v = inputs(1, 4, 2, 200, 200, 256, torch.bfloat16, seed=22, grad=True)
+    assert isinstance(forward_launch(fn, q, k, v, training=True), GluonLaunch)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(23)).to(q.dtype).cuda()
+    fn(q, k, v).backward(grad)
+    want = reference_gradients(spec, q.cpu(), k.cpu(), v.cpu(), grad.cpu())
+    errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
+    assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), errors
 
 
 def test_gluon_training_call_gradients():

@@ -3,6 +3,8 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{head-dim=64},warp-specialize' | filecheck %s --check-prefix=FUSED
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=64},warp-specialize{consumers=3}' | filecheck %s --check-prefix=THREE
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=128},warp-specialize{persistent=true}' | filecheck %s --check-prefix=PERSISTENT
+// RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=256},warp-specialize' | filecheck %s --check-prefix=D256
+// RUN: not attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=256},warp-specialize{block-n=128}' 2>&1 | filecheck %s --check-prefix=TOO-BIG
 
 // With RoPE pre-applied, warp-specialize schedules the flash-shaped forward (over q_rot, k_rot):
 // two consumer warpgroups of 64 rows, 128-key blocks, two stages; the backward kernels keep the
@@ -34,6 +36,13 @@
 // PERSISTENT:      tile.kernel @attention_bwd_dq_delta(
 // PERSISTENT-NOT:  persistent
 // PERSISTENT-SAME: {
+
+// At head dim 256 the default is 64-key blocks: two stages of 128-key k and v blocks would not
+// fit shared memory beside the query tile.
+// D256:      tile.kernel @attention_fwd(
+// D256-SAME: block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 2 : i64
+// D256-SAME: schedule = #tile<schedule warp_specialized>
+// TOO-BIG:   error: a warp-specialized kernel's buffers need 320 KB of shared memory (the query tile 64 KB, 2 stages of k and v 256 KB), more than Hopper's 227 KB
 
 // Fused RoPE rotates q and k in the kernel: not flash-shaped, left alone.
 // FUSED:      tile.kernel @attention_fwd(

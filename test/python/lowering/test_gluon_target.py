@@ -94,6 +94,9 @@ def sm90():
     # The persistent grid (one program per SM walking the tiles), with ALiBi's slope per tile.
     ("causal", af.attention(af.causal()), 128, 2, True),
     ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64, 2, True),
+    # Head dim 256: 64-key blocks (what fits shared memory), the table's two consumers.
+    ("causal", af.attention(af.causal()), 256, 2, False),
+    ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 256, 2, False),
 ])
 def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, persistent, tmp_path, monkeypatch):
     """Valid Gluon for this Triton, within the register cap, its products on HGMMA; the
@@ -127,6 +130,7 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, pers
                                            num_warps=4)
     registers, spills = _registers_and_spills(compiled.asm["cubin"])
     assert registers <= 255
+    assert compiled.metadata.shared <= 232448, f"{compiled.metadata.shared} bytes of shared memory"
     assert "HGMMA" in _cuobjdump(compiled.asm["cubin"], "-sass"), "the products must be warpgroup MMAs"
     if name == "causal":
         # A few bytes of stack frame come and go with Triton versions (0-8 seen with 3.6 and

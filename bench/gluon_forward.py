@@ -118,16 +118,21 @@ def main() -> None:
                 settings = {"ATTNFUSE_FORWARD_TARGET": target, "ATTNFUSE_GLUON_CONSUMERS": consumers,
                             "ATTNFUSE_GLUON_PERSISTENT": persistent}
                 with benchlib.environment(settings):
-                    # A fused rotation is not lowered to Gluon: its column pre-rotates (one kernel
-                    # per operand, then the Gluon forward reads the copies).
-                    placement = ("pre_rotated", "pre_rotated") if rope and target == "gluon" else "auto"
-                    # A fresh function per column: a plan keeps the target it was made with.
-                    fn = af.compile(spec, rope_placement=placement)
-                    got = fn(q, k, v).float()
-                    launch = next(x for x in fn.plan(q, k, v).launches if x.info.name == "attention_fwd")
-                    row[f"{column}_rows"] = getattr(getattr(launch, "launch", None), "block_m", None)
-                    row[f"{column}_err"] = (got - expected).abs().max().item()
-                    row[f"{column}_ms"] = benchlib.median_ms(lambda: fn(q, k, v), "cuda", 10, args.reps)[0]
+                    try:
+                        # A fused rotation is not lowered to Gluon: its column pre-rotates (one kernel
+                        # per operand, then the Gluon forward reads the copies).
+                        placement = ("pre_rotated", "pre_rotated") if rope and target == "gluon" else "auto"
+                        # A fresh function per column: a plan keeps the target it was made with.
+                        fn = af.compile(spec, rope_placement=placement)
+                        got = fn(q, k, v).float()
+                        launch = next(x for x in fn.plan(q, k, v).launches if x.info.name == "attention_fwd")
+                        row[f"{column}_rows"] = getattr(getattr(launch, "launch", None), "block_m", None)
+                        row[f"{column}_err"] = (got - expected).abs().max().item()
+                        row[f"{column}_ms"] = benchlib.median_ms(lambda: fn(q, k, v), "cuda", 10, args.reps)[0]
+                    except af.AttnFuseError as err:  # a choice this head dim refuses: an empty cell
+                        benchlib.log(f"{column} at {row['case']}: {err}")
+                        row[f"{column}_ms"] = row[f"{column}_err"] = float("nan")
+                        row[f"{column}_rows"] = None
         flops = 4 * b * hq * n * n * d * (0.5 if causal else 1.0)
         row["gluon_tflops"] = flops / row["gluon_ms"] / 1e9
         benchlib.log(str(row))

@@ -25,7 +25,8 @@
 #   host              bench/host_overhead.py at N=128 and 512
 #   forward           bench/gluon_forward.py at head dim 128
 #   forward-table     bench/gluon_forward.py's issue cases (auto and tl columns) and its RoPE sweep (auto)
-#   forward-256       bench/gluon_forward.py at head dim 256 (Gluon, Gluon 3c, tl and auto columns)
+#   forward-256       bench/gluon_forward.py at head dim 256 (Gluon, tl and auto columns)
+#   gluon-256-tests   test_gpu_gluon.py's head-dim-256 tests and the persistent-by-tile-class test
 #   backward-d64-ordered  backward_targets.py at the paper shape: default, separate, nondet_auto, ordered_gluon
 #   decode            bench/decode.py rows 1-5
 #   persistent-ab     bench/gluon_persistent_ab.py: the Gluon forward's persistent grid against a program per
@@ -116,8 +117,10 @@ for stage in "$@"; do
       echo "forward-table (issue cases) rc=$?"
       timeout 150 python3 bench/gluon_forward.py --out "$dir" --reps 50 --cases rope-sweep --columns auto \
         > "$dir/gluon_forward_rope_sweep.log" 2>&1; echo "forward-table (RoPE sweep) rc=$?" ;;
+    gluon-256-tests)
+      pytest_run gluon-256 300 test/python/test_gpu_gluon.py -k "head_dim_256 or takes_the_persistent or takes_three" ;;
     forward-256)
-      timeout 200 python3 bench/gluon_forward.py --out "$dir" --reps 30 --head-dims 256 --columns gluon,gluon3,triton,auto \
+      timeout 200 python3 bench/gluon_forward.py --out "$dir" --reps 30 --head-dims 256 --columns gluon,gluon_ps,triton,auto \
         > "$dir/gluon_forward_256.log" 2>&1; echo "forward-256 rc=$?" ;;
     backward-d64-ordered)
       timeout 200 python3 bench/backward_targets.py --geometry paper --cases causal,dense --seq-lens 4096,8192 \

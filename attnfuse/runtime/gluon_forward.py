@@ -61,7 +61,8 @@ class GluonSchedule:
     consumers: int
     """Consumer warpgroups of 64 query rows each."""
     block_n: dict[int, int]
-    """Keys per step by consumer count (`consumers` and any `ATTNFUSE_GLUON_CONSUMERS` may force)."""
+    """Keys per step by consumer count: the counts it has are those `ATTNFUSE_GLUON_CONSUMERS`
+    may force."""
     alibi_consumers: int
     """The consumer count of a kernel with ALiBi (its score step needs more registers)."""
     persistent: bool = False
@@ -80,7 +81,7 @@ class GluonSchedule:
 SCHEDULES = {
     128: GluonSchedule(2, {1: 128, 2: 128, 3: 64}, alibi_consumers=2, persistent_uniform=True),
     64: GluonSchedule(3, {1: 128, 2: 128, 3: 128}, alibi_consumers=2),
-    256: GluonSchedule(2, {1: 64, 2: 64, 3: 32}, alibi_consumers=2),
+    256: GluonSchedule(2, {1: 64, 2: 64}, alibi_consumers=2),
 }
 """The Gluon forward's schedule per head dim, as measured on the H200 (Triton 3.6,
 bench/results/20261201T200916Z-gluon-forward.md; `GLUON_MIN_WORK` has the times against the
@@ -99,8 +100,9 @@ portable kernel and cuDNN):
 - head dim 256: two consumers of 64-key blocks (196 KB of shared memory; 128-key blocks
   would need 320 KB), compiled for sm_90 without spills (Triton 3.6,
   test/python/lowering/test_gluon_target.py); not persistent: its own output buffer would
-  take it to 256 KB. Three consumers (forced) take 32-key blocks. Its speed is not measured,
-  so `auto` never takes it (`GLUON_MIN_WORK`);
+  take it to 256 KB. Three consumers are refused: their 160 registers a thread cannot hold a
+  64 x 256 fp32 accumulator beside the scores (ptxas: "Insufficient registers", Triton 3.6 on
+  the H200). Its speed is not measured, so `auto` never takes it (`GLUON_MIN_WORK`);
 - no head dim is persistent: the printed persistent kernel (`ATTNFUSE_GLUON_PERSISTENT=1`)
   took up to 12% longer than the non-persistent one in every measured case but one (equal) (0.249 against 0.234
   causal 4096, 0.964 against 0.859 causal 8192 at head dim 128; 0.281 against 0.261 and 1.004
@@ -119,6 +121,10 @@ def gluon_consumers(head_dim: int, alibi: bool = False) -> int:
     if forced not in {str(c) for c in CONSUMER_COUNTS}:
         raise ArgumentError(f"ATTNFUSE_GLUON_CONSUMERS={forced!r}: expected one of "
                             f"{', '.join(map(str, CONSUMER_COUNTS))} (or unset: by head dim)")
+    if int(forced) not in SCHEDULES[head_dim].block_n:
+        raise ArgumentError(f"ATTNFUSE_GLUON_CONSUMERS={forced}: the Gluon forward at head dim {head_dim} "
+                            f"takes {', '.join(map(str, SCHEDULES[head_dim].block_n))} consumer warpgroups "
+                            "(more do not fit the output accumulator in registers)")
     return int(forced)
 
 

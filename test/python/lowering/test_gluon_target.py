@@ -238,6 +238,12 @@ def test_schedules_by_head_dim(monkeypatch):
     monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", "4")
     with pytest.raises(ArgumentError, match="ATTNFUSE_GLUON_CONSUMERS"):
         gluon_forward.schedule_options(64)
+    monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", "0")
+    monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", "3")
+    with pytest.raises(ArgumentError, match="head dim 256 takes 1, 2 consumer"):
+        gluon_forward.schedule_options(256)
+    monkeypatch.setenv("ATTNFUSE_GLUON_CONSUMERS", "2")
+    assert gluon_forward.schedule_options(256) == {"consumers": 2, "block_n": 64, "persistent": False}
 
 
 @pytest.mark.parametrize("spec,uniform", [

@@ -21,6 +21,8 @@
 #   gluon-forward-tests  test_gpu_gluon.py without the consumer-count and persistent permutations
 #   forward-ab        bench/gluon_forward.py's Gluon column on this tree and, if the untracked
 #                     folder ab_before/ holds an older attnfuse package, on that one too
+#   layer-default     bench/llama_layer.py fwd and fwdbwd at 4096 and 8192, eager, the default (deterministic)
+#   decode-long       bench/decode.py rows 2-3 (the long single-sequence caches)
 #   layer             bench/llama_layer.py fwd and fwdbwd at 4096 and 8192, eager, deterministic=False
 #   host              bench/host_overhead.py at N=128 and 512
 #   forward           bench/gluon_forward.py at head dim 128
@@ -141,6 +143,12 @@ for stage in "$@"; do
     decode)
       timeout 250 python3 bench/decode.py --rows 1,2,3,4,5 --time-budget 200 --out "$dir" \
         > "$dir/decode.log" 2>&1; echo "decode rc=$?" ;;
+    layer-default)
+      timeout 240 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwd,fwdbwd --out "$dir" \
+        > "$dir/llama_layer_default.log" 2>&1; echo "layer-default rc=$?" ;;
+    decode-long)
+      timeout 200 python3 bench/decode.py --rows 2,3 --time-budget 150 --out "$dir" > "$dir/decode_long.log" 2>&1
+      echo "decode-long rc=$?" ;;
     step-profile)
       timeout 200 python3 bench/step_profile.py --preset llama3-8b --dtype bf16 --mode fwdbwd --variants causal \
         --seq-lens 4096,8192 --impls attnfuse,sdpa-cudnn > "$dir/step_profile.log" 2>&1; echo "step-profile rc=$?"

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 TARGETS = ("auto", "gluon", "triton")
 
-GLUON_MIN_WORK = {128: 8 * 1024 * 1024, 64: 16 * 1024 * 1024}
+GLUON_MIN_WORK = {128: 8 * 1024 * 1024, 64: 16 * 1024 * 1024, 256: 8 * 1024 * 1024}
 """`auto` takes the Gluon forward at a head dim of this table from this many (query, key)
 pairs per head (half of Nq x Nk under a causal band). On the H200 (Triton 3.6,
 bench/results/20261201T200916Z-gluon-forward.md, ms):
@@ -49,7 +49,10 @@ bench/results/20261201T200916Z-gluon-forward.md, ms):
 - head dim 64 (B=4 H=12, fp16), from causal 8192 or dense 4096: three consumers took 0.878 /
   3.783 causal at 8192 / 16384 against the portable 0.928 / 4.281 and cuDNN's 0.917 / 3.827,
   0.427 dense at 4096 against 0.510 (cuDNN 0.435); at causal 4096 (8M pairs) 0.261 against
-  the portable 0.252, so the portable kernel keeps it.
+  the portable 0.252, so the portable kernel keeps it;
+- head dim 256 (B=2, 16 heads, bf16; bench/results/20261203T132416Z-gluon-forward.md), from
+  causal 4096: 0.435 / 1.794 causal at 4096 / 8192 against the portable 0.724 / 3.315 (cuDNN
+  0.452 / 1.615), 0.821 / 3.658 dense against 1.362 / 6.374 (cuDNN 0.747 / 3.309).
 
 Smaller calls are not measured; other head dims never take Gluon under `auto`."""
 
@@ -102,7 +105,7 @@ portable kernel and cuDNN):
   test/python/lowering/test_gluon_target.py); not persistent: its own output buffer would
   take it to 256 KB. Three consumers are refused: their 160 registers a thread cannot hold a
   64 x 256 fp32 accumulator beside the scores (ptxas: "Insufficient registers", Triton 3.6 on
-  the H200). Its speed is not measured, so `auto` never takes it (`GLUON_MIN_WORK`);
+  the H200). 1.65-1.85x the portable kernel's speed (`GLUON_MIN_WORK`);
 - no head dim is persistent: the printed persistent kernel (`ATTNFUSE_GLUON_PERSISTENT=1`)
   took up to 12% longer than the non-persistent one in every measured case but one (equal) (0.249 against 0.234
   causal 4096, 0.964 against 0.859 causal 8192 at head dim 128; 0.281 against 0.261 and 1.004

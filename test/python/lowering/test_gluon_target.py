@@ -193,6 +193,9 @@ def test_auto_rule_and_fit(monkeypatch):
     assert gluon_forward.prefers_gluon(problem(4096, 4096, d=64), causal=False)
     assert not gluon_forward.prefers_gluon(problem(4096, 4096, d=64), causal=True)
     assert not gluon_forward.prefers_gluon(problem(8192, 8192, d=96), causal=False)
+    assert gluon_forward.prefers_gluon(problem(4096, 4096, d=256), causal=True)
+    assert not gluon_forward.prefers_gluon(problem(2048, 2048, d=256), causal=True)
+    assert gluon_forward.fits(problem(256, 384, d=256))
     # Measured with Triton 3.6 only: with 3.9 the three-consumer kernel spills; head dim 128 stays.
     monkeypatch.setattr(gluon_forward, "triton_release", lambda: (3, 9))
     assert not gluon_forward.prefers_gluon(problem(8192, 8192, d=64), causal=True)

@@ -136,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     decode = af.compile(af.attention(af.causal()))
     lines = [f"# Decode TMA probe ({torch.cuda.get_device_name()})", ""]
-    lines += benchlib.metadata_lines(benchlib.metadata("cuda"))
-    lines += ["", "```", "python3 bench/decode_tma_probe.py " + " ".join(sys.argv[1:]), "```", ""]
+    lines += benchlib.metadata_lines(benchlib.metadata("cuda")) + [""]
     flush = Flush()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for row in args.rows.split(","):

@@ -9,10 +9,13 @@ causal at the Llama heads, where cuDNN gets a compiled pre-rotation and AttnFuse
 in its own kernels for the Gluon column (the fused rotation is not lowered to Gluon) and
 as the Rotation Calculus decides for the others. Each AttnFuse column forces
 its target (`ATTNFUSE_FORWARD_TARGET`); `auto` is what a call gets by default. `Gluon` runs the
-schedule `gluon_forward.SCHEDULES` gives the head dim (three consumer warpgroups at D=64, two
-at D=128); `Gluon 2c` and `Gluon 3c` force two and three consumers (`ATTNFUSE_GLUON_CONSUMERS`;
-three at D=128 take 64-key blocks) and `Gluon persistent` the persistent grid with the table's
-consumers (`ATTNFUSE_GLUON_PERSISTENT=1`), so one run compares them beside tl and cuDNN. Every result
+schedule `gluon_forward.SCHEDULES` gives the head dim and variant (three consumer warpgroups at
+D=64, two at D=128 and 256; the persistent grid for dense kernels at D=128); `Gluon 2c` and
+`Gluon 3c` force two and three consumers on the plain grid (`ATTNFUSE_GLUON_CONSUMERS`,
+`ATTNFUSE_GLUON_PERSISTENT=0`; three at D=128 take 64-key blocks) and `Gluon persistent` the
+persistent grid with the table's consumers (`ATTNFUSE_GLUON_PERSISTENT=1`), so one run compares
+them beside tl and cuDNN. A column the head dim refuses (three consumers or the persistent
+grid at D=256) is `refused`. Every result
 is checked against cuDNN's first. Times: median ms of CUDA-event-timed calls
 (`benchlib.median_ms`), inference (`torch.no_grad`).
 """
@@ -28,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnfuse as af
 import benchlib
+from attnfuse.errors import ArgumentError
 
 CASES = (
     [("causal", 4, 12, 12, 64, n, torch.float16) for n in (4096, 8192, 16384)]
@@ -44,10 +48,16 @@ ROPE_SWEEP = (
 )
 """`--cases rope-sweep`: issue 17's "RoPE + causal at every N from 1k to 16k", at the paper's
 shape (D=64) and the Llama-3-8B heads."""
-TARGETS = (("gluon", "gluon", None, None), ("gluon2", "gluon", "2", None), ("gluon3", "gluon", "3", None),
+TARGETS = (("gluon", "gluon", None, None), ("gluon2", "gluon", "2", "0"), ("gluon3", "gluon", "3", "0"),
            ("gluon_ps", "gluon", None, "1"), ("triton", "triton", None, None), ("auto", "auto", None, None))
 """Columns: (name, ATTNFUSE_FORWARD_TARGET, ATTNFUSE_GLUON_CONSUMERS, ATTNFUSE_GLUON_PERSISTENT; None:
-the table's)."""
+the table's). The consumer-count columns run the plain grid, so they compare consumer counts
+alone."""
+
+
+def time_cell(row: dict, column: str) -> str:
+    """A column's ms, or `refused` where the head dim refused its forced choice."""
+    return "refused" if row.get(f"{column}_rows") == "refused" else benchlib.fmt(row[f"{column}_ms"])
 
 
 def main() -> None:
@@ -129,10 +139,10 @@ def main() -> None:
                         row[f"{column}_rows"] = getattr(getattr(launch, "launch", None), "block_m", None)
                         row[f"{column}_err"] = (got - expected).abs().max().item()
                         row[f"{column}_ms"] = benchlib.median_ms(lambda: fn(q, k, v), "cuda", 10, args.reps)[0]
-                    except af.AttnFuseError as err:  # a choice this head dim refuses: an empty cell
-                        benchlib.log(f"{column} at {row['case']}: {err}")
+                    except ArgumentError as err:  # a choice this head dim refuses
+                        benchlib.log(f"{column} at {row['case']}: refused: {err}")
                         row[f"{column}_ms"] = row[f"{column}_err"] = float("nan")
-                        row[f"{column}_rows"] = None
+                        row[f"{column}_rows"] = "refused"
         flops = 4 * b * hq * n * n * d * (0.5 if causal else 1.0)
         row["gluon_tflops"] = flops / row["gluon_ms"] / 1e9
         benchlib.log(str(row))
@@ -140,8 +150,8 @@ def main() -> None:
     header = ["case", "Gluon ms (rows/program)", "Gluon 2c ms", "Gluon 3c ms", "Gluon persistent ms", "tl ms",
               "auto ms", "cuDNN ms", "cuDNN / Gluon", "cuDNN / Gluon 3c", "cuDNN / Gluon persistent", "cuDNN / auto",
               "Gluon TFLOP/s", "max err (Gluon, 2c, 3c, persistent, tl)"]
-    table = [[r["case"], f"{benchlib.fmt(r['gluon_ms'])} ({r['gluon_rows'] or 'portable'})", benchlib.fmt(r["gluon2_ms"]),
-              benchlib.fmt(r["gluon3_ms"]), benchlib.fmt(r["gluon_ps_ms"]), benchlib.fmt(r["triton_ms"]),
+    table = [[r["case"], f"{benchlib.fmt(r['gluon_ms'])} ({r['gluon_rows'] or 'portable'})", time_cell(r, "gluon2"),
+              time_cell(r, "gluon3"), time_cell(r, "gluon_ps"), benchlib.fmt(r["triton_ms"]),
               benchlib.fmt(r["auto_ms"]), benchlib.fmt(r["cudnn_ms"]), benchlib.fmt(r["cudnn_ms"] / r["gluon_ms"], ".2f"),
               benchlib.fmt(r["cudnn_ms"] / r["gluon3_ms"], ".2f"), benchlib.fmt(r["cudnn_ms"] / r["gluon_ps_ms"], ".2f"),
               benchlib.fmt(r["cudnn_ms"] / r["auto_ms"], ".2f"), benchlib.fmt(r["gluon_tflops"], ".0f"),

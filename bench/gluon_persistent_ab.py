@@ -6,7 +6,7 @@ cuDNN (H200): does `gluon_forward.SCHEDULES`' persistent choice per head dim and
 For each case (dense and causal, the Llama-3-8B heads at D=128 and the paper's B=4 H=12 at
 D=64), two functions whose plans were made under `ATTNFUSE_GLUON_PERSISTENT=0` and `=1` and
 cuDNN's SDPA are timed in rounds, one median of `--reps` CUDA-event-timed calls each per round,
-the order rotated from round to round, so that the GPU's drift (clocks, heat) falls on all
+the order rotated from round to round and reversed every other round, so that the GPU's drift (clocks, heat) falls on all
 three alike. The verdict is the median over rounds of the per-round ratio.
 """
 
@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnfuse as af
 import benchlib
+from attnfuse.runtime.gluon_forward import GluonLaunch
 
 CASES = (
     [(name, 1, 32, 8, 128, n, torch.bfloat16) for name in ("dense", "causal") for n in (4096, 8192)]
@@ -58,11 +59,16 @@ def main() -> None:
                 with benchlib.environment(settings):
                     fn = af.compile(spec)
                     errors[form] = (fn(q, k, v).float() - expected).abs().max().item()  # the plan is made here
+                launch = next(x for x in fn.plan(q, k, v).launches if x.info.name == "attention_fwd")
+                if not isinstance(launch, GluonLaunch) or launch.launch.persistent != (form == "1"):
+                    raise SystemExit(f"{name} N={n} D={d}: the persistent={form} plan is not that Gluon launch")
                 impls[f"persistent={form}"] = lambda fn=fn: fn(q, k, v)
             times: dict[str, list[float]] = {impl: [] for impl in impls}
             names = list(impls)
             for r in range(args.rounds):
-                for impl in names[r % len(names):] + names[:r % len(names)]:
+                # Rotated, and reversed every other round, so no implementation always follows another.
+                order = names[r % len(names):] + names[:r % len(names)]
+                for impl in order[::-1] if r % 2 else order:
                     times[impl].append(benchlib.median_ms(impls[impl], "cuda", 5, args.reps)[0])
         ratio = [one / zero for one, zero in zip(times["persistent=1"], times["persistent=0"])]
         vs_cudnn = {form: statistics.median(c / t for c, t in zip(times["cudnn"], times[f"persistent={form}"]))

@@ -861,7 +861,8 @@ class KernelOp(IRDLOperation):
         """A warp-specialized forward's buffers fit a Hopper SM's shared memory
         (`HOPPER_SHARED_BYTES`): the query tile (block_m x head_dim), `num_stages` blocks of k
         (block_n x head_dim) and of v (block_n x head_dim_v), and with `persistent` an output
-        buffer of its own (block_m x head_dim_v); 16-bit elements."""
+        buffer of its own (block_m x head_dim_v); 16-bit elements. (The printer's barriers and
+        scratch take a few hundred bytes more; the buffers come in steps of kilobytes.)"""
         rows, keys, stages = self.get("block_m"), self.get("block_n"), self.get("num_stages")
         dim, dim_v = self.get("head_dim"), self.get("head_dim_v")
         parts = {"the query tile": rows * dim, f"{stages} stages of k and v": stages * keys * (dim + dim_v)}
@@ -873,7 +874,7 @@ class KernelOp(IRDLOperation):
             raise VerifyException(
                 f"a warp-specialized kernel's buffers need {needed // 1024} KB of shared memory ({listed}), "
                 f"more than Hopper's {HOPPER_SHARED_BYTES // 1024} KB: fewer keys per step (block_n), "
-                "stages or consumers")
+                "stages or consumers" + (", or no persistent grid" if "the output buffer" in parts else ""))
 
     def verify_backward_schedule(self) -> None:
         """A warp-specialized `key_blocks` kernel (the fused backward): one consumer partition

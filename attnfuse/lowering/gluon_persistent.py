@@ -12,9 +12,10 @@ on the phases by counting the same things: `kv_count` and `q_count` (tiles with 
 key block; a tile without any copies nothing and its consumers write zeros).
 
 The hand-written probe's `ps2` (bench/gluon_forward_probe.py) is this schedule; it was 3-5%
-faster than the non-persistent kernel at head dim 128. The printed kernel measured up to 12%
-slower than the printed non-persistent one on the H200 (bench/results/
-20261201T200916Z-gluon-forward.md), so the runtime leaves it off (`gluon_forward.SCHEDULES`).
+faster than the non-persistent kernel at head dim 128. The printed kernel is 1-3% faster than
+the printed non-persistent one on the H200 for dense attention at head dim 128, and 3-15% slower
+under a causal band and at head dim 64 (bench/results/20261203T131515Z-gluon-persistent-ab.md),
+so the runtime takes it for kernels of uniform tiles at head dim 128 (`gluon_forward.SCHEDULES`).
 Everything else (the score step, finalize, the stores' meaning) is `GluonEmitter`'s.
 """
 

@@ -26,6 +26,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import make_context, tile
+from attnfuse.dialects.flash_shape import NotFlashShaped, flash_kernel
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.inputs import Problem
@@ -100,35 +101,46 @@ portable kernel and cuDNN):
 - a kernel with ALiBi keeps two consumers: with three, its step spills (48 bytes causal, 88
   with a window, 192 with soft-capping too; Triton 3.6), where plain, windowed, soft-capped and
   statically scaled kernels spill none (the ALiBi kernels' speed is not measured);
-- head dim 256: two consumers of 64-key blocks (196 KB of shared memory; 128-key blocks
+- head dim 256: two consumers of 64-key blocks (192 KB of shared memory; 128-key blocks
   would need 320 KB), compiled for sm_90 without spills (Triton 3.6,
   test/python/lowering/test_gluon_target.py); not persistent: its own output buffer would
-  take it to 256 KB. Three consumers are refused: their 160 registers a thread cannot hold a
+  take it to 256 KB (one consumer's fits, 192 KB). Three consumers are refused: their 160 registers a thread cannot hold a
   64 x 256 fp32 accumulator beside the scores (ptxas: "Insufficient registers", Triton 3.6 on
   the H200). 1.65-1.85x the portable kernel's speed (`GLUON_MIN_WORK`);
-- no head dim is persistent: the printed persistent kernel (`ATTNFUSE_GLUON_PERSISTENT=1`)
-  took up to 12% longer than the non-persistent one in every measured case but one (equal) (0.249 against 0.234
-  causal 4096, 0.964 against 0.859 causal 8192 at head dim 128; 0.281 against 0.261 and 1.004
-  against 0.878 at head dim 64)."""
+- the persistent grid (`ATTNFUSE_GLUON_PERSISTENT=1`) against one program per tile, in
+  interleaved rounds (bench/gluon_persistent_ab.py, bench/results/20261203T131515Z-gluon-
+  persistent-ab.md; median of the per-round ratios, persistent / plain): dense 0.966 / 0.986 at
+  N=4096 / 8192 and causal 1.044 / 1.031 at head dim 128; dense 1.071 / 1.071 and causal
+  1.113 / 1.145 at head dim 64. So it is taken for kernels of uniform tiles (`uniform_tiles`)
+  at head dim 128 only."""
 
 CONSUMER_COUNTS = (1, 2, 3)
 
 
-def gluon_consumers(head_dim: int, alibi: bool = False) -> int:
-    """The consumer count of the Gluon forward at `head_dim` (of a kernel with ALiBi if
-    `alibi`): `ATTNFUSE_GLUON_CONSUMERS` if set (checked), else `SCHEDULES`'."""
+def forced_consumers() -> int | None:
+    """`ATTNFUSE_GLUON_CONSUMERS` (one of `CONSUMER_COUNTS`, checked), or None when unset."""
     forced = os.environ.get("ATTNFUSE_GLUON_CONSUMERS", "")
     if not forced:
-        schedule = SCHEDULES[head_dim]
-        return schedule.alibi_consumers if alibi else schedule.consumers
+        return None
     if forced not in {str(c) for c in CONSUMER_COUNTS}:
         raise ArgumentError(f"ATTNFUSE_GLUON_CONSUMERS={forced!r}: expected one of "
                             f"{', '.join(map(str, CONSUMER_COUNTS))} (or unset: by head dim)")
-    if int(forced) not in SCHEDULES[head_dim].block_n:
-        raise ArgumentError(f"ATTNFUSE_GLUON_CONSUMERS={forced}: the Gluon forward at head dim {head_dim} "
-                            f"takes {', '.join(map(str, SCHEDULES[head_dim].block_n))} consumer warpgroups "
-                            "(more do not fit the output accumulator in registers)")
     return int(forced)
+
+
+def gluon_consumers(head_dim: int, alibi: bool = False) -> int:
+    """The consumer count of the Gluon forward at `head_dim` (of a kernel with ALiBi if
+    `alibi`): `ATTNFUSE_GLUON_CONSUMERS` if set (checked, also against the counts the head
+    dim's schedule takes), else `SCHEDULES`'."""
+    forced = forced_consumers()
+    schedule = SCHEDULES[head_dim]
+    if forced is None:
+        return schedule.alibi_consumers if alibi else schedule.consumers
+    if forced not in schedule.block_n:
+        raise ArgumentError(f"ATTNFUSE_GLUON_CONSUMERS={forced}: the Gluon forward at head dim {head_dim} "
+                            f"takes {', '.join(map(str, schedule.block_n))} consumer warpgroups "
+                            "(more do not fit the output accumulator in registers)")
+    return forced
 
 
 def gluon_persistent() -> bool | None:
@@ -143,11 +155,11 @@ def gluon_persistent() -> bool | None:
 
 def uniform_tiles(module: ModuleOp) -> bool:
     """Whether every tile (block of query rows) of the forward kernel in `module` does the same
-    work: its key loop is bounded by no band (no causal or window mask trims it) and skips no
-    blocks (no block list, no documents)."""
-    forward = next((op for op in module.ops
-                    if isinstance(op, tile.KernelOp) and op.sym_name.data == "attention_fwd"), None)
-    if forward is None:
+    work: its key loop is bounded by no band (no causal or window mask trims it), skips no
+    blocks (no block list, no documents) and runs to the same length in every sequence (no
+    per-sequence `kv_lens`)."""
+    forward = _forward_kernel(module)
+    if forward is None or "kv_lens" in forward.roles:
         return False
     for op in forward.walk():
         if isinstance(op, (tile.SparseKVLoopOp, tile.DocumentMaskOp)):
@@ -249,6 +261,12 @@ def fits(problem: Problem) -> bool:
 
     return (problem.head_dim in HEAD_DIMS and problem.head_dim_v == problem.head_dim
             and problem.dtype in (torch.float16, torch.bfloat16))
+
+
+def _forward_kernel(module: ModuleOp) -> tile.KernelOp | None:
+    """The plan's forward kernel (`attention_fwd`) in its tile IR, if it has one."""
+    return next((op for op in module.ops
+                 if isinstance(op, tile.KernelOp) and op.sym_name.data == "attention_fwd"), None)
 
 
 @cache
@@ -369,19 +387,28 @@ def gluon_forward(
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
     from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
-    gluon_consumers(problem.head_dim)  # the user's choices, checked before any lowering
+    forced_consumers()  # the user's choices, checked before any lowering
     gluon_persistent()
     module = tile_module()
-    WarpSpecializePass(**schedule_options(problem.head_dim, module)).apply(make_context(), module)
+    forward = _forward_kernel(module)
+    if forward is None:
+        return launches
     try:
-        module.verify()
-    except VerifyException as err:  # only forced options get here (the table's schedules fit)
-        raise ArgumentError(f"the Gluon forward at head dim {problem.head_dim} with the forced "
-                            f"ATTNFUSE_GLUON_CONSUMERS / ATTNFUSE_GLUON_PERSISTENT: {err}") from None
-    forward = next((op for op in module.ops
-                    if isinstance(op, tile.KernelOp) and op.sym_name.data == "attention_fwd"), None)
-    if forward is None or forward.schedule is None:
+        flash_kernel(forward)
+    except NotFlashShaped:
         return launches  # the portable kernel covers every variant
+    WarpSpecializePass(**schedule_options(problem.head_dim, module)).apply(make_context(), module)
+    if forward.schedule is None:
+        return launches
+    try:
+        forward.verify_forward_shared_memory()
+    except VerifyException as err:  # the table's schedules fit (test_gluon_target.py): forced ones may not
+        forced = {name: os.environ[name] for name in ("ATTNFUSE_GLUON_CONSUMERS", "ATTNFUSE_GLUON_PERSISTENT")
+                  if os.environ.get(name)}
+        if not forced:
+            raise
+        settings = ", ".join(f"{name}={value}" for name, value in forced.items())
+        raise ArgumentError(f"the Gluon forward at head dim {problem.head_dim} with {settings}: {err}") from None
     try:
         program = emit_gluon_kernel(forward)
     except GluonUnsupported:
@@ -392,6 +419,6 @@ def gluon_forward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forward_target",
+__all__ = ["GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
            "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon",
            "uniform_tiles"]

@@ -140,8 +140,9 @@ class WarpSpecializePass(ModulePass):
     consumer_registers: int = 0
     """Registers per consumer thread; 0: by consumer count (`CONSUMER_REGISTERS`)."""
     persistent: bool = False
-    """One program per SM walking the tiles (`persistent = 1` on the kernel); measured up to 12%
-    slower than the plain grid as printed (the hand-written probe's `ps2` was 3-5% faster)."""
+    """One program per SM walking the tiles (`persistent = 1` on the kernel); on the H200 1-3%
+    faster than the plain grid for dense attention at head dim 128, 3-15% slower under a causal
+    band and at head dim 64 (the runtime's choice: `gluon_forward.SCHEDULES`)."""
 
     backward: bool = True
     """Schedule the fused backward's dK/dV/dQ kernel too (`WarpSpecializeBackward`)."""

@@ -118,6 +118,20 @@ def test_head_dim_64_takes_three_consumers_unless_alibi():
     assert forward_launch(af.compile(SPECS["causal"]), q, k, v).launch.block_m == 128
 
 
+@pytest.mark.parametrize("name", ["dense", "static-scale"])
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 448, 333), (24, 8, 640, 600)])
+def test_gluon_plain_grid_at_head_dim_128_matches_reference(name, hq, hkv, nq, nk, monkeypatch):
+    """Dense kernels at head dim 128 with the persistent grid forced off (their default is
+    persistent, so the reference tests above run that)."""
+    monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", "0")
+    spec = SPECS[name]
+    fn = af.compile(spec)
+    q, k, v = inputs(2, hq, hkv, nq, nk, 128, torch.bfloat16, seed=13)
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch) and not launch.launch.persistent
+    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch)
+
+
 def test_head_dim_128_dense_takes_the_persistent_grid():
     """`SCHEDULES`: at head dim 128 a kernel whose tiles do equal work (dense, a static scale)
     runs the persistent grid by default; a causal or windowed one keeps a program per tile; at

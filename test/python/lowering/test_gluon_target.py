@@ -15,6 +15,7 @@ import torch
 
 import attnfuse as af
 from attnfuse.dialects import make_context
+from attnfuse.dialects.flash_shape import HEAD_DIMS as HEAD_DIMS_COVERED
 from attnfuse.errors import ArgumentError
 from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
 from attnfuse.runtime import gluon_forward
@@ -94,6 +95,9 @@ def sm90():
     # The persistent grid (one program per SM walking the tiles), with ALiBi's slope per tile.
     ("causal", af.attention(af.causal()), 128, 2, True),
     ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64, 2, True),
+    # The table's default for dense kernels at head dim 128: the persistent grid (ALiBi too).
+    ("dense", af.attention(), 128, 2, True),
+    ("dense-alibi", af.attention(af.alibi()), 128, 2, True),
     # Head dim 256: 64-key blocks (what fits shared memory), the table's two consumers.
     ("causal", af.attention(af.causal()), 256, 2, False),
     ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 256, 2, False),
@@ -226,6 +230,9 @@ def test_schedules_by_head_dim(monkeypatch):
     assert gluon_forward.schedule_options(128, dense) == {"consumers": 2, "block_n": 128, "persistent": True}
     assert gluon_forward.schedule_options(128, causal)["persistent"] is False
     assert gluon_forward.schedule_options(64, lower_spec(af.attention(), key))["persistent"] is False
+    key256 = CompileKey(256, 256, "bf16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
+    assert gluon_forward.schedule_options(256, lower_spec(af.attention(), key256)) == {
+        "consumers": 2, "block_n": 64, "persistent": False}
     monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", "0")
     assert gluon_forward.schedule_options(128, dense)["persistent"] is False  # forced off
     monkeypatch.delenv("ATTNFUSE_GLUON_PERSISTENT")
@@ -258,6 +265,36 @@ def test_uniform_tiles_are_those_no_band_or_list_trims(spec, uniform):
     """`uniform_tiles`: a forward whose key loop no band bounds and that skips no block."""
     key = CompileKey(128, 128, "f16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
     assert gluon_forward.uniform_tiles(lower_spec(spec, key)) is uniform
+
+
+@pytest.mark.parametrize("dim", HEAD_DIMS_COVERED)
+@pytest.mark.parametrize("spec", [af.attention(), af.attention(af.causal()), af.attention(af.alibi()),
+                                  af.attention(af.sliding_window(256), af.alibi(), af.causal())],
+                         ids=["dense", "causal", "alibi", "window-alibi"])
+def test_table_schedules_verify(dim, spec, monkeypatch):
+    """Every head dim's schedule from the table, for each tile class, passes the verifier (its
+    buffers fit shared memory): the runtime's error for a schedule that does not is only for
+    forced options."""
+    monkeypatch.delenv("ATTNFUSE_GLUON_CONSUMERS", raising=False)
+    monkeypatch.delenv("ATTNFUSE_GLUON_PERSISTENT", raising=False)
+    module = lower_spec(spec, CompileKey(dim, dim, "bf16", TileConfig(64, 64, 4, 2), ("fused", "fused")))
+    WarpSpecializePass(**gluon_forward.schedule_options(dim, module)).apply(make_context(), module)
+    forward = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
+    assert forward.schedule is not None
+    module.verify()
+
+
+def test_forced_schedule_that_does_not_fit_is_an_argument_error(monkeypatch):
+    """`ATTNFUSE_GLUON_PERSISTENT=1` at head dim 256: the persistent grid's output buffer takes
+    the buffers past shared memory; the call names the variable and the verifier's sizes."""
+    monkeypatch.setattr(gluon_forward, "takes_gluon", lambda problem, causal: True)
+    monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", "1")
+    monkeypatch.delenv("ATTNFUSE_GLUON_CONSUMERS", raising=False)
+    problem = Problem(1, 4, 4, 4096, 4096, 256, 256, torch.bfloat16, torch.device("cpu"))
+    key = CompileKey(256, 256, "bf16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
+    with pytest.raises(ArgumentError, match=r"ATTNFUSE_GLUON_PERSISTENT=1: a warp-specialized kernel's buffers "
+                                            r"need 256 KB.*no persistent grid"):
+        gluon_forward.gluon_forward([], problem, 0.1, lambda: lower_spec(af.attention(af.causal()), key), True)
 
 
 def test_target_choice_is_checked(monkeypatch):

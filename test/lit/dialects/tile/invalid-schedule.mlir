@@ -36,7 +36,7 @@ tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid qu
 
 // -----
 
-// CHECK: a warp-specialized kernel's buffers need 256 KB of shared memory (the query tile 64 KB, 2 stages of k and v 128 KB, the output buffer 64 KB), more than Hopper's 227 KB
+// CHECK: a warp-specialized kernel's buffers need 256 KB of shared memory (the query tile 64 KB, 2 stages of k and v 128 KB, the output buffer 64 KB), more than Hopper's 227 KB: fewer keys per step (block_n), stages or consumers, or no persistent grid
 tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = bf16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 256 : i64, head_dim_v = 256 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64, persistent = 1 : i64} {
   tile.return
 }

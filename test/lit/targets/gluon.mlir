@@ -1,7 +1,14 @@
 // RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 block-m=128 block-n=128 backward=false},fold-scale-into-exp,share-offsets,warp-specialize' -t gluon | filecheck %s
+// RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=256 element-type=bf16 block-m=128 block-n=128 backward=false},fold-scale-into-exp,share-offsets,warp-specialize' -t gluon | filecheck %s --check-prefix=D256
 // The Gluon target prints a flash-shaped forward as a warp-specialized Hopper kernel: one
 // score-step function (printed by the portable target's op printers), a TMA
 // loader partition, a consumer partition running warpgroup MMAs, and the entry kernel.
+
+// At head dim 256 the schedule's default is 64-key blocks (what fits shared memory), and the
+// PV product's instruction spans the whole head dim.
+// D256:      instr_shape=[16, HEAD_DIM, 16]
+// D256:      BLOCK_N: gl.constexpr = 64,
+// D256-NEXT: HEAD_DIM: gl.constexpr = 256,
 
 // CHECK:      from triton.experimental.gluon.language.nvidia.hopper import (
 // CHECK:      tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared

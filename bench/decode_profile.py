@@ -47,6 +47,17 @@ ROWS = {
 }
 
 
+def decode_inputs(row: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A `ROWS` row's one-token query, its full K and V caches (fp16, seed 0) and `kv_lens`
+    filling them."""
+    _, b, hq, hkv, d, length = ROWS[row]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.float16, generator=gen)
+    k = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.float16, generator=gen)
+    return q, k, v, torch.full((b,), length, device="cuda", dtype=torch.int32)
+
+
 @triton.jit
 def stream_read(k_ptr, v_ptr, out_ptr, rows_per_program, D: tl.constexpr, BLOCK: tl.constexpr,
                 STAGES: tl.constexpr):
@@ -158,11 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = {f"attnfuse {name}": variant_spec(name) for name in args.variants.split(",")}
     for row in args.rows.split(","):
         title, b, hq, hkv, d, length = ROWS[row]
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.float16, generator=gen)
-        k = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.float16, generator=gen)
-        v = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.float16, generator=gen)
-        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        q, k, v, lens = decode_inputs(row)
         kv_bytes = 2 * k.numel() * k.element_size()
         lines += [f"## {title} ({kv_bytes / 1e6:.1f} MB of K and V)", ""]
 

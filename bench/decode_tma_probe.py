@@ -38,7 +38,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import benchlib  # type: ignore[import-not-found]
-from decode_profile import ROWS, Flush, graph_times, kernel_profile  # type: ignore[import-not-found]
+from decode_profile import ROWS, Flush, decode_inputs, graph_times, kernel_profile  # type: ignore[import-not-found]
+
+
+@triton.jit
+def load_kv(k_desc, v_desc, k_ptr, v_ptr, row, offsets, D: tl.constexpr, TMA: tl.constexpr):
+    """The K and V blocks from key row `row` (of the [rows, D] views): through the tensor
+    descriptors (TMA copies on sm_90) with `TMA`, else as pointer blocks at `offsets`."""
+    if TMA:
+        return k_desc.load([row, 0]), v_desc.load([row, 0])
+    return tl.load(k_ptr + row * D + offsets), tl.load(v_ptr + row * D + offsets)
 
 
 @triton.jit
@@ -50,12 +59,7 @@ def stream_probe(k_desc, v_desc, k_ptr, v_ptr, out_ptr, rows_per_program, D: tl.
     offsets = tl.arange(0, BLOCK)[:, None] * D + tl.arange(0, D)[None, :]
     acc = tl.zeros([BLOCK, D], dtype=tl.float32)
     for row in tl.range(0, rows_per_program, BLOCK, num_stages=STAGES):
-        if TMA:
-            k = k_desc.load([base + row, 0])
-            v = v_desc.load([base + row, 0])
-        else:
-            k = tl.load(k_ptr + (base + row) * D + offsets)
-            v = tl.load(v_ptr + (base + row) * D + offsets)
+        k, v = load_kv(k_desc, v_desc, k_ptr, v_ptr, base + row, offsets, D, TMA)
         acc += k.to(tl.float32) + v.to(tl.float32)
     tl.store(out_ptr + pid, tl.sum(acc))
 
@@ -98,12 +102,7 @@ def split_probe(q_ptr, k_desc, v_desc, k_ptr, v_ptr, o_ptr, lse_ptr, lens_ptr, s
     base = head * seq_len + split * split_len
     offsets = tl.arange(0, BLOCK)[:, None] * D + cols[None, :]
     for n in tl.range(0, end, BLOCK, num_stages=STAGES):
-        if TMA:
-            k = k_desc.load([base + n, 0])
-            v = v_desc.load([base + n, 0])
-        else:
-            k = tl.load(k_ptr + (base + n) * D + offsets)
-            v = tl.load(v_ptr + (base + n) * D + offsets)
+        k, v = load_kv(k_desc, v_desc, k_ptr, v_ptr, base + n, offsets, D, TMA)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
@@ -142,11 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in args.rows.split(","):
         title, b, hq, hkv, d, length = ROWS[row]
         assert b == 1, "the probe takes one sequence"
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.float16, generator=gen)
-        k = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.float16, generator=gen)
-        v = torch.randn(b, hkv, length, d, device="cuda", dtype=torch.float16, generator=gen)
-        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        q, k, v, lens = decode_inputs(row)
         kv_bytes = 2 * k.numel() * k.element_size()
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).float()

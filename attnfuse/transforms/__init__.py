@@ -49,6 +49,12 @@ def _share_offsets() -> type[ModulePass]:
     return ShareOffsetsPass
 
 
+def _pack_rows() -> type[ModulePass]:
+    from attnfuse.transforms.pack_rows import PackRowsPass
+
+    return PackRowsPass
+
+
 def _warp_specialize() -> type[ModulePass]:
     from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
@@ -63,11 +69,12 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "convert-attn-to-tile": _convert_attn_to_tile,
     "fold-scale-into-exp": _fold_scale_into_exp,
     "share-offsets": _share_offsets,
+    "pack-rows": _pack_rows,
     "warp-specialize": _warp_specialize,
 }
 """Pass factories by pipeline name, in pipeline order."""
 
-TILE_PIPELINE = "fold-scale-into-exp,share-offsets"
+TILE_PIPELINE = "fold-scale-into-exp,share-offsets,pack-rows"
 """The tile-to-tile passes every compile runs after lowering."""
 
 DEFAULT_PIPELINE = f"canonicalize-attn,analyze-masks,place-rope,lower-to-tile,{TILE_PIPELINE}"

@@ -31,6 +31,8 @@
 #   gluon-256-tests   test_gpu_gluon.py's head-dim-256 tests and the persistent-by-tile-class test
 #   backward-d64-ordered  backward_targets.py at the paper shape: default, separate, nondet_auto, ordered_gluon
 #   decode            bench/decode.py rows 1-5
+#   decode-ab         bench/decode.py rows 1-5 on this tree and, if the untracked folder ab_before/ holds an
+#                     older attnfuse package, rows 1-3 on that one too
 #   persistent-ab     bench/gluon_persistent_ab.py: the Gluon forward's persistent grid against a program per
 #                     tile, interleaved rounds, dense and causal at both head dims
 #   decode-profile    bench/decode_profile.py rows 1-4: the default decode beside 128-key blocks from 16k keys
@@ -143,6 +145,14 @@ for stage in "$@"; do
     decode)
       timeout 250 python3 bench/decode.py --rows 1,2,3,4,5 --time-budget 200 --out "$dir" \
         > "$dir/decode.log" 2>&1; echo "decode rc=$?" ;;
+    decode-ab)
+      timeout 240 python3 bench/decode.py --rows 1,2,3,4,5 --time-budget 200 --out "$dir" \
+        > "$dir/decode-after.log" 2>&1; echo "decode-ab (this tree) rc=$?"
+      if [ -d ab_before/attnfuse ]; then
+        mkdir -p "$dir/before"
+        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 150 python3 bench/decode.py --rows 1,2,3 --time-budget 110 \
+          --out "$dir/before" > "$dir/decode-before.log" 2>&1; echo "decode-ab (ab_before) rc=$?"
+      fi ;;
     layer-default)
       timeout 240 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwd,fwdbwd --out "$dir" \
         > "$dir/llama_layer_default.log" 2>&1; echo "layer-default rc=$?" ;;

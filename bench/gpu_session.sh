@@ -36,6 +36,8 @@
 #   persistent-ab     bench/gluon_persistent_ab.py: the Gluon forward's persistent grid against a program per
 #                     tile, interleaved rounds, dense and causal at both head dims
 #   decode-profile    bench/decode_profile.py rows 1-4: the default decode beside 128-key blocks from 16k keys
+#   decode-profile-ab the decode-profile stage on this tree and, if the untracked folder ab_before/ holds an
+#                     older attnfuse package, on that one too
 #   decode-lens-probe bench/decode_tma_probe.py --sweep lens at the 16k and 32k caches: the kv_lens read's cost
 #   decode-tma-probe  bench/decode_tma_probe.py at the 16k and 32k caches: pointer against TMA loads
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
@@ -136,6 +138,15 @@ for stage in "$@"; do
     decode-profile)
       timeout 200 python3 bench/decode_profile.py --variants kernel,kernel-long16384 --no-stream --out "$dir" \
         > "$dir/decode_profile.log" 2>&1; echo "decode-profile rc=$?" ;;
+    decode-profile-ab)
+      timeout 200 python3 bench/decode_profile.py --variants kernel,kernel-long16384 --no-stream --out "$dir" \
+        > "$dir/decode_profile-after.log" 2>&1; echo "decode-profile-ab (this tree) rc=$?"
+      if [ -d ab_before/attnfuse ]; then
+        mkdir -p "$dir/before"
+        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 200 python3 bench/decode_profile.py \
+          --variants kernel,kernel-long16384 --no-stream --out "$dir/before" > "$dir/decode_profile-before.log" 2>&1
+        echo "decode-profile-ab (ab_before) rc=$?"
+      fi ;;
     decode-lens-probe)
       timeout 150 python3 bench/decode_tma_probe.py --rows 2,3 --reps 50 --sweep lens --out "$dir" \
         > "$dir/decode_lens_probe.log" 2>&1; echo "decode-lens-probe rc=$?" ;;

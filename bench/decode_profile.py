@@ -21,9 +21,7 @@ counts, block sizes and pipeline depths, timed the same three ways.
 `--variants` times AttnFuse's split merge in each named form: `kernel` (the default, a second
 kernel), `kernel-stagesN` (its loop pipelined N deep, `config.DECODE_MERGE_STAGES`) and
 `last-split` (the last split program merges, `kv_cache.DECODE_MERGE`); `kernel-longN` takes
-128-key blocks from caches of N keys (`config.DECODE_LONG_CACHE`); `kernel-unpacked` and
-`kernel-unpacked-longN` are `kernel` and `kernel-longN` with the split kernel's K and V row
-strides left to the runtime (`PACKED_ROWS` off: `pack-rows`, docs/architecture.md §6.7).
+128-key blocks from caches of N keys (`config.DECODE_LONG_CACHE`).
 """
 
 from __future__ import annotations
@@ -141,14 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import attnfuse as af
     from attnfuse.runtime import config, kv_cache
-    from attnfuse.runtime.launch import KernelLaunch
 
     def variant_spec(name: str):
         """A fresh compile whose plans take the merge form `name` (see --variants)."""
         merge, stages, long_cache = "kernel", config.DECODE_MERGE_STAGES, config.DECODE_LONG_CACHE
-        unpacked = name.startswith("kernel-unpacked")
-        if unpacked:
-            name = "kernel" + name.removeprefix("kernel-unpacked")
         if name == "last-split":
             merge = "last-split"
         elif name.startswith("kernel-stages"):
@@ -162,16 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         def call(*a, **kw):
             saved = kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES, config.DECODE_LONG_CACHE
             kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES, config.DECODE_LONG_CACHE = merge, stages, long_cache
-            packs_rows = KernelLaunch.packs_rows
-            if unpacked:
-                # Decided on a launch's first call per specialization (its direct launcher
-                # keeps the choice), and this compile's launches are its own.
-                KernelLaunch.packs_rows = lambda self, tensors: False
             try:
                 return fn(*a, **kw)
             finally:
                 kv_cache.DECODE_MERGE, config.DECODE_MERGE_STAGES, config.DECODE_LONG_CACHE = saved
-                KernelLaunch.packs_rows = packs_rows
         return call
 
     lines = [f"# Decode profile ({torch.cuda.get_device_name()})", ""]

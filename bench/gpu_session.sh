@@ -38,8 +38,6 @@
 #   decode-profile    bench/decode_profile.py rows 1-4: the default decode beside 128-key blocks from 16k keys
 #   decode-profile-ab the decode-profile stage on this tree and, if the untracked folder ab_before/ holds an
 #                     older attnfuse package, on that one too
-#   decode-packed-ab  bench/decode_profile.py with and without PACKED_ROWS (64- and 128-key steps), in both
-#                     orders
 #   decode-lens-probe bench/decode_tma_probe.py --sweep lens at the 16k and 32k caches: the kv_lens read's cost
 #   decode-tma-probe  bench/decode_tma_probe.py at the 16k and 32k caches: pointer against TMA loads
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
@@ -149,11 +147,6 @@ for stage in "$@"; do
           --variants kernel,kernel-long16384 --no-stream --out "$dir/before" > "$dir/decode_profile-before.log" 2>&1
         echo "decode-profile-ab (ab_before) rc=$?"
       fi ;;
-    decode-packed-ab)
-      timeout 120 python3 bench/decode_profile.py --variants kernel,kernel-unpacked,kernel-long4096,kernel-unpacked-long4096 \
-        --no-stream --out "$dir" > "$dir/decode_packed_ab-1.log" 2>&1; echo "decode-packed-ab (order 1) rc=$?"
-      timeout 120 python3 bench/decode_profile.py --variants kernel-unpacked-long4096,kernel-long4096,kernel-unpacked,kernel \
-        --no-stream --out "$dir" > "$dir/decode_packed_ab-2.log" 2>&1; echo "decode-packed-ab (order 2) rc=$?" ;;
     decode-lens-probe)
       timeout 150 python3 bench/decode_tma_probe.py --rows 2,3 --reps 50 --sweep lens --out "$dir" \
         > "$dir/decode_lens_probe.log" 2>&1; echo "decode-lens-probe rc=$?" ;;

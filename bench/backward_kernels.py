@@ -80,7 +80,7 @@ def main() -> None:
                     continue
                 rate = ""
                 if name in PRODUCTS:
-                    compiled = launch.launch_jit(launch.arguments(tensors)[0], launch.call_flags(tensors))
+                    compiled = launch.launch_jit(launch.arguments(tensors)[0], launch.shares_offsets(tensors))
                     rate = (f" ({PRODUCTS[name] * causal_flops / ms / 1e9:.0f} TFLOP/s, "
                             f"{compiled.n_regs} regs, {compiled.n_spills} spills, "
                             f"{compiled.metadata.shared} B shared)")

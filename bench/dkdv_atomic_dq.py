@@ -136,7 +136,7 @@ def run_edited(launch, kernel, tensors, extra=()):
     """Launches `kernel` (an edit of `launch`'s) with `launch`'s arguments, `extra` inserted
     before the scalars."""
     args, _spec = launch.arguments(tensors)
-    flags = launch.call_flags(tensors)
+    flags = {"SHARED_OFFSETS": launch.shares_offsets(tensors)} if launch.info.shared_offsets else {}
     return kernel[launch.grid](*args, *extra, *launch.scalars, **flags,
                                num_warps=launch.info.num_warps, num_stages=launch.info.num_stages)
 

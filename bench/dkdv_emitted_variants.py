@@ -245,7 +245,7 @@ def main() -> None:
                     line.append(f"{name} diff {err:.0e}")
                     continue
                 ms = triton.testing.do_bench(lambda v=variant, t=tensors: v(t), warmup=10, rep=50, return_mode="median")
-                compiled = variant.launch_jit(variant.arguments(tensors)[0], variant.call_flags(tensors))
+                compiled = variant.launch_jit(variant.arguments(tensors)[0], variant.shares_offsets(tensors))
                 line.append(f"{name} {ms:.4f} ms {flops / ms / 1e9:.0f} TF/s "
                             f"{compiled.n_regs}r/{compiled.n_spills}s diff {err:.0e}")
             except Exception as err:  # an edit that does not apply or compile

@@ -261,7 +261,7 @@ def main() -> None:
             ours_dq(tensors)
             ms = triton.testing.do_bench(lambda: ours(tensors), warmup=10, rep=50, return_mode="median")
             ms_dq = triton.testing.do_bench(lambda: ours_dq(tensors), warmup=10, rep=50, return_mode="median")
-            compiled = ours.launch_jit(ours.arguments(tensors)[0], ours.call_flags(tensors))
+            compiled = ours.launch_jit(ours.arguments(tensors)[0], ours.shares_offsets(tensors))
             line.append(f"compiler {ms:.4f} ms {flops / ms / 1e9:.0f} TF/s {compiled.n_regs}r/{compiled.n_spills}s"
                         f" (+ dQ {ms_dq:.4f} = {ms + ms_dq:.4f})")
         except Exception as err:  # a configuration that does not fit

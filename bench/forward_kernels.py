@@ -63,7 +63,7 @@ def main() -> None:
                     kernel(tensors)
                     kernel_ms = triton.testing.do_bench(lambda: kernel(tensors), warmup=10, rep=100,
                                                         return_mode="median")
-                    compiled = kernel.launch_jit(kernel.arguments(tensors)[0], kernel.call_flags(tensors))
+                    compiled = kernel.launch_jit(kernel.arguments(tensors)[0], kernel.shares_offsets(tensors))
                 except Exception as err:  # a configuration that does not fit is reported
                     print(f"{args.shape} N={n} {variant} cfg={cfg}: failed ({type(err).__name__}: "
                           f"{str(err)[:80]})", flush=True)

@@ -148,7 +148,7 @@ def main() -> None:
         tensors = {role: t.to(dtype) if t.dtype == torch.float32 and role in ("q_rot", "k_rot") else t
                    for role, t in tensors.items()}
         kernel = load_kernel(source, launch.info.name)
-        flags = launch.call_flags(tensors)
+        flags = {"SHARED_OFFSETS": launch.shares_offsets(tensors)} if launch.info.shared_offsets else {}
         extra = ()
         if args.edit in TAKES_DQ_BUFFER and launch.info.name == "attention_bwd_dkdv":
             extra = (torch.zeros(tensors["do"].shape, dtype=torch.float32),)

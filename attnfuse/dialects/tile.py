@@ -431,10 +431,6 @@ def rows_axis(grid: str, rows: str) -> str:
 KEY_ROW_ROLES = tuple(role for role in BLOCK_ROLES if role not in QUERY_ROW_ROLES)
 """Block roles whose rows are keys, indexed by the key/value head."""
 
-PACKABLE_ROW_ROLES = ("k", "k_rot", "v")
-"""Key-row roles whose row stride `packed_rows` may bind to their row width (`head_dim` for
-k and k_rot, `head_dim_v` for v), in the order it lists them."""
-
 FP32_ROLES = ("lse", "delta", "o_part", "lse_part", "dq_acc")
 """Block roles that are fp32 whatever the kernel's element type (per-row statistics, split
 partials, and the fused backward's dQ accumulator)."""
@@ -576,9 +572,6 @@ class KernelOp(IRDLOperation):
     `block_order` (`#tile<order ...>`, ascending when absent), optional `shared_offsets`
     (`["do", "q"]`, set by `share-offsets`: when the runtime finds the two roles' row and
     column strides equal, the first role's loop loads reuse the second's offsets),
-    optional `packed_rows` (key-row roles, e.g. `["k", "v"]`, set by `pack-rows`: when the
-    runtime finds every named tensor's rows packed, row stride its row width and column
-    stride 1, their row strides are the constants `head_dim` and `head_dim_v`),
     optional `page_size` and optional `page_lookahead` (a paged kernel's key loops read the
     block-table entries of a step this many steps ahead: 1, the default when absent, reads
     the next step's entries during a step, so no K/V address waits on a table load in its
@@ -718,16 +711,6 @@ class KernelOp(IRDLOperation):
         return tuple(a.data for a in attr.data)
 
     @property
-    def packed_rows(self) -> tuple[str, ...] | None:
-        """Key-row roles whose row stride may be their row width (`pack-rows`), or None."""
-        attr = self.attributes.get("packed_rows")
-        if attr is None:
-            return None
-        if not isinstance(attr, ArrayAttr) or not all(isinstance(a, StringAttr) for a in attr.data):
-            raise VerifyException(f"packed_rows must be an array of role names, got {attr}")
-        return tuple(a.data for a in attr.data)
-
-    @property
     def roles(self) -> list[str]:
         """The tensor parameters' roles, in order."""
         return [t.role.data for t in self.function_type.inputs.data if isinstance(t, TensorType)]
@@ -821,15 +804,6 @@ class KernelOp(IRDLOperation):
                 raise VerifyException(
                     "shared_offsets names two of the kernel's tensor roles (follower, leader), "
                     f"got {list(self.shared_offsets)}"
-                )
-        if self.packed_rows is not None:
-            # Only key-row roles: their row width is the kernel's head_dim (k, k_rot) or
-            # head_dim_v (v), which is what the packed row stride is bound to.
-            wrong = [r for r in self.packed_rows if r not in self.roles or r not in PACKABLE_ROW_ROLES]
-            if not self.packed_rows or wrong:
-                raise VerifyException(
-                    f"packed_rows names key-row tensor roles of the kernel ({', '.join(PACKABLE_ROW_ROLES)}), "
-                    f"got {list(self.packed_rows)}"
                 )
 
     def verify_pdl(self) -> None:

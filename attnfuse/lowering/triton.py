@@ -85,10 +85,6 @@ class KernelInfo:
     """(follower, leader): the kernel has a `SHARED_OFFSETS` constexpr; when the runtime sets
     it (the two roles' row and column strides are equal), the follower's loop loads use the
     leader's offsets (`tile.kernel`'s `shared_offsets`, set by `share-offsets`)."""
-    packed_rows: tuple[str, ...] | None = None
-    """Key-row roles whose row strides the kernel binds to their row widths behind a
-    `PACKED_ROWS` constexpr, which the runtime sets when every one of them has packed rows
-    (`tile.kernel`'s `packed_rows`, set by `pack-rows`)."""
     splits: bool = False
     """The kernel takes `num_splits, split_len` after `group_size`: a split decode kernel
     (`kv_splits` grid) or the merge of its partial results."""
@@ -221,7 +217,6 @@ class KernelEmitter:
         # `share-offsets` decides; the printer emits both address forms behind a constexpr.
         pair = k.shared_offsets
         self.shared_offsets: tuple[str, str] | None = (pair[0], pair[1]) if pair else None
-        self.packed_rows = k.packed_rows
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -430,8 +425,6 @@ class KernelEmitter:
             }
         if self.shared_offsets is not None:
             constexprs["SHARED_OFFSETS"] = False
-        if self.packed_rows is not None:
-            constexprs["PACKED_ROWS"] = False
         if self.paged:
             constexprs["PAGE_SIZE"] = self.kernel.get("page_size")
         params += [f"{k}: tl.constexpr = {v}," for k, v in constexprs.items()]
@@ -510,17 +503,6 @@ class KernelEmitter:
         as usual (launched early, it could read a cache the kernel before it still writes)."""
         return self.pdl and self.grid != "kv_splits"
 
-    def emit_packed_rows(self) -> None:
-        """Binds the `packed_rows` roles' row strides to their row widths when the runtime set
-        `PACKED_ROWS`: a constexpr stride folds into the loads' immediate offsets, where a
-        runtime one costs each thread a 64-bit address per row it loads."""
-        if self.packed_rows is None:
-            return
-        self.emit("if PACKED_ROWS:  # the runtime found these rows packed: constant row strides")
-        for role in self.packed_rows:
-            width = "HEAD_DIM_V" if role == "v" else "HEAD_DIM"
-            self.emit(f"    stride_{role}_n = {width}")
-
     def split_prologue(self) -> None:
         """The prologue of a `kv_splits` kernel: which key/value head, block of the group's
         (query head, query) rows and split of the keys the program owns."""
@@ -534,7 +516,6 @@ class KernelEmitter:
             # slot a split program needs: by then every split program is resident (the grid
             # is about one program per SM, `kv_cache.PROGRAMS_PER_SM`).
             self.emit("gdc_launch_dependents()  # pdl: the merge kernel may launch (it waits for this grid before reading)")
-        self.emit_packed_rows()
         self.emit(f"# Program grid ({tile.GRIDS['kv_splits']}).")
         self.emit("split = tl.program_id(1)")
         self.emit("group_rows = group_size * n_q  # (query head, query) pairs per key/value head")
@@ -640,8 +621,6 @@ class KernelEmitter:
         out += [f"    {p}" for p in self.signature()]
         out.append("):")
         self.lines = []
-        if self.grid != "kv_splits":
-            self.emit_packed_rows()  # a split kernel's prologue binds them after its pdl trigger
         self.prologue()
         self.emit_block(self.kernel.body.block)
         return out + self.lines
@@ -1705,7 +1684,6 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
                 num_warps=kernel.get("num_warps"),
                 num_stages=kernel.get("num_stages"),
                 shared_offsets=emitter.shared_offsets,
-                packed_rows=emitter.packed_rows,
                 splits=emitter.splits,
                 launch_pdl=emitter.launch_pdl,
             )

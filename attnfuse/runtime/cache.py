@@ -85,8 +85,7 @@ def lookup(key: str) -> tuple[TritonProgram, Path] | None:
             return None
         kernels = tuple(
             KernelInfo(**{**k, "roles": tuple(k["roles"]),
-                          "shared_offsets": k.get("shared_offsets") and tuple(k["shared_offsets"]),
-                          "packed_rows": k.get("packed_rows") and tuple(k["packed_rows"])})
+                          "shared_offsets": k.get("shared_offsets") and tuple(k["shared_offsets"])})
             for k in meta["kernels"]
         )
     except (OSError, ValueError, KeyError, TypeError):

@@ -104,7 +104,7 @@ class KernelLaunch:
     runners: dict[tuple, Callable[[list[object]], bool]] = field(
         default_factory=dict, repr=False, compare=False)
     """Compiled kernels' direct launchers (`triton_launcher.direct_launcher`, holding the
-    scalars and the constexpr values, the per-call ones included: see `call_flags`), by
+    scalars and the constexpr values, `SHARED_OFFSETS` included: see `shares_offsets`), by
     the arguments' specialization (see `arguments`). A launcher is bound to the device that
     was current at its first launch, as the JIT's cache is, and declines on another."""
 
@@ -173,25 +173,6 @@ class KernelLaunch:
         follower, leader = (tensors[role].stride()[-2:] for role in pair)
         return follower == leader
 
-    def packs_rows(self, tensors: dict[str, torch.Tensor]) -> bool:
-        """The kernel's `PACKED_ROWS` for these tensors: whether every `KernelInfo.packed_rows`
-        role has packed rows (column stride 1, row stride its last dim, which is the row width
-        the kernel binds its row stride to)."""
-        roles = self.info.packed_rows
-        if roles is None:
-            return False
-        return all(t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in map(tensors.__getitem__, roles))
-
-    def call_flags(self, tensors: dict[str, torch.Tensor]) -> dict[str, bool]:
-        """The constexprs the runtime sets per call from the tensors' strides, for the kernels
-        that have them: `SHARED_OFFSETS` (`shares_offsets`) and `PACKED_ROWS` (`packs_rows`)."""
-        flags: dict[str, bool] = {}
-        if self.info.shared_offsets is not None:
-            flags["SHARED_OFFSETS"] = self.shares_offsets(tensors)
-        if self.info.packed_rows is not None:
-            flags["PACKED_ROWS"] = self.packs_rows(tensors)
-        return flags
-
     def check_grid(self) -> None:
         """Raises `ArgumentError` if the grid has more row blocks than CUDA's axis 1 holds."""
         blocks = self.grid[1]
@@ -212,10 +193,9 @@ class KernelLaunch:
         if launch is not None and launch(args):
             return
         # The specialization holds every strided role's strides, so it decides SHARED_OFFSETS
-        # and PACKED_ROWS too: worked out here, once per specialization, not on the direct
-        # path above. (A launch's roles, and so their row widths, are fixed per shape.)
-        flags = self.call_flags(tensors)
-        compiled = self.launch_jit(self.jit_arguments(tensors), flags)
+        # too: worked out here, once per specialization, not on the direct path above.
+        shared = self.shares_offsets(tensors)
+        compiled = self.launch_jit(self.jit_arguments(tensors), shared)
         if launch is None and _launchable(compiled) and self.constexpr_params is not None and (
             len(self.kernel.params) == len(args) + len(self.scalars) + len(self.constexpr_params)
         ):
@@ -225,7 +205,7 @@ class KernelLaunch:
                 self.runners.clear()
             # A compiled kernel's launcher takes all three grid dimensions.
             # The scalars and constexpr values follow the tensors, the same every call.
-            trailing = (*self.scalars, *self.constexpr_values(flags))
+            trailing = (*self.scalars, *self.constexpr_values(shared))
             self.runners[specialization] = direct_launcher(compiled, (*self.grid, 1), trailing)
 
     @cached_property
@@ -239,18 +219,17 @@ class KernelLaunch:
             return None
         return tuple(params[first:])
 
-    def constexpr_values(self, flags: dict[str, bool]) -> tuple[object, ...]:
-        """The values of `constexpr_params`: their defaults, with the per-call ones
-        (`call_flags`) set from `flags` (found by name, wherever the emitter put them)."""
+    def constexpr_values(self, shared: bool) -> tuple[object, ...]:
+        """The values of `constexpr_params`: their defaults, with `SHARED_OFFSETS` set to
+        `shared` where the kernel has it (found by name, wherever the emitter put it)."""
         params = self.constexpr_params
         assert params is not None
-        return tuple(flags.get(p.name, p.default) for p in params)
+        return tuple(shared if p.name == "SHARED_OFFSETS" else p.default for p in params)
 
-    def launch_jit(self, args: list[object], flags: dict[str, bool] | None = None) -> object:
+    def launch_jit(self, args: list[object], shared: bool = False) -> object:
         """Launches through the JIT (compiling on first use); returns what it launched.
-        `flags`: the kernel's per-call constexprs (`call_flags`); absent ones take their
-        defaults."""
-        flags = dict(flags or {})
+        `shared`: the kernel's `SHARED_OFFSETS` (`shares_offsets`), where it has one."""
+        flags: dict[str, bool] = {"SHARED_OFFSETS": shared} if self.info.shared_offsets is not None else {}
         if self.info.launch_pdl:
             # A compile option that the launcher reads from the compiled kernel's metadata, so
             # the direct launcher (`triton_launcher`) launches it as a dependent too.

@@ -49,12 +49,6 @@ def _share_offsets() -> type[ModulePass]:
     return ShareOffsetsPass
 
 
-def _pack_rows() -> type[ModulePass]:
-    from attnfuse.transforms.pack_rows import PackRowsPass
-
-    return PackRowsPass
-
-
 def _warp_specialize() -> type[ModulePass]:
     from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
@@ -69,12 +63,11 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "convert-attn-to-tile": _convert_attn_to_tile,
     "fold-scale-into-exp": _fold_scale_into_exp,
     "share-offsets": _share_offsets,
-    "pack-rows": _pack_rows,
     "warp-specialize": _warp_specialize,
 }
 """Pass factories by pipeline name, in pipeline order."""
 
-TILE_PIPELINE = "fold-scale-into-exp,share-offsets,pack-rows"
+TILE_PIPELINE = "fold-scale-into-exp,share-offsets"
 """The tile-to-tile passes every compile runs after lowering."""
 
 DEFAULT_PIPELINE = f"canonicalize-attn,analyze-masks,place-rope,lower-to-tile,{TILE_PIPELINE}"

@@ -322,51 +322,6 @@ def test_decode_paged_equals_contiguous(monkeypatch, lookahead, hoist):
         assert ("page_rows = keys % PAGE_SIZE" in source) == (hoist == 0)
 
 
-def cache_layout(k: torch.Tensor, layout: str) -> torch.Tensor:
-    """`k`'s values in another memory layout: "packed" (as given, `[B, Hkv, L, D]`
-    contiguous), "model" (a view of a `[B, L, Hkv, D]` tensor: rows Hkv * D apart) or
-    "padded" (a view of rows twice as wide: rows 2D apart, columns still adjacent)."""
-    if layout == "packed":
-        return k
-    if layout == "model":
-        return k.transpose(1, 2).contiguous().transpose(1, 2)
-    wide = torch.full((*k.shape[:-1], 2 * k.shape[-1]), float("nan"), dtype=k.dtype)
-    wide[..., : k.shape[-1]] = k
-    return wide[..., : k.shape[-1]]
-
-
-@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "page16"])
-def test_decode_binds_row_strides_only_for_packed_rows(monkeypatch, page_size):
-    """The split kernel's `PACKED_ROWS` (`pack-rows`: key and value row strides bound to the
-    row widths) is set exactly when both caches' rows are packed; caches whose rows lie
-    further apart (a model's `[B, L, H, D]` layout, padded rows holding NaN past D) take
-    their strides and give the same attention. Dv != D, so a stride bound to the other
-    role's width would show."""
-    from attnfuse.runtime.launch import KernelLaunch
-
-    decisions: list[bool] = []
-    original = KernelLaunch.packs_rows
-    monkeypatch.setattr(KernelLaunch, "packs_rows",
-                        lambda self, tensors: decisions.append(original(self, tensors)) or decisions[-1])
-    spec = af.attention(af.rope(theta=10000.0), af.causal())
-    fn = af.compile(spec)
-    lens = [70, 51, 0]
-    q, k, _ = make_cache(3, 2, 2, 96, 32, FP32, 11)
-    v = torch.randn(3, 2, 96, 16, generator=torch.Generator().manual_seed(12))
-    kv_lens = torch.tensor(lens, dtype=torch.int32)
-    call: dict = {"kv_lens": kv_lens}
-    keys, values = k, v
-    if page_size is not None:
-        k, v, keys, values, call["block_table"] = paginate(k, v, lens, page_size, 3)
-    ref = af.reference_attention(spec, q, k, v, kv_lens=kv_lens)
-    for k_layout, v_layout, packed in [("packed", "packed", True), ("model", "packed", False),
-                                       ("packed", "padded", False), ("model", "model", False)]:
-        decisions.clear()
-        out = fn(q, cache_layout(keys, k_layout), cache_layout(values, v_layout), **call)
-        assert_close_to_reference(out, ref, FP32)
-        assert decisions == [packed], (k_layout, v_layout)
-
-
 @pytest.mark.parametrize("page_size, lookahead", [(None, 1), (32, 1), (16, 1), (32, 0)],
                          ids=["contiguous", "page32", "page16", "page32-ids-in-step"])
 def test_decode_never_reads_past_kv_lens(monkeypatch, page_size, lookahead):

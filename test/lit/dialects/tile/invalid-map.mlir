@@ -1,6 +1,6 @@
 // RUN: attnfuse-opt %s --split-input-file --verify-diagnostics | filecheck %s
 // The verifiers of tile.map (its body is scalar f32 arithmetic the targets can print),
-// and what the tile passes set: unscaled scores, block_order, shared_offsets, packed_rows.
+// and what the tile passes set: unscaled scores, block_order, shared_offsets.
 
 // A map body holds only the scalar ops the targets translate.
 tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
@@ -115,22 +115,6 @@ tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>,
   tile.return
 }
 // CHECK: shared_offsets names two of the kernel's tensor roles (follower, leader)
-
-// -----
-
-// packed_rows names key-row roles the kernel has: q's rows are not the cache's.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, packed_rows = ["k", "q"]} {
-  tile.return
-}
-// CHECK: packed_rows names key-row tensor roles of the kernel (k, k_rot, v), got ['k', 'q']
-
-// -----
-
-// ... and a role the kernel does not take.
-tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, packed_rows = ["k", "v"]} {
-  tile.return
-}
-// CHECK: packed_rows names key-row tensor roles of the kernel (k, k_rot, v), got ['k', 'v']
 
 // -----
 

@@ -322,6 +322,42 @@ def test_decode_paged_equals_contiguous(monkeypatch, lookahead, hoist):
         assert ("page_rows = keys % PAGE_SIZE" in source) == (hoist == 0)
 
 
+def cache_layout(k: torch.Tensor, layout: str) -> torch.Tensor:
+    """`k`'s values in another memory layout: "packed" (as given, `[B, Hkv, L, D]`
+    contiguous), "model" (a view of a `[B, L, Hkv, D]` tensor: rows Hkv * D apart) or
+    "padded" (a view of rows twice as wide: rows 2D apart, NaN between them)."""
+    if layout == "packed":
+        return k
+    if layout == "model":
+        return k.transpose(1, 2).contiguous().transpose(1, 2)
+    wide = torch.full((*k.shape[:-1], 2 * k.shape[-1]), float("nan"), dtype=k.dtype)
+    wide[..., : k.shape[-1]] = k
+    return wide[..., : k.shape[-1]]
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "page16"])
+@pytest.mark.parametrize("k_layout, v_layout", [("model", "packed"), ("packed", "padded"), ("model", "model")])
+def test_decode_reads_caches_in_any_row_layout(page_size, k_layout, v_layout):
+    """A cache (or page pool) whose rows are not packed, a model's `[B, L, H, D]` layout or
+    padded rows holding NaN past D, gives the same attention as the packed one: the split
+    kernel addresses its rows by their strides. Dv != D, so a stride taken from the other
+    role's width would show."""
+    spec = af.attention(af.rope(theta=10000.0), af.causal())
+    fn = af.compile(spec)
+    lens = [70, 51, 0]
+    q, k, _ = make_cache(3, 2, 2, 96, 32, FP32, 11)
+    v = torch.randn(3, 2, 96, 16, generator=torch.Generator().manual_seed(12))
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    call: dict = {"kv_lens": kv_lens}
+    keys, values = k, v
+    if page_size is not None:
+        k, v, keys, values, call["block_table"] = paginate(k, v, lens, page_size, 3)
+    ref = af.reference_attention(spec, q, k, v, kv_lens=kv_lens)
+    out = fn(q, cache_layout(keys, k_layout), cache_layout(values, v_layout), **call)
+    assert_close_to_reference(out, ref, FP32)
+    torch.testing.assert_close(out, fn(q, keys, values, **call), rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("page_size, lookahead", [(None, 1), (32, 1), (16, 1), (32, 0)],
                          ids=["contiguous", "page32", "page16", "page32-ids-in-step"])
 def test_decode_never_reads_past_kv_lens(monkeypatch, page_size, lookahead):

@@ -559,7 +559,7 @@ def _is_power_of_two(x: int) -> bool:
 
 HOPPER_SHARED_BYTES = 232448
 """Shared memory one program of an sm_90 SM may take (227 KB): what a warp-specialized
-forward's buffers must fit (`KernelOp.verify_forward_shared_memory`)."""
+forward's buffers must fit (`KernelOp.verify_forward_resources`)."""
 
 
 @irdl_op_definition
@@ -855,7 +855,31 @@ class KernelOp(IRDLOperation):
             raise VerifyException("'persistent' is an integer 0 or 1 (one program per SM walking the tiles)")
         if "dq_writers" in self.attributes:
             raise VerifyException("'dq_writers' belongs to a warp-specialized key_blocks kernel (the fused backward)")
+        self.verify_forward_resources()
+
+    def verify_forward_resources(self) -> None:
+        """A warp-specialized forward fits a Hopper SM: its shared memory
+        (`verify_forward_shared_memory`) and its consumers' registers
+        (`verify_forward_registers`)."""
         self.verify_forward_shared_memory()
+        self.verify_forward_registers()
+
+    def verify_forward_registers(self) -> None:
+        """A consumer thread's `consumer_registers` hold at least its share of the tiles it
+        keeps across a key step: the output accumulator (64 rows x head_dim_v, fp32), the
+        scores (64 x block_n, fp32) and their probabilities (64 x block_n, 16-bit), over a
+        warpgroup's 128 threads. A lower bound (indices, row statistics and addresses come
+        on top): a schedule below it cannot be allocated (ptxas: "Insufficient registers",
+        as three consumers' 160 registers at head dim 256)."""
+        keys, dim_v, registers = self.get("block_n"), self.get("head_dim_v"), self.int_attr("consumer_registers")
+        parts = {"the output accumulator": 64 * dim_v, "the scores": 64 * keys, "the probabilities": 64 * keys // 2}
+        needed = sum(parts.values()) // 128
+        if registers is not None and needed > registers:
+            listed = ", ".join(f"{what} {n // 128}" for what, n in parts.items())
+            raise VerifyException(
+                f"a warp-specialized kernel's consumer threads need at least {needed} registers ({listed}), "
+                f"more than their consumer_registers = {registers}: fewer consumers (more registers each) "
+                "or fewer keys per step (block_n)")
 
     def verify_forward_shared_memory(self) -> None:
         """A warp-specialized forward's buffers fit a Hopper SM's shared memory

@@ -401,7 +401,7 @@ def gluon_forward(
     if forward.schedule is None:
         return launches
     try:
-        forward.verify_forward_shared_memory()
+        forward.verify_forward_resources()
     except VerifyException as err:  # the table's schedules fit (test_gluon_target.py): forced ones may not
         forced = {name: os.environ[name] for name in ("ATTNFUSE_GLUON_CONSUMERS", "ATTNFUSE_GLUON_PERSISTENT")
                   if os.environ.get(name)}

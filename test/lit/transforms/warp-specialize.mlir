@@ -5,6 +5,7 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=128},warp-specialize{persistent=true}' | filecheck %s --check-prefix=PERSISTENT
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=256},warp-specialize' | filecheck %s --check-prefix=D256
 // RUN: not attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=256},warp-specialize{block-n=128}' 2>&1 | filecheck %s --check-prefix=TOO-BIG
+// RUN: not attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=256},warp-specialize{consumers=3}' 2>&1 | filecheck %s --check-prefix=TOO-FEW-REGISTERS
 
 // With RoPE pre-applied, warp-specialize schedules the flash-shaped forward (over q_rot, k_rot):
 // two consumer warpgroups of 64 rows, 128-key blocks, two stages; the backward kernels keep the
@@ -43,6 +44,8 @@
 // D256-SAME: block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 2 : i64
 // D256-SAME: schedule = #tile<schedule warp_specialized>
 // TOO-BIG:   error: a warp-specialized kernel's buffers need 320 KB of shared memory (the query tile 64 KB, 2 stages of k and v 256 KB), more than Hopper's 227 KB
+// Three consumers get 160 registers a thread: at head dim 256 the accumulator alone takes 128.
+// TOO-FEW-REGISTERS: error: a warp-specialized kernel's consumer threads need at least 176 registers (the output accumulator 128, the scores 32, the probabilities 16), more than their consumer_registers = 160
 
 // Fused RoPE rotates q and k in the kernel: not flash-shaped, left alone.
 // FUSED:      tile.kernel @attention_fwd(

@@ -72,7 +72,7 @@ for stage in "$@"; do
       timeout 150 python3 bench/gluon_forward.py --out "$dir" --reps 30 --columns gluon,auto \
         > "$dir/gluon_forward-after.log" 2>&1; echo "forward (this tree) rc=$?"
       if [ -d ab_before/attnfuse ]; then
-        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 150 python3 bench/gluon_forward.py --out "$dir/before" \
+        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 150 python3 bench/gluon_forward.py --out "$dir/before" \
           --reps 30 --columns gluon > "$dir/gluon_forward-before.log" 2>&1; echo "forward (ab_before) rc=$?"
       fi ;;
     gpu-tests)
@@ -85,7 +85,7 @@ for stage in "$@"; do
       timeout 150 python3 bench/backward_targets.py --cases causal --out "$dir" --reps 30 --columns nondet_auto \
         > "$dir/backward_ab-after.log" 2>&1; echo "backward-ab (this tree) rc=$?"
       if [ -d ab_before/attnfuse ]; then
-        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 150 python3 bench/backward_targets.py --cases causal \
+        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 150 python3 bench/backward_targets.py --cases causal \
           --out "$dir/before" --reps 30 --columns nondet_auto > "$dir/backward_ab-before.log" 2>&1
         echo "backward-ab (ab_before) rc=$?"
       fi ;;
@@ -93,7 +93,7 @@ for stage in "$@"; do
       timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir" --reps 30 --columns default \
         > "$dir/ordered_ab-after.log" 2>&1; echo "ordered-ab (this tree) rc=$?"
       if [ -d ab_before/attnfuse ]; then
-        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal \
+        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal \
           --out "$dir/before" --reps 30 --columns default > "$dir/ordered_ab-before.log" 2>&1
         echo "ordered-ab (ab_before) rc=$?"
       fi ;;
@@ -143,7 +143,7 @@ for stage in "$@"; do
         > "$dir/decode_profile-after.log" 2>&1; echo "decode-profile-ab (this tree) rc=$?"
       if [ -d ab_before/attnfuse ]; then
         mkdir -p "$dir/before"
-        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 200 python3 bench/decode_profile.py \
+        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 200 python3 bench/decode_profile.py \
           --variants kernel,kernel-long16384 --no-stream --out "$dir/before" > "$dir/decode_profile-before.log" 2>&1
         echo "decode-profile-ab (ab_before) rc=$?"
       fi ;;
@@ -161,7 +161,7 @@ for stage in "$@"; do
         > "$dir/decode-after.log" 2>&1; echo "decode-ab (this tree) rc=$?"
       if [ -d ab_before/attnfuse ]; then
         mkdir -p "$dir/before"
-        PYTHONPATH="${PYTHONPATH%%:*}:$PWD/ab_before" timeout 150 python3 bench/decode.py --rows 1,2,3 --time-budget 110 \
+        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 150 python3 bench/decode.py --rows 1,2,3 --time-budget 110 \
           --out "$dir/before" > "$dir/decode-before.log" 2>&1; echo "decode-ab (ab_before) rc=$?"
       fi ;;
     layer-default)

@@ -878,8 +878,8 @@ class KernelOp(IRDLOperation):
             listed = ", ".join(f"{what} {n // 128}" for what, n in parts.items())
             raise VerifyException(
                 f"a warp-specialized kernel's consumer threads need at least {needed} registers ({listed}), "
-                f"more than their consumer_registers = {registers}: fewer consumers (more registers each) "
-                "or fewer keys per step (block_n)")
+                f"more than their consumer_registers = {registers}: fewer consumers (more registers each), "
+                "or more consumer_registers")
 
     def verify_forward_shared_memory(self) -> None:
         """A warp-specialized forward's buffers fit a Hopper SM's shared memory

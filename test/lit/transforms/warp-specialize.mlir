@@ -45,7 +45,7 @@
 // D256-SAME: schedule = #tile<schedule warp_specialized>
 // TOO-BIG:   error: a warp-specialized kernel's buffers need 320 KB of shared memory (the query tile 64 KB, 2 stages of k and v 256 KB), more than Hopper's 227 KB
 // Three consumers get 160 registers a thread: at head dim 256 the accumulator alone takes 128.
-// TOO-FEW-REGISTERS: error: a warp-specialized kernel's consumer threads need at least 176 registers (the output accumulator 128, the scores 32, the probabilities 16), more than their consumer_registers = 160
+// TOO-FEW-REGISTERS: error: a warp-specialized kernel's consumer threads need at least 176 registers (the output accumulator 128, the scores 32, the probabilities 16), more than their consumer_registers = 160: fewer consumers (more registers each), or more consumer_registers
 
 // Fused RoPE rotates q and k in the kernel: not flash-shaped, left alone.
 // FUSED:      tile.kernel @attention_fwd(

@@ -336,17 +336,19 @@ def cache_layout(k: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "page16"])
-@pytest.mark.parametrize("k_layout, v_layout", [("model", "packed"), ("packed", "padded"), ("model", "model")])
+@pytest.mark.parametrize("k_layout, v_layout", [("model", "packed"), ("packed", "padded"), ("model", "model"),
+                                               ("padded", "padded")])
 def test_decode_reads_caches_in_any_row_layout(page_size, k_layout, v_layout):
     """A cache (or page pool) whose rows are not packed, a model's `[B, L, H, D]` layout or
     padded rows holding NaN past D, gives the same attention as the packed one: the split
     kernel addresses its rows by their strides. Dv != D, so a stride taken from the other
-    role's width would show."""
+    role's width would show, and Dv is no power of two, so a read past it into the NaN
+    padding (a missing column mask) would too."""
     spec = af.attention(af.rope(theta=10000.0), af.causal())
     fn = af.compile(spec)
     lens = [70, 51, 0]
     q, k, _ = make_cache(3, 2, 2, 96, 32, FP32, 11)
-    v = torch.randn(3, 2, 96, 16, generator=torch.Generator().manual_seed(12))
+    v = torch.randn(3, 2, 96, 20, generator=torch.Generator().manual_seed(12))
     kv_lens = torch.tensor(lens, dtype=torch.int32)
     call: dict = {"kv_lens": kv_lens}
     keys, values = k, v

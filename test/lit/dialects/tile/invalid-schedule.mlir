@@ -82,3 +82,12 @@ tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid qu
 tile.kernel @attention_bwd_dkdv_dq(%k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 128 : i64, block_n = 64 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, dq_writers = 2 : i64} {
   tile.return
 }
+
+// -----
+
+// A consumer thread holds its share of the accumulator (64 x 128 fp32 over 128 threads: 64
+// registers), the scores (64) and the probabilities (32): 160, more than 100.
+// CHECK: a warp-specialized kernel's consumer threads need at least 160 registers (the output accumulator 64, the scores 64, the probabilities 32), more than their consumer_registers = 100
+tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 128 : i64, head_dim_v = 128 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 100 : i64} {
+  tile.return
+}

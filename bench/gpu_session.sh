@@ -50,6 +50,15 @@ pytest_run() {  # name timeout pytest-args...
   timeout "$limit" python3 -m pytest -q -p no:cacheprovider --maxfail=5 "$@" > "$dir/gpu_tests-$name.log" 2>&1
   echo "$name tests rc=$?"; tail -2 "$dir/gpu_tests-$name.log"
 }
+on_before() {  # name timeout script args...: the script on ab_before/'s package, if there is one
+  # ab_before/ goes first on the path, so its attnfuse is the one imported; --out "$dir/before".
+  local name=$1 limit=$2 script=$3; shift 3
+  [ -d ab_before/attnfuse ] || return 0
+  mkdir -p "$dir/before"
+  PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout "$limit" python3 "$script" "$@" --out "$dir/before" \
+    > "$dir/$name-before.log" 2>&1
+  echo "$name (ab_before) rc=$?"
+}
 for stage in "$@"; do
   start=$(date +%s)
   case $stage in
@@ -71,10 +80,7 @@ for stage in "$@"; do
     forward-ab)
       timeout 150 python3 bench/gluon_forward.py --out "$dir" --reps 30 --columns gluon,auto \
         > "$dir/gluon_forward-after.log" 2>&1; echo "forward (this tree) rc=$?"
-      if [ -d ab_before/attnfuse ]; then
-        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 150 python3 bench/gluon_forward.py --out "$dir/before" \
-          --reps 30 --columns gluon > "$dir/gluon_forward-before.log" 2>&1; echo "forward (ab_before) rc=$?"
-      fi ;;
+      on_before gluon_forward 150 bench/gluon_forward.py --reps 30 --columns gluon ;;
     gpu-tests)
       pytest_run gpu 400 test/python/test_gpu.py
       pytest_run decode 200 test/python/test_gpu_decode.py ;;
@@ -84,19 +90,11 @@ for stage in "$@"; do
     backward-ab)
       timeout 150 python3 bench/backward_targets.py --cases causal --out "$dir" --reps 30 --columns nondet_auto \
         > "$dir/backward_ab-after.log" 2>&1; echo "backward-ab (this tree) rc=$?"
-      if [ -d ab_before/attnfuse ]; then
-        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 150 python3 bench/backward_targets.py --cases causal \
-          --out "$dir/before" --reps 30 --columns nondet_auto > "$dir/backward_ab-before.log" 2>&1
-        echo "backward-ab (ab_before) rc=$?"
-      fi ;;
+      on_before backward_ab 150 bench/backward_targets.py --cases causal --reps 30 --columns nondet_auto ;;
     ordered-ab)
       timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir" --reps 30 --columns default \
         > "$dir/ordered_ab-after.log" 2>&1; echo "ordered-ab (this tree) rc=$?"
-      if [ -d ab_before/attnfuse ]; then
-        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal \
-          --out "$dir/before" --reps 30 --columns default > "$dir/ordered_ab-before.log" 2>&1
-        echo "ordered-ab (ab_before) rc=$?"
-      fi ;;
+      on_before ordered_ab 200 bench/backward_targets.py --cases causal,rope+causal --reps 30 --columns default ;;
     layer-det)
       timeout 300 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwdbwd \
         --out "$dir" > "$dir/llama_layer_det.log" 2>&1; echo "layer-det rc=$?" ;;
@@ -141,12 +139,7 @@ for stage in "$@"; do
     decode-profile-ab)
       timeout 200 python3 bench/decode_profile.py --variants kernel,kernel-long16384 --no-stream --out "$dir" \
         > "$dir/decode_profile-after.log" 2>&1; echo "decode-profile-ab (this tree) rc=$?"
-      if [ -d ab_before/attnfuse ]; then
-        mkdir -p "$dir/before"
-        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 200 python3 bench/decode_profile.py \
-          --variants kernel,kernel-long16384 --no-stream --out "$dir/before" > "$dir/decode_profile-before.log" 2>&1
-        echo "decode-profile-ab (ab_before) rc=$?"
-      fi ;;
+      on_before decode_profile 200 bench/decode_profile.py --variants kernel,kernel-long16384 --no-stream ;;
     decode-lens-probe)
       timeout 150 python3 bench/decode_tma_probe.py --rows 2,3 --reps 50 --sweep lens --out "$dir" \
         > "$dir/decode_lens_probe.log" 2>&1; echo "decode-lens-probe rc=$?" ;;
@@ -159,11 +152,7 @@ for stage in "$@"; do
     decode-ab)
       timeout 240 python3 bench/decode.py --rows 1,2,3,4,5 --time-budget 200 --out "$dir" \
         > "$dir/decode-after.log" 2>&1; echo "decode-ab (this tree) rc=$?"
-      if [ -d ab_before/attnfuse ]; then
-        mkdir -p "$dir/before"
-        PYTHONPATH="$PWD/ab_before${PYTHONPATH:+:$PYTHONPATH}" timeout 150 python3 bench/decode.py --rows 1,2,3 --time-budget 110 \
-          --out "$dir/before" > "$dir/decode-before.log" 2>&1; echo "decode-ab (ab_before) rc=$?"
-      fi ;;
+      on_before decode 150 bench/decode.py --rows 1,2,3 --time-budget 110 ;;
     layer-default)
       timeout 240 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwd,fwdbwd --out "$dir" \
         > "$dir/llama_layer_default.log" 2>&1; echo "layer-default rc=$?" ;;

@@ -28,6 +28,7 @@ import torch
 from xdsl.dialects.builtin import ModuleOp
 
 from attnfuse.dialects import make_context, tile
+from attnfuse.dialects.backward_shape import BACKWARD_HEAD_DIMS
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, hopper
 from attnfuse.lowering.gluon_backward import DESCRIPTOR_ROLES
@@ -107,8 +108,6 @@ def variant_fits(variant: Canonical) -> bool:
 
 def fits(problem: Problem) -> bool:
     """Head dims the schedule is written for, equal for keys and values, 16-bit inputs."""
-    from attnfuse.dialects.backward_shape import BACKWARD_HEAD_DIMS
-
     return (problem.head_dim in BACKWARD_HEAD_DIMS and problem.head_dim_v == problem.head_dim
             and problem.dtype in (torch.float16, torch.bfloat16))
 

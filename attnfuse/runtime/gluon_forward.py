@@ -26,7 +26,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import make_context, tile
-from attnfuse.dialects.flash_shape import NotFlashShaped, flash_kernel
+from attnfuse.dialects.flash_shape import HEAD_DIMS, NotFlashShaped, flash_kernel
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.inputs import Problem
@@ -257,8 +257,6 @@ def fits(problem: Problem) -> bool:
     """Whether the schedule covers this shape: a head dim it is made for and 16-bit inputs
     (any sequence lengths: the 4-D descriptors zero-fill loads and clip stores at a sequence's
     end)."""
-    from attnfuse.transforms.warp_specialize import HEAD_DIMS
-
     return (problem.head_dim in HEAD_DIMS and problem.head_dim_v == problem.head_dim
             and problem.dtype in (torch.float16, torch.bfloat16))
 

@@ -116,9 +116,10 @@ buffer (alternate steps), overlap one step's hand-over with the next step's wait
 the H200 (bench/results/20261202T1907Z-ordered-two-writers-ab.md): backward 0.720 / 2.873 ms
 at causal 4096 / 8192 against one writer's 0.801 / 3.045, within 0-9% of the unordered kernel."""
 
-DEFAULT_BLOCK_N = {64: 128, 128: 128, 256: 64}
-"""Keys per step unless the `block_n` option says otherwise, by head dim: 128, and 64 at head
-dim 256, where two stages of 128-key k and v blocks (256 KB) exceed shared memory."""
+DEFAULT_BLOCK_N = {dim: 64 if dim > 128 else 128 for dim in HEAD_DIMS}
+"""Keys per step unless the `block_n` option says otherwise, for each head dim the schedule
+covers: 128, and 64 past head dim 128, where two stages of 128-key k and v blocks (256 KB at
+head dim 256) exceed shared memory."""
 
 CONSUMER_REGISTERS = {1: 240, 2: 240, 3: 160}
 """Registers per consumer thread by consumer count: what 64K registers hold beside a 24-register

@@ -7,31 +7,42 @@ bounds its key range, runs key loops over consecutive ranges, each carrying the 
 state and each
 
     load k whole; s = q @ k^T; score ops, each refining the previous tile (masks, maps, ALiBi,
-    scales); load v; online-softmax step of the refined tile and the loop's row statistics;
-    acc = acc * alpha + p @ v; yield (acc, row max, row sum)
+    an additive bias, scales); load v; online-softmax step of the refined tile and the loop's
+    row statistics; acc = acc * alpha + p @ v; yield (acc, row max, row sum)
 
-then finalizes and stores that o and log-sum-exp.
+then finalizes and stores that o and log-sum-exp. A pointwise normalizer (ReLU, sigmoid) has
+the same shape without the softmax's state: the accumulator starts as `tile.zeros`, each loop
+turns the refined scores into weights elementwise after the load of v (`NORMALIZER_OPS`) and
+yields `acc + p @ v` alone, and the last loop's accumulator is stored as o (no log-sum-exp).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import tile
 from attnfuse.errors import IRError
 
-SCORE_OPS = (tile.MaskOp, tile.MapOp, tile.AlibiOp, tile.ApplyScaleOp)
+SCORE_OPS = (tile.MaskOp, tile.MapOp, tile.AlibiOp, tile.AddBiasOp, tile.ApplyScaleOp)
 """Ops between `tile.scores` and `tile.softmax_update` a scheduled kernel may hold
-(elementwise on the score tile)."""
+(elementwise on the score tile; the bias is read block by block through its pointer)."""
+
+NORMALIZER_OPS = (tile.ReluProbsOp, tile.MapOp, tile.ApplyScaleOp)
+"""A pointwise normalizer's ops between the load of v and `tile.accumulate`, each refining the
+previous tile (ReLU's `relu(s) / Nk`, sigmoid's map of s and `-ln(Nk)`); `tile.seq_len`
+scalars may sit among them."""
 
 OPERAND_ROLES = ("q", "q_rot", "k", "k_rot", "v", "o")
 """Roles the producer copies (or the epilogue stores) by TMA: a pre-rotated copy may stand in
 for q or k."""
 
 POINTER_ROLES = ("lse",)
-"""Other roles a scheduled kernel may take, besides ALiBi slopes."""
+"""Other roles a scheduled kernel may take, besides ALiBi slopes and additive biases."""
+
+POINTER_KINDS = ("slopes", "bias")
+"""Kinds of indexed roles (`slopes_1`, `bias_1`, ...) a scheduled kernel reads through pointers."""
 
 HEAD_DIMS = (64, 128, 256)
 """Head dims the forward's schedule covers: D is a whole number of warpgroup MMA steps, and a
@@ -55,8 +66,12 @@ class FlashLoop:
     scores: tile.ScoresOp
     score_ops: list[Operation]
     v_load: tile.LoadOp
-    update: tile.SoftmaxUpdateOp
+    update: tile.SoftmaxUpdateOp | None
+    """The online-softmax step; None under a pointwise normalizer (`weights`)."""
     accumulate: tile.AccumulateOp
+    weights: list[Operation] = field(default_factory=list)
+    """A pointwise normalizer's ops (`NORMALIZER_OPS` and the `tile.seq_len`s they read), in
+    order; empty under the softmax."""
 
 
 @dataclass
@@ -65,12 +80,18 @@ class FlashKernel:
 
     kernel: tile.KernelOp
     q_load: tile.LoadOp
-    init: tile.SoftmaxInitOp
+    init: tile.SoftmaxInitOp | tile.ZerosOp
     bounds: tile.KVBoundsOp
     loops: list[FlashLoop]
-    finalize: tile.SoftmaxFinalizeOp
+    finalize: tile.SoftmaxFinalizeOp | None
+    """None under a pointwise normalizer: the last loop's accumulator is o."""
     o_store: tile.StoreOp
-    lse_store: tile.StoreOp
+    lse_store: tile.StoreOp | None
+
+    @property
+    def softmax(self) -> bool:
+        """Whether the kernel runs the online softmax (else a pointwise normalizer)."""
+        return self.finalize is not None
 
     @property
     def operands(self) -> tuple[str, str, str, str]:
@@ -139,19 +160,51 @@ def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp) -> FlashLoop:
         raise refuse(kernel, scores, "one q @ k^T product of the loaded tiles")
     score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops")
     if not isinstance(op, tile.LoadOp) or op.role != "v" or not _whole(op):
-        raise refuse(kernel, op, "score ops are masks, maps, ALiBi and scales, then the load of v")
+        raise refuse(kernel, op, "score ops are masks, maps, ALiBi, biases and scales, then the load of v")
+    v_load = op
+    if len(loop.body.block.args) == 1:
+        return pointwise_loop(kernel, loop, it, k_load, scores, score_ops, chain, v_load)
     update = take(tile.SoftmaxUpdateOp, "tile.softmax_update")
     acc, row_max, row_sum = loop.body.block.args
     if update.scores is not chain or update.row_max is not row_max or update.row_sum is not row_sum:
         raise refuse(kernel, update, "the softmax step reads the refined scores and the loop's row statistics")
     accumulate = take(tile.AccumulateOp, "tile.accumulate")
-    if (accumulate.value is not op.result or accumulate.probs is not update.probs
+    if (accumulate.value is not v_load.result or accumulate.probs is not update.probs
             or accumulate.alpha is not update.alpha or accumulate.acc is not acc):
         raise refuse(kernel, accumulate, "acc * alpha + p @ v of the loop's accumulator and the softmax step's p")
     end = take(tile.YieldOp, "tile.yield")
     if list(end.operands) != [accumulate.result, update.new_row_max, update.new_row_sum]:
         raise refuse(kernel, end, "the loop carries the accumulator, row max and row sum, in that order")
-    return FlashLoop(loop, k_load, scores, score_ops, op, update, accumulate)
+    return FlashLoop(loop, k_load, scores, score_ops, v_load, update, accumulate)
+
+
+def pointwise_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp, it, k_load: tile.LoadOp, scores: tile.ScoresOp,
+                   score_ops: list[Operation], chain: SSAValue, v_load: tile.LoadOp) -> FlashLoop:
+    """The rest of a key loop under a pointwise normalizer (it carries the accumulator alone),
+    after the load of v: the weights (`NORMALIZER_OPS`, refining the scores), `acc + p @ v`,
+    the yield."""
+    weights: list[Operation] = []
+    op = next(it, None)
+    while isinstance(op, (tile.SeqLenOp, *NORMALIZER_OPS)):
+        if not isinstance(op, tile.SeqLenOp):
+            source = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
+            if source is not chain:
+                raise refuse(kernel, op, "a pointwise normalizer's ops must refine the scores, in order")
+            chain = op.result
+        weights.append(op)
+        op = next(it, None)
+    if not any(not isinstance(w, tile.SeqLenOp) for w in weights):
+        raise refuse(kernel, op, "a loop carrying the accumulator alone needs a pointwise normalizer "
+                                 "(relu, sigmoid) after the load of v")
+    accumulate = op
+    if (not isinstance(accumulate, tile.AccumulateOp) or accumulate.value is not v_load.result
+            or accumulate.probs is not chain or accumulate.alpha is not None
+            or accumulate.acc is not loop.body.block.args[0]):
+        raise refuse(kernel, accumulate, "acc + p @ v of the loop's accumulator and the normalizer's weights")
+    end = next(it, None)
+    if not isinstance(end, tile.YieldOp) or list(end.operands) != [accumulate.result]:
+        raise refuse(kernel, end, "the loop carries the accumulator")
+    return FlashLoop(loop, k_load, scores, score_ops, v_load, None, accumulate, weights)
 
 
 def chained_loops(kernel: tile.KernelOp, loops: list, carried: list[SSAValue], what: str,
@@ -176,9 +229,15 @@ def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
     ops = list(kernel.body.block.ops)
     if isinstance(ops[0], tile.LoadOp) and not _whole(ops[0]):
         raise refuse(kernel, ops[0], "the query must be loaded whole (no rotation in the kernel)")
-    head = [tile.LoadOp, tile.SoftmaxInitOp, tile.KVBoundsOp]
-    tail = [tile.SoftmaxFinalizeOp, tile.StoreOp, tile.StoreOp, tile.ReturnOp]
-    shape = "expected q load, softmax init, key bounds, key loops, finalize, stores"
+    softmax = len(ops) < 2 or not isinstance(ops[1], tile.ZerosOp)
+    if softmax:
+        head = [tile.LoadOp, tile.SoftmaxInitOp, tile.KVBoundsOp]
+        tail = [tile.SoftmaxFinalizeOp, tile.StoreOp, tile.StoreOp, tile.ReturnOp]
+        shape = "expected q load, softmax init, key bounds, key loops, finalize, stores"
+    else:
+        head = [tile.LoadOp, tile.ZerosOp, tile.KVBoundsOp]
+        tail = [tile.StoreOp, tile.ReturnOp]
+        shape = "expected q load, zeros, key bounds, key loops, the store of o (a pointwise normalizer)"
     for op, kind in zip(ops, head + [tile.KVLoopOp] * (len(ops) - len(head) - len(tail)) + tail):
         if not isinstance(op, kind):
             raise refuse(kernel, op, shape)
@@ -187,22 +246,30 @@ def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
     q_load, init, bounds = ops[0], ops[1], ops[2]
     if q_load.role not in ("q", "q_rot"):
         raise refuse(kernel, q_load, "the first load must be the query's")
-    loops = [flash_loop(kernel, op) for op in ops[3:-4]]
+    loops = [flash_loop(kernel, op) for op in ops[len(head):-len(tail)]]
     for loop in loops:
         if loop.scores.queries[0] is not q_load.result:
             raise refuse(kernel, loop.scores, "the scores read the loaded query")
-    carried = chained_loops(kernel, loops, list(init.results), "key loops", "their accumulator and row statistics")
-    finalize, o_store, lse_store = ops[-4], ops[-3], ops[-2]
-    if list(finalize.operands) != carried:
-        raise refuse(kernel, finalize, "finalize must read the last loop's state")
-    if o_store.role != "o" or lse_store.role != "lse" or o_store.value is not finalize.output \
-            or lse_store.value is not finalize.lse:
-        raise refuse(kernel, o_store, "stores of finalize's o and lse")
+        if (loop.update is None) == softmax:
+            raise refuse(kernel, loop.op, "every key loop runs the kernel's normalizer")
+    carried = chained_loops(kernel, loops, list(init.results), "key loops",
+                            "their accumulator and row statistics" if softmax else "their accumulator")
+    if softmax:
+        finalize, o_store, lse_store = ops[-4], ops[-3], ops[-2]
+        if list(finalize.operands) != carried:
+            raise refuse(kernel, finalize, "finalize must read the last loop's state")
+        if o_store.role != "o" or lse_store.role != "lse" or o_store.value is not finalize.output \
+                or lse_store.value is not finalize.lse:
+            raise refuse(kernel, o_store, "stores of finalize's o and lse")
+    else:
+        finalize, lse_store, o_store = None, None, ops[-2]
+        if o_store.role != "o" or o_store.value is not carried[0]:
+            raise refuse(kernel, o_store, "the store of the last loop's accumulator as o")
     parts = FlashKernel(kernel, q_load, init, bounds, loops, finalize, o_store, lse_store)
     for role in kernel.roles:
-        if role not in parts.operands and role not in POINTER_ROLES and tile.role_kind(role) != "slopes":
+        if role not in parts.operands and role not in POINTER_ROLES and tile.role_kind(role) not in POINTER_KINDS:
             raise refuse(kernel, None, f"role {role} has no place in the schedule")
     return parts
 
 
-__all__ = ["FlashKernel", "FlashLoop", "NotFlashShaped", "flash_kernel", "flash_loop"]
+__all__ = ["FlashKernel", "FlashLoop", "NotFlashShaped", "flash_kernel", "flash_loop", "pointwise_loop"]

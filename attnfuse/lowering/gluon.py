@@ -10,15 +10,18 @@ this target prints them in Gluon (`triton.experimental.gluon`):
 
 - the loads of q, k and v become the producer partition's TMA copies (`<kernel>_load`);
 - `tile.scores` and `tile.accumulate` become the consumers' warpgroup MMAs (`<kernel>_consume`);
-- the score ops between them (masks, ALiBi, maps such as soft-capping, scales) and the
-  online-softmax step are printed by the portable target's own op printers into one
+- the score ops between them (masks, ALiBi, an additive bias read block by block through its
+  pointer, maps such as soft-capping, scales) and the online-softmax step (or a pointwise
+  normalizer's weights: ReLU, sigmoid) are printed by the portable target's own op printers into one
   `@gluon.jit` step function (`<kernel>_step`), so a block's meaning is still printed in one
   place. The consecutive key loops (full blocks, then masked ones; masked, full, masked under a
   sliding window) are one pipelined range: the step prints what the loops share once and runs
   a loop's masks under a runtime test of the block's start against the loops' bounds (one
   function per loop, chosen at the call site, put two softmax steps into every consumer, and
   three consumers' 160 registers spilled);
-- finalize as the portable target prints it; o leaves through shared memory and a TMA store.
+- finalize as the portable target prints it (a pointwise normalizer has none: its
+  accumulator is o, and the consumer neither rescales it nor keeps row statistics); o leaves
+  through shared memory and a TMA store.
 
 A kernel without the schedule is refused (`GluonUnsupported`, naming why `warp-specialize` left
 it alone): the runtime then runs the portable kernel (`runtime/gluon_forward.py`).
@@ -92,16 +95,80 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         """Consumer partitions: one warpgroup (4 warps, 16 rows per warp) each."""
         return self.kernel.get("num_warps") // 4
 
+    @property
+    def softmax(self) -> bool:
+        """Whether the kernel runs the online softmax (else a pointwise normalizer, whose step
+        carries no row statistics and whose accumulator is never rescaled)."""
+        return self.parts.softmax
+
     def step_params(self) -> list[str]:
         bounds = self.bound_params()
-        return ["scores", "row_max", "row_sum", "start_n", "row_start", *bounds, "sm_scale", "n_q", "n_k",
-                *self.slope_params()]
+        state = ["row_max", "row_sum"] if self.softmax else []
+        return ["scores", *state, "start_n", "row_start", *bounds, "sm_scale", "n_q", "n_k",
+                *self.slope_params(), *self.bias_params()]
+
+    def bias_roles(self) -> list[str]:
+        """The kernel's additive-bias tensors (`bias`, `bias_1`, ...), read in the step."""
+        return [role for role in self.roles if tile.role_kind(role) == "bias"]
+
+    def bias_params(self) -> list[str]:
+        """What the step reads a bias block by: its tile's batch and head, and each bias's
+        pointer and strides (the step points `{role}_base` at the head's slice itself)."""
+        roles = self.bias_roles()
+        if not roles:
+            return []
+        return ["batch", "head", *[name for role in roles for name in (f"{role}_ptr", *self.strides(role))]]
+
+    def step_results(self) -> list[str]:
+        """What a step returns (and its call site assigns), in order."""
+        return ["probs", "alpha", "row_max", "row_sum"] if self.softmax else ["probs"]
+
+    @property
+    def accumulate_formula(self) -> str:
+        return "acc * alpha + p @ v" if self.softmax else "acc + p @ v"
+
+    def rescale(self, indent: str) -> list[str]:
+        """`acc *= alpha` before the product of the previous block (nothing for a pointwise
+        normalizer, whose accumulator is a plain sum)."""
+        if not self.softmax:
+            return []
+        return [f"{indent}acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]"]
+
+    def state_init(self, indent: str) -> list[str]:
+        """The online softmax's row statistics before the first block (none for a pointwise
+        normalizer)."""
+        if not self.softmax:
+            return []
+        return [f"{indent}row_max = gl.full([ROWS], float(\"-inf\"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
+                f"{indent}row_sum = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
+                f"{indent}alpha = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))"]
+
+    def state_to_output_layout(self, indent: str) -> list[str]:
+        """The row statistics in the accumulator's row layout, for finalize."""
+        if not self.softmax:
+            return []
+        return [f"{indent}row_max = gl.convert_layout(row_max, gl.SliceLayout(1, O_LAYOUT))",
+                f"{indent}row_sum = gl.convert_layout(row_sum, gl.SliceLayout(1, O_LAYOUT))"]
+
+    def emit_finalize(self) -> None:
+        """finalize and the lse store as the portable target prints them; under a pointwise
+        normalizer the last loop's accumulator is o (nothing to print)."""
+        if not self.softmax:
+            self.namer.alias(self.o_store.value, "acc")
+            return
+        for value, name in zip(self.finalize.operands, ("acc", "row_max", "row_sum")):
+            self.namer.alias(value, name)
+        self.emit_softmax_finalize(self.finalize)
+        self.emit("# tile.store: lse rows (program)")
+        self.emit(f"tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + rows * stride_lse_n, "
+                  f"{self.namer[self.lse_store.value]}, mask=row_in_bounds)")
 
     def loop_pieces(self, loop: FlashLoop) -> list[tuple[bool, list[str]]]:
-        """One key loop's score ops and softmax step as printed by the portable handlers, op by
-        op: (is a mask, its lines at indent 0). Every score op's result is the variable
-        `scores` (each refines the previous tile in place), so that the pieces of different
-        loops read and write the same names."""
+        """One key loop's score ops, op by op, then its normalizer (the softmax step, or a
+        pointwise normalizer's ops) as one piece, as printed by the portable handlers: (is a
+        mask, its lines at indent 0). Every score op's result is the variable `scores` (each
+        refines the previous tile in place), so that the pieces of different loops read and
+        write the same names."""
         block = loop.op.body.block
         for arg, init, name in zip(block.args, loop.op.inits, ("acc", "row_max", "row_sum")):
             self.namer.alias(arg, name)
@@ -113,18 +180,36 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit_score_scale("scores", loop.scores)
         pieces.append((False, self.lines))
         self.loop_vars.append(LoopRows("keys", "key_in_bounds" if loop.op.masked is not None else "", "keys"))
-        for op in [*loop.score_ops, loop.update]:
-            if isinstance(op, tile.MapOp) and any(v in chain for v in op.inputs[1:]):
-                raise GluonUnsupported("the gluon target cannot lower a score map that reads an earlier score "
-                                       "tile besides the one it refines", op)
-            if op is not loop.update:
-                self.namer.pin(op.result, "scores")
+        # The normalizer (the softmax step, or a pointwise normalizer's weights) is the last
+        # piece, one for all its ops: what every loop shares after its masks.
+        normalizer = [loop.update] if loop.update is not None else loop.weights
+        for op in loop.score_ops:
+            self.check_map(op, chain)
+            self.namer.pin(op.result, "scores")
             self.lines = []
             self.HANDLERS[type(op)](self, op)
-            assert op is loop.update or self.namer[op.result] == "scores", f"{op.name} named its result itself"
+            assert self.namer[op.result] == "scores", f"{op.name} named its result itself"
             pieces.append((isinstance(op, tile.MaskOp), self.lines))
+        self.lines = []
+        for op in normalizer:
+            self.check_map(op, chain)
+            # A pointwise normalizer's ops refine the tile in place too (`tile.seq_len` gives a scalar).
+            refines = op is not loop.update and not isinstance(op, tile.SeqLenOp)
+            if refines:
+                self.namer.pin(op.result, "scores")
+                chain.add(op.result)
+            self.HANDLERS[type(op)](self, op)
+        pieces.append((False, self.lines))
         self.loop_vars.pop()
         return pieces
+
+    @staticmethod
+    def check_map(op, chain: set) -> None:
+        """A map in the step may read the tile it refines, vectors and scalars, but no earlier
+        score tile: every tile of the chain is the one variable `scores`."""
+        if isinstance(op, tile.MapOp) and any(v in chain for v in op.inputs[1:]):
+            raise GluonUnsupported("the gluon target cannot lower a score map that reads an earlier score "
+                                   "tile besides the one it refines", op)
 
     def step_function(self) -> list[str]:
         """`<name>_step(scores, row_max, row_sum, start_n, row_start, bound_1.., ...)`: the score
@@ -151,24 +236,28 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         ]
         if any(loop.op.masked is not None for loop in self.loops):
             body.append("key_in_bounds = keys < n_k")
+        body += [line for role in self.bias_roles() for line in (self.base_line(role),)]
         if self.same_skeleton(per_loop):
             body += self.merged_steps(per_loop)
         else:
             body += self.branched_steps(per_loop)
         u = self.loops[0].update
-        body.append(f"return {self.namer[u.probs]}, {self.namer[u.alpha]}, "
-                    f"{self.namer[u.new_row_max]}, {self.namer[u.new_row_sum]}")
+        if u is not None:
+            body.append(f"return {self.namer[u.probs]}, {self.namer[u.alpha]}, "
+                        f"{self.namer[u.new_row_max]}, {self.namer[u.new_row_sum]}")
+        else:
+            body.append("return scores  # the weights (each normalizer op refined the tile in place)")
         params = [*self.step_params(), "ROWS: gl.constexpr", "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_step({', '.join(params)}):", ["    " + line if line else ""
                                                                               for line in body])
 
     def branched_steps(self, per_loop: list[list[tuple[bool, list[str]]]]) -> list[str]:
         """Loops whose score ops differ beyond masks: each loop's score ops under its own test,
-        then the softmax step they share."""
+        then the normalizer they share."""
         updates = [pieces[-1][1] for pieces in per_loop]
         if any(u != updates[0] for u in updates):
-            raise GluonUnsupported("the gluon target cannot lower key loops whose softmax steps differ",
-                                   self.loops[-1].update)
+            raise GluonUnsupported("the gluon target cannot lower key loops whose normalizers differ",
+                                   self.loops[-1].update or self.loops[-1].accumulate)
         groups = [([i], [line for _, lines in pieces[:-1] for line in lines]) for i, pieces in enumerate(per_loop)]
         return self.guarded(groups) + updates[0]
 
@@ -212,7 +301,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     def step_call(self, indent: str) -> list[str]:
         """The step of the block at `start_n` (its loop's masks are the step's to choose)."""
         args = ", ".join([*self.step_params(), "ROWS", "BLOCK_N", "S_LAYOUT"])
-        return [f"{indent}probs, alpha, row_max, row_sum = {self.name}_step({args})"]
+        return [f"{indent}{', '.join(self.step_results())} = {self.name}_step({args})"]
 
     def consumer(self) -> list[str]:
         """`<name>_consume(..., WG)`: one consumer warpgroup's whole program, its stores
@@ -230,9 +319,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "q_tile = tile_2d(q_smem)",
             "dtype: gl.constexpr = q_smem.dtype",
             "row_start = q_start + WG * ROWS",
-            "row_max = gl.full([ROWS], float(\"-inf\"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
-            "row_sum = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
-            "alpha = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
+            *self.state_init(""),
             "acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)",
             "s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)",
             "if n_blocks > 0:",
@@ -256,8 +343,8 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "        # Data first: no consumer issues products while it waits on a copy.",
             "        mbarrier.wait(k_ready.index(stage), phase)",
             "        mbarrier.wait(v_ready.index(prev), prev_phase)",
-            "        # tile.accumulate of block j-1 (acc * alpha + p @ v), issued behind S_j.",
-            "        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
+            f"        # tile.accumulate of block j-1 ({self.accumulate_formula}), issued behind S_j.",
+            *self.rescale("        "),
             "        scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "        acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)",
             "        # Groups complete in issue order: one outstanding means S_j is done.",
@@ -274,22 +361,16 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "        p_op = p_next",
             "    last = (n_blocks - 1) % STAGES",
             "    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)",
-            "    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
+            *self.rescale("    "),
             "    acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(last)), acc, is_async=True)",
             "    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))",
             "    mbarrier.arrive(v_empty.index(last), count=1)",
-            "row_max = gl.convert_layout(row_max, gl.SliceLayout(1, O_LAYOUT))",
-            "row_sum = gl.convert_layout(row_sum, gl.SliceLayout(1, O_LAYOUT))",
+            *self.state_to_output_layout(""),
             "rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))",
             "row_in_bounds = rows < n_q",
         ]:
             self.emit(line)
-        for value, name in zip(self.finalize.operands, ("acc", "row_max", "row_sum")):
-            self.namer.alias(value, name)
-        self.emit_softmax_finalize(self.finalize)
-        self.emit("# tile.store: lse rows (program)")
-        self.emit(f"tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + rows * stride_lse_n, "
-                  f"{self.namer[self.lse_store.value]}, mask=row_in_bounds)")
+        self.emit_finalize()
         self.emit("# tile.store: o rows (program), through q's buffer (free once S of the last block is")
         self.emit("# done) and a TMA store, which clips at the sequence end: no row past n_q is written.")
         self.emit("if row_start < n_q:")

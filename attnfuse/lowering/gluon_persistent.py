@@ -132,9 +132,7 @@ class PersistentGluonEmitter(GluonEmitter):
             "s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)",
             *self.tile_loop(),
             "    row_start = q_start + WG * ROWS",
-            "    row_max = gl.full([ROWS], float(\"-inf\"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
-            "    row_sum = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
-            "    alpha = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
+            *self.state_init("    "),
             "    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)",
             "    if n_blocks > 0:",
             "        mbarrier.wait(q_bars.index(WG), q_count & 1)",
@@ -158,7 +156,7 @@ class PersistentGluonEmitter(GluonEmitter):
             "            start_n = kv_start + j * BLOCK_N",
             "            mbarrier.wait(k_ready.index(stage), phase)",
             "            mbarrier.wait(v_ready.index(prev), prev_phase)",
-            "            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
+            *self.rescale("            "),
             "            scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "            acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)",
             "            scores = warpgroup_mma_wait(1, deps=(scores,))",
@@ -176,23 +174,17 @@ class PersistentGluonEmitter(GluonEmitter):
             "        c_last = kv_count + n_blocks - 1",
             "        last = c_last % STAGES",
             "        mbarrier.wait(v_ready.index(last), (c_last // STAGES) & 1)",
-            "        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]",
+            *self.rescale("        "),
             "        acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(last)), acc, is_async=True)",
             "        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))",
             "        mbarrier.arrive(v_empty.index(last), count=1)",
-            "    row_max = gl.convert_layout(row_max, gl.SliceLayout(1, O_LAYOUT))",
-            "    row_sum = gl.convert_layout(row_sum, gl.SliceLayout(1, O_LAYOUT))",
+            *self.state_to_output_layout("    "),
             "    rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))",
             "    row_in_bounds = rows < n_q",
         ]:
             self.emit(line)
         self.indent = 2
-        for value, name in zip(self.finalize.operands, ("acc", "row_max", "row_sum")):
-            self.namer.alias(value, name)
-        self.emit_softmax_finalize(self.finalize)
-        self.emit("# tile.store: lse rows (program)")
-        self.emit(f"tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + rows * stride_lse_n, "
-                  f"{self.namer[self.lse_store.value]}, mask=row_in_bounds)")
+        self.emit_finalize()
         self.emit("# tile.store: o rows (program), through this consumer's o buffer (free: the previous")
         self.emit("# tile's store was waited for) and a TMA store, which clips at the sequence end.")
         self.emit("if row_start < n_q:")

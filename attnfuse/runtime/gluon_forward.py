@@ -5,7 +5,7 @@ The choice is per plan (shape) and, for what depends on the tensors themselves (
 alignment), per call: a call whose tensors a TMA descriptor cannot cover runs the portable
 kernel of the same plan. `ATTNFUSE_FORWARD_TARGET` forces it: `triton` (never Gluon), `gluon`
 (Gluon wherever it lowers and the shapes fit, whatever the measurements say), `auto` (the
-default: `prefers_gluon`). The schedule's options come per head dim from `SCHEDULES`;
+default: `prefers_gluon` by size, `AUTO_VARIANT_CLASSES` by variant class). The schedule's options come per head dim from `SCHEDULES`;
 `ATTNFUSE_GLUON_CONSUMERS` forces the consumer count and `ATTNFUSE_GLUON_PERSISTENT` the
 persistent grid (to measure one against another).
 Both are read when a plan is made: a compiled function keeps the plans it has made.
@@ -26,7 +26,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import make_context, tile
-from attnfuse.dialects.flash_shape import HEAD_DIMS, NotFlashShaped, flash_kernel
+from attnfuse.dialects.flash_shape import HEAD_DIMS, FlashKernel, NotFlashShaped, flash_kernel
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
 from attnfuse.runtime.inputs import Problem
@@ -68,7 +68,8 @@ class GluonSchedule:
     """Keys per step by consumer count: the counts it has are those `ATTNFUSE_GLUON_CONSUMERS`
     may force."""
     alibi_consumers: int
-    """The consumer count of a kernel with ALiBi (its score step needs more registers)."""
+    """The consumer count of a kernel with ALiBi or an additive bias (its score step needs more
+    registers: three consumers' 160 spill 176-360 bytes with a bias at head dim 64, none with two)."""
     persistent: bool = False
     """One program per SM walking the tiles (`lowering/gluon_persistent.py`), for kernels whose
     tiles differ in work (a causal band or window trims their key loops)."""
@@ -171,8 +172,10 @@ def uniform_tiles(module: ModuleOp) -> bool:
 
 def schedule_options(head_dim: int, module: ModuleOp | None = None) -> dict[str, int | bool]:
     """`warp-specialize`'s options for the Gluon forward at `head_dim`, of the forward kernel in
-    `module` when given (ALiBi or not, uniform tiles or not; without one: neither)."""
-    alibi = module is not None and any(isinstance(op, tile.AlibiOp) for op in module.walk())
+    `module` when given (ALiBi or a bias or neither, uniform tiles or not; without one: neither)."""
+    # ALiBi and an additive bias make the score step heavier (its slope, or the bias block
+    # loaded beside the scores): such kernels take the schedule's `alibi_consumers`.
+    alibi = module is not None and any(isinstance(op, (tile.AlibiOp, tile.AddBiasOp)) for op in module.walk())
     uniform = module is not None and uniform_tiles(module)
     return SCHEDULES[head_dim].options(gluon_consumers(head_dim, alibi), gluon_persistent(), uniform)
 
@@ -216,6 +219,34 @@ def gluon_importable() -> bool:
     except ImportError:
         return False
     return True
+
+
+AUTO_VARIANT_CLASSES = {"softmax": (64, 128, 256), "relu": (64, 128), "pointwise": (128,), "bias": ()}
+"""Head dims at which `auto` takes the Gluon forward, per variant class (`variant_class`), from
+the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gluon-variants.md,
+`python3 bench/gluon_variants.py`, ms, Gluon / portable):
+
+- ReLU (dense): head dim 64 0.380 / 0.429 and 1.575 / 1.618 at N=4096 / 8192; head dim 128
+  0.350 / 0.471 and 1.489 / 2.129;
+- sigmoid + causal (`pointwise`): head dim 128 0.312 / 0.323 and 1.167 / 1.228; at head dim 64
+  the Gluon kernel is slower, 0.531 / 0.326 and 1.859 / 1.288;
+- an additive bias + causal (`bias`): slower at both, 0.496 / 0.328 and 1.858 / 1.412 at head
+  dim 64, 0.400 / 0.365 and 1.514 / 1.351 at 128 (the consumer loads each bias block beside
+  its scores; the portable kernel pipelines those loads);
+- plain softmax kernels (ALiBi, soft-capping, windows among them): `GLUON_MIN_WORK`'s rows.
+Head dim 256 is measured for the softmax class only."""
+
+
+def variant_class(parts: FlashKernel) -> str:
+    """The class of a flash-shaped forward that `AUTO_VARIANT_CLASSES` was measured by:
+    `relu` or `pointwise` (another pointwise normalizer, sigmoid) without the softmax, `bias`
+    for a softmax reading an additive bias, else `softmax`."""
+    loop = parts.loops[0]
+    if not parts.softmax:
+        return "relu" if any(isinstance(op, tile.ReluProbsOp) for op in loop.weights) else "pointwise"
+    if any(isinstance(op, tile.AddBiasOp) for op in loop.score_ops):
+        return "bias"
+    return "softmax"
 
 
 def prefers_gluon(problem: Problem, causal: bool) -> bool:
@@ -392,9 +423,11 @@ def gluon_forward(
     if forward is None:
         return launches
     try:
-        flash_kernel(forward)
+        parts = flash_kernel(forward)
     except NotFlashShaped:
         return launches  # the portable kernel covers every variant
+    if forward_target() == "auto" and problem.head_dim not in AUTO_VARIANT_CLASSES[variant_class(parts)]:
+        return launches  # measured slower than the portable kernel (or not measured)
     WarpSpecializePass(**schedule_options(problem.head_dim, module)).apply(make_context(), module)
     if forward.schedule is None:
         return launches
@@ -417,6 +450,6 @@ def gluon_forward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
-           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon",
+__all__ = ["AUTO_VARIANT_CLASSES", "GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
+           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon", "variant_class",
            "uniform_tiles"]

@@ -25,7 +25,22 @@ SPECS = {
     "window": af.attention(af.sliding_window(300), af.causal()),
     "alibi-softcap": af.attention(af.alibi(), af.softcap(20.0), af.causal()),
     "static-scale": af.attention(af.scaled_dot_product(0.05)),
+    "relu": af.attention(af.relu()),
+    "sigmoid-causal": af.attention(af.sigmoid(), af.causal()),
+    "bias-causal": af.attention(af.additive_bias(), af.causal()),
 }
+"""Every variant class the Gluon forward lowers. `bias-causal` is called with a bias broadcast
+over the batch (`call_data`)."""
+
+
+def call_data(name, q, k):
+    """The call-time tensors of SPECS[name]: a `[1, Hq, Nq, Nk]` fp32 bias for `bias-*` (its
+    batch axis broadcast, stride 0 in the kernel), none otherwise."""
+    if not name.startswith("bias"):
+        return {}
+    gen = torch.Generator().manual_seed(1)
+    bias = torch.randn(1, q.shape[1], q.shape[2], k.shape[2], generator=gen)
+    return {"bias": bias.cuda()}
 
 
 @pytest.fixture(autouse=True)
@@ -47,15 +62,20 @@ def forward_launch(fn, q, k, v, training=False):
     return next(launch for launch in plan.launches if launch.info.name == "attention_fwd")
 
 
-def assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch):
-    """`fn`'s output and lse, run through the Gluon `launch` alone (`gluon_only`), against the
-    reference on the CPU."""
+def assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, data=None):
+    """`fn`'s output and lse (a softmax's), run through the Gluon `launch` alone
+    (`gluon_only`), against the reference on the CPU; `data`: the call-time tensors."""
+    data = data or {}
     gluon_only(launch, monkeypatch)
+    softmax = "lse" in launch.launch.roles
     with torch.no_grad():
-        out, lse = fn(q, k, v, return_lse=True)
-    ref, ref_lse = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=True)
+        got = fn(q, k, v, return_lse=softmax, **data)
+    cpu_data = {key: t.cpu() for key, t in data.items()}
+    expected = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), return_lse=softmax, **cpu_data)
+    out, ref = (got[0], expected[0]) if softmax else (got, expected)
     assert_close_to_reference(out.cpu(), ref, q.dtype)
-    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+    if softmax:
+        assert_lse_close(got[1].cpu(), expected[1], lse_tolerance(spec, q, k))
 
 
 @pytest.mark.parametrize("name", list(SPECS))
@@ -66,9 +86,10 @@ def test_gluon_forward_matches_reference(name, d, dtype, hq, hkv, nq, nk, monkey
     spec = SPECS[name]
     fn = af.compile(spec)
     q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype)
+    data = call_data(name, q, k)
     launch = forward_launch(fn, q, k, v)
     assert isinstance(launch, GluonLaunch), "the call must take the Gluon forward"
-    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch)
+    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, data)
 
 
 @pytest.mark.parametrize("consumers", [2, 3])
@@ -183,18 +204,24 @@ def test_gluon_head_dim_256_matches_reference(name, dtype, hq, hkv, nq, nk, monk
     assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch)
 
 
-@pytest.mark.parametrize("d,hq,n", [(128, 8, 256), (256, 4, 200)])
-def test_gluon_training_call_gradients(d, hq, n):
-    """A training call: the Gluon forward saves o and lse for the portable backward (at head
-    dim 256 always portable: the fused backward's schedule covers 64 and 128 only)."""
-    spec = SPECS["causal"]
+@pytest.mark.parametrize("name,d,hq,n", [("causal", 128, 8, 256), ("causal", 256, 4, 200), ("relu", 64, 8, 256),
+                                         ("bias-causal", 128, 8, 256)])
+def test_gluon_training_call_gradients(name, d, hq, n):
+    """A training call: the Gluon forward saves o (and a softmax's lse) for the portable
+    backward (at head dim 256 always portable: the fused backward's schedule covers 64 and 128
+    only; ReLU and a bias have no scheduled backward); a bias that requires a gradient gets it."""
+    spec = SPECS[name]
     fn = af.compile(spec)
     q, k, v = inputs(1, hq, 2, n, n, d, torch.bfloat16, seed=3, grad=True)
+    data = {key: t.requires_grad_() for key, t in call_data(name, q, k).items()}
     assert isinstance(forward_launch(fn, q, k, v, training=True), GluonLaunch)
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(q.dtype).cuda()
-    fn(q, k, v).backward(grad)
-    want = reference_gradients(spec, q.cpu(), k.cpu(), v.cpu(), grad.cpu())
-    errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
+    fn(q, k, v, **data).backward(grad)
+    cpu_data = {key: t.detach().cpu() for key, t in data.items()}
+    want = reference_gradients(spec, q.cpu(), k.cpu(), v.cpu(), grad.cpu(), **cpu_data)
+    got = {"q": q.grad, "k": k.grad, "v": v.grad, **{key: t.grad for key, t in data.items()}}
+    errors = gradient_errors(got, want)
+    assert set(errors) == set(got), errors
     assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), errors
 
 
@@ -225,13 +252,32 @@ def test_unaligned_rows_run_the_portable_kernel():
 
 
 def test_refused_variant_runs_the_portable_kernel():
-    spec = af.attention(af.relu())
+    """A block-sparse layout has no Gluon schedule: the portable kernel runs it."""
+    spec = af.attention(af.block_sparse(128))
     fn = af.compile(spec)
     q, k, v = inputs(1, 4, 4, 256, 256, 128, torch.float16, seed=6)
+    layout = torch.tensor([[True, False], [True, True]], device="cuda")
     assert not any(isinstance(x, GluonLaunch) for x in fn.plan(q, k, v).launches)
     with torch.no_grad():
-        out = fn(q, k, v)
-    assert_close_to_reference(out.cpu(), af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu()), torch.float16)
+        out = fn(q, k, v, block_layout=layout)
+    expected = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), block_layout=layout.cpu())
+    assert_close_to_reference(out.cpu(), expected, torch.float16)
+
+
+@pytest.mark.parametrize("name", ["relu", "sigmoid-causal", "bias-causal"])
+@pytest.mark.parametrize("persistent", ["0", "1"])
+def test_gluon_pointwise_and_bias_on_both_grids(name, persistent, monkeypatch):
+    """The pointwise normalizers and a bias on the plain and the persistent grid, at head dim
+    64 (their consumer counts) and 128, with lengths that are not whole blocks and GQA."""
+    monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", persistent)
+    spec = SPECS[name]
+    for d, dtype in ((64, torch.float16), (128, torch.bfloat16)):
+        fn = af.compile(spec)
+        q, k, v = inputs(2, 8, 2, 448, 333, d, dtype, seed=3)
+        data = call_data(name, q, k)
+        launch = forward_launch(fn, q, k, v)
+        assert isinstance(launch, GluonLaunch) and launch.launch.persistent == (persistent == "1")
+        assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, data)
 
 
 @pytest.mark.parametrize("placement", ["auto", ("pre_rotated", "pre_rotated")])
@@ -261,3 +307,13 @@ def test_auto_rope_at_llama_heads_pre_rotates_for_gluon(monkeypatch):
         out = fn(q, k, v)
     ref = af.reference_attention(spec, q, k, v, device="cuda")
     assert_close_to_reference(out.cpu(), ref.cpu(), torch.bfloat16)
+
+
+@pytest.mark.parametrize("name,gluon", [("relu", True), ("bias-causal", False)])
+def test_auto_takes_gluon_by_variant_class(name, gluon, monkeypatch):
+    """`auto` at a size it takes Gluon for plain softmax (head dim 128, 4096 queries): ReLU runs
+    the Gluon forward, a bias the portable kernel (`AUTO_VARIANT_CLASSES`, measured)."""
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "auto")
+    fn = af.compile(SPECS[name])
+    q, k, v = inputs(1, 8, 2, 4096, 4096, 128, torch.bfloat16, seed=5)
+    assert isinstance(forward_launch(fn, q, k, v), GluonLaunch) == gluon

@@ -29,7 +29,7 @@ it alone): the runtime then runs the portable kernel (`runtime/gluon_forward.py`
 Launch ABI: `q_desc, k_desc, v_desc, o_desc` (4-D TMA descriptors over the `[B, H, N, D]`
 tensors of the roles `FlashKernel.operands` names, with their strides and `[1, 1, rows, D]`
 blocks, so a block past a sequence's end is zero-filled on loads and clipped on stores), then every other role's pointer and strides
-as the portable target passes them (`lse`, `slopes`), then `sm_scale, n_q, n_k, num_heads,
+as the portable target passes them (`lse` under the softmax, `slopes`, `bias`), then `sm_scale, n_q, n_k, num_heads,
 group_size`; launched with 4 warps (the first consumer, the default partition), the other
 consumers and the producer being worker partitions.
 """
@@ -83,7 +83,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     # -- printing ----------------------------------------------------------------------------
 
     def run(self) -> list[str]:
-        out: list[str] = []
+        out: list[str] = self.bias_function()
         out += self.step_function() + ["", ""]
         out += self.loader() + ["", ""]
         out += self.consumer() + ["", ""]
@@ -105,19 +105,64 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         bounds = self.bound_params()
         state = ["row_max", "row_sum"] if self.softmax else []
         return ["scores", *state, "start_n", "row_start", *bounds, "sm_scale", "n_q", "n_k",
-                *self.slope_params(), *self.bias_params()]
+                *self.slope_params(), *self.bias_tiles()]
 
     def bias_roles(self) -> list[str]:
         """The kernel's additive-bias tensors (`bias`, `bias_1`, ...), read in the step."""
         return [role for role in self.roles if tile.role_kind(role) == "bias"]
 
     def bias_params(self) -> list[str]:
-        """What the step reads a bias block by: its tile's batch and head, and each bias's
-        pointer and strides (the step points `{role}_base` at the head's slice itself)."""
+        """What a bias block is loaded by: its tile's batch and head, and each bias's pointer
+        and strides (the load points `{role}_base` at the head's slice itself)."""
         roles = self.bias_roles()
         if not roles:
             return []
         return ["batch", "head", *[name for role in roles for name in (f"{role}_ptr", *self.strides(role))]]
+
+    def bias_tiles(self) -> list[str]:
+        """The variables holding the current block's bias tiles, one per bias role, loaded by
+        `<kernel>_bias` before the consumer waits for the block's scores."""
+        return [f"{role}_tile" for role in self.bias_roles()]
+
+    def bias_function(self) -> list[str]:
+        """`<name>_bias(start_n, row_start, batch, head, bias pointers..., n_q, n_k)`: the bias
+        tiles of the block at `start_n` for one consumer's rows, as `tile.add_bias` reads them
+        (`KernelEmitter.score_pointers`; outside the sequences they read 0, and those entries
+        are masked or discarded). The consumer calls it right after issuing the block's q @ k^T,
+        so the loads run beside the product instead of in the score step's critical path."""
+        if not self.bias_roles():
+            return []
+        self.loop_vars.append(LoopRows("keys", "key_in_bounds", "keys"))
+        body = ["# Loaded in a row-major layout (each thread 8 consecutive keys, a warp 4 rows of 64 keys),",
+                "# so that a warp's loads are whole rows; the step moves them into the scores' layout.",
+                "BIAS_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])",
+                "rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, BIAS_LAYOUT))",
+                "row_in_bounds = rows < n_q",
+                "keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, BIAS_LAYOUT))",
+                "key_in_bounds = keys < n_k"]
+        for role in self.bias_roles():
+            body += [self.base_line(role),
+                     f"# tile.add_bias's operand: {role}[batch, head, query, key], broadcast through its strides",
+                     f"{role}_tile = tl.load({self.score_pointers(role)}, mask={self.block_bounds()}, other=0.0)"]
+        self.loop_vars.pop()
+        body.append(f"return {', '.join(self.bias_tiles())}")
+        params = ["start_n", "row_start", *self.bias_params(), "n_q", "n_k", "ROWS: gl.constexpr",
+                  "BLOCK_N: gl.constexpr"]
+        return self.function(f"def {self.name}_bias({', '.join(params)}):", ["    " + line for line in body]) + ["", ""]
+
+    def bias_call(self, indent: str) -> list[str]:
+        """The block at `start_n`'s bias tiles, into `bias_tiles()` (nothing without a bias)."""
+        if not self.bias_roles():
+            return []
+        args = ", ".join(["start_n", "row_start", *self.bias_params(), "n_q", "n_k", "ROWS", "BLOCK_N"])
+        return [f"{indent}{', '.join(self.bias_tiles())} = {self.name}_bias({args})"]
+
+    def emit_add_bias(self, op: tile.AddBiasOp) -> None:
+        """`tile.add_bias` on the tile `<kernel>_bias` loaded for this block."""
+        role = self.role_of(op.bias)
+        self.emit(f"# tile.add_bias: {role}[batch, head, query, key], loaded beside the block's q @ k^T")
+        self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + "
+                  f"gl.convert_layout({role}_tile, S_LAYOUT).to(tl.float32)")
 
     def step_results(self) -> list[str]:
         """What a step returns (and its call site assigns), in order."""
@@ -212,8 +257,10 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                                    "tile besides the one it refines", op)
 
     def step_function(self) -> list[str]:
-        """`<name>_step(scores, row_max, row_sum, start_n, row_start, bound_1.., ...)`: the score
-        ops and the online-softmax step of the block at `start_n`, on one consumer's raw
+        """`<name>_step(scores, row_max, row_sum, start_n, row_start, bound_1.., ...)` (without the
+        row statistics under a pointwise normalizer; with the block's bias tiles after the
+        slopes): the score ops and the online-softmax step (or the weights) of the block at
+        `start_n`, on one consumer's raw
         q @ k^T tile (its ROWS query rows from `row_start`). One function for every key loop:
         the ops the loops share are printed once and a loop's own masks run under a runtime
         test of the block's start. (One inlined function per loop, chosen at the call site,
@@ -236,7 +283,6 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         ]
         if any(loop.op.masked is not None for loop in self.loops):
             body.append("key_in_bounds = keys < n_k")
-        body += [line for role in self.bias_roles() for line in (self.base_line(role),)]
         if self.same_skeleton(per_loop):
             body += self.merged_steps(per_loop)
         else:
@@ -327,6 +373,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "    start_n = kv_start",
             "    mbarrier.wait(k_ready.index(0), 0)",
             "    scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(0)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            *self.bias_call("    "),
             "    scores = warpgroup_mma_wait(0, deps=(scores,))",
             "    mbarrier.arrive(k_empty.index(0), count=1)",
             *[line[4:] for line in self.step_call("        ")],
@@ -347,6 +394,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             *self.rescale("        "),
             "        scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "        acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)",
+            *self.bias_call("        "),
             "        # Groups complete in issue order: one outstanding means S_j is done.",
             "        scores = warpgroup_mma_wait(1, deps=(scores,))",
             "        mbarrier.arrive(k_empty.index(stage), count=1)",
@@ -452,7 +500,8 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
 # The forward's online softmax keeps its row max in base-2 units (`GluonEmitter.emit_softmax_update`;
 # its finalize, called directly, reads it so).
-GluonEmitter.HANDLERS = {**KernelEmitter.HANDLERS, tile.SoftmaxUpdateOp: GluonEmitter.emit_softmax_update}
+GluonEmitter.HANDLERS = {**KernelEmitter.HANDLERS, tile.SoftmaxUpdateOp: GluonEmitter.emit_softmax_update,
+                         tile.AddBiasOp: GluonEmitter.emit_add_bias}
 
 
 HEADER = '''"""Generated by AttnFuse from tile IR for Hopper (the Gluon target). Do not edit."""

@@ -30,7 +30,7 @@ class PersistentGluonEmitter(GluonEmitter):
     consumer and an entry that walk the program's tiles."""
 
     def run(self) -> list[str]:
-        out = self.tile_function() + ["", ""]
+        out = self.tile_function() + ["", ""] + self.bias_function()
         out += self.step_function() + ["", ""]
         out += self.loader() + ["", ""]
         out += self.consumer() + ["", ""]
@@ -140,6 +140,7 @@ class PersistentGluonEmitter(GluonEmitter):
             "        first = kv_count % STAGES",
             "        mbarrier.wait(k_ready.index(first), (kv_count // STAGES) & 1)",
             "        scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(first)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            *self.bias_call("        "),
             "        scores = warpgroup_mma_wait(0, deps=(scores,))",
             "        mbarrier.arrive(k_empty.index(first), count=1)",
             *[line[4:] for line in self.step_call("            ")],
@@ -159,6 +160,7 @@ class PersistentGluonEmitter(GluonEmitter):
             *self.rescale("            "),
             "            scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(stage)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "            acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)",
+            *self.bias_call("            "),
             "            scores = warpgroup_mma_wait(1, deps=(scores,))",
             "            mbarrier.arrive(k_empty.index(stage), count=1)",
             *self.step_call("            "),

@@ -238,14 +238,15 @@ Head dim 256 is measured for the softmax class only."""
 
 
 def variant_class(parts: FlashKernel) -> str:
-    """The class of a flash-shaped forward that `AUTO_VARIANT_CLASSES` was measured by:
-    `relu` or `pointwise` (another pointwise normalizer, sigmoid) without the softmax, `bias`
-    for a softmax reading an additive bias, else `softmax`."""
+    """The class of a flash-shaped forward that `AUTO_VARIANT_CLASSES` was measured by: `bias`
+    for any kernel reading an additive bias (whatever its normalizer: the bias's loads set its
+    pace), else `relu` or `pointwise` (another pointwise normalizer, sigmoid) without the
+    softmax, else `softmax`."""
     loop = parts.loops[0]
-    if not parts.softmax:
-        return "relu" if any(isinstance(op, tile.ReluProbsOp) for op in loop.weights) else "pointwise"
     if any(isinstance(op, tile.AddBiasOp) for op in loop.score_ops):
         return "bias"
+    if not parts.softmax:
+        return "relu" if any(isinstance(op, tile.ReluProbsOp) for op in loop.weights) else "pointwise"
     return "softmax"
 
 

@@ -3,19 +3,21 @@
 A forward kernel has the flash shape when it loads q whole, initializes the online softmax,
 bounds its key range, runs key loops that each
 
-    load k whole; s = q @ k^T; score ops (masks, maps, ALiBi, scales); load v;
-    online-softmax step; acc = acc * alpha + p @ v
+    load k whole; s = q @ k^T; score ops (masks, maps, ALiBi, an additive bias, scales);
+    load v; online-softmax step; acc = acc * alpha + p @ v
 
 over consecutive ranges, each carrying the previous one's state, then finalizes and stores
-o and the log-sum-exp. Its loads then need no registers of the consumers: a producer partition
+o and the log-sum-exp; or the same with a pointwise normalizer (ReLU, sigmoid) in place of the
+softmax, its accumulator starting from zeros, never rescaled and stored as o. Its loads then need no registers of the consumers: a producer partition
 can copy k and v blocks into shared memory (TMA) while the consumers compute. The pass marks
 such a kernel `schedule = #tile<schedule warp_specialized>` (`tile.ScheduleAttr`) and sets
 the schedule's sizes: `num_warps = 4 * consumers` (one warpgroup of 64 query rows per consumer
 partition, so `block_m = 16 * num_warps`), `block_n` keys per step, `num_stages` buffers per
 operand, `producer_warps`, `consumer_registers`, and with `persistent` the kernel's
 `persistent = 1` (a grid of one program per SM walking the tiles).
-A kernel of another shape (a rotation in the kernel, a bias tile, a document filter, a
-pointwise normalizer, backward and decode kernels) is left as it is, for the portable schedule.
+A kernel of another shape (a rotation in the kernel, block lists, a document filter, backward
+and decode kernels) is left as it is, for the portable schedule (the fused backward has its
+own pattern, `WarpSpecializeBackward`).
 
 The shape analysis, `flash_kernel`, lives in `dialects/flash_shape.py`: the Gluon target
 (`lowering/gluon.py`) reads a scheduled kernel's parts through it too.

@@ -264,13 +264,21 @@ def test_refused_variant_runs_the_portable_kernel():
     assert_close_to_reference(out.cpu(), expected, torch.float16)
 
 
-@pytest.mark.parametrize("name", ["relu", "sigmoid-causal", "bias-causal"])
+WINDOWED = {
+    "relu-window": af.attention(af.relu(), af.sliding_window(200), af.causal()),
+    "bias-window": af.attention(af.additive_bias(), af.sliding_window(200), af.causal()),
+}
+"""Three key loops (masked, full, masked) with a pointwise normalizer or a bias."""
+
+
+@pytest.mark.parametrize("name", ["relu", "sigmoid-causal", "bias-causal", *WINDOWED])
 @pytest.mark.parametrize("persistent", ["0", "1"])
 def test_gluon_pointwise_and_bias_on_both_grids(name, persistent, monkeypatch):
     """The pointwise normalizers and a bias on the plain and the persistent grid, at head dim
-    64 (their consumer counts) and 128, with lengths that are not whole blocks and GQA."""
+    64 (their consumer counts) and 128, with lengths that are not whole blocks and GQA, under
+    a causal band and a sliding window."""
     monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", persistent)
-    spec = SPECS[name]
+    spec = SPECS.get(name) or WINDOWED[name]
     for d, dtype in ((64, torch.float16), (128, torch.bfloat16)):
         fn = af.compile(spec)
         q, k, v = inputs(2, 8, 2, 448, 333, d, dtype, seed=3)
@@ -317,3 +325,16 @@ def test_auto_takes_gluon_by_variant_class(name, gluon, monkeypatch):
     fn = af.compile(SPECS[name])
     q, k, v = inputs(1, 8, 2, 4096, 4096, 128, torch.bfloat16, seed=5)
     assert isinstance(forward_launch(fn, q, k, v), GluonLaunch) == gluon
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1, 333), (1, 8, 448, 1), (448, 333)])
+def test_gluon_broadcast_bias(shape, monkeypatch):
+    """A bias broadcast along keys, queries or batch and heads (zero strides in the kernel):
+    a key-row bias `[B, 1, 1, Nk]`, a query-column one `[1, Hq, Nq, 1]`, a `[Nq, Nk]` one."""
+    spec = SPECS["bias-causal"]
+    fn = af.compile(spec)
+    q, k, v = inputs(2, 8, 2, 448, 333, 128, torch.bfloat16, seed=7)
+    bias = torch.randn(shape, generator=torch.Generator().manual_seed(8)).cuda()
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch)
+    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, {"bias": bias})

@@ -1,5 +1,6 @@
 // RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 backward=false},warp-specialize' -t gluon | filecheck %s
 // RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 backward=false},warp-specialize{persistent=true}' -t gluon | filecheck %s --check-prefix=PERSISTENT
+// RUN: sed 's/attn.sigmoid/attn.relu/' %s | attnfuse-opt -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=64 element-type=f16 backward=false},warp-specialize{consumers=3}' -t gluon | filecheck %s --check-prefix=RELU
 // A pointwise normalizer (here sigmoid, under a causal band) is flash-shaped without the
 // softmax's state: the step turns the scores into weights and returns them alone, the consumer
 // adds p @ v to an accumulator it never rescales, and o is that accumulator (no finalize, no lse).
@@ -15,21 +16,32 @@
 // CHECK-NEXT:     return scores
 // CHECK-NOT:      tile.softmax_update
 
+// No row statistics and no rescale anywhere in the consumer, down to its store of acc.
 // CHECK:      def attention_fwd_consume(o_desc, q_bufs,
-// CHECK-NOT:      row_max
-// CHECK-NOT:      alpha
+// CHECK-NOT:      {{row_max|row_sum|alpha|lse_ptr}}
 // CHECK:          probs = attention_fwd_step(scores, start_n, row_start, bound_1, sm_scale, n_q, n_k, ROWS, BLOCK_N, S_LAYOUT)
+// CHECK-NOT:      {{row_max|row_sum|alpha|lse_ptr}}
 // CHECK:          # tile.accumulate of block j-1 (acc + p @ v), issued behind S_j.
 // CHECK-NEXT:     scores = warpgroup_mma(q_tile,
 // CHECK-NEXT:     acc = warpgroup_mma(p_op, tile_2d(v_bufs.index(prev)), acc, is_async=True)
-// CHECK-NOT:      lse_ptr
+// CHECK-NOT:      {{row_max|row_sum|alpha|lse_ptr}}
 // CHECK:          q_tile.store(acc.to(dtype))
+
+// ReLU at head dim 64 (three consumers): relu(s) / Nk, NaN kept, as the portable target prints it.
+// RELU:      def attention_fwd_step(scores, start_n, row_start, bound_1, sm_scale, n_q, n_k, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
+// RELU:          # tile.relu_probs: relu(s) / Nk (dropped keys are -inf: weight 0)
+// RELU-NEXT:     scores = tl.maximum(scores, 0.0, propagate_nan=tl.PropagateNan.ALL) / n_k
+// RELU-NEXT:     return scores
+// RELU:      def attention_fwd_consume(o_desc, q_bufs,
+// RELU-NOT:      {{row_max|alpha|lse_ptr}}
+// RELU:          q_tile.store(acc.to(dtype))
+// RELU:      ], [4, 4, 1], [160, 160, 24])
 
 // The persistent grid's consumer is the same per tile.
 // PERSISTENT:      def attention_fwd_consume(o_desc, q_bufs,
-// PERSISTENT-NOT:      alpha
+// PERSISTENT-NOT:      {{row_max|row_sum|alpha|lse_ptr}}
 // PERSISTENT:          probs = attention_fwd_step(
-// PERSISTENT-NOT:      lse_ptr
+// PERSISTENT-NOT:      {{row_max|row_sum|alpha|lse_ptr}}
 // PERSISTENT:          o_tile.store(acc.to(dtype))
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k

@@ -272,7 +272,8 @@ def test_schedules_by_head_dim(monkeypatch):
 @pytest.mark.parametrize("spec,kind", [
     (af.attention(af.causal()), "softmax"), (af.attention(af.alibi(), af.softcap(20.0)), "softmax"),
     (af.attention(af.additive_bias(), af.causal()), "bias"), (af.attention(af.relu()), "relu"),
-    (af.attention(af.relu(), af.causal()), "relu"), (af.attention(af.sigmoid()), "pointwise")])
+    (af.attention(af.relu(), af.causal()), "relu"), (af.attention(af.sigmoid()), "pointwise"),
+    (af.attention(af.additive_bias(), af.relu()), "bias"), (af.attention(af.additive_bias(), af.sigmoid()), "bias")])
 def test_variant_classes_of_the_auto_rule(spec, kind):
     """`auto` decides per variant class (`AUTO_VARIANT_CLASSES`): a bias is its own class, ReLU
     and the other pointwise normalizers theirs."""

@@ -9,8 +9,9 @@ bias in the inputs' dtype, broadcast over the batch), at the paper's shape (B=4,
 fp16) and the Llama-3-8B heads (B=1, 32/8 heads of 128, bf16). Columns: `gluon` and `tl`
 force the target (`ATTNFUSE_FORWARD_TARGET`), `auto` is what a call gets; the bias rows also
 time compiled flex_attention with a `score_mod` reading the same bias and a causal
-`BlockMask` (no peer takes ReLU or sigmoid weights). Every column is checked against SDPA's
-math backend in float32 on the same inputs first (max abs error). Times: median ms of
+`BlockMask` (no peer takes ReLU or sigmoid weights). Every column's output is compared with
+the variant written out in float32 on the same inputs (`reference`; the max abs error is
+reported, the correctness tests being test/python/test_gpu_gluon.py's). Times: median ms of
 CUDA-event-timed calls (`benchlib.median_ms`), inference (`torch.no_grad`).
 """
 

@@ -133,12 +133,9 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         if not self.bias_roles():
             return []
         self.loop_vars.append(LoopRows("keys", "key_in_bounds", "keys"))
-        body = ["# Loaded in a row-major layout (each thread 8 consecutive keys, a warp 4 rows of 64 keys),",
-                "# so that a warp's loads are whole rows; the step moves them into the scores' layout.",
-                "BIAS_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])",
-                "rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, BIAS_LAYOUT))",
+        body = ["rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))",
                 "row_in_bounds = rows < n_q",
-                "keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, BIAS_LAYOUT))",
+                "keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
                 "key_in_bounds = keys < n_k"]
         for role in self.bias_roles():
             body += [self.base_line(role),
@@ -147,22 +144,21 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.loop_vars.pop()
         body.append(f"return {', '.join(self.bias_tiles())}")
         params = ["start_n", "row_start", *self.bias_params(), "n_q", "n_k", "ROWS: gl.constexpr",
-                  "BLOCK_N: gl.constexpr"]
+                  "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_bias({', '.join(params)}):", ["    " + line for line in body]) + ["", ""]
 
     def bias_call(self, indent: str) -> list[str]:
         """The block at `start_n`'s bias tiles, into `bias_tiles()` (nothing without a bias)."""
         if not self.bias_roles():
             return []
-        args = ", ".join(["start_n", "row_start", *self.bias_params(), "n_q", "n_k", "ROWS", "BLOCK_N"])
+        args = ", ".join(["start_n", "row_start", *self.bias_params(), "n_q", "n_k", "ROWS", "BLOCK_N", "S_LAYOUT"])
         return [f"{indent}{', '.join(self.bias_tiles())} = {self.name}_bias({args})"]
 
     def emit_add_bias(self, op: tile.AddBiasOp) -> None:
         """`tile.add_bias` on the tile `<kernel>_bias` loaded for this block."""
         role = self.role_of(op.bias)
         self.emit(f"# tile.add_bias: {role}[batch, head, query, key], loaded beside the block's q @ k^T")
-        self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + "
-                  f"gl.convert_layout({role}_tile, S_LAYOUT).to(tl.float32)")
+        self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + {role}_tile.to(tl.float32)")
 
     def step_results(self) -> list[str]:
         """What a step returns (and its call site assigns), in order."""

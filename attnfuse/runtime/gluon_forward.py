@@ -230,9 +230,10 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   0.350 / 0.471 and 1.489 / 2.129;
 - sigmoid + causal (`pointwise`): head dim 128 0.312 / 0.323 and 1.167 / 1.228; at head dim 64
   the Gluon kernel is slower, 0.531 / 0.326 and 1.859 / 1.288;
-- an additive bias + causal (`bias`): slower at both, 0.496 / 0.328 and 1.858 / 1.412 at head
-  dim 64, 0.400 / 0.365 and 1.514 / 1.351 at 128 (the consumer loads each bias block beside
-  its scores; the portable kernel pipelines those loads);
+- an additive bias + causal (`bias`): slower at both, 0.464 / 0.324 and 1.751 / 1.282 at head
+  dim 64, 0.414 / 0.365 and 1.547 / 1.404 at 128 (bench/results/20261203T175822Z-gluon-variants.md:
+  the consumer loads each bias block in the MMA layout beside the block's product; the
+  portable kernel pipelines coalesced loads);
 - plain softmax kernels (ALiBi, soft-capping, windows among them): `GLUON_MIN_WORK`'s rows.
 Head dim 256 is measured for the softmax class only."""
 

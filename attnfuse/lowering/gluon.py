@@ -10,9 +10,10 @@ this target prints them in Gluon (`triton.experimental.gluon`):
 
 - the loads of q, k and v become the producer partition's TMA copies (`<kernel>_load`);
 - `tile.scores` and `tile.accumulate` become the consumers' warpgroup MMAs (`<kernel>_consume`);
-- the score ops between them (masks, ALiBi, an additive bias read block by block through its
-  pointer, maps such as soft-capping, scales) and the online-softmax step (or a pointwise
-  normalizer's weights: ReLU, sigmoid) are printed by the portable target's own op printers into one
+- the score ops between them (masks, ALiBi, an additive bias, maps such as soft-capping,
+  scales) and the online-softmax step (or a pointwise normalizer's weights: ReLU, sigmoid) are
+  printed by the portable target's own op printers (a bias's block loaded beforehand by
+  `<kernel>_bias`, from its pointer and strides) into one
   `@gluon.jit` step function (`<kernel>_step`), so a block's meaning is still printed in one
   place. The consecutive key loops (full blocks, then masked ones; masked, full, masked under a
   sliding window) are one pipelined range: the step prints what the loops share once and runs
@@ -108,7 +109,8 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                 *self.slope_params(), *self.bias_tiles()]
 
     def bias_roles(self) -> list[str]:
-        """The kernel's additive-bias tensors (`bias`, `bias_1`, ...), read in the step."""
+        """The kernel's additive-bias tensors (`bias`, `bias_1`, ...), loaded by `<kernel>_bias`
+        and added in the step."""
         return [role for role in self.roles if tile.role_kind(role) == "bias"]
 
     def bias_params(self) -> list[str]:
@@ -129,11 +131,15 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         tiles of the block at `start_n` for one consumer's rows, as `tile.add_bias` reads them
         (`KernelEmitter.score_pointers`; outside the sequences they read 0, and those entries
         are masked or discarded). The consumer calls it right after issuing the block's q @ k^T,
-        so the loads run beside the product instead of in the score step's critical path."""
+        so the loads may run beside the product (on the H200 this measured within run-to-run
+        spread of loading inside the step: docs/performance.md §2). Offsets are int64, as the
+        portable kernel's: a full bias's batch stride times the batch can pass 2**31."""
         if not self.bias_roles():
             return []
         self.loop_vars.append(LoopRows("keys", "key_in_bounds", "keys"))
-        body = ["rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))",
+        body = ["batch = batch.to(tl.int64)  # int64 offsets: B * H * Nq * Nk can pass 2**31 elements",
+                "head = head.to(tl.int64)",
+                "rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))",
                 "row_in_bounds = rows < n_q",
                 "keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
                 "key_in_bounds = keys < n_k"]

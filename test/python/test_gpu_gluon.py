@@ -265,10 +265,12 @@ def test_refused_variant_runs_the_portable_kernel():
 
 
 WINDOWED = {
-    "relu-window": af.attention(af.relu(), af.sliding_window(200), af.causal()),
-    "bias-window": af.attention(af.additive_bias(), af.sliding_window(200), af.causal()),
+    "relu-window": af.attention(af.relu(), af.sliding_window(300), af.causal()),
+    "bias-window": af.attention(af.additive_bias(), af.sliding_window(300), af.causal()),
+    "bias-relu": af.attention(af.additive_bias(), af.relu(), af.causal()),
 }
-"""Three key loops (masked, full, masked) with a pointwise normalizer or a bias."""
+"""Three key loops (masked, full, masked: a 300-key window holds a whole 128-key block) with a
+pointwise normalizer or a bias, and a bias under ReLU."""
 
 
 @pytest.mark.parametrize("name", ["relu", "sigmoid-causal", "bias-causal", *WINDOWED])
@@ -327,14 +329,17 @@ def test_auto_takes_gluon_by_variant_class(name, gluon, monkeypatch):
     assert isinstance(forward_launch(fn, q, k, v), GluonLaunch) == gluon
 
 
-@pytest.mark.parametrize("shape", [(2, 1, 1, 333), (1, 8, 448, 1), (448, 333)])
+@pytest.mark.parametrize("shape", [(2, 1, 1, 333), (1, 8, 448, 1), (448, 333), (2, 8, 448, 333)])
 def test_gluon_broadcast_bias(shape, monkeypatch):
     """A bias broadcast along keys, queries or batch and heads (zero strides in the kernel):
-    a key-row bias `[B, 1, 1, Nk]`, a query-column one `[1, Hq, Nq, 1]`, a `[Nq, Nk]` one."""
+    a key-row bias `[B, 1, 1, Nk]`, a query-column one `[1, Hq, Nq, 1]`, a `[Nq, Nk]` one, and
+    a full one (every batch its own), on the plain and the persistent grid."""
     spec = SPECS["bias-causal"]
-    fn = af.compile(spec)
-    q, k, v = inputs(2, 8, 2, 448, 333, 128, torch.bfloat16, seed=7)
-    bias = torch.randn(shape, generator=torch.Generator().manual_seed(8)).cuda()
-    launch = forward_launch(fn, q, k, v)
-    assert isinstance(launch, GluonLaunch)
-    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, {"bias": bias})
+    for persistent in ("0", "1"):
+        monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", persistent)
+        fn = af.compile(spec)
+        q, k, v = inputs(2, 8, 2, 448, 333, 128, torch.bfloat16, seed=7)
+        bias = torch.randn(shape, generator=torch.Generator().manual_seed(8)).cuda()
+        launch = forward_launch(fn, q, k, v)
+        assert isinstance(launch, GluonLaunch) and launch.launch.persistent == (persistent == "1")
+        assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, {"bias": bias})

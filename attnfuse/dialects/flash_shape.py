@@ -184,6 +184,7 @@ def pointwise_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp, it, k_load: tile.
     after the load of v: the weights (`NORMALIZER_OPS`, refining the scores), `acc + p @ v`,
     the yield."""
     weights: list[Operation] = []
+    scores_in = chain
     op = next(it, None)
     while isinstance(op, (tile.SeqLenOp, *NORMALIZER_OPS)):
         if not isinstance(op, tile.SeqLenOp):
@@ -193,7 +194,7 @@ def pointwise_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp, it, k_load: tile.
             chain = op.result
         weights.append(op)
         op = next(it, None)
-    if not any(not isinstance(w, tile.SeqLenOp) for w in weights):
+    if chain is scores_in:
         raise refuse(kernel, op, "a loop carrying the accumulator alone needs a pointwise normalizer "
                                  "(relu, sigmoid) after the load of v")
     accumulate = op

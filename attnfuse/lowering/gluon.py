@@ -146,7 +146,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         for role in self.bias_roles():
             body += [self.base_line(role),
                      f"# tile.add_bias's operand: {role}[batch, head, query, key], broadcast through its strides",
-                     f"{role}_tile = tl.load({self.score_pointers(role)}, mask={self.block_bounds()}, other=0.0)"]
+                     f"{role}_tile = {self.bias_block(role)}"]
         self.loop_vars.pop()
         body.append(f"return {', '.join(self.bias_tiles())}")
         params = ["start_n", "row_start", *self.bias_params(), "n_q", "n_k", "ROWS: gl.constexpr",
@@ -290,7 +290,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         else:
             body += self.branched_steps(per_loop)
         u = self.loops[0].update
-        if u is not None:
+        if self.softmax:
             body.append(f"return {self.namer[u.probs]}, {self.namer[u.alpha]}, "
                         f"{self.namer[u.new_row_max]}, {self.namer[u.new_row_sum]}")
         else:

@@ -1370,14 +1370,16 @@ class KernelEmitter:
             return f"{role}_base + {queries} + {pair['k_idx']} * stride_{role}_d"
         return f"{role}_base + {pair['q_idx']} * stride_{role}_n + {pair['k_idx']} * stride_{role}_d"
 
+    def bias_block(self, role: str) -> str:
+        """The load of `role[batch, head, query, key]` for the current block's pairs, broadcast
+        through its strides; 0 outside the sequences (those entries are masked or discarded)."""
+        return f"tl.load({self.score_pointers(role)}, mask={self.block_bounds()}, other=0.0)"
+
     def emit_add_bias(self, op: tile.AddBiasOp) -> None:
         block = self.namer.fresh("bias_block")
         role = self.role_of(op.bias)
         self.emit(f"# tile.add_bias: {role}[batch, head, query, key], broadcast through its strides")
-        self.emit(
-            f"{block} = tl.load({self.score_pointers(role)},"
-            f" mask={self.block_bounds()}, other=0.0).to(tl.float32)"
-        )
+        self.emit(f"{block} = {self.bias_block(role)}.to(tl.float32)")
         self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + {block}")
 
     def emit_relu_probs(self, op: tile.ReluProbsOp) -> None:

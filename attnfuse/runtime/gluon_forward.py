@@ -67,7 +67,7 @@ class GluonSchedule:
     block_n: dict[int, int]
     """Keys per step by consumer count: the counts it has are those `ATTNFUSE_GLUON_CONSUMERS`
     may force."""
-    alibi_consumers: int
+    heavy_step_consumers: int
     """The consumer count of a kernel with ALiBi or an additive bias (its score step needs more
     registers: three consumers' 160 spill 176-360 bytes with a bias at head dim 64, none with two)."""
     persistent: bool = False
@@ -84,9 +84,9 @@ class GluonSchedule:
 
 
 SCHEDULES = {
-    128: GluonSchedule(2, {1: 128, 2: 128, 3: 64}, alibi_consumers=2, persistent_uniform=True),
-    64: GluonSchedule(3, {1: 128, 2: 128, 3: 128}, alibi_consumers=2),
-    256: GluonSchedule(2, {1: 64, 2: 64}, alibi_consumers=2),
+    128: GluonSchedule(2, {1: 128, 2: 128, 3: 64}, heavy_step_consumers=2, persistent_uniform=True),
+    64: GluonSchedule(3, {1: 128, 2: 128, 3: 128}, heavy_step_consumers=2),
+    256: GluonSchedule(2, {1: 64, 2: 64}, heavy_step_consumers=2),
 }
 """The Gluon forward's schedule per head dim, as measured on the H200 (Triton 3.6,
 bench/results/20261201T200916Z-gluon-forward.md; `GLUON_MIN_WORK` has the times against the
@@ -129,14 +129,14 @@ def forced_consumers() -> int | None:
     return int(forced)
 
 
-def gluon_consumers(head_dim: int, alibi: bool = False) -> int:
-    """The consumer count of the Gluon forward at `head_dim` (of a kernel with ALiBi if
-    `alibi`): `ATTNFUSE_GLUON_CONSUMERS` if set (checked, also against the counts the head
+def gluon_consumers(head_dim: int, heavy_step: bool = False) -> int:
+    """The consumer count of the Gluon forward at `head_dim` (of a kernel with ALiBi or a
+    bias if `heavy_step`): `ATTNFUSE_GLUON_CONSUMERS` if set (checked, also against the counts the head
     dim's schedule takes), else `SCHEDULES`'."""
     forced = forced_consumers()
     schedule = SCHEDULES[head_dim]
     if forced is None:
-        return schedule.alibi_consumers if alibi else schedule.consumers
+        return schedule.heavy_step_consumers if heavy_step else schedule.consumers
     if forced not in schedule.block_n:
         raise ArgumentError(f"ATTNFUSE_GLUON_CONSUMERS={forced}: the Gluon forward at head dim {head_dim} "
                             f"takes {', '.join(map(str, schedule.block_n))} consumer warpgroups "
@@ -174,10 +174,10 @@ def schedule_options(head_dim: int, module: ModuleOp | None = None) -> dict[str,
     """`warp-specialize`'s options for the Gluon forward at `head_dim`, of the forward kernel in
     `module` when given (ALiBi or a bias or neither, uniform tiles or not; without one: neither)."""
     # ALiBi and an additive bias make the score step heavier (its slope, or the bias block
-    # loaded beside the scores): such kernels take the schedule's `alibi_consumers`.
-    alibi = module is not None and any(isinstance(op, (tile.AlibiOp, tile.AddBiasOp)) for op in module.walk())
+    # loaded beside the scores): such kernels take the schedule's `heavy_step_consumers`.
+    heavy_step = module is not None and any(isinstance(op, (tile.AlibiOp, tile.AddBiasOp)) for op in module.walk())
     uniform = module is not None and uniform_tiles(module)
-    return SCHEDULES[head_dim].options(gluon_consumers(head_dim, alibi), gluon_persistent(), uniform)
+    return SCHEDULES[head_dim].options(gluon_consumers(head_dim, heavy_step), gluon_persistent(), uniform)
 
 
 def forward_target() -> str:

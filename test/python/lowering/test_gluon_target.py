@@ -237,6 +237,9 @@ def test_schedules_by_head_dim(monkeypatch):
     key = CompileKey(64, 64, "f16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
     alibi = lower_spec(af.attention(af.alibi(), af.causal()), key)
     assert gluon_forward.schedule_options(64, alibi)["consumers"] == 2
+    # A bias too: three consumers' 160 registers spill with its block beside the scores.
+    bias = lower_spec(af.attention(af.additive_bias(), af.causal()), key)
+    assert gluon_forward.schedule_options(64, bias)["consumers"] == 2
     assert gluon_forward.schedule_options(64, lower_spec(af.attention(af.causal()), key))["consumers"] == 3
     key128 = CompileKey(128, 128, "f16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
     dense, causal = (lower_spec(spec, key128) for spec in (af.attention(), af.attention(af.causal())))

@@ -10,15 +10,14 @@ fp16) and the Llama-3-8B heads (B=1, 32/8 heads of 128, bf16). Columns: `gluon` 
 force the target (`ATTNFUSE_FORWARD_TARGET`), `auto` is what a call gets; the bias rows also
 time compiled flex_attention with a `score_mod` reading the same bias and a causal
 `BlockMask` (no peer takes ReLU or sigmoid weights). Every column's output is compared with
-the variant written out in float32 on the same inputs (`reference`; the max abs error is
-reported, the correctness tests being test/python/test_gpu_gluon.py's). Times: median ms of
+the variant's reference (`af.reference_attention`, in float32 on the GPU; the max abs error
+is reported, the correctness tests being test/python/test_gpu_gluon.py's). Times: median ms of
 CUDA-event-timed calls (`benchlib.median_ms`), inference (`torch.no_grad`).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import torch
@@ -34,23 +33,6 @@ VARIANTS = {
 """name -> (spec, causal)."""
 GEOMETRIES = {"paper": (4, 12, 12, 64, torch.float16), "llama": (1, 32, 8, 128, torch.bfloat16)}
 COLUMNS = (("gluon", "gluon"), ("tl", "triton"), ("auto", "auto"))
-
-
-def reference(name: str, q, k, v, bias, causal: bool) -> torch.Tensor:
-    """The variant in float32 from its definition (independent of AttnFuse's kernels)."""
-    group = q.shape[1] // k.shape[1]
-    k, v = (t.float().repeat_interleave(group, 1) for t in (k, v))
-    scores = q.float() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if bias is not None:
-        scores = scores + bias.float()
-    n_q, n_k = scores.shape[-2:]
-    keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)
-    if causal:  # bottom-right aligned
-        keep = torch.arange(n_k, device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None] + (n_k - n_q)
-    if name.startswith(("relu", "sigmoid")):
-        weights = torch.relu(scores) / n_k if name.startswith("relu") else torch.sigmoid(scores - math.log(n_k))
-        return (weights * keep) @ v
-    return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1) @ v
 
 
 def flex_call(q, k, v, bias, causal: bool):
@@ -71,7 +53,7 @@ def flex_call(q, k, v, bias, causal: bool):
     return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--reps", type=int, default=30)
@@ -80,7 +62,7 @@ def main() -> None:
     parser.add_argument("--geometries", default=",".join(GEOMETRIES))
     parser.add_argument("--no-flex", action="store_true", help="skip the flex_attention column")
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, no flex")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = "cpu" if args.smoke else "cuda"
     seq_lens = [40] if args.smoke else [int(n) for n in args.seq_lens.split(",")]
     meta = benchlib.metadata(device)
@@ -99,7 +81,9 @@ def main() -> None:
                 data = {"bias": bias} if bias is not None else {}
                 row = {"case": f"{name} B{b} H{hq}/{hkv} D{d} N{n} {str(dtype).removeprefix('torch.')}"}
                 with torch.no_grad():
-                    expected = reference(name, q, k, v, bias, causal)
+                    # The attn-IR interpreter in float32 on the GPU (`af.reference_attention`;
+                    # float64 on the CPU would take minutes at these sizes).
+                    expected = af.reference_attention(spec, q, k, v, dtype=torch.float32, device=q.device, **data)
                     for column, target in COLUMNS:
                         with benchlib.environment({"ATTNFUSE_FORWARD_TARGET": target}):
                             fn = af.compile(spec)  # a fresh function: a plan keeps its target
@@ -132,7 +116,8 @@ def main() -> None:
                 *benchlib.markdown_table(header, table)]
     benchlib.write_outputs(args.out, f"{benchlib.stamp()}-gluon-variants", {"metadata": meta, "rows": rows}, markdown)
     print("\n".join(markdown))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

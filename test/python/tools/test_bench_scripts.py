@@ -29,7 +29,7 @@ def scripts():
     sys.path.insert(0, str(BENCH))
     try:
         yield {name: importlib.import_module(name)
-               for name in ("benchlib", "host_overhead", "llama_layer", "decode", "decode_tune")}
+               for name in ("benchlib", "host_overhead", "llama_layer", "decode", "decode_tune", "gluon_variants")}
     finally:
         sys.path.remove(str(BENCH))
 
@@ -204,3 +204,15 @@ def test_decode_reference_is_attnfuse_reference(scripts):
     short = decode.reference(q, k, v, [24, 10], None)
     assert torch.allclose(short[1].double(), af.reference_attention(
         af.attention(af.causal()), q[1:], k[1:, :, :10], v[1:, :, :10])[0], atol=1e-5)
+
+
+def test_gluon_variants_smoke_checks_every_column(scripts, tmp_path):
+    """`bench/gluon_variants.py --smoke`: every variant and column runs and matches the
+    reference (on the CPU every column runs the portable kernels through the interpreter)."""
+    assert scripts["gluon_variants"].main(["--smoke", "--geometries", "paper", "--out", str(tmp_path)]) == 0
+    (json_path,) = tmp_path.glob("*-gluon-variants.json")
+    rows = json.loads(json_path.read_text())["rows"]
+    assert len(rows) == len(scripts["gluon_variants"].VARIANTS)
+    for row in rows:
+        for column in ("gluon", "tl", "auto"):
+            assert row[f"{column}_err"] < 1e-5, (row["case"], column, row[f"{column}_err"])

@@ -40,6 +40,9 @@
 #                     older attnfuse package, on that one too
 #   decode-lens-probe bench/decode_tma_probe.py --sweep lens at the 16k and 32k caches: the kv_lens read's cost
 #   decode-tma-probe  bench/decode_tma_probe.py at the 16k and 32k caches: pointer against TMA loads
+#   variants-tests    test_gpu_gluon.py's bias, pointwise-with-bias and auto-by-class tests
+#   issue17-backward  bench/backward_targets.py's default column (deterministic), causal and RoPE + causal,
+#                     Llama heads, 4096 and 8192: issue 17's fwd+bwd rows
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
 set -u
@@ -159,6 +162,11 @@ for stage in "$@"; do
     decode-long)
       timeout 200 python3 bench/decode.py --rows 2,3 --time-budget 150 --out "$dir" > "$dir/decode_long.log" 2>&1
       echo "decode-long rc=$?" ;;
+    variants-tests)
+      pytest_run gluon-variants 200 test/python/test_gpu_gluon.py -k "bias or pointwise_and_bias or auto_takes" ;;
+    issue17-backward)
+      timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir" --reps 30 \
+        --columns default > "$dir/issue17_backward.log" 2>&1; echo "issue17-backward rc=$?" ;;
     step-profile)
       timeout 200 python3 bench/step_profile.py --preset llama3-8b --dtype bf16 --mode fwdbwd --variants causal \
         --seq-lens 4096,8192 --impls attnfuse,sdpa-cudnn > "$dir/step_profile.log" 2>&1; echo "step-profile rc=$?"

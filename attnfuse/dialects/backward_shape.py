@@ -14,16 +14,23 @@ and each
 
 then scales dK, optionally rotates it back (RoPE, pre-rotated backward) and stores dK and dV.
 These are the parts of the hand-written probe's consumer (bench/gluon_backward_probe.py).
+
+A pointwise normalizer (ReLU, sigmoid) has the same shape without the row statistics: no
+loads of lse and delta; p^T is the last of the ops refining the scores (the normalizer's:
+`tile.relu_probs`, sigmoid's map, with the `tile.seq_len` scalars they read among them); and
+the normalizer's own derivative (`tile.relu_grad` of the refined scores, or a map of p^T and
+dP^T) stands where `tile.softmax_grad` does, reading dP^T last.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import tile
 from attnfuse.dialects.flash_shape import (
+    NORMALIZER_OPS,
     SCORE_OPS,
     NotFlashShaped,
     chained_loops,
@@ -40,6 +47,10 @@ VJP_OPS = (tile.MapOp, tile.ApplyScaleOp, tile.MaskOp)
 """Ops between `tile.softmax_grad` and the dK accumulate: the score chain's derivatives,
 elementwise on the score-gradient tile."""
 
+NORMALIZER_GRAD_OPS = (tile.SoftmaxGradOp, tile.ReluGradOp, tile.MapOp)
+"""The first op of the gradient step, dS^T from dP^T through the normalizer: the softmax's,
+ReLU's, or a pointwise normalizer's map (sigmoid: `(p, dp) -> dp * p * (1 - p)`)."""
+
 EPILOGUE_OPS = (tile.ApplyScaleOp, tile.SplitOp, tile.RotateOp, tile.StoreOp)
 """What follows the query loops: dK's scale, its inverse rotation (RoPE) and the stores."""
 
@@ -51,13 +62,18 @@ class BackwardLoop:
     op: tile.QLoopOp
     q_load: tile.LoadOp
     do_load: tile.LoadOp
-    lse_load: tile.LoadOp
-    delta_load: tile.LoadOp
+    lse_load: tile.LoadOp | None
+    """None under a pointwise normalizer (as `delta_load`)."""
+    delta_load: tile.LoadOp | None
     scores: tile.ScoresOp
     score_ops: list[Operation]
-    probs: tile.RecomputeProbsOp
+    """The ops refining the scores before `probs` (under a pointwise normalizer, its own ops
+    but the last and the `tile.seq_len`s they read, too)."""
+    probs: Operation
+    """`tile.recompute_probs`, or a pointwise normalizer's last op (whose result is p^T)."""
     grad_probs: tile.DotTransposedOp
-    grad_scores: tile.SoftmaxGradOp
+    grad_scores: Operation
+    """One of `NORMALIZER_GRAD_OPS`: dS^T of dP^T through the normalizer."""
     vjp_ops: list[Operation]
     dv_accumulate: tile.AccumulateOp
     dk_accumulate: tile.AccumulateOp
@@ -68,6 +84,16 @@ class BackwardLoop:
     def masked(self) -> bool:
         """Whether the loop's blocks need their masks (the partial blocks of a band)."""
         return self.op.masked is not None
+
+    @property
+    def softmax(self) -> bool:
+        """Whether p^T is recomputed from lse (else a pointwise normalizer's)."""
+        return self.lse_load is not None
+
+    @property
+    def gradient_ops(self) -> list[Operation]:
+        """The gradient step's ops in order: the normalizer's derivative, then the VJP ops."""
+        return [self.grad_scores, *self.vjp_ops]
 
 
 @dataclass
@@ -87,10 +113,60 @@ class BackwardKernel:
         first = self.loops[0]
         return (first.q_load.role, self.k_load.role, self.v_load.role, first.do_load.role)
 
+    @property
+    def softmax(self) -> bool:
+        """Whether the loops recompute p^T from lse and read delta (else a pointwise normalizer)."""
+        return self.loops[0].softmax
+
 
 def _whole(op: Operation | None, roles: tuple[str, ...]) -> bool:
     return (isinstance(op, tile.LoadOp) and op.role in roles and op.cols is not None
             and op.cols.data == "all")
+
+
+def gradient_operand(op: Operation) -> SSAValue:
+    """The gradient tile a gradient-step op refines: a map's last input (its primal inputs come
+    first), the `grad_probs` of a normalizer's derivative, else the op's input."""
+    if isinstance(op, tile.MapOp):
+        return op.inputs[-1]
+    if isinstance(op, (tile.SoftmaxGradOp, tile.ReluGradOp)):
+        return op.grad_probs
+    return op.input
+
+
+def primal_operands(op: Operation) -> list[SSAValue]:
+    """What a gradient-step op reads from the probability step besides the gradient: a map's
+    other inputs, ReLU's refined scores (the softmax's p^T and delta are the step's own)."""
+    if isinstance(op, tile.MapOp):
+        return list(op.inputs[:-1])
+    if isinstance(op, tile.ReluGradOp):
+        return [op.scores]
+    return []
+
+
+def _pointwise_weights(kernel: tile.KernelOp, it, scores: tile.ScoresOp
+                       ) -> tuple[list[Operation], Operation, Operation | None]:
+    """Under a pointwise normalizer: the ops refining the scores up to p^T (score ops, then the
+    normalizer's; `tile.seq_len` scalars among them), as (the ops before p^T, p^T's op, the op
+    after them). Which of them is the normalizer the gradient step says (`tile.relu_grad` or
+    the map reading p^T); here p^T is the last."""
+    ops: list[Operation] = []
+    chain = scores.result
+    op = next(it, None)
+    while isinstance(op, SCORE_OPS + NORMALIZER_OPS + (tile.SeqLenOp,)):
+        if not isinstance(op, tile.SeqLenOp):
+            source = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
+            if source is not chain:
+                raise refuse(kernel, op, "score and normalizer ops must refine the previous tile, in order")
+            chain = op.result
+        ops.append(op)
+        op = next(it, None)
+    refining = [o for o in ops if not isinstance(o, tile.SeqLenOp)]
+    if not refining or isinstance(refining[-1], tile.MaskOp):
+        raise refuse(kernel, op, "without lse and delta, the loop needs a pointwise normalizer (relu, sigmoid) "
+                                 "turning the scores into p^T")
+    probs = refining[-1]
+    return [o for o in ops if o is not probs], probs, op
 
 
 def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
@@ -111,27 +187,43 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
     do_load = take(tile.LoadOp, "the load of dO")
     if not _whole(do_load, ("do",)):
         raise refuse(kernel, do_load, "dO must be loaded whole")
-    lse_load = take(tile.LoadOp, "the load of lse")
-    delta_load = take(tile.LoadOp, "the load of delta")
-    if lse_load.role != "lse" or delta_load.role != "delta":
-        raise refuse(kernel, lse_load, "the row statistics are lse then delta (softmax)")
-    scores = take(tile.ScoresOp, "tile.scores")
+    # The row statistics (lse, delta) come next under the softmax; a pointwise normalizer reads none.
+    op = next(it, None)
+    lse_load = delta_load = None
+    if isinstance(op, tile.LoadOp):
+        lse_load = op
+        delta_load = take(tile.LoadOp, "the load of delta")
+        if lse_load.role != "lse" or delta_load.role != "delta":
+            raise refuse(kernel, lse_load, "the row statistics are lse then delta (softmax)")
+        op = None
+    scores = take(tile.ScoresOp, "tile.scores", op)
     # The transposed product: the score tile's rows are the program's keys, so the op's
     # first (row) operand is k and its second q.
     if len(scores.queries) != 1 or scores.queries[0] is not k or scores.keys[0] is not q_load.result:
         raise refuse(kernel, scores, "one k @ q^T product of the loaded tiles")
-    score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops")
-    score_values = [scores.result] + [o.result for o in score_ops]
-    probs = take(tile.RecomputeProbsOp, "tile.recompute_probs (softmax)", op)
-    if probs.scores is not chain or probs.lse is not lse_load.result:
-        raise refuse(kernel, probs, "the probabilities of the refined scores and the loop's lse")
-    grad_probs = take(tile.DotTransposedOp, "tile.dot_transposed")
+    if lse_load is not None:
+        score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops")
+        probs = take(tile.RecomputeProbsOp, "tile.recompute_probs (softmax)", op)
+        if probs.scores is not chain or probs.lse is not lse_load.result:
+            raise refuse(kernel, probs, "the probabilities of the refined scores and the loop's lse")
+        op = None
+    else:
+        score_ops, probs, op = _pointwise_weights(kernel, it, scores)
+    # Values of the probability step the gradient step may read (primal tiles, seq_len scalars).
+    step_values = [scores.result, probs.result] + [o.result for o in score_ops]
+    grad_probs = take(tile.DotTransposedOp, "tile.dot_transposed", op)
     if grad_probs.lhs is not v or grad_probs.rhs is not do_load.result:
         raise refuse(kernel, grad_probs, "dP^T = v @ dO^T of the loaded tiles")
-    grad_scores = take(tile.SoftmaxGradOp, "tile.softmax_grad")
-    if (grad_scores.probs is not probs.result or grad_scores.grad_probs is not grad_probs.result
-            or grad_scores.delta is not delta_load.result):
-        raise refuse(kernel, grad_scores, "dS^T of the loop's p^T, dP^T and delta")
+    grad_scores = take(tile.SoftmaxGradOp if lse_load is not None else NORMALIZER_GRAD_OPS[1:],
+                       "the normalizer's gradient (tile.softmax_grad; tile.relu_grad or a map under a pointwise one)")
+    if isinstance(grad_scores, tile.SoftmaxGradOp):
+        if (grad_scores.probs is not probs.result or grad_scores.grad_probs is not grad_probs.result
+                or grad_scores.delta is not delta_load.result):
+            raise refuse(kernel, grad_scores, "dS^T of the loop's p^T, dP^T and delta")
+    elif gradient_operand(grad_scores) is not grad_probs.result or any(
+            x not in step_values for x in primal_operands(grad_scores)):
+        raise refuse(kernel, grad_scores, "the normalizer's gradient reads dP^T last and, before it, only "
+                                          "values of the probability step (the scores, p^T)")
     # The dV accumulate may sit before or among the VJP ops; take it where it is.
     vjp_ops: list[Operation] = []
     dv_accumulate = None
@@ -145,9 +237,7 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
         else:
             # A map's VJP reads the primal score tiles it needs first and the gradient last
             # (softcap: (s, ds) -> ds * (1 - tanh(s / c)^2)).
-            source = op.inputs[-1] if isinstance(op, tile.MapOp) else op.input
-            primal = list(op.inputs[:-1]) if isinstance(op, tile.MapOp) else []
-            if source is not chain or any(x not in score_values for x in primal):
+            if gradient_operand(op) is not chain or any(x not in step_values for x in primal_operands(op)):
                 raise refuse(kernel, op, "VJP ops must refine the previous gradient tile, in order")
             vjp_ops.append(op)
             chain = op.result
@@ -196,6 +286,10 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     if n_loops == 0:
         raise refuse(kernel, rest[0], "expected query loops after the bounds")
     loops = [backward_loop(kernel, op, k_load.result, v_load.result) for op in rest[:n_loops]]
+    if len({loop.softmax for loop in loops}) > 1:
+        pointwise = next(loop for loop in loops if not loop.softmax)
+        raise refuse(kernel, pointwise.probs, "every query loop normalizes alike (softmax from lse, or the same "
+                                              "pointwise normalizer)")
     ordered = {loop.store_add.ordered for loop in loops}
     if len(ordered) > 1:
         # The schedule's one dQ writer adds every step alike.
@@ -221,4 +315,5 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     return parts
 
 
-__all__ = ["BACKWARD_HEAD_DIMS", "BackwardKernel", "BackwardLoop", "backward_kernel", "backward_loop"]
+__all__ = ["BACKWARD_HEAD_DIMS", "NORMALIZER_GRAD_OPS", "BackwardKernel", "BackwardLoop", "backward_kernel", "backward_loop",
+           "gradient_operand", "primal_operands"]

@@ -41,7 +41,7 @@ from __future__ import annotations
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.backward_shape import BackwardLoop, backward_kernel
+from attnfuse.dialects.backward_shape import BackwardLoop, backward_kernel, primal_operands
 from attnfuse.dialects.flash_shape import NotFlashShaped
 from attnfuse.lowering.gluon_steps import GluonFunctions, MaskedLoopSteps, Pieces
 from attnfuse.lowering.triton import LOG2E, KernelEmitter, LoopRows, padded
@@ -85,9 +85,12 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             raise _unsupported(f"the gluon backward rotates dK back through {DQ_BUFFERS} dQ staging buffers of "
                                f"block_n rows: block_n = {k.get('block_n')} holds fewer than block_m = "
                                f"{k.get('block_m')}", k)
+        self.softmax = parts.softmax
+        """Whether the steps read lse and delta (else a pointwise normalizer: no row statistics
+        are loaded, and the launch takes no descriptors for them)."""
         self.primal: dict[SSAValue, str] = {}
-        """Score tiles the VJP ops read (soft-capping's s), by the name that carries them from
-        the probability step to the gradient step."""
+        """Values of the probability step the gradient step reads besides p^T (soft-capping's
+        s, ReLU's refined scores), by the name that carries them from one step to the other."""
 
     # -- names -------------------------------------------------------------------------------
 
@@ -120,12 +123,13 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     # -- the step functions ------------------------------------------------------------------
 
     def find_primal_values(self) -> None:
-        """Name the score tiles a VJP op reads besides the gradient (by position in the
-        loop's list of VJP ops, so that every loop's steps use the same names)."""
+        """Name the values of the probability step a gradient-step op reads besides the
+        gradient and p^T (by position in the loop's list of gradient ops, so that every loop's
+        steps use the same names)."""
         for loop in self.loops:
-            for i, op in enumerate(loop.vjp_ops):
-                if isinstance(op, tile.MapOp):
-                    for j, value in enumerate(op.inputs[:-1]):
+            for i, op in enumerate(loop.gradient_ops):
+                for j, value in enumerate(primal_operands(op)):
+                    if value is not loop.probs.result:
                         self.primal[value] = f"primal_{i}_{j}"
 
     def primal_names(self) -> list[str]:
@@ -142,16 +146,19 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     printers use in a `key_blocks` kernel: keys down, queries across)."""
 
     def save_primal(self, value: SSAValue, pieces: Pieces) -> None:
-        """After the piece that leaves `value` in `scores`: keep it for the gradient step."""
+        """After the piece that defines `value` (a score tile left in `scores`, a scalar):
+        keep it for the gradient step, in a piece of its own, so that a masked loop's copy
+        follows its masks as the unmasked loops' copy follows their last shared op."""
         name = self.primal.get(value)
         if name is not None:
-            pieces[-1][1].append(f"{name} = scores  # read by a VJP op in the gradient step")
+            pieces.append((False, [f"{name} = {self.namer[value]}  # read in the gradient step"]))
 
     def probs_pieces(self, loop: BackwardLoop) -> Pieces:
-        """The score ops and `tile.recompute_probs` of one loop, op by op; every score op's
-        result is `scores` (each refines the previous tile in place)."""
-        for value in (loop.lse_load.result,):
-            self.namer.alias(value, "lse_log2")
+        """The score ops and `tile.recompute_probs` (or a pointwise normalizer's ops) of one
+        loop, op by op; every score op's result is `scores` (each refines the previous tile in
+        place), p^T's is `probs`."""
+        if loop.softmax:
+            self.namer.alias(loop.lse_load.result, "lse_log2")
         self.namer.alias(loop.scores.result, "scores")
         pieces: Pieces = []
         self.lines, self.indent = [], 0
@@ -161,14 +168,24 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.save_primal(loop.scores.result, pieces)
         self.loop_vars.append(LoopRows("queries", "query_in_bounds" if loop.masked else "", "q_pos"))
         for op in loop.score_ops:
-            self.namer.pin(op.result, "scores")
+            if not isinstance(op, tile.SeqLenOp):  # a scalar keeps its own name
+                self.namer.pin(op.result, "scores")
             self.lines = []
             self.HANDLERS[type(op)](self, op)
             pieces.append((isinstance(op, tile.MaskOp), self.lines))
             self.save_primal(op.result, pieces)
+        self.namer.pin(loop.probs.result, "probs")
+        if not loop.softmax:
+            # The normalizer's last op turns the refined scores into p^T, elementwise: no row
+            # statistics, nothing to guard (a dropped pair is -inf, which weighs 0; a padded
+            # row's dO is zero-filled, so it adds nothing).
+            self.lines = []
+            self.HANDLERS[type(loop.probs)](self, loop.probs)
+            pieces.append((False, self.lines))
+            self.loop_vars.pop()
+            return pieces
         if loop.probs.lse is not loop.lse_load.result:
             raise _unsupported("the gluon backward recomputes p from the loaded lse", loop.probs)
-        self.namer.pin(loop.probs.result, "probs")
         guard = self.lse_guard(loop)
         if guard:
             pieces.append((True, guard))
@@ -198,15 +215,17 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         return []
 
     def grads_pieces(self, loop: BackwardLoop) -> Pieces:
-        """`tile.softmax_grad` and the VJP ops of one loop; each result is `grad_scores`."""
+        """The normalizer's derivative (`tile.softmax_grad`, `tile.relu_grad`, a map) and the
+        VJP ops of one loop; each result is `grad_scores`."""
         self.namer.alias(loop.probs.result, "probs")
         self.namer.alias(loop.grad_probs.result, "grad_probs")
-        self.namer.alias(loop.delta_load.result, "delta")
+        if loop.softmax:
+            self.namer.alias(loop.delta_load.result, "delta")
         for value, name in self.primal.items():
             self.namer.alias(value, name)
         pieces: Pieces = []
         self.loop_vars.append(LoopRows("queries", "query_in_bounds" if loop.masked else "", "q_pos"))
-        for op in [loop.grad_scores, *loop.vjp_ops]:
+        for op in loop.gradient_ops:
             self.namer.pin(op.result, "grad_scores")
             self.lines, self.indent = [], 0
             self.HANDLERS[type(op)](self, op)
@@ -239,17 +258,21 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         body += self.STEP_HEADER
         body += self.step_body(self.probs_pieces)
         body.append("return " + ", ".join(["probs", *self.primal_names()]))
-        params = ["scores", "lse_log2", *self.step_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
+        params = ["scores", *self.row_statistic("lse_log2"), *self.step_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
                   "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_probs({', '.join(params)}):",
                              ["    " + line if line else "" for line in body])
+
+    def row_statistic(self, name: str) -> list[str]:
+        """`[name]` where the steps read the softmax's row statistics, else nothing."""
+        return [name] if self.softmax else []
 
     def grads_function(self) -> list[str]:
         """`<name>_grads(probs, grad_probs, delta, ...)`: ds^T of the block at `start_m`."""
         body = list(self.STEP_HEADER)
         body += self.step_body(self.grads_pieces)
         body.append("return grad_scores")
-        params = ["probs", "grad_probs", "delta", *self.primal_names(), *self.step_params(),
+        params = ["probs", "grad_probs", *self.row_statistic("delta"), *self.primal_names(), *self.step_params(),
                   "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_grads({', '.join(params)}):",
                              ["    " + line if line else "" for line in body])
@@ -277,32 +300,48 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     of each step."""
 
     def loader(self) -> list[str]:
+        rows = self.softmax
         body = [
-            "# The producer: TMA copies only. k and v of the program's key block once, then q, dO,",
-            "# lse and delta of each step's query block into the ring. Empty barriers start as if",
-            "# phase 1 had completed, so the first round of waits passes.",
+            "# The producer: TMA copies only. k and v of the program's key block once, then q, dO"
+            + (", lse and delta" if rows else ""),
+            "# of each step's query block into the ring. Empty barriers start as if phase 1 had",
+            "# completed, so the first round of waits passes.",
             "mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
             "tma_load(k_desc, [batch, kv_head, n_start, 0], kv_bar, k_smem)",
             "tma_load(v_desc, [batch, kv_head, n_start, 0], kv_bar, v_smem)",
             "step_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes"
-            " + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)",
+            + (" + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)" if rows else ")"),
             *self.STEP_INIT,
             "for it in range(total):",
             "    stage = it % STAGES",
             "    phase = (it // STAGES) & 1",
-            "    row = (batch * num_heads * group_size + head) * n_q + start_m  # in the flat lse / delta",
+            *(["    row = (batch * num_heads * group_size + head) * n_q + start_m  # in the flat lse / delta"] if rows else []),
             "    mbarrier.wait(empty.index(stage), phase ^ 1)",
             "    mbarrier.expect(ready.index(stage), step_bytes)",
             "    tma_load(q_desc, [batch, head, start_m, 0], ready.index(stage), q_bufs.index(stage))",
             "    tma_load(do_desc, [batch, head, start_m, 0], ready.index(stage), do_bufs.index(stage))",
-            "    tma_load(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))",
-            "    tma_load(delta_desc, [row], ready.index(stage), delta_bufs.index(stage))",
+            *(["    tma_load(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))",
+               "    tma_load(delta_desc, [row], ready.index(stage), delta_bufs.index(stage))"] if rows else []),
             *["    " + line for line in self.STEP_NEXT],
         ]
-        params = ("q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs, "
-                  "lse_bufs, delta_bufs, kv_bar, ready, empty, batch, kv_head, n_start, q_start, n_blocks, total, "
-                  "n_q, num_heads, group_size, BLOCK_N: gl.constexpr, STAGES: gl.constexpr")
+        params = ", ".join(self.load_args(annotated=True))
         return self.function(f"def {self.name}_load({params}):", ["    " + line for line in body])
+
+    def row_descriptors(self) -> list[str]:
+        """The descriptors of lse and delta (none under a pointwise normalizer)."""
+        return ["lse_desc", "delta_desc"] if self.softmax else []
+
+    def row_buffers(self) -> list[str]:
+        """The ring's buffers of lse and delta rows (none under a pointwise normalizer)."""
+        return ["lse_bufs", "delta_bufs"] if self.softmax else []
+
+    def load_args(self, annotated: bool = False) -> list[str]:
+        """The loader partition's parameters (its arguments, with the entry's names)."""
+        constexpr = ": gl.constexpr" if annotated else ""
+        return ["q_desc", "k_desc", "v_desc", "do_desc", *self.row_descriptors(), "k_smem", "v_smem", "q_bufs",
+                "do_bufs", *self.row_buffers(), "kv_bar", "ready", "empty", "batch", "kv_head", "n_start",
+                "q_start" if annotated else self.namer[self.loops[0].op.lower], "n_blocks", "total", "n_q",
+                "num_heads", "group_size", f"BLOCK_N{constexpr}", f"STAGES{constexpr}"]
 
     def dq_writer(self) -> list[str]:
         store_add = self.loops[0].store_add
@@ -405,17 +444,18 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             f"    # {first.scores.name} (s^T = k q^T) and {first.grad_probs.name} (dp^T = v dO^T), issued together",
             "    scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "    grad_probs = warpgroup_mma(v_tile, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
-            "    # lse in log2 units (the exponent's), scaled as it is loaded, under the products",
-            f"    lse_log2 = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT)) * {LOG2E}",
+            *(["    # lse in log2 units (the exponent's), scaled as it is loaded, under the products",
+               f"    lse_log2 = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT)) * {LOG2E}"]
+              if self.softmax else []),
             "    # Groups complete in issue order: one outstanding means s^T is done.",
             "    scores = warpgroup_mma_wait(1, deps=(scores,))",
-            f"    {', '.join(['probs', *primal])} = {self.name}_probs(scores, lse_log2, {self.step_args()})",
+            f"    {', '.join(['probs', *primal])} = {self.name}_probs({', '.join(['scores', *self.row_statistic('lse_log2'), self.step_args()])})",
             "    # tile.accumulate: dV += p^T dO, issued before the wait for dp^T (ds^T is computed under it)",
             "    p_op = gl.convert_layout(probs.to(dtype), A_LAYOUT)",
             "    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)",
-            "    delta = delta_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT))",
+            *(["    delta = delta_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT))"] if self.softmax else []),
             "    grad_probs = warpgroup_mma_wait(1, deps=(grad_probs,))",
-            f"    grad_scores = {self.name}_grads(probs, grad_probs, delta, {', '.join(primal + [self.step_args()])})",
+            f"    grad_scores = {self.name}_grads({', '.join(['probs', 'grad_probs', *self.row_statistic('delta'), *primal, self.step_args()])})",
             "    ds16 = grad_scores.to(dtype)",
             "    # ds^T to shared memory for the dQ part (A = its transposed view): every warp's part",
             "    # before the tensor cores read it (a fence for the async proxy, then a barrier).",
@@ -445,8 +485,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             self.namer.alias(loop.op.results[0], "dk")
             self.namer.alias(loop.op.results[1], "dv")
         self.epilogue()
-        params = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs",
-                  "delta_bufs", "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full", "dq_empty", "batch",
+        params = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs",
+                  *self.row_buffers(), "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full", "dq_empty", "batch",
                   "kv_head", "q_start", "n_blocks", "total", "group_size", "n_start", *self.bound_params(),
                   "sm_scale", "n_q", "n_k",
                   "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr", "HEAD_DIM: gl.constexpr", "STAGES: gl.constexpr",
@@ -533,8 +573,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("v_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], v_desc.layout)")
         self.emit("q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], q_desc.layout)")
         self.emit("do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], do_desc.layout)")
-        self.emit("lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], lse_desc.layout)")
-        self.emit("delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], delta_desc.layout)")
+        for role in ("lse", "delta") if self.softmax else ():
+            self.emit(f"{role}_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], {role}_desc.layout)")
         self.emit("DS_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)")
         self.emit("ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)")
         self.emit(f"dq_bufs = gl.allocate_shared_memory(gl.float32, [{DQ_BUFFERS}, 1, 1, BLOCK_N, HEAD_DIM], dq_acc_desc.layout)")
@@ -550,14 +590,12 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("    mbarrier.init(dq_empty.index(i), count=1)")
         bounds = [self.namer[loop.op.lower] for loop in self.loops[1:]]
         consume_args = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs",
-                        "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full",
+                        *self.row_buffers(), "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full",
                         "dq_empty", "batch", "kv_head", q_start, "n_blocks", "total", "group_size",
                         "n_start", *bounds, "sm_scale", "n_q", "n_k",
                         "BLOCK_M", "BLOCK_N", "HEAD_DIM", "STAGES", "num_warps",
                         *(["ROT_HALF", "BLOCK_HALF"] if self.splits_dk else [])]
-        load_args = ["q_desc", "k_desc", "v_desc", "do_desc", "lse_desc", "delta_desc", "k_smem", "v_smem",
-                     "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "kv_bar", "ready", "empty", "batch", "kv_head",
-                     "n_start", q_start, "n_blocks", "total", "n_q", "num_heads", "group_size", "BLOCK_N", "STAGES"]
+        load_args = self.load_args()
         write_args = ["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", q_start, "n_blocks",
                       "total", "group_size", *self.order_params(), "BLOCK_N"]
         # Gluon takes the partitions as a literal list (a tuple built beforehand loses its
@@ -575,8 +613,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                       f"HEAD_DIM: gl.constexpr = {self.head_dim}", f"STAGES: gl.constexpr = {k.get('num_stages')}"]
         if self.splits_dk:
             constexprs += [f"ROT_HALF: gl.constexpr = {self.rot_half}", f"BLOCK_HALF: gl.constexpr = {padded(self.rot_half)}"]
-        params = ["q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc", "dq_acc_desc", "lse_desc",
-                  "delta_desc", *self.pointer_params(), "sm_scale", "n_q", "n_k", "num_heads", "group_size",
+        params = ["q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc", "dq_acc_desc",
+                  *self.row_descriptors(), *self.pointer_params(), "sm_scale", "n_q", "n_k", "num_heads", "group_size",
                   *constexprs, f"num_warps: gl.constexpr = {k.get('num_warps')}"]
         header = [f"def {self.name}(", *[f"    {p}," for p in params], "):"]
         return ["@gluon.jit", *header, *self.lines]

@@ -49,7 +49,11 @@ OUTPUT_ROLES = ("dk", "dv", "dq_acc")
 """The outputs behind the descriptors after q, k, v and dO (the launch ABI's order)."""
 
 ROW_ROLES = ("lse", "delta")
-"""The row statistics behind the 1-D descriptors (contiguous `[B, Hq, Nq]` fp32)."""
+"""The row statistics behind the 1-D descriptors (contiguous `[B, Hq, Nq]` fp32), where the
+kernel reads them (the softmax; a pointwise normalizer reads none)."""
+
+NORMALIZERS = ("softmax", "relu", "sigmoid")
+"""Normalizers whose fused backward the schedule takes (`backward_shape`)."""
 
 GLUON_BACKWARD_MIN_WORK = {64: 16 * 1024 * 1024, 128: 8 * 1024 * 1024}
 """`auto` takes the Gluon backward at a head dim of this table from this many (query, key)
@@ -91,12 +95,12 @@ def backward_target() -> str:
 
 def variant_fits(variant: Canonical) -> bool:
     """Whether the variant's fused backward has the shape `warp-specialize` schedules
-    (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax
-    over elementwise score ops (no bias, block lists or document ids) and RoPE, if any, by
+    (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax,
+    ReLU or sigmoid over elementwise score ops (no bias, block lists or document ids) and RoPE, if any, by
     halves of the full head dim. A cheap filter before anything is lowered: what decides is
     the lowered kernel (`scheduled_backward`), which the runtime asks before it builds the
     fused backward for this target (`CompiledAttention.compile_key`)."""
-    if variant.normalizer_name != "softmax" or variant.block_size is not None or variant.listed:
+    if variant.normalizer_name not in NORMALIZERS or variant.block_size is not None or variant.listed:
         return False
     if variant.reads("bias") or variant.reads("doc_ids"):
         return False
@@ -181,9 +185,9 @@ class GluonBackwardLaunch:
         inputs = [t if _descriptor_ready(t) else t.clone(memory_format=torch.contiguous_format)
                   for t in (tensors[role] for role in self.launch.operands)]
         outputs = [tensors[role] for role in OUTPUT_ROLES]
-        rows = [tensors[role] for role in ROW_ROLES]
+        rows = [tensors[role] for role in self.row_roles]
         unready = [role for role, t in zip(OUTPUT_ROLES, outputs) if not _descriptor_ready(t)]
-        unready += [role for role, t in zip(ROW_ROLES, rows) if not (t.is_contiguous() and t.data_ptr() % 16 == 0)]
+        unready += [role for role, t in zip(self.row_roles, rows) if not (t.is_contiguous() and t.data_ptr() % 16 == 0)]
         if unready:
             self.fallbacks[unready[0]] = self.fallbacks.get(unready[0], 0) + 1
             self.portable(tensors)
@@ -204,6 +208,11 @@ class GluonBackwardLaunch:
                     descriptors=len(descs), key=None if copied else key)
 
     @cached_property
+    def row_roles(self) -> tuple[str, ...]:
+        """The row statistics the kernel reads (`ROW_ROLES`, or none under a pointwise normalizer)."""
+        return tuple(role for role in ROW_ROLES if role in self.launch.roles)
+
+    @cached_property
     def described_roles(self) -> set[str]:
         """The roles behind descriptors (the rest are pointer arguments)."""
         return set(self.launch.operands) | set(DESCRIPTOR_ROLES)
@@ -212,7 +221,7 @@ class GluonBackwardLaunch:
     def keyed_roles(self) -> tuple[str, ...]:
         """Every tensor role of the launch, those behind descriptors first (`call_key`)."""
         pointer_roles = [role for role in self.launch.roles if role not in self.described_roles]
-        return (*self.launch.operands, *OUTPUT_ROLES, *ROW_ROLES, *pointer_roles)
+        return (*self.launch.operands, *OUTPUT_ROLES, *self.row_roles, *pointer_roles)
 
     @cached_property
     def scalars(self) -> tuple[object, ...]:

@@ -94,22 +94,22 @@ attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
 // -----
 
 // Soft-capping: its VJP reads the map's input (the scaled scores), which the probability step
-// keeps as primal_0_0 before the map refines `scores`, and hands to the gradient step.
+// keeps as primal_1_0 before the map refines `scores`, and hands to the gradient step.
 // CHECK-LABEL: def attention_bwd_dkdv_dq_probs(
 // CHECK:         scores = scores * sm_scale
-// CHECK-NEXT:    primal_0_0 = scores  # read by a VJP op in the gradient step
+// CHECK-NEXT:    primal_1_0 = scores  # read in the gradient step
 // CHECK-NEXT:    # tile.map over (scores), entry by entry
 // CHECK-NEXT:    scores = (_tanh((scores / 20.0)) * 20.0)
 // The map is not a mask: the full loop keeps lse's guard against rows with no finite score.
 // CHECK:         elif (start_m >= bound_1) & (start_m < bound_2):
 // CHECK:             lse_log2 = gl.where(lse_log2 == float("-inf"), float("inf"), lse_log2)
-// CHECK:         return probs, primal_0_0
-// CHECK-LABEL: def attention_bwd_dkdv_dq_grads(probs, grad_probs, delta, primal_0_0,
-// CHECK:         entry_1 = _tanh((primal_0_0 / 20.0))
+// CHECK:         return probs, primal_1_0
+// CHECK-LABEL: def attention_bwd_dkdv_dq_grads(probs, grad_probs, delta, primal_1_0,
+// CHECK:         entry_1 = _tanh((primal_1_0 / 20.0))
 // CHECK-NEXT:    grad_scores = (grad_scores * (1.0 - (entry_1 * entry_1)))
 // CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
-// CHECK:         probs, primal_0_0 = attention_bwd_dkdv_dq_probs(
-// CHECK:         grad_scores = attention_bwd_dkdv_dq_grads(probs, grad_probs, delta, primal_0_0,
+// CHECK:         probs, primal_1_0 = attention_bwd_dkdv_dq_probs(
+// CHECK:         grad_scores = attention_bwd_dkdv_dq_grads(probs, grad_probs, delta, primal_1_0,
 attn.variant @softcap(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k
   %c = attn.softcap %s {cap = 2.000000e+01 : f64}

@@ -40,6 +40,11 @@ def backward_kernel(spec, head_dim=128, bwd_dq="fused", **options):
     ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64, "fused"),
     ("causal-ordered", af.attention(af.causal()), 128, "ordered"),
     ("rope-window-ordered", af.attention(af.rope(), af.sliding_window(256), af.causal()), 128, "ordered"),
+    # Pointwise normalizers: no lse or delta descriptors; ReLU carries its refined scores to
+    # the gradient step, sigmoid its p^T alone.
+    ("relu", af.attention(af.relu()), 128, "ordered"),
+    ("sigmoid-causal", af.attention(af.sigmoid(), af.causal()), 64, "fused"),
+    ("softcap-relu-causal", af.attention(af.softcap(30.0), af.relu(), af.causal()), 128, "ordered"),
 ])
 def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monkeypatch):  # noqa: F811
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -62,9 +67,12 @@ def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monke
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
     row_layout = gl.NVMMASharedLayout.get_default_for([info.block_n], gl.float32)
+    row_stats = [role for role in ("lse", "delta") if role in info.roles]
+    softmax = af.compile(spec).program.canonical((False, False)).normalizer_name == "softmax"
+    assert bool(row_stats) == softmax, "lse and delta exactly where the softmax reads them"
     descs = [desc(q, info.block_n), desc(kv, info.block_m), desc(kv, info.block_m), desc(q, info.block_n),
              desc(kv, info.block_m), desc(kv, info.block_m), desc(acc, info.block_n, gl.float32),
-             *(TensorDescriptor(rows_flat, [heads * n], [1], [info.block_n], row_layout) for _ in range(2))]
+             *(TensorDescriptor(rows_flat, [heads * n], [1], [info.block_n], row_layout) for _ in row_stats)]
     pointers: list[object] = []
     for role in info.roles:
         if role in (*info.operands, "dv", "dq_acc", "lse", "delta"):
@@ -138,7 +146,9 @@ def test_backward_target_is_checked(monkeypatch):
     (af.attention(af.rope(), af.causal()), True),
     (af.attention(af.rope(interleaved=True), af.causal()), False),
     (af.attention(af.additive_bias()), False),
-    (af.attention(af.relu()), False),
+    (af.attention(af.relu()), True),
+    (af.attention(af.sigmoid(), af.causal()), True),
+    (af.attention(af.softcap(30.0), af.relu(), af.causal()), True),
     (af.attention(af.document()), False),
 ])
 def test_variants_the_schedule_takes(spec, fits):

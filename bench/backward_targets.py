@@ -21,8 +21,11 @@ Columns (a fresh `af.compile` each, since a plan keeps the backward it was made 
   timing; with RoPE, q and k rotated by a `torch.compile`d function inside the step.
 
 Rows: causal, dense and RoPE + causal at the Llama-3-8B heads (B=1, 32/8 heads of 128, bf16),
-or with `--geometry paper` at the paper's shape (B=4, 12 heads of 64, fp16).
-Every AttnFuse column's gradients are compared with cuDNN's (max abs error, and the relative
+or with `--geometry paper` at the paper's shape (B=4, 12 heads of 64, fp16); `--cases` also
+takes the pointwise normalizers (`relu`, `relu+causal`, `sigmoid+causal`), which no cuDNN or
+flex_attention call can say: their rows have no cuDNN column, and their gradients are compared
+with the split backward's (`ATTNFUSE_BACKWARD=separate`, deterministic).
+Every other AttnFuse column's gradients are compared with cuDNN's (max abs error, and the relative
 Frobenius error of dq, dk, dv). Times: median ms of CUDA-event-timed steps
 (`benchlib.median_ms`), gradients reset outside the events; "bwd" times `out.backward(g)` alone
 on a fresh forward each step.
@@ -53,6 +56,8 @@ ALL_COLUMNS = (
 COLUMNS = ALL_COLUMNS
 """The columns of this run (`--columns`)."""
 CASES = ("causal", "dense", "rope+causal")
+POINTWISE = {"relu": af.relu, "sigmoid": af.sigmoid}
+"""Normalizers a case may name besides the softmax (`relu+causal`)."""
 
 
 def time_training(fn, leaves, grad_out, device, warmup, reps) -> tuple[float, float]:
@@ -108,8 +113,11 @@ def main() -> None:
     stem = f"{benchlib.stamp()}-backward-targets"  # one pair of files per run, rewritten per case
     rows = []
     for case in args.cases.split(","):
-        causal, rope = case != "dense", case.startswith("rope")
-        spec = af.attention(*([af.rope(theta=500000.0)] if rope else []), *([af.causal()] if causal else []))
+        parts = case.split("+")
+        pointwise = [POINTWISE[p]() for p in parts if p in POINTWISE]
+        causal, rope = "causal" in parts, "rope" in parts
+        spec = af.attention(*([af.rope(theta=500000.0)] if rope else []), *pointwise,
+                            *([af.causal()] if causal else []))
         for n in seq_lens:
             torch.manual_seed(0)
             q = torch.randn(b, hq, n, d, device=device, dtype=dtype, requires_grad=True)
@@ -122,6 +130,9 @@ def main() -> None:
             if args.smoke:
                 grads64 = reference_gradients(spec, q, k, v, grad_out)
                 ref_grads = tuple(grads64[name] for name in ("q", "k", "v"))
+            elif pointwise:
+                with benchlib.environment({"ATTNFUSE_BACKWARD": "separate", "ATTNFUSE_BACKWARD_TARGET": None}):
+                    ref_grads = torch.autograd.grad(af.compile(spec)(q, k, v), (q, k, v), grad_out)
             else:
                 gqa = benchlib.cudnn_takes_gqa(q.detach(), k.detach(), v.detach())
                 row["cudnn_gqa"] = gqa
@@ -164,7 +175,7 @@ def main() -> None:
 def write(out: Path, stem: str, meta, rows, smoke: bool) -> None:
     """The markdown and JSON of the rows so far (rewritten after each case)."""
     header = ["case", *(f"{name} fwd+bwd / bwd ms" for name, *_ in COLUMNS), "cuDNN fwd+bwd / bwd ms",
-              *(f"cuDNN / {name} (fwd+bwd, bwd)" for name, *_ in COLUMNS), "max rel err vs cuDNN", "the program's kernels"]
+              *(f"cuDNN / {name} (fwd+bwd, bwd)" for name, *_ in COLUMNS), "max rel err vs cuDNN (or the split)", "the program's kernels"]
     table = []
     for r in rows:
         cells = [r["case"]]
@@ -182,7 +193,8 @@ def write(out: Path, stem: str, meta, rows, smoke: bool) -> None:
                                + (f" (portable fallbacks: {r[f'{name}_fallbacks']})" if r.get(f"{name}_fallbacks") else "")
                                for name, *_ in COLUMNS))
         table.append(cells)
-    reference = "the float64 reference" if smoke else "cuDNN's gradients"
+    reference = "the float64 reference" if smoke else \
+        "cuDNN's gradients (the split backward's for a pointwise normalizer, which cuDNN cannot say)"
     markdown = ["# Attention forward + backward: AttnFuse's backwards beside cuDNN", "",
                 *benchlib.metadata_lines(meta),
                 f"- median ms of CUDA-event-timed steps; ratios > 1 mean AttnFuse is faster; errors against {reference}",

@@ -43,6 +43,9 @@
 #   variants-tests    test_gpu_gluon.py's bias, pointwise-with-bias and auto-by-class tests
 #   issue17-backward  bench/backward_targets.py's default column (deterministic), causal and RoPE + causal,
 #                     Llama heads, 4096 and 8192: issue 17's fwd+bwd rows
+#   pointwise-tests   test_gpu_gluon_backward.py's pointwise-normalizer (ReLU, sigmoid) and soft-capping tests
+#   pointwise-backward  bench/backward_targets.py's relu, relu+causal and sigmoid+causal rows (no cuDNN peer), default,
+#                     separate, nondet_auto and ordered_gluon columns, Llama heads then the paper shape
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
 set -u
@@ -167,6 +170,14 @@ for stage in "$@"; do
     issue17-backward)
       timeout 200 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir" --reps 30 \
         --columns default > "$dir/issue17_backward.log" 2>&1; echo "issue17-backward rc=$?" ;;
+    pointwise-tests)
+      pytest_run gluon-pointwise 240 test/python/test_gpu_gluon_backward.py -k "relu or sigmoid or softcap" ;;
+    pointwise-backward)
+      for geometry in llama paper; do
+        timeout 170 python3 bench/backward_targets.py --cases relu,relu+causal,sigmoid+causal --geometry $geometry \
+          --out "$dir" --reps 20 --columns default,separate,nondet_auto,ordered_gluon > "$dir/pointwise_backward_$geometry.log" 2>&1
+        echo "pointwise-backward ($geometry) rc=$?"
+      done ;;
     step-profile)
       timeout 200 python3 bench/step_profile.py --preset llama3-8b --dtype bf16 --mode fwdbwd --variants causal \
         --seq-lens 4096,8192 --impls attnfuse,sdpa-cudnn > "$dir/step_profile.log" 2>&1; echo "step-profile rc=$?"

@@ -1,6 +1,7 @@
 """The Gluon target's fused backward on a Hopper GPU (`lowering/gluon_backward.py`), against the
 float64 reference and against the portable split backward: every variant the schedule takes
-(dense, causal, a sliding window with ALiBi, soft-capping, RoPE by halves, a static scale),
+(dense, causal, a sliding window with ALiBi, soft-capping, RoPE by halves, a static scale, the
+pointwise normalizers ReLU and sigmoid),
 GQA, fp16/bf16, head dims 64 and 128, lengths that are not whole blocks and Nq != Nk, a
 model's [B, N, H, D] layout, an lse gradient, and the fallback for tensors a descriptor cannot
 cover. Skipped without CUDA, and without an sm_90 GPU."""
@@ -27,6 +28,9 @@ SPECS = {
     "softcap": af.attention(af.softcap(20.0), af.causal()),
     "rope-causal": af.attention(af.rope(), af.causal()),
     "static-scale": af.attention(af.scaled_dot_product(0.05)),
+    "relu": af.attention(af.relu()),
+    "sigmoid-causal": af.attention(af.sigmoid(), af.causal()),
+    "softcap-relu-causal": af.attention(af.softcap(30.0), af.relu(), af.causal()),
 }
 
 
@@ -94,7 +98,7 @@ def test_gluon_backward_matches_reference(name, d, dtype, hq, hkv, nq, nk, monke
     run_and_check(SPECS[name], q, k, v, monkeypatch)
 
 
-@pytest.mark.parametrize("name", ["causal", "rope-causal"])
+@pytest.mark.parametrize("name", ["causal", "rope-causal", "relu", "sigmoid-causal"])
 def test_gluon_backward_equals_split_backward(name, monkeypatch):
     """The Gluon fused backward against the deterministic portable split at the Llama-3-8B
     heads: the same gradients up to rounding (the fused dQ adds in another order)."""

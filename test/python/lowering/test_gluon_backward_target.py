@@ -207,17 +207,18 @@ def test_calls_the_schedule_cannot_take_keep_the_split(monkeypatch):
 def test_the_lowered_kernel_decides_not_the_prediction(monkeypatch):
     """On a (pretended) Hopper GPU where `variant_fits` predicts wrongly (patched to say yes
     to everything): `auto` builds the fused backward only where the lowered kernel is one the
-    Gluon target schedules, and keeps the split elsewhere (relu: no softmax statistics)."""
+    Gluon target schedules, and keeps the split elsewhere (interleaved RoPE: dK's inverse
+    rotation by pairs, which the schedule has no place for)."""
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
     monkeypatch.setattr(gluon_backward, "variant_fits", lambda variant: True)
     monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
     p = problem(8192)
     causal = af.compile(af.attention(af.causal()), deterministic=False)
     assert causal.compile_key(p).bwd_dq == "fused"
-    relu = af.compile(af.attention(af.relu(), af.causal()), deterministic=False)
-    assert relu.compile_key(p).bwd_dq == "separate"
+    interleaved = af.compile(af.attention(af.rope(interleaved=True), af.causal()), deterministic=False)
+    assert interleaved.compile_key(p).bwd_dq == "separate"
     monkeypatch.setenv("ATTNFUSE_BACKWARD", "fused")
-    assert relu.compile_key(p).bwd_dq == "fused", "a forced fused backward is the user's choice"
+    assert interleaved.compile_key(p).bwd_dq == "fused", "a forced fused backward is the user's choice"
 
 
 def test_deterministic_calls_take_the_ordered_gluon_backward_from_the_measured_size(monkeypatch):

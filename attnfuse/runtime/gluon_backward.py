@@ -84,6 +84,20 @@ alone, ms (the same files):
 The order costs 0-5% of fwd+bwd over the unordered kernel (0-9% of the backward alone).
 Smaller calls keep the split."""
 
+GLUON_POINTWISE_MIN_WORK = {64: 8 * 1024 * 1024, 128: 8 * 1024 * 1024}
+"""The same, ordered or not, under a pointwise normalizer (ReLU, sigmoid), whose split
+backward evaluates the normalizer and its derivative in both of its kernels: the fused one
+gains more than under the softmax. On the H200, fwd+bwd ms, the ordered Gluon backward
+against the split (bench/results/20261204T032404Z-backward-targets-pointwise-llama.md and
+20261204T032450Z-backward-targets-pointwise-paper.md):
+- head dim 128 (Llama-3-8B heads, bf16): relu 4096 1.552 against 2.062, 8192 6.633 / 8.944;
+  relu + causal 4096 0.871 / 1.072, 8192 3.365 / 4.402; sigmoid + causal 4096 1.085 / 1.398,
+  8192 4.046 / 5.619;
+- head dim 64 (B=4, 12 heads, fp16): relu 4096 1.649 / 1.797, 8192 7.073 / 7.912; relu +
+  causal 4096 0.904 / 0.909 (a wash), 8192 3.290 / 3.875; sigmoid + causal 4096 1.165 / 1.357,
+  8192 4.550 / 5.438.
+Smaller calls are not measured and keep the split."""
+
 
 def backward_target() -> str:
     """The user's choice (`ATTNFUSE_BACKWARD_TARGET`), checked."""
@@ -123,7 +137,8 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
     backward (`backward_choice.choose_backward` then builds the fused backward, where it is
     allowed): an sm_90 GPU, a variant and shape the schedule covers, and the user's choice
     (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (`GLUON_BACKWARD_MIN_WORK`, or with
-    its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`). RoPE at
+    its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`; under a pointwise
+    normalizer `GLUON_POINTWISE_MIN_WORK`). RoPE at
     call-time positions (`explicit_positions`) is not scheduled: its inverse rotation of dK
     reads the positions, which the schedule has no place for (`backward_shape`), so such a
     call keeps the split rather than the portable fused kernel, which is slower. Nor is a
@@ -136,7 +151,11 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
         return False
     if target == "gluon":
         return True
-    least = (GLUON_ORDERED_MIN_WORK if ordered else GLUON_BACKWARD_MIN_WORK).get(problem.head_dim)
+    if variant.normalizer_name != "softmax":
+        table = GLUON_POINTWISE_MIN_WORK
+    else:
+        table = GLUON_ORDERED_MIN_WORK if ordered else GLUON_BACKWARD_MIN_WORK
+    least = table.get(problem.head_dim)
     return least is not None and pairs_per_head(problem, variant) >= least
 
 
@@ -289,5 +308,5 @@ def gluon_backward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
+__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
            "scheduled_backward", "takes_gluon_backward", "variant_fits"]

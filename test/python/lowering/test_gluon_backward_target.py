@@ -245,3 +245,25 @@ def test_deterministic_calls_take_the_ordered_gluon_backward_from_the_measured_s
         assert free.compile_key(problem(4096)).bwd_dq == "ordered"
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+@pytest.mark.parametrize("normalizer", [af.relu, af.sigmoid])
+def test_pointwise_normalizers_take_the_gluon_backward_from_their_measured_size(normalizer, monkeypatch):
+    """On a (pretended) Hopper GPU under `auto`: a pointwise normalizer's training call takes
+    the Gluon backward (ordered by default) from `GLUON_POINTWISE_MIN_WORK`, which at head dim 64
+    is below the softmax's (causal 4096 takes it there, the softmax keeps the split), and keeps
+    the split below it."""
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
+    pointwise = af.compile(af.attention(normalizer(), af.causal()))
+    softmax = af.compile(af.attention(af.causal()))
+    paper = problem(4096, d=64, dtype=torch.float16)
+    assert pointwise.compile_key(paper).bwd_dq == "ordered"
+    assert softmax.compile_key(paper).bwd_dq == "separate"
+    assert pointwise.compile_key(problem(4096)).bwd_dq == "ordered"
+    assert af.compile(af.attention(normalizer(), af.causal()), deterministic=False).compile_key(
+        problem(4096)).bwd_dq == "fused"
+    assert pointwise.compile_key(problem(2048)).bwd_dq == "separate"
+    assert gluon_backward.pairs_per_head(problem(4096), pointwise.program.canonical((False, False))) \
+        >= gluon_backward.GLUON_POINTWISE_MIN_WORK[128] > gluon_backward.pairs_per_head(
+            problem(2048), pointwise.program.canonical((False, False)))

@@ -169,6 +169,18 @@ def _pointwise_weights(kernel: tile.KernelOp, it, scores: tile.ScoresOp
     return [o for o in ops if o is not probs], probs, op
 
 
+def _check_maps(kernel: tile.KernelOp, scores: tile.ScoresOp, ops: list[Operation]) -> None:
+    """A map of the probability step may read the tile it refines, vectors and scalars, but no
+    earlier tile of the chain: the step prints every tile of the chain as the one variable
+    `scores` (the forward's `GluonEmitter.check_map` asks the same)."""
+    earlier = {scores.result}
+    for op in ops:
+        if isinstance(op, tile.MapOp) and any(v in earlier for v in op.inputs[1:]):
+            raise refuse(kernel, op, "a map of the scores may read the tile it refines, but no earlier score tile")
+        if not isinstance(op, tile.SeqLenOp):
+            earlier.add(op.result)
+
+
 def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
     """The parts of one query loop, or `NotFlashShaped`."""
     if not isinstance(loop, tile.QLoopOp):
@@ -209,6 +221,7 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
         op = None
     else:
         score_ops, probs, op = _pointwise_weights(kernel, it, scores)
+    _check_maps(kernel, scores, [*score_ops, probs])
     # Values of the probability step the gradient step may read (primal tiles, seq_len scalars).
     step_values = [scores.result, probs.result] + [o.result for o in score_ops]
     grad_probs = take(tile.DotTransposedOp, "tile.dot_transposed", op)
@@ -286,10 +299,13 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     if n_loops == 0:
         raise refuse(kernel, rest[0], "expected query loops after the bounds")
     loops = [backward_loop(kernel, op, k_load.result, v_load.result) for op in rest[:n_loops]]
-    if len({loop.softmax for loop in loops}) > 1:
-        pointwise = next(loop for loop in loops if not loop.softmax)
-        raise refuse(kernel, pointwise.probs, "every query loop normalizes alike (softmax from lse, or the same "
-                                              "pointwise normalizer)")
+    first = loops[0]
+    for loop in loops[1:]:
+        # One probability step and one gradient step serve every loop: they may differ by masks only.
+        if (loop.softmax, loop.probs.name, loop.grad_scores.name) != (first.softmax, first.probs.name,
+                                                                       first.grad_scores.name):
+            raise refuse(kernel, loop.probs, "every query loop normalizes alike (softmax from lse, or the same "
+                                             "pointwise normalizer and derivative)")
     ordered = {loop.store_add.ordered for loop in loops}
     if len(ordered) > 1:
         # The schedule's one dQ writer adds every step alike.
@@ -308,7 +324,9 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     if not isinstance(rest[-1], tile.ReturnOp):
         raise refuse(kernel, rest[-1], "the kernel ends in tile.return")
     parts = BackwardKernel(kernel, k_load, v_load, bounds, loops, epilogue)
-    allowed = set(parts.operands) | {"lse", "delta", "dk", "dv", "dq_acc", "dq_order", "rope_table"}
+    # lse and delta only where the loops read them: the launch passes their descriptors by role.
+    allowed = set(parts.operands) | {"dk", "dv", "dq_acc", "dq_order", "rope_table"}
+    allowed |= {"lse", "delta"} if parts.softmax else set()
     for role in kernel.roles:
         if role not in allowed and tile.role_kind(role) != "slopes":
             raise refuse(kernel, None, f"role {role} has no place in the schedule")

@@ -88,14 +88,15 @@ GLUON_POINTWISE_MIN_WORK = {64: 8 * 1024 * 1024, 128: 8 * 1024 * 1024}
 """The same, ordered or not, under a pointwise normalizer (ReLU, sigmoid), whose split
 backward evaluates the normalizer and its derivative in both of its kernels: the fused one
 gains more than under the softmax. On the H200, fwd+bwd ms, the ordered Gluon backward
-against the split (bench/results/20261204T032404Z-backward-targets-pointwise-llama.md and
+(`ordered_gluon` column) against the split (`separate`)
+(bench/results/20261204T032404Z-backward-targets-pointwise-llama.md and
 20261204T032450Z-backward-targets-pointwise-paper.md):
-- head dim 128 (Llama-3-8B heads, bf16): relu 4096 1.552 against 2.062, 8192 6.633 / 8.944;
-  relu + causal 4096 0.871 / 1.072, 8192 3.365 / 4.402; sigmoid + causal 4096 1.085 / 1.398,
-  8192 4.046 / 5.619;
-- head dim 64 (B=4, 12 heads, fp16): relu 4096 1.649 / 1.797, 8192 7.073 / 7.912; relu +
-  causal 4096 0.904 / 0.909 (a wash), 8192 3.290 / 3.875; sigmoid + causal 4096 1.165 / 1.357,
-  8192 4.550 / 5.438.
+- head dim 128 (Llama-3-8B heads, bf16): relu 4096 1.602 against 2.062, 8192 6.511 / 8.944;
+  relu + causal 4096 0.888 / 1.072, 8192 3.366 / 4.402; sigmoid + causal 4096 1.096 / 1.398,
+  8192 4.104 / 5.619;
+- head dim 64 (B=4, 12 heads, fp16): relu 4096 1.730 / 1.797, 8192 7.128 / 7.912; relu +
+  causal 4096 0.904 / 0.980, 8192 3.440 / 3.875; sigmoid + causal 4096 1.165 / 1.464,
+  8192 4.709 / 5.438.
 Smaller calls are not measured and keep the split."""
 
 
@@ -111,7 +112,7 @@ def variant_fits(variant: Canonical) -> bool:
     """Whether the variant's fused backward has the shape `warp-specialize` schedules
     (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax,
     ReLU or sigmoid over elementwise score ops (no bias, block lists or document ids) and RoPE, if any, by
-    halves of the full head dim. A cheap filter before anything is lowered: what decides is
+    halves of the full head dim (and not under ReLU, whose backward rotates in the kernel). A cheap filter before anything is lowered: what decides is
     the lowered kernel (`scheduled_backward`), which the runtime asks before it builds the
     fused backward for this target (`CompiledAttention.compile_key`)."""
     if variant.normalizer_name not in NORMALIZERS or variant.block_size is not None or variant.listed:
@@ -120,6 +121,10 @@ def variant_fits(variant: Canonical) -> bool:
         return False
     rope = variant.rope
     if rope is not None and (getattr(rope, "interleaved", None) is not None or variant.rotary_dim is not None):
+        return False
+    if rope is not None and not variant.normalizer_semantics.smooth:
+        # ReLU's derivative jumps at 0: its backward rotates in the kernel from the unrounded
+        # inputs (`lower_backward.needs_exact_scores`), which the schedule reads whole.
         return False
     return True
 

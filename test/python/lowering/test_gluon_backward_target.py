@@ -149,6 +149,8 @@ def test_backward_target_is_checked(monkeypatch):
     (af.attention(af.relu()), True),
     (af.attention(af.sigmoid(), af.causal()), True),
     (af.attention(af.softcap(30.0), af.relu(), af.causal()), True),
+    (af.attention(af.rope(), af.relu(), af.causal()), False),  # ReLU rotates in its backward loops
+    (af.attention(af.rope(), af.sigmoid(), af.causal()), True),
     (af.attention(af.document()), False),
 ])
 def test_variants_the_schedule_takes(spec, fits):

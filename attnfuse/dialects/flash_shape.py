@@ -14,6 +14,9 @@ then finalizes and stores that o and log-sum-exp. A pointwise normalizer (ReLU, 
 the same shape without the softmax's state: the accumulator starts as `tile.zeros`, each loop
 turns the refined scores into weights elementwise after the load of v (`NORMALIZER_OPS`) and
 yields `acc + p @ v` alone, and the last loop's accumulator is stored as o (no log-sum-exp).
+A block-sparse kernel has the same shape with key loops over block lists
+(`tile.sparse_kv_loop`: the full blocks, then the partial ones) instead of key bounds and
+ranges.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ for q or k."""
 POINTER_ROLES = ("lse",)
 """Other roles a scheduled kernel may take, besides ALiBi slopes and additive biases."""
 
+LIST_ROLES = ("full_blocks", "full_count", "partial_blocks", "partial_count")
+"""The block lists a block-sparse kernel's loops read through pointers (per program)."""
+
 POINTER_KINDS = ("slopes", "bias")
 """Kinds of indexed roles (`slopes_1`, `bias_1`, ...) a scheduled kernel reads through pointers."""
 
@@ -61,7 +67,7 @@ class NotFlashShaped(IRError):
 class FlashLoop:
     """One key loop of a flash-shaped kernel, by the part of the schedule each op goes to."""
 
-    op: tile.KVLoopOp
+    op: tile.KVLoopOp | tile.SparseKVLoopOp
     k_load: tile.LoadOp
     scores: tile.ScoresOp
     score_ops: list[Operation]
@@ -81,7 +87,8 @@ class FlashKernel:
     kernel: tile.KernelOp
     q_load: tile.LoadOp
     init: tile.SoftmaxInitOp | tile.ZerosOp
-    bounds: tile.KVBoundsOp
+    bounds: tile.KVBoundsOp | None
+    """None in a block-sparse kernel: its loops walk block lists."""
     loops: list[FlashLoop]
     finalize: tile.SoftmaxFinalizeOp | None
     """None under a pointwise normalizer: the last loop's accumulator is o."""
@@ -92,6 +99,11 @@ class FlashKernel:
     def softmax(self) -> bool:
         """Whether the kernel runs the online softmax (else a pointwise normalizer)."""
         return self.finalize is not None
+
+    @property
+    def listed(self) -> bool:
+        """Whether the key loops walk block lists (`tile.sparse_kv_loop`), not a key range."""
+        return self.bounds is None
 
     @property
     def operands(self) -> tuple[str, str, str, str]:
@@ -142,7 +154,7 @@ def _whole(load: Operation) -> bool:
     return isinstance(load, tile.LoadOp) and load.cols is not None and load.cols.data == "all"
 
 
-def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp) -> FlashLoop:
+def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp | tile.SparseKVLoopOp) -> FlashLoop:
     """The parts of one key loop, or `NotFlashShaped`."""
     it = iter(loop.body.block.ops)
 
@@ -178,7 +190,7 @@ def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp) -> FlashLoop:
     return FlashLoop(loop, k_load, scores, score_ops, v_load, update, accumulate)
 
 
-def pointwise_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp, it, k_load: tile.LoadOp, scores: tile.ScoresOp,
+def pointwise_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp | tile.SparseKVLoopOp, it, k_load: tile.LoadOp, scores: tile.ScoresOp,
                    score_ops: list[Operation], chain: SSAValue, v_load: tile.LoadOp) -> FlashLoop:
     """The rest of a key loop under a pointwise normalizer (it carries the accumulator alone),
     after the load of v: the weights (`NORMALIZER_OPS`, refining the scores), `acc + p @ v`,
@@ -219,9 +231,22 @@ def chained_loops(kernel: tile.KernelOp, loops: list, carried: list[SSAValue], w
             raise refuse(kernel, loop.op, f"{what} must chain {state}")
         carried = list(loop.op.results)
     for before, after in zip(loops, loops[1:]):
+        if isinstance(after.op, tile.SparseKVLoopOp):
+            continue  # lists, not ranges: `listed_loops` checks them
         if after.op.lower is not before.op.upper:
             raise refuse(kernel, after.op, f"{what} must cover consecutive ranges")
     return carried
+
+
+def listed_loops(kernel: tile.KernelOp, loops: list[FlashLoop]) -> None:
+    """A block-sparse kernel's key loops: the full blocks' list (unmasked), then the partial
+    blocks' (masked), each at most once: the schedule walks them as one range of steps, the
+    first list's entries first."""
+    roles = [(loop.op.blocks.type.role.data, loop.op.masked is not None) for loop in loops]  # type: ignore[union-attr]
+    expected = [("full_blocks", False), ("partial_blocks", True)]
+    if roles not in (expected, expected[:1], expected[1:]):
+        raise refuse(kernel, loops[0].op, "the block lists are walked full blocks (unmasked) then partial "
+                                          "blocks (masked), each once")
 
 
 def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
@@ -231,20 +256,25 @@ def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
     if isinstance(ops[0], tile.LoadOp) and not _whole(ops[0]):
         raise refuse(kernel, ops[0], "the query must be loaded whole (no rotation in the kernel)")
     softmax = len(ops) < 2 or not isinstance(ops[1], tile.ZerosOp)
+    # A block-sparse kernel's loops walk lists: no key bounds before them.
+    listed = len(ops) > 2 and isinstance(ops[2], tile.SparseKVLoopOp)
+    bounds_kind = [] if listed else [tile.KVBoundsOp]
+    loop_kind = tile.SparseKVLoopOp if listed else tile.KVLoopOp
+    bounds_what = "" if listed else "key bounds, "
     if softmax:
-        head = [tile.LoadOp, tile.SoftmaxInitOp, tile.KVBoundsOp]
+        head = [tile.LoadOp, tile.SoftmaxInitOp, *bounds_kind]
         tail = [tile.SoftmaxFinalizeOp, tile.StoreOp, tile.StoreOp, tile.ReturnOp]
-        shape = "expected q load, softmax init, key bounds, key loops, finalize, stores"
+        shape = f"expected q load, softmax init, {bounds_what}key loops, finalize, stores"
     else:
-        head = [tile.LoadOp, tile.ZerosOp, tile.KVBoundsOp]
+        head = [tile.LoadOp, tile.ZerosOp, *bounds_kind]
         tail = [tile.StoreOp, tile.ReturnOp]
-        shape = "expected q load, zeros, key bounds, key loops, the store of o (a pointwise normalizer)"
-    for op, kind in zip(ops, head + [tile.KVLoopOp] * (len(ops) - len(head) - len(tail)) + tail):
+        shape = f"expected q load, zeros, {bounds_what}key loops, the store of o (a pointwise normalizer)"
+    for op, kind in zip(ops, head + [loop_kind] * (len(ops) - len(head) - len(tail)) + tail):
         if not isinstance(op, kind):
             raise refuse(kernel, op, shape)
     if len(ops) < len(head) + len(tail) + 1:
         raise refuse(kernel, None, shape)
-    q_load, init, bounds = ops[0], ops[1], ops[2]
+    q_load, init, bounds = ops[0], ops[1], (None if listed else ops[2])
     if q_load.role not in ("q", "q_rot"):
         raise refuse(kernel, q_load, "the first load must be the query's")
     loops = [flash_loop(kernel, op) for op in ops[len(head):-len(tail)]]
@@ -255,6 +285,8 @@ def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
             raise refuse(kernel, loop.op, "every key loop runs the kernel's normalizer")
     carried = chained_loops(kernel, loops, list(init.results), "key loops",
                             "their accumulator and row statistics" if softmax else "their accumulator")
+    if listed:
+        listed_loops(kernel, loops)
     if softmax:
         finalize, o_store, lse_store = ops[-4], ops[-3], ops[-2]
         if list(finalize.operands) != carried:
@@ -267,10 +299,12 @@ def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
         if o_store.role != "o" or o_store.value is not carried[0]:
             raise refuse(kernel, o_store, "the store of the last loop's accumulator as o")
     parts = FlashKernel(kernel, q_load, init, bounds, loops, finalize, o_store, lse_store)
+    pointer_roles = POINTER_ROLES + (LIST_ROLES if listed else ())
     for role in kernel.roles:
-        if role not in parts.operands and role not in POINTER_ROLES and tile.role_kind(role) not in POINTER_KINDS:
+        if role not in parts.operands and role not in pointer_roles and tile.role_kind(role) not in POINTER_KINDS:
             raise refuse(kernel, None, f"role {role} has no place in the schedule")
     return parts
 
 
-__all__ = ["FlashKernel", "FlashLoop", "NotFlashShaped", "flash_kernel", "flash_loop", "pointwise_loop"]
+__all__ = ["LIST_ROLES", "FlashKernel", "FlashLoop", "NotFlashShaped", "flash_kernel", "flash_loop", "listed_loops",
+           "pointwise_loop"]

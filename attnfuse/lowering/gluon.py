@@ -84,7 +84,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     # -- printing ----------------------------------------------------------------------------
 
     def run(self) -> list[str]:
-        out: list[str] = self.bias_function()
+        out: list[str] = self.bias_function() + self.block_start_function()
         out += self.step_function() + ["", ""]
         out += self.loader() + ["", ""]
         out += self.consumer() + ["", ""]
@@ -105,8 +105,66 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     def step_params(self) -> list[str]:
         bounds = self.bound_params()
         state = ["row_max", "row_sum"] if self.softmax else []
-        return ["scores", *state, "start_n", "row_start", *bounds, "sm_scale", "n_q", "n_k",
+        step = ["step"] if self.listed else []
+        return ["scores", *state, "start_n", *step, "row_start", *bounds, "sm_scale", "n_q", "n_k",
                 *self.slope_params(), *self.bias_tiles()]
+
+    # -- block lists -------------------------------------------------------------------------
+
+    @property
+    def listed(self) -> bool:
+        """Whether the key loops walk block lists (`tile.sparse_kv_loop`): the steps take their
+        blocks from the lists, and a step's loop is told by its index, not its first key."""
+        return self.parts.listed
+
+    @property
+    def STEP_START(self) -> str:  # noqa: N802 (MaskedLoopSteps' name)
+        """What tells a step's loop: its first key in a key range, its index over lists (the
+        full blocks' entries first, then the partial ones': `bound_1` is the first list's count)."""
+        return "step" if self.listed else "start_n"
+
+    def list_roles(self) -> list[str]:
+        """The block lists the loops walk, in order."""
+        return [loop.op.blocks.type.role.data for loop in self.loops]  # type: ignore[union-attr]
+
+    def walk_params(self, strides: bool) -> list[str]:
+        """What a partition needs to find each step's key block: the key range's start, or the
+        lists' bases (with their entry strides where `strides`: the consumer has them among
+        its pointer parameters) and the first list's count."""
+        if not self.listed:
+            return ["kv_start"]
+        names = [name for role in self.list_roles()
+                 for name in (f"{role}_base", *([f"stride_{role}_d"] if strides else []))]
+        return names + self.bound_params()
+
+    def block_start(self, step: str) -> str:
+        """The first key of step `step`'s block."""
+        if not self.listed:
+            return "kv_start" if step == "0" else f"kv_start + {step} * BLOCK_N"
+        args = [name for role in self.list_roles() for name in (f"{role}_base", f"stride_{role}_d")]
+        return f"{self.name}_block_start({', '.join([step, *args, *self.bound_params(), 'BLOCK_N'])})"
+
+    def block_start_function(self) -> list[str]:
+        """`<name>_block_start(j, lists..., BLOCK_N)`: the first key of step j's block, from the
+        full blocks' list for its first `bound_1` steps, then from the partial blocks'
+        (`tile.sparse_kv_loop`: entries are block indices in units of BLOCK_N)."""
+        if not self.listed:
+            return []
+        roles = self.list_roles()
+        body = ["# tile.sparse_kv_loop: the step's entry of its list (one pipelined range over the lists)"]
+        if len(roles) == 1:
+            body.append(f"block = tl.load({roles[0]}_base + j * stride_{roles[0]}_d)")
+        else:
+            first, second = roles
+            body += [f"if j < bound_1:",
+                     f"    block = tl.load({first}_base + j * stride_{first}_d)",
+                     "else:",
+                     f"    block = tl.load({second}_base + (j - bound_1) * stride_{second}_d)"]
+        body.append("return block * BLOCK_N")
+        params = ["j", *[name for role in roles for name in (f"{role}_base", f"stride_{role}_d")],
+                  *self.bound_params(), "BLOCK_N: gl.constexpr"]
+        return self.function(f"def {self.name}_block_start({', '.join(params)}):",
+                             ["    " + line for line in body]) + ["", ""]
 
     def bias_roles(self) -> list[str]:
         """The kernel's additive-bias tensors (`bias`, `bias_1`, ...), loaded by `<kernel>_bias`
@@ -328,7 +386,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "    for j in range(n_blocks):",
             "        stage = j % STAGES",
             "        phase = (j // STAGES) & 1",
-            "        start_n = kv_start + j * BLOCK_N",
+            f"        start_n = {self.block_start('j')}",
             "        mbarrier.wait(k_empty.index(stage), phase ^ 1)",
             "        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)",
             "        tma_load(k_desc, [batch, kv_head, start_n, 0], k_ready.index(stage), k_bufs.index(stage))",
@@ -340,9 +398,10 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)",
             "        tma_load(v_desc, [batch, kv_head, start_n, 0], v_ready.index(stage), v_bufs.index(stage))",
         ]
-        params = ("q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_ready, k_empty, v_ready, v_empty, "
-                  "batch, head, kv_head, q_start, kv_start, n_blocks, CONSUMERS: gl.constexpr, ROWS: gl.constexpr, "
-                  "BLOCK_N: gl.constexpr, STAGES: gl.constexpr")
+        params = ", ".join(["q_desc", "k_desc", "v_desc", "q_bufs", "k_bufs", "v_bufs", "q_bars", "k_ready", "k_empty",
+                            "v_ready", "v_empty", "batch", "head", "kv_head", "q_start", *self.walk_params(strides=True),
+                            "n_blocks", "CONSUMERS: gl.constexpr", "ROWS: gl.constexpr", "BLOCK_N: gl.constexpr",
+                            "STAGES: gl.constexpr"])
         # A static range of 1 is empty (one consumer): the loop then prints nothing.
         return self.function(f"def {self.name}_load({params}):", body)
 
@@ -372,7 +431,8 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)",
             "if n_blocks > 0:",
             "    mbarrier.wait(q_bars.index(WG), 0)",
-            "    start_n = kv_start",
+            f"    start_n = {self.block_start('0')}",
+            *(["    step = 0"] if self.listed else []),
             "    mbarrier.wait(k_ready.index(0), 0)",
             "    scores = warpgroup_mma(q_tile, tile_2d(k_bufs.index(0)).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             *self.bias_call("    "),
@@ -388,7 +448,8 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "        phase = (j // STAGES) & 1",
             "        prev = (j - 1) % STAGES",
             "        prev_phase = ((j - 1) // STAGES) & 1",
-            "        start_n = kv_start + j * BLOCK_N",
+            f"        start_n = {self.block_start('j')}",
+            *(["        step = j"] if self.listed else []),
             "        # Data first: no consumer issues products while it waits on a copy.",
             "        mbarrier.wait(k_ready.index(stage), phase)",
             "        mbarrier.wait(v_ready.index(prev), prev_phase)",
@@ -430,7 +491,8 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("    tma.store_wait(0)")
         bounds = self.bound_params()
         params = ["o_desc", *self.pointer_params(), "q_bufs", "k_bufs", "v_bufs", "q_bars", "k_ready", "k_empty",
-                  "v_ready", "v_empty", "batch", "head", "q_start", "kv_start", "n_blocks", *bounds, "sm_scale",
+                  "v_ready", "v_empty", "batch", "head", "q_start", *self.walk_params(strides=False), "n_blocks",
+                  *([] if self.listed else bounds), "sm_scale",
                   "n_q", "n_k", *self.slope_params(), "WG: gl.constexpr", "ROWS: gl.constexpr",
                   "BLOCK_N: gl.constexpr", "HEAD_DIM: gl.constexpr", "STAGES: gl.constexpr"]
         return self.function(f"def {self.name}_consume({', '.join(params)}):", self.lines)
@@ -444,11 +506,30 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("kv_head = head // group_size  # GQA/MQA: query heads share a key/value head")
         self.emit("q_start = block_id * BLOCK_M")
         self.emit_slope_loads()
+        if self.listed:
+            return self.emit_list_start()
         self.emit_kv_bounds(self.bounds)
         kv_start = self.namer[self.loops[0].op.lower]
         kv_end = self.namer[self.loops[-1].op.upper]
         self.emit(f"n_blocks = ({kv_end} - {kv_start} + BLOCK_N - 1) // BLOCK_N")
         return kv_start
+
+    def emit_list_start(self) -> str:
+        """A block-sparse tile's lists: their bases for this (batch, head, query block), their
+        counts, `n_blocks` (the entries of both) and `bound_1` (the first list's count: the
+        steps from it on walk the second list). Returns the first list's base."""
+        counts = []
+        for i, loop in enumerate(self.loops):
+            blocks, count = loop.op.blocks.type.role.data, loop.op.count.type.role.data  # type: ignore[union-attr]
+            self.emit(f"# {loop.op.name} over {blocks}: {count} entries for this tile")
+            self.emit(self.base_line(blocks))
+            self.emit(self.base_line(count))
+            self.emit(f"count_{i} = tl.load({count}_base)")
+            counts.append(f"count_{i}")
+        self.emit(f"n_blocks = {' + '.join(counts)}")
+        if len(counts) > 1:
+            self.emit("bound_1 = count_0")
+        return f"{self.list_roles()[0]}_base"
 
     def entry(self) -> list[str]:
         k = self.kernel
@@ -474,13 +555,19 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("    mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases it")
         self.emit("    mbarrier.init(v_ready.index(i), count=1)")
         self.emit("    mbarrier.init(v_empty.index(i), count=CONSUMERS)")
-        bounds = [self.namer[loop.op.lower] for loop in self.loops[1:]]
+        if self.listed:
+            # The key walk is the lists' (bases, then bound_1 where there are two lists).
+            walk_consume, walk_load, bounds = self.walk_params(strides=False), self.walk_params(strides=True), []
+        else:
+            walk_consume = walk_load = [kv_start]
+            bounds = [self.namer[loop.op.lower] for loop in self.loops[1:]]
         consume_args = ["o_desc", *self.pointer_params(), "q_bufs", "k_bufs", "v_bufs", "q_bars", "k_ready",
-                        "k_empty", "v_ready", "v_empty", "batch", "head", "q_start", kv_start, "n_blocks", *bounds,
+                        "k_empty", "v_ready", "v_empty", "batch", "head", "q_start", *walk_consume, "n_blocks", *bounds,
                         "sm_scale", "n_q", "n_k", *self.slope_params()]
         tail = ["ROWS", "BLOCK_N", "HEAD_DIM", "STAGES"]
-        load_args = ("q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, k_ready, k_empty, v_ready, "
-                     f"v_empty, batch, head, kv_head, q_start, {kv_start}, n_blocks, CONSUMERS, ROWS, BLOCK_N, STAGES")
+        load_args = ", ".join(["q_desc", "k_desc", "v_desc", "q_bufs", "k_bufs", "v_bufs", "q_bars", "k_ready", "k_empty",
+                               "v_ready", "v_empty", "batch", "head", "kv_head", "q_start", *walk_load, "n_blocks",
+                               "CONSUMERS", "ROWS", "BLOCK_N", "STAGES"])
         # Gluon takes the partitions as a literal list: one entry per consumer warpgroup (the
         # first is the default partition, the kernel's own 4 warps), then the producer.
         self.emit("gl.warp_specialize([")

@@ -22,12 +22,19 @@ Everything else (the score step, finalize, the stores' meaning) is `GluonEmitter
 from __future__ import annotations
 
 from attnfuse.dialects import tile
-from attnfuse.lowering.gluon import GluonEmitter
+from attnfuse.lowering.gluon import GluonEmitter, GluonUnsupported
 
 
 class PersistentGluonEmitter(GluonEmitter):
     """`GluonEmitter` for a kernel with `persistent = 1`: a tile function, and a loader, a
     consumer and an entry that walk the program's tiles."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.listed:
+            # `warp-specialize` never sets it on one; hand-written IR may.
+            raise GluonUnsupported("the gluon target's persistent grid walks key ranges, not block lists: "
+                                   f"{self.name} has tile.sparse_kv_loop and persistent = 1", self.kernel)
 
     def run(self) -> list[str]:
         out = self.tile_function() + ["", ""] + self.bias_function()

@@ -23,6 +23,7 @@ from attnfuse.runtime.compiler import (
 )
 from attnfuse.runtime.config import (
     KEY_POSITIONS_WITH_GIVEN_KEY,
+    LISTED_GLUON_FORWARD,
     TileConfig,
     automatic_placement,
     check_placement_request,
@@ -44,7 +45,7 @@ from attnfuse.runtime.kv_cache import (
 from attnfuse.runtime.backward_choice import backward_request, choose_backward
 from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
 from attnfuse.runtime.gluon_backward import gluon_backward, scheduled_backward
-from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon
+from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon, takes_listed_gluon
 from attnfuse.runtime.inputs import Problem, check_inputs
 from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.key_rotation import rotate_keys
@@ -246,6 +247,10 @@ class CompiledAttention:
                 # The dispatcher's two-warpgroup forwards own 128 rows; with fewer rows one
                 # warpgroup is the measured choice.
                 config = replace(config, num_warps=4)
+        if self.config is None and takes_listed_gluon(problem, self.variant):
+            # The Gluon forward's tiles: the block lists (built from this config) name them.
+            bm, bn, warps, stages = LISTED_GLUON_FORWARD
+            config = replace(config, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
         return config
 
     @property

@@ -116,6 +116,11 @@ for a broadcast one. So at D=64 a bias keeps FORWARD_HOPPER at every length."""
 FORWARD_HOPPER_D128_BIAS_FROM = 2048
 """First query length on FORWARD_HOPPER_D128_BIAS: the shortest measured."""
 
+LISTED_GLUON_FORWARD = (128, 128, 8, 2)
+"""The forward tiles of a block-sparse call on Hopper's Gluon target
+(`gluon_forward.takes_listed_gluon`): two consumer warpgroups of 64 rows and 128-key blocks,
+what the dense Gluon forward runs at head dim 128; its block lists are built for them."""
+
 BACKWARD_HOPPER_D64 = (64, 32, 4, 3, 64, 64, 4, 3)
 BACKWARD_HOPPER_D128 = (64, 64, 4, 2, 64, 32, 4, 3)
 """Backward (block_m, block_n, num_warps, num_stages) on Hopper, fp16/bf16: for dQ (and the

@@ -36,6 +36,7 @@ from attnfuse.runtime.launch import KernelLaunch
 
 if TYPE_CHECKING:
     from attnfuse.lowering.gluon import GluonKernel
+    from attnfuse.runtime.program import Canonical
 
 TARGETS = ("auto", "gluon", "triton")
 
@@ -175,6 +176,12 @@ def schedule_options(head_dim: int, module: ModuleOp | None = None) -> dict[str,
     `module` when given (ALiBi or a bias or neither, uniform tiles or not; without one: neither)."""
     # ALiBi and an additive bias make the score step heavier (its slope, or the bias block
     # loaded beside the scores): such kernels take the schedule's `heavy_step_consumers`.
+    forward = _forward_kernel(module) if module is not None else None
+    if forward is not None and any(isinstance(op, tile.SparseKVLoopOp) for op in forward.walk()):
+        # Block lists name the lowered tiles (`config.LISTED_GLUON_FORWARD`): a consumer per 64
+        # rows of them, their keys per step, no persistent grid (`warp_specialize.listed_schedule`);
+        # the consumer and persistent settings do not apply.
+        return {"consumers": forward.get("block_m") // 64, "block_n": forward.get("block_n"), "persistent": False}
     heavy_step = module is not None and any(isinstance(op, (tile.AlibiOp, tile.AddBiasOp)) for op in module.walk())
     uniform = module is not None and uniform_tiles(module)
     return SCHEDULES[head_dim].options(gluon_consumers(head_dim, heavy_step), gluon_persistent(), uniform)
@@ -221,7 +228,8 @@ def gluon_importable() -> bool:
     return True
 
 
-AUTO_VARIANT_CLASSES = {"softmax": (64, 128, 256), "relu": (64, 128), "pointwise": (128,), "bias": ()}
+AUTO_VARIANT_CLASSES = {"softmax": (64, 128, 256), "relu": (64, 128), "pointwise": (128,), "bias": (),
+                        "listed": ()}
 """Head dims at which `auto` takes the Gluon forward, per variant class (`variant_class`), from
 the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gluon-variants.md,
 `python3 bench/gluon_variants.py`, ms, Gluon / portable):
@@ -234,7 +242,9 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   dim 64, 0.414 / 0.365 and 1.547 / 1.404 at 128 (bench/results/20261203T175822Z-gluon-variants.md:
   the consumer loads each bias block in the MMA layout beside the block's product; the
   portable kernel pipelines coalesced loads);
-- plain softmax kernels (ALiBi, soft-capping, windows among them): `GLUON_MIN_WORK`'s rows.
+- plain softmax kernels (ALiBi, soft-capping, windows among them): `GLUON_MIN_WORK`'s rows;
+- block-sparse kernels (`listed`, whatever their normalizer): not measured yet, so `auto`
+  keeps the portable kernel (`ATTNFUSE_FORWARD_TARGET=gluon` takes the Gluon one).
 Head dim 256 is measured for the softmax class only."""
 
 
@@ -242,7 +252,10 @@ def variant_class(parts: FlashKernel) -> str:
     """The class of a flash-shaped forward that `AUTO_VARIANT_CLASSES` was measured by: `bias`
     for any kernel reading an additive bias (whatever its normalizer: the bias's loads set its
     pace), else `relu` or `pointwise` (another pointwise normalizer, sigmoid) without the
-    softmax, else `softmax`."""
+    softmax, else `softmax`; `listed` before all of them for a kernel walking block lists
+    (block-sparse: its own tiles and per-step list reads)."""
+    if parts.listed:
+        return "listed"
     loop = parts.loops[0]
     if any(isinstance(op, tile.AddBiasOp) for op in loop.score_ops):
         return "bias"
@@ -268,6 +281,25 @@ def takes_gluon(problem: Problem, causal: bool) -> bool:
     if target == "triton" or not hopper(problem) or not fits(problem):
         return False
     return target == "gluon" or prefers_gluon(problem, causal)
+
+
+LISTED_HEAD_DIMS = (64, 128)
+"""Head dims at which a block-sparse forward keeps 128 x 128 tiles on the Gluon target
+(`warp_specialize.listed_schedule`; 256 would need 64-key tiles)."""
+
+
+def takes_listed_gluon(problem: Problem, variant: Canonical) -> bool:
+    """Whether a block-sparse call's forward runs on the Gluon target: then its plan is lowered
+    with `config.LISTED_GLUON_FORWARD`'s 128 x 128 tiles (its block lists name the tiles, so
+    they are chosen before lowering). A layout whose blocks are a multiple of 128, no document
+    ids (whose filter the schedule has no place for), a head dim of `LISTED_HEAD_DIMS`, and
+    `takes_gluon`'s rule with the `listed` class of `AUTO_VARIANT_CLASSES` under `auto`."""
+    size = variant.block_size
+    if size is None or size % 128 or variant.reads("doc_ids") or problem.head_dim not in LISTED_HEAD_DIMS:
+        return False
+    if not takes_gluon(problem, causal=variant.band[1] is not None):
+        return False
+    return forward_target() == "gluon" or problem.head_dim in AUTO_VARIANT_CLASSES["listed"]
 
 
 def hopper(problem: Problem) -> bool:
@@ -452,6 +484,6 @@ def gluon_forward(
             else launch for launch in launches]
 
 
-__all__ = ["AUTO_VARIANT_CLASSES", "GLUON_MIN_WORK", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
+__all__ = ["AUTO_VARIANT_CLASSES", "GLUON_MIN_WORK", "LISTED_HEAD_DIMS", "takes_listed_gluon", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
            "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon", "variant_class",
            "uniform_tiles"]

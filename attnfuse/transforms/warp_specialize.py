@@ -58,21 +58,47 @@ class WarpSpecialize(RewritePattern):
         if op.schedule is not None:
             return
         try:
-            flash_kernel(op)
+            parts = flash_kernel(op)
         except NotFlashShaped:
             return  # the portable schedule covers every kernel
         o = self.options
         consumers = o.consumers or DEFAULT_CONSUMERS
-        registers = o.consumer_registers or CONSUMER_REGISTERS[consumers]
         block_n = o.block_n or DEFAULT_BLOCK_N[op.get("head_dim")]
+        if parts.listed:
+            # Block lists name tiles of the kernel's own sizes (the runtime builds them so): the
+            # schedule takes them as they are, a consumer per 64 query rows, and no persistent
+            # grid (its tile walk is not written for lists).
+            listed = listed_schedule(op, o)
+            if listed is None:
+                return
+            consumers, block_n = listed
+        registers = o.consumer_registers or CONSUMER_REGISTERS[consumers]
         op.attributes["schedule"] = tile.ScheduleAttr(tile.Schedule.WARP_SPECIALIZED)
         for key, value in (("block_m", 64 * consumers), ("block_n", block_n),
                            ("num_warps", 4 * consumers), ("num_stages", o.stages),
                            ("producer_warps", o.producer_warps), ("consumer_registers", registers)):
             op.attributes[key] = IntegerAttr(value, i64)
-        if o.persistent:
+        if o.persistent and not parts.listed:
             op.attributes["persistent"] = IntegerAttr(1, i64)
         rewriter.handle_operation_modification(op)
+
+
+LISTED_BLOCK_N = (64, 128)
+"""Key tiles a block-sparse kernel may keep under the schedule (warpgroup MMAs of 64 or 128
+keys; the shared memory of two stages at head dims 64 and 128)."""
+
+
+def listed_schedule(kernel: tile.KernelOp, options: WarpSpecializePass) -> tuple[int, int] | None:
+    """(consumers, block_n) of a block-sparse forward: its own tiles, a consumer warpgroup per
+    64 query rows; None where the schedule cannot take them (rows not a multiple of 64, more
+    than three consumers, another key tile, head dim 256) or the options ask for other tiles."""
+    rows, keys = kernel.get("block_m"), kernel.get("block_n")
+    consumers = rows // 64
+    if rows % 64 or not 1 <= consumers <= 3 or keys not in LISTED_BLOCK_N or kernel.get("head_dim") > 128:
+        return None
+    if (options.consumers and options.consumers != consumers) or (options.block_n and options.block_n != keys):
+        return None
+    return consumers, keys
 
 
 class WarpSpecializeBackward(RewritePattern):
@@ -183,4 +209,5 @@ class WarpSpecializePass(ModulePass):
             PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
 
 
-__all__ = ["HEAD_DIMS", "FlashKernel", "FlashLoop", "NotFlashShaped", "WarpSpecializePass", "flash_kernel"]
+__all__ = ["HEAD_DIMS", "LISTED_BLOCK_N", "FlashKernel", "FlashLoop", "NotFlashShaped", "WarpSpecializePass",
+           "flash_kernel", "listed_schedule"]

@@ -209,7 +209,8 @@ def test_gluon_head_dim_256_matches_reference(name, dtype, hq, hkv, nq, nk, monk
 def test_gluon_training_call_gradients(name, d, hq, n):
     """A training call: the Gluon forward saves o (and a softmax's lse) for the portable
     backward (at head dim 256 always portable: the fused backward's schedule covers 64 and 128
-    only; ReLU and a bias have no scheduled backward); a bias that requires a gradient gets it."""
+    only; at these sizes `auto` keeps the split; a bias has no fused backward); a bias that
+    requires a gradient gets it."""
     spec = SPECS[name]
     fn = af.compile(spec)
     q, k, v = inputs(1, hq, 2, n, n, d, torch.bfloat16, seed=3, grad=True)
@@ -252,16 +253,73 @@ def test_unaligned_rows_run_the_portable_kernel():
 
 
 def test_refused_variant_runs_the_portable_kernel():
-    """A block-sparse layout has no Gluon schedule: the portable kernel runs it."""
-    spec = af.attention(af.block_sparse(128))
+    """Document ids have no Gluon schedule: the portable kernel runs them."""
+    spec = af.attention(af.document(), af.causal())
     fn = af.compile(spec)
     q, k, v = inputs(1, 4, 4, 256, 256, 128, torch.float16, seed=6)
-    layout = torch.tensor([[True, False], [True, True]], device="cuda")
+    doc_ids = torch.tensor([0] * 100 + [1] * 156, device="cuda", dtype=torch.int32)
     assert not any(isinstance(x, GluonLaunch) for x in fn.plan(q, k, v).launches)
     with torch.no_grad():
-        out = fn(q, k, v, block_layout=layout)
-    expected = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), block_layout=layout.cpu())
+        out = fn(q, k, v, doc_ids=doc_ids)
+    expected = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), doc_ids=doc_ids.cpu())
     assert_close_to_reference(out.cpu(), expected, torch.float16)
+
+
+SPARSE = {
+    "sparse": af.attention(af.block_sparse(128)),
+    "sparse-causal": af.attention(af.block_sparse(128), af.causal()),
+    "sparse256-alibi-softcap": af.attention(af.block_sparse(256), af.alibi(), af.softcap(20.0)),
+    "sparse-relu": af.attention(af.block_sparse(128), af.relu()),
+}
+"""Block-sparse variants on the Gluon forward: 128 x 128 tiles walking the layout's lists (full
+blocks, then partial ones), a coarser layout, score ops and a pointwise normalizer."""
+
+
+def random_layout(spec, hq, nq, nk, seed, per_head):
+    """A random layout for `spec`'s block size with about half its blocks, the first query
+    block's row empty (its rows must come out 0), per head or shared."""
+    size = next(block.block_size for block in spec.blocks if hasattr(block, "block_size"))
+    rows, cols = -(-nq // size), -(-nk // size)
+    gen = torch.Generator().manual_seed(seed)
+    layout = torch.rand((hq, rows, cols) if per_head else (rows, cols), generator=gen) < 0.5
+    layout[..., 0, :] = False
+    return layout.cuda()
+
+
+@pytest.mark.parametrize("name", list(SPARSE))
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize("hq,hkv,nq,nk,per_head", [(4, 4, 512, 512, False), (8, 2, 300, 700, True),
+                                                   (4, 1, 640, 384, False), (2, 2, 100, 900, True)])
+def test_gluon_block_sparse_matches_reference(name, d, dtype, hq, hkv, nq, nk, per_head, monkeypatch):
+    """The forward takes the Gluon kernel on 128 x 128 tiles and its lists, against the
+    reference: ragged lengths, Nq != Nk, GQA, shared and per-head layouts, an empty row."""
+    spec = SPARSE[name]
+    fn = af.compile(spec)
+    q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=31)
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch)
+    assert (launch.launch.block_m, launch.launch.block_n) == (128, 128)
+    layout = random_layout(spec, hq, nq, nk, seed=32, per_head=per_head)
+    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, data={"block_layout": layout})
+
+
+def test_gluon_block_sparse_training_call_and_layout_changes(monkeypatch):
+    """A training call on the Gluon block-sparse forward (the portable backward's own lists) and
+    a second layout on the same plan: both against the reference."""
+    spec = SPARSE["sparse-causal"]
+    fn = af.compile(spec)
+    q, k, v = inputs(1, 8, 2, 1000, 1000, 128, torch.bfloat16, seed=33, grad=True)
+    assert isinstance(forward_launch(fn, q, k, v, training=True), GluonLaunch)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(34)).to(q.dtype).cuda()
+    for seed in (35, 36):
+        layout = random_layout(spec, 8, 1000, 1000, seed=seed, per_head=True)
+        for t in (q, k, v):
+            t.grad = None
+        fn(q, k, v, block_layout=layout).backward(grad)
+        want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), grad.cpu(),
+                                   block_layout=layout.cpu())
+        errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
+        assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), errors
 
 
 WINDOWED = {

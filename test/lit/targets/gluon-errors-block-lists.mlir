@@ -1,11 +1,14 @@
 // RUN: not attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 backward=false},warp-specialize' -t gluon 2>&1 | filecheck %s
-// A kernel walking a layout's block lists (block_sparse) has no warp-specialized schedule: the
+// A kernel walking document lists: its block lists have a schedule (gluon-block-sparse.mlir),
+// its per-entry document filter (tile.document_mask) has no place in the score step: the
 // Gluon target refuses it with the op at fault (the runtime then runs the portable kernel).
-// CHECK: error: the gluon target cannot lower attention_fwd (tile.sparse_kv_loop): expected q load, softmax init, key bounds, key loops, finalize, stores
-attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value, %layout : !attn.layout) -> !attn.output {
+// CHECK-NOT: Traceback
+// CHECK: error: the gluon target cannot lower attention_fwd (tile.document_mask): score ops are masks, maps, ALiBi, biases and scales, then the load of v
+attn.variant @doc(%q : !attn.query, %k : !attn.key, %v : !attn.value, %doc_ids : !attn.doc_ids) -> !attn.output {
   %s = attn.scores %q, %k
-  %l = attn.block_sparse %s, %layout {block_size = 128 : i64}
-  %p = attn.softmax %l
+  %d = attn.document %s, %doc_ids
+  %m = attn.mask %d [#attn.causal]
+  %p = attn.softmax %m
   %o = attn.pv %p, %v
   attn.yield %o
 }

@@ -20,15 +20,16 @@ from attnfuse.errors import ArgumentError
 from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
 from attnfuse.runtime import gluon_forward
 from attnfuse.runtime.compiler import CompileKey, lower_spec
-from attnfuse.runtime.config import TileConfig
+from attnfuse.runtime.config import LISTED_GLUON_FORWARD, TileConfig
 from attnfuse.runtime.inputs import Problem
 from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
 
-def forward_kernel(spec, head_dim=128, placement=("fused", "fused"), dtype="bf16", **options):
-    """The forward kernel of `spec` after `warp-specialize` (scheduled where it is flash-shaped),
-    with the pass's `options`."""
-    key = CompileKey(head_dim, head_dim, dtype, TileConfig(64, 64, 4, 2), placement)
+def forward_kernel(spec, head_dim=128, placement=("fused", "fused"), dtype="bf16", config=TileConfig(64, 64, 4, 2),
+                   **options):
+    """The forward kernel of `spec` lowered with `config`'s tiles, after `warp-specialize`
+    (scheduled where it is flash-shaped), with the pass's `options`."""
+    key = CompileKey(head_dim, head_dim, dtype, config, placement)
     module = lower_spec(spec, key)
     WarpSpecializePass(**options).apply(make_context(), module)
     return next(op for op in module.ops if op.sym_name.data == "attention_fwd")
@@ -161,8 +162,7 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, pers
 
 @pytest.mark.parametrize("spec,placement,op", [
     (af.attention(af.rope(), af.causal()), ("fused", "fused"), "tile.load"),
-    # Block lists and document ids have no place in the schedule (yet).
-    (af.attention(af.block_sparse(64)), ("fused", "fused"), None),
+    # Document ids have no place in the schedule (yet).
     (af.attention(af.document()), ("fused", "fused"), None),
 ])
 def test_refused_kernels_name_the_op(spec, placement, op):
@@ -276,15 +276,16 @@ def test_schedules_by_head_dim(monkeypatch):
     (af.attention(af.causal()), "softmax"), (af.attention(af.alibi(), af.softcap(20.0)), "softmax"),
     (af.attention(af.additive_bias(), af.causal()), "bias"), (af.attention(af.relu()), "relu"),
     (af.attention(af.relu(), af.causal()), "relu"), (af.attention(af.sigmoid()), "pointwise"),
-    (af.attention(af.additive_bias(), af.relu()), "bias"), (af.attention(af.additive_bias(), af.sigmoid()), "bias")])
+    (af.attention(af.additive_bias(), af.relu()), "bias"), (af.attention(af.additive_bias(), af.sigmoid()), "bias"),
+    (af.attention(af.block_sparse(64), af.causal()), "listed"), (af.attention(af.block_sparse(64), af.relu()), "listed")])
 def test_variant_classes_of_the_auto_rule(spec, kind):
     """`auto` decides per variant class (`AUTO_VARIANT_CLASSES`): a bias is its own class, ReLU
-    and the other pointwise normalizers theirs."""
+    and the other pointwise normalizers theirs, block lists theirs (whatever the normalizer)."""
     key = CompileKey(128, 128, "f16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
     module = lower_spec(spec, key)
     forward = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
     assert gluon_forward.variant_class(flash_kernel(forward)) == kind
-    assert set(gluon_forward.AUTO_VARIANT_CLASSES) == {"softmax", "bias", "relu", "pointwise"}
+    assert set(gluon_forward.AUTO_VARIANT_CLASSES) == {"softmax", "bias", "relu", "pointwise", "listed"}
     assert gluon_forward.AUTO_VARIANT_CLASSES["bias"] == ()  # measured slower than the portable kernel
 
 
@@ -454,3 +455,90 @@ def test_printed_online_softmax_matches_reference():
         torch.testing.assert_close(local["lse"][1:], ref_lse)
         torch.testing.assert_close(local["out"][1:], ref_out)
         assert torch.isneginf(local["lse"][0]) and (local["out"][0] == 0).all()
+
+
+LISTED_TILES = TileConfig(128, 128, 8, 2)
+"""The tiles a block-sparse call on the Gluon forward is lowered with (`config.LISTED_GLUON_FORWARD`)."""
+
+
+@pytest.mark.parametrize("name,spec,dim", [
+    ("sparse-causal", af.attention(af.block_sparse(128), af.causal()), 128),
+    ("sparse", af.attention(af.block_sparse(128)), 64),
+    ("sparse-alibi-softcap", af.attention(af.block_sparse(256), af.alibi(), af.softcap(30.0)), 128),
+])
+def test_block_sparse_kernel_compiles_for_sm90(sm90, name, spec, dim, monkeypatch):
+    """A block-sparse forward keeps its lowered tiles under the schedule (the lists name them):
+    128 x 128 tiles are two consumers of 128-key blocks; printed, it is valid Gluon for this
+    Triton, its products on HGMMA, without spills (Triton 3.6)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    import triton
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    module = lower_spec(spec, CompileKey(dim, dim, "bf16", LISTED_TILES, ("fused", "fused")))
+    WarpSpecializePass(**gluon_forward.schedule_options(dim, module)).apply(make_context(), module)
+    kernel = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
+    assert kernel.schedule is not None
+    assert (kernel.get("block_m"), kernel.get("block_n"), kernel.get("num_warps")) == (128, 128, 8)
+    assert kernel.int_attr("persistent") is None
+    program = emit_gluon_kernel(kernel)
+    module = gluon_forward._gluon_module(program.source)
+    x = torch.empty(1, 256, 4, dim, dtype=torch.bfloat16).transpose(1, 2)
+    rows = gl.NVMMASharedLayout.get_default_for([1, 1, 64, dim], gl.bfloat16)
+    keys = gl.NVMMASharedLayout.get_default_for([1, 1, 128, dim], gl.bfloat16)
+    descs = [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, n, dim], layout)
+             for n, layout in ((64, rows), (128, keys), (128, keys), (64, rows))]
+    lists = torch.empty(1, 4, 2, 2, dtype=torch.int32)
+    counts = torch.empty(1, 4, 2, dtype=torch.int32)
+    pointers = []
+    for role in program.kernels[0].roles:
+        if role in program.kernels[0].operands:
+            continue
+        table = {"lse": torch.empty(1, 4, 256), "full_blocks": lists, "partial_blocks": lists,
+                 "full_count": counts, "partial_count": counts}.get(role)
+        pointers += [table, *table.stride()] if table is not None else [torch.empty(4)]
+    compiled = module.attention_fwd.warmup(*descs, *pointers, 0.1, 256, 256, 4, 1, grid=(1,), num_warps=4)
+    registers, spills = _registers_and_spills(compiled.asm["cubin"])
+    assert registers <= 255
+    assert compiled.metadata.shared <= 232448
+    assert "HGMMA" in _cuobjdump(compiled.asm["cubin"], "-sass")
+    if triton.__version__.startswith("3.6"):
+        assert spills <= 8, f"{spills} bytes of stack"
+
+
+def test_block_sparse_tiles_the_schedule_cannot_take_stay_portable():
+    """The lists name the lowered tiles: a block-sparse kernel is scheduled with its own sizes or
+    not at all (64-row tiles: one consumer; options asking for other tiles: unscheduled)."""
+    spec = af.attention(af.block_sparse(128))
+    assert forward_kernel(spec, 128, config=LISTED_TILES, consumers=3).schedule is None
+    assert forward_kernel(spec, 128, config=LISTED_TILES, block_n=64).schedule is None
+    one = forward_kernel(spec, 128, config=TileConfig(64, 64, 4, 2))
+    assert (one.get("block_m"), one.get("block_n"), one.get("num_warps")) == (64, 64, 4)
+    assert forward_kernel(spec, 256, config=TileConfig(64, 64, 4, 2)).schedule is None
+    assert forward_kernel(spec, 128, config=LISTED_TILES, persistent=True).int_attr("persistent") is None
+
+
+def test_block_sparse_calls_are_lowered_for_the_gluon_tiles(monkeypatch):
+    """On a (pretended) Hopper GPU: a block-sparse call that takes the Gluon forward is lowered
+    with `LISTED_GLUON_FORWARD`'s 128 x 128 tiles (the block lists are built for them) and its
+    kernel is scheduled with them; `auto` keeps the portable tiles until the class is measured,
+    and layouts of blocks under 128, document ids and head dim 256 never take it."""
+    monkeypatch.setattr(gluon_forward, "hopper", lambda problem: True)
+    hopper = (9, 0)
+    p = problem(4096, 4096)
+    spec = af.attention(af.block_sparse(128), af.causal())
+    sparse = af.compile(spec)
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "auto")
+    portable = sparse.tile_config(p, hopper)
+    assert (portable.block_m, portable.block_n) == (64, 64)
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "gluon")
+    config = sparse.tile_config(p, hopper)
+    assert (config.block_m, config.block_n, config.num_warps, config.num_stages) == LISTED_GLUON_FORWARD
+    assert config.backward() == portable.backward(), "the backward keeps its own tiles"
+    module = lower_spec(spec, CompileKey(128, 128, "bf16", config, None))
+    WarpSpecializePass(**gluon_forward.schedule_options(128, module)).apply(make_context(), module)
+    forward = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
+    assert forward.schedule is not None and (forward.get("block_m"), forward.get("block_n")) == (128, 128)
+    for other, d in ((af.attention(af.block_sparse(64)), 128),
+                     (af.attention(af.document()), 128), (af.attention(af.block_sparse(128)), 256)):
+        assert af.compile(other).tile_config(problem(4096, 4096, d=d), hopper).block_m == 64, other

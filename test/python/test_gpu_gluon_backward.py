@@ -31,6 +31,9 @@ SPECS = {
     "relu": af.attention(af.relu()),
     "sigmoid-causal": af.attention(af.sigmoid(), af.causal()),
     "softcap-relu-causal": af.attention(af.softcap(30.0), af.relu(), af.causal()),
+    "sigmoid-bias": af.attention(af.sigmoid(bias=-2.0)),
+    "relu-window-alibi": af.attention(af.relu(), af.sliding_window(300), af.alibi(), af.causal()),
+    "sigmoid-rope-causal": af.attention(af.rope(), af.sigmoid(), af.causal()),
 }
 
 

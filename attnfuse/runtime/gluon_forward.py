@@ -229,7 +229,7 @@ def gluon_importable() -> bool:
 
 
 AUTO_VARIANT_CLASSES = {"softmax": (64, 128, 256), "relu": (64, 128), "pointwise": (128,), "bias": (),
-                        "listed": ()}
+                        "listed": (64, 128)}
 """Head dims at which `auto` takes the Gluon forward, per variant class (`variant_class`), from
 the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gluon-variants.md,
 `python3 bench/gluon_variants.py`, ms, Gluon / portable):
@@ -243,8 +243,13 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   the consumer loads each bias block in the MMA layout beside the block's product; the
   portable kernel pipelines coalesced loads);
 - plain softmax kernels (ALiBi, soft-capping, windows among them): `GLUON_MIN_WORK`'s rows;
-- block-sparse kernels (`listed`, whatever their normalizer): not measured yet, so `auto`
-  keeps the portable kernel (`ATTNFUSE_FORWARD_TARGET=gluon` takes the Gluon one).
+- block-sparse kernels (`listed`, whatever their normalizer; 128 x 128 tiles on both targets,
+  layouts of 128-key blocks at densities 0.1 / 0.25 / 0.5 / 1.0; bench/results/20261204T035936Z-,
+  20261204T040018Z- (head dim 64: B=4, 12 heads, N=4096, fp16), 20261204T040000Z- and
+  20261204T040039Z-block-sparse-*.md (head dim 128: B=1, 32 heads, N=8192)): head dim 64
+  0.096 / 0.168 / 0.294 / 0.546 against 0.098 / 0.196 / 0.366 / 0.681; head dim 128 0.278 /
+  0.621 / 1.159 / 2.074 against 0.394 / 0.917 / 1.778 / 2.874. Taken from `GLUON_MIN_WORK`'s
+  dense pair counts (the layout, and so the density, is call-time data).
 Head dim 256 is measured for the softmax class only."""
 
 

@@ -521,17 +521,20 @@ def test_block_sparse_tiles_the_schedule_cannot_take_stay_portable():
 def test_block_sparse_calls_are_lowered_for_the_gluon_tiles(monkeypatch):
     """On a (pretended) Hopper GPU: a block-sparse call that takes the Gluon forward is lowered
     with `LISTED_GLUON_FORWARD`'s 128 x 128 tiles (the block lists are built for them) and its
-    kernel is scheduled with them; `auto` keeps the portable tiles until the class is measured,
+    kernel is scheduled with them; `auto` takes it from the measured sizes (`GLUON_MIN_WORK`),
     and layouts of blocks under 128, document ids and head dim 256 never take it."""
     monkeypatch.setattr(gluon_forward, "hopper", lambda problem: True)
     hopper = (9, 0)
     p = problem(4096, 4096)
     spec = af.attention(af.block_sparse(128), af.causal())
     sparse = af.compile(spec)
-    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "auto")
+    monkeypatch.setattr(gluon_forward, "triton_release", lambda: (3, 6))
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "triton")
     portable = sparse.tile_config(p, hopper)
     assert (portable.block_m, portable.block_n) == (64, 64)
-    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "gluon")
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "auto")
+    small = sparse.tile_config(problem(2048, 2048), hopper)
+    assert (small.block_m, small.block_n) == (64, 64), "below GLUON_MIN_WORK: the portable tiles"
     config = sparse.tile_config(p, hopper)
     assert (config.block_m, config.block_n, config.num_warps, config.num_stages) == LISTED_GLUON_FORWARD
     assert config.backward() == portable.backward(), "the backward keeps its own tiles"

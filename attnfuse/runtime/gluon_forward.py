@@ -288,6 +288,10 @@ def takes_gluon(problem: Problem, causal: bool) -> bool:
     return target == "gluon" or prefers_gluon(problem, causal)
 
 
+LISTED_GLUON_TILES = (128, 128)
+"""The (block_m, block_n) a block-sparse forward runs on the Gluon target with
+(`config.LISTED_GLUON_FORWARD`'s): a kernel lowered with other tiles keeps the portable one."""
+
 LISTED_HEAD_DIMS = (64, 128)
 """Head dims at which a block-sparse forward keeps 128 x 128 tiles on the Gluon target
 (`warp_specialize.listed_schedule`; 256 would need 64-key tiles)."""
@@ -467,6 +471,10 @@ def gluon_forward(
         return launches  # the portable kernel covers every variant
     if forward_target() == "auto" and problem.head_dim not in AUTO_VARIANT_CLASSES[variant_class(parts)]:
         return launches  # measured slower than the portable kernel (or not measured)
+    if parts.listed and (forward.get("block_m"), forward.get("block_n")) != LISTED_GLUON_TILES:
+        # Block lists keep the tiles they were built for: only the measured and tested ones
+        # (`takes_listed_gluon` lowers such calls with them) go to the Gluon kernel.
+        return launches
     WarpSpecializePass(**schedule_options(problem.head_dim, module)).apply(make_context(), module)
     if forward.schedule is None:
         return launches

@@ -545,3 +545,24 @@ def test_block_sparse_calls_are_lowered_for_the_gluon_tiles(monkeypatch):
     for other, d in ((af.attention(af.block_sparse(64)), 128),
                      (af.attention(af.document()), 128), (af.attention(af.block_sparse(128)), 256)):
         assert af.compile(other).tile_config(problem(4096, 4096, d=d), hopper).block_m == 64, other
+
+
+def test_block_sparse_kernels_on_other_tiles_keep_the_portable_launch(monkeypatch):
+    """A block-sparse forward lowered with tiles other than `LISTED_GLUON_FORWARD`'s (a layout of
+    64-key blocks, a user's config) keeps the portable launch even where the Gluon target is
+    forced: the schedule would take it (one consumer), but only the 128 x 128 kernel is measured
+    and tested; a 128 x 128 one is replaced."""
+    monkeypatch.setattr(gluon_forward, "hopper", lambda problem: True)
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "gluon")
+
+    class Portable:
+        info = type("Info", (), {"name": "attention_fwd"})()
+
+    spec = af.attention(af.block_sparse(64))
+    small = lambda: lower_spec(spec, CompileKey(128, 128, "bf16", TileConfig(64, 64, 4, 2), None))  # noqa: E731
+    launches = [Portable()]
+    assert gluon_forward.gluon_forward(launches, problem(4096, 4096), 0.1, small, causal=False) == launches
+    wide = af.attention(af.block_sparse(128))
+    listed = lambda: lower_spec(wide, CompileKey(128, 128, "bf16", TileConfig(*LISTED_GLUON_FORWARD), None))  # noqa: E731
+    taken = gluon_forward.gluon_forward(launches, problem(4096, 4096), 0.1, listed, causal=False)
+    assert isinstance(taken[0], gluon_forward.GluonLaunch)

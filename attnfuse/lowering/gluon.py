@@ -144,15 +144,6 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         args = [name for role in self.list_roles() for name in (f"{role}_base", f"stride_{role}_d")]
         return f"{self.name}_block_start({', '.join([step, *args, *self.bound_params(), 'BLOCK_N'])})"
 
-    def prefetched_walk(self) -> list[str]:
-        """The producer's first list entry, read before its loop (block-sparse kernels: each
-        step then reads the next one's under its own copies, not before them)."""
-        if not self.listed:
-            return []
-        return ["    start_next = 0",
-                "    if n_blocks > 0:",
-                f"        start_next = {self.block_start('0')}"]
-
     def block_start_function(self) -> list[str]:
         """`<name>_block_start(j, lists..., BLOCK_N)`: the first key of step j's block, from the
         full blocks' list for its first `bound_1` steps, then from the partial blocks'
@@ -392,15 +383,10 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "    if n_blocks > 0:",
             "        mbarrier.expect(q_bars.index(0), q_desc.block_type.nbytes)",
             "        tma_load(q_desc, [batch, head, q_start, 0], q_bars.index(0), q_bufs.index(0))",
-            *self.prefetched_walk(),
             "    for j in range(n_blocks):",
             "        stage = j % STAGES",
             "        phase = (j // STAGES) & 1",
-            *(["        start_n = start_next",
-               "        # The next step's list entry, read while this step's copies wait (the last",
-               "        # step reads its own again: no entry past the list's end is read).",
-               f"        start_next = {self.block_start('gl.minimum(j + 1, n_blocks - 1)')}"]
-              if self.listed else [f"        start_n = {self.block_start('j')}"]),
+            f"        start_n = {self.block_start('j')}",
             "        mbarrier.wait(k_empty.index(stage), phase ^ 1)",
             "        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)",
             "        tma_load(k_desc, [batch, kv_head, start_n, 0], k_ready.index(stage), k_bufs.index(stage))",

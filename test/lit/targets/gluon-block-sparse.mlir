@@ -16,14 +16,9 @@
 // CHECK:      def attention_fwd_step(scores, row_max, row_sum, start_n, step, row_start, bound_1,
 // CHECK:          if step >= bound_1:
 // CHECK-NEXT:         # tile.mask: keep keys in q_pos + [None, 0] and inside the sequence
-// The producer reads step j + 1's entry while step j's copies wait (never past the list's end).
 // CHECK:      def attention_fwd_load(
-// CHECK:          start_next = 0
-// CHECK-NEXT:     if n_blocks > 0:
-// CHECK-NEXT:         start_next = attention_fwd_block_start(0, full_blocks_base, stride_full_blocks_d, partial_blocks_base, stride_partial_blocks_d, bound_1, BLOCK_N)
-// CHECK:              start_n = start_next
-// CHECK:              start_next = attention_fwd_block_start(gl.minimum(j + 1, n_blocks - 1),
-// CHECK-NEXT:         mbarrier.wait(k_empty.index(stage), phase ^ 1)
+// CHECK:          start_n = attention_fwd_block_start(j, full_blocks_base, stride_full_blocks_d, partial_blocks_base, stride_partial_blocks_d, bound_1, BLOCK_N)
+// CHECK-NEXT:     mbarrier.wait(k_empty.index(stage), phase ^ 1)
 // CHECK:      def attention_fwd_consume(
 // CHECK:          start_n = attention_fwd_block_start(0,
 // CHECK-NEXT:     step = 0

@@ -247,8 +247,11 @@ class CompiledAttention:
                 # The dispatcher's two-warpgroup forwards own 128 rows; with fewer rows one
                 # warpgroup is the measured choice.
                 config = replace(config, num_warps=4)
-        if self.config is None and takes_listed_gluon(problem, self.variant):
+        gluon_reads_whole = self.variant.rope is None or automatic_placement(self._placement)
+        if self.config is None and gluon_reads_whole and takes_listed_gluon(problem, self.variant):
             # The Gluon forward's tiles: the block lists (built from this config) name them.
+            # (With RoPE placed by the caller the rotation may sit in the kernel, which the
+            # Gluon forward does not take: the portable kernel keeps its own tiles then.)
             bm, bn, warps, stages = LISTED_GLUON_FORWARD
             config = replace(config, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
         return config

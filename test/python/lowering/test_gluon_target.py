@@ -542,6 +542,11 @@ def test_block_sparse_calls_are_lowered_for_the_gluon_tiles(monkeypatch):
     WarpSpecializePass(**gluon_forward.schedule_options(128, module)).apply(make_context(), module)
     forward = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
     assert forward.schedule is not None and (forward.get("block_m"), forward.get("block_n")) == (128, 128)
+    # RoPE placed by the caller may rotate inside the kernel, which the Gluon forward does not
+    # take: the portable tiles (left to AttnFuse, q and k are pre-rotated for Gluon).
+    rope_spec = af.attention(af.rope(), af.block_sparse(128), af.causal())
+    assert af.compile(rope_spec, rope_placement=("fused", "fused")).tile_config(p, hopper).block_m == 64
+    assert af.compile(rope_spec).tile_config(p, hopper).block_m == 128
     for other, d in ((af.attention(af.block_sparse(64)), 128),
                      (af.attention(af.document()), 128), (af.attention(af.block_sparse(128)), 256)):
         assert af.compile(other).tile_config(problem(4096, 4096, d=d), hopper).block_m == 64, other

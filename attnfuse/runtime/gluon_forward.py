@@ -243,7 +243,9 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   the consumer loads each bias block in the MMA layout beside the block's product; the
   portable kernel pipelines coalesced loads);
 - plain softmax kernels (ALiBi, soft-capping, windows among them): `GLUON_MIN_WORK`'s rows;
-- block-sparse kernels (`listed`, whatever their normalizer; 128 x 128 tiles on both targets,
+- block-sparse kernels (`listed`, a class every block-sparse kernel has besides its own,
+  `variant_classes`: a block-sparse bias kernel is never taken, a sigmoid one at 128 only;
+  measured as plain softmax kernels on 128 x 128 Gluon tiles against the portable 64 x 64 ones,
   layouts of 128-key blocks at densities 0.1 / 0.25 / 0.5 / 1.0; bench/results/20261204T035936Z-,
   20261204T040018Z- (head dim 64: B=4, 12 heads, N=4096, fp16), 20261204T040000Z- and
   20261204T040039Z-block-sparse-*.md (head dim 128: B=1, 32 heads, N=8192)): head dim 64
@@ -257,16 +259,30 @@ def variant_class(parts: FlashKernel) -> str:
     """The class of a flash-shaped forward that `AUTO_VARIANT_CLASSES` was measured by: `bias`
     for any kernel reading an additive bias (whatever its normalizer: the bias's loads set its
     pace), else `relu` or `pointwise` (another pointwise normalizer, sigmoid) without the
-    softmax, else `softmax`; `listed` before all of them for a kernel walking block lists
-    (block-sparse: its own tiles and per-step list reads)."""
-    if parts.listed:
-        return "listed"
+    softmax, else `softmax`. A kernel walking block lists is of that class and of `listed`
+    too (`variant_classes`)."""
     loop = parts.loops[0]
     if any(isinstance(op, tile.AddBiasOp) for op in loop.score_ops):
         return "bias"
     if not parts.softmax:
         return "relu" if any(isinstance(op, tile.ReluProbsOp) for op in loop.weights) else "pointwise"
     return "softmax"
+
+
+def variant_classes(parts: FlashKernel) -> tuple[str, ...]:
+    """Every class of `AUTO_VARIANT_CLASSES` a forward belongs to: its `variant_class`, and
+    `listed` for a block-sparse kernel (its own tiles and per-step list reads). `auto` takes
+    the Gluon forward at a head dim only where every one of them was measured faster."""
+    return (variant_class(parts), "listed") if parts.listed else (variant_class(parts),)
+
+
+def canonical_class(variant: Canonical) -> str:
+    """`variant_class` from the variant itself, before lowering (the same rule)."""
+    if variant.reads("bias"):
+        return "bias"
+    if variant.normalizer_name == "relu":
+        return "relu"
+    return "softmax" if variant.normalizer_name == "softmax" else "pointwise"
 
 
 def prefers_gluon(problem: Problem, causal: bool) -> bool:
@@ -302,13 +318,15 @@ def takes_listed_gluon(problem: Problem, variant: Canonical) -> bool:
     with `config.LISTED_GLUON_FORWARD`'s 128 x 128 tiles (its block lists name the tiles, so
     they are chosen before lowering). A layout whose blocks are a multiple of 128, no document
     ids (whose filter the schedule has no place for), a head dim of `LISTED_HEAD_DIMS`, and
-    `takes_gluon`'s rule with the `listed` class of `AUTO_VARIANT_CLASSES` under `auto`."""
+    `takes_gluon`'s rule with the `listed` class of `AUTO_VARIANT_CLASSES` and the variant's
+    own class (`canonical_class`: a bias, say, is never taken) under `auto`."""
     size = variant.block_size
     if size is None or size % 128 or variant.reads("doc_ids") or problem.head_dim not in LISTED_HEAD_DIMS:
         return False
     if not takes_gluon(problem, causal=variant.band[1] is not None):
         return False
-    return forward_target() == "gluon" or problem.head_dim in AUTO_VARIANT_CLASSES["listed"]
+    classes = (canonical_class(variant), "listed")
+    return forward_target() == "gluon" or all(problem.head_dim in AUTO_VARIANT_CLASSES[c] for c in classes)
 
 
 def hopper(problem: Problem) -> bool:
@@ -469,7 +487,8 @@ def gluon_forward(
         parts = flash_kernel(forward)
     except NotFlashShaped:
         return launches  # the portable kernel covers every variant
-    if forward_target() == "auto" and problem.head_dim not in AUTO_VARIANT_CLASSES[variant_class(parts)]:
+    if forward_target() == "auto" and any(problem.head_dim not in AUTO_VARIANT_CLASSES[c]
+                                          for c in variant_classes(parts)):
         return launches  # measured slower than the portable kernel (or not measured)
     if parts.listed and (forward.get("block_m"), forward.get("block_n")) != LISTED_GLUON_TILES:
         # Block lists keep the tiles they were built for: only the measured and tested ones
@@ -498,5 +517,5 @@ def gluon_forward(
 
 
 __all__ = ["AUTO_VARIANT_CLASSES", "GLUON_MIN_WORK", "LISTED_HEAD_DIMS", "takes_listed_gluon", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
-           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon", "variant_class",
+           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon", "variant_class", "variant_classes", "canonical_class",
            "uniform_tiles"]

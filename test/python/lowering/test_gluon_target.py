@@ -277,14 +277,19 @@ def test_schedules_by_head_dim(monkeypatch):
     (af.attention(af.additive_bias(), af.causal()), "bias"), (af.attention(af.relu()), "relu"),
     (af.attention(af.relu(), af.causal()), "relu"), (af.attention(af.sigmoid()), "pointwise"),
     (af.attention(af.additive_bias(), af.relu()), "bias"), (af.attention(af.additive_bias(), af.sigmoid()), "bias"),
-    (af.attention(af.block_sparse(64), af.causal()), "listed"), (af.attention(af.block_sparse(64), af.relu()), "listed")])
+    (af.attention(af.block_sparse(64), af.causal()), "softmax+listed"),
+    (af.attention(af.block_sparse(64), af.relu()), "relu+listed"),
+    (af.attention(af.block_sparse(64), af.additive_bias()), "bias+listed")])
 def test_variant_classes_of_the_auto_rule(spec, kind):
     """`auto` decides per variant class (`AUTO_VARIANT_CLASSES`): a bias is its own class, ReLU
-    and the other pointwise normalizers theirs, block lists theirs (whatever the normalizer)."""
+    and the other pointwise normalizers theirs; block lists add `listed` to the kernel's class.
+    The class read from the variant before lowering (`canonical_class`) is the kernel's."""
     key = CompileKey(128, 128, "f16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
     module = lower_spec(spec, key)
     forward = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
-    assert gluon_forward.variant_class(flash_kernel(forward)) == kind
+    assert "+".join(gluon_forward.variant_classes(flash_kernel(forward))) == kind
+    variant = af.compile(spec).program.canonical((False, False))
+    assert gluon_forward.canonical_class(variant) == gluon_forward.variant_class(flash_kernel(forward))
     assert set(gluon_forward.AUTO_VARIANT_CLASSES) == {"softmax", "bias", "relu", "pointwise", "listed"}
     assert gluon_forward.AUTO_VARIANT_CLASSES["bias"] == ()  # measured slower than the portable kernel
 
@@ -544,6 +549,14 @@ def test_block_sparse_calls_are_lowered_for_the_gluon_tiles(monkeypatch):
     assert forward.schedule is not None and (forward.get("block_m"), forward.get("block_n")) == (128, 128)
     # RoPE placed by the caller may rotate inside the kernel, which the Gluon forward does not
     # take: the portable tiles (left to AttnFuse, q and k are pre-rotated for Gluon).
+    # Under `auto` the variant's own class must be taken too: never with a bias, sigmoid at 128.
+    for spec_d, taken in (((af.attention(af.block_sparse(128), af.additive_bias()), 128), False),
+                          ((af.attention(af.block_sparse(128), af.sigmoid()), 64), False),
+                          ((af.attention(af.block_sparse(128), af.sigmoid()), 128), True),
+                          ((af.attention(af.block_sparse(128), af.relu()), 64), True)):
+        (other, d) = spec_d
+        tiles = af.compile(other).tile_config(problem(4096, 4096, d=d), hopper)
+        assert ((tiles.block_m, tiles.block_n, tiles.num_stages) == (128, 128, 2)) == taken, other
     rope_spec = af.attention(af.rope(), af.block_sparse(128), af.causal())
     assert af.compile(rope_spec, rope_placement=("fused", "fused")).tile_config(p, hopper).block_m == 64
     assert af.compile(rope_spec).tile_config(p, hopper).block_m == 128

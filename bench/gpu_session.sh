@@ -46,6 +46,9 @@
 #   pointwise-tests   test_gpu_gluon_backward.py's pointwise-normalizer (ReLU, sigmoid) and soft-capping tests
 #   pointwise-backward  bench/backward_targets.py's relu, relu+causal and sigmoid+causal rows (no cuDNN peer), default,
 #                     separate, nondet_auto and ordered_gluon columns, Llama heads then the paper shape
+#   sparse-tests      test_gpu_gluon.py's block-sparse tests (the Gluon forward on block lists)
+#   sparse-targets    bench/block_sparse.py on the Gluon and the portable target, densities 0.1-1.0, the paper
+#                     shape (D=64) and the Llama heads at N=8192 (D=128)
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
 set -u
@@ -177,6 +180,16 @@ for stage in "$@"; do
         timeout 170 python3 bench/backward_targets.py --cases relu,relu+causal,sigmoid+causal --geometry $geometry \
           --out "$dir" --reps 20 --columns default,separate,nondet_auto,ordered_gluon > "$dir/pointwise_backward_$geometry.log" 2>&1
         echo "pointwise-backward ($geometry) rc=$?"
+      done ;;
+    sparse-tests)
+      pytest_run gluon-sparse 200 test/python/test_gpu_gluon.py -k "block_sparse or refused" ;;
+    sparse-targets)
+      for target in gluon triton; do
+        ATTNFUSE_FORWARD_TARGET=$target timeout 100 python3 bench/block_sparse.py --densities 0.1,0.25,0.5,1.0 \
+          --out "$dir/sparse-$target" > "$dir/block_sparse_$target.log" 2>&1; echo "sparse-targets ($target, D=64) rc=$?"
+        ATTNFUSE_FORWARD_TARGET=$target timeout 100 python3 bench/block_sparse.py --densities 0.1,0.25,0.5,1.0 \
+          --batch 1 --heads 32 --head-dim 128 --seq 8192 --out "$dir/sparse-$target-d128" \
+          > "$dir/block_sparse_${target}_d128.log" 2>&1; echo "sparse-targets ($target, D=128) rc=$?"
       done ;;
     step-profile)
       timeout 200 python3 bench/step_profile.py --preset llama3-8b --dtype bf16 --mode fwdbwd --variants causal \

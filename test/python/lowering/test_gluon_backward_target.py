@@ -269,3 +269,53 @@ def test_pointwise_normalizers_take_the_gluon_backward_from_their_measured_size(
     assert gluon_backward.pairs_per_head(problem(4096), pointwise.program.canonical((False, False))) \
         >= gluon_backward.GLUON_POINTWISE_MIN_WORK[128] > gluon_backward.pairs_per_head(
             problem(2048), pointwise.program.canonical((False, False)))
+
+
+@pytest.mark.parametrize("spec,bwd_dq", [
+    (af.attention(af.causal()), "fused"),
+    (af.attention(af.relu(), af.causal()), "fused"),
+    (af.attention(af.sigmoid()), "ordered"),
+    (af.attention(af.rope(), af.causal()), "ordered"),
+])
+def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
+    """`GluonBackwardLaunch` hands the printed entry kernel its parameters in their order: the
+    descriptors (lse and delta only where the kernel reads them: not under a pointwise
+    normalizer), then each other role's pointer and strides, then the scalars (CPU tensors, the
+    launch itself stood in for)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    program = emit_gluon_kernel(backward_kernel(spec, 128, bwd_dq))
+    info = program.kernels[0]
+    header = program.source.split(f"def {info.name}(", 1)[1].split("):", 1)[0]
+    runtime = [p.strip() for p in header.split(",") if p.strip() and "constexpr" not in p]
+    b, hq, hkv, n, d = 1, 4, 2, 256, 128
+    made = {"q": (hq, torch.bfloat16), "q_rot": (hq, torch.bfloat16), "do": (hq, torch.bfloat16),
+            "dq_acc": (hq, torch.float32), "k": (hkv, torch.bfloat16), "k_rot": (hkv, torch.bfloat16),
+            "v": (hkv, torch.bfloat16), "dk": (hkv, torch.bfloat16), "dv": (hkv, torch.bfloat16)}
+    tensors = {role: torch.zeros(b, heads, n, d, dtype=dtype) for role, (heads, dtype) in made.items()}
+    tensors |= {"lse": torch.zeros(b * hq * n), "delta": torch.zeros(b * hq * n),
+                "dq_order": torch.zeros(b, hq, n, dtype=torch.int32), "rope_table": torch.zeros(2, n, d // 2)}
+    p = Problem(batch=b, heads_q=hq, heads_kv=hkv, seq_q=n, seq_k=n, head_dim=d, head_dim_v=d,
+                dtype=torch.bfloat16, device=torch.device("cpu"))
+    launch = gluon_backward.GluonBackwardLaunch(None, None, info, p, 0.1)
+    calls = []
+
+    class Runner:
+        def replay(self, key, pointers):
+            return False
+
+        def __call__(self, args, scalars, specialization, descriptors, key):
+            calls.append((args, scalars, descriptors))
+
+    launch.__dict__["runner"] = Runner()
+    launch({role: tensors[role] for role in info.roles})
+    (args, scalars, descriptors), = calls
+    assert len(args) + len(scalars) == len(runtime), (runtime, len(args), len(scalars))
+    described = [name for name in runtime if name.endswith("_desc")]
+    assert descriptors == len(described)
+    kinds = {"_desc": TensorDescriptor, "_ptr": torch.Tensor}
+    for name, arg in zip(runtime, args):
+        kind = int if name.startswith("stride_") else next(k for suffix, k in kinds.items() if name.endswith(suffix))
+        assert isinstance(arg, kind), (name, type(arg))
+    softmax = af.compile(spec).program.canonical((False, False)).normalizer_name == "softmax"
+    assert ("lse_desc" in described) == ("lse" in info.roles) == softmax

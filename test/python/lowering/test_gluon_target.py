@@ -584,3 +584,47 @@ def test_block_sparse_kernels_on_other_tiles_keep_the_portable_launch(monkeypatc
     listed = lambda: lower_spec(wide, CompileKey(128, 128, "bf16", TileConfig(*LISTED_GLUON_FORWARD), None))  # noqa: E731
     taken = gluon_forward.gluon_forward(launches, problem(4096, 4096), 0.1, listed, causal=False)
     assert isinstance(taken[0], gluon_forward.GluonLaunch)
+
+
+@pytest.mark.parametrize("spec", [af.attention(af.causal()), af.attention(af.block_sparse(128), af.causal()),
+                                  af.attention(af.block_sparse(128), af.relu())])
+def test_launch_passes_the_printed_kernels_parameters(spec):
+    """`GluonLaunch` hands the printed entry kernel its parameters in their order: the four
+    descriptors, each other role's pointer and strides (a block-sparse kernel's four lists
+    among them), then the scalars (CPU tensors, the launch itself stood in for)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    module = lower_spec(spec, CompileKey(128, 128, "bf16", TileConfig(*LISTED_GLUON_FORWARD), ("fused", "fused")))
+    WarpSpecializePass(**gluon_forward.schedule_options(128, module)).apply(make_context(), module)
+    forward = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
+    program = emit_gluon_kernel(forward)
+    info = program.kernels[0]
+    header = program.source.split("def attention_fwd(", 1)[1].split("):", 1)[0]
+    runtime = [p.strip() for p in header.split(",") if p.strip() and "constexpr" not in p]
+    b, h, n, d = 1, 4, 256, 128
+    tensors = {role: torch.zeros(b, h, n, d, dtype=torch.bfloat16) for role in ("q", "k", "v", "o")}
+    tensors |= {"lse": torch.zeros(b, h, n), "full_blocks": torch.zeros(b, h, 2, 2, dtype=torch.int32),
+                "partial_blocks": torch.zeros(b, h, 2, 2, dtype=torch.int32),
+                "full_count": torch.zeros(b, h, 2, dtype=torch.int32),
+                "partial_count": torch.zeros(b, h, 2, dtype=torch.int32)}
+    p = Problem(b, h, h, n, n, d, d, torch.bfloat16, torch.device("cpu"))
+    launch = gluon_forward.GluonLaunch(None, None, info, p, 0.1, info.operands)
+    calls = []
+
+    class Runner:
+        def replay(self, key, pointers):
+            return False
+
+        def __call__(self, args, scalars, specialization, descriptors, key):
+            calls.append((args, scalars, descriptors))
+
+    launch.__dict__["runner"] = Runner()
+    launch({role: tensors[role] for role in info.roles})
+    (args, scalars, descriptors), = calls
+    assert len(args) + len(scalars) == len(runtime), runtime
+    assert descriptors == 4
+    kinds = {"_desc": TensorDescriptor, "_ptr": torch.Tensor}
+    for name, arg in zip(runtime, args):
+        kind = int if name.startswith("stride_") else next(k for suffix, k in kinds.items() if name.endswith(suffix))
+        assert isinstance(arg, kind), (name, type(arg))
+    assert ("full_blocks_ptr" in runtime) == gluon_forward.flash_kernel(forward).listed

@@ -188,3 +188,25 @@ def test_unregistered_op_does_not_parse():
     # (Another text: programs parsed while the op was registered stay cached.)
     with pytest.raises(AttnFuseError, match="attn.score_offset"):
         af.compile(HAND_WRITTEN.replace("7.500000e-01", "2.500000e-01"))
+
+
+@pytest.mark.parametrize("normalizer", [af.relu(), af.sigmoid(), af.softmax()], ids=["relu", "sigmoid", "softmax"])
+def test_the_hopper_schedule_takes_the_block(normalizer):
+    """The block, defined in this file only, reaches the warp-specialized (Gluon) kernels too:
+    `warp-specialize` schedules its forward and its fused backward (its `tile.map` among the
+    score ops, its derivative among the VJP ops) and the Gluon target prints both; nothing in
+    the package names it."""
+    from attnfuse.dialects import make_context
+    from attnfuse.lowering.gluon import emit_gluon_kernel
+    from attnfuse.runtime.compiler import CompileKey, lower_spec
+    from attnfuse.runtime.config import TileConfig
+    from attnfuse.transforms.warp_specialize import WarpSpecializePass
+
+    spec = af.attention(score_offset(0.5), normalizer, af.causal())
+    module = lower_spec(spec, CompileKey(128, 128, "bf16", TileConfig(64, 64, 4, 2), None, bwd_dq="ordered"))
+    WarpSpecializePass().apply(make_context(), module)
+    kernels = {op.sym_name.data: op for op in module.ops}
+    for name in ("attention_fwd", "attention_bwd_dkdv_dq"):
+        assert kernels[name].schedule is not None, name
+        source = emit_gluon_kernel(kernels[name]).source
+        assert "+ 0.5" in source, f"{name} applies the offset"

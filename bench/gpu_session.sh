@@ -49,6 +49,9 @@
 #   sparse-tests      test_gpu_gluon.py's block-sparse tests (the Gluon forward on block lists)
 #   sparse-targets    bench/block_sparse.py on the Gluon and the portable target, densities 0.1-1.0, the paper
 #                     shape (D=64) and the Llama heads at N=8192 (D=128)
+#   issue17           issue 17's whole table in one call: bench/gluon_forward.py's issue cases (auto and tl) and
+#                     RoPE sweep (auto), backward_targets.py's default column, llama_layer.py fwd+bwd, then
+#                     bench/issue17_table.py over their JSON files
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
 set -u
@@ -181,6 +184,22 @@ for stage in "$@"; do
           --out "$dir" --reps 20 --columns default,separate,nondet_auto,ordered_gluon > "$dir/pointwise_backward_$geometry.log" 2>&1
         echo "pointwise-backward ($geometry) rc=$?"
       done ;;
+    issue17)
+      mkdir -p "$dir/issue17"/{forward,sweep,backward,layer}
+      timeout 150 python3 bench/gluon_forward.py --out "$dir/issue17/forward" --reps 30 --columns auto,triton \
+        > "$dir/issue17_forward.log" 2>&1; echo "issue17 forward rc=$?"
+      timeout 110 python3 bench/gluon_forward.py --out "$dir/issue17/sweep" --reps 30 --cases rope-sweep --columns auto \
+        > "$dir/issue17_sweep.log" 2>&1; echo "issue17 sweep rc=$?"
+      timeout 100 python3 bench/backward_targets.py --cases causal,rope+causal --out "$dir/issue17/backward" --reps 30 \
+        --columns default > "$dir/issue17_backward.log" 2>&1; echo "issue17 backward rc=$?"
+      timeout 150 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwdbwd \
+        --out "$dir/issue17/layer" > "$dir/issue17_layer.log" 2>&1; echo "issue17 layer rc=$?"
+      args=()
+      for part in forward sweep backward layer; do
+        file=$(ls "$dir/issue17/$part"/*.json 2>/dev/null | head -1)
+        [ -n "$file" ] && args+=("--$part" "$file")
+      done
+      python3 bench/issue17_table.py "${args[@]}" --out "$dir" ;;
     sparse-tests)
       pytest_run gluon-sparse 200 test/python/test_gpu_gluon.py -k "block_sparse or refused" ;;
     sparse-targets)

@@ -216,3 +216,34 @@ def test_gluon_variants_smoke_checks_every_column(scripts, tmp_path):
     for row in rows:
         for column in ("gluon", "tl", "auto"):
             assert row[f"{column}_err"] < 1e-5, (row["case"], column, row[f"{column}_err"])
+
+
+def test_issue17_table_judges_each_criterion(tmp_path):
+    """`bench/issue17_table.py` reads the four benchmarks' JSON files and judges issue 17's done
+    criteria by their lowest cuDNN / AttnFuse ratio: met at 1.00 and above, missed below,
+    and said to be absent where no file covers them."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        table = importlib.import_module("issue17_table")
+    finally:
+        sys.path.remove(str(BENCH))
+
+    def write(name, rows):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"metadata": {"gpu": "test"}, "rows": rows}))
+        return path
+
+    forward = write("forward", [
+        {"case": f"{v} B4 H12/12 D64 N{n} float16", "triton_ms": 1.2, "auto_ms": 1.0, "cudnn_ms": c}
+        for v, n, c in (("causal", 4096, 1.1), ("causal", 8192, 1.0), ("dense", 4096, 1.05))])
+    backward = write("backward", [
+        {"case": f"causal B1 H32/8 D128 N{n} bfloat16", "default_fwdbwd_ms": 1.0, "cudnn_fwdbwd_ms": c}
+        for n, c in ((4096, 1.2), (8192, 0.9))])
+    out = tmp_path / "out"
+    assert table.main(["--forward", str(forward), "--backward", str(backward), "--out", str(out)]) == 0
+    (md,) = out.glob("*-issue17-table.md")
+    text = md.read_text()
+    assert "| causal fwd, B4 H12 D64 fp16, N=4096 / 8192 | 1.200 / 1.200 | 1.000 / 1.000 | 1.100 / 1.000 | 1.10 / 1.00 |" in text
+    assert "at least as fast as cuDNN | meets (lowest ratio 1.00) |" in text
+    assert "N=4096 and 8192 at least as fast as cuDNN | misses (lowest ratio 0.90) |" in text
+    assert "at every N from 1k to 16k | not in these files |" in text

@@ -47,9 +47,9 @@ VJP_OPS = (tile.MapOp, tile.ApplyScaleOp, tile.MaskOp)
 """Ops between `tile.softmax_grad` and the dK accumulate: the score chain's derivatives,
 elementwise on the score-gradient tile."""
 
-NORMALIZER_GRAD_OPS = (tile.SoftmaxGradOp, tile.ReluGradOp, tile.MapOp)
-"""The first op of the gradient step, dS^T from dP^T through the normalizer: the softmax's,
-ReLU's, or a pointwise normalizer's map (sigmoid: `(p, dp) -> dp * p * (1 - p)`)."""
+POINTWISE_GRAD_OPS = (tile.ReluGradOp, tile.MapOp)
+"""A pointwise normalizer's derivative, the first op of the gradient step where the softmax
+has `tile.softmax_grad`: ReLU's, or a map (sigmoid: `(p, dp) -> dp * p * (1 - p)`)."""
 
 EPILOGUE_OPS = (tile.ApplyScaleOp, tile.SplitOp, tile.RotateOp, tile.StoreOp)
 """What follows the query loops: dK's scale, its inverse rotation (RoPE) and the stores."""
@@ -73,7 +73,7 @@ class BackwardLoop:
     """`tile.recompute_probs`, or a pointwise normalizer's last op (whose result is p^T)."""
     grad_probs: tile.DotTransposedOp
     grad_scores: Operation
-    """One of `NORMALIZER_GRAD_OPS`: dS^T of dP^T through the normalizer."""
+    """dS^T of dP^T through the normalizer: `tile.softmax_grad`, or one of `POINTWISE_GRAD_OPS`."""
     vjp_ops: list[Operation]
     dv_accumulate: tile.AccumulateOp
     dk_accumulate: tile.AccumulateOp
@@ -150,35 +150,14 @@ def _pointwise_weights(kernel: tile.KernelOp, it, scores: tile.ScoresOp
     normalizer's; `tile.seq_len` scalars among them), as (the ops before p^T, p^T's op, the op
     after them). Which of them is the normalizer the gradient step says (`tile.relu_grad` or
     the map reading p^T); here p^T is the last."""
-    ops: list[Operation] = []
-    chain = scores.result
-    op = next(it, None)
-    while isinstance(op, SCORE_OPS + NORMALIZER_OPS + (tile.SeqLenOp,)):
-        if not isinstance(op, tile.SeqLenOp):
-            source = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
-            if source is not chain:
-                raise refuse(kernel, op, "score and normalizer ops must refine the previous tile, in order")
-            chain = op.result
-        ops.append(op)
-        op = next(it, None)
+    ops, _, op = refining_chain(kernel, it, scores.result, SCORE_OPS + NORMALIZER_OPS, "score and normalizer ops",
+                                scalars=(tile.SeqLenOp,))
     refining = [o for o in ops if not isinstance(o, tile.SeqLenOp)]
     if not refining or isinstance(refining[-1], tile.MaskOp):
         raise refuse(kernel, op, "without lse and delta, the loop needs a pointwise normalizer (relu, sigmoid) "
                                  "turning the scores into p^T")
     probs = refining[-1]
     return [o for o in ops if o is not probs], probs, op
-
-
-def _check_maps(kernel: tile.KernelOp, scores: tile.ScoresOp, ops: list[Operation]) -> None:
-    """A map of the probability step may read the tile it refines, vectors and scalars, but no
-    earlier tile of the chain: the step prints every tile of the chain as the one variable
-    `scores` (the forward's `GluonEmitter.check_map` asks the same)."""
-    earlier = {scores.result}
-    for op in ops:
-        if isinstance(op, tile.MapOp) and any(v in earlier for v in op.inputs[1:]):
-            raise refuse(kernel, op, "a map of the scores may read the tile it refines, but no earlier score tile")
-        if not isinstance(op, tile.SeqLenOp):
-            earlier.add(op.result)
 
 
 def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
@@ -221,13 +200,12 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
         op = None
     else:
         score_ops, probs, op = _pointwise_weights(kernel, it, scores)
-    _check_maps(kernel, scores, [*score_ops, probs])
     # Values of the probability step the gradient step may read (primal tiles, seq_len scalars).
     step_values = [scores.result, probs.result] + [o.result for o in score_ops]
     grad_probs = take(tile.DotTransposedOp, "tile.dot_transposed", op)
     if grad_probs.lhs is not v or grad_probs.rhs is not do_load.result:
         raise refuse(kernel, grad_probs, "dP^T = v @ dO^T of the loaded tiles")
-    grad_scores = take(tile.SoftmaxGradOp if lse_load is not None else NORMALIZER_GRAD_OPS[1:],
+    grad_scores = take(tile.SoftmaxGradOp if lse_load is not None else POINTWISE_GRAD_OPS,
                        "the normalizer's gradient (tile.softmax_grad; tile.relu_grad or a map under a pointwise one)")
     if isinstance(grad_scores, tile.SoftmaxGradOp):
         if (grad_scores.probs is not probs.result or grad_scores.grad_probs is not grad_probs.result
@@ -333,5 +311,5 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     return parts
 
 
-__all__ = ["BACKWARD_HEAD_DIMS", "NORMALIZER_GRAD_OPS", "BackwardKernel", "BackwardLoop", "backward_kernel", "backward_loop",
+__all__ = ["BACKWARD_HEAD_DIMS", "POINTWISE_GRAD_OPS", "BackwardKernel", "BackwardLoop", "backward_kernel", "backward_loop",
            "gradient_operand", "primal_operands"]

@@ -131,21 +131,30 @@ def check_schedulable(kernel: tile.KernelOp, what: str, name: str, grid: str,
         raise refuse(kernel, None, f"head dim {dim}/{dim_v}: the schedule covers {head_dims}")
 
 
-def refining_chain(kernel: tile.KernelOp, it, first_value, kinds, what: str
-                   ) -> tuple[list[Operation], object, Operation | None]:
-    """The ops of `kinds` that `it` yields next, each refining the previous one's result
-    starting from `first_value` (a map reads it first; its other inputs are vectors and
-    scalars), the last value, and the op after them. The warp-specialized consumer hands
-    each step one tile, so any other order is `NotFlashShaped` (`what`: the chain's name)."""
+def refining_chain(kernel: tile.KernelOp, it, first_value, kinds, what: str, scalars: tuple = (),
+                   earlier: tuple = ()) -> tuple[list[Operation], object, Operation | None]:
+    """The ops of `kinds` (and of `scalars`, such as `tile.seq_len`, which may sit among them)
+    that `it` yields next, each op of `kinds` refining the previous one's result starting from
+    `first_value`, the last value, and the op after them. A map reads the tile it refines first;
+    its other inputs are vectors and scalars, never an earlier tile of the chain (`earlier` and
+    those refined since): the warp-specialized step prints every tile of the chain as the one
+    variable `scores`. The consumer hands each step one tile, so any other order is
+    `NotFlashShaped` (`what`: the chain's name)."""
     ops: list[Operation] = []
     chain = first_value
+    tiles = {*earlier, first_value}
     op = next(it, None)
-    while isinstance(op, kinds):
-        source = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
-        if source is not chain:
-            raise refuse(kernel, op, f"{what} must refine the previous tile, in order")
+    while isinstance(op, kinds + scalars):
+        if not isinstance(op, scalars):
+            source = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
+            if source is not chain:
+                raise refuse(kernel, op, f"{what} must refine the previous tile, in order")
+            if isinstance(op, tile.MapOp) and any(v in tiles for v in op.inputs[1:]):
+                raise refuse(kernel, op, "a map of the scores may read the tile it refines, but no earlier "
+                                         "score tile")
+            chain = op.result
+            tiles.add(chain)
         ops.append(op)
-        chain = op.result
         op = next(it, None)
     return ops, chain, op
 
@@ -195,17 +204,10 @@ def pointwise_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp | tile.SparseKVLoo
     """The rest of a key loop under a pointwise normalizer (it carries the accumulator alone),
     after the load of v: the weights (`NORMALIZER_OPS`, refining the scores), `acc + p @ v`,
     the yield."""
-    weights: list[Operation] = []
     scores_in = chain
-    op = next(it, None)
-    while isinstance(op, (tile.SeqLenOp, *NORMALIZER_OPS)):
-        if not isinstance(op, tile.SeqLenOp):
-            source = op.inputs[0] if isinstance(op, tile.MapOp) else op.input
-            if source is not chain:
-                raise refuse(kernel, op, "a pointwise normalizer's ops must refine the scores, in order")
-            chain = op.result
-        weights.append(op)
-        op = next(it, None)
+    earlier = (scores.result, *(o.result for o in score_ops))
+    weights, chain, op = refining_chain(kernel, it, chain, NORMALIZER_OPS, "a pointwise normalizer's ops",
+                                        scalars=(tile.SeqLenOp,), earlier=earlier)
     if chain is scores_in:
         raise refuse(kernel, op, "a loop carrying the accumulator alone needs a pointwise normalizer "
                                  "(relu, sigmoid) after the load of v")

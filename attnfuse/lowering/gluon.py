@@ -279,7 +279,6 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             self.namer.alias(arg, name)
             self.namer.alias(init, name)
         self.namer.alias(loop.scores.result, "scores")
-        chain = {loop.scores.result, *(op.result for op in loop.score_ops)}
         pieces: list[tuple[bool, list[str]]] = []
         self.lines, self.indent = [], 0
         self.emit_score_scale("scores", loop.scores)
@@ -289,7 +288,6 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         # piece, one for all its ops: what every loop shares after its masks.
         normalizer = [loop.update] if loop.update is not None else loop.weights
         for op in loop.score_ops:
-            self.check_map(op, chain)
             self.namer.pin(op.result, "scores")
             self.lines = []
             self.HANDLERS[type(op)](self, op)
@@ -297,24 +295,14 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             pieces.append((isinstance(op, tile.MaskOp), self.lines))
         self.lines = []
         for op in normalizer:
-            self.check_map(op, chain)
             # A pointwise normalizer's ops refine the tile in place too (`tile.seq_len` gives a scalar).
             refines = op is not loop.update and not isinstance(op, tile.SeqLenOp)
             if refines:
                 self.namer.pin(op.result, "scores")
-                chain.add(op.result)
             self.HANDLERS[type(op)](self, op)
         pieces.append((False, self.lines))
         self.loop_vars.pop()
         return pieces
-
-    @staticmethod
-    def check_map(op, chain: set) -> None:
-        """A map in the step may read the tile it refines, vectors and scalars, but no earlier
-        score tile: every tile of the chain is the one variable `scores`."""
-        if isinstance(op, tile.MapOp) and any(v in chain for v in op.inputs[1:]):
-            raise GluonUnsupported("the gluon target cannot lower a score map that reads an earlier score "
-                                   "tile besides the one it refines", op)
 
     def step_function(self) -> list[str]:
         """`<name>_step(scores, row_max, row_sum, start_n, row_start, bound_1.., ...)` (without the

@@ -3,7 +3,7 @@
 // Gluon target refuses it with the op at fault, never printing something else.
 
 // The diagonal loop's weights read the unmasked scores: its mask would be dropped.
-// CHECK: error: the gluon target cannot lower attention_fwd (tile.relu_probs): a pointwise normalizer's ops must refine the scores, in order
+// CHECK: error: the gluon target cannot lower attention_fwd (tile.relu_probs): a pointwise normalizer's ops must refine the previous tile, in order
 tile.kernel @attention_fwd(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, block_order = #tile<order descending>} {
   %q_1 = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
   %acc = tile.zeros : !tile.tile<m x dv x f32>

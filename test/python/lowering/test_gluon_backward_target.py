@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from test_gluon_target import _cuobjdump, _registers_and_spills, sm90  # noqa: F401  (fixture)
+from test_gluon_target import _cuobjdump, _registers_and_spills, check_launch_matches_signature, sm90  # noqa: F401  (fixture)
 
 import attnfuse as af
 from attnfuse.dialects import make_context
@@ -282,12 +282,8 @@ def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     descriptors (lse and delta only where the kernel reads them: not under a pointwise
     normalizer), then each other role's pointer and strides, then the scalars (CPU tensors, the
     launch itself stood in for)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     program = emit_gluon_kernel(backward_kernel(spec, 128, bwd_dq))
     info = program.kernels[0]
-    header = program.source.split(f"def {info.name}(", 1)[1].split("):", 1)[0]
-    runtime = [p.strip() for p in header.split(",") if p.strip() and "constexpr" not in p]
     b, hq, hkv, n, d = 1, 4, 2, 256, 128
     made = {"q": (hq, torch.bfloat16), "q_rot": (hq, torch.bfloat16), "do": (hq, torch.bfloat16),
             "dq_acc": (hq, torch.float32), "k": (hkv, torch.bfloat16), "k_rot": (hkv, torch.bfloat16),
@@ -298,24 +294,6 @@ def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     p = Problem(batch=b, heads_q=hq, heads_kv=hkv, seq_q=n, seq_k=n, head_dim=d, head_dim_v=d,
                 dtype=torch.bfloat16, device=torch.device("cpu"))
     launch = gluon_backward.GluonBackwardLaunch(None, None, info, p, 0.1)
-    calls = []
-
-    class Runner:
-        def replay(self, key, pointers):
-            return False
-
-        def __call__(self, args, scalars, specialization, descriptors, key):
-            calls.append((args, scalars, descriptors))
-
-    launch.__dict__["runner"] = Runner()
-    launch({role: tensors[role] for role in info.roles})
-    (args, scalars, descriptors), = calls
-    assert len(args) + len(scalars) == len(runtime), (runtime, len(args), len(scalars))
-    described = [name for name in runtime if name.endswith("_desc")]
-    assert descriptors == len(described)
-    kinds = {"_desc": TensorDescriptor, "_ptr": torch.Tensor}
-    for name, arg in zip(runtime, args):
-        kind = int if name.startswith("stride_") else next(k for suffix, k in kinds.items() if name.endswith(suffix))
-        assert isinstance(arg, kind), (name, type(arg))
+    runtime = check_launch_matches_signature(launch, tensors, program.source, info.name)
     softmax = af.compile(spec).program.canonical((False, False)).normalizer_name == "softmax"
-    assert ("lse_desc" in described) == ("lse" in info.roles) == softmax
+    assert ("lse_desc" in runtime) == ("lse" in info.roles) == softmax

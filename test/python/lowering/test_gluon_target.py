@@ -35,6 +35,36 @@ def forward_kernel(spec, head_dim=128, placement=("fused", "fused"), dtype="bf16
     return next(op for op in module.ops if op.sym_name.data == "attention_fwd")
 
 
+def check_launch_matches_signature(launch, tensors: dict, source: str, name: str) -> list[str]:
+    """Run a Gluon launch (`GluonLaunch`, `GluonBackwardLaunch`) on CPU tensors with its runner
+    stood in for, and check what it hands the printed entry `name` of `source` against the
+    entry's parameters: as many, in order (descriptors, then pointers and their int strides),
+    the descriptors counted as such. Returns the entry's runtime parameter names."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    header = source.split(f"def {name}(", 1)[1].split("):", 1)[0]
+    runtime = [p.strip() for p in header.split(",") if p.strip() and "constexpr" not in p]
+    calls = []
+
+    class Runner:
+        def replay(self, key, pointers):
+            return False
+
+        def __call__(self, args, scalars, specialization, descriptors, key):
+            calls.append((args, scalars, descriptors))
+
+    launch.__dict__["runner"] = Runner()  # the cached property's slot
+    launch({role: tensors[role] for role in launch.launch.roles})
+    (args, scalars, descriptors), = calls
+    assert len(args) + len(scalars) == len(runtime), (runtime, len(args), len(scalars))
+    assert descriptors == len([p for p in runtime if p.endswith("_desc")])
+    kinds = {"_desc": TensorDescriptor, "_ptr": torch.Tensor}
+    for param, arg in zip(runtime, args):
+        kind = int if param.startswith("stride_") else next(k for suffix, k in kinds.items() if param.endswith(suffix))
+        assert isinstance(arg, kind), (param, type(arg))
+    return runtime
+
+
 class _TargetOnlyDriver:
     """What an ahead-of-time compile asks Triton's driver for: a device, a stream, a target."""
 
@@ -592,15 +622,11 @@ def test_launch_passes_the_printed_kernels_parameters(spec):
     """`GluonLaunch` hands the printed entry kernel its parameters in their order: the four
     descriptors, each other role's pointer and strides (a block-sparse kernel's four lists
     among them), then the scalars (CPU tensors, the launch itself stood in for)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     module = lower_spec(spec, CompileKey(128, 128, "bf16", TileConfig(*LISTED_GLUON_FORWARD), ("fused", "fused")))
     WarpSpecializePass(**gluon_forward.schedule_options(128, module)).apply(make_context(), module)
     forward = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
     program = emit_gluon_kernel(forward)
     info = program.kernels[0]
-    header = program.source.split("def attention_fwd(", 1)[1].split("):", 1)[0]
-    runtime = [p.strip() for p in header.split(",") if p.strip() and "constexpr" not in p]
     b, h, n, d = 1, 4, 256, 128
     tensors = {role: torch.zeros(b, h, n, d, dtype=torch.bfloat16) for role in ("q", "k", "v", "o")}
     tensors |= {"lse": torch.zeros(b, h, n), "full_blocks": torch.zeros(b, h, 2, 2, dtype=torch.int32),
@@ -609,22 +635,6 @@ def test_launch_passes_the_printed_kernels_parameters(spec):
                 "partial_count": torch.zeros(b, h, 2, dtype=torch.int32)}
     p = Problem(b, h, h, n, n, d, d, torch.bfloat16, torch.device("cpu"))
     launch = gluon_forward.GluonLaunch(None, None, info, p, 0.1, info.operands)
-    calls = []
-
-    class Runner:
-        def replay(self, key, pointers):
-            return False
-
-        def __call__(self, args, scalars, specialization, descriptors, key):
-            calls.append((args, scalars, descriptors))
-
-    launch.__dict__["runner"] = Runner()
-    launch({role: tensors[role] for role in info.roles})
-    (args, scalars, descriptors), = calls
-    assert len(args) + len(scalars) == len(runtime), runtime
-    assert descriptors == 4
-    kinds = {"_desc": TensorDescriptor, "_ptr": torch.Tensor}
-    for name, arg in zip(runtime, args):
-        kind = int if name.startswith("stride_") else next(k for suffix, k in kinds.items() if name.endswith(suffix))
-        assert isinstance(arg, kind), (name, type(arg))
-    assert ("full_blocks_ptr" in runtime) == gluon_forward.flash_kernel(forward).listed
+    runtime = check_launch_matches_signature(launch, tensors, program.source, "attention_fwd")
+    assert len([name for name in runtime if name.endswith("_desc")]) == 4
+    assert ("full_blocks_ptr" in runtime) == flash_kernel(forward).listed

@@ -85,9 +85,6 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             raise _unsupported(f"the gluon backward rotates dK back through {DQ_BUFFERS} dQ staging buffers of "
                                f"block_n rows: block_n = {k.get('block_n')} holds fewer than block_m = "
                                f"{k.get('block_m')}", k)
-        self.softmax = parts.softmax
-        """Whether the steps read lse and delta (else a pointwise normalizer: no row statistics
-        are loaded, and the launch takes no descriptors for them)."""
         self.primal: dict[SSAValue, str] = {}
         """Values of the probability step the gradient step reads besides p^T (soft-capping's
         s, ReLU's refined scores), by the name that carries them from one step to the other."""
@@ -263,6 +260,17 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         return self.function(f"def {self.name}_probs({', '.join(params)}):",
                              ["    " + line if line else "" for line in body])
 
+    @property
+    def softmax(self) -> bool:
+        """Whether the steps read lse and delta (else a pointwise normalizer: no row statistics
+        are loaded, and the launch takes no descriptors for them)."""
+        return self.parts.softmax
+
+    def row_names(self, suffix: str) -> list[str]:
+        """`lse<suffix>`, `delta<suffix>` (descriptors, ring buffers) where the kernel reads the
+        row statistics, else nothing."""
+        return [f"lse{suffix}", f"delta{suffix}"] if self.softmax else []
+
     def row_statistic(self, name: str) -> list[str]:
         """`[name]` where the steps read the softmax's row statistics, else nothing."""
         return [name] if self.softmax else []
@@ -327,19 +335,11 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         params = ", ".join(self.load_args(annotated=True))
         return self.function(f"def {self.name}_load({params}):", ["    " + line for line in body])
 
-    def row_descriptors(self) -> list[str]:
-        """The descriptors of lse and delta (none under a pointwise normalizer)."""
-        return ["lse_desc", "delta_desc"] if self.softmax else []
-
-    def row_buffers(self) -> list[str]:
-        """The ring's buffers of lse and delta rows (none under a pointwise normalizer)."""
-        return ["lse_bufs", "delta_bufs"] if self.softmax else []
-
     def load_args(self, annotated: bool = False) -> list[str]:
         """The loader partition's parameters (its arguments, with the entry's names)."""
         constexpr = ": gl.constexpr" if annotated else ""
-        return ["q_desc", "k_desc", "v_desc", "do_desc", *self.row_descriptors(), "k_smem", "v_smem", "q_bufs",
-                "do_bufs", *self.row_buffers(), "kv_bar", "ready", "empty", "batch", "kv_head", "n_start",
+        return ["q_desc", "k_desc", "v_desc", "do_desc", *self.row_names("_desc"), "k_smem", "v_smem", "q_bufs",
+                "do_bufs", *self.row_names("_bufs"), "kv_bar", "ready", "empty", "batch", "kv_head", "n_start",
                 "q_start" if annotated else self.namer[self.loops[0].op.lower], "n_blocks", "total", "n_q",
                 "num_heads", "group_size", f"BLOCK_N{constexpr}", f"STAGES{constexpr}"]
 
@@ -486,7 +486,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             self.namer.alias(loop.op.results[1], "dv")
         self.epilogue()
         params = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs",
-                  *self.row_buffers(), "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full", "dq_empty", "batch",
+                  *self.row_names("_bufs"), "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full", "dq_empty", "batch",
                   "kv_head", "q_start", "n_blocks", "total", "group_size", "n_start", *self.bound_params(),
                   "sm_scale", "n_q", "n_k",
                   "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr", "HEAD_DIM: gl.constexpr", "STAGES: gl.constexpr",
@@ -573,7 +573,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("v_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], v_desc.layout)")
         self.emit("q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], q_desc.layout)")
         self.emit("do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], do_desc.layout)")
-        for role in ("lse", "delta") if self.softmax else ():
+        for role in self.row_names(""):
             self.emit(f"{role}_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], {role}_desc.layout)")
         self.emit("DS_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)")
         self.emit("ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], DS_SMEM)")
@@ -590,7 +590,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("    mbarrier.init(dq_empty.index(i), count=1)")
         bounds = [self.namer[loop.op.lower] for loop in self.loops[1:]]
         consume_args = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs",
-                        *self.row_buffers(), "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full",
+                        *self.row_names("_bufs"), "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full",
                         "dq_empty", "batch", "kv_head", q_start, "n_blocks", "total", "group_size",
                         "n_start", *bounds, "sm_scale", "n_q", "n_k",
                         "BLOCK_M", "BLOCK_N", "HEAD_DIM", "STAGES", "num_warps",
@@ -614,7 +614,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         if self.splits_dk:
             constexprs += [f"ROT_HALF: gl.constexpr = {self.rot_half}", f"BLOCK_HALF: gl.constexpr = {padded(self.rot_half)}"]
         params = ["q_desc", "k_desc", "v_desc", "do_desc", "dk_desc", "dv_desc", "dq_acc_desc",
-                  *self.row_descriptors(), *self.pointer_params(), "sm_scale", "n_q", "n_k", "num_heads", "group_size",
+                  *self.row_names("_desc"), *self.pointer_params(), "sm_scale", "n_q", "n_k", "num_heads", "group_size",
                   *constexprs, f"num_warps: gl.constexpr = {k.get('num_warps')}"]
         header = [f"def {self.name}(", *[f"    {p}," for p in params], "):"]
         return ["@gluon.jit", *header, *self.lines]

@@ -127,22 +127,23 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         """The block lists the loops walk, in order."""
         return [loop.op.blocks.type.role.data for loop in self.loops]  # type: ignore[union-attr]
 
+    def list_args(self, strides: bool = True) -> list[str]:
+        """Each list's base for this tile and (with `strides`) its entries' stride, then the first
+        list's count (`bound_1`, where there are two): what `<kernel>_block_start` reads."""
+        return [name for role in self.list_roles()
+                for name in (f"{role}_base", *([f"stride_{role}_d"] if strides else []))] + self.bound_params()
+
     def walk_params(self, strides: bool) -> list[str]:
         """What a partition needs to find each step's key block: the key range's start, or the
-        lists' bases (with their entry strides where `strides`: the consumer has them among
-        its pointer parameters) and the first list's count."""
-        if not self.listed:
-            return ["kv_start"]
-        names = [name for role in self.list_roles()
-                 for name in (f"{role}_base", *([f"stride_{role}_d"] if strides else []))]
-        return names + self.bound_params()
+        lists (`list_args`; without their strides for the consumer, which has them among its
+        pointer parameters)."""
+        return self.list_args(strides) if self.listed else ["kv_start"]
 
     def block_start(self, step: str) -> str:
         """The first key of step `step`'s block."""
         if not self.listed:
             return "kv_start" if step == "0" else f"kv_start + {step} * BLOCK_N"
-        args = [name for role in self.list_roles() for name in (f"{role}_base", f"stride_{role}_d")]
-        return f"{self.name}_block_start({', '.join([step, *args, *self.bound_params(), 'BLOCK_N'])})"
+        return f"{self.name}_block_start({', '.join([step, *self.list_args(), 'BLOCK_N'])})"
 
     def block_start_function(self) -> list[str]:
         """`<name>_block_start(j, lists..., BLOCK_N)`: the first key of step j's block, from the
@@ -161,8 +162,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                      "else:",
                      f"    block = tl.load({second}_base + (j - bound_1) * stride_{second}_d)"]
         body.append("return block * BLOCK_N")
-        params = ["j", *[name for role in roles for name in (f"{role}_base", f"stride_{role}_d")],
-                  *self.bound_params(), "BLOCK_N: gl.constexpr"]
+        params = ["j", *self.list_args(), "BLOCK_N: gl.constexpr"]
         return self.function(f"def {self.name}_block_start({', '.join(params)}):",
                              ["    " + line for line in body]) + ["", ""]
 

@@ -465,7 +465,7 @@ class CompiledAttention:
             # On Hopper the forward may run on the Gluon target (runtime/gluon_forward.py).
             # The same tile module for both (lowered at most once, only where Gluon may run).
             tile_module = functools.cache(lambda: lower_spec(self.program, key))
-            launches = gluon_forward(launches, problem, scale, tile_module, causal=variant.band[1] is not None)
+            launches = gluon_forward(launches, problem, scale, tile_module, variant)
             # And the fused backward's dK/dV/dQ kernel (runtime/gluon_backward.py).
             launches = gluon_backward(launches, problem, scale, tile_module)
         launches = tuple(launches)

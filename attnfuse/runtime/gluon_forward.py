@@ -26,9 +26,10 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import make_context, tile
-from attnfuse.dialects.flash_shape import HEAD_DIMS, FlashKernel, NotFlashShaped, flash_kernel
+from attnfuse.dialects.flash_shape import HEAD_DIMS, NotFlashShaped, flash_kernel
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import cache as kernel_cache
+from attnfuse.runtime.config import LISTED_GLUON_FORWARD
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.gluon_launch import GluonRunner, call_key, pointer_arguments, specialization_of
@@ -255,34 +256,33 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
 Head dim 256 is measured for the softmax class only."""
 
 
-def variant_class(parts: FlashKernel) -> str:
-    """The class of a flash-shaped forward that `AUTO_VARIANT_CLASSES` was measured by: `bias`
-    for any kernel reading an additive bias (whatever its normalizer: the bias's loads set its
+def variant_class(variant: Canonical) -> str:
+    """The class of a variant's forward that `AUTO_VARIANT_CLASSES` was measured by: `bias` for
+    any variant reading an additive bias (whatever its normalizer: the bias's loads set its
     pace), else `relu` or `pointwise` (another pointwise normalizer, sigmoid) without the
-    softmax, else `softmax`. A kernel walking block lists is of that class and of `listed`
-    too (`variant_classes`)."""
-    loop = parts.loops[0]
-    if any(isinstance(op, tile.AddBiasOp) for op in loop.score_ops):
-        return "bias"
-    if not parts.softmax:
-        return "relu" if any(isinstance(op, tile.ReluProbsOp) for op in loop.weights) else "pointwise"
-    return "softmax"
-
-
-def variant_classes(parts: FlashKernel) -> tuple[str, ...]:
-    """Every class of `AUTO_VARIANT_CLASSES` a forward belongs to: its `variant_class`, and
-    `listed` for a block-sparse kernel (its own tiles and per-step list reads). `auto` takes
-    the Gluon forward at a head dim only where every one of them was measured faster."""
-    return (variant_class(parts), "listed") if parts.listed else (variant_class(parts),)
-
-
-def canonical_class(variant: Canonical) -> str:
-    """`variant_class` from the variant itself, before lowering (the same rule)."""
+    softmax, else `softmax`. Read from the variant, so that the runtime can decide before
+    lowering (the tiles of a block-sparse call, `takes_listed_gluon`)."""
     if variant.reads("bias"):
         return "bias"
     if variant.normalizer_name == "relu":
         return "relu"
     return "softmax" if variant.normalizer_name == "softmax" else "pointwise"
+
+
+def variant_classes(variant: Canonical) -> tuple[str, ...]:
+    """Every class of `AUTO_VARIANT_CLASSES` a variant's forward belongs to: its
+    `variant_class`, and `listed` for a block-sparse layout (its own tiles and per-step list
+    reads). `auto` takes the Gluon forward at a head dim only where every one of them was
+    measured faster (`auto_takes`)."""
+    return (variant_class(variant), "listed") if variant.block_size is not None else (variant_class(variant),)
+
+
+def auto_takes(problem: Problem, variant: Canonical) -> bool:
+    """Whether the user's choice (`ATTNFUSE_FORWARD_TARGET`) or, under `auto`, the variant's
+    classes allow the Gluon forward at this head dim (the size rule is `takes_gluon`'s)."""
+    if forward_target() == "gluon":
+        return True
+    return all(problem.head_dim in AUTO_VARIANT_CLASSES[c] for c in variant_classes(variant))
 
 
 def prefers_gluon(problem: Problem, causal: bool) -> bool:
@@ -304,9 +304,9 @@ def takes_gluon(problem: Problem, causal: bool) -> bool:
     return target == "gluon" or prefers_gluon(problem, causal)
 
 
-LISTED_GLUON_TILES = (128, 128)
-"""The (block_m, block_n) a block-sparse forward runs on the Gluon target with
-(`config.LISTED_GLUON_FORWARD`'s): a kernel lowered with other tiles keeps the portable one."""
+LISTED_GLUON_TILES = LISTED_GLUON_FORWARD[:2]
+"""The (block_m, block_n) a block-sparse forward runs on the Gluon target with: a kernel lowered
+with other tiles (a user's `config=`) keeps the portable one."""
 
 LISTED_HEAD_DIMS = (64, 128)
 """Head dims at which a block-sparse forward keeps 128 x 128 tiles on the Gluon target
@@ -318,15 +318,12 @@ def takes_listed_gluon(problem: Problem, variant: Canonical) -> bool:
     with `config.LISTED_GLUON_FORWARD`'s 128 x 128 tiles (its block lists name the tiles, so
     they are chosen before lowering). A layout whose blocks are a multiple of 128, no document
     ids (whose filter the schedule has no place for), a head dim of `LISTED_HEAD_DIMS`, and
-    `takes_gluon`'s rule with the `listed` class of `AUTO_VARIANT_CLASSES` and the variant's
-    own class (`canonical_class`: a bias, say, is never taken) under `auto`."""
+    `takes_gluon`'s rule with the variant's classes (`auto_takes`: the `listed` class and its
+    own; a bias, say, is never taken)."""
     size = variant.block_size
     if size is None or size % 128 or variant.reads("doc_ids") or problem.head_dim not in LISTED_HEAD_DIMS:
         return False
-    if not takes_gluon(problem, causal=variant.band[1] is not None):
-        return False
-    classes = (canonical_class(variant), "listed")
-    return forward_target() == "gluon" or all(problem.head_dim in AUTO_VARIANT_CLASSES[c] for c in classes)
+    return takes_gluon(problem, causal=variant.band[1] is not None) and auto_takes(problem, variant)
 
 
 def hopper(problem: Problem) -> bool:
@@ -467,12 +464,12 @@ def _descriptor_ready(t: torch.Tensor) -> bool:
 
 def gluon_forward(
     launches: list[KernelLaunch], problem: Problem, sm_scale: float,
-    tile_module: Callable[[], ModuleOp], causal: bool,
+    tile_module: Callable[[], ModuleOp], variant: Canonical,
 ) -> list[Any]:
     """`launches` with the forward replaced by its Gluon launch where this GPU, the user's
-    choice, the shape and the variant allow it (unchanged otherwise). `tile_module` gives the
-    plan's tile IR (built only when everything else allows Gluon)."""
-    if not takes_gluon(problem, causal):
+    choice, the shape and the variant (`auto_takes`) allow it (unchanged otherwise).
+    `tile_module` gives the plan's tile IR (built only when everything else allows Gluon)."""
+    if not takes_gluon(problem, causal=variant.band[1] is not None) or not auto_takes(problem, variant):
         return launches
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
     from attnfuse.transforms.warp_specialize import WarpSpecializePass
@@ -487,9 +484,6 @@ def gluon_forward(
         parts = flash_kernel(forward)
     except NotFlashShaped:
         return launches  # the portable kernel covers every variant
-    if forward_target() == "auto" and any(problem.head_dim not in AUTO_VARIANT_CLASSES[c]
-                                          for c in variant_classes(parts)):
-        return launches  # measured slower than the portable kernel (or not measured)
     if parts.listed and (forward.get("block_m"), forward.get("block_n")) != LISTED_GLUON_TILES:
         # Block lists keep the tiles they were built for: only the measured and tested ones
         # (`takes_listed_gluon` lowers such calls with them) go to the Gluon kernel.
@@ -517,5 +511,5 @@ def gluon_forward(
 
 
 __all__ = ["AUTO_VARIANT_CLASSES", "GLUON_MIN_WORK", "LISTED_HEAD_DIMS", "takes_listed_gluon", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
-           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon", "variant_class", "variant_classes", "canonical_class",
+           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon", "variant_class", "variant_classes", "auto_takes",
            "uniform_tiles"]

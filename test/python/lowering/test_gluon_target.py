@@ -312,14 +312,9 @@ def test_schedules_by_head_dim(monkeypatch):
     (af.attention(af.block_sparse(64), af.additive_bias()), "bias+listed")])
 def test_variant_classes_of_the_auto_rule(spec, kind):
     """`auto` decides per variant class (`AUTO_VARIANT_CLASSES`): a bias is its own class, ReLU
-    and the other pointwise normalizers theirs; block lists add `listed` to the kernel's class.
-    The class read from the variant before lowering (`canonical_class`) is the kernel's."""
-    key = CompileKey(128, 128, "f16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
-    module = lower_spec(spec, key)
-    forward = next(op for op in module.ops if op.sym_name.data == "attention_fwd")
-    assert "+".join(gluon_forward.variant_classes(flash_kernel(forward))) == kind
+    and the other pointwise normalizers theirs; a block-sparse layout adds `listed`."""
     variant = af.compile(spec).program.canonical((False, False))
-    assert gluon_forward.canonical_class(variant) == gluon_forward.variant_class(flash_kernel(forward))
+    assert "+".join(gluon_forward.variant_classes(variant)) == kind
     assert set(gluon_forward.AUTO_VARIANT_CLASSES) == {"softmax", "bias", "relu", "pointwise", "listed"}
     assert gluon_forward.AUTO_VARIANT_CLASSES["bias"] == ()  # measured slower than the portable kernel
 
@@ -362,7 +357,8 @@ def test_forced_schedule_that_does_not_fit_is_an_argument_error(monkeypatch):
     key = CompileKey(256, 256, "bf16", TileConfig(64, 64, 4, 2), ("fused", "fused"))
     with pytest.raises(ArgumentError, match=r"ATTNFUSE_GLUON_PERSISTENT=1: a warp-specialized kernel's buffers "
                                             r"need 256 KB.*no persistent grid"):
-        gluon_forward.gluon_forward([], problem, 0.1, lambda: lower_spec(af.attention(af.causal()), key), True)
+        gluon_forward.gluon_forward([], problem, 0.1, lambda: lower_spec(af.attention(af.causal()), key),
+                                    af.compile(af.attention(af.causal())).program.canonical((False, False)))
 
 
 def test_target_choice_is_checked(monkeypatch):
@@ -609,10 +605,12 @@ def test_block_sparse_kernels_on_other_tiles_keep_the_portable_launch(monkeypatc
     spec = af.attention(af.block_sparse(64))
     small = lambda: lower_spec(spec, CompileKey(128, 128, "bf16", TileConfig(64, 64, 4, 2), None))  # noqa: E731
     launches = [Portable()]
-    assert gluon_forward.gluon_forward(launches, problem(4096, 4096), 0.1, small, causal=False) == launches
+    variant = af.compile(spec).program.canonical((False, False))
+    assert gluon_forward.gluon_forward(launches, problem(4096, 4096), 0.1, small, variant) == launches
     wide = af.attention(af.block_sparse(128))
     listed = lambda: lower_spec(wide, CompileKey(128, 128, "bf16", TileConfig(*LISTED_GLUON_FORWARD), None))  # noqa: E731
-    taken = gluon_forward.gluon_forward(launches, problem(4096, 4096), 0.1, listed, causal=False)
+    variant = af.compile(wide).program.canonical((False, False))
+    taken = gluon_forward.gluon_forward(launches, problem(4096, 4096), 0.1, listed, variant)
     assert isinstance(taken[0], gluon_forward.GluonLaunch)
 
 

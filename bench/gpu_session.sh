@@ -54,6 +54,10 @@
 #                     bench/issue17_table.py over their JSON files
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
+#   document-tests    test_gpu_gluon.py's document tests (the Gluon forward on document lists) and test_gpu.py's
+#                     (the portable kernels, forward and backward)
+#   document          bench/document.py: packed sequences, causal and bidirectional, fwd and fwd+bwd, AttnFuse
+#                     (auto, Gluon, tl) beside compiled flex_attention; GEOMETRY=llama|paper (default both)
 set -u
 dir=/tmp/session
 mkdir -p "$dir"
@@ -210,6 +214,13 @@ for stage in "$@"; do
           --batch 1 --heads 32 --head-dim 128 --seq 8192 --out "$dir/sparse-$target-d128" \
           > "$dir/block_sparse_${target}_d128.log" 2>&1; echo "sparse-targets ($target, D=128) rc=$?"
       done ;;
+    document-tests)
+      pytest_run gluon-documents 240 test/python/test_gpu_gluon.py -k "document or refused"
+      pytest_run documents 120 test/python/test_gpu.py -k "documents" ;;
+    document)
+      timeout 420 python3 bench/document.py --geometry "${GEOMETRY:-llama,paper}" --out "$dir" \
+        > "$dir/document.log" 2>&1; echo "document rc=$?"
+      grep -v Warn "$dir/document.log" | tail -20 ;;
     step-profile)
       timeout 200 python3 bench/step_profile.py --preset llama3-8b --dtype bf16 --mode fwdbwd --variants causal \
         --seq-lens 4096,8192 --impls attnfuse,sdpa-cudnn > "$dir/step_profile.log" 2>&1; echo "step-profile rc=$?"

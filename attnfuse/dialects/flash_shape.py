@@ -14,9 +14,9 @@ then finalizes and stores that o and log-sum-exp. A pointwise normalizer (ReLU, 
 the same shape without the softmax's state: the accumulator starts as `tile.zeros`, each loop
 turns the refined scores into weights elementwise after the load of v (`NORMALIZER_OPS`) and
 yields `acc + p @ v` alone, and the last loop's accumulator is stored as o (no log-sum-exp).
-A block-sparse kernel has the same shape with key loops over block lists
-(`tile.sparse_kv_loop`: the full blocks, then the partial ones) instead of key bounds and
-ranges.
+A block-sparse or document kernel has the same shape with key loops over block lists
+(`tile.sparse_kv_loop`: the full blocks, then the partial ones, whose documents are told
+apart by `tile.document_mask`) instead of key bounds and ranges.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects import tile
 from attnfuse.errors import IRError
 
-SCORE_OPS = (tile.MaskOp, tile.MapOp, tile.AlibiOp, tile.AddBiasOp, tile.ApplyScaleOp)
+SCORE_OPS = (tile.MaskOp, tile.DocumentMaskOp, tile.MapOp, tile.AlibiOp, tile.AddBiasOp, tile.ApplyScaleOp)
 """Ops between `tile.scores` and `tile.softmax_update` a scheduled kernel may hold
-(elementwise on the score tile; the bias is read block by block through its pointer)."""
+(elementwise on the score tile; the bias is read block by block through its pointer, a
+document filter's ids per query row and per key through theirs)."""
 
 NORMALIZER_OPS = (tile.ReluProbsOp, tile.MapOp, tile.ApplyScaleOp)
 """A pointwise normalizer's ops between the load of v and `tile.accumulate`, each refining the
@@ -44,8 +45,9 @@ for q or k."""
 POINTER_ROLES = ("lse",)
 """Other roles a scheduled kernel may take, besides ALiBi slopes and additive biases."""
 
-LIST_ROLES = ("full_blocks", "full_count", "partial_blocks", "partial_count")
-"""The block lists a block-sparse kernel's loops read through pointers (per program)."""
+LIST_ROLES = ("full_blocks", "full_count", "partial_blocks", "partial_count", "doc_ids")
+"""What a listed kernel's loops read through pointers: the block lists (per program), and a
+document filter's ids (per row)."""
 
 POINTER_KINDS = ("slopes", "bias")
 """Kinds of indexed roles (`slopes_1`, `bias_1`, ...) a scheduled kernel reads through pointers."""
@@ -181,7 +183,8 @@ def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp | tile.SparseKVLoopOp)
         raise refuse(kernel, scores, "one q @ k^T product of the loaded tiles")
     score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops")
     if not isinstance(op, tile.LoadOp) or op.role != "v" or not _whole(op):
-        raise refuse(kernel, op, "score ops are masks, maps, ALiBi, biases and scales, then the load of v")
+        raise refuse(kernel, op, "score ops are masks, document filters, maps, ALiBi, biases and scales, "
+                                 "then the load of v")
     v_load = op
     if len(loop.body.block.args) == 1:
         return pointwise_loop(kernel, loop, it, k_load, scores, score_ops, chain, v_load)

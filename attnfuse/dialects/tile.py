@@ -2400,12 +2400,17 @@ class StoreScoresOp(IRDLOperation):
         _expect_role(self.dest, "dbias", "tile.store_scores writes the dbias tensor")
 
 
+FILTER_OPS = (MaskOp, DocumentMaskOp)
+"""Score ops that only drop entries (set them to -inf, whatever the scale), and only where a
+loop is `masked`: a band's positions, a document filter's ids."""
+
+
 def scale_consumers(scores: SSAValue) -> list[tuple[Operation, SSAValue]]:
-    """The ops that read a block of scores, looking through `tile.mask` (which keeps a
-    dropped score at -inf however it is scaled), with the value each reads."""
+    """The ops that read a block of scores, looking through the filters (`FILTER_OPS`, which
+    keep a dropped score at -inf however it is scaled), with the value each reads."""
     users: list[tuple[Operation, SSAValue]] = []
     for use in scores.uses:
-        if isinstance(use.operation, MaskOp):
+        if isinstance(use.operation, FILTER_OPS):
             users += scale_consumers(use.operation.result)
         else:
             users.append((use.operation, scores))
@@ -2591,6 +2596,7 @@ Tile = Dialect(
 __all__ = [
     "COLUMN_PARTS",
     "ELEMENT_TYPES",
+    "FILTER_OPS",
     "GRIDS",
     "KEY_LOOP_OPS",
     "KEY_ROW_ROLES",

@@ -107,7 +107,22 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         state = ["row_max", "row_sum"] if self.softmax else []
         step = ["step"] if self.listed else []
         return ["scores", *state, "start_n", *step, "row_start", *bounds, "sm_scale", "n_q", "n_k",
-                *self.slope_params(), *self.bias_tiles()]
+                *self.slope_params(), *self.bias_tiles(), *self.document_params()]
+
+    # -- documents ---------------------------------------------------------------------------
+
+    def document_roles(self) -> list[str]:
+        """The document filter's ids (`doc_ids`), where the kernel has one."""
+        return [role for role in self.roles if tile.role_kind(role) == "doc_ids"]
+
+    def document_params(self) -> list[str]:
+        """What `tile.document_mask` reads in the step: the ids of this tile's sequence (its
+        base, which the consumer points at the batch) and their stride."""
+        return [name for role in self.document_roles() for name in (f"{role}_base", f"stride_{role}_n")]
+
+    def document_bases(self, indent: str) -> list[str]:
+        """The consumer's `{doc_ids}_base`, this tile's sequence of ids (nothing without one)."""
+        return [f"{indent}{self.base_line(role)}" for role in self.document_roles()]
 
     # -- block lists -------------------------------------------------------------------------
 
@@ -292,7 +307,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             self.lines = []
             self.HANDLERS[type(op)](self, op)
             assert self.namer[op.result] == "scores", f"{op.name} named its result itself"
-            pieces.append((isinstance(op, tile.MaskOp), self.lines))
+            pieces.append((isinstance(op, tile.FILTER_OPS), self.lines))
         self.lines = []
         for op in normalizer:
             # A pointwise normalizer's ops refine the tile in place too (`tile.seq_len` gives a scalar).
@@ -414,6 +429,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "q_tile = tile_2d(q_smem)",
             "dtype: gl.constexpr = q_smem.dtype",
             "row_start = q_start + WG * ROWS",
+            *self.document_bases(""),
             *self.state_init(""),
             "acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)",
             "s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)",

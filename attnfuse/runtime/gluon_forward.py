@@ -230,7 +230,7 @@ def gluon_importable() -> bool:
 
 
 AUTO_VARIANT_CLASSES = {"softmax": (64, 128, 256), "relu": (64, 128), "pointwise": (128,), "bias": (),
-                        "listed": (64, 128)}
+                        "listed": (64, 128), "document": ()}
 """Head dims at which `auto` takes the Gluon forward, per variant class (`variant_class`), from
 the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gluon-variants.md,
 `python3 bench/gluon_variants.py`, ms, Gluon / portable):
@@ -252,7 +252,9 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   20261204T040039Z-block-sparse-*.md (head dim 128: B=1, 32 heads, N=8192)): head dim 64
   0.096 / 0.168 / 0.294 / 0.546 against 0.098 / 0.196 / 0.366 / 0.681; head dim 128 0.278 /
   0.621 / 1.159 / 2.074 against 0.394 / 0.917 / 1.778 / 2.874. Taken from `GLUON_MIN_WORK`'s
-  dense pair counts (the layout, and so the density, is call-time data).
+  dense pair counts (the layout, and so the density, is call-time data);
+- document ids (`document`): not measured yet, so `auto` keeps the portable kernel
+  (`ATTNFUSE_FORWARD_TARGET=gluon` takes the Gluon one).
 Head dim 256 is measured for the softmax class only."""
 
 
@@ -271,10 +273,16 @@ def variant_class(variant: Canonical) -> str:
 
 def variant_classes(variant: Canonical) -> tuple[str, ...]:
     """Every class of `AUTO_VARIANT_CLASSES` a variant's forward belongs to: its
-    `variant_class`, and `listed` for a block-sparse layout (its own tiles and per-step list
-    reads). `auto` takes the Gluon forward at a head dim only where every one of them was
-    measured faster (`auto_takes`)."""
-    return (variant_class(variant), "listed") if variant.block_size is not None else (variant_class(variant),)
+    `variant_class`, `listed` for a block-sparse layout (its own tiles and per-step list
+    reads) and `document` for document ids (lists too, and the ids read in partial blocks).
+    `auto` takes the Gluon forward at a head dim only where every one of them was measured
+    faster (`auto_takes`)."""
+    classes = [variant_class(variant)]
+    if variant.block_size is not None:
+        classes.append("listed")
+    if variant.reads("doc_ids"):
+        classes.append("document")
+    return tuple(classes)
 
 
 def auto_takes(problem: Problem, variant: Canonical) -> bool:
@@ -314,14 +322,16 @@ LISTED_HEAD_DIMS = (64, 128)
 
 
 def takes_listed_gluon(problem: Problem, variant: Canonical) -> bool:
-    """Whether a block-sparse call's forward runs on the Gluon target: then its plan is lowered
-    with `config.LISTED_GLUON_FORWARD`'s 128 x 128 tiles (its block lists name the tiles, so
-    they are chosen before lowering). A layout whose blocks are a multiple of 128, no document
-    ids (whose filter the schedule has no place for), a head dim of `LISTED_HEAD_DIMS`, and
-    `takes_gluon`'s rule with the variant's classes (`auto_takes`: the `listed` class and its
-    own; a bias, say, is never taken)."""
-    size = variant.block_size
-    if size is None or size % 128 or variant.reads("doc_ids") or problem.head_dim not in LISTED_HEAD_DIMS:
+    """Whether a call walking block lists (a block-sparse layout, document ids) runs its
+    forward on the Gluon target: then its plan is lowered with `config.LISTED_GLUON_FORWARD`'s
+    128 x 128 tiles (its block lists name the tiles, so they are chosen before lowering). A
+    layout whose blocks are a multiple of 128 (documents fit any tiles), a head dim of
+    `LISTED_HEAD_DIMS`, and `takes_gluon`'s rule with the variant's classes (`auto_takes`: the
+    `listed` or `document` class and its own; a bias, say, is never taken)."""
+    size, documents = variant.block_size, variant.reads("doc_ids")
+    if size is None and not documents:
+        return False
+    if (size is not None and size % 128) or problem.head_dim not in LISTED_HEAD_DIMS:
         return False
     return takes_gluon(problem, causal=variant.band[1] is not None) and auto_takes(problem, variant)
 

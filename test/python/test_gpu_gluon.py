@@ -2,7 +2,8 @@
 portable (tl) kernel: every variant the target lowers, GQA, fp16/bf16, head dims 64 and 128,
 lengths that are not whole blocks, a model's [B, N, H, D] layout, the training call (Gluon
 forward, portable backward), two and three consumer warpgroups at both head dims, head dim 256,
-the persistent grid, and the fallbacks (unaligned rows, a variant the target refuses). Skipped without CUDA, and without an sm_90 GPU."""
+the persistent grid, block-sparse layouts and document ids on their lists, and the fallbacks
+(unaligned rows, a variant the target refuses). Skipped without CUDA, and without an sm_90 GPU."""
 
 from __future__ import annotations
 
@@ -253,16 +254,91 @@ def test_unaligned_rows_run_the_portable_kernel():
 
 
 def test_refused_variant_runs_the_portable_kernel():
-    """Document ids have no Gluon schedule: the portable kernel runs them."""
-    spec = af.attention(af.document(), af.causal())
-    fn = af.compile(spec)
+    """A rotation inside the kernel (RoPE placed `fused` by the caller) has no Gluon schedule:
+    the portable kernel runs it."""
+    spec = af.attention(af.rope(), af.causal())
+    fn = af.compile(spec, rope_placement=("fused", "fused"))
     q, k, v = inputs(1, 4, 4, 256, 256, 128, torch.float16, seed=6)
-    doc_ids = torch.tensor([0] * 100 + [1] * 156, device="cuda", dtype=torch.int32)
     assert not any(isinstance(x, GluonLaunch) for x in fn.plan(q, k, v).launches)
     with torch.no_grad():
-        out = fn(q, k, v, doc_ids=doc_ids)
-    expected = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), doc_ids=doc_ids.cpu())
+        out = fn(q, k, v)
+    expected = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu())
     assert_close_to_reference(out.cpu(), expected, torch.float16)
+
+
+DOCUMENTS = {
+    "doc": af.attention(af.document()),
+    "doc-causal": af.attention(af.document(), af.causal()),
+    "doc-window-alibi": af.attention(af.document(), af.sliding_window(300), af.alibi(), af.causal()),
+    "doc-sparse-relu": af.attention(af.document(), af.block_sparse(128), af.relu()),
+}
+"""Document variants on the Gluon forward: 128 x 128 tiles walking the document lists (full
+blocks one document fills, then partial ones, filtered by the ids), with a band, score ops, a
+block-sparse layout intersected and a pointwise normalizer."""
+
+
+def random_documents(b, nk, seed, shared, sorted_ids=True):
+    """Document ids for `nk` keys: runs of 1-400 keys of increasing ids, the last 37 keys padding
+    (-1), `[Nk]` when `shared`, else `[B, Nk]` with each sequence's own runs; unsorted ids
+    (`sorted_ids=False`) reuse ids across runs, so a tile's id range can overlap a tile it
+    shares no document with (the lists keep such pairs as partial)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(1 if shared else b):
+        ids, doc = [], 0
+        while len(ids) < nk:
+            ids += [doc] * int(torch.randint(1, 400, (1,), generator=gen))
+            doc = doc + 1 if sorted_ids else int(torch.randint(0, 4, (1,), generator=gen))
+        row = torch.tensor(ids[:nk], dtype=torch.int32)
+        row[-37:] = -1
+        rows.append(row)
+    return (rows[0] if shared else torch.stack(rows)).cuda()
+
+
+@pytest.mark.parametrize("name", list(DOCUMENTS))
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize("hq,hkv,nq,nk,shared,sorted_ids", [(4, 4, 512, 512, True, True), (8, 2, 300, 700, False, True),
+                                                            (4, 1, 640, 640, False, False), (2, 2, 1000, 900, True, True)])
+def test_gluon_documents_match_reference(name, d, dtype, hq, hkv, nq, nk, shared, sorted_ids, monkeypatch):
+    """The forward takes the Gluon kernel on 128 x 128 tiles and the document lists, against the
+    reference: ragged lengths, Nq != Nk (queries past the keys have no document), GQA, shared
+    and per-sequence ids, padding (rows 0), unsorted ids."""
+    spec = DOCUMENTS[name]
+    fn = af.compile(spec)
+    q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=41)
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch)
+    assert (launch.launch.block_m, launch.launch.block_n) == (128, 128)
+    data = {"doc_ids": random_documents(2, nk, seed=42, shared=shared, sorted_ids=sorted_ids)}
+    if "sparse" in name:
+        data["block_layout"] = random_layout(spec, hq, nq, nk, seed=43, per_head=not shared)
+    assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, data=data)
+
+
+def test_gluon_documents_training_call_with_positions_per_document(monkeypatch):
+    """Packed sequences in training: RoPE at each document's own positions (pre-rotated for the
+    Gluon forward), the documents' causal lists on the Gluon forward, the portable backward's
+    own lists; two packings on one plan, against the reference's gradients."""
+    spec = af.attention(af.rope(theta=500000.0), af.document(), af.causal())
+    fn = af.compile(spec)
+    n = 1000
+    q, k, v = inputs(1, 8, 2, n, n, 128, torch.bfloat16, seed=44, grad=True)
+    assert isinstance(forward_launch(fn, q, k, v, training=True), GluonLaunch)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(45)).to(q.dtype).cuda()
+    for seed in (46, 47):
+        doc_ids = random_documents(1, n, seed=seed, shared=True)
+        starts = torch.cat([torch.ones(1, dtype=torch.bool, device="cuda"), doc_ids[1:] != doc_ids[:-1]])
+        run = torch.cumsum(starts.int(), 0) - 1
+        first = torch.nonzero(starts).flatten()
+        positions = torch.arange(n, device="cuda") - first[run]
+        data = {"doc_ids": doc_ids, "q_positions": positions, "k_positions": positions}
+        for t in (q, k, v):
+            t.grad = None
+        fn(q, k, v, **data).backward(grad)
+        cpu = {key: t.cpu() for key, t in data.items()}
+        want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), grad.cpu(), **cpu)
+        errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
+        assert all(err <= GRAD_TOLERANCE[torch.bfloat16] for err in errors.values()), errors
 
 
 SPARSE = {

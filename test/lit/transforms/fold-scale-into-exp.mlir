@@ -18,6 +18,30 @@ attn.variant @causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !att
 
 // -----
 
+// A document filter, like a mask, keeps a dropped score at -inf however it is scaled: the
+// partial blocks' scores (document_mask, then the causal mask) are folded as the full ones'.
+// CHECK-LABEL: tile.kernel @attention_fwd
+// CHECK:         tile.sparse_kv_loop %full_blocks
+// CHECK:         tile.scores{{.*}} {unscaled}
+// CHECK:         tile.softmax_update {{.*}} {unscaled_scores}
+// CHECK:         tile.sparse_kv_loop %partial_blocks
+// CHECK:         tile.scores{{.*}} {unscaled}
+// CHECK:         tile.document_mask
+// CHECK:         tile.softmax_update {{.*}} {unscaled_scores}
+// CHECK-LABEL: tile.kernel @attention_bwd_dkdv
+// CHECK:         tile.document_mask
+// CHECK:         tile.recompute_probs {{.*}} {unscaled_scores}
+attn.variant @document(%q : !attn.query, %k : !attn.key, %v : !attn.value, %doc_ids : !attn.doc_ids) -> !attn.output {
+  %s = attn.scores %q, %k
+  %d = attn.document %s, %doc_ids
+  %m = attn.mask %d [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
 // A static scale travels with the fold.
 // CHECK-LABEL: tile.kernel @attention_fwd
 // CHECK:         tile.scores{{.*}} {scale = 3.000000e-01 : f64, unscaled}

@@ -192,8 +192,6 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, pers
 
 @pytest.mark.parametrize("spec,placement,op", [
     (af.attention(af.rope(), af.causal()), ("fused", "fused"), "tile.load"),
-    # Document ids have no place in the schedule (yet).
-    (af.attention(af.document()), ("fused", "fused"), None),
 ])
 def test_refused_kernels_name_the_op(spec, placement, op):
     with pytest.raises(GluonUnsupported) as err:
@@ -309,13 +307,16 @@ def test_schedules_by_head_dim(monkeypatch):
     (af.attention(af.additive_bias(), af.relu()), "bias"), (af.attention(af.additive_bias(), af.sigmoid()), "bias"),
     (af.attention(af.block_sparse(64), af.causal()), "softmax+listed"),
     (af.attention(af.block_sparse(64), af.relu()), "relu+listed"),
-    (af.attention(af.block_sparse(64), af.additive_bias()), "bias+listed")])
+    (af.attention(af.block_sparse(64), af.additive_bias()), "bias+listed"),
+    (af.attention(af.document(), af.causal()), "softmax+document"),
+    (af.attention(af.document(), af.block_sparse(128), af.relu()), "relu+listed+document")])
 def test_variant_classes_of_the_auto_rule(spec, kind):
     """`auto` decides per variant class (`AUTO_VARIANT_CLASSES`): a bias is its own class, ReLU
-    and the other pointwise normalizers theirs; a block-sparse layout adds `listed`."""
+    and the other pointwise normalizers theirs; a block-sparse layout adds `listed`, document
+    ids `document`."""
     variant = af.compile(spec).program.canonical((False, False))
     assert "+".join(gluon_forward.variant_classes(variant)) == kind
-    assert set(gluon_forward.AUTO_VARIANT_CLASSES) == {"softmax", "bias", "relu", "pointwise", "listed"}
+    assert set(gluon_forward.AUTO_VARIANT_CLASSES) == {"softmax", "bias", "relu", "pointwise", "listed", "document"}
     assert gluon_forward.AUTO_VARIANT_CLASSES["bias"] == ()  # measured slower than the portable kernel
 
 
@@ -496,11 +497,15 @@ LISTED_TILES = TileConfig(128, 128, 8, 2)
     ("sparse-causal", af.attention(af.block_sparse(128), af.causal()), 128),
     ("sparse", af.attention(af.block_sparse(128)), 64),
     ("sparse-alibi-softcap", af.attention(af.block_sparse(256), af.alibi(), af.softcap(30.0)), 128),
+    # Documents walk lists too; their partial blocks read the ids per query row and per key.
+    ("document-causal", af.attention(af.document(), af.causal()), 128),
+    ("document-causal", af.attention(af.document(), af.causal()), 64),
+    ("document-sparse-relu", af.attention(af.document(), af.block_sparse(128), af.relu()), 128),
 ])
 def test_block_sparse_kernel_compiles_for_sm90(sm90, name, spec, dim, monkeypatch):
-    """A block-sparse forward keeps its lowered tiles under the schedule (the lists name them):
-    128 x 128 tiles are two consumers of 128-key blocks; printed, it is valid Gluon for this
-    Triton, its products on HGMMA, without spills (Triton 3.6)."""
+    """A block-sparse (or document) forward keeps its lowered tiles under the schedule (the
+    lists name them): 128 x 128 tiles are two consumers of 128-key blocks; printed, it is valid
+    Gluon for this Triton, its products on HGMMA, without spills (Triton 3.6)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     import triton
     from triton.experimental.gluon import language as gl
@@ -526,7 +531,8 @@ def test_block_sparse_kernel_compiles_for_sm90(sm90, name, spec, dim, monkeypatc
         if role in program.kernels[0].operands:
             continue
         table = {"lse": torch.empty(1, 4, 256), "full_blocks": lists, "partial_blocks": lists,
-                 "full_count": counts, "partial_count": counts}.get(role)
+                 "full_count": counts, "partial_count": counts,
+                 "doc_ids": torch.empty(1, 256, dtype=torch.int32)}.get(role)
         pointers += [table, *table.stride()] if table is not None else [torch.empty(4)]
     compiled = module.attention_fwd.warmup(*descs, *pointers, 0.1, 256, 256, 4, 1, grid=(1,), num_warps=4)
     registers, spills = _registers_and_spills(compiled.asm["cubin"])
@@ -586,9 +592,21 @@ def test_block_sparse_calls_are_lowered_for_the_gluon_tiles(monkeypatch):
     rope_spec = af.attention(af.rope(), af.block_sparse(128), af.causal())
     assert af.compile(rope_spec, rope_placement=("fused", "fused")).tile_config(p, hopper).block_m == 64
     assert af.compile(rope_spec).tile_config(p, hopper).block_m == 128
-    for other, d in ((af.attention(af.block_sparse(64)), 128),
-                     (af.attention(af.document()), 128), (af.attention(af.block_sparse(128)), 256)):
+    for other, d in ((af.attention(af.block_sparse(64)), 128), (af.attention(af.block_sparse(128)), 256)):
         assert af.compile(other).tile_config(problem(4096, 4096, d=d), hopper).block_m == 64, other
+    # Document ids take the Gluon tiles (any tiles fit their lists) where the document class
+    # is taken: forced, or by `auto` at the head dims `AUTO_VARIANT_CLASSES` lists for it.
+    documents = af.compile(af.attention(af.document(), af.causal()))
+    for d in (64, 128):
+        tiles = documents.tile_config(problem(4096, 4096, d=d), hopper)
+        taken = d in gluon_forward.AUTO_VARIANT_CLASSES["document"]
+        assert ((tiles.block_m, tiles.block_n) == (128, 128)) == taken
+    assert documents.tile_config(problem(4096, 4096, d=256), hopper).block_m == 64
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "gluon")
+    forced = documents.tile_config(problem(4096, 4096, d=64), hopper)
+    assert (forced.block_m, forced.block_n, forced.num_warps, forced.num_stages) == LISTED_GLUON_FORWARD
+    both = af.compile(af.attention(af.document(), af.block_sparse(64)))
+    assert both.tile_config(problem(4096, 4096, d=64), hopper).block_m == 64, "64-key layout blocks"
 
 
 def test_block_sparse_kernels_on_other_tiles_keep_the_portable_launch(monkeypatch):
@@ -615,7 +633,8 @@ def test_block_sparse_kernels_on_other_tiles_keep_the_portable_launch(monkeypatc
 
 
 @pytest.mark.parametrize("spec", [af.attention(af.causal()), af.attention(af.block_sparse(128), af.causal()),
-                                  af.attention(af.block_sparse(128), af.relu())])
+                                  af.attention(af.block_sparse(128), af.relu()),
+                                  af.attention(af.document(), af.causal())])
 def test_launch_passes_the_printed_kernels_parameters(spec):
     """`GluonLaunch` hands the printed entry kernel its parameters in their order: the four
     descriptors, each other role's pointer and strides (a block-sparse kernel's four lists
@@ -630,7 +649,8 @@ def test_launch_passes_the_printed_kernels_parameters(spec):
     tensors |= {"lse": torch.zeros(b, h, n), "full_blocks": torch.zeros(b, h, 2, 2, dtype=torch.int32),
                 "partial_blocks": torch.zeros(b, h, 2, 2, dtype=torch.int32),
                 "full_count": torch.zeros(b, h, 2, dtype=torch.int32),
-                "partial_count": torch.zeros(b, h, 2, dtype=torch.int32)}
+                "partial_count": torch.zeros(b, h, 2, dtype=torch.int32),
+                "doc_ids": torch.zeros(n, dtype=torch.int32).expand(b, n)}
     p = Problem(b, h, h, n, n, d, d, torch.bfloat16, torch.device("cpu"))
     launch = gluon_forward.GluonLaunch(None, None, info, p, 0.1, info.operands)
     runtime = check_launch_matches_signature(launch, tensors, program.source, "attention_fwd")

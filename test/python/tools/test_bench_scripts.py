@@ -29,7 +29,8 @@ def scripts():
     sys.path.insert(0, str(BENCH))
     try:
         yield {name: importlib.import_module(name)
-               for name in ("benchlib", "host_overhead", "llama_layer", "decode", "decode_tune", "gluon_variants")}
+               for name in ("benchlib", "host_overhead", "llama_layer", "decode", "decode_tune", "gluon_variants",
+                            "document")}
     finally:
         sys.path.remove(str(BENCH))
 
@@ -216,6 +217,33 @@ def test_gluon_variants_smoke_checks_every_column(scripts, tmp_path):
     for row in rows:
         for column in ("gluon", "tl", "auto"):
             assert row[f"{column}_err"] < 1e-5, (row["case"], column, row[f"{column}_err"])
+
+
+def test_document_smoke_checks_attnfuse_forward_and_backward(scripts, tmp_path):
+    """`bench/document.py --smoke`: AttnFuse's outputs and gradients match the benchmark's
+    document-by-document reference (flex, uncompiled on the CPU, has no backward there)."""
+    argv = ["--smoke", "--variants", "causal", "--columns", "attnfuse", "--out", str(tmp_path)]
+    assert scripts["document"].main(argv) == 0
+    (json_path,) = tmp_path.glob("*-document.json")
+    rows = json.loads(json_path.read_text())["rows"]
+    assert [row["mode"] for row in rows] == ["fwd", "fwdbwd"]
+    assert all(row["attnfuse_rel_err"] < 1e-5 and row["attnfuse_ms"] > 0 for row in rows)
+
+
+def test_document_reference_is_attnfuse_reference(scripts):
+    """The benchmark's reference (each document attending to itself) is the semantics' (the
+    float64 interpreter over `doc_ids`), and it is not the attention without documents."""
+    document = scripts["document"]
+    doc_ids = document.document_ids(90, 10, 40, "cpu")
+    assert document.segments(doc_ids)[0] == (0, int((doc_ids == 0).sum()))
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, h, 90, 8, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
+    grad = torch.randn(1, 4, 90, 8, generator=gen, dtype=torch.float64)
+    want = document.reference(q, k, v, grad, doc_ids, causal=True, group=2)
+    spec = af.attention(af.document(), af.causal())
+    assert torch.allclose(want["out"].double(), af.reference_attention(spec, q, k, v, doc_ids=doc_ids)[:, :2], atol=1e-5)
+    no_docs = af.reference_attention(af.attention(af.causal()), q, k, v)[:, :2]
+    assert not torch.allclose(want["out"].double(), no_docs, atol=1e-3)
 
 
 def test_issue17_table_judges_each_criterion(tmp_path):

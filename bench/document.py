@@ -86,6 +86,22 @@ def reference(q, k, v, grad, doc_ids, causal: bool, group: int) -> dict[str, tor
     return result
 
 
+def document_mask(doc_ids: torch.Tensor):
+    """flex_attention's mask_mod of `af.document()` over shared ids."""
+    def same_document(batch, head, q_idx, kv_idx):
+        return doc_ids[q_idx] == doc_ids[kv_idx]
+    return same_document
+
+
+def causal_document_mask(doc_ids: torch.Tensor):
+    """flex_attention's mask_mod of `af.document()` with `af.causal()`: a function of its own
+    (compiled flex caches its kernels per mask_mod code, so the two variants must not share
+    one whose behaviour a captured flag changes)."""
+    def same_document_causal(batch, head, q_idx, kv_idx):
+        return (doc_ids[q_idx] == doc_ids[kv_idx]) & (q_idx >= kv_idx)
+    return same_document_causal
+
+
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
@@ -150,11 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             want = reference(q, k, v, grad, doc_ids, causal, hq // hkv)
             spec = af.attention(af.document(), af.causal()) if causal else af.attention(af.document())
 
-            def mask_mod(batch, head, q_idx, kv_idx, doc_ids=doc_ids, causal=causal):
-                same = doc_ids[q_idx] == doc_ids[kv_idx]
-                return same & (q_idx >= kv_idx) if causal else same
-
-            block_mask = create_block_mask(mask_mod, None, None, n, n, device=device)
+            block_mask = create_block_mask((causal_document_mask if causal else document_mask)(doc_ids),
+                                           None, None, n, n, device=device)
             calls = {
                 "flex": lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=hq != hkv),
                 "cudnn-nodoc": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv),

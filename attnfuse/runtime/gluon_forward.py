@@ -230,7 +230,7 @@ def gluon_importable() -> bool:
 
 
 AUTO_VARIANT_CLASSES = {"softmax": (64, 128, 256), "relu": (64, 128), "pointwise": (128,), "bias": (),
-                        "listed": (64, 128), "document": ()}
+                        "listed": (64, 128), "document": (64, 128)}
 """Head dims at which `auto` takes the Gluon forward, per variant class (`variant_class`), from
 the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gluon-variants.md,
 `python3 bench/gluon_variants.py`, ms, Gluon / portable):
@@ -253,8 +253,15 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   0.096 / 0.168 / 0.294 / 0.546 against 0.098 / 0.196 / 0.366 / 0.681; head dim 128 0.278 /
   0.621 / 1.159 / 2.074 against 0.394 / 0.917 / 1.778 / 2.874. Taken from `GLUON_MIN_WORK`'s
   dense pair counts (the layout, and so the density, is call-time data);
-- document ids (`document`): not measured yet, so `auto` keeps the portable kernel
-  (`ATTNFUSE_FORWARD_TARGET=gluon` takes the Gluon one).
+- document ids (`document`: packed sequences, a class a document kernel has besides its
+  own), measured as the Gluon kernel on 128 x 128 tiles walking the document lists against the
+  portable kernel on its own tiles (`python3 bench/document.py`, documents of 256-4096 tokens;
+  bench/results/20261204T173918Z- (head dim 128: B=1, 32/8 heads, bf16), 20261204T174127Z-
+  (head dim 64: B=4, 12 heads, fp16) and 20261204T174216Z-document.md), forward ms at N=8192 /
+  16384: head dim 128 causal 0.428 / 0.843 against 0.546 / 1.066, bidirectional 0.747 / 1.442
+  against 1.028 / 1.980; head dim 64 causal 0.514 / 1.012 against 0.808 / 1.549,
+  bidirectional 0.851 / 1.765 against 1.487 / 2.828. Taken from `GLUON_MIN_WORK`'s dense pair
+  counts.
 Head dim 256 is measured for the softmax class only."""
 
 

@@ -598,9 +598,11 @@ def test_block_sparse_calls_are_lowered_for_the_gluon_tiles(monkeypatch):
     # is taken: forced, or by `auto` at the head dims `AUTO_VARIANT_CLASSES` lists for it.
     documents = af.compile(af.attention(af.document(), af.causal()))
     for d in (64, 128):
-        tiles = documents.tile_config(problem(4096, 4096, d=d), hopper)
+        tiles = documents.tile_config(problem(8192, 8192, d=d), hopper)
         taken = d in gluon_forward.AUTO_VARIANT_CLASSES["document"]
         assert ((tiles.block_m, tiles.block_n) == (128, 128)) == taken
+    small = documents.tile_config(problem(4096, 4096, d=64), hopper)
+    assert (small.block_m, small.block_n) != (128, 128), "below GLUON_MIN_WORK at head dim 64"
     assert documents.tile_config(problem(4096, 4096, d=256), hopper).block_m == 64
     monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "gluon")
     forced = documents.tile_config(problem(4096, 4096, d=64), hopper)

@@ -1,7 +1,10 @@
 """The softmax normalizer, `softmax()` (implied when a variant names no normalizer).
 
 `p[i, j] = exp(s[i, j] - lse[i])` over the kept keys, `lse[i] = log sum_j exp(s[i, j])`; a
-row with no kept key outputs 0 and has `lse = -inf`, never NaN. The forward is the online
+row with no kept key outputs 0 and has `lse = -inf`, never NaN, and so does a row whose largest
+kept score lies below the exponent's fp32 range (`max < -OUT_OF_RANGE`, about -2.36e38: an
+additive bias of `finfo(float32).min` on every key, say). Scores above +OUT_OF_RANGE are out of
+the kernels' range (their exponentials overflow: NaN). The forward is the online
 softmax (a running row max and row sum carried across key blocks); the backward recomputes
 the probabilities from the stored log-sum-exp and forms `dS = P * (dP - delta)` with
 `delta = rowsum(dO * O)`.
@@ -21,6 +24,12 @@ from attnfuse.dialects import tile
 from attnfuse.dialects.attn import ProbsType, ScoresType
 from attnfuse.dialects.interfaces import Normalizer
 from attnfuse.dsl.blocks import Block
+
+
+OUT_OF_RANGE = 3.4028234663852886e38 / 1.4426950408889634
+"""The largest |score| the kernels' base-2 exponentials hold (fp32's largest / log2(e)): a row
+whose largest kept score is below -OUT_OF_RANGE has no weight (the kernels' `max * log2(e)`
+overflows to -inf)."""
 
 
 @dataclass(frozen=True)
@@ -63,15 +72,20 @@ class SoftmaxSemantics(Normalizer):
 
         scores = scores.masked_fill(~keep, float("-inf"))
         # Rows with no kept key output 0 and have lse -inf by definition, as do rows whose
-        # every kept score is -inf (a bias of -inf drops a key like a mask). Their scores are
-        # replaced by 0 before the softmax so that neither exp(-inf - -inf) nor its gradient
-        # is NaN. NaN and +inf scores are not special: they propagate as in any softmax.
-        empty = torch.isneginf(torch.logsumexp(scores.detach(), dim=-1))
+        # every kept score is -inf (a bias of -inf drops a key like a mask) and rows whose
+        # largest score is finite but below the exponent's range (`OUT_OF_RANGE`). Their
+        # scores are replaced by 0 before the softmax so that neither exp(-inf - -inf) nor its
+        # gradient is NaN. NaN and +inf scores are not special: they propagate as in any softmax.
+        row_max = scores.detach().amax(dim=-1) if scores.shape[-1] else scores.new_full(scores.shape[:-1], float("-inf"))
+        empty = row_max < -OUT_OF_RANGE
         scores = scores.masked_fill(empty[..., None], 0.0)
         lse = torch.logsumexp(scores, dim=-1)
         weighted = keep & ~empty[..., None]
         zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
-        probs = torch.where(weighted, torch.exp(scores - lse[..., None]), zero)
+        # softmax (which subtracts the row max) rather than exp(s - lse): when every score of a
+        # row is far from 0 (-1e17, say), lse rounds to the scores themselves and exp(s - lse)
+        # gives every key weight 1.
+        probs = torch.where(weighted, torch.softmax(scores, dim=-1), zero)
         return probs, lse.masked_fill(empty, float("-inf"))
 
 

@@ -1282,12 +1282,20 @@ class KernelEmitter:
         self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
         probs = self.fresh_result(op.probs)
         alpha = self.fresh_result(op.alpha)
+        # A row whose largest score is below the exponent's fp32 range (max * log2(e) under
+        # -fp32's largest: an additive bias of finfo.min on every key, say) has no weight, as a
+        # row with no kept key (docs/semantics.md, "Softmax"): its base-2 max overflows to -inf,
+        # which the BASE2 path takes for "no key yet" and the other shifts to +inf, so that
+        # every exp2(s * factor - max) is 0, never exp2(+inf).
         if self.BASE2_ROW_MAX:
             self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {safe}[:, None])")
             self.emit(f"{alpha} = tl.math.exp2({row_max} - {safe})")
         else:
             # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
-            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - ({safe} * {LOG2E})[:, None])")
+            shift = self.namer.fresh("row_shift")
+            self.emit(f"{shift} = {safe} * {LOG2E}")
+            self.emit(f"{shift} = tl.where({shift} == float(\"-inf\"), float(\"inf\"), {shift})")
+            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {shift}[:, None])")
             self.emit(f"{alpha} = tl.math.exp2(({row_max} - {safe}) * {LOG2E})")
         self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
         self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")

@@ -1,0 +1,112 @@
+"""The softmax at the edges of fp32's range, through the real kernels (the portable target on
+Triton's interpreter) against an independent float64 computation written here.
+
+The kernels take exponentials in base 2 (`exp2(s * log2(e) - max * log2(e))`), so a row whose
+largest score is below -(fp32's largest / log2(e)) (about -2.36e38) has no weight: it outputs
+0 and has lse -inf, as a row with no kept key (docs/semantics.md, "Softmax"). Such rows come
+from additive masks of `torch.finfo(torch.float32).min` (Hugging Face's) over a whole row; a
+row with some keys so masked and others not is an ordinary row. Never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnfuse as af
+from attnfuse.blocks.softmax import OUT_OF_RANGE
+
+FMIN = torch.finfo(torch.float32).min
+
+
+def softmax_rows(q, k, v, bias):
+    """float64 softmax attention (scale 1/sqrt(D), the bias added to the scores), with rows
+    whose largest score is below `-OUT_OF_RANGE` given no weight, and the lse."""
+    s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias.double()
+    top = s.amax(-1, keepdim=True)
+    gone = top < -OUT_OF_RANGE
+    p = torch.softmax(torch.where(gone, torch.zeros_like(s), s), -1).masked_fill(gone, 0.0)
+    lse = torch.logsumexp(torch.where(gone, torch.zeros_like(s), s), -1).masked_fill(gone[..., 0], float("-inf"))
+    return p @ v.double(), lse
+
+
+def qkv(nq, nk, d=16, seed=0, grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, n, d, generator=gen).requires_grad_(grad) for n in (nq, nk, nk)]
+
+
+def range_bias(nq, nk):
+    """Row 0: every key finfo.min (out of range); row 1: every key -2.5e38 (out of range);
+    row 2: half the keys finfo.min (an ordinary row); row 3: every key -1e30 (in range,
+    uniform weights); row 4: every key -2.3e38 (just in range: uniform); the rest 0."""
+    bias = torch.zeros(1, 1, nq, nk)
+    bias[..., 0, :] = FMIN
+    bias[..., 1, :] = -2.5e38
+    bias[..., 2, : nk // 2] = FMIN
+    bias[..., 3, :] = -1e30
+    bias[..., 4, :] = -2.3e38
+    return bias
+
+
+@pytest.mark.parametrize("nq,nk", [(8, 8), (70, 150)])
+def test_out_of_range_rows_have_no_weight_and_no_nan(nq, nk):
+    """Forward and lse through the kernel: out-of-range rows 0 and -inf, ordinary rows as the
+    float64 softmax (uniform weights for a row of -1e30 everywhere)."""
+    q, k, v = qkv(nq, nk)
+    bias = range_bias(nq, nk)
+    out, lse = af.compile(af.attention(af.additive_bias()))(q, k, v, bias=bias, return_lse=True)
+    want, want_lse = softmax_rows(q, k, v, bias)
+    assert not out.isnan().any() and not lse.isnan().any()
+    torch.testing.assert_close(out.double(), want, atol=1e-4, rtol=1e-4)
+    assert (out[..., (0, 1), :] == 0).all() and torch.isneginf(lse[..., (0, 1)]).all()
+    for row in (3, 4):
+        torch.testing.assert_close(out[..., row, :].double(), v.double().mean(-2), atol=1e-5, rtol=1e-5)
+    finite = torch.isfinite(want_lse)
+    torch.testing.assert_close(lse.double()[finite], want_lse[finite], rtol=1e-6, atol=1e-3)
+
+
+def test_out_of_range_rows_have_zero_gradients():
+    """The backward through the kernels: no NaN, out-of-range rows contribute nothing, the rest
+    as autograd through the float64 softmax (bias gradient included)."""
+    q, k, v = qkv(40, 72, grad=True)
+    # Rows 0-2 of `range_bias`: rows far from 0 but in range (3, 4) are left out, since the
+    # backward recomputes p = exp(s - lse) from an fp32 lse, which there has lost ln(sum).
+    bias = range_bias(40, 72)
+    bias[..., 3:5, :] = 0.0
+    bias.requires_grad_()
+    grad = torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(5))
+    af.compile(af.attention(af.additive_bias()))(q, k, v, bias=bias).backward(grad)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
+    (softmax_rows(*leaves)[0] * grad.double()).sum().backward()
+    for got, want in zip((q.grad, k.grad, v.grad, bias.grad), leaves):
+        assert not got.isnan().any()
+        torch.testing.assert_close(got.double(), want.grad, atol=1e-4, rtol=1e-4)
+    assert (q.grad[..., (0, 1), :] == 0).all()
+
+
+def test_decode_rows_out_of_range_have_no_weight():
+    """The split-KV decode kernels and their merge (kv_lens, one query): a query whose bias is
+    finfo.min on every key outputs 0, the other the float64 softmax."""
+    q, k, v = qkv(1, 300)
+    q = torch.cat([q, q.flip(1)])
+    k, v = torch.cat([k, k]), torch.cat([v, v])
+    bias = torch.zeros(2, 1, 1, 300)
+    bias[0] = FMIN
+    lens = torch.tensor([300, 300], dtype=torch.int32)
+    out = af.compile(af.attention(af.additive_bias()))(q, k, v, bias=bias, kv_lens=lens)
+    assert not out.isnan().any()
+    assert (out[0] == 0).all()
+    torch.testing.assert_close(out[1].double(), softmax_rows(q[1:], k[1:], v[1:], bias[1:])[0][0], atol=1e-4, rtol=1e-4)
+
+
+def test_reference_weighs_rows_far_from_zero_uniformly():
+    """`af.reference_attention` on a row whose every score is -1e17 (in range, far from 0):
+    uniform weights, where exp(s - lse) would give every key weight 1."""
+    q, k, v = (t.double() for t in qkv(3, 8))
+    bias = torch.zeros(1, 1, 3, 8, dtype=torch.float64)
+    bias[..., 1, :] = -1e17
+    out = af.reference_attention(af.attention(af.additive_bias()), q, k, v, bias=bias)
+    torch.testing.assert_close(out[..., 1, :], v.mean(-2))
+    torch.testing.assert_close(out, softmax_rows(q, k, v, bias)[0])

@@ -29,6 +29,7 @@ heads and sequence lengths), so one variant serves them all.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -378,8 +379,11 @@ class RopeOp(IRDLOperation):
         return (self.theta.value.data, dim, self.interleaved is not None, self.scaling)
 
     def verify_(self) -> None:
-        if self.theta.value.data <= 0:
-            raise VerifyException(f"rope theta must be positive, got {self.theta.value.data}")
+        theta = self.theta.value.data
+        # As rope() requires (docs/semantics.md, RoPE): theta <= 1 makes frequencies that do not
+        # fall with the pair index, inf makes every frequency 0.
+        if not math.isfinite(theta) or theta <= 1:
+            raise VerifyException(f"rope theta must be a finite number > 1, got {theta}")
         if self.rotary_dim is not None:
             dim = self.rotary_dim.value.data
             if dim <= 0 or dim % 2:
@@ -565,6 +569,7 @@ class VariantOp(IRDLOperation):
         block = self.body.block
         if tuple(block.arg_types) != inputs:
             raise VerifyException("entry block arguments must match the variant's inputs")
+        defined: set[SSAValue] = set(block.args)
         for op in block.ops:
             # A variant says its attention in attn ops only: the passes read nothing else, and
             # canonicalization would erase an unused foreign op silently.
@@ -572,6 +577,12 @@ class VariantOp(IRDLOperation):
                 raise VerifyException(
                     f"'{op.name}' inside attn.variant: a variant's body holds attn ops only"
                 )
+            # One block, in order: each value is defined before it is read (xDSL's verifier
+            # does not check dominance, and the interpreter walks the body once, in order).
+            for operand in op.operands:
+                if operand not in defined:
+                    raise UseBeforeDefinition(op, operand)
+            defined.update(op.results)
         for kind, what in ((ScoresOp, "attn.scores"), (PVOp, "attn.pv")):
             if len(self.ops_of(kind)) != 1:
                 raise VerifyException(f"a variant needs exactly one {what}")
@@ -610,6 +621,17 @@ class VariantOp(IRDLOperation):
             self.attributes,
             reserved_attr_names=("sym_name", "function_type"),
         )
+
+
+class UseBeforeDefinition(VerifyException):
+    """An op of a variant's body reading a value defined after it; `op` is the reader (for a
+    located diagnostic)."""
+
+    def __init__(self, op: Operation, operand: SSAValue):
+        name = f"%{operand.name_hint}" if operand.name_hint else "a value"
+        super().__init__(f"'{op.name}' reads {name} before it is defined: a variant's body "
+                         "defines each value before its uses")
+        self.op = op
 
 
 CORE_OPS: tuple[type[IRDLOperation], ...] = (RopeOp, ScoresOp, PVOp, YieldOp, VariantOp)

@@ -3,6 +3,7 @@ what was expected and what was given."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -40,8 +41,8 @@ class Problem:
         return 0 in (self.batch, self.heads_q, self.seq_q, self.seq_k)
 
 
-def check_tensor(name: str, t: object) -> None:
-    """Checks one operand: a dense 4-D `[batch, heads, seq, dim]` tensor of a supported dtype."""
+def check_tensor(name: str, t: object, dtypes: Collection[torch.dtype] = tuple(SUPPORTED_DTYPES)) -> None:
+    """Checks one operand: a dense 4-D `[batch, heads, seq, dim]` tensor of one of `dtypes`."""
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided or t.is_nested:
@@ -49,21 +50,22 @@ def check_tensor(name: str, t: object) -> None:
                             + (" (nested)" if t.is_nested else ""))
     if t.dim() != 4:
         raise ArgumentError(f"{name} must be 4-D [batch, heads, seq, dim], got shape {tuple(t.shape)}")
-    if t.dtype not in SUPPORTED_DTYPES:
-        raise ArgumentError(
-            f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32"
-        )
+    if t.dtype not in dtypes:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ArgumentError(f"{name} has dtype {t.dtype}; supported: {supported}")
 
 
 def check_inputs(
-    source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, paged_keys: int | None = None
+    source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, paged_keys: int | None = None,
+    dtypes: Collection[torch.dtype] = tuple(SUPPORTED_DTYPES),
 ) -> Problem:
     """Validates q, k, v against each other and the variant (a spec, attn IR or a
     `VariantProgram`); returns the call's shape facts. With `paged_keys`, k and v are page
     pools (`[num_pages, Hkv, page_size, D]`, any number of pages) holding up to that many
-    keys per sequence, the problem's key length (`kv_cache.check_cache_arguments`)."""
+    keys per sequence, the problem's key length (`kv_cache.check_cache_arguments`). `dtypes`:
+    those the caller takes (the kernels' by default; the reference takes float64 too)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t)
+        check_tensor(name, t, dtypes)
     if not (q.dtype == k.dtype == v.dtype):
         raise ArgumentError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

@@ -26,7 +26,9 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects import attn
 from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier, normalizer_semantics
 from attnfuse.errors import ArgumentError
+from attnfuse.runtime.call_data import positions_view
 from attnfuse.runtime.config import KEY_POSITIONS_WITH_GIVEN_KEY, check_placement_request
+from attnfuse.runtime.inputs import check_inputs, check_tensor
 from attnfuse.runtime.program import DATA_KEYWORDS, as_program
 from attnfuse.transforms.place_rope import give_key_rotation, key_rotation
 
@@ -259,6 +261,13 @@ def reference_attention(
 
     program = as_program(source)
     explicit = (q_positions is not None, k_positions is not None)
+    if kv_lens is None and block_table is not None:
+        raise ArgumentError("block_table= needs kv_lens= (the number of keys of each sequence)")
+    if kv_lens is None:
+        _check_call(program, explicit, q, k, v, {"bias": bias, "block_layout": block_layout, **data},
+                    (q_positions, k_positions))
+    else:  # the caches and their data are checked where they are read (`_decode_attention`)
+        check_tensor("q", q, REFERENCE_DTYPES)
     fixed = program.explicit_positions_of()
     module = program.module(explicit if fixed is None else fixed)
     variant = next(op for op in module.ops if isinstance(op, attn.VariantOp))
@@ -281,8 +290,6 @@ def reference_attention(
         tensors["block_layout"] = block_layout
     inputs = {"q": q, "k": k, "v": v, "q_positions": q_positions, "k_positions": k_positions}
     if kv_lens is None:
-        if block_table is not None:
-            raise ArgumentError("block_table= needs kv_lens= (the number of keys of each sequence)")
         env = Evaluation(b, h_q, n_q, n_k, dtype, device, tensors)
         out, lse = evaluate_variant(variant, inputs, env)
     else:
@@ -292,6 +299,36 @@ def reference_attention(
             raise ArgumentError("return_lse=True needs a normalizer with a log-sum-exp (softmax)")
         return out, (lse if differentiable else lse.to(torch.float32))
     return out
+
+
+REFERENCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The inputs' dtypes the reference takes: the kernels', and float64."""
+
+
+def _check_call(program: Any, explicit: tuple[bool, bool], q: object, k: object, v: object,
+                data: dict[str, Any], positions: tuple[object, object]) -> None:
+    """A compiled call's checks of q, k, v, their positions and call-time data against each
+    other and the program (an `ArgumentError` naming what is wrong), before any of them is
+    read: the shapes, dtypes (float64 too) and devices as given; an attn program's declared
+    positions passed exactly; each data tensor as the op that reads it binds it."""
+    problem = check_inputs(program, q, k, v, dtypes=REFERENCE_DTYPES)  # type: ignore[arg-type]
+    canonical = program.canonical(explicit)
+    for index, (name, given, length) in enumerate(zip(("q_positions", "k_positions"), positions,
+                                                      (problem.seq_q, problem.seq_k))):
+        if given is not None:
+            if not program.accepts_positions(index):
+                raise ArgumentError(f"{name}= given, but {program!r} has no rope()")
+            positions_view(given, name, length, problem)
+    for name, block in DATA_KEYWORDS.items():
+        if data.get(name) is not None and name not in canonical.arguments:
+            raise ArgumentError(f"{name}= given, but {program!r} has no {block}")
+    # float64 data is the reference's own (the kernels take up to float32): checked as a float32
+    # tensor of its shape and device would be (a broadcast stand-in, no copy).
+    data = {name: torch.empty((), dtype=torch.float32, device=t.device).expand(t.shape)
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float64 else t for name, t in data.items()}
+    for binding in canonical.bindings:
+        if binding.use.argument is not None:
+            binding.bind(problem, data)
 
 
 def _integer_tensor(t: object, name: str, shape: list[int], what: str) -> torch.Tensor:

@@ -253,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{location}: error: {err.msg}", file=sys.stderr)
         return 1
     except (VerifyException, DiagnosticException) as err:
-        found = tool.failing_op()
+        # An error that names its op (a use before its definition) is located there.
+        culprit = getattr(err, "op", None)
+        found = (culprit, _first_line(err)) if culprit is not None else tool.failing_op()
         op, message = found if found is not None else (None, _first_line(err))
         print(f"{tool.locate(op)}: error: {message}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from conftest import make_qkv
 
 import attnfuse as af
+from attnfuse.errors import ArgumentError
 
 
 def hf_rope(x: torch.Tensor, pos: torch.Tensor, theta: float, r: int) -> torch.Tensor:
@@ -121,3 +122,42 @@ def test_reference_without_keys_outputs_zero(name):
     assert out.shape == (2, 2, 3, 8) and (out == 0).all()
     fn = af.compile(spec)
     assert (fn(q, k, v, **data) == 0).all()
+
+
+POSITIONS_IR = """
+attn.variant @v(%q : !attn.query, %k : !attn.key, %v : !attn.value, %qp : !attn.positions<query>) -> !attn.output {
+  %qr = attn.rope %q at %qp {theta = 1.000000e+04 : f64} : !attn.query, !attn.positions<query>
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}"""
+
+
+@pytest.mark.parametrize("case,call,fragment", [
+    ("group", lambda t: (af.attention(), t(1, 3, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16), {}),
+     "query heads (3) must be a multiple of key/value heads (2)"),
+    ("3-D q", lambda t: (af.attention(), t(3, 8, 16), t(1, 3, 8, 16), t(1, 3, 8, 16), {}), "q must be 4-D"),
+    ("list q", lambda t: (af.attention(), [0.0], t(1, 1, 8, 16), t(1, 1, 8, 16), {}), "q must be a torch.Tensor"),
+    ("v length", lambda t: (af.attention(), t(1, 1, 8, 16), t(1, 1, 8, 16), t(1, 1, 9, 16), {}),
+     "v must have k's sequence length 8"),
+    ("int q", lambda t: (af.attention(), t(1, 1, 8, 16).long(), t(1, 1, 8, 16).long(), t(1, 1, 8, 16).long(), {}),
+     "q has dtype torch.int64"),
+    ("bias", lambda t: (af.attention(af.additive_bias()), t(1, 1, 8, 16), t(1, 1, 8, 16), t(1, 1, 8, 16),
+                        {"bias": t(3, 3)}), "bias"),
+    ("positions", lambda t: (af.attention(af.rope()), t(1, 1, 8, 16), t(1, 1, 8, 16), t(1, 1, 8, 16),
+                             {"q_positions": torch.arange(9)}), "q_positions"),
+    ("odd rope", lambda t: (af.attention(af.rope()), t(1, 1, 8, 15), t(1, 1, 8, 15), t(1, 1, 8, 15), {}),
+     "the head dim 15 is odd"),
+    ("undeclared data", lambda t: (af.attention(), t(1, 1, 8, 16), t(1, 1, 8, 16), t(1, 1, 8, 16),
+                                   {"doc_ids": torch.zeros(8, dtype=torch.int32)}), "doc_ids= given"),
+    ("declared positions", lambda t: (POSITIONS_IR, t(1, 1, 8, 16), t(1, 1, 8, 16), t(1, 1, 8, 16), {}),
+     "pass q_positions="),
+])
+def test_reference_checks_its_inputs_as_a_call_does(case, call, fragment):
+    """`af.reference_attention` refuses what a compiled call refuses, with an `ArgumentError`
+    naming it, before reading anything (float64 inputs are its own and allowed)."""
+    source, q, k, v, data = call(lambda *shape: torch.randn(*shape, dtype=torch.float64))
+    with pytest.raises(ArgumentError) as err:
+        af.reference_attention(source, q, k, v, **data)
+    assert fragment in str(err.value), str(err.value)

@@ -65,7 +65,18 @@ attn.variant @bad_theta(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: rope theta must be positive, got -1.0
+// CHECK: rope theta must be a finite number > 1, got -1.0
+
+// -----
+
+attn.variant @theta_one(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+00 : f64} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rope theta must be a finite number > 1, got 1.0
 
 // -----
 

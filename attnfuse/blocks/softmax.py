@@ -21,15 +21,13 @@ from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def
 from xdsl.traits import Pure
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.attn import ProbsType, ScoresType
+from attnfuse.dialects.attn import EXPONENT_RANGE, ProbsType, ScoresType
 from attnfuse.dialects.interfaces import Normalizer
 from attnfuse.dsl.blocks import Block
 
 
-OUT_OF_RANGE = 3.4028234663852886e38 / 1.4426950408889634
-"""The largest |score| the kernels' base-2 exponentials hold (fp32's largest / log2(e)): a row
-whose largest kept score is below -OUT_OF_RANGE has no weight (the kernels' `max * log2(e)`
-overflows to -inf)."""
+OUT_OF_RANGE = EXPONENT_RANGE
+"""A row whose largest kept score is below -OUT_OF_RANGE has no weight (`attn.EXPONENT_RANGE`)."""
 
 
 @dataclass(frozen=True)

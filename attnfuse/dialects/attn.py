@@ -429,6 +429,12 @@ MAX_SCORE_SCALE = 3.4028234663852886e38 / 1.4426950408889634
 """The largest score scale: scale * log2(e), the exponent's multiplier, must be a finite
 fp32 number."""
 
+EXPONENT_RANGE = 2.3586574359122396e38
+"""The largest fp32 score whose product with log2(e) in fp32 is finite: the kernels take the
+softmax's exponentials in base 2, so a row whose largest score is below -EXPONENT_RANGE (an
+additive bias of finfo(float32).min on every key) has no weight (docs/semantics.md,
+"Additive bias")."""
+
 
 @irdl_op_definition
 class ScoresOp(IRDLOperation):

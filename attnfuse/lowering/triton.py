@@ -39,6 +39,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.utils.target import Target
 
 from attnfuse.dialects import tile
+from attnfuse.dialects.attn import EXPONENT_RANGE as OUT_OF_RANGE
 from attnfuse.errors import AttnFuseError
 
 LOG2E = 1.4426950408889634
@@ -1278,24 +1279,27 @@ class KernelEmitter:
             unscaled = op.unscaled_scores is not None
             block_max = f"tl.max({scores}, 1) * {scale_expression(op.scale)}" if unscaled else f"tl.max({scores}, 1)"
         self.emit(f"{new_max} = tl.maximum({row_max}, {block_max})")
-        self.emit("# A row with no kept key yet has max -inf: subtract 0 so exp2 gives 0, not NaN.")
-        self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
         probs = self.fresh_result(op.probs)
         alpha = self.fresh_result(op.alpha)
-        # A row whose largest score is below the exponent's fp32 range (max * log2(e) under
-        # -fp32's largest: an additive bias of finfo.min on every key, say) has no weight, as a
-        # row with no kept key (docs/semantics.md, "Softmax"): its base-2 max overflows to -inf,
-        # which the BASE2 path takes for "no key yet" and the other shifts to +inf, so that
-        # every exp2(s * factor - max) is 0, never exp2(+inf).
+        # A row whose largest score is below the exponent's fp32 range (an additive bias of
+        # finfo.min on every key, say) has no weight, as a row with no kept key
+        # (docs/semantics.md, "Additive bias"): every exp2(s * factor - max) must be 0 there,
+        # never exp2(+inf).
         if self.BASE2_ROW_MAX:
+            # Its base-2 max overflows to -inf: taken, as an empty row's, for "no key yet".
+            self.emit("# A row with no kept key yet has max -inf: subtract 0 so exp2 gives 0, not NaN.")
+            self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
             self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {safe}[:, None])")
             self.emit(f"{alpha} = tl.math.exp2({row_max} - {safe})")
         else:
+            # The max is clamped at -OUT_OF_RANGE (fp32's largest / log2(e)), whose base-2 form
+            # is finite: an empty row's -inf scores and a row below the range give exp2 of
+            # -inf, so 0, not NaN (NaN propagates).
+            self.emit(f"# Clamped at -{OUT_OF_RANGE!r}: a row with no kept key yet (max -inf), or whose scores are")
+            self.emit("# below the exponent's fp32 range, gets exp2(-inf) = 0, not NaN.")
+            self.emit(f"{safe} = tl.maximum({new_max}, -{OUT_OF_RANGE!r}, propagate_nan=tl.PropagateNan.ALL)")
             # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
-            shift = self.namer.fresh("row_shift")
-            self.emit(f"{shift} = {safe} * {LOG2E}")
-            self.emit(f"{shift} = tl.where({shift} == float(\"-inf\"), float(\"inf\"), {shift})")
-            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {shift}[:, None])")
+            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - ({safe} * {LOG2E})[:, None])")
             self.emit(f"{alpha} = tl.math.exp2(({row_max} - {safe}) * {LOG2E})")
         self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
         self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")

@@ -49,10 +49,10 @@
 // CHECK-NEXT:     # (the scale, sm_scale, is applied where the scores meet the exponential)
 // CHECK-NOT:      tl.where(keep
 // CHECK:          row_max_new = tl.maximum(row_max, tl.max(scores, 1) * sm_scale)
-// A row whose max is below the exponent's range has no weight: its shift is +inf, never -inf.
-// CHECK:          row_shift = row_max_safe * 1.4426950408889634
-// CHECK-NEXT:     row_shift = tl.where(row_shift == float("-inf"), float("inf"), row_shift)
-// CHECK-NEXT:     probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - row_shift[:, None])
+// The max is clamped at the exponent's fp32 range (an empty row's -inf, or a row of scores
+// below the range, gets exp2(-inf) = 0, never NaN).
+// CHECK:          row_max_safe = tl.maximum(row_max_new, -2.3586574359122396e+38, propagate_nan=tl.PropagateNan.ALL)
+// CHECK-NEXT:     probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - (row_max_safe * 1.4426950408889634)[:, None])
 // CHECK:          row_max = row_max_new
 // CHECK:          acc = tl.dot(probs.to(v.dtype), v, acc=acc * alpha[:, None])
 // The diagonal blocks: bounds-checked and masked.

@@ -191,6 +191,18 @@ def stamp() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
+def record_checked(row: dict[str, Any], name: str, error: float, tol: float, time: Callable[[], float]) -> bool:
+    """A column's relative error into `row` (`{name}_rel_err`), then its time (`{name}_ms`,
+    from `time()`) if the error is at most `tol`, else `{name}_error` = FAIL and no time.
+    Returns whether it passed."""
+    row[f"{name}_rel_err"] = error
+    if not error <= tol:
+        row[f"{name}_error"] = f"FAIL: rel err {error:.1e}"
+        return False
+    row[f"{name}_ms"] = time()
+    return True
+
+
 def first_line(err: BaseException) -> str:
     """`Type: first line of the message`, for a table cell."""
     text = str(err).strip().splitlines()

@@ -132,13 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         """Check `fn` against `ref`, then time it (ms stored under `name`)."""
         nonlocal ok
         try:
-            error = relative_error(fn(), ref)
-            row[f"{name}_rel_err"] = error
-            if not error <= args.tol:
-                row[f"{name}_error"] = f"FAIL: rel err {error:.1e}"
+            if not benchlib.record_checked(row, name, relative_error(fn(), ref), args.tol, lambda: time_ms(fn)):
                 ok = False
-                return
-            row[f"{name}_ms"] = time_ms(fn)
         except Exception as err:  # noqa: BLE001 - one implementation failing is a cell
             row[f"{name}_error"] = benchlib.first_line(err)
 

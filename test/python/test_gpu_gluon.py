@@ -63,6 +63,14 @@ def forward_launch(fn, q, k, v, training=False):
     return next(launch for launch in plan.launches if launch.info.name == "attention_fwd")
 
 
+def listed_gluon_launch(fn, q, k, v):
+    """The forward launch of a call walking block lists: the Gluon kernel, on 128 x 128 tiles."""
+    launch = forward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonLaunch)
+    assert (launch.launch.block_m, launch.launch.block_n) == (128, 128)
+    return launch
+
+
 def assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, data=None):
     """`fn`'s output and lse (a softmax's), run through the Gluon `launch` alone
     (`gluon_only`), against the reference on the CPU; `data`: the call-time tensors."""
@@ -306,9 +314,7 @@ def test_gluon_documents_match_reference(name, d, dtype, hq, hkv, nq, nk, shared
     spec = DOCUMENTS[name]
     fn = af.compile(spec)
     q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=41)
-    launch = forward_launch(fn, q, k, v)
-    assert isinstance(launch, GluonLaunch)
-    assert (launch.launch.block_m, launch.launch.block_n) == (128, 128)
+    launch = listed_gluon_launch(fn, q, k, v)
     data = {"doc_ids": random_documents(2, nk, seed=42, shared=shared, sorted_ids=sorted_ids)}
     if "sparse" in name:
         data["block_layout"] = random_layout(spec, hq, nq, nk, seed=43, per_head=not shared)
@@ -372,9 +378,7 @@ def test_gluon_block_sparse_matches_reference(name, d, dtype, hq, hkv, nq, nk, p
     spec = SPARSE[name]
     fn = af.compile(spec)
     q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=31)
-    launch = forward_launch(fn, q, k, v)
-    assert isinstance(launch, GluonLaunch)
-    assert (launch.launch.block_m, launch.launch.block_n) == (128, 128)
+    launch = listed_gluon_launch(fn, q, k, v)
     layout = random_layout(spec, hq, nq, nk, seed=32, per_head=per_head)
     assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, data={"block_layout": layout})
 

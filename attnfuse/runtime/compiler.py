@@ -6,6 +6,8 @@ a `VariantProgram`."""
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -161,14 +163,35 @@ def compiler_fingerprint() -> str:
     return digest.hexdigest()
 
 
+def foreign_fingerprint(module: ModuleOp) -> str:
+    """A hash of the code of the program's ops defined outside this package (an out-of-tree
+    block, registered or not: its op, its semantics and its lowering), so that an edited
+    prototype never reuses the kernels of its previous version. Code without a source file
+    (an op defined interactively) gets a mark unique to this process: its kernels are then
+    never reused by another process."""
+    classes: set[type] = set()
+    for op in module.walk():
+        classes.add(type(op))
+        classes.update(type(trait) for trait in getattr(op, "traits", ()))
+    digest = hashlib.sha256()
+    for name in sorted({cls.__module__ for cls in classes if not cls.__module__.startswith(("attnfuse.", "xdsl."))}):
+        code = sys.modules.get(name)
+        path = getattr(code, "__file__", None)
+        digest.update(name.encode())
+        try:
+            digest.update(Path(path).read_bytes() if path else f"{name}@{os.getpid()}@{id(code)}".encode())
+        except OSError:
+            digest.update(f"{name}@{os.getpid()}@{id(code)}".encode())
+    return digest.hexdigest()
+
+
 def _cache_key(source: object, key: CompileKey, interpret: bool) -> str:
     # The canonical program, so that equal variants (blocks in another order, or the same
     # program written by hand) share entries.
-    canonical = as_program(source).canonical(key.explicit_positions).text
+    canonical = as_program(source).canonical(key.explicit_positions)
     target = "interpreter" if interpret else "gpu"
-    text = "\n".join(
-        [canonical, key.pipeline(), target, compiler_fingerprint(), triton.__version__]
-    )
+    text = "\n".join([canonical.text, key.pipeline(), target, compiler_fingerprint(),
+                      foreign_fingerprint(canonical.module), triton.__version__])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -11,10 +11,14 @@ stdin (no file, or `-`), and turns every failure into one located line on stderr
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import importlib.util
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import IO
 import io
 
@@ -77,7 +81,18 @@ class AttnFuseOptMain(xDSLOptMain):
     def __init__(self, args: Sequence[str] | None = None):
         self.locations: dict[int, Span] = {}
         self.modules: list[ModuleOp] = []
+        # Out-of-tree block modules join the attn dialect before xDSL registers it (which it
+        # does before parsing the arguments).
+        for path in _block_module_paths(args if args is not None else sys.argv[1:]):
+            load_block_module(path)
         super().__init__(description="AttnFuse modular optimizer driver", args=args)
+
+    def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        super().register_all_arguments(arg_parser)
+        arg_parser.add_argument(
+            "--block-module", action="append", default=[], metavar="FILE.py",
+            help="a block defined outside the package (docs/architecture.md §10.1): its OPS join "
+                 "the attn dialect, as attnfuse.blocks.register_block_module does (repeatable)")
 
     def register_all_dialects(self) -> None:
         for dialect in dialects():
@@ -174,6 +189,37 @@ class AttnFuseOptMain(xDSLOptMain):
         return op, message
 
 
+def _block_module_paths(argv: Sequence[str]) -> list[str]:
+    """The files named by `--block-module FILE` / `--block-module=FILE` in `argv`."""
+    paths = []
+    for i, arg in enumerate(argv):
+        if arg == "--block-module" and i + 1 < len(argv):
+            paths.append(argv[i + 1])
+        elif arg.startswith("--block-module="):
+            paths.append(arg.split("=", 1)[1])
+    return paths
+
+
+def load_block_module(path: str) -> ModuleType:
+    """Imports the block module at `path` (under its file's stem) and registers it
+    (`attnfuse.blocks.register_block_module`); an `AttnFuseError` naming the file if it cannot."""
+    from attnfuse.blocks import register_block_module
+
+    file = Path(path)
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    if spec is None or spec.loader is None or not file.is_file():
+        raise AttnFuseError(f"--block-module {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[file.stem] = module  # dataclasses and pickling look their module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 - a user's module: one line, never a traceback
+        sys.modules.pop(file.stem, None)
+        raise AttnFuseError(f"--block-module {path}: {type(err).__name__}: {_first_line(err)}") from err
+    register_block_module(module)
+    return module
+
+
 def _unterminated_string(text: str) -> tuple[int, int] | None:
     """(line, column), 1-based, of a string literal that its line does not close, if any.
     MLIR strings cannot span lines; `//` outside a string starts a comment."""
@@ -240,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         tool = AttnFuseOptMain(args=argv)
     except SystemExit as exit_:  # argparse already printed its usage message
         return int(exit_.code or 0)
+    except AttnFuseError as err:  # a --block-module that does not load
+        print(f"attnfuse-opt: error: {_first_line(err)}", file=sys.stderr)
+        return 1
     except (ArgSpecParseError, ValueError, PassFailedException) as err:
         message = str(err).strip().replace("\n", " ")
         print(_pipeline_error(argv, message), file=sys.stderr)

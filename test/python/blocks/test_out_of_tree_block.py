@@ -1,5 +1,6 @@
-"""A block defined outside the package, in this one file, following docs/architecture.md §10.1:
-`score_offset(offset)`, `s <- s + offset`, registered with `attnfuse.blocks.register_block_module`.
+"""A block defined outside the package, in one file following docs/architecture.md §10.1:
+`score_offset(offset)`, `s <- s + offset` (`score_offset_block.py`, beside this file),
+registered with `attnfuse.blocks.register_block_module`.
 
 What it shows works end to end from one file: the DSL builds it, hand-written IR with the op
 parses (`af.compile(text)`), canonicalize-attn orders it by its own algebra (additive, rank 12:
@@ -13,107 +14,19 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
-from typing import Any, ClassVar
 
 import pytest
 import torch
 from conftest import check_forward_backward, make_qkv
-from xdsl.dialects import arith
-from xdsl.dialects.builtin import FloatAttr, f32, f64
-from xdsl.ir import Operation, SSAValue
-from xdsl.irdl import IRDLOperation, ParsePropInAttrDict, irdl_op_definition, operand_def
-from xdsl.irdl import prop_def, result_def, traits_def
-from xdsl.traits import Pure
-from xdsl.utils.exceptions import VerifyException
+
+import score_offset_block
+from score_offset_block import score_offset
 
 import attnfuse as af
 from attnfuse.blocks import register_block_module, unregister_block_module
-from attnfuse.dialects.attn import FP32_MAX, ScoresType
-from attnfuse.dialects.interfaces import ScoreModifier
-from attnfuse.dsl.blocks import Block
 from attnfuse.errors import AttnFuseError, CompositionError
 
 pytestmark = pytest.mark.interpreter
-
-
-# --- the block, laid out as attnfuse/blocks/softcap.py is ------------------------------------
-
-
-@dataclass(frozen=True)
-class ScoreOffsetSemantics(ScoreModifier):
-    """`attn.score_offset` to the compiler, the runtime and the reference. Additive: it
-    commutes with ALiBi and the bias, and its derivative is 1 (the default `vjp`)."""
-
-    rank: int = 12
-    additive: bool = True
-
-    def lower(self, op: Operation, kernel: Any, scores: SSAValue) -> SSAValue:
-        offset = self.offset(op)
-
-        def body(b: Any, args: Any) -> SSAValue:
-            constant = b.insert(arith.ConstantOp(FloatAttr(offset, f32))).result
-            return b.insert(arith.AddfOp(args[0], constant)).result
-
-        return kernel.scalar_map([scores], "scores", body)
-
-    def evaluate(self, op: Operation, scores: Any, env: Any) -> Any:
-        return scores + self.offset(op)
-
-    @staticmethod
-    def offset(op: Operation) -> float:
-        assert isinstance(op, ScoreOffsetOp)
-        return op.offset.value.data
-
-
-@irdl_op_definition
-class ScoreOffsetOp(IRDLOperation):
-    """Adds a constant to every score: `s[i, j] <- s[i, j] + offset`."""
-
-    name = "attn.score_offset"
-
-    input = operand_def(ScoresType)
-    result = result_def(ScoresType)
-    offset = prop_def(FloatAttr)
-
-    assembly_format = "$input attr-dict"
-    irdl_options = (ParsePropInAttrDict(),)
-    traits = traits_def(Pure(), ScoreOffsetSemantics())
-
-    def __init__(self, scores: SSAValue, offset: float):
-        super().__init__(operands=[scores], result_types=[ScoresType()],
-                         properties={"offset": FloatAttr(offset, f64)})
-
-    def verify_(self) -> None:
-        offset = self.offset.value.data
-        if not abs(offset) <= FP32_MAX:
-            raise VerifyException(f"score_offset offset must be a finite fp32 number, got {offset}")
-
-
-@dataclass(frozen=True, repr=False)
-class ScoreOffset(Block):
-    """`s <- s + offset`."""
-
-    offset: float = 0.0
-    category: ClassVar[str] = "modifier"
-    hint: ClassVar[str] = "shifted"
-
-    def __post_init__(self) -> None:
-        o = self.offset
-        if isinstance(o, bool) or not isinstance(o, (int, float)) or not math.isfinite(o) or abs(o) > FP32_MAX:
-            raise CompositionError(f"score_offset: offset must be a finite fp32 number, got {o!r}")
-        object.__setattr__(self, "offset", float(o))
-
-    def build(self, variant: Any, value: SSAValue) -> Operation:
-        return ScoreOffsetOp(value, self.offset)
-
-
-def score_offset(offset: float) -> ScoreOffset:
-    """Adds `offset` to every score."""
-    return ScoreOffset(offset)
-
-
-OPS = (ScoreOffsetOp,)
 
 
 # --- the tests ----------------------------------------------------------------------------------
@@ -123,7 +36,7 @@ OPS = (ScoreOffsetOp,)
 def registered():
     """The block is part of the attn dialect for each test, and only then (the dialect docs'
     test must not see it)."""
-    module = sys.modules[__name__]
+    module = score_offset_block
     register_block_module(module)
     yield
     unregister_block_module(module)
@@ -184,7 +97,7 @@ def test_bad_offsets():
 
 
 def test_unregistered_op_does_not_parse():
-    unregister_block_module(sys.modules[__name__])
+    unregister_block_module(score_offset_block)
     # (Another text: programs parsed while the op was registered stay cached.)
     with pytest.raises(AttnFuseError, match="attn.score_offset"):
         af.compile(HAND_WRITTEN.replace("7.500000e-01", "2.500000e-01"))
@@ -210,3 +123,79 @@ def test_the_hopper_schedule_takes_the_block(normalizer):
         assert kernels[name].schedule is not None, name
         source = emit_gluon_kernel(kernels[name]).source
         assert "+ 0.5" in source, f"{name} applies the offset"
+
+
+EDITED_BLOCK = '''
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import FloatAttr, f32
+from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
+from xdsl.traits import Pure
+from attnfuse.dialects.attn import ScoresType
+from attnfuse.dialects.interfaces import ScoreModifier
+from attnfuse.dsl.blocks import Block
+
+SHIFT = {shift}
+
+
+@dataclass(frozen=True)
+class ShiftSemantics(ScoreModifier):
+    rank: int = 13
+    additive: bool = True
+
+    def lower(self, op, kernel, scores):
+        def body(b, args):
+            constant = b.insert(arith.ConstantOp(FloatAttr(SHIFT, f32))).result
+            return b.insert(arith.AddfOp(args[0], constant)).result
+        return kernel.scalar_map([scores], "scores", body)
+
+    def evaluate(self, op, scores, env):
+        return scores + SHIFT
+
+
+@irdl_op_definition
+class ShiftOp(IRDLOperation):
+    name = "attn.prototype_shift"
+    input = operand_def(ScoresType)
+    result = result_def(ScoresType)
+    traits = traits_def(Pure(), ShiftSemantics())
+
+    def __init__(self, scores):
+        super().__init__(operands=[scores], result_types=[ScoresType()])
+
+
+@dataclass(frozen=True, repr=False)
+class Shift(Block):
+    category: ClassVar[str] = "modifier"
+    hint: ClassVar[str] = "shifted"
+
+    def build(self, variant, value):
+        return ShiftOp(value)
+
+
+OPS = (ShiftOp,)
+'''
+
+
+def test_an_edited_unregistered_block_gets_new_kernels(tmp_path, monkeypatch):
+    """A prototype block used from the DSL without `register_block_module`, edited on disk
+    between two compiles (same op, same IR, another lowering): the second compile's kernels are
+    the edited ones, not the cached kernels of the first (the compile cache fingerprints the
+    code of every op of the program defined outside the package)."""
+    import importlib
+
+    path = tmp_path / "prototype_shift.py"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    q, k, v = make_qkv(1, 1, 1, 9, 9, 16, seed=3)
+    outputs = []
+    for shift in (0.5, 2.0):
+        path.write_text(EDITED_BLOCK.format(shift=shift))
+        module = importlib.reload(sys.modules["prototype_shift"]) if "prototype_shift" in sys.modules \
+            else importlib.import_module("prototype_shift")
+        spec = af.attention(module.Shift(), af.relu())  # relu: the shift changes the output
+        out = af.compile(spec)(q, k, v)
+        assert torch.allclose(out.double(), af.reference_attention(spec, q, k, v), atol=1e-5), shift
+        outputs.append(out)
+    assert not torch.allclose(outputs[0], outputs[1])
+    sys.modules.pop("prototype_shift", None)

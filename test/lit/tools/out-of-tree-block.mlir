@@ -1,0 +1,24 @@
+// RUN: attnfuse-opt --block-module %S/../../python/blocks/score_offset_block.py %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t triton | filecheck %s
+// RUN: attnfuse-opt --block-module=%S/../../python/blocks/score_offset_block.py %s -p canonicalize-attn | filecheck %s --check-prefix=IR
+// RUN: not attnfuse-opt %s 2>&1 | filecheck %s --check-prefix=UNKNOWN
+// RUN: not attnfuse-opt --block-module %S/no-such-block.py %s 2>&1 | filecheck %s --check-prefix=MISSING
+// A block defined outside the package (docs/architecture.md §10.1: score_offset, in one file
+// beside its pytest tests) reaches the CLI with --block-module: its op parses, canonicalize-attn
+// orders it by its own algebra (additive, after ALiBi), and the printed kernels apply it.
+
+// CHECK-NOT:  Traceback
+// CHECK:      def attention_fwd(
+// CHECK:      + 0.75
+// IR:         attn.alibi
+// IR-NEXT:    attn.score_offset {{.*}} {offset = 7.500000e-01 : f64}
+// UNKNOWN:    out-of-tree-block.mlir:[[# @LINE + 6]]:{{[0-9]+}}: error: Operation attn.score_offset is not registered
+// MISSING:    attnfuse-opt: error: --block-module {{.*}}no-such-block.py: not a Python file
+attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %a = attn.alibi %m
+  %o1 = attn.score_offset %a {offset = 7.500000e-01 : f64}
+  %p = attn.relu %o1
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -2,9 +2,8 @@
 
 `p[i, j] = exp(s[i, j] - lse[i])` over the kept keys, `lse[i] = log sum_j exp(s[i, j])`; a
 row with no kept key outputs 0 and has `lse = -inf`, never NaN, and so does a row whose largest
-kept score lies below the exponent's fp32 range (`max < -OUT_OF_RANGE`, about -2.36e38: an
-additive bias of `finfo(float32).min` on every key, say). Scores above +OUT_OF_RANGE are out of
-the kernels' range (their exponentials overflow: NaN). The forward is the online
+kept score lies below `attn.SOFTMAX_FLOOR` (-2^30: a whole row masked by a large finite
+negative, -1e10 or `finfo(float32).min`). The forward is the online
 softmax (a running row max and row sum carried across key blocks); the backward recomputes
 the probabilities from the stored log-sum-exp and forms `dS = P * (dP - delta)` with
 `delta = rowsum(dO * O)`.
@@ -21,13 +20,11 @@ from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def
 from xdsl.traits import Pure
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.attn import EXPONENT_RANGE, ProbsType, ScoresType
+from attnfuse.dialects.attn import SOFTMAX_FLOOR, ProbsType, ScoresType
 from attnfuse.dialects.interfaces import Normalizer
 from attnfuse.dsl.blocks import Block
 
 
-OUT_OF_RANGE = EXPONENT_RANGE
-"""A row whose largest kept score is below -OUT_OF_RANGE has no weight (`attn.EXPONENT_RANGE`)."""
 
 
 @dataclass(frozen=True)
@@ -71,11 +68,12 @@ class SoftmaxSemantics(Normalizer):
         scores = scores.masked_fill(~keep, float("-inf"))
         # Rows with no kept key output 0 and have lse -inf by definition, as do rows whose
         # every kept score is -inf (a bias of -inf drops a key like a mask) and rows whose
-        # largest score is finite but below the exponent's range (`OUT_OF_RANGE`). Their
+        # largest score is finite but below `SOFTMAX_FLOOR` (compared in float64: in a 16-bit
+        # dtype a score beyond its range is already -inf). Their
         # scores are replaced by 0 before the softmax so that neither exp(-inf - -inf) nor its
         # gradient is NaN. NaN and +inf scores are not special: they propagate as in any softmax.
         row_max = scores.detach().amax(dim=-1) if scores.shape[-1] else scores.new_full(scores.shape[:-1], float("-inf"))
-        empty = row_max < -OUT_OF_RANGE
+        empty = torch.isneginf(row_max) | (row_max.double() < SOFTMAX_FLOOR)
         scores = scores.masked_fill(empty[..., None], 0.0)
         lse = torch.logsumexp(scores, dim=-1)
         weighted = keep & ~empty[..., None]

@@ -429,11 +429,15 @@ MAX_SCORE_SCALE = 3.4028234663852886e38 / 1.4426950408889634
 """The largest score scale: scale * log2(e), the exponent's multiplier, must be a finite
 fp32 number."""
 
-EXPONENT_RANGE = 2.3586574359122396e38
-"""The largest fp32 score whose product with log2(e) in fp32 is finite: the kernels take the
-softmax's exponentials in base 2, so a row whose largest score is below -EXPONENT_RANGE (an
-additive bias of finfo(float32).min on every key) has no weight (docs/semantics.md,
-"Additive bias")."""
+SOFTMAX_FLOOR = -(2.0**30)
+"""A softmax row whose largest score is below this has no weight: it outputs 0 with lse -inf,
+as a row with no kept key (docs/semantics.md, "Additive bias"). The kernels take the
+exponentials in base 2 as one fused multiply-add, exp2(s * log2(e) - max * log2(e)), whose
+fp32 rounding of `max * log2(e)` grows with |max|: past 2^31 or so it exceeds the exponent's
+range (exp2 of it is inf or 0, NaN after the normalization). Below the floor, so for whole rows
+masked by a large finite negative (-1e10, finfo(float32).min), they shift by the floor instead
+and every weight underflows to 0; at and above it the shift's rounding is common to the row and
+cancels in the normalization."""
 
 
 @irdl_op_definition

@@ -39,7 +39,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.utils.target import Target
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.attn import EXPONENT_RANGE as OUT_OF_RANGE
+from attnfuse.dialects.attn import SOFTMAX_FLOOR
 from attnfuse.errors import AttnFuseError
 
 LOG2E = 1.4426950408889634
@@ -1281,23 +1281,19 @@ class KernelEmitter:
         self.emit(f"{new_max} = tl.maximum({row_max}, {block_max})")
         probs = self.fresh_result(op.probs)
         alpha = self.fresh_result(op.alpha)
-        # A row whose largest score is below the exponent's fp32 range (an additive bias of
-        # finfo.min on every key, say) has no weight, as a row with no kept key
-        # (docs/semantics.md, "Additive bias"): every exp2(s * factor - max) must be 0 there,
-        # never exp2(+inf).
+        # The row max is clamped at the softmax's floor (`attn.SOFTMAX_FLOOR`, in the row max's
+        # units): a row with no kept key yet (max -inf), or whose largest score is below the
+        # floor (a whole row masked by -1e10 or finfo.min), shifts by the floor and every
+        # exp2(s * factor - shift) is 0 (no weight), never exp2 of a rounding error beyond the
+        # exponent's range (inf, then NaN). NaN propagates. (One op, the select it replaced.)
+        floor = SOFTMAX_FLOOR * LOG2E if self.BASE2_ROW_MAX else SOFTMAX_FLOOR
+        self.emit(f"# A row with no kept key yet (max -inf), or whose largest score is below {SOFTMAX_FLOOR!r}, is")
+        self.emit("# shifted by that floor: its weights are exp2(-inf or far below) = 0, not NaN.")
+        self.emit(f"{safe} = tl.maximum({new_max}, {floor!r}, propagate_nan=tl.PropagateNan.ALL)")
         if self.BASE2_ROW_MAX:
-            # Its base-2 max overflows to -inf: taken, as an empty row's, for "no key yet".
-            self.emit("# A row with no kept key yet has max -inf: subtract 0 so exp2 gives 0, not NaN.")
-            self.emit(f"{safe} = tl.where({new_max} == float(\"-inf\"), 0.0, {new_max})")
             self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {safe}[:, None])")
             self.emit(f"{alpha} = tl.math.exp2({row_max} - {safe})")
         else:
-            # The max is clamped at -OUT_OF_RANGE (fp32's largest / log2(e)), whose base-2 form
-            # is finite: an empty row's -inf scores and a row below the range give exp2 of
-            # -inf, so 0, not NaN (NaN propagates).
-            self.emit(f"# Clamped at -{OUT_OF_RANGE!r}: a row with no kept key yet (max -inf), or whose scores are")
-            self.emit("# below the exponent's fp32 range, gets exp2(-inf) = 0, not NaN.")
-            self.emit(f"{safe} = tl.maximum({new_max}, -{OUT_OF_RANGE!r}, propagate_nan=tl.PropagateNan.ALL)")
             # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
             self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - ({safe} * {LOG2E})[:, None])")
             self.emit(f"{alpha} = tl.math.exp2(({row_max} - {safe}) * {LOG2E})")

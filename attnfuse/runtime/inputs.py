@@ -55,22 +55,27 @@ def check_tensor(name: str, t: object, dtypes: Collection[torch.dtype] = tuple(S
         raise ArgumentError(f"{name} has dtype {t.dtype}; supported: {supported}")
 
 
+REFERENCE_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
+"""The inputs' dtypes `af.reference_attention` takes: the kernels', and float64."""
+
+
 def check_inputs(
     source: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, paged_keys: int | None = None,
-    dtypes: Collection[torch.dtype] = tuple(SUPPORTED_DTYPES),
+    kernels: bool = True,
 ) -> Problem:
     """Validates q, k, v against each other and the variant (a spec, attn IR or a
     `VariantProgram`); returns the call's shape facts. With `paged_keys`, k and v are page
     pools (`[num_pages, Hkv, page_size, D]`, any number of pages) holding up to that many
-    keys per sequence, the problem's key length (`kv_cache.check_cache_arguments`). `dtypes`:
-    those the caller takes (the kernels' by default; the reference takes float64 too)."""
+    keys per sequence, the problem's key length (`kv_cache.check_cache_arguments`). Without
+    `kernels` (the reference's checks), what only the kernels need is not asked: float64 is
+    taken, any device and any head dim."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, dtypes)
+        check_tensor(name, t, tuple(SUPPORTED_DTYPES) if kernels else REFERENCE_DTYPES)
     if not (q.dtype == k.dtype == v.dtype):
         raise ArgumentError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ArgumentError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type not in ("cuda", "cpu"):
+    if kernels and q.device.type not in ("cuda", "cpu"):
         raise ArgumentError(
             f"q, k, v are on {q.device}; AttnFuse runs on cuda (or on the cpu through Triton's "
             "interpreter)"
@@ -93,7 +98,7 @@ def check_inputs(
         raise ArgumentError(f"query heads ({h_q}) must be a multiple of key/value heads ({h_kv})")
     d_v = v.shape[3]
     for name, dim in (("q/k head dim", d), ("v head dim", d_v)):
-        if not 1 <= dim <= MAX_HEAD_DIM:
+        if dim < 1 or (kernels and dim > MAX_HEAD_DIM):
             raise ArgumentError(f"{name} must be in [1, {MAX_HEAD_DIM}], got {dim}")
     from attnfuse.runtime.program import as_program
 

@@ -28,7 +28,7 @@ from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier, n
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.call_data import positions_view
 from attnfuse.runtime.config import KEY_POSITIONS_WITH_GIVEN_KEY, check_placement_request
-from attnfuse.runtime.inputs import check_inputs, check_tensor
+from attnfuse.runtime.inputs import REFERENCE_DTYPES, check_inputs, check_tensor
 from attnfuse.runtime.program import DATA_KEYWORDS, as_program
 from attnfuse.transforms.place_rope import give_key_rotation, key_rotation
 
@@ -301,17 +301,13 @@ def reference_attention(
     return out
 
 
-REFERENCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-"""The inputs' dtypes the reference takes: the kernels', and float64."""
-
-
 def _check_call(program: Any, explicit: tuple[bool, bool], q: object, k: object, v: object,
                 data: dict[str, Any], positions: tuple[object, object]) -> None:
     """A compiled call's checks of q, k, v, their positions and call-time data against each
     other and the program (an `ArgumentError` naming what is wrong), before any of them is
     read: the shapes, dtypes (float64 too) and devices as given; an attn program's declared
     positions passed exactly; each data tensor as the op that reads it binds it."""
-    problem = check_inputs(program, q, k, v, dtypes=REFERENCE_DTYPES)  # type: ignore[arg-type]
+    problem = check_inputs(program, q, k, v, kernels=False)  # type: ignore[arg-type]
     canonical = program.canonical(explicit)
     for index, (name, given, length) in enumerate(zip(("q_positions", "k_positions"), positions,
                                                       (problem.seq_q, problem.seq_k))):
@@ -322,10 +318,11 @@ def _check_call(program: Any, explicit: tuple[bool, bool], q: object, k: object,
     for name, block in DATA_KEYWORDS.items():
         if data.get(name) is not None and name not in canonical.arguments:
             raise ArgumentError(f"{name}= given, but {program!r} has no {block}")
-    # float64 data is the reference's own (the kernels take up to float32): checked as a float32
-    # tensor of its shape and device would be (a broadcast stand-in, no copy).
-    data = {name: torch.empty((), dtype=torch.float32, device=t.device).expand(t.shape)
-            if isinstance(t, torch.Tensor) and t.dtype == torch.float64 else t for name, t in data.items()}
+    # The reference moves data to its own device and dtype: each tensor is checked as one of its
+    # shape on q's device would be (float64 as float32; a broadcast stand-in, no copy).
+    data = {name: torch.empty((), dtype=torch.float32 if t.dtype == torch.float64 else t.dtype,
+                              device=problem.device).expand(t.shape)
+            if isinstance(t, torch.Tensor) else t for name, t in data.items()}
     for binding in canonical.bindings:
         if binding.use.argument is not None:
             binding.bind(problem, data)

@@ -200,6 +200,10 @@ def _block_module_paths(argv: Sequence[str]) -> list[str]:
     return paths
 
 
+class BlockModuleError(AttnFuseError):
+    """A `--block-module` file that does not load."""
+
+
 def load_block_module(path: str) -> ModuleType:
     """Imports the block module at `path` (under its file's stem) and registers it
     (`attnfuse.blocks.register_block_module`); an `AttnFuseError` naming the file if it cannot."""
@@ -208,14 +212,14 @@ def load_block_module(path: str) -> ModuleType:
     file = Path(path)
     spec = importlib.util.spec_from_file_location(file.stem, file)
     if spec is None or spec.loader is None or not file.is_file():
-        raise AttnFuseError(f"--block-module {path}: not a Python file")
+        raise BlockModuleError(f"--block-module {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[file.stem] = module  # dataclasses and pickling look their module up by name
     try:
         spec.loader.exec_module(module)
     except Exception as err:  # noqa: BLE001 - a user's module: one line, never a traceback
         sys.modules.pop(file.stem, None)
-        raise AttnFuseError(f"--block-module {path}: {type(err).__name__}: {_first_line(err)}") from err
+        raise BlockModuleError(f"--block-module {path}: {type(err).__name__}: {_first_line(err)}") from err
     register_block_module(module)
     return module
 
@@ -286,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tool = AttnFuseOptMain(args=argv)
     except SystemExit as exit_:  # argparse already printed its usage message
         return int(exit_.code or 0)
-    except AttnFuseError as err:  # a --block-module that does not load
+    except BlockModuleError as err:
         print(f"attnfuse-opt: error: {_first_line(err)}", file=sys.stderr)
         return 1
     except (ArgSpecParseError, ValueError, PassFailedException) as err:

@@ -15,9 +15,10 @@ the schedule's sizes: `num_warps = 4 * consumers` (one warpgroup of 64 query row
 partition, so `block_m = 16 * num_warps`), `block_n` keys per step, `num_stages` buffers per
 operand, `producer_warps`, `consumer_registers`, and with `persistent` the kernel's
 `persistent = 1` (a grid of one program per SM walking the tiles).
-A kernel of another shape (a rotation in the kernel, block lists, a document filter, backward
-and decode kernels) is left as it is, for the portable schedule (the fused backward has its
-own pattern, `WarpSpecializeBackward`).
+A block-sparse or document kernel (key loops over block lists, `tile.sparse_kv_loop`) keeps the
+tiles it was lowered with, which its lists name (`listed_schedule`). A kernel of another shape
+(a rotation in the kernel, backward and decode kernels) is left as it is, for the portable
+schedule (the fused backward has its own pattern, `WarpSpecializeBackward`).
 
 The shape analysis, `flash_kernel`, lives in `dialects/flash_shape.py`: the Gluon target
 (`lowering/gluon.py`) reads a scheduled kernel's parts through it too.

@@ -1,11 +1,11 @@
 """The softmax at the edges of fp32's range, through the real kernels (the portable target on
 Triton's interpreter) against an independent float64 computation written here.
 
-The kernels take exponentials in base 2 (`exp2(s * log2(e) - max * log2(e))`), so a row whose
-largest score is below -(fp32's largest / log2(e)) (about -2.36e38) has no weight: it outputs
-0 and has lse -inf, as a row with no kept key (docs/semantics.md, "Softmax"). Such rows come
-from additive masks of `torch.finfo(torch.float32).min` (Hugging Face's) over a whole row; a
-row with some keys so masked and others not is an ordinary row. Never NaN.
+A row whose largest score is below `attn.SOFTMAX_FLOOR` (-2^30) has no weight: it outputs 0
+and has lse -inf, as a row with no kept key (docs/semantics.md, "Additive bias"). Such rows
+come from additive masks of a large finite negative (-1e10, or Hugging Face's
+`torch.finfo(torch.float32).min`) over a whole row; a row with some keys so masked and others
+not is an ordinary row, and so is a row of scores all near -1e9 (above the floor). Never NaN.
 """
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ import pytest
 import torch
 
 import attnfuse as af
-from attnfuse.blocks.softmax import OUT_OF_RANGE
+from attnfuse.dialects.attn import SOFTMAX_FLOOR
 
 FMIN = torch.finfo(torch.float32).min
 
 
 def softmax_rows(q, k, v, bias):
-    """float64 softmax attention (scale 1/sqrt(D), the bias added to the scores), with rows
-    whose largest score is below `-OUT_OF_RANGE` given no weight, and the lse."""
-    s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias.double()
+    """float64 softmax attention of float32 scores (scale 1/sqrt(D), the bias added in float32,
+    as the semantics say), with rows whose largest score is below `SOFTMAX_FLOOR` given no
+    weight, and the lse."""
+    s = ((q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])).float() + bias.float()).double()
     top = s.amax(-1, keepdim=True)
-    gone = top < -OUT_OF_RANGE
+    gone = top < SOFTMAX_FLOOR
     p = torch.softmax(torch.where(gone, torch.zeros_like(s), s), -1).masked_fill(gone, 0.0)
     lse = torch.logsumexp(torch.where(gone, torch.zeros_like(s), s), -1).masked_fill(gone[..., 0], float("-inf"))
     return p @ v.double(), lse
@@ -38,15 +39,15 @@ def qkv(nq, nk, d=16, seed=0, grad=False):
 
 
 def range_bias(nq, nk):
-    """Row 0: every key finfo.min (out of range); row 1: every key -2.5e38 (out of range);
-    row 2: half the keys finfo.min (an ordinary row); row 3: every key -1e30 (in range,
-    uniform weights); row 4: every key -2.3e38 (just in range: uniform); the rest 0."""
+    """Row 0: every key finfo.min (below the floor); row 1: every key -1e10 (below); row 2: half
+    the keys finfo.min (an ordinary row); row 3: every key -1e30 (below); row 4: every key -1e9
+    (above the floor: uniform weights, the scores' differences lost in float32); the rest 0."""
     bias = torch.zeros(1, 1, nq, nk)
     bias[..., 0, :] = FMIN
-    bias[..., 1, :] = -2.5e38
+    bias[..., 1, :] = -1e10
     bias[..., 2, : nk // 2] = FMIN
     bias[..., 3, :] = -1e30
-    bias[..., 4, :] = -2.3e38
+    bias[..., 4, :] = -1e9
     return bias
 
 
@@ -60,9 +61,8 @@ def test_out_of_range_rows_have_no_weight_and_no_nan(nq, nk):
     want, want_lse = softmax_rows(q, k, v, bias)
     assert not out.isnan().any() and not lse.isnan().any()
     torch.testing.assert_close(out.double(), want, atol=1e-4, rtol=1e-4)
-    assert (out[..., (0, 1), :] == 0).all() and torch.isneginf(lse[..., (0, 1)]).all()
-    for row in (3, 4):
-        torch.testing.assert_close(out[..., row, :].double(), v.double().mean(-2), atol=1e-5, rtol=1e-5)
+    assert (out[..., (0, 1, 3), :] == 0).all() and torch.isneginf(lse[..., (0, 1, 3)]).all()
+    torch.testing.assert_close(out[..., 4, :].double(), v.double().mean(-2), atol=1e-5, rtol=1e-5)
     finite = torch.isfinite(want_lse)
     torch.testing.assert_close(lse.double()[finite], want_lse[finite], rtol=1e-6, atol=1e-3)
 
@@ -71,10 +71,11 @@ def test_out_of_range_rows_have_zero_gradients():
     """The backward through the kernels: no NaN, out-of-range rows contribute nothing, the rest
     as autograd through the float64 softmax (bias gradient included)."""
     q, k, v = qkv(40, 72, grad=True)
-    # Rows 0-2 of `range_bias`: rows far from 0 but in range (3, 4) are left out, since the
-    # backward recomputes p = exp(s - lse) from an fp32 lse, which there has lost ln(sum).
+    # Rows 0-3 of `range_bias`: row 4 (scores near -1e9, above the floor) is left out, since the
+    # backward recomputes p = exp(s - lse) from an fp32 lse, which there has lost ln(sum)
+    # (docs/semantics.md, "Additive bias").
     bias = range_bias(40, 72)
-    bias[..., 3:5, :] = 0.0
+    bias[..., 4, :] = 0.0
     bias.requires_grad_()
     grad = torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(5))
     af.compile(af.attention(af.additive_bias()))(q, k, v, bias=bias).backward(grad)
@@ -83,7 +84,7 @@ def test_out_of_range_rows_have_zero_gradients():
     for got, want in zip((q.grad, k.grad, v.grad, bias.grad), leaves):
         assert not got.isnan().any()
         torch.testing.assert_close(got.double(), want.grad, atol=1e-4, rtol=1e-4)
-    assert (q.grad[..., (0, 1), :] == 0).all()
+    assert (q.grad[..., (0, 1, 3), :] == 0).all()
 
 
 def test_decode_rows_out_of_range_have_no_weight():
@@ -101,12 +102,27 @@ def test_decode_rows_out_of_range_have_no_weight():
     torch.testing.assert_close(out[1].double(), softmax_rows(q[1:], k[1:], v[1:], bias[1:])[0][0], atol=1e-4, rtol=1e-4)
 
 
-def test_reference_weighs_rows_far_from_zero_uniformly():
-    """`af.reference_attention` on a row whose every score is -1e17 (in range, far from 0):
-    uniform weights, where exp(s - lse) would give every key weight 1."""
-    q, k, v = (t.double() for t in qkv(3, 8))
-    bias = torch.zeros(1, 1, 3, 8, dtype=torch.float64)
+def test_reference_in_16_bits_drops_rows_of_minus_inf():
+    """In a 16-bit dtype a score below the floor is already -inf: such rows are empty (0), not
+    the NaN of a softmax over -inf."""
+    q, k, v = qkv(3, 8)
+    bias = torch.zeros(1, 1, 3, 8)
+    bias[..., 0, :] = float("-inf")
+    bias[..., 1, :] = FMIN
+    out = af.reference_attention(af.attention(af.additive_bias()), q, k, v, bias=bias, dtype=torch.float16)
+    assert not out.isnan().any() and (out[..., :2, :] == 0).all()
+
+
+def test_reference_rows_below_the_floor_have_no_weight():
+    """`af.reference_attention` (float64) on rows of -1e17 and -1e10 everywhere (below the floor:
+    0, as the kernels give them) beside a row of -1e8 (above: its softmax, where exp(s - lse)
+    would have weighed every key 1 had the row been far enough from 0 to lose ln(sum))."""
+    q, k, v = (t.double() for t in qkv(4, 8))
+    bias = torch.zeros(1, 1, 4, 8, dtype=torch.float64)
     bias[..., 1, :] = -1e17
-    out = af.reference_attention(af.attention(af.additive_bias()), q, k, v, bias=bias)
-    torch.testing.assert_close(out[..., 1, :], v.mean(-2))
-    torch.testing.assert_close(out, softmax_rows(q, k, v, bias)[0])
+    bias[..., 2, :] = -1e10
+    bias[..., 3, :] = -1e8
+    out, lse = af.reference_attention(af.attention(af.additive_bias()), q, k, v, bias=bias, return_lse=True)
+    assert (out[..., 1:3, :] == 0).all() and torch.isneginf(lse[..., 1:3]).all()
+    s = q @ k.transpose(-1, -2) / 4 + bias
+    torch.testing.assert_close(out[..., 3, :], (torch.softmax(s, -1) @ v)[..., 3, :])

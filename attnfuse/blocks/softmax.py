@@ -2,8 +2,8 @@
 
 `p[i, j] = exp(s[i, j] - lse[i])` over the kept keys, `lse[i] = log sum_j exp(s[i, j])`; a
 row with no kept key outputs 0 and has `lse = -inf`, never NaN, and so does a row whose largest
-kept score lies below `attn.SOFTMAX_FLOOR` (-2^30: a whole row masked by a large finite
-negative, -1e10 or `finfo(float32).min`). The forward is the online
+kept score lies below `attn.SOFTMAX_FLOOR` (-2^23: a whole row masked by a large finite
+negative, -1e9 or `finfo(float32).min`). The forward is the online
 softmax (a running row max and row sum carried across key blocks); the backward recomputes
 the probabilities from the stored log-sum-exp and forms `dS = P * (dP - delta)` with
 `delta = rowsum(dO * O)`.

@@ -429,15 +429,17 @@ MAX_SCORE_SCALE = 3.4028234663852886e38 / 1.4426950408889634
 """The largest score scale: scale * log2(e), the exponent's multiplier, must be a finite
 fp32 number."""
 
-SOFTMAX_FLOOR = -(2.0**30)
+SOFTMAX_FLOOR = -(2.0**23)
 """A softmax row whose largest score is below this has no weight: it outputs 0 with lse -inf,
 as a row with no kept key (docs/semantics.md, "Additive bias"). The kernels take the
-exponentials in base 2 as one fused multiply-add, exp2(s * log2(e) - max * log2(e)), whose
-fp32 rounding of `max * log2(e)` grows with |max|: past 2^31 or so it exceeds the exponent's
-range (exp2 of it is inf or 0, NaN after the normalization). Below the floor, so for whole rows
-masked by a large finite negative (-1e10, finfo(float32).min), they shift by the floor instead
-and every weight underflows to 0; at and above it the shift's rounding is common to the row and
-cancels in the normalization."""
+exponentials in base 2 as one fused multiply-add, exp2(s * log2(e) - max * log2(e)), and the
+fp32 rounding of `max * log2(e)` grows with |max|: the weight of the row's largest score is
+exp2 of that rounding, which must stay near 1 (the weights are carried in the inputs' 16-bit
+type for the P @ V product: fp16 holds 2^15 at most; past 2^31 even fp32 overflows). Below
+the floor, so for whole rows masked by a large finite negative (-1e9, finfo(float32).min),
+they shift by the floor instead and every weight underflows to 0; at and above it the
+rounding is under 1/2 (|max| * log2(e) < 2^24), common to the row, and cancels in the
+normalization."""
 
 
 @irdl_op_definition

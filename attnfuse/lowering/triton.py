@@ -1283,7 +1283,7 @@ class KernelEmitter:
         alpha = self.fresh_result(op.alpha)
         # The row max is clamped at the softmax's floor (`attn.SOFTMAX_FLOOR`, in the row max's
         # units): a row with no kept key yet (max -inf), or whose largest score is below the
-        # floor (a whole row masked by -1e10 or finfo.min), shifts by the floor and every
+        # floor (a whole row masked by -1e9 or finfo.min), shifts by the floor and every
         # exp2(s * factor - shift) is 0 (no weight), never exp2 of a rounding error beyond the
         # exponent's range (inf, then NaN). NaN propagates. (One op, the select it replaced.)
         floor = SOFTMAX_FLOOR * LOG2E if self.BASE2_ROW_MAX else SOFTMAX_FLOOR

@@ -481,3 +481,33 @@ def test_gluon_broadcast_bias(shape, monkeypatch):
         launch = forward_launch(fn, q, k, v)
         assert isinstance(launch, GluonLaunch) and launch.launch.persistent == (persistent == "1")
         assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, {"bias": bias})
+
+
+@pytest.mark.parametrize("target", ["gluon", "triton"])
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+def test_rows_below_the_softmax_floor_have_no_weight(target, d, dtype, monkeypatch):
+    """Whole rows masked by finite negatives (finfo.min, -1e9, -1e30: below the floor, -2^23)
+    output 0 with lse -inf on both targets, a row of -1e4 everywhere (above, far from 0) is its
+    softmax, a half-masked row is ordinary: never NaN (the weight is one FMA, whose rounding of
+    max * log2(e) past 2^24 took the largest weight beyond fp16's range before the floor)."""
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", target)
+    spec = af.attention(af.additive_bias(), af.causal())
+    q, k, v = inputs(1, 4, 4, 256, 256, d, dtype, seed=51)
+    bias = torch.zeros(1, 4, 256, 256)
+    for row, value in ((200, torch.finfo(torch.float32).min), (201, -1e9), (202, -1e30), (203, -1e4)):
+        bias[..., row, :] = value
+    bias[..., 204, :100] = torch.finfo(torch.float32).min
+    fn = af.compile(spec)
+    assert isinstance(forward_launch(fn, q, k, v), GluonLaunch) == (target == "gluon")
+    with torch.no_grad():
+        out, lse = fn(q, k, v, bias=bias.cuda(), return_lse=True)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (out[..., 200:203, :] == 0).all() and torch.isneginf(lse[..., 200:203]).all()
+    # Row 203 against the softmax of its float32 scores (the bias is added in float32, where
+    # -1e4 keeps the product's differences to 1e-3).
+    scores = (q[..., 203:204, :].float() @ k.float().transpose(-1, -2) / d**0.5 - 1e4)[..., :204]
+    want = torch.softmax(scores.double(), -1) @ v[..., :204, :].double()
+    torch.testing.assert_close(out[..., 203:204, :].double(), want, atol=2e-2, rtol=2e-2)
+    rows = [r for r in range(256) if r not in (200, 201, 202, 203)]
+    expected = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), bias=bias)
+    assert_close_to_reference(out[..., rows, :].cpu(), expected[..., rows, :], dtype)

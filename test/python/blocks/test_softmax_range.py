@@ -1,11 +1,11 @@
 """The softmax at the edges of fp32's range, through the real kernels (the portable target on
 Triton's interpreter) against an independent float64 computation written here.
 
-A row whose largest score is below `attn.SOFTMAX_FLOOR` (-2^30) has no weight: it outputs 0
+A row whose largest score is below `attn.SOFTMAX_FLOOR` (-2^23) has no weight: it outputs 0
 and has lse -inf, as a row with no kept key (docs/semantics.md, "Additive bias"). Such rows
-come from additive masks of a large finite negative (-1e10, or Hugging Face's
+come from additive masks of a large finite negative (-1e9, or Hugging Face's
 `torch.finfo(torch.float32).min`) over a whole row; a row with some keys so masked and others
-not is an ordinary row, and so is a row of scores all near -1e9 (above the floor). Never NaN.
+not is an ordinary row, and so is a row of scores all near -1e4 (above the floor). Never NaN.
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ def qkv(nq, nk, d=16, seed=0, grad=False):
 
 
 def range_bias(nq, nk):
-    """Row 0: every key finfo.min (below the floor); row 1: every key -1e10 (below); row 2: half
-    the keys finfo.min (an ordinary row); row 3: every key -1e30 (below); row 4: every key -1e9
-    (above the floor: uniform weights, the scores' differences lost in float32); the rest 0."""
+    """Row 0: every key finfo.min (below the floor); row 1: every key -1e9 (below); row 2: half
+    the keys finfo.min (an ordinary row); row 3: every key -1e30 (below); row 4: every key -1e4
+    (above the floor, far from 0); the rest 0."""
     bias = torch.zeros(1, 1, nq, nk)
     bias[..., 0, :] = FMIN
-    bias[..., 1, :] = -1e10
+    bias[..., 1, :] = -1e9
     bias[..., 2, : nk // 2] = FMIN
     bias[..., 3, :] = -1e30
-    bias[..., 4, :] = -1e9
+    bias[..., 4, :] = -1e4
     return bias
 
 
@@ -60,9 +60,9 @@ def test_out_of_range_rows_have_no_weight_and_no_nan(nq, nk):
     out, lse = af.compile(af.attention(af.additive_bias()))(q, k, v, bias=bias, return_lse=True)
     want, want_lse = softmax_rows(q, k, v, bias)
     assert not out.isnan().any() and not lse.isnan().any()
-    torch.testing.assert_close(out.double(), want, atol=1e-4, rtol=1e-4)
+    # Row 4's weights carry the rounding of s * log2(e) near 1.4e4 on the interpreter (no FMA).
+    torch.testing.assert_close(out.double(), want, atol=1e-3, rtol=1e-3)
     assert (out[..., (0, 1, 3), :] == 0).all() and torch.isneginf(lse[..., (0, 1, 3)]).all()
-    torch.testing.assert_close(out[..., 4, :].double(), v.double().mean(-2), atol=1e-5, rtol=1e-5)
     finite = torch.isfinite(want_lse)
     torch.testing.assert_close(lse.double()[finite], want_lse[finite], rtol=1e-6, atol=1e-3)
 
@@ -71,7 +71,7 @@ def test_out_of_range_rows_have_zero_gradients():
     """The backward through the kernels: no NaN, out-of-range rows contribute nothing, the rest
     as autograd through the float64 softmax (bias gradient included)."""
     q, k, v = qkv(40, 72, grad=True)
-    # Rows 0-3 of `range_bias`: row 4 (scores near -1e9, above the floor) is left out, since the
+    # Rows 0-3 of `range_bias`: row 4 (scores near -1e4, above the floor) is left out, since the
     # backward recomputes p = exp(s - lse) from an fp32 lse, which there has lost ln(sum)
     # (docs/semantics.md, "Additive bias").
     bias = range_bias(40, 72)
@@ -115,13 +115,12 @@ def test_reference_in_16_bits_drops_rows_of_minus_inf():
 
 def test_reference_rows_below_the_floor_have_no_weight():
     """`af.reference_attention` (float64) on rows of -1e17 and -1e10 everywhere (below the floor:
-    0, as the kernels give them) beside a row of -1e8 (above: its softmax, where exp(s - lse)
-    would have weighed every key 1 had the row been far enough from 0 to lose ln(sum))."""
+    0, as the kernels give them) beside a row of -1e6 (above: its softmax)."""
     q, k, v = (t.double() for t in qkv(4, 8))
     bias = torch.zeros(1, 1, 4, 8, dtype=torch.float64)
     bias[..., 1, :] = -1e17
     bias[..., 2, :] = -1e10
-    bias[..., 3, :] = -1e8
+    bias[..., 3, :] = -1e6
     out, lse = af.reference_attention(af.attention(af.additive_bias()), q, k, v, bias=bias, return_lse=True)
     assert (out[..., 1:3, :] == 0).all() and torch.isneginf(lse[..., 1:3]).all()
     s = q @ k.transpose(-1, -2) / 4 + bias

@@ -428,7 +428,12 @@ class _TorchLanguage:
         return torch.where(torch.as_tensor(cond), torch.as_tensor(a, dtype=torch.float64),
                            torch.as_tensor(b, dtype=torch.float64))
 
-    maximum = staticmethod(torch.maximum)
+    class PropagateNan:  # noqa: D106 - triton.language's enum (torch.maximum propagates NaN)
+        ALL = "all"
+
+    @staticmethod
+    def maximum(a, b, propagate_nan=None):
+        return torch.maximum(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64))
 
     @staticmethod
     def max(x, axis):

@@ -2,8 +2,8 @@
 
 `p[i, j] = exp(s[i, j] - lse[i])` over the kept keys, `lse[i] = log sum_j exp(s[i, j])`; a
 row with no kept key outputs 0 and has `lse = -inf`, never NaN, and so does a row whose largest
-kept score lies below `attn.SOFTMAX_FLOOR` (-2^23: a whole row masked by a large finite
-negative, -1e9 or `finfo(float32).min`). The forward is the online
+kept score lies more than `attn.SOFTMAX_UNDERFLOW` (87.3) below `attn.SOFTMAX_FLOOR` (-2^23: a
+whole row masked by a large finite negative, -1e9 or `finfo(float32).min`). The forward is the online
 softmax (a running row max and row sum carried across key blocks); the backward recomputes
 the probabilities from the stored log-sum-exp and forms `dS = P * (dP - delta)` with
 `delta = rowsum(dO * O)`.
@@ -20,7 +20,7 @@ from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def
 from xdsl.traits import Pure
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.attn import SOFTMAX_FLOOR, ProbsType, ScoresType
+from attnfuse.dialects.attn import SOFTMAX_FLOOR, SOFTMAX_UNDERFLOW, ProbsType, ScoresType
 from attnfuse.dialects.interfaces import Normalizer
 from attnfuse.dsl.blocks import Block
 
@@ -68,12 +68,12 @@ class SoftmaxSemantics(Normalizer):
         scores = scores.masked_fill(~keep, float("-inf"))
         # Rows with no kept key output 0 and have lse -inf by definition, as do rows whose
         # every kept score is -inf (a bias of -inf drops a key like a mask) and rows whose
-        # largest score is finite but below `SOFTMAX_FLOOR` (compared in float64: in a 16-bit
-        # dtype a score beyond its range is already -inf). Their
+        # largest score is finite but far below `SOFTMAX_FLOOR` (`SOFTMAX_UNDERFLOW` below it;
+        # compared in float64: in a 16-bit dtype such a score is already -inf). Their
         # scores are replaced by 0 before the softmax so that neither exp(-inf - -inf) nor its
         # gradient is NaN. NaN and +inf scores are not special: they propagate as in any softmax.
         row_max = scores.detach().amax(dim=-1) if scores.shape[-1] else scores.new_full(scores.shape[:-1], float("-inf"))
-        empty = torch.isneginf(row_max) | (row_max.double() < SOFTMAX_FLOOR)
+        empty = torch.isneginf(row_max) | (row_max.double() < SOFTMAX_FLOOR - SOFTMAX_UNDERFLOW)
         scores = scores.masked_fill(empty[..., None], 0.0)
         lse = torch.logsumexp(scores, dim=-1)
         weighted = keep & ~empty[..., None]

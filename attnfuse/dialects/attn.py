@@ -430,16 +430,21 @@ MAX_SCORE_SCALE = 3.4028234663852886e38 / 1.4426950408889634
 fp32 number."""
 
 SOFTMAX_FLOOR = -(2.0**23)
-"""A softmax row whose largest score is below this has no weight: it outputs 0 with lse -inf,
-as a row with no kept key (docs/semantics.md, "Additive bias"). The kernels take the
-exponentials in base 2 as one fused multiply-add, exp2(s * log2(e) - max * log2(e)), and the
-fp32 rounding of `max * log2(e)` grows with |max|: the weight of the row's largest score is
-exp2 of that rounding, which must stay near 1 (the weights are carried in the inputs' 16-bit
-type for the P @ V product: fp16 holds 2^15 at most; past 2^31 even fp32 overflows). Below
-the floor, so for whole rows masked by a large finite negative (-1e9, finfo(float32).min),
-they shift by the floor instead and every weight underflows to 0; at and above it the
-rounding is under 1/2 (|max| * log2(e) < 2^24), common to the row, and cancels in the
-normalization."""
+"""Where the online softmax's row max starts (docs/semantics.md, "Additive bias"). The kernels
+take the exponentials in base 2 as one fused multiply-add, exp2(s * log2(e) - max * log2(e)),
+and the fp32 rounding of `max * log2(e)` grows with |max|: the weight of the row's largest
+score is exp2 of that rounding, which must stay near 1 (the weights are carried in the inputs'
+16-bit type for the P @ V product: fp16 holds 2^15 at most; past 2^31 even fp32 overflows).
+Starting at the floor, a row whose scores all lie far below it (a whole row masked by -1e9 or
+finfo(float32).min) is shifted by the floor and every weight underflows to 0: no weight, as a
+row with no kept key (`SOFTMAX_UNDERFLOW` below the floor and further); a row whose largest
+score is at or above the floor shifts by it exactly (the rounding is under 1/2 there,
+|max| * log2(e) < 2^24, common to the row, and cancels in the normalization)."""
+
+SOFTMAX_UNDERFLOW = 126 * 0.6931471805599453
+"""How far below `SOFTMAX_FLOOR` a row's largest score makes every weight 0: exp(-87.3) =
+2^-126, where the GPU's exp2 flushes to 0. Between the floor and this far below it a row's
+weights are tiny and may flush (a 16-bit P rounds them to 0): its output is its softmax or 0."""
 
 
 @irdl_op_definition

@@ -259,7 +259,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         normalizer)."""
         if not self.softmax:
             return []
-        return [f"{indent}row_max = gl.full([ROWS], float(\"-inf\"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
+        return [f"{indent}row_max = gl.full([ROWS], {self.softmax_floor!r}, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))  # the softmax's floor",
                 f"{indent}row_sum = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))",
                 f"{indent}alpha = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))"]
 

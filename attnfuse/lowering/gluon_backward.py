@@ -199,17 +199,15 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         mask is (under the test of the block's loop, so the full blocks of the steady state run
         none of it): in a masked loop, query rows past n_q (zero-filled; their lse rows are
         another head's) and rows with no kept key (lse = -inf, which would make exp(s - lse)
-        NaN) get lse = +inf, so their probabilities are 0. An unmasked loop's blocks are whole
-        and keep every pair, so each of their query rows has a finite score of this block in its
-        lse: nothing to guard, unless a score op (not a mask) could make every score -inf."""
+        NaN) get lse = +inf, so their probabilities are 0. In an unmasked loop every row keeps
+        this block's pairs, but a row whose scores all lie far below the softmax's floor has no
+        weight and lse = -inf too (`attn.SOFTMAX_FLOOR`): guarded the same way."""
         if loop.masked:
             return ["# Query rows past n_q (zero-filled) or with no kept key (lse = -inf) get lse = +inf:",
                     "# their probabilities are 0.",
                     "lse_log2 = gl.where(query_in_bounds & (lse_log2 != float(\"-inf\")), lse_log2, float(\"inf\"))"]
-        if any(not isinstance(op, tile.MaskOp) for op in loop.score_ops):
-            return ["# A row with no kept key (lse = -inf) gives 0.",
-                    "lse_log2 = gl.where(lse_log2 == float(\"-inf\"), float(\"inf\"), lse_log2)"]
-        return []
+        return ["# A row with no weight (lse = -inf: below the softmax's floor, or no kept key) gives 0.",
+                "lse_log2 = gl.where(lse_log2 == float(\"-inf\"), float(\"inf\"), lse_log2)"]
 
     def grads_pieces(self, loop: BackwardLoop) -> Pieces:
         """The normalizer's derivative (`tile.softmax_grad`, `tile.relu_grad`, a map) and the

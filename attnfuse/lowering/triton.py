@@ -1262,14 +1262,20 @@ class KernelEmitter:
 
     def emit_softmax_init(self, op: tile.SoftmaxInitOp) -> None:
         acc, row_max, row_sum = (self.namer.define(r) for r in op.results)
-        self.emit("# tile.softmax_init: empty accumulator, row max -inf, row sum 0")
+        self.emit(f"# tile.softmax_init: empty accumulator, row max at the softmax's floor ({SOFTMAX_FLOOR!r}), row sum 0")
         self.emit(f"{acc} = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
-        self.emit(f"{row_max} = tl.full([BLOCK_M], float(\"-inf\"), dtype=tl.float32)")
+        self.emit(f"{row_max} = tl.full([BLOCK_M], {self.softmax_floor!r}, dtype=tl.float32)")
         self.emit(f"{row_sum} = tl.zeros([BLOCK_M], dtype=tl.float32)")
+
+    @property
+    def softmax_floor(self) -> float:
+        """`attn.SOFTMAX_FLOOR` in the units of the carried row max (base 2 under
+        `BASE2_ROW_MAX`): where the online softmax's row max starts."""
+        return SOFTMAX_FLOOR * LOG2E if self.BASE2_ROW_MAX else SOFTMAX_FLOOR
 
     def emit_softmax_update(self, op: tile.SoftmaxUpdateOp) -> None:
         scores, row_max, row_sum = (self.namer[v] for v in op.operands)
-        new_max, safe = self.namer.fresh("row_max_new"), self.namer.fresh("row_max_safe")
+        new_max = self.namer.fresh("row_max_new")
         factor = self.exponent_factor(op)
         if self.BASE2_ROW_MAX:
             self.emit("# tile.softmax_update: online softmax step, the row max in base-2 units (as the exponent scales s)")
@@ -1278,25 +1284,21 @@ class KernelEmitter:
             self.emit("# tile.softmax_update: online softmax step")
             unscaled = op.unscaled_scores is not None
             block_max = f"tl.max({scores}, 1) * {scale_expression(op.scale)}" if unscaled else f"tl.max({scores}, 1)"
+        # The row max starts at the softmax's floor (`emit_softmax_init`), not -inf: it is
+        # never -inf (a row with no kept key yet needs no select), and a row whose scores all lie
+        # far below the floor (a whole row masked by -1e9 or finfo.min) shifts by it, so every
+        # weight exp2(s * factor - max) is 0, never exp2 of a rounding of max * log2(e) beyond
+        # the exponent's range (inf, then NaN). At and above the floor the weights are exact.
         self.emit(f"{new_max} = tl.maximum({row_max}, {block_max})")
         probs = self.fresh_result(op.probs)
         alpha = self.fresh_result(op.alpha)
-        # The row max is clamped at the softmax's floor (`attn.SOFTMAX_FLOOR`, in the row max's
-        # units): a row with no kept key yet (max -inf), or whose largest score is below the
-        # floor (a whole row masked by -1e9 or finfo.min), shifts by the floor and every
-        # exp2(s * factor - shift) is 0 (no weight), never exp2 of a rounding error beyond the
-        # exponent's range (inf, then NaN). NaN propagates. (One op, the select it replaced.)
-        floor = SOFTMAX_FLOOR * LOG2E if self.BASE2_ROW_MAX else SOFTMAX_FLOOR
-        self.emit(f"# A row with no kept key yet (max -inf), or whose largest score is below {SOFTMAX_FLOOR!r}, is")
-        self.emit("# shifted by that floor: its weights are exp2(-inf or far below) = 0, not NaN.")
-        self.emit(f"{safe} = tl.maximum({new_max}, {floor!r}, propagate_nan=tl.PropagateNan.ALL)")
         if self.BASE2_ROW_MAX:
-            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {safe}[:, None])")
-            self.emit(f"{alpha} = tl.math.exp2({row_max} - {safe})")
+            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {new_max}[:, None])")
+            self.emit(f"{alpha} = tl.math.exp2({row_max} - {new_max})")
         else:
             # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
-            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - ({safe} * {LOG2E})[:, None])")
-            self.emit(f"{alpha} = tl.math.exp2(({row_max} - {safe}) * {LOG2E})")
+            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - ({new_max} * {LOG2E})[:, None])")
+            self.emit(f"{alpha} = tl.math.exp2(({row_max} - {new_max}) * {LOG2E})")
         self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
         self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")
 

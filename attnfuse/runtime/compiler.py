@@ -6,6 +6,7 @@ a `VariantProgram`."""
 from __future__ import annotations
 
 import hashlib
+import marshal
 import os
 import sys
 from dataclasses import dataclass
@@ -166,23 +167,51 @@ def compiler_fingerprint() -> str:
 def foreign_fingerprint(module: ModuleOp) -> str:
     """A hash of the code of the program's ops defined outside this package (an out-of-tree
     block, registered or not: its op, its semantics and its lowering), so that an edited
-    prototype never reuses the kernels of its previous version. Code without a source file
-    (an op defined interactively) gets a mark unique to this process: its kernels are then
-    never reused by another process."""
+    prototype never reuses the kernels of its previous version. The code as loaded, not its
+    file (which may have changed since): the bytecode of the module's functions and classes'
+    methods and its plain constants (`_loaded_code`)."""
     classes: set[type] = set()
     for op in module.walk():
         classes.add(type(op))
         classes.update(type(trait) for trait in getattr(op, "traits", ()))
     digest = hashlib.sha256()
     for name in sorted({cls.__module__ for cls in classes if not cls.__module__.startswith(("attnfuse.", "xdsl."))}):
-        code = sys.modules.get(name)
-        path = getattr(code, "__file__", None)
         digest.update(name.encode())
-        try:
-            digest.update(Path(path).read_bytes() if path else f"{name}@{os.getpid()}@{id(code)}".encode())
-        except OSError:
-            digest.update(f"{name}@{os.getpid()}@{id(code)}".encode())
+        code = sys.modules.get(name)
+        digest.update(_loaded_code(code) if code is not None else f"{name}@{os.getpid()}".encode())
     return digest.hexdigest()
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _loaded_code(code: ModuleType) -> bytes:
+    """The module's code as loaded: for each of its own functions and classes (their methods,
+    static and class methods and properties), the marshalled bytecode; and its plain constants
+    (numbers, strings, tuples of them), which a lowering may read."""
+    parts: list[bytes] = []
+
+    def add_function(name: str, fn: object) -> None:
+        target = getattr(fn, "__func__", fn)
+        for attribute in ("fget", "fset"):  # a property's accessors
+            if getattr(target, attribute, None) is not None:
+                add_function(f"{name}.{attribute}", getattr(target, attribute))
+        body = getattr(target, "__code__", None)
+        if body is not None:
+            parts.append(name.encode() + marshal.dumps(body.replace(co_filename="", co_firstlineno=1)))
+
+    for name, value in sorted(vars(code).items()):
+        if isinstance(value, type) and value.__module__ == code.__name__:
+            for attribute, member in sorted(vars(value).items()):
+                add_function(f"{name}.{attribute}", member)
+                if isinstance(member, _PLAIN):
+                    parts.append(f"{name}.{attribute}={member!r}".encode())
+        elif callable(value) and getattr(value, "__module__", None) == code.__name__:
+            add_function(name, value)
+        elif isinstance(value, _PLAIN) or (isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)):
+            if not name.startswith("__"):
+                parts.append(f"{name}={value!r}".encode())
+    return b"\n".join(parts)
 
 
 def _cache_key(source: object, key: CompileKey, interpret: bool) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.util
 import re
 import sys
@@ -83,9 +84,14 @@ class AttnFuseOptMain(xDSLOptMain):
         self.modules: list[ModuleOp] = []
         # Out-of-tree block modules join the attn dialect before xDSL registers it (which it
         # does before parsing the arguments).
-        for path in _block_module_paths(args if args is not None else sys.argv[1:]):
+        loaded = _block_module_paths(args if args is not None else sys.argv[1:])
+        for path in loaded:
             load_block_module(path)
         super().__init__(description="AttnFuse modular optimizer driver", args=args)
+        if list(self.args.block_module) != loaded:
+            # argparse took an abbreviation (`--block FILE`) that the scan above did not.
+            raise BlockModuleError("--block-module must be spelled out (an abbreviation is read too late to "
+                                   "register the block)")
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
@@ -210,15 +216,18 @@ def load_block_module(path: str) -> ModuleType:
     from attnfuse.blocks import register_block_module
 
     file = Path(path)
-    spec = importlib.util.spec_from_file_location(file.stem, file)
+    # A name of its own (a block file named json.py must not replace the json module, nor two
+    # block.py files each other); dataclasses and the compile cache look it up by name.
+    name = f"attnfuse_block_module_{file.stem}_{hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None or not file.is_file():
         raise BlockModuleError(f"--block-module {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[file.stem] = module  # dataclasses and pickling look their module up by name
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as err:  # noqa: BLE001 - a user's module: one line, never a traceback
-        sys.modules.pop(file.stem, None)
+        sys.modules.pop(name, None)
         raise BlockModuleError(f"--block-module {path}: {type(err).__name__}: {_first_line(err)}") from err
     register_block_module(module)
     return module

@@ -5,13 +5,17 @@
 // writer partition's TMA reduce-adds; dK and dV leave by TMA stores.
 
 // CHECK-LABEL: def attention_bwd_dkdv_dq_probs(scores, lse_log2, start_m, n_start, bound_1, bound_2, sm_scale, n_q, n_k,
-// lse's guards run with the masks, under the masked loops' test: a full step runs none of them.
+// lse's guards run with the masks, under the masked loops' test; a full step runs its own, for
+// rows with no weight (scores all far below the softmax's floor: lse = -inf).
 // CHECK-NOT:     lse_log2 = gl.where
 // CHECK:         if (start_m < bound_1) | (start_m >= bound_2):
 // CHECK-NEXT:        # tile.mask: keep keys in q_pos + [None, 0] and inside the sequence
 // CHECK-NEXT:        keep = query_in_bounds[None, :] & row_in_bounds[:, None] & (rows[:, None] <= q_pos[None, :])
 // CHECK-NEXT:        scores = tl.where(keep, scores, float("-inf"))
 // CHECK:             lse_log2 = gl.where(query_in_bounds & (lse_log2 != float("-inf")), lse_log2, float("inf"))
+// CHECK-NEXT:    elif (start_m >= bound_1) & (start_m < bound_2):
+// CHECK-NEXT:        # A row with no weight (lse = -inf: below the softmax's floor, or no kept key) gives 0.
+// CHECK-NEXT:        lse_log2 = gl.where(lse_log2 == float("-inf"), float("inf"), lse_log2)
 // CHECK-NEXT:    # tile.recompute_probs: p = exp(s - lse)
 // CHECK-NEXT:    probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - lse_log2[None, :])
 // CHECK-NEXT:    return probs

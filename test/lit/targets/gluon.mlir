@@ -36,8 +36,8 @@
 // The row max is kept in base-2 units: no log2(e) multiply per row on the way to the exponentials.
 // CHECK-NEXT:     # tile.softmax_update: online softmax step, the row max in base-2 units
 // CHECK-NEXT:     row_max_new = tl.maximum(row_max, tl.max(scores, 1) * 1.4426950408889634)
-// CHECK:          probs = tl.math.exp2(scores * 1.4426950408889634 - row_max_safe[:, None])
-// CHECK-NEXT:     alpha = tl.math.exp2(row_max - row_max_safe)
+// CHECK:          probs = tl.math.exp2(scores * 1.4426950408889634 - row_max_new[:, None])
+// CHECK-NEXT:     alpha = tl.math.exp2(row_max - row_max_new)
 // CHECK:          return probs, alpha, row_max, row_sum
 // CHECK-NOT:  def attention_fwd_step
 

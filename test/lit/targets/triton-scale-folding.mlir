@@ -9,7 +9,7 @@
 // CHECK:           scores = tl.dot(q, tl.trans(k))
 // CHECK-NEXT:      # (the scale, 0.5, is applied where the scores meet the exponential)
 // CHECK:           row_max_new = tl.maximum(row_max, tl.max(scores, 1) * 0.5)
-// CHECK:           probs = tl.math.exp2(scores * 0.7213475204444817 - (row_max_safe * 1.4426950408889634)[:, None])
+// CHECK:           probs = tl.math.exp2(scores * 0.7213475204444817 - (row_max_new * 1.4426950408889634)[:, None])
 // CHECK-LABEL: def attention_bwd_dkdv(
 // CHECK-NOT:       * 0.5  # static scale
 // CHECK:           probs = tl.math.exp2(scores_1 * 0.7213475204444817 - (lse_safe_1 * 1.4426950408889634)[None, :])
@@ -32,7 +32,7 @@ attn.variant @static_scale(%q : !attn.query, %k : !attn.key, %v : !attn.value) -
 // CHECK-NEXT:      scores = scores * sm_scale
 // CHECK:           row_max_new = tl.maximum(row_max, tl.max(
 // CHECK-NOT:       sm_scale
-// CHECK:           probs = tl.math.exp2({{.*}} * 1.4426950408889634 - (row_max_safe * 1.4426950408889634)[:, None])
+// CHECK:           probs = tl.math.exp2({{.*}} * 1.4426950408889634 - (row_max_new * 1.4426950408889634)[:, None])
 attn.variant @alibi(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k
   %a = attn.alibi %s

@@ -49,10 +49,8 @@
 // CHECK-NEXT:     # (the scale, sm_scale, is applied where the scores meet the exponential)
 // CHECK-NOT:      tl.where(keep
 // CHECK:          row_max_new = tl.maximum(row_max, tl.max(scores, 1) * sm_scale)
-// The max is clamped at the exponent's fp32 range (an empty row's -inf, or a row of scores
-// below the range, gets exp2(-inf) = 0, never NaN).
-// CHECK:          row_max_safe = tl.maximum(row_max_new, -8388608.0, propagate_nan=tl.PropagateNan.ALL)
-// CHECK-NEXT:     probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - (row_max_safe * 1.4426950408889634)[:, None])
+// The row max starts at the softmax's floor (-2^23), never -inf: no select in the step.
+// CHECK-NEXT:     probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - (row_max_new * 1.4426950408889634)[:, None])
 // CHECK:          row_max = row_max_new
 // CHECK:          acc = tl.dot(probs.to(v.dtype), v, acc=acc * alpha[:, None])
 // The diagonal blocks: bounds-checked and masked.

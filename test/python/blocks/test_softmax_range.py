@@ -102,6 +102,25 @@ def test_decode_rows_out_of_range_have_no_weight():
     torch.testing.assert_close(out[1].double(), softmax_rows(q[1:], k[1:], v[1:], bias[1:])[0][0], atol=1e-4, rtol=1e-4)
 
 
+def test_a_row_across_the_floor_weighs_both_sides():
+    """A row whose first key block lies just below the floor (v = +1) and whose second just above
+    it (v = -1): its max is above the floor, an ordinary row, and both blocks weigh, e^-2 : 1
+    (-tanh(1) = -0.762). The carried row max starts at the floor, so the first block is
+    rescaled, not dropped (which would give -1). (Loose: without an FMA the interpreter rounds
+    each s * log2(e) near 1.2e7 to an integer.)"""
+    floor = SOFTMAX_FLOOR
+    q, k, _ = qkv(1, 256)
+    q = torch.zeros_like(q)  # the scores are the bias
+    v = torch.ones(1, 2, 256, 16)
+    v[..., 128:, :] = -1.0
+    bias = torch.zeros(1, 1, 1, 256)
+    bias[..., :128] = floor - 1.0
+    bias[..., 128:] = floor + 1.0
+    out = af.compile(af.attention(af.additive_bias()))(q, k, v, bias=bias)
+    assert not out.isnan().any()
+    assert (out - (-math.tanh(1.0))).abs().max() < 0.15, out[0, 0, 0, 0]
+
+
 def test_reference_in_16_bits_drops_rows_of_minus_inf():
     """In a 16-bit dtype a score below the floor is already -inf: such rows are empty (0), not
     the NaN of a softmax over -inf."""

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import attnfuse as af
+from attnfuse.dialects.attn import SOFTMAX_FLOOR
 from attnfuse.dialects import make_context
 from attnfuse.dialects.flash_shape import HEAD_DIMS as HEAD_DIMS_COVERED, flash_kernel
 from attnfuse.errors import ArgumentError
@@ -464,7 +465,10 @@ def test_printed_online_softmax_matches_reference():
         s_all = torch.randn(rows, 24, dtype=torch.float64) * 4
         v = torch.randn(24, dim, dtype=torch.float64)
         n_q = rows
-        row_max = torch.full((rows,), float("-inf"), dtype=torch.float64)
+        # The consumer's state_init: the row max starts at the softmax's floor, in base-2 units.
+        init = re.search(r"row_max = gl.full\(\[ROWS\], (\S+), gl.float32", source).group(1)
+        assert float(init) == SOFTMAX_FLOOR * 1.4426950408889634
+        row_max = torch.full((rows,), float(init), dtype=torch.float64)
         row_sum = torch.zeros(rows, dtype=torch.float64)
         acc = torch.zeros(rows, dim, dtype=torch.float64)
         # The last block (keys 16..23) is partial: n_k = 20; its loop (bound_1) masks it.

@@ -442,9 +442,11 @@ score is at or above the floor shifts by it exactly (the rounding is under 1/2 t
 |max| * log2(e) < 2^24, common to the row, and cancels in the normalization)."""
 
 SOFTMAX_UNDERFLOW = 126 * 0.6931471805599453
-"""How far below `SOFTMAX_FLOOR` a row's largest score makes every weight 0: exp(-87.3) =
-2^-126, where the GPU's exp2 flushes to 0. Between the floor and this far below it a row's
-weights are tiny and may flush (a 16-bit P rounds them to 0): its output is its softmax or 0."""
+"""How far below `SOFTMAX_FLOOR` a row's largest score leaves it no weight: exp(-87.3) = 2^-126,
+fp32's smallest normal number, under which the finalize takes the row sum for an empty row's
+(weights relative to the floor that small are subnormal, or 0). Between the floor and this far
+below it a row's weights are tiny: in a 16-bit P they round to 0, so its output is its softmax
+(fp32, bf16) or 0 (fp16), with its lse."""
 
 
 @irdl_op_definition

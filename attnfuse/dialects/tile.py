@@ -1942,7 +1942,9 @@ class ZerosOp(IRDLOperation):
 
 @irdl_op_definition
 class SoftmaxInitOp(IRDLOperation):
-    """Initial online-softmax state: accumulator 0, row max -inf, row sum 0."""
+    """Initial online-softmax state: accumulator 0, row max at the softmax's floor
+    (`attn.SOFTMAX_FLOOR`, not -inf: a row whose scores all lie far below it gets no weight, and
+    the step needs no test for a row with no kept key yet), row sum 0."""
 
     name = "tile.softmax_init"
 
@@ -1975,8 +1977,8 @@ def _verify_f32_state(values: Sequence[tuple[SSAValue, tuple[str, ...], str]]) -
 class SoftmaxUpdateOp(IRDLOperation):
     """One online-softmax step over a block of scores.
 
-    `row_max' = max(row_max, rowmax(s))`, `p = exp(s - row_max')` (0 for dropped keys and for
-    rows that have kept no key yet), `alpha = exp(row_max - row_max')`,
+    `row_max' = max(row_max, rowmax(s))`, `p = exp(s - row_max')` (0 for dropped keys: the row
+    max is never -inf, `tile.softmax_init`), `alpha = exp(row_max - row_max')`,
     `row_sum' = alpha * row_sum + rowsum(p)`.
     """
 

@@ -39,7 +39,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.utils.target import Target
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.attn import SOFTMAX_FLOOR
+from attnfuse.dialects.attn import FP32_MIN_NORMAL, SOFTMAX_FLOOR
 from attnfuse.errors import AttnFuseError
 
 LOG2E = 1.4426950408889634
@@ -1352,9 +1352,12 @@ class KernelEmitter:
     def emit_softmax_finalize(self, op: tile.SoftmaxFinalizeOp) -> None:
         acc, row_max, row_sum = (self.namer[v] for v in op.operands)
         has_keys = self.namer.fresh("has_keys")
-        self.emit("# tile.softmax_finalize: normalize; a row with no kept key gives 0 and lse = -inf")
-        # != rather than >: a NaN row sum (NaN inputs) must give NaN, not an empty row.
-        self.emit(f"{has_keys} = {row_sum} != 0.0")
+        self.emit("# tile.softmax_finalize: normalize; a row with no weight gives 0 and lse = -inf")
+        # A row sum under fp32's smallest normal number is a row with no kept key (0) or whose
+        # scores all lie SOFTMAX_UNDERFLOW below the floor it started at (subnormal weights):
+        # no weight (docs/semantics.md, "Additive bias"). Written as a negated `<`, so that a
+        # NaN row sum (NaN inputs) gives NaN, not an empty row.
+        self.emit(f"{has_keys} = ~({row_sum} < {FP32_MIN_NORMAL!r})")
         safe_sum = self.namer.fresh("row_sum_safe")
         self.emit(f"{safe_sum} = tl.where({has_keys}, {row_sum}, 1.0)")
         self.emit(f"{self.namer.define(op.output)} = {acc} / {safe_sum}[:, None]")

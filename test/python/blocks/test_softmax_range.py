@@ -1,8 +1,9 @@
 """The softmax at the edges of fp32's range, through the real kernels (the portable target on
 Triton's interpreter) against an independent float64 computation written here.
 
-A row whose largest score is below `attn.SOFTMAX_FLOOR` (-2^23) has no weight: it outputs 0
-and has lse -inf, as a row with no kept key (docs/semantics.md, "Additive bias"). Such rows
+A row whose largest score is more than `attn.SOFTMAX_UNDERFLOW` (87.3) below
+`attn.SOFTMAX_FLOOR` (-2^23) has no weight: it outputs 0 and has lse -inf, as a row with no
+kept key (docs/semantics.md, "Additive bias"). Such rows
 come from additive masks of a large finite negative (-1e9, or Hugging Face's
 `torch.finfo(torch.float32).min`) over a whole row; a row with some keys so masked and others
 not is an ordinary row, and so is a row of scores all near -1e4 (above the floor). Never NaN.
@@ -16,18 +17,18 @@ import pytest
 import torch
 
 import attnfuse as af
-from attnfuse.dialects.attn import SOFTMAX_FLOOR
+from attnfuse.dialects.attn import SOFTMAX_FLOOR, SOFTMAX_UNDERFLOW
 
 FMIN = torch.finfo(torch.float32).min
 
 
 def softmax_rows(q, k, v, bias):
     """float64 softmax attention of float32 scores (scale 1/sqrt(D), the bias added in float32,
-    as the semantics say), with rows whose largest score is below `SOFTMAX_FLOOR` given no
-    weight, and the lse."""
+    as the semantics say), with rows whose largest score is more than `SOFTMAX_UNDERFLOW` below
+    `SOFTMAX_FLOOR` given no weight, and the lse."""
     s = ((q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])).float() + bias.float()).double()
     top = s.amax(-1, keepdim=True)
-    gone = top < SOFTMAX_FLOOR
+    gone = top < SOFTMAX_FLOOR - SOFTMAX_UNDERFLOW
     p = torch.softmax(torch.where(gone, torch.zeros_like(s), s), -1).masked_fill(gone, 0.0)
     lse = torch.logsumexp(torch.where(gone, torch.zeros_like(s), s), -1).masked_fill(gone[..., 0], float("-inf"))
     return p @ v.double(), lse
@@ -119,6 +120,25 @@ def test_a_row_across_the_floor_weighs_both_sides():
     out = af.compile(af.attention(af.additive_bias()))(q, k, v, bias=bias)
     assert not out.isnan().any()
     assert (out - (-math.tanh(1.0))).abs().max() < 0.15, out[0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("below,weighs", [(50.0, True), (92.0, False), (200.0, False)])
+def test_rows_just_below_the_floor(below, weighs):
+    """fp32 through the kernel: a row whose scores all lie 50 below the floor is its softmax (its
+    weights relative to the floor are normal fp32 numbers), one 92 or 200 below has no weight
+    (subnormal or 0: the finalize's test), as the reference says (`SOFTMAX_UNDERFLOW`)."""
+    q, k, v = qkv(1, 16)
+    q = torch.zeros_like(q)  # the scores are the bias
+    bias = torch.full((1, 1, 1, 16), SOFTMAX_FLOOR - below)
+    spec = af.attention(af.additive_bias())
+    out, lse = af.compile(spec)(q, k, v, bias=bias, return_lse=True)
+    want, want_lse = af.reference_attention(spec, q, k, v, bias=bias, return_lse=True)
+    if weighs:
+        torch.testing.assert_close(out.double(), v.double().mean(-2, keepdim=True), atol=1e-5, rtol=1e-5)
+        assert torch.isfinite(lse).all() and torch.isfinite(want_lse).all()
+    else:
+        assert (out == 0).all() and torch.isneginf(lse).all()
+        assert (want == 0).all() and torch.isneginf(want_lse).all()
 
 
 def test_reference_in_16_bits_drops_rows_of_minus_inf():

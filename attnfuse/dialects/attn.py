@@ -77,6 +77,7 @@ from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, Pure, Symbol
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
+from attnfuse.dialects.dominance import check_defined_before_use
 from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
 
 # --------------------------------------------------------------------------------------------
@@ -588,7 +589,6 @@ class VariantOp(IRDLOperation):
         block = self.body.block
         if tuple(block.arg_types) != inputs:
             raise VerifyException("entry block arguments must match the variant's inputs")
-        defined: set[SSAValue] = set(block.args)
         for op in block.ops:
             # A variant says its attention in attn ops only: the passes read nothing else, and
             # canonicalization would erase an unused foreign op silently.
@@ -596,12 +596,7 @@ class VariantOp(IRDLOperation):
                 raise VerifyException(
                     f"'{op.name}' inside attn.variant: a variant's body holds attn ops only"
                 )
-            # One block, in order: each value is defined before it is read (xDSL's verifier
-            # does not check dominance, and the interpreter walks the body once, in order).
-            for operand in op.operands:
-                if operand not in defined:
-                    raise UseBeforeDefinition(op, operand)
-            defined.update(op.results)
+        check_defined_before_use(self)
         for kind, what in ((ScoresOp, "attn.scores"), (PVOp, "attn.pv")):
             if len(self.ops_of(kind)) != 1:
                 raise VerifyException(f"a variant needs exactly one {what}")
@@ -640,17 +635,6 @@ class VariantOp(IRDLOperation):
             self.attributes,
             reserved_attr_names=("sym_name", "function_type"),
         )
-
-
-class UseBeforeDefinition(VerifyException):
-    """An op of a variant's body reading a value defined after it; `op` is the reader (for a
-    located diagnostic)."""
-
-    def __init__(self, op: Operation, operand: SSAValue):
-        name = f"%{operand.name_hint}" if operand.name_hint else "a value"
-        super().__init__(f"'{op.name}' reads {name} before it is defined: a variant's body "
-                         "defines each value before its uses")
-        self.op = op
 
 
 CORE_OPS: tuple[type[IRDLOperation], ...] = (RopeOp, ScoresOp, PVOp, YieldOp, VariantOp)

@@ -95,6 +95,7 @@ from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
 
 from attnfuse.dialects.attn import BandAttr
+from attnfuse.dialects.dominance import check_defined_before_use
 
 # --------------------------------------------------------------------------------------------
 # Types
@@ -754,6 +755,7 @@ class KernelOp(IRDLOperation):
                 f"rotary_dim must be even and in (0, head_dim={self.get('head_dim')}], got {rotary}"
             )
         element_type_name(self.attributes.get("element_type", StringAttr("none")))
+        check_defined_before_use(self)
         args = self.function_type.inputs.data
         if not all(isinstance(t, TensorType) for t in args):
             raise VerifyException("kernel parameters must all be !tile.tensor")

@@ -4,7 +4,7 @@
 // error at the reader (xDSL's verifier checks no dominance; the passes, the interpreter and
 // the reference walk the body once, in order), not a program the compiler reorders.
 // CHECK-NOT: Traceback
-// CHECK: invalid-use-before-def.mlir:[[# @LINE + 3]]:3: error: 'attn.softmax' reads %s before it is defined: a variant's body defines each value before its uses
+// CHECK: invalid-use-before-def.mlir:[[# @LINE + 3]]:3: error: 'attn.softmax' reads %s before it is defined: a body defines each value before its uses
 // CHECK-NOT: def attention_fwd
 attn.variant @v(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %p = attn.softmax %s

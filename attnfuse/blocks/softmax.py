@@ -25,8 +25,6 @@ from attnfuse.dialects.interfaces import Normalizer
 from attnfuse.dsl.blocks import Block
 
 
-
-
 @dataclass(frozen=True)
 class SoftmaxSemantics(Normalizer):
     """What `attn.softmax` means to the compiler and the reference."""

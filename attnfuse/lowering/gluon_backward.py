@@ -169,7 +169,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                 self.namer.pin(op.result, "scores")
             self.lines = []
             self.HANDLERS[type(op)](self, op)
-            pieces.append((isinstance(op, tile.MaskOp), self.lines))
+            pieces.append((isinstance(op, tile.FILTER_OPS), self.lines))
             self.save_primal(op.result, pieces)
         self.namer.pin(loop.probs.result, "probs")
         if not loop.softmax:
@@ -196,12 +196,12 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     @staticmethod
     def lse_guard(loop: BackwardLoop) -> list[str]:
         """What `tile.recompute_probs` guards lse against in this loop's blocks, printed as a
-        mask is (under the test of the block's loop, so the full blocks of the steady state run
-        none of it): in a masked loop, query rows past n_q (zero-filled; their lse rows are
-        another head's) and rows with no kept key (lse = -inf, which would make exp(s - lse)
-        NaN) get lse = +inf, so their probabilities are 0. In an unmasked loop every row keeps
-        this block's pairs, but a row whose scores all lie far below the softmax's floor has no
-        weight and lse = -inf too (`attn.SOFTMAX_FLOOR`): guarded the same way."""
+        mask is (under the test of the block's loop): in a masked loop, query rows past n_q
+        (zero-filled; their lse rows are another head's) and rows with no kept key (lse = -inf,
+        which would make exp(s - lse) NaN) get lse = +inf, so their probabilities are 0. In an
+        unmasked loop every row keeps this block's pairs, but a row whose scores all lie far
+        below the softmax's floor has no weight and lse = -inf too (`attn.SOFTMAX_FLOOR`): its
+        full steps run the -inf test alone."""
         if loop.masked:
             return ["# Query rows past n_q (zero-filled) or with no kept key (lse = -inf) get lse = +inf:",
                     "# their probabilities are 0.",
@@ -224,7 +224,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             self.namer.pin(op.result, "grad_scores")
             self.lines, self.indent = [], 0
             self.HANDLERS[type(op)](self, op)
-            pieces.append((isinstance(op, tile.MaskOp), self.lines))
+            pieces.append((isinstance(op, tile.FILTER_OPS), self.lines))
         self.loop_vars.pop()
         return pieces
 

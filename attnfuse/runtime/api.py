@@ -713,7 +713,8 @@ class CompiledAttention:
         lse) the kernels store the lse into the plan's scratch buffer, which every such call
         overwrites: the lse returned is then not the call's to keep."""
         p = plan.problem
-        out = torch.empty(p.batch, p.heads_q, p.seq_q, p.head_dim_v, dtype=p.dtype, device=p.device)
+        # In q's memory order (`empty_in_layout_of`): a model's head merge then reads it as a view.
+        out = empty_in_layout_of(q, p.dtype, (p.batch, p.heads_q, p.seq_q, p.head_dim_v))
         lse = None if keep_lse or plan.compiled is None else plan.scratch.get("lse")
         if lse is None:
             lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
@@ -800,12 +801,11 @@ class CompiledAttention:
         `_AttentionFunction.forward`); the gradients are those of the unrotated q and k."""
         q, k, v, out, lse = saved
         p = plan.problem
-        # Every program stores all its rows, so the kernels fill the gradients whole. Shapes
-        # and dtypes come from the problem: a rotated copy in the interpreter is fp32.
-        dtype, device = p.dtype, p.device
-        dq = torch.empty(q.shape, dtype=dtype, device=device)
-        dk = torch.empty(k.shape, dtype=dtype, device=device)
-        dv = torch.empty(v.shape, dtype=dtype, device=device)
+        # Every program stores all its rows, so the kernels fill the gradients whole. Dtypes
+        # come from the problem (a rotated copy in the interpreter is fp32), memory orders from
+        # the operands (a rotated copy has its operand's): the projections' backward then
+        # reads them as views.
+        dq, dk, dv = (empty_in_layout_of(t, p.dtype) for t in (q, k, v))
         dbias = None
         if bias_grad:
             # Pairs in blocks the kernels skip (dropped by the mask) keep gradient 0.

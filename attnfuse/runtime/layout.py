@@ -1,21 +1,37 @@
-"""Memory order of the rotated copies the runtime allocates: their operand's."""
+"""Memory order of the tensors the runtime allocates for a call (outputs, gradients, rotated
+copies): their operand's."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 
-def empty_in_layout_of(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A new dense tensor shaped like `like` whose dims lie in memory in the order of `like`'s
-    (torch's `preserve_format`, which infers that order for non-dense views too), or a
-    contiguous one when `like`'s last dim is not its innermost (the kernels load rows).
+def empty_in_layout_of(like: torch.Tensor, dtype: torch.dtype, shape: Sequence[int] | None = None) -> torch.Tensor:
+    """A new dense tensor shaped like `like` (or `shape`, which may differ from `like`'s in the
+    last dim only) whose dims lie in memory in the order of `like`'s (torch's
+    `preserve_format`, which infers that order for non-dense views too), or a contiguous one
+    when `like`'s last dim is not its innermost (the kernels load rows).
 
     Why: a model's q is usually a `[B, N, H, D]` projection (or a slice of a fused QKV one)
-    viewed as `[B, H, N, D]`, and the gradient of the output comes back through the model's
-    head merge (`out.transpose(1, 2).reshape(B, N, H * D)`) in that memory order too. A
-    rotated copy of q allocated in q's order then has dO's row and column strides, and the
-    dK/dV kernel shares their offsets (`SHARED_OFFSETS`). The output itself stays contiguous
-    (docs/robustness.md §2)."""
+    viewed as `[B, H, N, D]`, and its head merge reads the output back in that order
+    (`out.transpose(1, 2).reshape(B, N, H * D)`). The output in q's order makes that merge a
+    view, not a copy, as SDPA's GPU backends do; the gradient comes back in that order too,
+    so q's rotated copy in q's order has dO's row and column strides and the dK/dV kernel
+    shares their offsets (`SHARED_OFFSETS`); and dq, dk, dv in their operand's order reach the
+    projections' backward as views. Each kernel reads every role's strides, so any order is
+    correct; this one saves the copies around the call."""
+    shape = tuple(like.shape) if shape is None else tuple(shape)
     if like.stride(-1) != 1:
-        return torch.empty(like.shape, dtype=dtype, device=like.device)
-    return torch.empty_like(like, dtype=dtype, memory_format=torch.preserve_format)
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    if shape == tuple(like.shape):
+        return torch.empty_like(like, dtype=dtype, memory_format=torch.preserve_format)
+    if len(shape) != like.dim() or shape[:-1] != tuple(like.shape[:-1]):
+        raise ValueError(f"internal: shape {shape} differs from {tuple(like.shape)} in more than the last dim")
+    # The other dims from outermost to innermost by `like`'s strides (a stable sort: equal
+    # strides, of size-1 or expanded dims, keep their order), the last dim innermost.
+    last = like.dim() - 1
+    order = sorted(range(last), key=like.stride, reverse=True) + [last]
+    dense = torch.empty([shape[d] for d in order], dtype=dtype, device=like.device)
+    return dense.permute([order.index(d) for d in range(like.dim())])

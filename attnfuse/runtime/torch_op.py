@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from attnfuse.runtime.config import TileConfig
+from attnfuse.runtime.layout import empty_in_layout_of
 from attnfuse.runtime.program import DATA_KEYWORDS
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def _attention_fake(variant, q, k, v, bias, data, q_positions, k_positions, retu
 
     # Shape checks only (they read no data): the call's mistakes surface while tracing.
     problem = check_inputs(variant_for(variant).program, q, k, v)
-    out = q.new_empty((problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v))
+    out = empty_in_layout_of(q, q.dtype, (problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v))
     lse = q.new_empty((problem.batch, problem.heads_q, problem.seq_q), dtype=torch.float32)
     return out, lse
 
@@ -165,9 +166,9 @@ def attention_backward(
 @attention_backward.register_fake
 def _attention_backward_fake(variant, q, k, v, out, lse, grad_out, grad_lse, bias, data,
                              q_positions, k_positions, bias_grad):
-    # As the kernels' gradients are allocated: contiguous, whatever the inputs' strides.
+    # As the kernels' gradients are allocated: in their operand's memory order.
     dbias = bias.new_empty(bias.shape) if bias_grad and bias is not None else q.new_empty((0,))
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+    return (*(empty_in_layout_of(t, t.dtype) for t in (q, k, v)), dbias)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -214,8 +215,6 @@ def rotate_keys(
 
 @rotate_keys.register_fake
 def _rotate_keys_fake(theta, rotary_dim, interleaved, llama3_scaling, k, k_positions):
-    from attnfuse.runtime.layout import empty_in_layout_of
-
     return empty_in_layout_of(k, k.dtype)  # as the kernel's output: k's memory order
 
 
@@ -286,7 +285,7 @@ def _attention_cache_fake(variant, q, k, v, kv_lens, block_table, bias, data, q_
     # Shape, dtype and layout checks only: they read no lengths and no table entries.
     _cache, paged_keys = check_cache_arguments(q, k, v, kv_lens, block_table)
     problem = check_inputs(variant_for(variant).program, q, k, v, paged_keys)
-    out = q.new_empty((problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v))
+    out = empty_in_layout_of(q, q.dtype, (problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v))
     lse = q.new_empty((problem.batch, problem.heads_q, problem.seq_q), dtype=torch.float32)
     return out, lse
 

@@ -600,19 +600,25 @@ def test_model_layout_shares_offsets(offset_decisions):
     """q, k, v as a model makes them (`[B, N, H, D]` projections viewed as `[B, H, N, D]`):
     the rotated copies keep that memory order, and the gradient the model's head merge
     (`out.transpose(1, 2).reshape(B, N, H * D)`) sends back has the rotated q's strides, so
-    the dK/dV kernel shares their offsets. The output stays contiguous."""
+    the dK/dV kernel shares their offsets. The output is in q's memory order, so the head
+    merge is a view; dq, dk and dv come back in their operands' orders (views for the
+    projections' backward)."""
     b, n, hq, hkv, d = 2, 37, 4, 2, 32
     gen = torch.Generator().manual_seed(51)
     q = torch.randn(b, n, hq, d, generator=gen).to(torch.float16).transpose(1, 2).requires_grad_()
     k = torch.randn(b, n, hkv, d, generator=gen).to(torch.float16).transpose(1, 2).requires_grad_()
     v = torch.randn(b, n, hkv, d, generator=gen).to(torch.float16).transpose(1, 2).requires_grad_()
+    grad_strides = {}
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        t.register_hook(lambda g, name=name: grad_strides.__setitem__(name, g.stride()))
     spec = af.attention(af.rope(), af.causal())
     out = af.compile(spec)(q, k, v)
-    assert out.is_contiguous()
-    merged = out.transpose(1, 2).reshape(b, n, hq * d)
+    assert out.stride() == q.stride() and not out.is_contiguous()
+    merged = out.transpose(1, 2).view(b, n, hq * d)  # a view: no copy
     go = randn(b, n, hq * d, dtype=torch.float16, seed=52)
     merged.backward(go)
     assert offset_decisions == [True]
+    assert grad_strides == {"q": q.stride(), "k": k.stride(), "v": v.stride()}
     grad_out = go.view(b, n, hq, d).transpose(1, 2)
     assert_gradients_match(spec, q, k, v, grad_out, bias=None, glse=None, call={}, label="bnhd")
 

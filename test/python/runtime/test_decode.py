@@ -553,6 +553,15 @@ def test_cache_operator_passes_opcheck_and_refuses_gradients():
     lens = torch.tensor([32, 5], dtype=torch.int32)
     torch.library.opcheck(torch.ops.attnfuse.attention_cache,
                           (fn.operator_key(), q, k, v, lens, None, None, [None] * 2, None, None))
+    # Queries of a model's [B, N, H, D] projection (Nq = 4): the output in their memory order,
+    # the fake kernel's as the real one's.
+    q4 = torch.randn(2, 4, 2, 16).transpose(1, 2)
+    torch.library.opcheck(torch.ops.attnfuse.attention_cache,
+                          (fn.operator_key(), q4, k, v, lens, None, None, [None] * 2, None, None))
+    out = fn(q4, k, v, kv_lens=lens)
+    assert out.stride() == q4.stride()
+    ref = af.reference_attention(af.attention(af.causal()), q4, k, v, kv_lens=lens)
+    assert torch.allclose(out.double(), ref, atol=1e-5)
     q.requires_grad_()
     # Under fullgraph, dynamo reports the ArgumentError inside its own exception.
     with pytest.raises((ArgumentError, torch._dynamo.exc.Unsupported), match="inference-only"):

@@ -475,6 +475,24 @@ def _views(name: str, dtype: torch.dtype):
     raise AssertionError(name)
 
 
+def assert_dense_in_order_of(out: torch.Tensor, like: torch.Tensor) -> None:
+    """`out` is a dense tensor (no gaps, no overlaps) whose dims of size above 1 lie in memory
+    in the order of `like`'s (an expanded dim of `like` anywhere), innermost last; contiguous where `like`'s last dim is not
+    innermost (the runtime's rule for what it allocates: outputs, gradients, copies)."""
+    if like.stride(-1) != 1:
+        assert out.is_contiguous(), out.stride()
+        return
+    dims = [d for d in range(out.dim()) if out.shape[d] > 1]
+    ordered = [d for d in dims if like.stride(d) != 0]  # an expanded dim may lie anywhere
+    assert sorted(ordered, key=out.stride, reverse=True) == sorted(ordered, key=like.stride, reverse=True), \
+        (out.stride(), like.stride())
+    # Dense: the strides of that order are the running products of the sizes.
+    expected = 1
+    for d in sorted(dims, key=out.stride):
+        assert out.stride(d) == expected, (out.stride(), out.shape)
+        expected *= out.shape[d]
+
+
 VIEWS = ["transposed", "seq-step-2", "seq-step-3-offset", "last-dim-stride", "last-dim-stride-2",
          "k-only-last-dim-stride", "permuted", "kv-seq-stride-0", "batch-stride-0", "storage-offset"]
 
@@ -506,7 +524,8 @@ def test_strided_inputs_match_reference_and_contiguous(view, spec_name):
     out, lse = _run(fn, spec, q, k, v)
     ref = af.reference_attention(spec, q, k, v)
     assert_close_to_reference(out, ref, torch.float32)
-    assert out.is_contiguous() and out.shape == (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    assert out.shape == (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    assert_dense_in_order_of(out, q)
     # The same bits as the contiguous copies: strides change addressing, nothing else.
     out_c, lse_c = _run(fn, spec, q.contiguous(), k.contiguous(), v.contiguous())
     assert torch.equal(out, out_c)

@@ -216,11 +216,18 @@ def test_eager_calls_do_not_go_through_the_operator(monkeypatch):
     fn(q, k, v)
 
 
-def test_operators_pass_torch_library_opcheck():
+@pytest.mark.parametrize("layout", ["contiguous", "model"])
+def test_operators_pass_torch_library_opcheck(layout):
     """PyTorch's own checks of a custom operator: schema, fake kernel against the real one
-    (shapes, strides, dtypes), autograd registration, AOT dispatch."""
+    (shapes, strides, dtypes), autograd registration, AOT dispatch. `model`: q, k, v as a
+    model's `[B, N, H, D]` projections viewed as `[B, H, N, D]`, with a narrower v, so the
+    output and the gradients take their operands' memory order (`empty_in_layout_of`) in the
+    fake kernels as in the real ones."""
     fn = af.compile(af.attention(af.rope(), af.additive_bias(), af.causal()))
     q, k, v = qkv(hq=4, hkv=2)
+    if layout == "model":
+        q, k = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k))
+        v = torch.randn(1, 24, 2, 8).transpose(1, 2).requires_grad_()
     bias = torch.randn(1, 1, 24, 24, requires_grad=True)
     key = fn._operator_keys[(False, False)]
     data = torch_op.data_list({})  # no layout, no document ids

@@ -13,7 +13,7 @@ import torch
 
 from attnfuse.errors import ArgumentError, AttnFuseError
 from attnfuse.runtime.block_lists import ListSource, call_block_lists
-from attnfuse.runtime.call_data import position_extent, positions_view
+from attnfuse.runtime.call_data import given_positions, position_extent, refuse_undeclared_data
 from attnfuse.runtime.compiler import (
     CompiledProgram,
     CompileKey,
@@ -519,15 +519,8 @@ class CompiledAttention:
         tensors: dict[str, torch.Tensor] = {}
         problem = plan.problem
         variant = self.program.canonical(explicit_positions)
-        for index, (name, length) in enumerate((("q_positions", problem.seq_q),
-                                                 ("k_positions", problem.seq_k))):
-            given = arguments.get(name)
-            if given is None:
-                continue
-            if not self.program.accepts_positions(index):
-                raise ArgumentError(f"{name}= given, but {self.program!r} has no rope()")
-            view = positions_view(given, name, length, problem)  # checked even if unread
-            if variant.reads_positions[index]:
+        for name, view in given_positions(self.program, problem, arguments).items():  # checked even if unread
+            if variant.reads_positions[name == "k_positions"]:
                 tensors[name] = view
         if ("q_positions" in tensors or "k_positions" in tensors) and plan.compiled is not None:
             assert variant.rope is not None
@@ -542,9 +535,7 @@ class CompiledAttention:
                     furthest = max(furthest, extent)
             if furthest > plan.constants["rope_table"].shape[1]:
                 tensors["rope_table"] = self._rope_table(problem, furthest)
-        for name, block in DATA_KEYWORDS.items():
-            if arguments.get(name) is not None and name not in variant.arguments:
-                raise ArgumentError(f"{name}= given, but {self.program!r} has no {block}")
+        refuse_undeclared_data(self.program, variant.arguments, arguments, DATA_KEYWORDS)
         sources: list[ListSource] = []
         for binding in variant.bindings:
             if binding.use.argument is None:

@@ -4,6 +4,9 @@ bound by the ops that read it (`DataUse`, `bind`, in `attnfuse/blocks/`)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+from typing import Any
+
 import torch
 
 from attnfuse.errors import ArgumentError
@@ -26,6 +29,29 @@ def positions_view(positions: object, name: str, length: int, problem: Problem) 
             f"{list(positions.shape)}"
         )
     return positions.expand(problem.batch, length)
+
+
+def given_positions(program: Any, problem: Problem, arguments: Mapping[str, object]) -> dict[str, torch.Tensor]:
+    """The call's `q_positions=` / `k_positions=` that are given, each checked against the
+    program (it must have a `rope()`) and the call's shapes, as `positions_view`s by name."""
+    views = {}
+    for index, (name, length) in enumerate((("q_positions", problem.seq_q), ("k_positions", problem.seq_k))):
+        given = arguments.get(name)
+        if given is None:
+            continue
+        if not program.accepts_positions(index):
+            raise ArgumentError(f"{name}= given, but {program!r} has no rope()")
+        views[name] = positions_view(given, name, length, problem)
+    return views
+
+
+def refuse_undeclared_data(program: Any, declared: Collection[str], arguments: Mapping[str, object],
+                           keywords: Mapping[str, str]) -> None:
+    """An `ArgumentError` for call-time data (`keywords`: keyword to the block that reads it)
+    given to a program whose variant reads no such argument (`declared`)."""
+    for name, block in keywords.items():
+        if arguments.get(name) is not None and name not in declared:
+            raise ArgumentError(f"{name}= given, but {program!r} has no {block}")
 
 
 MAX_ROPE_POSITION = 2**24

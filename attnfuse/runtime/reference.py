@@ -26,7 +26,7 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects import attn
 from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier, normalizer_semantics
 from attnfuse.errors import ArgumentError
-from attnfuse.runtime.call_data import positions_view
+from attnfuse.runtime.call_data import given_positions, refuse_undeclared_data
 from attnfuse.runtime.config import KEY_POSITIONS_WITH_GIVEN_KEY, check_placement_request
 from attnfuse.runtime.inputs import REFERENCE_DTYPES, check_inputs, check_tensor
 from attnfuse.runtime.program import DATA_KEYWORDS, as_program
@@ -309,15 +309,8 @@ def _check_call(program: Any, explicit: tuple[bool, bool], q: object, k: object,
     positions passed exactly; each data tensor as the op that reads it binds it."""
     problem = check_inputs(program, q, k, v, kernels=False)  # type: ignore[arg-type]
     canonical = program.canonical(explicit)
-    for index, (name, given, length) in enumerate(zip(("q_positions", "k_positions"), positions,
-                                                      (problem.seq_q, problem.seq_k))):
-        if given is not None:
-            if not program.accepts_positions(index):
-                raise ArgumentError(f"{name}= given, but {program!r} has no rope()")
-            positions_view(given, name, length, problem)
-    for name, block in DATA_KEYWORDS.items():
-        if data.get(name) is not None and name not in canonical.arguments:
-            raise ArgumentError(f"{name}= given, but {program!r} has no {block}")
+    given_positions(program, problem, dict(zip(("q_positions", "k_positions"), positions)))
+    refuse_undeclared_data(program, canonical.arguments, data, DATA_KEYWORDS)
     # The reference moves data to its own device and dtype: each tensor is checked as one of its
     # shape on q's device would be (float64 as float32; a broadcast stand-in, no copy).
     data = {name: torch.empty((), dtype=torch.float32 if t.dtype == torch.float64 else t.dtype,

@@ -137,9 +137,12 @@ class Alibi(Block):
         if self.slopes is None:
             return
         try:
-            slopes = tuple(float(x) for x in self.slopes)
+            values = tuple(self.slopes)
+            if any(isinstance(x, bool) for x in values):
+                raise TypeError  # as every block's numbers refuse bools: True is not a slope
+            slopes = tuple(float(x) for x in values)
         except (TypeError, ValueError):
-            raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}") from None
+            raise CompositionError(f"alibi: slopes must be a sequence of numbers (not bools), got {self.slopes!r}") from None
         if not slopes or not all(abs(x) <= FP32_MAX for x in slopes):
             raise CompositionError(f"alibi: slopes must be a non-empty list of finite numbers, got {self.slopes!r}")
         object.__setattr__(self, "slopes", slopes)

@@ -13,7 +13,7 @@ import torch
 
 from attnfuse.errors import ArgumentError, AttnFuseError
 from attnfuse.runtime.block_lists import ListSource, call_block_lists
-from attnfuse.runtime.call_data import given_positions, position_extent, refuse_undeclared_data
+from attnfuse.runtime.call_data import given_positions, position_extent, refuse_non_strided, refuse_undeclared_data
 from attnfuse.runtime.compiler import (
     CompiledProgram,
     CompileKey,
@@ -519,6 +519,7 @@ class CompiledAttention:
         tensors: dict[str, torch.Tensor] = {}
         problem = plan.problem
         variant = self.program.canonical(explicit_positions)
+        refuse_non_strided(arguments)
         for name, view in given_positions(self.program, problem, arguments).items():  # checked even if unread
             if variant.reads_positions[name == "k_positions"]:
                 tensors[name] = view

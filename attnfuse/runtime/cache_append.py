@@ -11,7 +11,8 @@ The kernel is lower-to-tile's `append_kv` (`append=true`, the `appended_keys` gr
 from the variant's own program, so the rotation is the one its attention kernels assume. The
 caller advances `kv_lens` afterwards. Lengths and table entries are read by the kernel, never
 by the host: an append and the attention after it capture in one CUDA graph. (On Triton's CPU
-interpreter a rotated bf16 key is rounded by truncation, triton-lang/triton#11584; GPUs round.)
+interpreter, which truncates fp32 -> bf16, triton-lang/triton#11584, bf16 keys are rotated by
+`rotate_keys`, which rounds, and then appended as they are.)
 """
 
 from __future__ import annotations
@@ -77,27 +78,37 @@ def append_kv(
         return
     problem = Problem(batch, heads, heads, new, capacity, dim, v.shape[3], k.dtype, k.device)
     rope = fn.variant.rope
+    rotates = rope is not None and fn.key_given
+    if rotates and k.dtype == torch.bfloat16 and runs_interpreted(k.device):
+        # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding
+        # (triton-lang/triton#11584): rotate with `rotate_keys`, which rounds as a GPU does,
+        # at the positions the kernel would use (lengths clamped to the cache, as it clamps
+        # them), then append the rotated keys as they are.
+        start = kv_lens.to(torch.int64).clamp(0, capacity)
+        k = fn.rotate_keys(k, start[:, None] + torch.arange(new, device=k.device))
+        rotates = False
     tensors = {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "kv_lens": kv_lens}
     if block_table is not None:
         tensors["block_table"] = block_table
-    launch = _launch(fn, problem, layout)
+    launch = _launch(fn, problem, layout, rotates)
     if "rope_table" in launch.info.roles:
         assert rope is not None
         tensors["rope_table"] = fn._rope_table(problem, capacity)
     launch(tensors)
 
 
-def _launch(fn: CompiledAttention, problem: Problem, layout: CacheLayout) -> KernelLaunch:
+def _launch(fn: CompiledAttention, problem: Problem, layout: CacheLayout, rotates: bool) -> KernelLaunch:
     """The prepared `append_kv` launch of `fn`'s program for this problem, cached per
-    variant, shape and layout."""
-    key = (problem, layout)
+    variant, shape and layout; with `rotates`, one that rotates the keys it writes (a variant
+    whose key rotation is `given`), else one that writes them as they are."""
+    key = (problem, layout, rotates)
     cached = fn._append_launches.get(key)
     if cached is not None:
         return cached
     block_m = APPEND_BLOCK_M if problem.device.type == "cuda" else 16
     placement = None
     if fn.variant.rope is not None:
-        placement = ("fused", "given" if fn.key_given else "fused")
+        placement = ("fused", "given" if rotates else "fused")
     compile_key = CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type,
                              TileConfig(block_m, 16, 4, 1), placement,
                              fn.program.default_positions, cache=layout, append=True)

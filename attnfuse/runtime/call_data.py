@@ -31,6 +31,15 @@ def positions_view(positions: object, name: str, length: int, problem: Problem) 
     return positions.expand(problem.batch, length)
 
 
+def refuse_non_strided(arguments: Mapping[str, object]) -> None:
+    """An `ArgumentError` naming a call-time tensor that is not a plain strided one (a sparse
+    or otherwise laid-out tensor, whose data no kernel reads by strides)."""
+    for name, value in arguments.items():
+        if isinstance(value, torch.Tensor) and value.layout is not torch.strided:
+            raise ArgumentError(f"{name}= must be a dense (strided) tensor, got layout {value.layout}: "
+                                f"pass {name}.to_dense()")
+
+
 def given_positions(program: Any, problem: Problem, arguments: Mapping[str, object]) -> dict[str, torch.Tensor]:
     """The call's `q_positions=` / `k_positions=` that are given, each checked against the
     program (it must have a `rope()`) and the call's shapes, as `positions_view`s by name."""

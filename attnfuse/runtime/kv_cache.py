@@ -21,6 +21,7 @@ import torch
 import triton
 
 from attnfuse.errors import ArgumentError
+from attnfuse.runtime.call_data import refuse_non_strided
 from attnfuse.runtime.inputs import Problem, check_tensor
 
 MAX_DECODE_QUERIES = 16
@@ -69,6 +70,7 @@ def _check_index_tensor(name: str, t: object, shape: tuple[int, ...], device: to
                         contiguous: bool = False) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name}= must be a torch.Tensor, got {type(t).__name__}")
+    refuse_non_strided({name: t})
     if t.dtype != torch.int32:
         raise ArgumentError(f"{name}= must be int32, got {t.dtype}")
     if tuple(t.shape) != shape:
@@ -107,6 +109,7 @@ def check_cache_arguments(
     if kv_lens is None:
         raise ArgumentError("block_table= needs kv_lens=: the pages do not say how many keys each sequence has")
     _check_index_tensor("kv_lens", kv_lens, (batch,), q.device, contiguous=True)
+    refuse_non_strided({"block_table": block_table})
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
         shape = list(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__
         raise ArgumentError(f"block_table= must be an int32 [B, max_pages] tensor, got {shape}")

@@ -26,7 +26,7 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects import attn
 from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier, normalizer_semantics
 from attnfuse.errors import ArgumentError
-from attnfuse.runtime.call_data import given_positions, refuse_undeclared_data
+from attnfuse.runtime.call_data import given_positions, refuse_non_strided, refuse_undeclared_data
 from attnfuse.runtime.config import KEY_POSITIONS_WITH_GIVEN_KEY, check_placement_request
 from attnfuse.runtime.inputs import REFERENCE_DTYPES, check_inputs, check_tensor
 from attnfuse.runtime.program import DATA_KEYWORDS, as_program
@@ -263,6 +263,8 @@ def reference_attention(
     explicit = (q_positions is not None, k_positions is not None)
     if kv_lens is None and block_table is not None:
         raise ArgumentError("block_table= needs kv_lens= (the number of keys of each sequence)")
+    refuse_non_strided({"bias": bias, "block_layout": block_layout, "q_positions": q_positions,
+                        "k_positions": k_positions, "kv_lens": kv_lens, "block_table": block_table, **data})
     if kv_lens is None:
         _check_call(program, explicit, q, k, v, {"bias": bias, "block_layout": block_layout, **data},
                     (q_positions, k_positions))

@@ -47,7 +47,7 @@ def paged_pools(batch, heads, capacity, page, dim, dtype, seed):
     return pools, table
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("given", [True, False])
 @pytest.mark.parametrize("page", [None, 16])
 def test_append_writes_each_key_at_its_position(dtype, given, page):
@@ -69,8 +69,17 @@ def test_append_writes_each_key_at_its_position(dtype, given, page):
         fn.append_kv(k_pool, v_pool, k, v, kv_lens, block_table=table)
         got = tuple(gather_pages(pool, table, [capacity] * batch, capacity) for pool in (k_pool, v_pool))
         assert torch.equal(k_pool[-2:], spare[0]) and torch.equal(v_pool[-2:], spare[1]), "a page no table lists changed"
-    torch.testing.assert_close(got[0], expected_cache(before[0], k, lens, given), rtol=0, atol=2e-3 if dtype == torch.float16 else 1e-6)
+    atol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-6)
+    torch.testing.assert_close(got[0], expected_cache(before[0], k, lens, given), rtol=0, atol=atol)
     assert torch.equal(got[1], expected_cache(before[1], v, lens, False))
+    if given and dtype != torch.float32:
+        # Rounded once, as `rotate_keys` rounds (its rotation in fp32, then to the dtype): the
+        # same bits, bf16 on Triton's CPU interpreter included (which truncates its casts).
+        positions = torch.tensor(lens)[:, None] + torch.arange(new)
+        rotated = fn.rotate_keys(k, positions)
+        for b, n in enumerate(lens):
+            room = min(new, capacity - n)
+            assert torch.equal(got[0][b, :, n:n + room], rotated[b, :, :room]), b
 
 
 def test_a_decode_loop_of_appends_and_attention_matches_the_reference():
@@ -115,3 +124,17 @@ def test_append_errors():
         fn.append_kv(k_cache[:, :1], v_cache, k, v, lens)
     with pytest.raises(ArgumentError, match="no backward"):
         fn.append_kv(k_cache, v_cache, k.requires_grad_(), v, lens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_negative_length_appends_at_the_start(dtype):
+    """A length below 0 is taken as 0 (attention calls clamp lengths alike): the keys go to
+    positions 0, 1, ..., rotated there for a variant whose keys arrive rotated."""
+    fn = af.compile(SPEC, rope_placement=("fused", "given"))
+    gen = torch.Generator().manual_seed(3)
+    k, v = (torch.randn(2, 2, 3, 16, generator=gen).to(dtype) for _ in range(2))
+    k_cache, v_cache = (torch.zeros(2, 2, 8, 16, dtype=dtype) for _ in range(2))
+    fn.append_kv(k_cache, v_cache, k, v, torch.tensor([-5, 0], dtype=torch.int32))
+    expected = expected_cache(torch.zeros_like(k_cache), k, [0, 0], True)
+    torch.testing.assert_close(k_cache, expected, rtol=0, atol=1.6e-2 if dtype == torch.bfloat16 else 1e-6)
+    assert torch.equal(v_cache[:, :, :3], v) and not v_cache[:, :, 3:].any()

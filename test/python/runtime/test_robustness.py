@@ -19,6 +19,7 @@ removed then.
 from __future__ import annotations
 
 import math
+import functools
 import re
 import warnings
 from collections.abc import Callable
@@ -305,6 +306,8 @@ BAD: dict[str, Bad] = {
                      ("alibi: slopes must be a non-empty list of finite numbers", "got [0.5, nan]")),
     "alibi-str": Bad(lambda: af.alibi(["x"]), CompositionError,
                      ("alibi: slopes must be a sequence of numbers", "got ['x']")),
+    "alibi-bool": Bad(lambda: af.alibi([True, False]), CompositionError,
+                      ("alibi: slopes must be a sequence of numbers (not bools)", "got [True, False]")),
     "llama3-high-le-low": Bad(lambda: af.llama3_scaling(high_freq_factor=1.0, low_freq_factor=2.0),
                               CompositionError, ("llama3_scaling: high_freq_factor must exceed low_freq_factor",
                                                  "got 1.0 <= 2.0")),
@@ -860,3 +863,37 @@ def test_output_does_not_alias_inputs():
     out = af.compile(spec, rope_placement="pre_rotated")(q, k, v)
     for t in (q, k, v):
         assert out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+
+
+SPARSE_DATA_CASES = {
+    # name: (spec, keyword arguments of the call, whose `name` entry is made sparse; decode?)
+    "doc_ids": (lambda: af.attention(af.document()), {"doc_ids": torch.zeros(2, 32, dtype=torch.int64)}),
+    "block_layout": (lambda: af.attention(af.block_sparse(16)), {"block_layout": torch.ones(2, 2, dtype=torch.bool)}),
+    "q_positions": (lambda: af.attention(af.rope()), {"q_positions": torch.arange(32)}),
+    "bias": (lambda: af.attention(af.additive_bias()), {"bias": torch.zeros(32, 32)}),
+    "kv_lens": (lambda: af.attention(af.causal()), {"kv_lens": torch.tensor([5, 32], dtype=torch.int32)}),
+    "block_table": (lambda: af.attention(af.causal()),
+                    {"kv_lens": torch.tensor([5, 16], dtype=torch.int32),
+                     "block_table": torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)}),
+}
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("api", ["compiled", "reference"])
+@pytest.mark.parametrize("name", list(SPARSE_DATA_CASES))
+def test_sparse_call_time_data_is_refused_by_name(name, api):
+    """A call-time tensor in a sparse layout (no strides for a kernel to read) is an
+    `ArgumentError` naming it, in the compiled call and the reference alike, never a raw
+    torch error from deep inside."""
+    make, data = SPARSE_DATA_CASES[name]
+    data = {**data, name: data[name].to_sparse()}
+    g = _gen(99)
+    if "kv_lens" in data:  # a decode call over a cache: contiguous, or pools of 8-key pages
+        keys = (4, 2, 8, 16) if "block_table" in data else (2, 2, 32, 16)
+        q, k, v = torch.randn(2, 4, 1, 16, generator=g), torch.randn(*keys, generator=g), torch.randn(*keys, generator=g)
+    else:
+        q, k, v = (torch.randn(2, h, 32, 16, generator=g) for h in (4, 2, 2))
+    spec = make()
+    call = af.compile(spec) if api == "compiled" else functools.partial(af.reference_attention, spec)
+    with pytest.raises(ArgumentError, match=re.escape(f"{name}= must be a dense (strided) tensor, got layout torch.sparse_coo")):
+        call(q, k, v, **data)

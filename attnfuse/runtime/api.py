@@ -706,7 +706,8 @@ class CompiledAttention:
         overwrites: the lse returned is then not the call's to keep."""
         p = plan.problem
         # In q's memory order (`empty_in_layout_of`): a model's head merge then reads it as a view.
-        out = empty_in_layout_of(q, p.dtype, (p.batch, p.heads_q, p.seq_q, p.head_dim_v))
+        out = empty_in_layout_of(q, p.dtype, None if p.head_dim_v == p.head_dim else
+                                 (p.batch, p.heads_q, p.seq_q, p.head_dim_v))
         lse = None if keep_lse or plan.compiled is None else plan.scratch.get("lse")
         if lse is None:
             lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)

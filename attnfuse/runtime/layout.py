@@ -22,11 +22,12 @@ def empty_in_layout_of(like: torch.Tensor, dtype: torch.dtype, shape: Sequence[i
     shares their offsets (`SHARED_OFFSETS`); and dq, dk, dv in their operand's order reach the
     projections' backward as views. Each kernel reads every role's strides, so any order is
     correct; this one saves the copies around the call."""
-    shape = tuple(like.shape) if shape is None else tuple(shape)
+    # On every call's path (outputs, gradients): the common cases first, without conversions.
     if like.stride(-1) != 1:
-        return torch.empty(shape, dtype=dtype, device=like.device)
-    if shape == tuple(like.shape):
+        return torch.empty(like.shape if shape is None else shape, dtype=dtype, device=like.device)
+    if shape is None or like.shape == shape:
         return torch.empty_like(like, dtype=dtype, memory_format=torch.preserve_format)
+    shape = tuple(shape)
     if len(shape) != like.dim() or shape[:-1] != tuple(like.shape[:-1]):
         raise ValueError(f"internal: shape {shape} differs from {tuple(like.shape)} in more than the last dim")
     # The other dims from outermost to innermost by `like`'s strides (a stable sort: equal

@@ -236,7 +236,8 @@ def test_gluon_training_call_gradients(name, d, hq, n):
 
 
 def test_model_layout_runs_on_gluon(monkeypatch):
-    """A [B, N, H, D] projection viewed as [B, H, N, D]: the 4-D descriptors take its strides."""
+    """A [B, N, H, D] projection viewed as [B, H, N, D]: the 4-D descriptors take its strides,
+    the output's (in q's memory order) too."""
     spec = SPECS["causal"]
     fn = af.compile(spec)
     gen = torch.Generator().manual_seed(5)
@@ -246,6 +247,7 @@ def test_model_layout_runs_on_gluon(monkeypatch):
     gluon_only(launch, monkeypatch)
     with torch.no_grad():
         out = fn(q, k, v)
+    assert out.stride() == q.stride()  # the output in q's memory order, stored by its descriptor
     assert_close_to_reference(out.cpu(), af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu()), torch.float16)
 
 

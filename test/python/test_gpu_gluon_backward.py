@@ -122,9 +122,14 @@ def test_gluon_backward_lse_gradient(monkeypatch):
 
 
 def test_gluon_backward_model_layout(monkeypatch):
-    """q, k, v as a model's [B, N, H, D] projections viewed as [B, H, N, D]."""
+    """q, k, v as a model's [B, N, H, D] projections viewed as [B, H, N, D]; dq, dk and dv come
+    back in their operands' memory order (dk and dv stored by their descriptors)."""
     q, k, v = inputs(2, 8, 2, 300, 300, 128, torch.bfloat16, seed=12, layout="bnhd")
+    strides = {}
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        t.register_hook(lambda g, name=name: strides.__setitem__(name, g.stride()))
     run_and_check(SPECS["rope-causal"], q, k, v, monkeypatch)
+    assert strides == {"q": q.stride(), "k": k.stride(), "v": v.stride()}
 
 
 @pytest.mark.parametrize("name", list(SPECS))

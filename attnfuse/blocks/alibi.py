@@ -138,17 +138,23 @@ class Alibi(Block):
             return
         try:
             values = tuple(self.slopes)
-            if any(isinstance(x, bool) for x in values):
-                raise TypeError  # as every block's numbers refuse bools: True is not a slope
             slopes = tuple(float(x) for x in values)
         except (TypeError, ValueError):
-            raise CompositionError(f"alibi: slopes must be a sequence of numbers (not bools), got {self.slopes!r}") from None
+            raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}") from None
+        if any(_is_bool(x) for x in values):
+            # As every block's numbers refuse bools: True is not a slope.
+            raise CompositionError(f"alibi: slopes must be numbers, not bools, got {self.slopes!r}")
         if not slopes or not all(abs(x) <= FP32_MAX for x in slopes):
             raise CompositionError(f"alibi: slopes must be a non-empty list of finite numbers, got {self.slopes!r}")
         object.__setattr__(self, "slopes", slopes)
 
     def build(self, variant: Any, value: SSAValue) -> Operation:
         return AlibiOp(value, self.slopes)
+
+
+def _is_bool(x: object) -> bool:
+    """A Python, NumPy or torch boolean (the last two by their dtype's name)."""
+    return isinstance(x, bool) or str(getattr(x, "dtype", "")) in ("bool", "torch.bool")
 
 
 def alibi(slopes=None) -> Alibi:

@@ -519,7 +519,6 @@ class CompiledAttention:
         tensors: dict[str, torch.Tensor] = {}
         problem = plan.problem
         variant = self.program.canonical(explicit_positions)
-        refuse_non_strided(arguments)
         for name, view in given_positions(self.program, problem, arguments).items():  # checked even if unread
             if variant.reads_positions[name == "k_positions"]:
                 tensors[name] = view
@@ -537,6 +536,7 @@ class CompiledAttention:
             if furthest > plan.constants["rope_table"].shape[1]:
                 tensors["rope_table"] = self._rope_table(problem, furthest)
         refuse_undeclared_data(self.program, variant.arguments, arguments, DATA_KEYWORDS)
+        refuse_non_strided(arguments)  # before any binding reads them
         sources: list[ListSource] = []
         for binding in variant.bindings:
             if binding.use.argument is None:

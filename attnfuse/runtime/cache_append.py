@@ -10,9 +10,9 @@ rotation (its theta, width, pairs, scaling). Other variants' caches hold keys as
 The kernel is lower-to-tile's `append_kv` (`append=true`, the `appended_keys` grid), compiled
 from the variant's own program, so the rotation is the one its attention kernels assume. The
 caller advances `kv_lens` afterwards. Lengths and table entries are read by the kernel, never
-by the host: an append and the attention after it capture in one CUDA graph. (On Triton's CPU
-interpreter, which truncates fp32 -> bf16, triton-lang/triton#11584, bf16 keys are rotated by
-`rotate_keys`, which rounds, and then appended as they are.)
+by the host on a GPU: an append and the attention after it capture in one CUDA graph. (On the
+CPU, where Triton's interpreter truncates fp32 -> bf16, triton-lang/triton#11584, bf16 keys are
+rotated by `rotate_keys`, which rounds, and then appended as they are.)
 """
 
 from __future__ import annotations
@@ -79,11 +79,12 @@ def append_kv(
     problem = Problem(batch, heads, heads, new, capacity, dim, v.shape[3], k.dtype, k.device)
     rope = fn.variant.rope
     rotates = rope is not None and fn.key_given
-    if rotates and k.dtype == torch.bfloat16 and runs_interpreted(k.device):
+    if rotates and k.dtype == torch.bfloat16 and k.device.type != "cuda":
         # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding
-        # (triton-lang/triton#11584): rotate with `rotate_keys`, which rounds as a GPU does,
-        # at the positions the kernel would use (lengths clamped to the cache, as it clamps
-        # them), then append the rotated keys as they are.
+        # (triton-lang/triton#11584): rotate with `rotate_keys`, which rounds as a GPU does
+        # (off the GPU, the test `key_rotation` makes too), at the positions the kernel would
+        # use (lengths clamped to the cache, as it clamps them), then append the rotated keys
+        # as they are. rotate_keys reads the positions' range on the host: the CPU's only.
         start = kv_lens.to(torch.int64).clamp(0, capacity)
         k = fn.rotate_keys(k, start[:, None] + torch.arange(new, device=k.device))
         rotates = False

@@ -1,6 +1,9 @@
-"""Call-time RoPE positions: checked against the call's shapes (an `ArgumentError` naming the
-argument otherwise) and returned as the view the kernels read. The other call-time data is
-bound by the ops that read it (`DataUse`, `bind`, in `attnfuse/blocks/`)."""
+"""The checks of a call's call-time data shared by compiled calls and the reference: RoPE
+positions, checked against the call's shapes and returned as the view the kernels read
+(`positions_view`, `given_positions`, and their range, `position_extent`); data given to a
+program that reads none (`refuse_undeclared_data`); tensors in layouts no kernel reads by
+strides (`refuse_non_strided`). Each names the argument at fault in an `ArgumentError`. The
+data itself is bound by the ops that read it (`DataUse`, `bind`, in `attnfuse/blocks/`)."""
 
 from __future__ import annotations
 
@@ -13,11 +16,22 @@ from attnfuse.errors import ArgumentError
 from attnfuse.runtime.inputs import Problem
 
 
+def refuse_non_strided(arguments: Mapping[str, object]) -> None:
+    """An `ArgumentError` naming a call-time tensor that is not a plain strided one (a sparse
+    or otherwise laid-out tensor, whose data no kernel reads by strides)."""
+    for name, value in arguments.items():
+        if isinstance(value, torch.Tensor) and (value.layout is not torch.strided or value.is_nested):
+            what = "a nested tensor" if value.is_nested else f"layout {value.layout}"
+            raise ArgumentError(f"{name}= must be a dense (strided) tensor, got {what}: pass a plain tensor "
+                                "(to_dense(), or to_padded_tensor() for a nested one)")
+
+
 def positions_view(positions: object, name: str, length: int, problem: Problem) -> torch.Tensor:
     """Call-time RoPE positions as a `[B, N]` integer view (a shared `[N]` gets batch stride
     0)."""
     if not isinstance(positions, torch.Tensor):
         raise ArgumentError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
+    refuse_non_strided({name: positions})
     if positions.dtype not in (torch.int32, torch.int64):
         raise ArgumentError(f"{name} must be int32 or int64, got {positions.dtype}")
     if positions.device != problem.device:
@@ -29,15 +43,6 @@ def positions_view(positions: object, name: str, length: int, problem: Problem) 
             f"{list(positions.shape)}"
         )
     return positions.expand(problem.batch, length)
-
-
-def refuse_non_strided(arguments: Mapping[str, object]) -> None:
-    """An `ArgumentError` naming a call-time tensor that is not a plain strided one (a sparse
-    or otherwise laid-out tensor, whose data no kernel reads by strides)."""
-    for name, value in arguments.items():
-        if isinstance(value, torch.Tensor) and value.layout is not torch.strided:
-            raise ArgumentError(f"{name}= must be a dense (strided) tensor, got layout {value.layout}: "
-                                f"pass {name}.to_dense()")
 
 
 def given_positions(program: Any, problem: Problem, arguments: Mapping[str, object]) -> dict[str, torch.Tensor]:

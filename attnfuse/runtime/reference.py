@@ -263,12 +263,15 @@ def reference_attention(
     explicit = (q_positions is not None, k_positions is not None)
     if kv_lens is None and block_table is not None:
         raise ArgumentError("block_table= needs kv_lens= (the number of keys of each sequence)")
-    refuse_non_strided({"bias": bias, "block_layout": block_layout, "q_positions": q_positions,
-                        "k_positions": k_positions, "kv_lens": kv_lens, "block_table": block_table, **data})
+    unexpected = [name for name in data if name not in DATA_KEYWORDS]
+    if unexpected:
+        raise ArgumentError(f"unexpected argument(s) {', '.join(sorted(unexpected))} for the reference")
     if kv_lens is None:
         _check_call(program, explicit, q, k, v, {"bias": bias, "block_layout": block_layout, **data},
                     (q_positions, k_positions))
     else:  # the caches and their data are checked where they are read (`_decode_attention`)
+        refuse_non_strided({"bias": bias, "block_layout": block_layout, "q_positions": q_positions,
+                            "k_positions": k_positions, "kv_lens": kv_lens, "block_table": block_table, **data})
         check_tensor("q", q, REFERENCE_DTYPES)
     fixed = program.explicit_positions_of()
     module = program.module(explicit if fixed is None else fixed)
@@ -282,9 +285,6 @@ def reference_attention(
     q, k, v = (convert(t) for t in (q, k, v))
     b, h_q, n_q, _d = q.shape
     n_k = k.shape[2]
-    unexpected = [name for name in data if name not in DATA_KEYWORDS]
-    if unexpected:
-        raise ArgumentError(f"unexpected argument(s) {', '.join(sorted(unexpected))} for the reference")
     tensors: dict[str, torch.Tensor] = {name: t for name, t in data.items() if t is not None}
     if bias is not None:
         tensors["bias"] = convert(bias)
@@ -313,6 +313,7 @@ def _check_call(program: Any, explicit: tuple[bool, bool], q: object, k: object,
     canonical = program.canonical(explicit)
     given_positions(program, problem, dict(zip(("q_positions", "k_positions"), positions)))
     refuse_undeclared_data(program, canonical.arguments, data, DATA_KEYWORDS)
+    refuse_non_strided(data)  # before any binding reads them
     # The reference moves data to its own device and dtype: each tensor is checked as one of its
     # shape on q's device would be (float64 as float32; a broadcast stand-in, no copy).
     data = {name: torch.empty((), dtype=torch.float32 if t.dtype == torch.float64 else t.dtype,

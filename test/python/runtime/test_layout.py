@@ -1,4 +1,5 @@
-"""`empty_in_layout_of`: the rotated copies' memory order (runtime/layout.py)."""
+"""`empty_in_layout_of`: the memory order of what the runtime allocates for a call (outputs,
+gradients, rotated copies): their operand's (runtime/layout.py)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,32 @@ def test_last_dim_not_innermost_gives_contiguous():
     like = torch.randn(2, 4, 32, 8).transpose(2, 3)
     copy = empty_in_layout_of(like, like.dtype)
     assert copy.is_contiguous() and copy.shape == like.shape
+
+
+def test_overlapping_rows_give_contiguous():
+    """A view whose rows share elements (sequence stride 1) has no row order to keep: contiguous."""
+    like = torch.randn(4000).as_strided((2, 3, 150, 4), (300, 150, 1, 1))
+    copy = empty_in_layout_of(like, torch.float32)
+    assert copy.is_contiguous() and copy.shape == like.shape
+    assert empty_in_layout_of(like, torch.float32, (2, 3, 150, 8)).is_contiguous()
+
+
+@pytest.mark.parametrize(
+    "like",
+    [
+        pytest.param(lambda: model_layout(2, 8, 4, 32), id="model"),
+        pytest.param(lambda: torch.randn(1, 4, 8, 32).expand(3, 4, 8, 32), id="expanded-batch"),
+        pytest.param(lambda: model_layout(1, 8, 4, 32)[:, :, :, :], id="model-b1"),
+        pytest.param(lambda: torch.randn(2, 4, 8, 32), id="contiguous"),
+    ],
+)
+def test_a_narrower_last_dim_keeps_the_order(like):
+    """An output of another width (Dv != D) has the dims of `like` in the same memory order as
+    a copy of `like` itself, and applying the rule to the result gives its own order back."""
+    like = like()
+    same = empty_in_layout_of(like, torch.float16)
+    narrow = empty_in_layout_of(like, torch.float16, (*like.shape[:-1], 16))
+    assert narrow.shape == (*like.shape[:-1], 16) and narrow.stride(-1) == 1
+    order = lambda t: sorted(range(t.dim() - 1), key=t.stride, reverse=True)  # noqa: E731
+    assert order(narrow) == order(same)
+    assert empty_in_layout_of(narrow, torch.float32).stride() == narrow.stride()

@@ -18,8 +18,8 @@ removed then.
 
 from __future__ import annotations
 
-import math
 import functools
+import math
 import re
 import warnings
 from collections.abc import Callable
@@ -307,7 +307,9 @@ BAD: dict[str, Bad] = {
     "alibi-str": Bad(lambda: af.alibi(["x"]), CompositionError,
                      ("alibi: slopes must be a sequence of numbers", "got ['x']")),
     "alibi-bool": Bad(lambda: af.alibi([True, False]), CompositionError,
-                      ("alibi: slopes must be a sequence of numbers (not bools)", "got [True, False]")),
+                      ("alibi: slopes must be numbers, not bools", "got [True, False]")),
+    "alibi-torch-bool": Bad(lambda: af.alibi(torch.tensor([True, False])), CompositionError,
+                            ("alibi: slopes must be numbers, not bools", "got tensor([ True, False])")),
     "llama3-high-le-low": Bad(lambda: af.llama3_scaling(high_freq_factor=1.0, low_freq_factor=2.0),
                               CompositionError, ("llama3_scaling: high_freq_factor must exceed low_freq_factor",
                                                  "got 1.0 <= 2.0")),
@@ -878,15 +880,20 @@ SPARSE_DATA_CASES = {
 }
 
 
+def _nested(t: torch.Tensor) -> torch.Tensor:
+    return torch.nested.nested_tensor(list(t.reshape(-1, t.shape[-1]) if t.dim() > 1 else [t]))
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("api", ["compiled", "reference"])
+@pytest.mark.parametrize("kind", ["sparse", "nested"])
 @pytest.mark.parametrize("name", list(SPARSE_DATA_CASES))
-def test_sparse_call_time_data_is_refused_by_name(name, api):
-    """A call-time tensor in a sparse layout (no strides for a kernel to read) is an
-    `ArgumentError` naming it, in the compiled call and the reference alike, never a raw
-    torch error from deep inside."""
+def test_sparse_call_time_data_is_refused_by_name(name, kind, api):
+    """A call-time tensor in a sparse layout, or a nested one (no strides for a kernel to
+    read), is an `ArgumentError` naming it, in the compiled call and the reference alike,
+    never a raw torch error from deep inside."""
     make, data = SPARSE_DATA_CASES[name]
-    data = {**data, name: data[name].to_sparse()}
+    data = {**data, name: data[name].to_sparse() if kind == "sparse" else _nested(data[name])}
     g = _gen(99)
     if "kv_lens" in data:  # a decode call over a cache: contiguous, or pools of 8-key pages
         keys = (4, 2, 8, 16) if "block_table" in data else (2, 2, 32, 16)
@@ -895,5 +902,25 @@ def test_sparse_call_time_data_is_refused_by_name(name, api):
         q, k, v = (torch.randn(2, h, 32, 16, generator=g) for h in (4, 2, 2))
     spec = make()
     call = af.compile(spec) if api == "compiled" else functools.partial(af.reference_attention, spec)
-    with pytest.raises(ArgumentError, match=re.escape(f"{name}= must be a dense (strided) tensor, got layout torch.sparse_coo")):
+    what = "layout torch.sparse_coo" if kind == "sparse" else "a nested tensor"
+    with pytest.raises(ArgumentError, match=re.escape(f"{name}= must be a dense (strided) tensor, got {what}")):
         call(q, k, v, **data)
+
+
+@pytest.mark.interpreter
+def test_rotate_keys_refuses_sparse_positions():
+    fn = af.compile(af.attention(af.rope(), af.causal()), rope_placement=("fused", "given"))
+    k = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ArgumentError, match=re.escape("k_positions= must be a dense (strided) tensor")):
+        fn.rotate_keys(k, torch.arange(8).to_sparse())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("api", ["compiled", "reference"])
+def test_undeclared_data_is_named_before_its_layout(api):
+    """Sparse data for a block the program lacks: the missing block is the mistake to name."""
+    spec = af.attention(af.causal())
+    q, k, v = (torch.randn(1, 2, 16, 16) for _ in range(3))
+    call = af.compile(spec) if api == "compiled" else functools.partial(af.reference_attention, spec)
+    with pytest.raises(ArgumentError, match=re.escape("doc_ids= given, but")):
+        call(q, k, v, doc_ids=torch.zeros(16, dtype=torch.int64).to_sparse())

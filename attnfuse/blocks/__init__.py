@@ -20,6 +20,8 @@ from types import ModuleType
 
 from xdsl.ir import Dialect
 
+from attnfuse.errors import CompositionError
+
 
 _REGISTERED: list[ModuleType] = []
 """Block modules from outside this package (`register_block_module`), in registration order."""
@@ -37,22 +39,64 @@ def block_modules() -> tuple[ModuleType, ...]:
     return (*_package_modules(), *_REGISTERED)
 
 
+_GENERATION = [0]
+"""Bumped whenever the registered modules change: what parsed program text is cached under
+(`registry_generation`), so that text parsed before a change is parsed again after it."""
+
+
+def registry_generation() -> int:
+    """A number that changes whenever `register_block_module` or `unregister_block_module`
+    changes the dialect."""
+    return _GENERATION[0]
+
+
+def block_module_problem(module: ModuleType) -> str | None:
+    """Why `module` cannot join the `attn` dialect, or None: no `OPS`, an entry that is not an
+    IRDL op, an op outside the `attn.` namespace, or an op whose name the dialect already has
+    (a core op's, a package block's or another registered module's)."""
+    from xdsl.irdl import IRDLOperation
+
+    ops = getattr(module, "OPS", None)
+    if not isinstance(ops, (tuple, list)) or not ops:
+        return f"OPS must list the module's ops (a non-empty tuple), got {ops!r}"
+    taken = {op.name for op in attn_dialect().operations}
+    for op in ops:
+        if not (isinstance(op, type) and issubclass(op, IRDLOperation)):
+            return f"OPS holds {op!r}, not an IRDL op class"
+        if not op.name.startswith("attn."):
+            return f"op {op.name!r} must be named attn.<name> (it joins the attn dialect)"
+        if op.name in taken:
+            return (f"op {op.name!r} is already defined in the attn dialect (a core op, a block's, or "
+                    "another registered module's): give it a name of its own")
+        taken.add(op.name)
+    return None
+
+
 def register_block_module(module: ModuleType) -> None:
     """Adds a block module that lives outside this package (a research prototype, a test)
     to the `attn` dialect: laid out as a module here (§10.1 of docs/architecture.md), its
     `OPS` and `ATTRIBUTES` are registered by every context made after the call, so its op
     parses in `af.compile(text)` and `attnfuse-opt`-style tools run in this process. Its
-    source joins the compile cache's fingerprint, so an edit never reuses stale kernels."""
+    source joins the compile cache's fingerprint, so an edit never reuses stale kernels.
+    A `CompositionError` if the module cannot join the dialect (`block_module_problem`)."""
     if module not in _REGISTERED and module not in _package_modules():
+        problem = block_module_problem(module)
+        if problem is not None:
+            raise CompositionError(f"block module {getattr(module, '__file__', None) or module.__name__}: {problem}")
         _REGISTERED.append(module)
-        attn_dialect.cache_clear()
+        _changed()
 
 
 def unregister_block_module(module: ModuleType) -> None:
     """Removes a module `register_block_module` added (nothing if it was not registered)."""
     if module in _REGISTERED:
         _REGISTERED.remove(module)
-        attn_dialect.cache_clear()
+        _changed()
+
+
+def _changed() -> None:
+    attn_dialect.cache_clear()
+    _GENERATION[0] += 1
 
 
 @cache
@@ -69,4 +113,4 @@ def attn_dialect() -> Dialect:
     return Dialect("attn", ops, attributes)
 
 
-__all__ = ["attn_dialect", "block_modules", "register_block_module", "unregister_block_module"]
+__all__ = ["attn_dialect", "block_module_problem", "block_modules", "register_block_module", "registry_generation", "unregister_block_module"]

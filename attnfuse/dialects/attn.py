@@ -514,6 +514,18 @@ class YieldOp(IRDLOperation):
         super().__init__(operands=[output])
 
 
+class OpWithoutRole(VerifyException):
+    """An op in a variant's body that is none of the core ops and implements none of the three
+    interfaces (`ScoreModifier`, `KeyFilter`, `Normalizer`); `op` is it (`attnfuse-opt`
+    locates the diagnostic there)."""
+
+    def __init__(self, op: Operation):
+        super().__init__(f"'{op.name}' inside attn.variant implements none of ScoreModifier, KeyFilter "
+                         "and Normalizer: every op between attn.scores and attn.pv plays one of those "
+                         "roles (docs/architecture.md §3.2)")
+        self.op = op
+
+
 @irdl_op_definition
 class VariantOp(IRDLOperation):
     """One attention variant: a function from `(q, k, v)` to the output, over one head.
@@ -597,6 +609,11 @@ class VariantOp(IRDLOperation):
                     f"'{op.name}' inside attn.variant: a variant's body holds attn ops only"
                 )
         check_defined_before_use(self)
+        for op in block.ops:
+            # Every other op is a block's: the passes know it by its interface alone, so an op
+            # without one (an out-of-tree block's omission) would reach them as nothing.
+            if not isinstance(op, CORE_OPS) and not op.has_trait(Normalizer) and not is_score_op(op):
+                raise OpWithoutRole(op)
         for kind, what in ((ScoresOp, "attn.scores"), (PVOp, "attn.pv")):
             if len(self.ops_of(kind)) != 1:
                 raise VerifyException(f"a variant needs exactly one {what}")

@@ -25,6 +25,11 @@ def validate_blocks(blocks: tuple[Block, ...]) -> None:
             raise CompositionError(
                 f"attention() takes building blocks such as af.causal(), got {block!r}"
             )
+        if block.category not in CATEGORY_ORDER:
+            # An out-of-tree block's typo: the category orders the canonical key.
+            raise CompositionError(
+                f"{block.block_name}: category {block.category!r} is none of {', '.join(CATEGORY_ORDER)}"
+            )
     counts = Counter(type(b) for b in blocks)
     for kind, count in counts.items():
         if count > 1:

@@ -326,8 +326,9 @@ def verified(module: ModuleOp) -> ModuleOp:
 
 
 @cache
-def program_of(source: Any) -> VariantProgram:
-    """The `VariantProgram` of a hashable source (a spec, or IR text), made once."""
+def program_of(source: Any, generation: int = 0) -> VariantProgram:
+    """The `VariantProgram` of a hashable source (a spec, or IR text), made once per
+    `generation` of the registered block modules (text parses to other ops after a change)."""
     return VariantProgram(source)
 
 
@@ -337,6 +338,10 @@ def as_program(source: Any) -> VariantProgram:
         return source
     if isinstance(source, ModuleOp):
         return VariantProgram(source)
+    if isinstance(source, str):
+        from attnfuse.blocks import registry_generation
+
+        return program_of(source, registry_generation())
     return program_of(source)
 
 

@@ -213,7 +213,7 @@ class BlockModuleError(AttnFuseError):
 def load_block_module(path: str) -> ModuleType:
     """Imports the block module at `path` (under its file's stem) and registers it
     (`attnfuse.blocks.register_block_module`); an `AttnFuseError` naming the file if it cannot."""
-    from attnfuse.blocks import register_block_module
+    from attnfuse.blocks import block_module_problem, register_block_module
 
     file = Path(path)
     # A name of its own (a block file named json.py must not replace the json module, nor two
@@ -229,6 +229,10 @@ def load_block_module(path: str) -> ModuleType:
     except Exception as err:  # noqa: BLE001 - a user's module: one line, never a traceback
         sys.modules.pop(name, None)
         raise BlockModuleError(f"--block-module {path}: {type(err).__name__}: {_first_line(err)}") from err
+    problem = block_module_problem(module)
+    if problem is not None:
+        sys.modules.pop(name, None)
+        raise BlockModuleError(f"--block-module {path}: {problem}")
     register_block_module(module)
     return module
 

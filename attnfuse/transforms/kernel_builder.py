@@ -14,6 +14,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn, tile
+from attnfuse.errors import IRError
 from attnfuse.dialects.interfaces import (
     KeyFilter,
     Normalizer,
@@ -331,6 +332,15 @@ ChainInputs = list[tuple[Operation, SSAValue]]
 """Each modifier of a score chain with the scores it read: what the backward's VJPs need."""
 
 
+def _block_result(op: Operation, method: str, value: object) -> SSAValue:
+    """What a block's interface method returned, checked to be the refined tile (an `IRError`
+    at the op otherwise: an out-of-tree block's omission, named where it is made)."""
+    if not isinstance(value, SSAValue):
+        raise IRError(f"'{op.name}': its interface's {method}() returned {type(value).__name__}, expected the "
+                      "tile value it computes (the SSAValue of the op it added)", op)
+    return value
+
+
 def lower_score_chain(
     k: KernelBuilder, facts: VariantFacts, scores: SSAValue, masked: bool
 ) -> tuple[SSAValue, ChainInputs]:
@@ -344,13 +354,13 @@ def lower_score_chain(
         inputs.append((op, scores))
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
-        scores = trait.lower(op, k, scores)
+        scores = _block_result(op, "lower", trait.lower(op, k, scores))
     if masked:
         scores = k.add(tile.MaskOp(scores, facts.band), "scores").results[0]
         for op in facts.filters:
             trait = op.get_trait(KeyFilter)
             assert trait is not None
-            scores = trait.lower(op, k, scores)
+            scores = _block_result(op, "lower", trait.lower(op, k, scores))
     return scores, inputs
 
 
@@ -364,7 +374,7 @@ def lower_chain_vjp(k: KernelBuilder, inputs: ChainInputs, grad: SSAValue) -> SS
         assert trait is not None
         for role, value in trait.data_gradient(op, k, grad):
             data_grads.setdefault(role, []).append(value)
-        grad = trait.vjp(op, k, scores_in, grad)
+        grad = _block_result(op, "vjp", trait.vjp(op, k, scores_in, grad))
     for role, values in data_grads.items():
         if not k.writes(role):
             continue

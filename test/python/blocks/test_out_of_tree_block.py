@@ -199,3 +199,115 @@ def test_an_edited_unregistered_block_gets_new_kernels(tmp_path, monkeypatch):
         outputs.append(out)
     assert not torch.allclose(outputs[0], outputs[1])
     sys.modules.pop("prototype_shift", None)
+
+
+# --- a block author's mistakes: each named where it is made ------------------------------------
+
+
+def _op_class(name: str, traits: tuple):
+    """An op like `attn.score_offset` (same operand, result, property and syntax) under `name`
+    with `traits`."""
+    from xdsl.dialects.builtin import FloatAttr
+    from xdsl.irdl import (IRDLOperation, ParsePropInAttrDict, irdl_op_definition, operand_def, prop_def,
+                           result_def, traits_def)
+
+    from attnfuse.dialects.attn import ScoresType
+
+    namespace = {"name": name, "input": operand_def(ScoresType), "result": result_def(ScoresType),
+                 "offset": prop_def(FloatAttr), "assembly_format": "$input attr-dict",
+                 "irdl_options": (ParsePropInAttrDict(),), "traits": traits_def(*traits)}
+    return irdl_op_definition(type("MistakeOp", (IRDLOperation,), namespace))
+
+
+def _module(*ops):
+    import types
+
+    module = types.ModuleType("a_block_authors_module")
+    module.OPS = ops
+    return module
+
+
+def _variant_with(op_name: str) -> str:
+    return HAND_WRITTEN.replace("attn.score_offset", op_name)
+
+
+def test_modules_that_cannot_join_the_dialect_are_refused():
+    from xdsl.traits import Pure
+
+    from attnfuse.blocks import block_module_problem
+
+    assert "OPS must list" in block_module_problem(_module())
+    assert "not an IRDL op class" in block_module_problem(_module(object))
+    assert "must be named attn.<name>" in block_module_problem(_module(_op_class("mine.offset", (Pure(),))))
+    clash = _module(_op_class("attn.softcap", (Pure(), score_offset_block.ScoreOffsetSemantics())))
+    with pytest.raises(CompositionError, match="'attn.softcap' is already defined in the attn dialect"):
+        register_block_module(clash)
+
+
+def test_an_op_without_a_role_is_a_verifier_error_at_the_op():
+    """An op implementing none of ScoreModifier, KeyFilter, Normalizer would reach the passes
+    as nothing: the variant's verifier refuses it, naming it (and attnfuse-opt locates it)."""
+    from xdsl.traits import Pure
+
+    module = _module(_op_class("attn.offset_without_role", (Pure(),)))
+    register_block_module(module)
+    try:
+        with pytest.raises(AttnFuseError, match="'attn.offset_without_role' inside attn.variant implements none of"):
+            af.compile(_variant_with("attn.offset_without_role"))
+    finally:
+        unregister_block_module(module)
+
+
+def test_a_lowering_that_returns_nothing_is_named():
+    from xdsl.traits import Pure
+
+    class ForgetfulSemantics(score_offset_block.ScoreOffsetSemantics):
+        @staticmethod
+        def offset(op):
+            return op.offset.value.data
+
+        def lower(self, op, kernel, scores):
+            super().lower(op, kernel, scores)  # the map is added, its result not returned
+
+    module = _module(_op_class("attn.forgetful_offset", (Pure(), ForgetfulSemantics())))
+    register_block_module(module)
+    try:
+        q, k, v = make_qkv(1, 1, 1, 8, 8, 16, seed=5)
+        with pytest.raises(AttnFuseError, match=r"'attn.forgetful_offset': its interface's lower\(\) returned NoneType"):
+            af.compile(_variant_with("attn.forgetful_offset"))(q, k, v)
+    finally:
+        unregister_block_module(module)
+
+
+def test_text_parsed_before_a_registration_change_is_parsed_again():
+    """Fix a block, register the fixed module: the same program text now means the fixed op."""
+    from xdsl.traits import Pure
+
+    text = _variant_with("attn.changing_offset")
+    broken = _module(_op_class("attn.changing_offset", (Pure(),)))
+    class Semantics(score_offset_block.ScoreOffsetSemantics):
+        @staticmethod
+        def offset(op):
+            return op.offset.value.data
+
+    fixed = _module(_op_class("attn.changing_offset", (Pure(), Semantics())))
+    q, k, v = make_qkv(1, 1, 1, 8, 8, 16, seed=6)
+    register_block_module(broken)
+    try:
+        with pytest.raises(AttnFuseError, match="implements none of"):
+            af.compile(text)
+    finally:
+        unregister_block_module(broken)
+    register_block_module(fixed)
+    try:
+        assert torch.equal(af.compile(text)(q, k, v), af.compile(HAND_WRITTEN)(q, k, v))
+    finally:
+        unregister_block_module(fixed)
+
+
+def test_a_category_typo_is_a_composition_error():
+    class Typo(score_offset_block.ScoreOffset):
+        category = "modifer"
+
+    with pytest.raises(CompositionError, match="category 'modifer' is none of transform, scores, modifier"):
+        af.attention(Typo(0.5), af.causal())

@@ -84,14 +84,25 @@ class AttnFuseOptMain(xDSLOptMain):
         self.modules: list[ModuleOp] = []
         # Out-of-tree block modules join the attn dialect before xDSL registers it (which it
         # does before parsing the arguments).
-        loaded = _block_module_paths(args if args is not None else sys.argv[1:])
+        argv = list(args if args is not None else sys.argv[1:])
+        self.argv = argv
+        loaded = _block_module_paths(argv)
         for path in loaded:
             load_block_module(path)
+        target = _target_arg(argv)
+        if target is not None:
+            _parse_target(target)  # before xDSL does, which would blame the pass pipeline
         super().__init__(description="AttnFuse modular optimizer driver", args=args)
         if list(self.args.block_module) != loaded:
             # argparse took an abbreviation (`--block FILE`) that the scan above did not.
             raise BlockModuleError("--block-module must be spelled out (an abbreviation is read too late to "
                                    "register the block)")
+        spec = _parse_target(self.args.target)
+        try:
+            # The target's options, checked now: a bad one is the command line's mistake.
+            self.available_targets[spec.name]().from_spec(spec)
+        except Exception as err:  # noqa: BLE001 - xDSL raises ValueError and others
+            raise CommandLineError(f"-t {self.args.target}: {_first_line(err)}") from err
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
@@ -159,9 +170,54 @@ class AttnFuseOptMain(xDSLOptMain):
         # Pad with the lines before this chunk so that locations count from the file's start.
         parser = LocatingParser(self.ctx, "\n" * start_offset + text, self.get_input_name(), self.locations,
                                 locate_verify_errors=not self.args.verify_diagnostics)
-        module = parser.parse_module()
+        try:
+            module = parser.parse_module()
+        except ParseError as err:
+            undefined = re.match(r"values used but not defined: \[(%[^\],]+)", err.msg)
+            use = undefined and re.search(re.escape(undefined.group(1)) + r"(?![\w.$-])", text)
+            if not use:
+                raise
+            # xDSL reports a value never defined at the end of the input: point at its first use.
+            line = text.count("\n", 0, use.start()) + 1
+            col = use.start() - (text.rfind("\n", 0, use.start()) + 1) + 1
+            raise ParseError(_span_at(text, line, col, self.get_input_name(), start_offset),
+                             f"{undefined.group(1)} is used but never defined") from err
         self.modules.append(module)
         return module
+
+    def run(self) -> None:
+        """xDSL's run, except that with `--split-input-file` a failing chunk is reported (one
+        diagnostic line, as `main` reports errors) and the next chunks still run, as mlir-opt
+        does; `ChunksFailed` at the end if any failed. Diagnostic-verifying, parsing-diagnostic
+        and shrinking runs keep xDSL's own loop."""
+        a = self.args
+        if not a.split_input_file or a.verify_diagnostics or a.parsing_diagnostics or a.shrink:
+            super().run()
+            return
+        chunks, file_extension = self.prepare_input()
+        output = self.prepare_output()
+        failed = False
+        try:
+            for i, (chunk, offset) in enumerate(chunks):
+                try:
+                    if i > 0:
+                        output.write("// -----\n")
+                    module = self.parse_chunk(chunk, file_extension, offset)
+                    if module is not None:
+                        self.apply_passes(module)
+                        output.write(self.output_resulting_program(module))
+                    output.flush()
+                except Exception as err:  # noqa: BLE001 - reported, then the next chunk
+                    output.flush()
+                    print(diagnostic(self, self.argv, err), file=sys.stderr)
+                    failed = True
+                finally:
+                    chunk.close()
+        finally:
+            if output is not sys.stdout:
+                output.close()
+        if failed:
+            raise ChunksFailed
 
     def locate(self, op: Operation | None) -> str:
         """`file:line:col` of an op, or of the input when the op was not parsed from it."""
@@ -206,8 +262,41 @@ def _block_module_paths(argv: Sequence[str]) -> list[str]:
     return paths
 
 
-class BlockModuleError(AttnFuseError):
+class CommandLineError(AttnFuseError):
+    """A mistake in the command line itself (not in the IR nor in the pass pipeline):
+    reported as `attnfuse-opt: error: ...`."""
+
+
+class BlockModuleError(CommandLineError):
     """A `--block-module` file that does not load."""
+
+
+def _target_arg(argv: Sequence[str]) -> str | None:
+    """The text of `-t X` / `--target X` / `--target=X` / `-tX` in `argv` (the last), if any."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg in ("-t", "--target") and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith("--target="):
+            found = arg.split("=", 1)[1]
+        elif arg.startswith("-t") and len(arg) > 2 and not arg.startswith("--"):
+            found = arg[2:]
+    return found
+
+
+def _parse_target(text: str):
+    """`text` parsed as a target spec (`name{options}`), or a `CommandLineError` naming it."""
+    from xdsl.utils.arg_spec import parse_spec
+
+    try:
+        return parse_spec(text)
+    except ArgSpecParseError as err:
+        # xDSL's message quotes the text with a caret under the column: keep the column and words.
+        located = re.match(r".*:1:(\d+) .*\^\s+(.*)$", " ".join(str(err).split()))
+        detail = f"column {located.group(1)}: {located.group(2)}" if located else _first_line(err)
+        raise CommandLineError(f"-t {text}: {detail}") from err
+    except Exception as err:  # noqa: BLE001 - xDSL's spec parser raises several kinds
+        raise CommandLineError(f"-t {text}: {_first_line(err)}") from err
 
 
 def load_block_module(path: str) -> ModuleType:
@@ -296,6 +385,49 @@ def _pipeline_error(argv: Sequence[str], message: str) -> str:
     return f"<pass-pipeline>:1:{col}: error: {message}"
 
 
+class ChunksFailed(Exception):
+    """Some chunks of a `--split-input-file` run failed; each was reported where it failed."""
+
+
+def diagnostic(tool: AttnFuseOptMain, argv: Sequence[str], err: BaseException) -> str:
+    """The one line `attnfuse-opt` prints for an error raised while it parses, verifies,
+    transforms or prints a chunk: located at the IR (or at the pass pipeline for an option),
+    never a traceback."""
+    if isinstance(err, ParseError):
+        # Chunks are parsed with their preceding lines padded in, so the span's own line is
+        # already the file's: drop the offset xDSL adds for --split-input-file.
+        location = dataclasses.replace(err.span, line_offset=0).get_location()
+        return f"{location}: error: {err.msg}"
+    if isinstance(err, (VerifyException, DiagnosticException)):
+        # An error that names its op (a use before its definition) is located there.
+        culprit = getattr(err, "op", None)
+        found = (culprit, _first_line(err)) if culprit is not None else tool.failing_op()
+        op, message = found if found is not None else (None, _first_line(err))
+        return f"{tool.locate(op)}: error: {message}"
+    if isinstance(err, PassOptionError):
+        return _pipeline_error(argv, str(err))
+    if isinstance(err, (PassFailedException, AttnFuseError)):
+        op = getattr(err, "op", None)
+        found = tool.failing_op() if op is None else None
+        if found is not None:
+            op, message = found
+        else:
+            message = _first_line(err)
+        return f"{tool.locate(op)}: error: {message}"
+    if isinstance(err, OSError):
+        return f"attnfuse-opt: error: {err}"
+    if isinstance(err, UnicodeDecodeError):
+        return (f"{tool.get_input_name()}:1:1: error: input is not utf-8 text "
+                f"({err.reason} at byte {err.start})")
+    if isinstance(err, RecursionError):
+        return (f"{tool.get_input_name()}:1:1: error: the input nests too deeply for the parser "
+                f"(Python's recursion limit, {sys.getrecursionlimit()})")
+    # A compiler bug: still one located line, never a traceback.
+    found = tool.failing_op()
+    op = found[0] if found is not None else None
+    return f"{tool.locate(op)}: error: internal compiler error: {type(err).__name__}: {_first_line(err)}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the tool; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -303,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tool = AttnFuseOptMain(args=argv)
     except SystemExit as exit_:  # argparse already printed its usage message
         return int(exit_.code or 0)
-    except BlockModuleError as err:
+    except CommandLineError as err:
         print(f"attnfuse-opt: error: {_first_line(err)}", file=sys.stderr)
         return 1
     except (ArgSpecParseError, ValueError, PassFailedException) as err:
@@ -312,49 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         tool.run()
-    except ParseError as err:
-        # Chunks are parsed with their preceding lines padded in, so the span's own line is
-        # already the file's: drop the offset xDSL adds for --split-input-file.
-        location = dataclasses.replace(err.span, line_offset=0).get_location()
-        print(f"{location}: error: {err.msg}", file=sys.stderr)
+    except ChunksFailed:
         return 1
-    except (VerifyException, DiagnosticException) as err:
-        # An error that names its op (a use before its definition) is located there.
-        culprit = getattr(err, "op", None)
-        found = (culprit, _first_line(err)) if culprit is not None else tool.failing_op()
-        op, message = found if found is not None else (None, _first_line(err))
-        print(f"{tool.locate(op)}: error: {message}", file=sys.stderr)
-        return 1
-    except PassOptionError as err:
-        print(_pipeline_error(argv, str(err)), file=sys.stderr)
-        return 1
-    except (PassFailedException, AttnFuseError) as err:
-        op = getattr(err, "op", None)
-        found = tool.failing_op() if op is None else None
-        if found is not None:
-            op, message = found
-        else:
-            message = _first_line(err)
-        print(f"{tool.locate(op)}: error: {message}", file=sys.stderr)
-        return 1
-    except OSError as err:
-        print(f"attnfuse-opt: error: {err}", file=sys.stderr)
-        return 1
-    except UnicodeDecodeError as err:
-        print(
-            f"{tool.get_input_name()}:1:1: error: input is not utf-8 text "
-            f"({err.reason} at byte {err.start})",
-            file=sys.stderr,
-        )
-        return 1
-    except Exception as err:  # a compiler bug: still one located line, never a traceback
-        found = tool.failing_op()
-        op = found[0] if found is not None else None
-        print(
-            f"{tool.locate(op)}: error: internal compiler error: {type(err).__name__}: "
-            f"{_first_line(err)}",
-            file=sys.stderr,
-        )
+    except Exception as err:  # noqa: BLE001 - every error is one diagnostic line
+        print(diagnostic(tool, argv, err), file=sys.stderr)
         return 1
     return 0
 

@@ -404,6 +404,14 @@ def check_decodable(op: Operation, facts: VariantFacts) -> None:
                                    "lists, which decode kernels (decode=true) do not have")
 
 
+MAX_BLOCK = 1024
+"""The largest tile side the options take: a program's tiles past it exceed any GPU's
+registers and shared memory (Triton's blocks hold at most 2^20 elements)."""
+
+NUM_WARPS = (1, 2, 4, 8, 16)
+"""Warps a program may have (`tile.kernel`'s verifier takes the same)."""
+
+
 def _power_of_two(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
@@ -424,7 +432,8 @@ class LowerToTilePass(ModulePass):
     num_stages: int = 2
     backward: bool = True
     """Also build the backward kernels (preprocess, dQ forming delta, dK/dV, dQ, and dQ with
-    the bias gradient where there is a bias)."""
+    the bias gradient where there is a bias). Decode and append kernels (decode=true,
+    append=true) have no backward: there it changes nothing."""
     bwd_block_m: int = 0
     """Backward kernels' program rows; 0: block-m."""
     bwd_block_n: int = 0
@@ -504,8 +513,16 @@ class LowerToTilePass(ModulePass):
         for key, value in (("block-m", self.block_m), ("block-n", self.block_n),
                            ("bwd-block-m", bwd_block_m), ("bwd-block-n", bwd_block_n),
                            ("dkdv-block-m", dkdv[0]), ("dkdv-block-n", dkdv[1])):
-            if not (_power_of_two(value) and value >= 16):
-                raise PassOptionError(f"lower-to-tile: {key} must be a power of two >= 16, got {value}")
+            if not (_power_of_two(value) and 16 <= value <= MAX_BLOCK):
+                raise PassOptionError(f"lower-to-tile: {key} must be a power of two in [16, {MAX_BLOCK}], got {value}")
+        for key, value in (("num-warps", self.num_warps), ("bwd-num-warps", bwd_num_warps),
+                           ("dkdv-num-warps", dkdv[2])):
+            if value not in NUM_WARPS:
+                raise PassOptionError(f"lower-to-tile: {key} must be one of {', '.join(map(str, NUM_WARPS))}, got {value}")
+        for key, value in (("num-stages", self.num_stages), ("bwd-num-stages", bwd_num_stages),
+                           ("dkdv-num-stages", dkdv[3])):
+            if value < 1:
+                raise PassOptionError(f"lower-to-tile: {key} must be >= 1, got {value}")
         head_dim_v = self.head_dim_v or self.head_dim
         for key, value in (("head-dim", self.head_dim), ("head-dim-v", head_dim_v)):
             if not 1 <= value <= 256:

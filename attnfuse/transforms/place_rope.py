@@ -20,6 +20,8 @@ long query lengths with a pre-rotated key, where measurement says pre-rotation w
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -107,6 +109,24 @@ class PlaceRopePass(ModulePass):
     elem_bytes: int = 2
     flops_per_byte: float = H200.flops_per_byte
 
+    def check_problem(self) -> None:
+        """The problem options `auto` weighs, checked (a `PassOptionError` naming the first one
+        out of range)."""
+        for key, value in (("batch-heads", self.batch_heads), ("kv-heads-ratio", self.kv_heads_ratio),
+                           ("seq-len-q", self.seq_len_q), ("seq-len-k", self.seq_len_k),
+                           ("elem-bytes", self.elem_bytes)):
+            if value < 1:
+                raise PassOptionError(f"place-rope: {key} must be >= 1, got {value}")
+        if not 1 <= self.head_dim <= 256:
+            raise PassOptionError(f"place-rope: head-dim must be in [1, 256], got {self.head_dim}")
+        if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise PassOptionError(f"place-rope: rotary-dim must be even and in [0, head-dim] (0: the head dim), "
+                                  f"got {self.rotary_dim}")
+        if self.block_m < 16 or self.block_m & (self.block_m - 1):
+            raise PassOptionError(f"place-rope: block-m must be a power of two >= 16, got {self.block_m}")
+        if not (math.isfinite(self.flops_per_byte) and self.flops_per_byte > 0):
+            raise PassOptionError(f"place-rope: flops-per-byte must be a positive number, got {self.flops_per_byte}")
+
     def decide(self) -> tuple[str, str]:
         """The (query, key) placements these options ask for."""
         if self.query == "given":
@@ -122,6 +142,7 @@ class PlaceRopePass(ModulePass):
                 )
         query, key = self.query, self.key
         if "auto" in (query, key):
+            self.check_problem()
             problem = RotationProblem(
                 batch_heads_q=self.batch_heads,
                 batch_heads_kv=max(1, self.batch_heads // max(1, self.kv_heads_ratio)),

@@ -259,7 +259,7 @@ def report(name: str, text: str, argv: list[str], rc: object, stdout: str, stder
 
 
 # Seeds that are error inputs of the lit tests on purpose (mutating them is still useful).
-INVALID_SEEDS = {"inputs/split.mlir#1", "inputs/typo.mlir#0", "inputs/unverified.mlir#0", "inputs/wide-band.mlir#0"}
+INVALID_SEEDS = {"inputs/split.mlir#1", "inputs/split-errors.mlir#0", "inputs/split-errors.mlir#2", "inputs/typo.mlir#0", "inputs/unverified.mlir#0", "inputs/wide-band.mlir#0"}
 
 
 def test_seeds_are_valid(tmp_path):

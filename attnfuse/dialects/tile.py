@@ -1723,6 +1723,12 @@ def _verify_loop(loop: IRDLOperation, inits: Sequence[SSAValue], results: Sequen
         raise VerifyException(f"{loop.name} body must end in tile.yield")
     if [v.type for v in terminator.values] != init_types:
         raise VerifyException("tile.yield must yield the types of the loop's iter_args")
+    if loop.properties.get("masked") is not None and any(isinstance(op, ScoresOp) for op in block.ops) \
+            and not any(isinstance(op, MaskOp) for op in block.ops):
+        # Its blocks may be partial: entries past the sequence end load as 0 and are not keys
+        # (or queries); only tile.mask drops them, so scores of such a loop go through it.
+        raise VerifyException(f"{loop.name} is masked (its blocks may be partial) and computes scores: they must "
+                              "go through tile.mask, which drops the entries past the sequence end")
     kernel = _kernel_of(loop)
     if isinstance(loop, QUERY_LOOP_OPS):
         grids = ("key_blocks",)

@@ -307,6 +307,25 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
 
 // -----
 
+// A masked loop's blocks may be partial: scores it computes must go through tile.mask, which
+// drops the entries past the sequence end (without it they would enter the softmax as keys).
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %qb = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  %a, %mx, %sm = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<>}
+  %r:3 = tile.kv_loop %s to %e masked iter_args(%a, %mx, %sm) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%a0: !tile.tile<m x dv x f32>, %m0: !tile.tile<m x f32>, %l0: !tile.tile<m x f32>):
+    %kb = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    %sc = tile.scores(%qb) x(%kb) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    %p, %m1, %l1, %al = tile.softmax_update %sc, %m0, %l0 : !tile.tile<m x n x f32>, !tile.tile<m x f32>
+    tile.yield %a0, %m1, %l1 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  }
+  tile.return
+}
+// CHECK: tile.kv_loop is masked (its blocks may be partial) and computes scores: they must go through tile.mask
+
+// -----
+
 tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>, %lse: !tile.tensor<lse>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %s, %fs, %fe, %e = tile.kv_bounds {band = #attn.band<upper = 0>}
   tile.return

@@ -10,7 +10,7 @@ tile.kernel @maps(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>,
   %q_blk = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
   %acc, %row_max, %row_sum = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
   %start, %full_start, %full_end, %end = tile.kv_bounds {band = #attn.band<>}
-  %a2, %m2, %s2 = tile.kv_loop %start to %end masked iter_args(%acc, %row_max, %row_sum) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  %a2, %m2, %s2 = tile.kv_loop %start to %end iter_args(%acc, %row_max, %row_sum) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
   ^bb0(%a: !tile.tile<m x dv x f32>, %rm: !tile.tile<m x f32>, %rs: !tile.tile<m x f32>):
     %k_blk = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
 // CHECK: tile.scores(%q_blk) x(%k_blk) {unscaled}

@@ -95,8 +95,9 @@ tile.kernel @documents(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tenso
   ^bb0(%a0: !tile.tile<m x dv x f32>):
     %k_1 = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f32>
     %s = tile.scores(%q_1) x(%k_1) : (!tile.tile<m x d x f32>) x(!tile.tile<n x d x f32>) -> !tile.tile<m x n x f32>
-    // CHECK: %s1 = tile.document_mask %s, %doc_ids : !tile.tile<m x n x f32>, !tile.tensor<doc_ids>
-    %s1 = tile.document_mask %s, %doc_ids : !tile.tile<m x n x f32>, !tile.tensor<doc_ids>
+    %sm = tile.mask %s {band = #attn.band<>} : !tile.tile<m x n x f32>
+    // CHECK: %s1 = tile.document_mask %sm, %doc_ids : !tile.tile<m x n x f32>, !tile.tensor<doc_ids>
+    %s1 = tile.document_mask %sm, %doc_ids : !tile.tile<m x n x f32>, !tile.tensor<doc_ids>
     %p = tile.relu_probs %s1 : !tile.tile<m x n x f32>
     %v_1 = tile.load %v[loop, all] : !tile.tensor<v> -> !tile.tile<n x dv x f32>
     %a1 = tile.accumulate %a0, %p, %v_1 : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f32>

@@ -413,15 +413,16 @@ class GluonLaunch:
         key = call_key([tensors[role] for role in self.keyed_roles])
         if self.runner.replay(key, pointers):
             return
-        q, k, v = (tensors[role] for role in self.operands[:3])
-        if not all(_descriptor_ready(t) for t in (q, k, v)):
+        q, k, v, o = (tensors[role] for role in self.operands)
+        # o too: it is allocated in q's memory order (`layout.empty_in_layout_of`), which a
+        # descriptor covers wherever q's does, but the check costs nothing beside q's.
+        if not all(_descriptor_ready(t) for t in (q, k, v, o)):
             self.portable(tensors)
             return
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         (row_block, row_layout), (key_block, key_layout) = _forward_layouts(
             q.dtype == torch.float16, self.problem.head_dim, self.launch.block_n)
-        o = tensors[self.operands[3]]
         descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
                  for t, block, layout in ((q, row_block, row_layout), (k, key_block, key_layout),
                                           (v, key_block, key_layout), (o, row_block, row_layout))]

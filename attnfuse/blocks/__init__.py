@@ -56,10 +56,15 @@ def block_module_problem(module: ModuleType) -> str | None:
     (a core op's, a package block's or another registered module's)."""
     from xdsl.irdl import IRDLOperation
 
+    from attnfuse.dialects.attn import CORE_OPS
+
     ops = getattr(module, "OPS", None)
     if not isinstance(ops, (tuple, list)) or not ops:
         return f"OPS must list the module's ops (a non-empty tuple), got {ops!r}"
-    taken = {op.name for op in attn_dialect().operations}
+    # The names of every other module's ops (a module registered again, after a reload, may
+    # keep its own).
+    others = [m for m in block_modules() if m is not module]
+    taken = {op.name for op in CORE_OPS} | {op.name for m in others for op in getattr(m, "OPS", ())}
     for op in ops:
         if not (isinstance(op, type) and issubclass(op, IRDLOperation)):
             return f"OPS holds {op!r}, not an IRDL op class"
@@ -78,13 +83,18 @@ def register_block_module(module: ModuleType) -> None:
     `OPS` and `ATTRIBUTES` are registered by every context made after the call, so its op
     parses in `af.compile(text)` and `attnfuse-opt`-style tools run in this process. Its
     source joins the compile cache's fingerprint, so an edit never reuses stale kernels.
-    A `CompositionError` if the module cannot join the dialect (`block_module_problem`)."""
-    if module not in _REGISTERED and module not in _package_modules():
-        problem = block_module_problem(module)
-        if problem is not None:
-            raise CompositionError(f"block module {getattr(module, '__file__', None) or module.__name__}: {problem}")
+    Registering a module again (after `importlib.reload`) takes its current `OPS`; program
+    text parsed before is parsed again. A `CompositionError` if the module cannot join the
+    dialect (`block_module_problem`)."""
+    if module in _package_modules():
+        return
+    problem = block_module_problem(module)
+    if problem is not None:
+        raise CompositionError(f"block module {getattr(module, '__file__', None) or module.__name__}: {problem}")
+    if module not in _REGISTERED:
         _REGISTERED.append(module)
-        _changed()
+    # Registered again (after `importlib.reload`, say): its current OPS replace the old ones.
+    _changed()
 
 
 def unregister_block_module(module: ModuleType) -> None:

@@ -1701,8 +1701,10 @@ class _RangeLoop(IRDLOperation):
 class KVLoopOp(_RangeLoop):
     """Loops over key blocks `[lower, upper)` in steps of `block_n`, carrying `iter_args`.
 
-    With `masked`, the blocks may be partial: loads of loop rows are bounds-checked and
-    `tile.mask` may drop keys. Without it, every visited block is full and in bounds.
+    With `masked`, the blocks may be partial: loads of loop rows are bounds-checked, and
+    scores computed in the loop must go through a filter (`tile.mask`, `tile.document_mask`),
+    which drops the keys past the sequence end (and may drop others). Without it, every
+    visited block is full and in bounds.
     """
 
     name = "tile.kv_loop"
@@ -1724,11 +1726,13 @@ def _verify_loop(loop: IRDLOperation, inits: Sequence[SSAValue], results: Sequen
     if [v.type for v in terminator.values] != init_types:
         raise VerifyException("tile.yield must yield the types of the loop's iter_args")
     if loop.properties.get("masked") is not None and any(isinstance(op, ScoresOp) for op in block.ops) \
-            and not any(isinstance(op, MaskOp) for op in block.ops):
+            and not any(isinstance(op, FILTER_OPS) for op in block.ops):
         # Its blocks may be partial: entries past the sequence end load as 0 and are not keys
-        # (or queries); only tile.mask drops them, so scores of such a loop go through it.
+        # (or queries). The filters drop them (tile.mask by position, tile.document_mask by
+        # the -1 id it reads there), so scores of such a loop go through one.
         raise VerifyException(f"{loop.name} is masked (its blocks may be partial) and computes scores: they must "
-                              "go through tile.mask, which drops the entries past the sequence end")
+                              "go through tile.mask (or tile.document_mask), which drop the entries past the "
+                              "sequence end")
     kernel = _kernel_of(loop)
     if isinstance(loop, QUERY_LOOP_OPS):
         grids = ("key_blocks",)

@@ -25,7 +25,7 @@ def validate_blocks(blocks: tuple[Block, ...]) -> None:
             raise CompositionError(
                 f"attention() takes building blocks such as af.causal(), got {block!r}"
             )
-        if block.category not in CATEGORY_ORDER:
+        if not isinstance(block.category, str) or block.category not in CATEGORY_ORDER:
             # An out-of-tree block's typo: the category orders the canonical key.
             raise CompositionError(
                 f"{block.block_name}: category {block.category!r} is none of {', '.join(CATEGORY_ORDER)}"

@@ -87,8 +87,11 @@ class AttnFuseOptMain(xDSLOptMain):
         argv = list(args if args is not None else sys.argv[1:])
         self.argv = argv
         loaded = _block_module_paths(argv)
+        seen: set[Path] = set()
         for path in loaded:
-            load_block_module(path)
+            if Path(path).resolve() not in seen:  # the same file named twice is loaded once
+                seen.add(Path(path).resolve())
+                load_block_module(path)
         target = _target_arg(argv)
         if target is not None:
             _parse_target(target)  # before xDSL does, which would blame the pass pipeline
@@ -174,7 +177,7 @@ class AttnFuseOptMain(xDSLOptMain):
             module = parser.parse_module()
         except ParseError as err:
             undefined = re.match(r"values used but not defined: \[(%[^\],]+)", err.msg)
-            use = undefined and re.search(re.escape(undefined.group(1)) + r"(?![\w.$-])", text)
+            use = undefined and _first_use(text, undefined.group(1))
             if not use:
                 raise
             # xDSL reports a value never defined at the end of the input: point at its first use.
@@ -199,6 +202,8 @@ class AttnFuseOptMain(xDSLOptMain):
         failed = False
         try:
             for i, (chunk, offset) in enumerate(chunks):
+                # A chunk's error is looked for in its own module only (`failing_op`).
+                self.modules = []
                 try:
                     if i > 0:
                         output.write("// -----\n")
@@ -272,15 +277,22 @@ class BlockModuleError(CommandLineError):
 
 
 def _target_arg(argv: Sequence[str]) -> str | None:
-    """The text of `-t X` / `--target X` / `--target=X` / `-tX` in `argv` (the last), if any."""
+    """The text of the target option in `argv` as argparse reads it (the last one): `-t X`,
+    `-tX`, `-t=X`, `--target X`, `--target=X` or an abbreviation (`--targ X`); none after
+    `--` (file names) and none when help is asked for (argparse prints it and exits)."""
     found = None
     for i, arg in enumerate(argv):
-        if arg in ("-t", "--target") and i + 1 < len(argv):
+        if arg == "--":
+            break
+        if arg in ("-h", "--help"):
+            return None
+        name, _, value = arg.partition("=")
+        if arg.startswith("--") and len(name) > 3 and "--target".startswith(name):
+            found = value if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else None)
+        elif arg == "-t" and i + 1 < len(argv):
             found = argv[i + 1]
-        elif arg.startswith("--target="):
-            found = arg.split("=", 1)[1]
-        elif arg.startswith("-t") and len(arg) > 2 and not arg.startswith("--"):
-            found = arg[2:]
+        elif arg.startswith("-t") and not arg.startswith("--") and len(arg) > 2:
+            found = arg[3:] if arg[2] == "=" else arg[2:]
     return found
 
 
@@ -346,6 +358,15 @@ def _unterminated_string(text: str) -> tuple[int, int] | None:
         if start is not None:
             return number, start + 1
     return None
+
+
+def _first_use(text: str, name: str) -> re.Match | None:
+    """The first place `name` (`%x`) is read in `text`: outside comments and strings, not a
+    prefix of a longer name, and not where a value of that name is defined (`%x =`, `%x:2 =`,
+    or an argument `%x :`)."""
+    # Comments and strings blanked out, positions kept.
+    code = re.sub(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*', lambda m: " " * len(m.group(0)), text)
+    return re.search(re.escape(name) + r"(?![\w.$-])(?!\s*(?::\d+\s*)?[=:])", code)
 
 
 def _span_at(text: str, line: int, col: int, name: str, start_offset: int) -> Span:

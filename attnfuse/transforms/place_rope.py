@@ -122,8 +122,9 @@ class PlaceRopePass(ModulePass):
         if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
             raise PassOptionError(f"place-rope: rotary-dim must be even and in [0, head-dim] (0: the head dim), "
                                   f"got {self.rotary_dim}")
-        if self.block_m < 16 or self.block_m & (self.block_m - 1):
-            raise PassOptionError(f"place-rope: block-m must be a power of two >= 16, got {self.block_m}")
+        if self.block_m < 1:
+            # Only a divisor here (the tiles themselves are lower-to-tile's to check).
+            raise PassOptionError(f"place-rope: block-m must be >= 1, got {self.block_m}")
         if not (math.isfinite(self.flops_per_byte) and self.flops_per_byte > 0):
             raise PassOptionError(f"place-rope: flops-per-byte must be a positive number, got {self.flops_per_byte}")
 

@@ -7,12 +7,14 @@
 // RUN: not attnfuse-opt %s -p 'place-rope{block-m=0}' 2>&1 | filecheck %s --check-prefix=ROPE-BLOCK
 // RUN: not attnfuse-opt %s -p 'place-rope{seq-len-q=-5}' 2>&1 | filecheck %s --check-prefix=ROPE-SEQ
 // RUN: not attnfuse-opt %s 2>&1 -p 'lower-to-tile{block-m=1048576}' | filecheck %s --check-prefix=BLOCK-MAX
+// RUN: attnfuse-opt %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t=triton | filecheck %s --check-prefix=EQUALS
+// EQUALS:        def attention_fwd(
 
 // TARGET-OPTION: attnfuse-opt: error: -t triton{foo=1}: Provided arguments ["foo"] not found in expected arguments ["interpreter"]
 // TARGET-VALUE:  attnfuse-opt: error: -t triton{interpreter=maybe}: Incompatible types
 // TARGET-SYNTAX: attnfuse-opt: error: -t triton{interpreter=true: column 24: Malformed pass arguments
 // WARPS:         <pass-pipeline>:1:1: error: lower-to-tile: num-warps must be one of 1, 2, 4, 8, 16, got 3
-// ROPE-BLOCK:    <pass-pipeline>:1:1: error: place-rope: block-m must be a power of two >= 16, got 0
+// ROPE-BLOCK:    <pass-pipeline>:1:1: error: place-rope: block-m must be >= 1, got 0
 // ROPE-SEQ:      <pass-pipeline>:1:1: error: place-rope: seq-len-q must be >= 1, got -5
 // BLOCK-MAX:     <pass-pipeline>:1:1: error: lower-to-tile: block-m must be a power of two in [16, 1024], got 1048576
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {

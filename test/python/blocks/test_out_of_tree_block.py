@@ -311,3 +311,32 @@ def test_a_category_typo_is_a_composition_error():
 
     with pytest.raises(CompositionError, match="category 'modifer' is none of transform, scores, modifier"):
         af.attention(Typo(0.5), af.causal())
+
+
+def test_a_reloaded_module_registered_again_takes_its_new_ops():
+    """`importlib.reload` makes new op classes: registering the module again puts them in the
+    dialect (a name clash with its own old ops is no clash)."""
+    from attnfuse.blocks import attn_dialect, registry_generation
+
+    from xdsl.traits import Pure
+
+    before = registry_generation()
+    module = _module(_op_class("attn.reloaded_offset", (Pure(),)))
+    register_block_module(module)
+    try:
+        new_op = _op_class("attn.reloaded_offset", (Pure(),))  # stands in for the reloaded class
+        module.OPS = (new_op,)
+        register_block_module(module)
+        assert registry_generation() > before + 1
+        ops = {op.name: op for op in attn_dialect().operations}
+        assert ops["attn.reloaded_offset"] is new_op
+    finally:
+        unregister_block_module(module)
+
+
+def test_an_unhashable_category_is_a_composition_error():
+    class Listed(score_offset_block.ScoreOffset):
+        category = ["modifier"]
+
+    with pytest.raises(CompositionError, match=r"category \['modifier'\] is none of"):
+        af.attention(Listed(0.5))

@@ -332,13 +332,21 @@ ChainInputs = list[tuple[Operation, SSAValue]]
 """Each modifier of a score chain with the scores it read: what the backward's VJPs need."""
 
 
-def _block_result(op: Operation, method: str, value: object) -> SSAValue:
-    """What a block's interface method returned, checked to be the refined tile (an `IRError`
-    at the op otherwise: an out-of-tree block's omission, named where it is made)."""
+def block_result(op: Operation, method: str, value: object) -> SSAValue:
+    """What a block's interface method returned, checked to be the tile it computes (an
+    `IRError` at the op otherwise: an out-of-tree block's omission, named where it is made)."""
     if not isinstance(value, SSAValue):
         raise IRError(f"'{op.name}': its interface's {method}() returned {type(value).__name__}, expected the "
                       "tile value it computes (the SSAValue of the op it added)", op)
     return value
+
+
+def block_results(op: Operation, method: str, values: object, count: int | None = None) -> list[SSAValue]:
+    """`block_result` for a method returning a sequence of values (`count` of them, if given)."""
+    if not isinstance(values, (list, tuple)) or (count is not None and len(values) != count):
+        want = f"{count} tile values" if count is not None else "a sequence of tile values"
+        raise IRError(f"'{op.name}': its interface's {method}() returned {type(values).__name__}, expected {want}", op)
+    return [block_result(op, method, value) for value in values]
 
 
 def lower_score_chain(
@@ -354,13 +362,13 @@ def lower_score_chain(
         inputs.append((op, scores))
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
-        scores = _block_result(op, "lower", trait.lower(op, k, scores))
+        scores = block_result(op, "lower", trait.lower(op, k, scores))
     if masked:
         scores = k.add(tile.MaskOp(scores, facts.band), "scores").results[0]
         for op in facts.filters:
             trait = op.get_trait(KeyFilter)
             assert trait is not None
-            scores = _block_result(op, "lower", trait.lower(op, k, scores))
+            scores = block_result(op, "lower", trait.lower(op, k, scores))
     return scores, inputs
 
 
@@ -374,7 +382,7 @@ def lower_chain_vjp(k: KernelBuilder, inputs: ChainInputs, grad: SSAValue) -> SS
         assert trait is not None
         for role, value in trait.data_gradient(op, k, grad):
             data_grads.setdefault(role, []).append(value)
-        grad = _block_result(op, "vjp", trait.vjp(op, k, scores_in, grad))
+        grad = block_result(op, "vjp", trait.vjp(op, k, scores_in, grad))
     for role, values in data_grads.items():
         if not k.writes(role):
             continue

@@ -57,6 +57,7 @@ from attnfuse.transforms.kernel_builder import (
     KernelConfig,
     Rotation,
     VariantFacts,
+    block_result,
     build_band_loops,
     column_parts,
     load_operand,
@@ -210,9 +211,9 @@ def _grad_scores(
     modifiers' VJPs in reverse. `grad_probs_of` are the operands of `dP = a @ b^T` in the
     kernel's orientation."""
     normalizer, norm = facts.normalizer, facts.normalizer_semantics
-    probs = norm.probs(normalizer, k, scores, lse)
+    probs = block_result(normalizer, "probs", norm.probs(normalizer, k, scores, lse))
     grad_probs = k.add(tile.DotTransposedOp(*grad_probs_of), "grad_probs").results[0]
-    grad = norm.grad_scores(normalizer, k, scores, probs, grad_probs, delta)
+    grad = block_result(normalizer, "grad_scores", norm.grad_scores(normalizer, k, scores, probs, grad_probs, delta))
     return probs, lower_chain_vjp(k, inputs, grad)
 
 

@@ -340,3 +340,18 @@ def test_an_unhashable_category_is_a_composition_error():
 
     with pytest.raises(CompositionError, match=r"category \['modifier'\] is none of"):
         af.attention(Listed(0.5))
+
+
+@pytest.mark.parametrize("method", ["probs", "init_state", "finalize"])
+def test_a_normalizer_method_that_returns_nothing_is_named(method, monkeypatch):
+    """The Normalizer interface's methods are checked as the modifiers' are (a softmax with one
+    method broken stands in for an out-of-tree normalizer)."""
+    from attnfuse.blocks import softmax
+
+    # Lowering runs on every compile (the kernel cache is keyed by what it prints).
+    monkeypatch.setattr(softmax.SoftmaxSemantics, method, lambda self, *args: None)
+    spec = af.attention(af.softcap(3.217), af.causal())  # parameters no other test compiles
+    q, k, v = make_qkv(1, 1, 1, 8, 8, 16, seed=7)
+    q.requires_grad_()
+    with pytest.raises(AttnFuseError, match=rf"'attn.softmax': its interface's {method}\(\) returned NoneType"):
+        af.compile(spec)(q, k, v).sum().backward()

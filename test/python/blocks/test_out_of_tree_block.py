@@ -343,12 +343,16 @@ def test_an_unhashable_category_is_a_composition_error():
 
 
 @pytest.mark.parametrize("method", ["probs", "init_state", "finalize"])
-def test_a_normalizer_method_that_returns_nothing_is_named(method, monkeypatch):
+def test_a_normalizer_method_that_returns_nothing_is_named(method, monkeypatch, tmp_path):
     """The Normalizer interface's methods are checked as the modifiers' are (a softmax with one
     method broken stands in for an out-of-tree normalizer)."""
     from attnfuse.blocks import softmax
+    from attnfuse.runtime import compiler
 
-    # Lowering runs on every compile (the kernel cache is keyed by what it prints).
+    # An empty kernel cache, on disk and in memory, so that the lowering runs: the cache's key
+    # does not see a package block's patched method.
+    monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path))
+    compiler.forget_compiled()
     monkeypatch.setattr(softmax.SoftmaxSemantics, method, lambda self, *args: None)
     spec = af.attention(af.softcap(3.217), af.causal())  # parameters no other test compiles
     q, k, v = make_qkv(1, 1, 1, 8, 8, 16, seed=7)

@@ -86,20 +86,19 @@ class AttnFuseOptMain(xDSLOptMain):
         # does before parsing the arguments).
         argv = list(args if args is not None else sys.argv[1:])
         self.argv = argv
-        loaded = _block_module_paths(argv)
+        loaded = _option_values(argv, "--block-module")
         seen: set[Path] = set()
         for path in loaded:
             if Path(path).resolve() not in seen:  # the same file named twice is loaded once
                 seen.add(Path(path).resolve())
                 load_block_module(path)
-        target = _target_arg(argv)
-        if target is not None:
+        for target in _option_values(argv, "--target", "-t")[-1:]:
             _parse_target(target)  # before xDSL does, which would blame the pass pipeline
         super().__init__(description="AttnFuse modular optimizer driver", args=args)
         if list(self.args.block_module) != loaded:
-            # argparse took an abbreviation (`--block FILE`) that the scan above did not.
-            raise BlockModuleError("--block-module must be spelled out (an abbreviation is read too late to "
-                                   "register the block)")
+            # argparse read a block module the scan above did not (a spelling it does not know).
+            raise BlockModuleError("--block-module: write it as --block-module FILE or --block-module=FILE (this "
+                                   "spelling is read too late to register the block)")
         spec = _parse_target(self.args.target)
         try:
             # The target's options, checked now: a bad one is the command line's mistake.
@@ -256,15 +255,32 @@ class AttnFuseOptMain(xDSLOptMain):
         return op, message
 
 
-def _block_module_paths(argv: Sequence[str]) -> list[str]:
-    """The files named by `--block-module FILE` / `--block-module=FILE` in `argv`."""
-    paths = []
+def _option_values(argv: Sequence[str], long: str, short: str | None = None) -> list[str]:
+    """The values given to an option in `argv`, in order, as argparse reads them: `--name X`,
+    `--name=X`, an unambiguous abbreviation of `--name` (the caller's to trust), `-s X`, `-sX`,
+    `-s=X`; none after `--` (file names follow) and none when help is asked for. What must be
+    read before argparse runs (a block module registers the dialect argparse's tool builds;
+    a target's syntax is the command line's mistake, not the pipeline's)."""
+    values: list[str] = []
     for i, arg in enumerate(argv):
-        if arg == "--block-module" and i + 1 < len(argv):
-            paths.append(argv[i + 1])
-        elif arg.startswith("--block-module="):
-            paths.append(arg.split("=", 1)[1])
-    return paths
+        if arg == "--":
+            break
+        if arg in ("-h", "--help"):
+            return []
+        name, equals, value = arg.partition("=")
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith("--") and len(name) > 3 and long.startswith(name):
+            if equals:
+                values.append(value)
+            elif following is not None:
+                values.append(following)
+        elif short is not None and arg == short:
+            if following is not None:
+                values.append(following)
+        elif short is not None and arg.startswith(short) and not arg.startswith("--"):
+            rest = arg[len(short):]
+            values.append(rest[1:] if rest.startswith("=") else rest)
+    return values
 
 
 class CommandLineError(AttnFuseError):
@@ -274,26 +290,6 @@ class CommandLineError(AttnFuseError):
 
 class BlockModuleError(CommandLineError):
     """A `--block-module` file that does not load."""
-
-
-def _target_arg(argv: Sequence[str]) -> str | None:
-    """The text of the target option in `argv` as argparse reads it (the last one): `-t X`,
-    `-tX`, `-t=X`, `--target X`, `--target=X` or an abbreviation (`--targ X`); none after
-    `--` (file names) and none when help is asked for (argparse prints it and exits)."""
-    found = None
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            break
-        if arg in ("-h", "--help"):
-            return None
-        name, _, value = arg.partition("=")
-        if arg.startswith("--") and len(name) > 3 and "--target".startswith(name):
-            found = value if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else None)
-        elif arg == "-t" and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif arg.startswith("-t") and not arg.startswith("--") and len(arg) > 2:
-            found = arg[3:] if arg[2] == "=" else arg[2:]
-    return found
 
 
 def _parse_target(text: str):

@@ -47,7 +47,7 @@ from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
 from attnfuse.runtime.gluon_backward import gluon_backward, scheduled_backward
 from attnfuse.runtime.gluon_forward import gluon_forward, takes_gluon, takes_listed_gluon
 from attnfuse.runtime.inputs import Problem, check_inputs
-from attnfuse.runtime.interpreter import runs_interpreted
+from attnfuse.runtime.interpreter import runs_interpreted, truncates_to_bf16
 from attnfuse.runtime.key_rotation import rotate_keys
 from attnfuse.runtime.launch import KernelLaunch, default_scale, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
@@ -750,9 +750,9 @@ class CompiledAttention:
             if rotated is not None:
                 # A pre-rotation kernel writes the rotated copy the attention kernels read.
                 source = tensors[rotated[0]]
-                # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding
-                # (triton-lang/triton#11584): keep its bf16 copies in fp32; GPUs round.
-                dtype = torch.float32 if source.dtype == torch.bfloat16 and source.device.type != "cuda" else None
+                # Triton's interpreter truncates fp32 -> bf16 (`truncates_to_bf16`): its bf16
+                # copies are kept in fp32; GPUs round.
+                dtype = torch.float32 if truncates_to_bf16(source) else None
                 # In the operand's memory order: a model's q is a [B, N, H, D] projection, and
                 # the output gradient comes back in that order too (the model's head merge),
                 # so the dK/dV kernel can share their offsets (SHARED_OFFSETS).

@@ -26,7 +26,7 @@ from attnfuse.runtime import torch_op
 from attnfuse.runtime.compiler import CompileKey, compile_program
 from attnfuse.runtime.config import TileConfig
 from attnfuse.runtime.inputs import Problem, check_tensor
-from attnfuse.runtime.interpreter import runs_interpreted
+from attnfuse.runtime.interpreter import runs_interpreted, truncates_to_bf16
 from attnfuse.runtime.kv_cache import CacheLayout, check_cache_arguments
 from attnfuse.runtime.launch import KernelLaunch, prepare
 
@@ -79,12 +79,11 @@ def append_kv(
     problem = Problem(batch, heads, heads, new, capacity, dim, v.shape[3], k.dtype, k.device)
     rope = fn.variant.rope
     rotates = rope is not None and fn.key_given
-    if rotates and k.dtype == torch.bfloat16 and k.device.type != "cuda":
-        # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding
-        # (triton-lang/triton#11584): rotate with `rotate_keys`, which rounds as a GPU does
-        # (off the GPU, the test `key_rotation` makes too), at the positions the kernel would
-        # use (lengths clamped to the cache, as it clamps them), then append the rotated keys
-        # as they are. rotate_keys reads the positions' range on the host: the CPU's only.
+    if rotates and truncates_to_bf16(k):
+        # The interpreter would truncate the rotated keys: rotate with `rotate_keys`, which
+        # rounds as a GPU does, at the positions the kernel would use (lengths clamped to the
+        # cache, as it clamps them), then append the rotated keys as they are. rotate_keys
+        # reads the positions' range on the host: the interpreter's path only.
         start = kv_lens.to(torch.int64).clamp(0, capacity)
         k = fn.rotate_keys(k, start[:, None] + torch.arange(new, device=k.device))
         rotates = False

@@ -21,6 +21,8 @@ import os
 import threading
 from collections.abc import Iterator
 
+import torch
+
 from triton.runtime.errors import InterpreterError
 from triton.runtime.interpreter import InterpretedFunction, _patch_lang
 from triton.runtime.jit import JITFunction
@@ -74,6 +76,14 @@ def runs_interpreted(device: object) -> bool:
     itself then runs every kernel (`triton.language`'s helpers are interpreted ones then,
     which a GPU compile could not call)."""
     return getattr(device, "type", device) != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def truncates_to_bf16(t: torch.Tensor) -> bool:
+    """Whether a kernel writing `t`'s dtype would truncate instead of round: a bf16 tensor
+    whose kernels run in Triton's interpreter, which converts fp32 -> bf16 by truncation
+    (triton-lang/triton#11584); GPUs round. Where the runtime stores bf16 data later calls
+    read again, it keeps such data in fp32 or rounds it with torch."""
+    return t.dtype == torch.bfloat16 and runs_interpreted(t.device)
 
 
 def is_interpreted(kernel: object) -> bool:

@@ -29,7 +29,7 @@ from attnfuse.runtime.call_data import position_extent, positions_view
 from attnfuse.runtime.compiler import CompileKey, compile_program
 from attnfuse.runtime.config import choose_tile_config
 from attnfuse.runtime.inputs import MAX_HEAD_DIM, Problem, check_tensor
-from attnfuse.runtime.interpreter import runs_interpreted
+from attnfuse.runtime.interpreter import runs_interpreted, truncates_to_bf16
 from attnfuse.runtime.launch import KernelLaunch, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
 from attnfuse.runtime.program import VariantProgram
@@ -71,9 +71,9 @@ def rotation_launch(rope: RopeKey, problem: Problem) -> KernelLaunch:
 def _rotate(launch: KernelLaunch, k: torch.Tensor, positions: torch.Tensor,
             table: torch.Tensor) -> torch.Tensor:
     """`R(positions) k` by the rotation kernel, in k's dtype and memory order."""
-    # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding
-    # (triton-lang/triton#11584): its bf16 result is written in fp32 and rounded by torch.
-    interpreted_bf16 = k.dtype == torch.bfloat16 and k.device.type != "cuda"
+    # A bf16 result the interpreter would truncate (`truncates_to_bf16`) is written in fp32
+    # and rounded by torch.
+    interpreted_bf16 = truncates_to_bf16(k)
     out = empty_in_layout_of(k, torch.float32 if interpreted_bf16 else k.dtype)
     launch({"k": k, "k_rot": out, "rope_table": table, "k_positions": positions})
     return out.to(k.dtype) if interpreted_bf16 else out

@@ -90,11 +90,13 @@ def home_module(dialect: Dialect) -> str:
 
     Ops may live in other modules (a block's file defines its own op), so a module named after
     the dialect (`attnfuse.dialects.attn`) wins over the first op's when it defines an op or
-    attribute.
+    attribute, and so does a package named after it (`attnfuse.dialects.tile`, whose
+    submodules each define a group of its ops).
     """
     modules = defining_modules(dialect)
     named = [m for m in modules if m.rsplit(".", 1)[-1] == dialect.name]
-    return (named or modules)[0]
+    packaged = [m.rsplit(".", 1)[0] for m in modules if m.rsplit(".", 2)[-2:-1] == [dialect.name]]
+    return (named or packaged or modules)[0]
 
 
 def module_doc(module: str) -> str:
@@ -179,10 +181,13 @@ def render_attribute(attr: type[Attribute]) -> str:
 
 
 def render_op(op: type[Operation], home: str) -> str:
-    """The section of one op; `home` is its dialect's module, named only for ops outside it."""
+    """The section of one op; `home` is its dialect's module. An op outside it is named with
+    its module's summary; one in a submodule of a dialect package, with its module only."""
     op_def = op.get_irdl_definition()
     lines = [f"## `{op.name}`", "", f"Op, class `{op.__name__}`."]
-    if op.__module__ != home:
+    if op.__module__.startswith(home + "."):
+        lines += ["", f"Defined in `{op.__module__}`."]
+    elif op.__module__ != home:
         lines += ["", f"Defined in `{op.__module__}`{summary(op.__module__)}"]
     if doc := own_doc(op):
         lines += ["", doc]

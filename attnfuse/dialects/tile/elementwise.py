@@ -1,0 +1,168 @@
+"""Generic elementwise computation: `tile.map` (a scalar body applied to every element of
+its tiles, what a block defines a score modifier or normalizer with) and `tile.seq_len`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xdsl.dialects import arith, math
+from xdsl.dialects.builtin import (
+    Float32Type,
+    FloatAttr,
+    f32,
+    i1,
+)
+from xdsl.ir import (
+    Operation,
+    Region,
+    SSAValue,
+)
+from xdsl.irdl import (
+    AnyOf,
+    BaseAttr,
+    IRDLOperation,
+    ParsePropInAttrDict,
+    irdl_op_definition,
+    lazy_traits_def,
+    operand_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.traits import (
+    HasParent,
+    IsTerminator,
+    Pure,
+)
+from xdsl.utils.exceptions import VerifyException
+
+from attnfuse.dialects.tile.checks import (
+    expect_tile,
+)
+from attnfuse.dialects.tile.types import (
+    SeqAxis,
+    SeqAxisAttr,
+    TileType,
+)
+
+
+@irdl_op_definition
+class SeqLenOp(IRDLOperation):
+    """The call's query (`Nq`) or key (`Nk`) sequence length as an f32 scalar, for the bodies
+    of `tile.map` (sigmoid attention's default bias `-ln(Nk)`, say)."""
+
+    name = "tile.seq_len"
+
+    axis = prop_def(SeqAxisAttr)
+    result = result_def(BaseAttr(Float32Type))
+
+    assembly_format = "attr-dict `:` type($result)"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, axis: str):
+        super().__init__(result_types=[f32], properties={"axis": SeqAxisAttr(SeqAxis(axis))})
+
+
+MAP_BODY_OPS: tuple[type[Operation], ...] = (
+    arith.ConstantOp, arith.AddfOp, arith.SubfOp, arith.MulfOp, arith.DivfOp, arith.NegfOp,
+    arith.MaximumfOp, arith.MinimumfOp, arith.CmpfOp, arith.SelectOp,
+    math.ExpOp, math.LogOp, math.SqrtOp, math.AbsFOp, math.TanhOp,
+)
+"""The scalar ops a `tile.map` body may hold (what the targets translate)."""
+
+MAP_COMPARISONS = ("oeq", "olt", "ole", "ogt", "oge")
+"""The `arith.cmpf` predicates a body may use: ordered ones, false when either side is NaN."""
+
+
+def _verify_map_body_op(op: Operation, defined: set[SSAValue]) -> None:
+    """One body op: of `MAP_BODY_OPS`, on values defined inside the body, f32 (or i1 from a
+    comparison), constants f32, comparisons ordered."""
+    if not isinstance(op, MAP_BODY_OPS):
+        names = ", ".join(sorted(t.name for t in MAP_BODY_OPS))
+        raise VerifyException(f"tile.map bodies hold only {names}; got {op.name}")
+    for value in op.operands:
+        if value not in defined:
+            raise VerifyException(f"{op.name} in a tile.map body reads a value defined outside it")
+    if isinstance(op, arith.ConstantOp) and not (
+        isinstance(op.value, FloatAttr) and op.value.type == f32
+    ):
+        raise VerifyException(f"tile.map constants are f32 floats, got {op.value}")
+    if isinstance(op, arith.CmpfOp):
+        predicate = arith.CMPF_COMPARISON_OPERATIONS[op.predicate.value.data]
+        if predicate not in MAP_COMPARISONS:
+            raise VerifyException(
+                f"tile.map comparisons are {', '.join(MAP_COMPARISONS)}, got {predicate}"
+            )
+    for result in op.results:
+        wanted = i1 if isinstance(op, arith.CmpfOp) else f32
+        if result.type != wanted:
+            raise VerifyException(f"{op.name} in a tile.map body must give {wanted}, got {result.type}")
+
+
+@irdl_op_definition
+class MapOp(IRDLOperation):
+    """Applies a scalar function to every entry of its tile operands: `r[x] = f(a[x], b[x], ...)`.
+
+    The body is a region of `arith` and `math` ops on f32 scalars (as `linalg.generic`'s), one
+    block argument per operand, ending in `tile.map_yield`; f32 scalar operands (a
+    `tile.seq_len`, say) are the same for every entry. Every tile operand has the result's
+    shape; the result is f32. A pointwise score modifier or normalizer needs no tile op of its
+    own: it lowers to a `tile.map` (soft-capping is `cap * tanh(s / cap)`).
+    """
+
+    name = "tile.map"
+
+    inputs = var_operand_def(AnyOf.get(TileType, Float32Type))
+    result = result_def(TileType)
+    body = region_def("single_block")
+
+    assembly_format = "`(` $inputs `)` attr-dict `:` `(` type($inputs) `)` `->` type($result) $body"
+    traits = traits_def(Pure())
+
+    def __init__(self, inputs: Sequence[SSAValue], body: Region, result_type: TileType):
+        super().__init__(operands=[inputs], result_types=[result_type], regions=[body])
+
+    def verify_(self) -> None:
+        result = expect_tile(self.result, "map result")
+        if result.elem != "f32":
+            raise VerifyException(f"tile.map computes in f32, got a {result.elem} result")
+        if not any(isinstance(v.type, TileType) for v in self.inputs):
+            raise VerifyException("tile.map needs at least one tile operand")
+        for i, value in enumerate(self.inputs):
+            if isinstance(value.type, TileType) and value.type.shape != result.shape:
+                raise VerifyException(
+                    f"map operand {i} is a {' x '.join(value.type.shape)} tile, the result "
+                    f"{' x '.join(result.shape)}: operands must have the result's shape"
+                )
+            if isinstance(value.type, TileType) and value.type.elem != "f32":
+                raise VerifyException(f"map operand {i} is a {value.type.elem} tile: maps compute in f32")
+        block = self.body.block
+        if len(block.args) != len(self.inputs) or any(a.type != f32 for a in block.args):
+            raise VerifyException("tile.map's body takes one f32 argument per operand")
+        defined: set[SSAValue] = set(block.args)
+        for op in block.ops:
+            if isinstance(op, MapYieldOp):
+                if op.value not in defined:
+                    raise VerifyException("tile.map_yield yields a value defined outside the body")
+                continue
+            _verify_map_body_op(op, defined)
+            defined |= set(op.results)
+        if not isinstance(block.last_op, MapYieldOp):
+            raise VerifyException("tile.map's body must end in tile.map_yield")
+
+
+@irdl_op_definition
+class MapYieldOp(IRDLOperation):
+    """Ends a `tile.map` body with the entry's value."""
+
+    name = "tile.map_yield"
+
+    value = operand_def(BaseAttr(Float32Type))
+    assembly_format = "$value attr-dict `:` type($value)"
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(MapOp)))
+
+    def __init__(self, value: SSAValue):
+        super().__init__(operands=[value])

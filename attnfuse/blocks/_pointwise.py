@@ -20,6 +20,8 @@ class PointwiseNormalizer(Normalizer):
     """A normalizer whose probabilities are a function of each score alone (dropped keys give
     0): the forward accumulates `p @ v` with no rescaling, the output is the accumulator."""
 
+    merges_splits: bool = True  # the output is a sum over keys, so the splits' partials add
+
     def state_names(self, op: Operation) -> tuple[str, ...]:
         return ("acc",)
 

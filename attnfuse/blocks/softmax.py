@@ -30,6 +30,7 @@ class SoftmaxSemantics(Normalizer):
     """What `attn.softmax` means to the compiler and the reference."""
 
     has_lse: bool = True
+    merges_splits: bool = True
 
     def state_names(self, op: Operation) -> tuple[str, ...]:
         return ("acc", "row_max", "row_sum")

@@ -180,6 +180,15 @@ class Normalizer(OpTrait, abc.ABC):
 
     has_lse: bool = False
     """Whether the forward produces a log-sum-exp per row (softmax)."""
+    merges_splits: bool = False
+    """Whether outputs over disjoint key sets combine exactly as `tile.merge_splits` combines
+    them. With `has_lse`: the output is `sum(exp(s - lse) v)` with `lse = log(sum(exp(s)))`
+    over the kept keys, as softmax's, so partials merge through their log-sum-exps. Without:
+    the output is `sum(f(s) v)` for a function `f` of each score alone, so partials add.
+    Split-KV decoding (`lower-to-tile{decode=true}`) splits the keys only for such a
+    normalizer; any other (softmax with a sink, a normalizer that divides by a count) decodes
+    through the one-pass forward kernel. False unless a normalizer says so: a wrong True
+    gives wrong decode outputs, a wrong False only a slower decode."""
     smooth: bool = True
     """Whether the probabilities' derivative is continuous in the scores. relu's jumps at 0,
     so its backward must see scores computed from unrounded rotated q and k."""

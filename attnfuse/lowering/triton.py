@@ -1508,10 +1508,20 @@ class KernelEmitter:
         operands = [self.namer[v] for v in op.inputs]
         self.emit(f"# tile.map over ({', '.join(operands)}), entry by entry")
         names: dict[SSAValue, str] = dict(zip(block.args, operands))
+        # Entries that vary over the tile: those computed from a tile operand. A body that
+        # yields anything else (a constant, a function of scalar operands) computes a scalar,
+        # which is broadcast to the result's shape: the result is a tile whatever its body.
+        varying = {arg for arg, value in zip(block.args, op.inputs) if isinstance(value.type, tile.TileType)}
         for inner in block.ops:
             if isinstance(inner, tile.MapYieldOp):
-                self.emit(f"{self.namer.define(op.result)} = {names[inner.value]}")
+                value = names[inner.value]
+                if inner.value not in varying:
+                    like = operands[next(i for i, v in enumerate(op.inputs) if isinstance(v.type, tile.TileType))]
+                    value = f"tl.where(True, {value}, {like})  # the same value at every entry of {like}'s shape"
+                self.emit(f"{self.namer.define(op.result)} = {value}")
                 return
+            if any(v in varying for v in inner.operands):
+                varying.update(inner.results)
             expression = scalar_expression(inner, [names[v] for v in inner.operands], self.helpers)
             result = inner.results[0]
             if isinstance(inner, arith.ConstantOp) or result.has_one_use():

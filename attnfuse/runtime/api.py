@@ -428,9 +428,11 @@ class CompiledAttention:
 
     def decodes(self, problem: Problem, training: bool) -> bool:
         """Whether a call runs the split-KV decode kernels: few queries (`decode_rows`), no
-        autograd (they have no backward), and no block-granular filter (block sparsity has
-        per-query-block lists, which split programs do not have)."""
-        return decode_rows(problem) and not training and self.variant.block_size is None
+        autograd (they have no backward), no block-granular filter (block sparsity has
+        per-query-block lists, which split programs do not have), and a normalizer whose
+        partials over disjoint key sets merge exactly (`Normalizer.merges_splits`)."""
+        return (decode_rows(problem) and not training and self.variant.block_size is None
+                and self.variant.merges_splits)
 
     def _make_plan(self, problem: Problem, explicit_positions: tuple[bool, bool], training: bool,
                    cache: CacheLayout = CONTIGUOUS, backward: bool = False) -> CallPlan:

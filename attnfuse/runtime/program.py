@@ -84,6 +84,11 @@ class Canonical:
         return self.normalizer_semantics.has_lse
 
     @property
+    def merges_splits(self) -> bool:
+        """Whether split-KV decoding may split the keys (`Normalizer.merges_splits`)."""
+        return self.normalizer_semantics.merges_splits
+
+    @property
     def normalizer_name(self) -> str:
         return self.normalizer.name.removeprefix("attn.")
 

@@ -402,8 +402,15 @@ class LowerVariant(RewritePattern):
 
 
 def check_decodable(op: Operation, facts: VariantFacts) -> None:
-    """Raises unless every filter of the variant can test single entries: a split kernel has
-    no per-query-block lists, so a block-granular filter (block sparsity) cannot run there."""
+    """Raises unless the variant can be split: its normalizer's partials over disjoint key
+    sets merge exactly (`Normalizer.merges_splits`), and every filter tests single entries (a
+    split kernel has no per-query-block lists, so a block-granular filter, block sparsity,
+    cannot run there)."""
+    normalizer = facts.normalizer
+    if not facts.normalizer_semantics.merges_splits:
+        raise _fail(normalizer, f"{normalizer.name} does not say its outputs over disjoint key sets "
+                                "merge exactly (Normalizer.merges_splits), so decode kernels "
+                                "(decode=true), which split the keys, cannot compute it")
     for filter_op in facts.filters:
         trait = filter_op.get_trait(KeyFilter)
         assert trait is not None

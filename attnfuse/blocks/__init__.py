@@ -51,30 +51,46 @@ def registry_generation() -> int:
 
 
 def block_module_problem(module: ModuleType) -> str | None:
-    """Why `module` cannot join the `attn` dialect, or None: no `OPS`, an entry that is not an
-    IRDL op, an op outside the `attn.` namespace, or an op whose name the dialect already has
-    (a core op's, a package block's or another registered module's)."""
+    """Why `module` cannot join the `attn` dialect, or None. It lists its ops in `OPS` and its
+    attributes in `ATTRIBUTES` (a module that only adds a mask predicate, a band mask built
+    from `attn.mask`, has no op: `ATTRIBUTES` alone is enough). Refused: neither, an entry that
+    is not an IRDL op (or attribute), a name outside the `attn.` namespace, or a name the
+    dialect already has (a core one, a package block's or another registered module's)."""
+    from xdsl.ir import Attribute
     from xdsl.irdl import IRDLOperation
 
-    from attnfuse.dialects.attn import CORE_OPS
+    from attnfuse.dialects.attn import CORE_ATTRIBUTES, CORE_OPS
 
-    ops = getattr(module, "OPS", None)
-    if not isinstance(ops, (tuple, list)) or not ops:
-        return f"OPS must list the module's ops (a non-empty tuple), got {ops!r}"
-    # The names of every other module's ops (a module registered again, after a reload, may
-    # keep its own).
+    ops = getattr(module, "OPS", ())
+    attributes = getattr(module, "ATTRIBUTES", ())
+    if not isinstance(ops, (tuple, list)) or not isinstance(attributes, (tuple, list)) or not (ops or attributes):
+        return (f"OPS must list the module's ops (a non-empty tuple; or ATTRIBUTES its attributes, "
+                f"for a module that adds only a mask predicate), got OPS = {ops!r}")
+    # The names of every other module's ops and attributes (a module registered again, after
+    # a reload, may keep its own).
     others = [m for m in block_modules() if m is not module]
-    taken = {op.name for op in CORE_OPS} | {op.name for m in others for op in getattr(m, "OPS", ())}
-    for op in ops:
-        if not (isinstance(op, type) and issubclass(op, IRDLOperation)):
-            return f"OPS holds {op!r}, not an IRDL op class"
-        if not op.name.startswith("attn."):
-            return f"op {op.name!r} must be named attn.<name> (it joins the attn dialect)"
-        if op.name in taken:
-            return (f"op {op.name!r} is already defined in the attn dialect (a core op, a block's, or "
-                    "another registered module's): give it a name of its own")
-        taken.add(op.name)
+    taken_ops = {op.name for op in CORE_OPS} | {op.name for m in others for op in getattr(m, "OPS", ())}
+    taken_attributes = ({a.name for a in CORE_ATTRIBUTES}
+                        | {a.name for m in others for a in getattr(m, "ATTRIBUTES", ())})
+    for entries, base, kind, taken in ((ops, IRDLOperation, "op", taken_ops),
+                                       (attributes, Attribute, "attribute", taken_attributes)):
+        listing = "OPS" if kind == "op" else "ATTRIBUTES"
+        for entry in entries:
+            if not (isinstance(entry, type) and issubclass(entry, base) and isinstance(getattr(entry, "name", None), str)):
+                return f"{listing} holds {entry!r}, not an IRDL {kind} class"
+            if not entry.name.startswith("attn."):
+                return f"{kind} {entry.name!r} must be named attn.<name> (it joins the attn dialect)"
+            if entry.name in taken:
+                return (f"{kind} {entry.name!r} is already defined in the attn dialect (a core {kind}, a "
+                        f"block's, or another registered module's): give it a name of its own")
+            taken.add(entry.name)
     return None
+
+
+def registered_op(name: str) -> type | None:
+    """The op class the `attn` dialect parses `name` as (core, package block or registered
+    module), or None."""
+    return next((op for op in attn_dialect().operations if op.name == name), None)
 
 
 def register_block_module(module: ModuleType) -> None:
@@ -123,4 +139,5 @@ def attn_dialect() -> Dialect:
     return Dialect("attn", ops, attributes)
 
 
-__all__ = ["attn_dialect", "block_module_problem", "block_modules", "register_block_module", "registry_generation", "unregister_block_module"]
+__all__ = ["attn_dialect", "block_module_problem", "block_modules", "register_block_module", "registered_op",
+           "registry_generation", "unregister_block_module"]

@@ -21,6 +21,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn
+from attnfuse.errors import CompositionError
 from attnfuse.dsl.blocks import Block, Rope, ScaledDotProduct
 
 
@@ -54,6 +55,21 @@ ARGUMENT_NAMES = {
 """The names of the call-time data arguments in the printed IR."""
 
 
+def check_op_name(op: Operation) -> None:
+    """Raises unless the dialect parses `op`'s name as `op`'s own class. A block may build an op
+    no module registered (the DSL works with the objects), but not one whose name the `attn`
+    dialect gives another op: the program's text (`spec.ir()`, a saved program, the compile
+    cache's key) would then mean that op instead."""
+    from attnfuse.blocks import registered_op
+
+    registered = registered_op(op.name)
+    if registered is not None and registered is not type(op):
+        raise CompositionError(
+            f"a block builds {op.name} as {type(op).__module__}.{type(op).__qualname__}, but the attn "
+            f"dialect's {op.name} is {registered.__module__}.{registered.__qualname__}: the program's text "
+            "would mean the other op. Give the block's op a name of its own")
+
+
 def build_module(
     blocks: Sequence[Block],
     name: str = "attention",
@@ -75,6 +91,7 @@ def build_module(
     b = Builder(InsertPoint.at_end(variant.body.block))
 
     def add(op: Operation, hint: str) -> SSAValue:
+        check_op_name(op)
         b.insert(op)
         op.results[0].name_hint = hint
         return op.results[0]

@@ -16,7 +16,8 @@ from types import ModuleType
 from typing import Any
 
 import triton
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp
+from xdsl.ir import Attribute, ParametrizedAttribute
 from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import PassFailedException, VerifyException
 
@@ -174,12 +175,26 @@ def foreign_fingerprint(module: ModuleOp) -> str:
     for op in module.walk():
         classes.add(type(op))
         classes.update(type(trait) for trait in getattr(op, "traits", ()))
+        for attribute in (*op.properties.values(), *op.attributes.values()):
+            classes |= _attribute_classes(attribute)
     digest = hashlib.sha256()
     for name in sorted({cls.__module__ for cls in classes if not cls.__module__.startswith(("attnfuse.", "xdsl."))}):
         digest.update(name.encode())
         code = sys.modules.get(name)
         digest.update(_loaded_code(code) if code is not None else f"{name}@{os.getpid()}".encode())
     return digest.hexdigest()
+
+
+def _attribute_classes(attribute: Attribute) -> set[type]:
+    """The classes of `attribute` and of the attributes inside it (an `attn.mask`'s predicates,
+    a mask predicate defined outside the package among them: its `band()` is its meaning)."""
+    classes = {type(attribute)}
+    inner = attribute.data if isinstance(attribute, ArrayAttr) else (
+        attribute.parameters if isinstance(attribute, ParametrizedAttribute) else ())
+    for part in inner:
+        if isinstance(part, Attribute):
+            classes |= _attribute_classes(part)
+    return classes
 
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))

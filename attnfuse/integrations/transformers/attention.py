@@ -4,7 +4,8 @@ HF calls `attention(module, query, key, value, attention_mask, dropout=, scaling
 `query [B, Hq, Nq, D]` and `key`/`value [B, Hkv, Nk, D]` (after its cache update) and expects
 `[B, Nq, Hq, Dv]` back. The call is translated into one AttnFuse variant: the mask description
 (`masks.AttnFuseMask`) becomes `causal()` / `sliding_window(w)` over the written keys plus, for
-padding, `document()` (one document per row, padding ids negative); a mask only HF could
+padding and packed sequences, `document()` (a row's packed sequences as documents, padding
+ids negative); a mask only HF could
 make (`AttnFuseMask.dense`) an additive `-inf` bias; `scaling=` is `scaled_dot_product(scale)`; `softcap=` is
 `softcap(cap)`; GQA is passed as is (Hkv < Hq, no `repeat_kv`). Compiled variants are kept in
 a module-level cache keyed by the spec, so each variant compiles once per process and each
@@ -105,7 +106,8 @@ class _Resolved:
     valid: int
     bias: torch.Tensor | None
     doc_ids: torch.Tensor | None = None
-    """`[B, valid]` int32: 0 for a real token, -1 for padding (`af.document()`)."""
+    """`[B, valid]` int32 (`af.document()`): a token's packed sequence (0 without packing),
+    -1 for padding."""
 
 
 def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -130,13 +132,11 @@ def _resolve(
             )
         if attention_mask.dense is not None:
             return _Resolved("full", None, seq_k, _additive(attention_mask.dense, query.dtype))
-        doc_ids = None
-        if attention_mask.padding is not None:
-            # One document per row; padding keys are never kept and padding queries keep
-            # nothing (their rows are 0), without a dense mask.
-            doc_ids = attention_mask.doc_ids
+        # Padding and packed sequences as documents: a row's packed sequences are its
+        # documents (one without packing); padding keys are never kept and padding queries
+        # keep nothing (their rows are 0), without a dense mask.
         return _Resolved(attention_mask.pattern, attention_mask.window, attention_mask.valid,
-                         None, doc_ids)
+                         None, attention_mask.doc_ids)
     if attention_mask is None:
         # No mask: HF's sdpa path, is_causal (top-left, over the first Nq keys as sdpa's
         # flag is) for a prefill, none for one query.

@@ -5,9 +5,10 @@ forward, which hand the call's sizes and the pattern to the mask function regist
 model's attention implementation. Instead of a dense `[B, 1, Nq, Nk]` mask, ours returns an
 `AttnFuseMask`: the pattern as AttnFuse blocks (causal, sliding window, full), the number of
 keys the queries may see (`valid`, which is shorter than the key tensor for a static cache),
-and the padding of the 2D `attention_mask`. A pattern it does not recognise (a model's own
-`or_mask_function`, packed sequences, a static cache whose fill level is only on the device)
-becomes a dense mask made by HF's own `sdpa_mask`, so nothing is silently dropped.
+the padding of the 2D `attention_mask`, and packed sequences (`af.document()` ids). A pattern
+it does not recognise (a model's own `or_mask_function`, chunked attention, a static cache
+whose fill level is only on the device) becomes a dense mask made by HF's own `sdpa_mask`, so
+nothing is silently dropped.
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ from dataclasses import dataclass
 import torch
 from transformers import masking_utils as hf_masks
 
-_AND_MASK_CODE = hf_masks.and_masks(hf_masks.causal_mask_function).__code__
-_SLIDING_OVERLAY_CODE = hf_masks.sliding_window_overlay(1).__code__
+from attnfuse.integrations.transformers.mask_factories import (
+    ORIGINALS,
+    AndMasks,
+    PackedSequences,
+    RemappedPositions,
+    SlidingWindowOverlay,
+)
+
+_AND_MASK_CODE = ORIGINALS["and_masks"](hf_masks.causal_mask_function).__code__
+_SLIDING_OVERLAY_CODE = ORIGINALS["sliding_window_overlay"](1).__code__
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +40,8 @@ class AttnFuseMask:
     - `valid`: how many of those keys are written; the last query sits at key `valid - 1`.
       Smaller than `kv_length` only for static caches; the attention slices k and v to it.
     - `padding`: a bool `[B, valid]` tensor, False at padding keys, or None without padding.
+    - `sequences`: for packed sequences, an int `[B, kv_length]` tensor numbering the
+      sequences of each row (HF's `packed_sequence_mask`), or None.
     - `dense`: for a pattern AttnFuse cannot say as blocks, HF's bool `[B, 1, Nq, kv_length]`
       mask (True = attend); `pattern` is then "full" and `padding` None.
     """
@@ -41,12 +52,15 @@ class AttnFuseMask:
     valid: int
     padding: torch.Tensor | None = None
     dense: torch.Tensor | None = None
+    sequences: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        # The `af.document()` ids of the padding (0 for a token, -1 for padding), made once
-        # per mask: every layer passes this same tensor, so the kernels' block lists are
-        # built once per forward, not once per layer (they are cached per ids tensor).
-        ids = None if self.padding is None else self.padding.to(torch.int32) - 1
+        # The `af.document()` ids (a token's packed sequence, 0 without packing; -1 for
+        # padding), made once per mask: every layer passes this same tensor, so the kernels'
+        # block lists are built once per forward, not once per layer (cached per ids tensor).
+        ids = None if self.sequences is None else self.sequences.to(torch.int32)
+        if self.padding is not None:
+            ids = torch.where(self.padding, 0 if ids is None else ids, -1).to(torch.int32)
         object.__setattr__(self, "doc_ids", ids)
 
     ndim = 4
@@ -62,19 +76,43 @@ def recognise_pattern(mask_function: object) -> tuple[str, int | None] | None:
         return "causal", None
     if mask_function is hf_masks.bidirectional_mask_function:
         return "full", None
-    parts = _closure(mask_function, _AND_MASK_CODE).get("mask_functions")
+    parts = _parts(mask_function, AndMasks, _AND_MASK_CODE, "mask_functions")
     if parts is not None and len(parts) == 2 and parts[1] is hf_masks.causal_mask_function:
-        window = _closure(parts[0], _SLIDING_OVERLAY_CODE).get("sliding_window")
+        window = _parts(parts[0], SlidingWindowOverlay, _SLIDING_OVERLAY_CODE, "sliding_window")
         if isinstance(window, int) and not isinstance(window, bool) and window > 0:
             return "causal", window
     return None
 
 
-def _closure(function: object, code: object) -> dict[str, object]:
-    """The free variables of `function` if it was made from `code`, else {}."""
-    if getattr(function, "__code__", None) is not code or function.__closure__ is None:
-        return {}
-    return dict(zip(code.co_freevars, (cell.cell_contents for cell in function.__closure__)))
+def recognise_packed(mask_function: object) -> tuple[str, int | None, torch.Tensor] | None:
+    """`(pattern, window, sequences)` for HF's mask of packed sequences: a causal or
+    sliding-window-causal function applied to the tokens' positions, and'ed with "same
+    sequence" (`create_causal_mask`'s packed path, which HF always takes while tracing when
+    a model is called without an attention mask). Inside one sequence the positions of
+    consecutive tokens differ by 1 (that is how HF finds the sequences), so the pattern over
+    positions is the pattern over indices, and the whole mask is that pattern and
+    `af.document()` with the sequence numbers as ids. None for anything else. Reads only the
+    `mask_factories` stand-ins (HF's closures are left to the dense mask)."""
+    if not (isinstance(mask_function, AndMasks) and len(mask_function.mask_functions) == 2):
+        return None
+    remapped, packed = mask_function.mask_functions
+    if not (isinstance(remapped, RemappedPositions) and isinstance(packed, PackedSequences)):
+        return None
+    pattern = recognise_pattern(remapped.mask_function)
+    if pattern is None or pattern[0] != "causal":
+        return None
+    return pattern[0], pattern[1], packed.packed_sequence_mask
+
+
+def _parts(function: object, stand_in: type, code: object, name: str) -> object | None:
+    """The part `name` of a mask function made by one of HF's factories: an attribute of its
+    `mask_factories` stand-in, or a cell of HF's own closure (made from `code`), read only
+    outside `torch.compile` (Dynamo cannot read the cells of a closure made while tracing)."""
+    if isinstance(function, stand_in):
+        return getattr(function, name)
+    if _is_tracing() or getattr(function, "__code__", None) is not code or function.__closure__ is None:
+        return None
+    return dict(zip(code.co_freevars, (cell.cell_contents for cell in function.__closure__))).get(name)
 
 
 def _is_tracing() -> bool:
@@ -98,7 +136,11 @@ def attnfuse_mask(
     unwritten)."""
     if isinstance(attention_mask, AttnFuseMask):
         return attention_mask  # made for this very step by generate's input preparation
-    pattern = recognise_pattern(mask_function)
+    pattern, sequences = recognise_pattern(mask_function), None
+    if pattern is None and (packed := recognise_packed(mask_function)) is not None:
+        if packed[2].shape[-1] == kv_length and q_length == kv_length and kv_offset == 0:
+            # HF numbers the sequences from position_ids, which may be [1, N] for a batch.
+            pattern, sequences = packed[:2], packed[2].to(device).expand(batch_size, -1)
     if pattern is not None and not isinstance(q_offset, torch.Tensor):
         # Causal: the last query sits at position q_offset + q_length - 1; the keys after it
         # are unwritten cache slots (a static cache holds kv_length slots). Full (an encoder,
@@ -113,7 +155,7 @@ def attnfuse_mask(
                 # layer a bias when there is no padding; under torch.compile keep the bias.
                 if not _is_tracing() and bool(padding.all()):
                     padding = None
-            return AttnFuseMask(pattern[0], pattern[1], kv_length, valid, padding)
+            return AttnFuseMask(pattern[0], pattern[1], kv_length, valid, padding, sequences=sequences)
     # A static cache's fill level (q_offset) is a device tensor: reading it would sync, so the
     # pattern, padding and unwritten slots are materialised by HF's own mask maker.
     dense = hf_masks.sdpa_mask(

@@ -115,6 +115,57 @@ def test_mask_patterns_are_recognised_or_left_dense():
     assert recognise_pattern(m.chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long))) is None
 
 
+def test_mask_factory_stand_ins_keep_what_hf_keeps_and_are_read():
+    """register() puts readable stand-ins for HF's mask factories in masking_utils: each keeps
+    exactly what HF's own closure keeps (compared on every (b, h, q, kv) of a grid), and the
+    patterns are read from them and, eagerly, from HF's closures too."""
+    from attnfuse.integrations.transformers import mask_factories
+    from attnfuse.integrations.transformers.masks import recognise_packed
+
+    af_hf.register()
+    m = transformers.masking_utils
+    assert mask_factories.installed()
+    original = mask_factories.ORIGINALS
+    sequences = torch.tensor([[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]])
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
+    pairs = [
+        (m.sliding_window_causal_mask_function(2), original["and_masks"](
+            original["sliding_window_overlay"](2), m.causal_mask_function)),
+        (m.packed_sequence_mask_function(sequences), original["packed_sequence_mask_function"](sequences)),
+        (m.remap_positions_for_packed_sequence(m.causal_mask_function, positions),
+         original["remap_positions_for_packed_sequence"](m.causal_mask_function, positions)),
+    ]
+    b, h, q, kv = torch.meshgrid(torch.arange(2), torch.arange(1), torch.arange(6), torch.arange(6), indexing="ij")
+    for stand_in, closure in pairs:
+        assert torch.equal(stand_in(b, h, q, kv), closure(b, h, q, kv))
+    assert recognise_pattern(pairs[0][0]) == recognise_pattern(pairs[0][1]) == ("causal", 2)
+    packed = m.and_masks(m.remap_positions_for_packed_sequence(m.sliding_window_causal_mask_function(3), positions),
+                         m.packed_sequence_mask_function(sequences))
+    pattern, window, ids = recognise_packed(packed)
+    assert (pattern, window) == ("causal", 3) and ids is sequences
+    assert recognise_pattern(packed) is None
+    # Packed under another pattern (bidirectional), or and'ed in another order: not guessed.
+    assert recognise_packed(m.and_masks(m.remap_positions_for_packed_sequence(m.bidirectional_mask_function, positions),
+                                        m.packed_sequence_mask_function(sequences))) is None
+    assert recognise_packed(m.and_masks(m.packed_sequence_mask_function(sequences), m.causal_mask_function)) is None
+
+
+def test_packed_sequences_are_documents():
+    """A batch of packed sequences (position_ids restarting at 0, no attention mask, no cache): HF's
+    packed-sequence mask reaches the kernel as af.document() ids, not as a dense mask, and
+    the logits equal eager's (which applies HF's dense packed mask)."""
+    eager, fused = llama_pair()
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3], list(range(12))])
+    hf_attention._compiled.clear()
+    hf_attention._by_signature.clear()
+    # No cache: HF looks for packed sequences only then (a training setup).
+    out = fused(ids, position_ids=positions, use_cache=False).logits
+    assert_logits_close(out, eager(ids, position_ids=positions, use_cache=False).logits)
+    specs = [repr(spec) for spec, _placement in hf_attention._compiled]
+    assert specs and all("document()" in s and "additive_bias" not in s for s in specs), specs
+
+
 def test_padding_and_a_dense_mask_reach_the_kernel():
     """The mask function's description, checked directly against HF's sdpa_mask."""
     m = transformers.masking_utils

@@ -14,7 +14,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_transformers import assert_logits_close, batch, llama_pair  # noqa: E402
+from test_transformers import assert_logits_close, batch, llama_pair, mistral_pair  # noqa: E402
+
+from attnfuse.integrations.transformers import attention as hf_attention  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
@@ -54,6 +56,29 @@ def test_patched_llama_compiles_fullgraph_forward_and_backward(padded):
         scale = p_eager.grad.abs().max().item()
         torch.testing.assert_close(p_fused.grad, p_eager.grad, rtol=1e-4, atol=1e-5 * scale,
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_masks_made_while_tracing_compile_without_a_dense_mask():
+    """HF makes some mask functions inside the traced region: a sliding window's, and, for a
+    model called without an attention mask, the packed-sequence mask (HF cannot tell while
+    tracing that the batch is not packed). Dynamo cannot read such closures; the stand-ins
+    register() installs can be read, so these compile with fullgraph=True, as blocks
+    (sliding_window, document) rather than a dense mask, and equal eager."""
+    hf_attention._compiled.clear()
+    hf_attention._by_signature.clear()
+    eager, fused = llama_pair()
+    ids, _mask = batch(length=10, pad=0)
+    logits = torch.compile(Logits(fused), fullgraph=True, backend="aot_eager")(ids, None)
+    assert_logits_close(logits.detach(), eager(input_ids=ids, use_cache=False).logits.detach())
+    torch._dynamo.reset()
+    eager, fused = mistral_pair(sliding_window=4)
+    ids, mask = batch(length=10, pad=3)
+    logits = torch.compile(Logits(fused), fullgraph=True, backend="aot_eager")(ids, mask)
+    reference = eager(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    assert_logits_close(logits.detach(), reference.detach(), keep=mask)
+    specs = [repr(spec) for spec, _placement in hf_attention._compiled]
+    assert any("sliding_window(window=4)" in s for s in specs), specs
+    assert all("additive_bias" not in s for s in specs), specs
 
 
 def test_patched_llama_exports():

@@ -1041,7 +1041,9 @@ def _spec_form_name(spec: Any) -> str:
     if name is None:
         compiled = spec._compiled
         if compiled is None:
-            compiled = spec._compiled = compile(spec)
+            # Not `compile(spec)`: this runs while Dynamo traces, where `compile` would hand
+            # the spec back here.
+            compiled = spec._compiled = CompiledAttention(spec)
         name = _SPEC_FORM_NAMES[spec] = compiled.operator_key()
         _SPEC_FORMS.setdefault(name, compiled)
     return name
@@ -1077,6 +1079,19 @@ def compile(
     backward with its adds unordered (an fp32 sum whose last bits vary between runs; faster).
     `backward_choice.choose_backward` picks (`ATTNFUSE_BACKWARD=auto|fused|ordered|separate`);
     `torch.use_deterministic_algorithms(True)` keeps the adds ordered; a variant with a bias
-    takes the separate kernels."""
+    takes the separate kernels.
+
+    Inside a function that `torch.compile` / `torch.export` traces, `compile(spec)` of a spec
+    made outside it, with the default options, is the spec's own compiled form (what
+    `spec(q, k, v)` runs there); anything else must be compiled outside the traced function
+    (compiling is xDSL code, which the tracer cannot step into)."""
+    if torch.compiler.is_compiling():
+        defaults = rope_placement == "auto" and config is None and deterministic is True
+        if hasattr(source, "_key") and defaults:
+            return compiled_form(source)
+        raise AttnFuseError(
+            "af.compile cannot run inside a function that torch.compile / torch.export traces "
+            "(except af.compile(spec) of a spec made outside it, with default options): compile "
+            "outside (fn = af.compile(...)) and call fn(q, k, v) inside")
     return CompiledAttention(source, rope_placement=rope_placement, config=config,
                              deterministic=deterministic)

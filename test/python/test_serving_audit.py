@@ -376,6 +376,21 @@ def test_a_spec_made_inside_the_trace_is_refused_clearly(fresh_dynamo):
         torch.compile(lambda q: af.attention(af.causal())(q, q, q), fullgraph=True, backend="aot_eager")(q)
 
 
+def test_af_compile_inside_the_trace(fresh_dynamo):
+    """`af.compile(spec)` of a spec made outside, default options: the spec's compiled form,
+    traced with no graph break and equal to eager. With other options (or an attn program)
+    it is refused with a message that says where to compile."""
+    spec = af.attention(af.alibi(), af.causal())
+    q, k, v = cache(1, 2, 20, 20, seed=4)
+    traced = torch.compile(lambda q, k, v: af.compile(spec)(q, k, v), fullgraph=True, backend="aot_eager")
+    want, _ = naive(q, k, v, torch.tensor([20]), alibi=True, causal=True)
+    assert (traced(q, k, v).double() - want).abs().max() <= 1e-4
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="af.compile cannot run inside a function that torch.compile"):
+        torch.compile(lambda q: af.compile(spec, rope_placement="fused")(q, q, q), fullgraph=True,
+                      backend="aot_eager")(q)
+
+
 def test_the_dynamo_marker_is_what_assume_constant_result_sets():
     """runtime/api.py sets `_dynamo_marked_constant` itself (importing torch._dynamo costs
     seconds); a PyTorch that marks constant functions otherwise must fail here."""

@@ -24,7 +24,7 @@ from attnfuse.blocks.sigmoid import sigmoid
 from attnfuse.blocks.softcap import softcap
 from attnfuse.blocks.softmax import softmax
 from attnfuse.dsl import AttentionSpec, attention, llama3_scaling, rope, scaled_dot_product
-from attnfuse.errors import AttnFuseError
+from attnfuse.errors import ArgumentError, AttnFuseError, CompositionError, IRError, PassOptionError
 
 _RUNTIME_NAMES = {
     "compile": "attnfuse.runtime.api",
@@ -42,8 +42,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ArgumentError",
     "AttentionSpec",
     "AttnFuseError",
+    "CompositionError",
+    "IRError",
+    "PassOptionError",
     "CompiledAttention",
     "TileConfig",
     "additive_bias",

@@ -65,7 +65,8 @@ class AlibiSemantics(ScoreModifier):
         import torch
 
         assert isinstance(op, AlibiOp)
-        slope = torch.tensor(self.slopes_for(op, env.heads_q), dtype=scores.dtype, device=scores.device)
+        # The kernels read the slopes as float32 (docs/semantics.md, ALiBi): round them so.
+        slope = torch.tensor(self.slopes_for(op, env.heads_q), dtype=torch.float32).to(scores)
         distance = (env.k_pos[None, :] - env.q_pos[:, None]).to(scores)
         return scores + slope[None, :, None, None] * distance
 

@@ -31,6 +31,7 @@ from attnfuse.dialects.interfaces import (
 from attnfuse.errors import ArgumentError, AttnFuseError, IRError
 from attnfuse.transforms import PASSES
 from attnfuse.transforms.kernel_builder import assign_data_roles
+from attnfuse.transforms.lower_to_tile import check_listed_filters
 from attnfuse.transforms.place_rope import key_rotation
 
 DECLARED_ARGUMENTS = (
@@ -72,6 +73,7 @@ class Canonical:
         # One variant: `VariantProgram` checked an attn program's, and the DSL builds one.
         self.variant = next(op for op in module.ops if isinstance(op, attn.VariantOp))
         self.scores, self.chain, self.normalizer = attn.score_chain(self.variant)
+        check_listed_filters(self.chain)  # what lower-to-tile would refuse at the first call
         self.text = anonymous_text(module)
 
     @cached_property

@@ -79,11 +79,27 @@ def _fail(op: Operation, message: str) -> IRError:
     return IRError(f"lower-to-tile: {message}", op)
 
 
+def check_listed_filters(chain: Sequence[Operation]) -> None:
+    """Raises unless each listed filter (block sparsity, documents) appears at most once on
+    the score chain: two would intersect their lists, but their data would share one kernel
+    argument. Run by `read_variant`, and by the runtime when a program is compiled, so a
+    hand-written program is refused where it is compiled, not at its first call."""
+    seen: set[str] = set()
+    for op in chain:
+        trait = op.get_trait(KeyFilter)
+        if trait is None or trait.band(op) is not None or not trait.lists(op):
+            continue
+        if op.name in seen:
+            raise _fail(op, f"more than one {op.name.removeprefix('attn.')} in one variant")
+        seen.add(op.name)
+
+
 def read_variant(variant: attn.VariantOp) -> VariantFacts:
     """Checks that the variant is ready to lower and collects what the kernels' structure
     needs. Only the ops on the path from the scores to the normalizer take part (an op whose
     result nothing reads computes nothing); each is lowered as often as it appears."""
     scores, chain, normalizer = attn.score_chain(variant)
+    check_listed_filters(chain)
     rotations: dict[type, Rotation] = {}
     # The rotations the scores read (a rotation whose result nothing reads rotates nothing).
     for operand, kind in ((scores.query, attn.QueryType), (scores.key, attn.KeyType)):
@@ -126,9 +142,6 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
             continue
         if not filter_trait.lists(op):
             raise _fail(op, f"cannot lower {op.name}: a filter must be a band or have block lists")
-        if any(other.name == op.name for other in filters):
-            # Their lists would intersect, but their data would share one kernel argument.
-            raise _fail(op, f"more than one {op.name.removeprefix('attn.')} in one variant")
         block_size = filter_trait.block_size(op)
         if block_size is not None:
             sparse = block_size

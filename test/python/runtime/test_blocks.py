@@ -761,3 +761,19 @@ def test_rope_llama3_scaling_matters():
     assert (ref_scaled - ref_plain).abs().max() > 1e-2
     out = check(scaled, q, k, v)[0]
     assert (out.double() - ref_plain).abs().max() > 1e-2
+
+
+def test_the_reference_uses_alibi_slopes_in_float32():
+    """docs/semantics.md: the slopes are used in float32. One query, and the key `Nk - 1`
+    positions before it: under relu (`p = relu(s) / Nk`) with zero q and k, that key's weight is
+    exactly the float32 slope times the distance over Nk (1/3 is not a float32: the float64
+    slope would differ by 1e-9)."""
+    slope, nk = -1 / 3, 4097
+    q = torch.zeros(1, 1, 1, 8, dtype=torch.float64)
+    k = torch.zeros(1, 1, nk, 8, dtype=torch.float64)
+    v = torch.zeros(1, 1, nk, 1, dtype=torch.float64)
+    v[0, 0, 0, 0] = 1.0  # the output is the first key's weight
+    out = af.reference_attention(af.attention(af.alibi(slopes=[slope]), af.relu()), q, k, v)[0, 0, 0, 0].item()
+    as_float32 = torch.tensor(slope, dtype=torch.float32).item()
+    assert out == as_float32 * -(nk - 1) / nk
+    assert out != slope * -(nk - 1) / nk

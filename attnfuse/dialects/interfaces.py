@@ -188,7 +188,8 @@ class Normalizer(OpTrait, abc.ABC):
     Split-KV decoding (`lower-to-tile{decode=true}`) splits the keys only for such a
     normalizer; any other (softmax with a sink, a normalizer that divides by a count) decodes
     through the one-pass forward kernel. False unless a normalizer says so: a wrong True
-    gives wrong decode outputs, a wrong False only a slower decode."""
+    gives wrong decode outputs, a wrong False only a slower decode. Read it through
+    `partials_merge`, which does not let a subclass inherit True with another forward."""
     smooth: bool = True
     """Whether the probabilities' derivative is continuous in the scores. relu's jumps at 0,
     so its backward must see scores computed from unrounded rotated q and k."""
@@ -237,6 +238,22 @@ class Normalizer(OpTrait, abc.ABC):
         `keep` mask of kept entries; a row with no kept key has probabilities 0."""
 
 
+FORWARD_METHODS = ("state_names", "init_state", "step", "finalize")
+"""The `Normalizer` methods that make a forward's partial results (its loop state and output)."""
+
+
+def partials_merge(normalizer: Normalizer) -> bool:
+    """Whether split-KV decoding may split the keys of `normalizer`: its `merges_splits`, as
+    declared by the class that set it, and only while the normalizer keeps that class's
+    forward. A subclass that changes the loop state or the output (softmax with a sink: a
+    changed `init_state`) has other partial results, which the parent's True does not cover,
+    until the subclass declares `merges_splits` itself."""
+    cls = type(normalizer)
+    declarer = next(klass for klass in cls.__mro__ if "merges_splits" in vars(klass))
+    return normalizer.merges_splits and all(
+        getattr(cls, method) is getattr(declarer, method) for method in FORWARD_METHODS)
+
+
 def score_semantics(op: Operation) -> ScoreModifier | KeyFilter | None:
     """The interface an op between the scores and the normalizer implements, or None."""
     return op.get_trait(ScoreModifier) or op.get_trait(KeyFilter)
@@ -249,5 +266,5 @@ def normalizer_semantics(op: Operation) -> Normalizer:
     return trait
 
 
-__all__ = ["DataUse", "KeyFilter", "Normalizer", "ReadsCallData", "ScoreModifier",
-           "normalizer_semantics", "score_semantics"]
+__all__ = ["FORWARD_METHODS", "DataUse", "KeyFilter", "Normalizer", "ReadsCallData", "ScoreModifier",
+           "normalizer_semantics", "partials_merge", "score_semantics"]

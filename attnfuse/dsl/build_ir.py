@@ -63,11 +63,17 @@ def check_op_name(op: Operation) -> None:
     from attnfuse.blocks import registered_op
 
     registered = registered_op(op.name)
-    if registered is not None and registered is not type(op):
+    if registered is None or registered is type(op):
+        return
+    cls = type(op)
+    if (registered.__module__, registered.__qualname__) == (cls.__module__, cls.__qualname__):
         raise CompositionError(
-            f"a block builds {op.name} as {type(op).__module__}.{type(op).__qualname__}, but the attn "
-            f"dialect's {op.name} is {registered.__module__}.{registered.__qualname__}: the program's text "
-            "would mean the other op. Give the block's op a name of its own")
+            f"a block builds {op.name} from another {cls.__module__}.{cls.__qualname__} than the one "
+            "registered (its module was reloaded): register the module again (register_block_module)")
+    raise CompositionError(
+        f"a block builds {op.name} as {cls.__module__}.{cls.__qualname__}, but the attn dialect's "
+        f"{op.name} is {registered.__module__}.{registered.__qualname__}: the program's text would mean "
+        "the other op. Give the block's op a name of its own")
 
 
 def build_module(

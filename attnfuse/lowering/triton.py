@@ -933,7 +933,7 @@ class KernelEmitter:
                         lower: int | None, upper: int | None, length: str) -> None:
         """The loop's block range for program rows at positions `first..last`, which keep
         loop rows at positions `row + [lower, upper]` of `length` loop rows, split into
-        partial / full / partial blocks (`tile._BandBounds`)."""
+        partial / full / partial blocks (`tile.loops._BandBounds`)."""
         start, full_start, full_end, end = (self.namer.define(r) for r in op.results)
         # Clamp at 0 before dividing: integer division of negatives differs between the GPU
         # (truncation) and the interpreter (floor).

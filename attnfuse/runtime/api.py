@@ -453,6 +453,12 @@ class CompiledAttention:
             )
         if cache.kv_lens and not decode and variant.listed:
             names = ", ".join(b.op.name.removeprefix("attn.") for b in variant.listed)
+            if decode_rows(problem) and not variant.merges_splits:
+                raise ArgumentError(
+                    f"kv_lens= with {names} needs the split decode kernels, which "
+                    f"{variant.normalizer.name} cannot take: its results over disjoint key sets do not "
+                    "merge exactly (Normalizer.merges_splits), and the block lists of the one-pass "
+                    "kernels do not follow per-sequence lengths")
             raise ArgumentError(
                 f"kv_lens= with {names} needs a decode-sized call (at most "
                 f"{MAX_DECODE_QUERIES} queries): its block lists do not follow per-sequence lengths"
@@ -1041,9 +1047,7 @@ def _spec_form_name(spec: Any) -> str:
     if name is None:
         compiled = spec._compiled
         if compiled is None:
-            # Not `compile(spec)`: this runs while Dynamo traces, where `compile` would hand
-            # the spec back here.
-            compiled = spec._compiled = CompiledAttention(spec)
+            compiled = spec._compiled = compile(spec)
         name = _SPEC_FORM_NAMES[spec] = compiled.operator_key()
         _SPEC_FORMS.setdefault(name, compiled)
     return name
@@ -1085,8 +1089,11 @@ def compile(
     made outside it, with the default options, is the spec's own compiled form (what
     `spec(q, k, v)` runs there); anything else must be compiled outside the traced function
     (compiling is xDSL code, which the tracer cannot step into)."""
-    if torch.compiler.is_compiling():
-        defaults = rope_placement == "auto" and config is None and deterministic is True
+    # Dynamo tracing, not `is_compiling()`: that is also true inside the functions Dynamo runs
+    # for real and keeps as constants (`_spec_form_name`, the HF integration's
+    # `_operator_key`), which compile for real.
+    if torch.compiler.is_dynamo_compiling():
+        defaults = rope_placement in ("auto", ("auto", "auto")) and config is None and deterministic is True
         if hasattr(source, "_key") and defaults:
             return compiled_form(source)
         raise AttnFuseError(

@@ -8,7 +8,8 @@ checks those arguments and gives the call's `Problem` (its key length is the cac
 capacity, `L_max` or `max_pages * page_size`) and its `CacheLayout`.
 
 Calls with few queries (`decode_rows`) run the split-KV kernels (lower-to-tile's
-`decode=true`): `split_plan` chooses how many splits of the key range to launch from the
+`decode=true`; `CompiledAttention.decodes` has the other conditions, among them a normalizer
+whose partial results merge, `interfaces.partials_merge`): `split_plan` chooses how many splits of the key range to launch from the
 shapes alone, so a step's launches never depend on the lengths in `kv_lens` (a CUDA graph
 of a step replays as the lengths grow).
 """

@@ -26,6 +26,7 @@ from attnfuse.dialects.interfaces import (
     Normalizer,
     ScoreModifier,
     normalizer_semantics,
+    partials_merge,
     score_semantics,
 )
 from attnfuse.errors import ArgumentError, AttnFuseError, IRError
@@ -88,7 +89,7 @@ class Canonical:
     @property
     def merges_splits(self) -> bool:
         """Whether split-KV decoding may split the keys (`Normalizer.merges_splits`)."""
-        return self.normalizer_semantics.merges_splits
+        return partials_merge(self.normalizer_semantics)
 
     @property
     def normalizer_name(self) -> str:

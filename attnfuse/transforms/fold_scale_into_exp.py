@@ -41,7 +41,8 @@ class FoldScaleIntoExp(RewritePattern):
             return
         consumers = tile.scale_consumers(op.result)
         if not consumers or not all(
-            isinstance(user, tile.EXPONENTIAL_OPS) and value is user.scores for user, value in consumers
+            user.has_trait(tile.ExponentiatesScores, value_if_unregistered=False) and value is user.scores
+            for user, value in consumers
         ):
             return
         op.properties["unscaled"] = UnitAttr()

@@ -53,7 +53,7 @@ from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn, tile
 from attnfuse.errors import IRError, PassOptionError
-from attnfuse.dialects.interfaces import KeyFilter
+from attnfuse.dialects.interfaces import KeyFilter, partials_merge
 from attnfuse.transforms.kernel_builder import (
     PART_SUFFIX,
     KernelBuilder,
@@ -420,7 +420,7 @@ def check_decodable(op: Operation, facts: VariantFacts) -> None:
     split kernel has no per-query-block lists, so a block-granular filter, block sparsity,
     cannot run there)."""
     normalizer = facts.normalizer
-    if not facts.normalizer_semantics.merges_splits:
+    if not partials_merge(facts.normalizer_semantics):
         raise _fail(normalizer, f"{normalizer.name} does not say its outputs over disjoint key sets "
                                 "merge exactly (Normalizer.merges_splits), so decode kernels "
                                 "(decode=true), which split the keys, cannot compute it")

@@ -150,10 +150,6 @@ from attnfuse.dialects.tile.types import (
     rows_axis,
 )
 
-EXPONENTIAL_OPS = (SoftmaxUpdateOp, RecomputeProbsOp)
-"""Ops that exponentiate scores, and so can apply their scale in the same multiply."""
-
-
 Tile = Dialect(
     "tile",
     [
@@ -220,7 +216,6 @@ __all__ = [
     "DotLhsTransposedOp",
     "DotTransposedOp",
     "ELEMENT_TYPES",
-    "EXPONENTIAL_OPS",
     "ExponentiatesScores",
     "FILTER_OPS",
     "FP32_ROLES",
@@ -291,7 +286,6 @@ __all__ = [
     "ZerosOp",
     "element_type_name",
     "expected_tile_shape",
-    "kernel_of",
     "pairs_fill_tiles",
     "role_axes",
     "role_kind",

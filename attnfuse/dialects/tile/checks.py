@@ -52,7 +52,7 @@ def enclosing_loop(op: Operation) -> Operation | None:
     """The innermost loop over blocks (an op with the `BlockLoop` trait: `tile.kv_loop`,
     `tile.sparse_kv_loop`, `tile.q_loop`, `tile.sparse_q_loop`) around `op`."""
     parent = op.parent_op()
-    while parent is not None and not parent.has_trait(BlockLoop):
+    while parent is not None and not parent.has_trait(BlockLoop, value_if_unregistered=False):
         parent = parent.parent_op()
     return parent
 

@@ -115,7 +115,7 @@ class ScoresOp(IRDLOperation):
             raise VerifyException(f"scores scale must be positive, got {self.scale.value.data}")
         if self.unscaled is not None:
             for user, operand in scale_consumers(self.result):
-                if not (user.has_trait(ExponentiatesScores) and operand is user.scores
+                if not (user.has_trait(ExponentiatesScores, value_if_unregistered=False) and operand is user.scores
                         and user.unscaled_scores is not None and user.scale == self.scale):
                     raise VerifyException(
                         f"unscaled scores must reach only exponentials that apply their scale "

@@ -13,5 +13,6 @@ class BlockLoop(OpTrait):
 
 class ExponentiatesScores(OpTrait):
     """The op exponentiates a block of scores, its `scores` operand (`tile.softmax_update`,
-    `tile.recompute_probs`), so a scale on those scores can be applied in the same multiply
-    (`fold-scale-into-exp`, and the `tile.apply_scale` verifier)."""
+    `tile.recompute_probs`), so a scale on those scores can be applied in the same multiply:
+    `fold-scale-into-exp` folds a `tile.scores` scale into the ops with this trait, and the
+    `tile.scores` verifier lets `unscaled` scores reach only them."""

@@ -4,11 +4,13 @@ normalizer defined outside the package, in this one file (docs/architecture.md Â
     p[i, j] = exp(s[i, j]) / (1 + sum_k exp(s[i, k]))   over the kept keys (0 elsewhere)
     lse[i]  = log(1 + sum_k exp(s[i, k]))
 
-The forward is the online softmax started with the sink already counted (row max 0, row sum
-1), so `tile.softmax_finalize` divides by `1 + sum exp(s)`; the backward is softmax's, since
-`dp_ij / ds_ik = p_ij (delta_jk - p_ik)` holds with the sink too. Its partials over disjoint key
-sets do *not* merge through their log-sum-exps (each would count the sink), so it leaves
-`merges_splits` False and decodes through the one-pass kernel. The initial row sum is a
+Its semantics subclass softmax's: the forward is the online softmax started with the sink
+already counted (row max 0, row sum 1), so `tile.softmax_finalize` divides by
+`1 + sum exp(s)`; the backward is softmax's, since `dp_ij / ds_ik = p_ij (delta_jk - p_ik)`
+holds with the sink too. Its partials over disjoint key sets do *not* merge through their
+log-sum-exps (each would count the sink): having changed softmax's forward, it does not
+inherit softmax's `merges_splits` (`interfaces.partials_merge`), and decodes through the
+one-pass kernel. The initial row sum is a
 `tile.map` whose body ignores its operand (a constant 1): the targets broadcast it to a tile.
 Used by test_sink_softmax.py.
 """
@@ -25,20 +27,18 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import Pure
 
+from attnfuse.blocks.softmax import SoftmaxSemantics
 from attnfuse.dialects import tile
 from attnfuse.dialects.attn import ProbsType, ScoresType
-from attnfuse.dialects.interfaces import Normalizer
 from attnfuse.dsl.blocks import Block
 
 
 @dataclass(frozen=True)
-class SinkSoftmaxSemantics(Normalizer):
-    """`attn.sink_softmax` to the compiler, the runtime and the reference."""
-
-    has_lse: bool = True
-
-    def state_names(self, op: Operation) -> tuple[str, ...]:
-        return ("acc", "row_max", "row_sum")
+class SinkSoftmaxSemantics(SoftmaxSemantics):
+    """`attn.sink_softmax` to the compiler, the runtime and the reference: softmax's loop, its
+    backward and its `has_lse`, with the sink counted from the start. It changes softmax's
+    forward (`init_state`), so softmax's `merges_splits` does not carry over
+    (`interfaces.partials_merge`): it decodes through the one-pass kernel."""
 
     def init_state(self, op: Operation, kernel: Any) -> Sequence[SSAValue]:
         acc = kernel.add(tile.ZerosOp(tile.TileType(("m", "dv"), f32)), "acc").results[0]
@@ -48,27 +48,6 @@ class SinkSoftmaxSemantics(Normalizer):
             return b.insert(arith.ConstantOp(FloatAttr(1.0, f32))).result
 
         return [acc, row_max, kernel.scalar_map([row_max], "row_sum", one)]
-
-    def step(self, op: Operation, kernel: Any, state: Sequence[SSAValue], scores: SSAValue,
-             value: SSAValue) -> Sequence[SSAValue]:
-        acc, row_max, row_sum = state
-        update = kernel.add(tile.SoftmaxUpdateOp(scores, row_max, row_sum), "probs", "row_max", "row_sum", "alpha")
-        probs, new_max, new_sum, alpha = update.results
-        return [kernel.add(tile.AccumulateOp(acc, probs, value, alpha), "acc").results[0], new_max, new_sum]
-
-    def finalize(self, op: Operation, kernel: Any,
-                 state: Sequence[SSAValue]) -> tuple[SSAValue, SSAValue | None]:
-        out, lse = kernel.add(tile.SoftmaxFinalizeOp(*state), "out", "lse").results
-        return out, lse
-
-    def probs(self, op: Operation, kernel: Any, scores: SSAValue, lse: SSAValue | None) -> SSAValue:
-        assert lse is not None
-        return kernel.add(tile.RecomputeProbsOp(scores, lse), "probs").results[0]
-
-    def grad_scores(self, op: Operation, kernel: Any, scores: SSAValue, probs: SSAValue,
-                    grad_probs: SSAValue, delta: SSAValue | None) -> SSAValue:
-        assert delta is not None
-        return kernel.add(tile.SoftmaxGradOp(probs, grad_probs, delta), "grad_scores").results[0]
 
     def evaluate(self, op: Operation, scores: Any, keep: Any, env: Any) -> tuple[Any, Any]:
         import torch

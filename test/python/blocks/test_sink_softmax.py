@@ -110,3 +110,56 @@ def test_training_matches_the_formula(nq, nk):
     expected.backward(grad.double())
     for got, want in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_which_normalizers_split_the_keys():
+    """`partials_merge`: the package's normalizers declare it; a subclass that changes the
+    forward (this sink, softmax's subclass with another `init_state`) does not inherit it; one
+    that declares it again has it."""
+    from dataclasses import dataclass
+
+    from attnfuse.blocks.relu import ReluSemantics
+    from attnfuse.blocks.sigmoid import SigmoidSemantics
+    from attnfuse.blocks.softmax import SoftmaxSemantics
+    from attnfuse.dialects.interfaces import partials_merge
+
+    @dataclass(frozen=True)
+    class DeclaredAgain(sink_softmax_block.SinkSoftmaxSemantics):
+        merges_splits: bool = True
+
+    assert partials_merge(SoftmaxSemantics()) and partials_merge(ReluSemantics())
+    assert partials_merge(SigmoidSemantics())
+    assert not partials_merge(sink_softmax_block.SinkSoftmaxSemantics())
+    assert partials_merge(DeclaredAgain())
+
+
+def test_documents_with_kv_lens_need_the_split_kernels():
+    """document() with kv_lens= runs only on the split decode kernels, which this normalizer
+    cannot take: refused with what is missing, not with "needs a decode-sized call"."""
+    q, k, v = make_qkv(b=1, hq=2, nq=1, nk=32, d=16, seed=1)
+    fn = af.compile(af.attention(af.document(), sink_softmax()))
+    call = {"kv_lens": torch.tensor([20], dtype=torch.int32), "doc_ids": torch.zeros(32, dtype=torch.int32)}
+    with torch.no_grad(), pytest.raises(af.ArgumentError, match="needs the split decode kernels, which "
+                                                               "attn.sink_softmax cannot take"):
+        fn(q, k, v, **call)
+
+
+def test_a_reloaded_block_module_must_be_registered_again():
+    """After `importlib.reload`, the module's op is another class under the same name: the
+    message says to register the module again (not to rename the op). The module's original
+    classes are put back after, for the other tests in this process."""
+    import importlib
+
+    from attnfuse.errors import CompositionError
+
+    original = dict(vars(sink_softmax_block))
+    af.attention(sink_softmax()).ir()  # the dialect now holds the module's op class
+    try:
+        spec = af.attention(importlib.reload(sink_softmax_block).sink_softmax())
+        with pytest.raises(CompositionError, match="its module was reloaded\\): register the module again"):
+            spec.ir()
+        register_block_module(sink_softmax_block)
+        assert "attn.sink_softmax" in spec.ir()
+    finally:
+        vars(sink_softmax_block).update(original)
+        register_block_module(sink_softmax_block)

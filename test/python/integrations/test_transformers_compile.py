@@ -81,6 +81,26 @@ def test_masks_made_while_tracing_compile_without_a_dense_mask():
     assert all("additive_bias" not in s for s in specs), specs
 
 
+def test_fused_rope_with_a_cache_compiles():
+    """fuse_rope with a KV cache compiles with fullgraph=True: the cache's keys arrive rotated
+    (`rope_placement=("auto", "given")`), a variant the trace compiles for real at trace time
+    (`attention._operator_key`, a constant function) with non-default options."""
+    import transformers
+
+    from attnfuse.integrations import transformers as af_hf
+
+    eager, fused = llama_pair()
+    af_hf.fuse_rope(fused)
+    ids, _mask = batch(length=6, pad=0)
+
+    def prefill(ids):
+        cache = transformers.DynamicCache(config=fused.config)
+        return fused(input_ids=ids, past_key_values=cache, use_cache=True).logits
+
+    logits = torch.compile(prefill, fullgraph=True, backend="aot_eager")(ids)
+    assert_logits_close(logits.detach(), eager(input_ids=ids, use_cache=False).logits.detach())
+
+
 def test_patched_llama_exports():
     eager, fused = llama_pair()
     ids, mask = batch(length=10, pad=3)

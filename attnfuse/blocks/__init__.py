@@ -93,6 +93,11 @@ def registered_op(name: str) -> type | None:
     return next((op for op in attn_dialect().operations if op.name == name), None)
 
 
+def registered_attribute(name: str) -> type | None:
+    """The attribute class the `attn` dialect parses `#name` as, or None."""
+    return next((attr for attr in attn_dialect().attributes if attr.name == name), None)
+
+
 def register_block_module(module: ModuleType) -> None:
     """Adds a block module that lives outside this package (a research prototype, a test)
     to the `attn` dialect: laid out as a module here (§10.1 of docs/architecture.md), its
@@ -139,5 +144,5 @@ def attn_dialect() -> Dialect:
     return Dialect("attn", ops, attributes)
 
 
-__all__ = ["attn_dialect", "block_module_problem", "block_modules", "register_block_module", "registered_op",
+__all__ = ["attn_dialect", "block_module_problem", "block_modules", "register_block_module", "registered_attribute", "registered_op",
            "registry_generation", "unregister_block_module"]

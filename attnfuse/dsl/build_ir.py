@@ -21,6 +21,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn
+from attnfuse.dialects.attribute_walk import op_attributes
 from attnfuse.errors import CompositionError
 from attnfuse.dsl.blocks import Block, Rope, ScaledDotProduct
 
@@ -56,24 +57,31 @@ ARGUMENT_NAMES = {
 
 
 def check_op_name(op: Operation) -> None:
-    """Raises unless the dialect parses `op`'s name as `op`'s own class. A block may build an op
-    no module registered (the DSL works with the objects), but not one whose name the `attn`
-    dialect gives another op: the program's text (`spec.ir()`, a saved program, the compile
-    cache's key) would then mean that op instead."""
-    from attnfuse.blocks import registered_op
+    """Raises unless the dialect parses `op`'s name as `op`'s own class, and each `attn.`
+    attribute it carries (a mask predicate) as that attribute's class. A block may build an op
+    or attribute no module registered (the DSL works with the objects), but not one whose name
+    the `attn` dialect gives another class: the program's text (`spec.ir()`, a saved program,
+    the compile cache's key) would then mean that one instead."""
+    from attnfuse.blocks import registered_attribute, registered_op
 
-    registered = registered_op(op.name)
-    if registered is None or registered is type(op):
+    _check_registered(op.name, type(op), registered_op(op.name), "op")
+    for attribute in op_attributes(op):
+        name = getattr(attribute, "name", "")
+        if name.startswith("attn."):
+            _check_registered(name, type(attribute), registered_attribute(name), "attribute")
+
+
+def _check_registered(name: str, cls: type, registered: type | None, kind: str) -> None:
+    if registered is None or registered is cls:
         return
-    cls = type(op)
     if (registered.__module__, registered.__qualname__) == (cls.__module__, cls.__qualname__):
         raise CompositionError(
-            f"a block builds {op.name} from another {cls.__module__}.{cls.__qualname__} than the one "
+            f"a block builds {name} from another {cls.__module__}.{cls.__qualname__} than the one "
             "registered (its module was reloaded): register the module again (register_block_module)")
     raise CompositionError(
-        f"a block builds {op.name} as {cls.__module__}.{cls.__qualname__}, but the attn dialect's "
-        f"{op.name} is {registered.__module__}.{registered.__qualname__}: the program's text would mean "
-        "the other op. Give the block's op a name of its own")
+        f"a block builds {name} as {cls.__module__}.{cls.__qualname__}, but the attn dialect's "
+        f"{name} is {registered.__module__}.{registered.__qualname__}: the program's text would mean "
+        f"the other {kind}. Give the block's {kind} a name of its own")
 
 
 def build_module(

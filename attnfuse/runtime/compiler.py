@@ -16,13 +16,13 @@ from types import ModuleType
 from typing import Any
 
 import triton
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp
-from xdsl.ir import Attribute, ParametrizedAttribute
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import PassFailedException, VerifyException
 
 import attnfuse
 from attnfuse.dialects import make_context
+from attnfuse.dialects.attribute_walk import op_attributes
 from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.lowering.triton import TritonProgram, emit_module
 from attnfuse.runtime import cache as kernel_cache
@@ -175,26 +175,13 @@ def foreign_fingerprint(module: ModuleOp) -> str:
     for op in module.walk():
         classes.add(type(op))
         classes.update(type(trait) for trait in getattr(op, "traits", ()))
-        for attribute in (*op.properties.values(), *op.attributes.values()):
-            classes |= _attribute_classes(attribute)
+        classes.update(type(attribute) for attribute in op_attributes(op))
     digest = hashlib.sha256()
     for name in sorted({cls.__module__ for cls in classes if not cls.__module__.startswith(("attnfuse.", "xdsl."))}):
         digest.update(name.encode())
         code = sys.modules.get(name)
         digest.update(_loaded_code(code) if code is not None else f"{name}@{os.getpid()}".encode())
     return digest.hexdigest()
-
-
-def _attribute_classes(attribute: Attribute) -> set[type]:
-    """The classes of `attribute` and of the attributes inside it (an `attn.mask`'s predicates,
-    a mask predicate defined outside the package among them: its `band()` is its meaning)."""
-    classes = {type(attribute)}
-    inner = attribute.data if isinstance(attribute, ArrayAttr) else (
-        attribute.parameters if isinstance(attribute, ParametrizedAttribute) else ())
-    for part in inner:
-        if isinstance(part, Attribute):
-            classes |= _attribute_classes(part)
-    return classes
 
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import make_qkv
 from xdsl.ir import Operation, SSAValue
-from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
+from xdsl.irdl import IRDLOperation, irdl_attr_definition, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import Pure
 
 import lookahead_block
@@ -23,7 +23,8 @@ from lookahead_block import lookahead
 
 import attnfuse as af
 from attnfuse.blocks import register_block_module, unregister_block_module
-from attnfuse.dialects.attn import ScoresType
+from attnfuse.blocks.masks import MaskOp
+from attnfuse.dialects.attn import MaskPredicate, ScoresType
 from attnfuse.dialects.interfaces import ScoreModifier
 from attnfuse.dsl.blocks import Block
 from attnfuse.errors import CompositionError
@@ -136,3 +137,29 @@ def test_the_compile_cache_key_holds_the_predicate_code(monkeypatch):
     assert before == fingerprint()
     monkeypatch.setattr(lookahead_block.LookaheadAttr, "band", lambda self: (None, self.steps.data + 1))
     assert fingerprint() != before
+
+
+@irdl_attr_definition
+class _ClashingCausalAttr(MaskPredicate):
+    """A predicate a block author names like the package's `#attn.causal`, with another band."""
+
+    name = "attn.causal"
+
+    def band(self) -> tuple[int | None, int | None]:
+        return (None, 3)
+
+
+@dataclass(frozen=True, repr=False)
+class _ClashingMask(Block):
+    category: ClassVar[str] = "mask"
+    hint: ClassVar[str] = "kept"
+
+    def build(self, variant: Any, value: SSAValue) -> Operation:
+        return MaskOp(value, [_ClashingCausalAttr()])
+
+
+def test_a_predicate_named_like_another_is_refused():
+    """Its text, `#attn.causal`, would parse back as the package's causal predicate."""
+    with pytest.raises(CompositionError, match=r"builds attn.causal as .*_ClashingCausalAttr, but the attn "
+                                                r"dialect's attn.causal is attnfuse.blocks.masks.CausalAttr"):
+        af.attention(_ClashingMask()).ir()

@@ -1,6 +1,6 @@
 """The Gluon target: warp-specialized forward kernels for Hopper (`-t gluon`).
 
-The portable target (`lowering/triton.py`) prints each tile op as `tl` code and leaves the
+The portable target (`lowering/triton/`) prints each tile op as `tl` code and leaves the
 schedule to Triton. On Hopper the fast schedule is one `tl` cannot say: a producer warp that only
 issues TMA copies into a ring of shared-memory buffers, consumer warpgroups that run the
 products with `warpgroup_mma` (P from registers) and overlap the score step of one key block

@@ -261,7 +261,7 @@ def takes_decode_pdl(problem: Problem, interpreted: bool) -> bool:
 
 DECODE_MERGE_STAGES = 1
 """The split merge's loop over its steps, unpipelined. A step holds all of a decode's splits
-(up to 64 at head dim 128, `lowering/triton.py`'s `splits_per_step`), so the loop runs once
+(up to 64 at head dim 128, `lowering/triton/splits.py`'s `splits_per_step`), so the loop runs once
 and a pipeline only routes the loads through shared memory: on the H200 the merge kernel took
 2.14 / 2.18 / 2.40 / 2.98 µs unpipelined against 3.23 / 3.23 / 3.30 / 5.22 three deep at the
 4k / 16k / 32k / B=8 x 8k caches (one split per step, three deep, it took 4.4 µs at 16k:

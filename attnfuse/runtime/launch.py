@@ -263,7 +263,7 @@ MAX_GRID_BLOCKS = 65535
 def launch_grid(rows: int, block_rows: int, batch_heads: int) -> tuple[int, int]:
     """The grid of a kernel with one program per (batch x head, block of `block_rows` rows):
     (batch x head) on axis 0 and the blocks on axis 1, the order the emitted prologue reads
-    (longest programs first, lowering/triton.py). The block count is checked against
+    (longest programs first, lowering/triton/core.py). The block count is checked against
     MAX_GRID_BLOCKS when a call first schedules the kernel (`KernelLaunch.check_grid`, from
     `CompiledAttention._run`), so that a kernel a call never launches (a backward kernel, in
     a forward-only call) cannot fail it, and the launch path itself checks nothing."""

@@ -335,7 +335,7 @@ def build_append_kernel(rotation: Rotation | None, config: KernelConfig) -> tile
 
 MERGE_BLOCK_M = 1
 """Query rows per merge program: one, so that a program loads all the splits of its row in one
-step (`lowering/triton.py`'s `splits_per_step`: 64 at head dim 128), one round trip to L2.
+step (`lowering/triton/splits.py`'s `splits_per_step`: 64 at head dim 128), one round trip to L2.
 With 16 rows a program (Nq = 1 fills one of them) merged one split per step, pipelined three
 deep, and took 4.4 µs of a 16k decode's 26 (bench/results/20261201T191104Z-decode_profile.md)."""
 MERGE_NUM_WARPS = 4

@@ -1,0 +1,48 @@
+"""Printing `tile.map` (its scalar body as one Triton expression per op) and `tile.seq_len`."""
+
+from __future__ import annotations
+
+from xdsl.dialects import arith
+from xdsl.ir import SSAValue
+
+from attnfuse.dialects import tile
+from attnfuse.lowering.triton.core import EmitterCore
+from attnfuse.lowering.triton.scalars import scalar_expression
+
+
+class ElementwiseEmitter(EmitterCore):
+    """The part of `KernelEmitter` that prints `tile.map` and `tile.seq_len`."""
+
+    def emit_seq_len(self, op: tile.SeqLenOp) -> None:
+        length = "n_q" if op.axis.data == "query" else "n_k"
+        self.emit(f"# tile.seq_len: {length} as f32")
+        # `* 1.0`, not `.to()`: Triton passes an integer argument equal to 1 as a constant.
+        self.emit(f"{self.namer.define(op.result, 'num_' + op.axis.data + 's')} = {length} * 1.0")
+
+    def emit_map(self, op: tile.MapOp) -> None:
+        block = op.body.block
+        operands = [self.namer[v] for v in op.inputs]
+        self.emit(f"# tile.map over ({', '.join(operands)}), entry by entry")
+        names: dict[SSAValue, str] = dict(zip(block.args, operands))
+        # Entries that vary over the tile: those computed from a tile operand. A body that
+        # yields anything else (a constant, a function of scalar operands) computes a scalar,
+        # which is broadcast to the result's shape: the result is a tile whatever its body.
+        varying = {arg for arg, value in zip(block.args, op.inputs) if isinstance(value.type, tile.TileType)}
+        for inner in block.ops:
+            if isinstance(inner, tile.MapYieldOp):
+                value = names[inner.value]
+                if inner.value not in varying:
+                    like = operands[next(i for i, v in enumerate(op.inputs) if isinstance(v.type, tile.TileType))]
+                    value = f"tl.where(True, {value}, {like})  # the same value at every entry of {like}'s shape"
+                self.emit(f"{self.namer.define(op.result)} = {value}")
+                return
+            if any(v in varying for v in inner.operands):
+                varying.update(inner.results)
+            expression = scalar_expression(inner, [names[v] for v in inner.operands], self.helpers)
+            result = inner.results[0]
+            if isinstance(inner, arith.ConstantOp) or result.has_one_use():
+                names[result] = expression  # inlined where it is used
+                continue
+            name = self.namer.fresh(result.name_hint or "entry")
+            self.emit(f"{name} = {expression}")
+            names[result] = name

@@ -85,43 +85,59 @@ from attnfuse.dialects.interfaces import KeyFilter, Normalizer, ScoreModifier
 # --------------------------------------------------------------------------------------------
 
 
+class CountedParameters(ParametrizedAttribute):
+    """A parametrized attribute whose parser checks the number of parameters in the text
+    against its definition: `!attn.query<3>` or `#attn.causal<3>` is a located parse error
+    (xDSL's generic parser would build the attribute and fail unlocated in its verifier)."""
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        start = parser.pos
+        parameters = parser.parse_paramattr_parameters()
+        expected = len(cls.get_irdl_definition().parameters)
+        if len(parameters) != expected:
+            parser.raise_error(f"{cls.name} takes {expected or 'no'} parameter{'' if expected == 1 else 's'}, "
+                               f"got {len(parameters)}", start, parser.pos)
+        return parameters
+
+
 @irdl_attr_definition
-class QueryType(ParametrizedAttribute, TypeAttribute):
+class QueryType(CountedParameters, TypeAttribute):
     """Query rows of one head: `[Nq, D]`, at positions `i + (Nk - Nq)`."""
 
     name = "attn.query"
 
 
 @irdl_attr_definition
-class KeyType(ParametrizedAttribute, TypeAttribute):
+class KeyType(CountedParameters, TypeAttribute):
     """Key rows of one key/value head: `[Nk, D]`, at positions `j`."""
 
     name = "attn.key"
 
 
 @irdl_attr_definition
-class ValueType(ParametrizedAttribute, TypeAttribute):
+class ValueType(CountedParameters, TypeAttribute):
     """Value rows of one key/value head: `[Nk, Dv]`."""
 
     name = "attn.value"
 
 
 @irdl_attr_definition
-class BiasType(ParametrizedAttribute, TypeAttribute):
+class BiasType(CountedParameters, TypeAttribute):
     """A call-time additive bias, broadcastable to `[B, Hq, Nq, Nk]`."""
 
     name = "attn.bias"
 
 
 @irdl_attr_definition
-class LayoutType(ParametrizedAttribute, TypeAttribute):
+class LayoutType(CountedParameters, TypeAttribute):
     """A call-time block-sparsity layout: bool `[ceil(Nq/bs), ceil(Nk/bs)]` or `[Hq, ...]`."""
 
     name = "attn.layout"
 
 
 @irdl_attr_definition
-class DocIdsType(ParametrizedAttribute, TypeAttribute):
+class DocIdsType(CountedParameters, TypeAttribute):
     """Call-time document ids of the key positions: int `[Nk]` or `[B, Nk]`, negative for
     padding (the query at position `p` belongs to document `doc_ids[p]`)."""
 
@@ -129,7 +145,7 @@ class DocIdsType(ParametrizedAttribute, TypeAttribute):
 
 
 @irdl_attr_definition
-class PositionsType(ParametrizedAttribute, TypeAttribute):
+class PositionsType(CountedParameters, TypeAttribute):
     """Call-time RoPE positions of the query or key rows: int `[N]` or `[B, N]`.
 
     `!attn.positions<query>` / `!attn.positions<key>`. Masks keep using the default positions
@@ -156,21 +172,21 @@ class PositionsType(ParametrizedAttribute, TypeAttribute):
 
 
 @irdl_attr_definition
-class ScoresType(ParametrizedAttribute, TypeAttribute):
+class ScoresType(CountedParameters, TypeAttribute):
     """The score matrix of one query head: `[Nq, Nk]`, with dropped entries marked."""
 
     name = "attn.scores"
 
 
 @irdl_attr_definition
-class ProbsType(ParametrizedAttribute, TypeAttribute):
+class ProbsType(CountedParameters, TypeAttribute):
     """Normalized attention weights `[Nq, Nk]`: 0 on every dropped key."""
 
     name = "attn.probs"
 
 
 @irdl_attr_definition
-class OutputType(ParametrizedAttribute, TypeAttribute):
+class OutputType(CountedParameters, TypeAttribute):
     """The attention output of one query head: `[Nq, Dv]`."""
 
     name = "attn.output"
@@ -181,7 +197,7 @@ class OutputType(ParametrizedAttribute, TypeAttribute):
 # --------------------------------------------------------------------------------------------
 
 
-class MaskPredicate(ParametrizedAttribute):
+class MaskPredicate(CountedParameters):
     """Base class of mask predicates: a rule deciding which keys a query keeps.
 
     Subclasses give `band()`: the kept keys as offsets from the query position,

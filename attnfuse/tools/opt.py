@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import IO
+from typing import IO, NoReturn
 import io
 
 from xdsl.context import Context
@@ -108,6 +108,9 @@ class AttnFuseOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
+        # A command-line mistake is one line and exit code 1, as every other failure is, not
+        # argparse's usage text and exit code 2 (`--help` still prints the usage).
+        arg_parser.error = _refuse_argument  # type: ignore[method-assign]
         arg_parser.add_argument(
             "--block-module", action="append", default=[], metavar="FILE.py",
             help="a block defined outside the package (docs/architecture.md §10.1): its OPS join "
@@ -443,6 +446,11 @@ def diagnostic(tool: AttnFuseOptMain, argv: Sequence[str], err: BaseException) -
     found = tool.failing_op()
     op = found[0] if found is not None else None
     return f"{tool.locate(op)}: error: internal compiler error: {type(err).__name__}: {_first_line(err)}"
+
+
+def _refuse_argument(message: str) -> NoReturn:
+    """argparse's error hook: its message, as a `CommandLineError`."""
+    raise CommandLineError(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

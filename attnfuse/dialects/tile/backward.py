@@ -39,6 +39,7 @@ from attnfuse.dialects.tile.checks import (
     verify_f32_state,
     verify_loop_scores,
 )
+from attnfuse.dialects.tile.scores import verify_unscaled_source
 from attnfuse.dialects.tile.loops import (
     SparseQLoopOp,
 )
@@ -257,6 +258,7 @@ class RecomputeProbsOp(IRDLOperation):
 
     def verify_(self) -> None:
         _verify_row_vector(self, self.scores, self.lse, "log-sum-exp")
+        verify_unscaled_source(self)
 
 
 @irdl_op_definition

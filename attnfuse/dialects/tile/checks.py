@@ -71,9 +71,12 @@ def verify_f32_state(values: Sequence[tuple[SSAValue, tuple[str, ...], str]]) ->
 
 
 def kernel_of(op: Operation) -> KernelOp | None:
-    """The `tile.kernel` around `op`, if any. Found by the op's name rather than its class:
-    the kernel's module imports the ops (the split merges) whose verifiers call this."""
+    """The `tile.kernel` around `op`, if any and if its attributes can be read (else None:
+    the kernel's verifier reports them, `KernelOp.header_problem`). Found by the op's name
+    rather than its class: the kernel's module imports the ops (the split merges) whose
+    verifiers call this."""
     parent = op.parent_op()
     while parent is not None and parent.name != "tile.kernel":
         parent = parent.parent_op()
-    return cast("KernelOp | None", parent)
+    kernel = cast("KernelOp | None", parent)
+    return kernel if kernel is not None and kernel.header_problem() is None else None

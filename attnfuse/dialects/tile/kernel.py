@@ -141,6 +141,12 @@ class KernelOp(IRDLOperation):
         "head_dim",
         "head_dim_v",
     )
+    OPTIONAL_INT_ATTRS: ClassVar[tuple[str, ...]] = (
+        "rotary_dim", "page_size", "page_lookahead", "hoist_page_rows", "merge_stages", "pdl",
+        "producer_warps", "consumer_registers", "persistent", "dq_writers",
+    )
+    """Integer attributes a kernel may have: each must be an integer when present (the printer
+    reads them as ints; another attribute would read as absent and change the kernel)."""
 
     def __init__(
         self,
@@ -254,13 +260,30 @@ class KernelOp(IRDLOperation):
             return 1
         return 16
 
-    def verify_(self) -> None:
-        grid = self.attributes.get("grid")
-        if not isinstance(grid, GridAttr):
-            raise VerifyException(f"kernel grid must be one of {', '.join(GRIDS)}")
+    def header_problem(self) -> str | None:
+        """What is wrong with the attributes every other check reads (the grid, the element
+        type, the integer attributes), or None. The ops inside a kernel verify before it, and
+        skip their checks against a kernel with a problem here (`checks.kernel_of`), which the
+        kernel's own verifier then reports at the kernel."""
+        if not isinstance(self.attributes.get("grid"), GridAttr):
+            return f"kernel grid must be one of {', '.join(GRIDS)}"
         for key in self.INT_ATTRS:
             if self.int_attr(key) is None:
-                raise VerifyException(f"kernel needs an integer attribute '{key}'")
+                return f"kernel needs an integer attribute '{key}'"
+        for key in self.OPTIONAL_INT_ATTRS:
+            attr = self.attributes.get(key)
+            if attr is not None and not isinstance(attr, IntegerAttr):
+                return f"kernel attribute '{key}' must be an integer, got {attr}"
+        try:
+            element_type_name(self.attributes.get("element_type", StringAttr("none")))
+        except VerifyException as error:
+            return str(error)
+        return None
+
+    def verify_(self) -> None:
+        problem = self.header_problem()
+        if problem is not None:
+            raise VerifyException(problem)
         # A warp-specialized kernel's rows are whole consumer warpgroups (verify_schedule):
         # three of them own 192 rows.
         sized = ("block_n",) if isinstance(self.attributes.get("schedule"), ScheduleAttr) else ("block_m", "block_n")
@@ -280,7 +303,6 @@ class KernelOp(IRDLOperation):
             raise VerifyException(
                 f"rotary_dim must be even and in (0, head_dim={self.get('head_dim')}], got {rotary}"
             )
-        element_type_name(self.attributes.get("element_type", StringAttr("none")))
         check_defined_before_use(self)
         args = self.function_type.inputs.data
         if not all(isinstance(t, TensorType) for t in args):

@@ -119,6 +119,11 @@ def _verify_block_ref(op: Operation, role: str, rows: str, cols: str | None) -> 
         if appending and role not in ("k", "v", "k_cache", "v_cache"):
             raise VerifyException(
                 f"an appended_keys kernel reads the new k and v and writes k_cache and v_cache, not {role}")
+        if cols == "pass" and kernel.rotary_dim == kernel.get("head_dim"):
+            # The dims after the rotary width: none unless the kernel says rotary_dim < head_dim.
+            raise VerifyException(
+                f"pass columns are the dims after the rotary width: the kernel needs a rotary_dim "
+                f"below its head_dim ({kernel.get('head_dim')})")
     # Operands and gradients have a column axis (`d`); per-row statistics have none.
     if role_axes(role).endswith("d"):
         if cols is None:

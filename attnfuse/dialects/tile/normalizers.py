@@ -36,6 +36,7 @@ from attnfuse.dialects.tile.checks import (
     expect_tile,
     verify_f32_state,
 )
+from attnfuse.dialects.tile.scores import verify_unscaled_source
 from attnfuse.dialects.tile.traits import (
     ExponentiatesScores,
 )
@@ -149,6 +150,7 @@ class SoftmaxUpdateOp(IRDLOperation):
                 (self.alpha, ("m",), "rescale factor"),
             ]
         )
+        verify_unscaled_source(self)
 
 
 @irdl_op_definition

@@ -242,3 +242,21 @@ def scale_consumers(scores: SSAValue) -> list[tuple[Operation, SSAValue]]:
         else:
             users.append((use.operation, scores))
     return users
+
+
+def verify_unscaled_source(op: Operation) -> None:
+    """For an exponential marked `unscaled_scores` (`ExponentiatesScores`): its scores come,
+    through filters only, from a `tile.scores` marked `unscaled` with the same scale. The
+    converse of `tile.scores`' check: scaled scores that reached an exponential told to scale
+    them would be scaled twice."""
+    if op.properties.get("unscaled_scores") is None:
+        return
+    source = op.scores.owner  # type: ignore[attr-defined]
+    while isinstance(source, FILTER_OPS):
+        source = source.input.owner
+    if not (isinstance(source, ScoresOp) and source.unscaled is not None
+            and source.scale == op.properties.get("scale")):
+        raise VerifyException(
+            f"{op.name} is marked unscaled_scores, so its scores must come (through tile.mask or "
+            "tile.document_mask only) from a tile.scores marked unscaled with the same scale: it "
+            "applies the scale itself")

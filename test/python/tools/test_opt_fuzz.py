@@ -526,3 +526,90 @@ def test_binary_garbage(tmp_path, data):
     path, rc, _, stderr = run_file(tmp_path, data, name="garbage.mlir")
     assert_one_error(rc, stderr, str(path), 1, 1, "not utf-8")
     assert "internal compiler error" not in stderr, stderr
+
+
+# --- findings of an IR-level test campaign: each one located line, exit 1 ------------------
+
+KERNEL = """\
+tile.kernel @rotate_key(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>) attributes {ATTRS} {
+  %k_pass = tile.load %k[program, pass] : !tile.tensor<k> -> !tile.tile<m x pass x bf16>
+  tile.store %k_pass, %k_rot[program, pass] : !tile.tile<m x pass x bf16> -> !tile.tensor<k_rot>
+  tile.return
+}
+"""
+HEADER = ("grid = #tile<grid key_blocks>, element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, "
+          "num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64")
+
+
+@pytest.mark.parametrize("attrs, line, phrase", [
+    # A rotary_dim that is not an integer read as absent, and the printer rotated the whole head.
+    (HEADER + ", rotary_dim = 3.200000e+01 : f64", 1, "kernel attribute 'rotary_dim' must be an integer"),
+    (HEADER + ', rotary_dim = "32"', 1, "kernel attribute 'rotary_dim' must be an integer"),
+    # The ops inside verify first: they skip a kernel whose header cannot be read (KeyError before).
+    (HEADER.replace("grid = #tile<grid key_blocks>, ", "") + ", rotary_dim = 32 : i64", 1, "kernel grid must be one of"),
+    (HEADER.replace("grid = #tile<grid key_blocks>", 'grid = "key_blocks"') + ", rotary_dim = 32 : i64", 1,
+     "kernel grid must be one of"),
+    (HEADER.replace("element_type = bf16, ", "") + ", rotary_dim = 32 : i64", 1, "unsupported tile element type"),
+    # pass columns are the dims after the rotary width: none without rotary_dim < head_dim.
+    (HEADER, 2, "pass columns are the dims after the rotary width"),
+], ids=["rotary-float", "rotary-string", "no-grid", "string-grid", "no-element-type", "pass-without-rotary"])
+def test_kernel_headers_are_checked_at_the_kernel(tmp_path, attrs, line, phrase):
+    path, rc, _, stderr = run_file(tmp_path, KERNEL.replace("ATTRS", attrs))
+    assert_one_error(rc, stderr, str(path), line, None, phrase)
+
+
+def test_the_kernel_with_a_good_header_verifies(tmp_path):
+    _, rc, _, stderr = run_file(tmp_path, KERNEL.replace("ATTRS", HEADER + ", rotary_dim = 32 : i64"))
+    assert rc == 0, stderr
+
+
+@pytest.mark.parametrize("before, after, col, phrase", [
+    ("!attn.query,", "!attn.query<3>,", 41, "attn.query takes no parameters, got 1"),
+    ("attn.softmax %s", "attn.softmax %s {x = #attn.causal<3>}", None, "attn.causal takes no parameters, got 1"),
+], ids=["type", "predicate"])
+def test_parameters_of_a_parameterless_attribute_are_a_parse_error(tmp_path, before, after, col, phrase):
+    path, rc, _, stderr = run_file(tmp_path, VALID.replace(before, after))
+    assert_one_error(rc, stderr, str(path), None, col, phrase)
+
+
+def test_parameters_of_a_parameterless_attribute_in_af_compile():
+    import attnfuse as af
+
+    with pytest.raises(af.AttnFuseError, match=r"(?s)<attn program>:1:41.*attn.query takes no parameters"):
+        af.compile(VALID.replace("!attn.query,", "!attn.query<3>,"))
+
+
+def test_unscaled_exponential_needs_unscaled_scores(tmp_path):
+    """softmax_update marked unscaled_scores over scores that tile.scores already scaled would
+    scale them twice: refused at the exponential."""
+    text = """\
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %q_blk = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  %acc, %m0, %l0 = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %start, %full_start, %full_end, %end = tile.kv_bounds {band = #attn.band<>}
+  %m2, %l2 = tile.kv_loop %start to %end masked iter_args(%m0, %l0) : !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%m: !tile.tile<m x f32>, %l: !tile.tile<m x f32>):
+    %k_blk = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    %s = tile.scores(%q_blk) x(%k_blk) : (!tile.tile<m x d x f16>) x (!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    %kept = tile.mask %s {band = #attn.band<>} : !tile.tile<m x n x f32>
+    %p, %mn, %ln, %alpha = tile.softmax_update %kept, %m, %l {unscaled_scores} : !tile.tile<m x n x f32>, !tile.tile<m x f32>
+    tile.yield %mn, %ln : !tile.tile<m x f32>, !tile.tile<m x f32>
+  }
+  tile.return
+}
+"""
+    path, rc, _, stderr = run_file(tmp_path, text)
+    assert_one_error(rc, stderr, str(path), 10, None, "is marked unscaled_scores, so its scores must come")
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["-f", "foo"], "argument -f/--frontend: invalid choice: 'foo'"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["-t", "nope"], "argument -t/--target: invalid choice: 'nope'"),
+], ids=["bad-frontend", "unknown-flag", "unknown-target"])
+def test_command_line_mistakes_are_one_line(tmp_path, args, phrase):
+    path = tmp_path / "input.mlir"
+    path.write_text(VALID)
+    rc, _, stderr = run_in_process([str(path), *args])
+    assert rc == 1, (rc, stderr)
+    assert stderr.strip() == f"{OS_ERROR} {phrase}" or (stderr.count("\n") == 1 and phrase in stderr), stderr

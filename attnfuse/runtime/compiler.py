@@ -139,15 +139,25 @@ def lower_spec(source: object, key: CompileKey) -> ModuleOp:
     return module
 
 
-@cache
-def _package_fingerprint() -> str:
-    root = Path(attnfuse.__file__).parent
+COMPILER_PACKAGES = ("dsl", "dialects", "blocks", "transforms", "lowering")
+"""The subpackages of `attnfuse` whose code turns a spec into source."""
+
+
+def package_fingerprint(root: Path) -> str:
+    """A hash of every Python file of `COMPILER_PACKAGES` under `root` (an `attnfuse`
+    package directory), subpackages included (`dialects/tile/`, `lowering/triton/`), each
+    with its path relative to `root`."""
     digest = hashlib.sha256()
-    for package in ("dsl", "dialects", "blocks", "transforms", "lowering"):
-        for path in sorted((root / package).glob("*.py")):
-            digest.update(path.name.encode())
+    for package in COMPILER_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+@cache
+def _package_fingerprint() -> str:
+    return package_fingerprint(Path(attnfuse.__file__).parent)
 
 
 def compiler_fingerprint() -> str:

@@ -458,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         tool = AttnFuseOptMain(args=argv)
-    except SystemExit as exit_:  # argparse already printed its usage message
+    except SystemExit as exit_:  # --help: argparse printed the usage and exits 0
         return int(exit_.code or 0)
     except CommandLineError as err:
         print(f"attnfuse-opt: error: {_first_line(err)}", file=sys.stderr)

@@ -259,3 +259,20 @@ def test_a_changed_source_under_the_same_key_is_imported_anew(cache_dir):
     assert [m.ANSWER for m in modules] == [1, 2]
     again = cache.load_module(path, key, interpret=True, source="ANSWER = 2\n")
     assert again is modules[1], "the same source is imported once"
+
+
+@pytest.mark.parametrize("edited", ["lowering/triton/core.py", "dialects/tile/scores.py", "lowering/gluon.py",
+                                    "transforms/lower_to_tile.py"])
+def test_the_compiler_fingerprint_sees_every_compiler_file(tmp_path, edited):
+    """An edit to any file of the compiler, in a subpackage too (the printer's and the tile
+    dialect's modules), changes the fingerprint in the cache key, so no kernel printed by the
+    old code is reused. Checked on a copy of the package."""
+    import shutil
+
+    root = tmp_path / "attnfuse"
+    shutil.copytree(Path(af.__file__).parent, root, ignore=shutil.ignore_patterns("__pycache__"))
+    before = compiler.package_fingerprint(root)
+    assert compiler.package_fingerprint(root) == before
+    with open(root / edited, "a") as source:
+        source.write("\n# edited\n")
+    assert compiler.package_fingerprint(root) != before

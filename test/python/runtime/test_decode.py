@@ -612,7 +612,7 @@ def test_page_pools_of_different_page_sizes_are_named_so():
 def test_merge_over_several_steps_matches_the_reference(monkeypatch, name, merge):
     """A merge whose splits take several steps rescales across steps as within one: at head
     dim 256 a merge step holds 32 splits (the merge kernel's one row) or 2 (the last split's 16
-    rows, `lowering/triton.py`'s `splits_per_step`), and 40 splits take 2 or 20 steps, over
+    rows, `lowering/triton/splits.py`'s `splits_per_step`), and 40 splits take 2 or 20 steps, over
     ragged lengths with an empty sequence. (On a GPU: an MQA cache over many SMs.)"""
     from attnfuse.runtime import kv_cache
 

@@ -82,7 +82,7 @@ class CallPlan:
     constants: dict[str, torch.Tensor]
     """Tensors that depend only on the shape: rotary frequencies, ALiBi slopes."""
     config: TileConfig | None
-    schedules: dict[tuple, tuple[tuple[KernelLaunch, str | None], ...]] = field(default_factory=dict)
+    schedules: dict[tuple, tuple[tuple[KernelLaunch, str | None, torch.dtype], ...]] = field(default_factory=dict)
     """The launches `CompiledAttention._run` makes for a set of kernels (and the rotated
     copies each writes), worked out once."""
     layouts: TensorCache = field(default_factory=TensorCache, compare=False)
@@ -754,34 +754,34 @@ class CompiledAttention:
         schedule = plan.schedules.get(key)
         if schedule is None:
             schedule = plan.schedules[key] = self._schedule(plan, tensors, kernels)
-        for launch, rotated in schedule:
+        for launch, rotated, copy_dtype in schedule:
             if rotated is not None:
-                # A pre-rotation kernel writes the rotated copy the attention kernels read.
-                source = tensors[rotated[0]]
-                # Triton's interpreter truncates fp32 -> bf16 (`truncates_to_bf16`): its bf16
-                # copies are kept in fp32; GPUs round.
-                dtype = torch.float32 if truncates_to_bf16(source) else None
-                # In the operand's memory order: a model's q is a [B, N, H, D] projection, and
-                # the output gradient comes back in that order too (the model's head merge),
-                # so the dK/dV kernel can share their offsets (SHARED_OFFSETS).
-                tensors[rotated] = empty_in_layout_of(source, dtype or source.dtype)
+                # A pre-rotation kernel writes the rotated copy the attention kernels read, in
+                # the operand's memory order: a model's q is a [B, N, H, D] projection, and the
+                # output gradient comes back in that order too (the model's head merge), so the
+                # dK/dV kernel can share their offsets (SHARED_OFFSETS).
+                tensors[rotated] = empty_in_layout_of(tensors[rotated[0]], copy_dtype)
             launch(tensors)
 
     @staticmethod
     def _schedule(
         plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]
-    ) -> tuple[tuple[KernelLaunch, str | None], ...]:
+    ) -> tuple[tuple[KernelLaunch, str | None, torch.dtype], ...]:
         """The launches `_run` makes for `kernels` (see there), each with the rotated copy
-        it writes (a pre-rotation kernel) or None; their grids checked. Once per plan, kernel
-        set and rotated copies given."""
+        it writes (a pre-rotation kernel) or None and that copy's dtype; their grids checked.
+        Once per plan, kernel set and rotated copies given."""
         given = {role for role in ROTATION_KERNELS.values() if role in tensors}
         roles = {role for launch in plan.launches if launch.info.name in kernels
                  for role in launch.info.roles}
         wanted = set(kernels) | {name for name, role in ROTATION_KERNELS.items()
                                  if role in roles and role not in given}
-        schedule = tuple((launch, ROTATION_KERNELS.get(launch.info.name))
+        # The interpreter would truncate the copies to bf16: they are kept in fp32 there; GPUs
+        # round. The operands' dtype and device are the plan's.
+        p = plan.problem
+        copy_dtype = torch.float32 if truncates_to_bf16(p.dtype, p.device) else p.dtype
+        schedule = tuple((launch, ROTATION_KERNELS.get(launch.info.name), copy_dtype)
                          for launch in plan.launches if launch.info.name in wanted)
-        for launch, _rotated in schedule:
+        for launch, _rotated, _dtype in schedule:
             launch.check_grid()
         return schedule
 

@@ -79,7 +79,7 @@ def append_kv(
     problem = Problem(batch, heads, heads, new, capacity, dim, v.shape[3], k.dtype, k.device)
     rope = fn.variant.rope
     rotates = rope is not None and fn.key_given
-    if rotates and truncates_to_bf16(k):
+    if rotates and truncates_to_bf16(k.dtype, k.device):
         # The interpreter would truncate the rotated keys: rotate with `rotate_keys`, which
         # rounds as a GPU does, at the positions the kernel would use (lengths clamped to the
         # cache, as it clamps them), then append the rotated keys as they are. rotate_keys

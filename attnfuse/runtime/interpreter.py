@@ -78,12 +78,12 @@ def runs_interpreted(device: object) -> bool:
     return getattr(device, "type", device) != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def truncates_to_bf16(t: torch.Tensor) -> bool:
-    """Whether a kernel writing `t`'s dtype would truncate instead of round: a bf16 tensor
+def truncates_to_bf16(dtype: torch.dtype, device: object) -> bool:
+    """Whether a kernel writing `dtype` on `device` would truncate instead of round: bf16 data
     whose kernels run in Triton's interpreter, which converts fp32 -> bf16 by truncation
     (triton-lang/triton#11584); GPUs round. Where the runtime stores bf16 data later calls
     read again, it keeps such data in fp32 or rounds it with torch."""
-    return t.dtype == torch.bfloat16 and runs_interpreted(t.device)
+    return dtype == torch.bfloat16 and runs_interpreted(device)
 
 
 def is_interpreted(kernel: object) -> bool:

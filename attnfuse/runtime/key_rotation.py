@@ -73,7 +73,7 @@ def _rotate(launch: KernelLaunch, k: torch.Tensor, positions: torch.Tensor,
     """`R(positions) k` by the rotation kernel, in k's dtype and memory order."""
     # A bf16 result the interpreter would truncate (`truncates_to_bf16`) is written in fp32
     # and rounded by torch.
-    interpreted_bf16 = truncates_to_bf16(k)
+    interpreted_bf16 = truncates_to_bf16(k.dtype, k.device)
     out = empty_in_layout_of(k, torch.float32 if interpreted_bf16 else k.dtype)
     launch({"k": k, "k_rot": out, "rope_table": table, "k_positions": positions})
     return out.to(k.dtype) if interpreted_bf16 else out

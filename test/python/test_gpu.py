@@ -296,7 +296,7 @@ def test_direct_launches_follow_strides_and_alignment():
     # ran; the plan also holds the backward's kernels, which never ran here.
     schedules = fn.plan(q, k, v).schedules
     ran = [launch for (kernels, *_given), schedule in schedules.items() if kernels == ("attention_fwd",)
-           for launch, _rotated in schedule]
+           for launch, _rotated, _dtype in schedule]
     assert ran and all(launch.runners for launch in ran)
 
 

@@ -276,3 +276,4 @@ attn.variant @foreign_op(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> 
   attn.yield %o
 }
 // CHECK: 'arith.constant' inside attn.variant: a variant's body holds attn ops only
+

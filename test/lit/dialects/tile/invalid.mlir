@@ -341,3 +341,49 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o
   tile.return
 }
 // CHECK: row max must be a m tile, got m x dv
+
+// -----
+
+// A non-integer rotary_dim (read as absent, it rotated the whole head dim).
+tile.kernel @k(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>) attributes {grid = #tile<grid key_blocks>, element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, rotary_dim = 3.200000e+01 : f64} {
+  %k_pass = tile.load %k[program, pass] : !tile.tensor<k> -> !tile.tile<m x pass x bf16>
+  tile.return
+}
+// CHECK: kernel attribute 'rotary_dim' must be an integer
+
+// -----
+
+// No grid: reported at the kernel (the ops inside skip a kernel whose header cannot be read).
+tile.kernel @k(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>) attributes {element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %k_pass = tile.load %k[program, all] : !tile.tensor<k> -> !tile.tile<m x d x bf16>
+  tile.return
+}
+// CHECK: kernel grid must be one of
+
+// -----
+
+// pass columns in a kernel whose rotary width is its head dim.
+tile.kernel @k(%k: !tile.tensor<k>, %k_rot: !tile.tensor<k_rot>) attributes {grid = #tile<grid key_blocks>, element_type = bf16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %k_pass = tile.load %k[program, pass] : !tile.tensor<k> -> !tile.tile<m x pass x bf16>
+  tile.return
+}
+// CHECK: pass columns are the dims after the rotary width: the kernel needs a rotary_dim below its head_dim (64)
+
+// -----
+
+// An exponential told its scores are unscaled, over scores tile.scores already scaled.
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %q_blk = tile.load %q[program, all] : !tile.tensor<q> -> !tile.tile<m x d x f16>
+  %acc, %m0, %l0 = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %start, %full_start, %full_end, %end = tile.kv_bounds {band = #attn.band<>}
+  %m2, %l2 = tile.kv_loop %start to %end masked iter_args(%m0, %l0) : !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%m: !tile.tile<m x f32>, %l: !tile.tile<m x f32>):
+    %k_blk = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
+    %s = tile.scores(%q_blk) x(%k_blk) : (!tile.tile<m x d x f16>) x (!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+    %kept = tile.mask %s {band = #attn.band<>} : !tile.tile<m x n x f32>
+    %p, %mn, %ln, %alpha = tile.softmax_update %kept, %m, %l {unscaled_scores} : !tile.tile<m x n x f32>, !tile.tile<m x f32>
+    tile.yield %mn, %ln : !tile.tile<m x f32>, !tile.tile<m x f32>
+  }
+  tile.return
+}
+// CHECK: tile.softmax_update is marked unscaled_scores, so its scores must come (through tile.mask or tile.document_mask only) from a tile.scores marked unscaled with the same scale

@@ -400,8 +400,14 @@ def _pipeline_error(argv: Sequence[str], message: str) -> str:
         # column and the words, drop the copy of the pipeline.
         return f"<pass-pipeline>:1:{located.group(1)}: error: {located.group(2).strip()}"
     quoted = re.search(r"'([^']+)'", message)
+    option = re.match(r"([\w-]+): ([\w-]+)", message)
     if quoted and quoted.group(1) in pipeline:
         col = pipeline.index(quoted.group(1)) + 1
+    elif option and option.group(1) in pipeline:
+        # "pass: option ...": at the option inside that pass's braces, else at the pass.
+        start = pipeline.index(option.group(1))
+        at = pipeline.find(option.group(2) + "=", start)
+        col = (at if at >= 0 else start) + 1
     return f"<pass-pipeline>:1:{col}: error: {message}"
 
 

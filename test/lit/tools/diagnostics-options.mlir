@@ -1,4 +1,4 @@
-// Option mistakes are the command line's, reported as such (never at the input's first line,
+// Option mistakes are the command line's, reported at the option (never at the input's first line,
 // never as an internal error): a target's options, and pass options out of range.
 // RUN: not attnfuse-opt %s -t 'triton{foo=1}' 2>&1 | filecheck %s --check-prefix=TARGET-OPTION
 // RUN: not attnfuse-opt %s -t 'triton{interpreter=maybe}' 2>&1 | filecheck %s --check-prefix=TARGET-VALUE
@@ -13,10 +13,10 @@
 // TARGET-OPTION: attnfuse-opt: error: -t triton{foo=1}: Provided arguments ["foo"] not found in expected arguments ["interpreter"]
 // TARGET-VALUE:  attnfuse-opt: error: -t triton{interpreter=maybe}: Incompatible types
 // TARGET-SYNTAX: attnfuse-opt: error: -t triton{interpreter=true: column 24: Malformed pass arguments
-// WARPS:         <pass-pipeline>:1:1: error: lower-to-tile: num-warps must be one of 1, 2, 4, 8, 16, got 3
-// ROPE-BLOCK:    <pass-pipeline>:1:1: error: place-rope: block-m must be >= 1, got 0
-// ROPE-SEQ:      <pass-pipeline>:1:1: error: place-rope: seq-len-q must be >= 1, got -5
-// BLOCK-MAX:     <pass-pipeline>:1:1: error: lower-to-tile: block-m must be a power of two in [16, 1024], got 1048576
+// WARPS:         <pass-pipeline>:1:15: error: lower-to-tile: num-warps must be one of 1, 2, 4, 8, 16, got 3
+// ROPE-BLOCK:    <pass-pipeline>:1:12: error: place-rope: block-m must be >= 1, got 0
+// ROPE-SEQ:      <pass-pipeline>:1:12: error: place-rope: seq-len-q must be >= 1, got -5
+// BLOCK-MAX:     <pass-pipeline>:1:15: error: lower-to-tile: block-m must be a power of two in [16, 1024], got 1048576
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key

@@ -6,7 +6,7 @@
 // A block-granular filter has no per-entry test for split programs to apply.
 // SPARSE: sparse.mlir:5:3: error: lower-to-tile: attn.block_sparse keeps whole blocks from per-query-block lists, which decode kernels (decode=true) do not have
 // A paged cache needs per-sequence lengths.
-// PAGES: <pass-pipeline>:1:1: error: lower-to-tile: page-size=16 needs kv-lens=true: the pages do not say how many keys each sequence has
+// PAGES: <pass-pipeline>:1:15: error: lower-to-tile: page-size=16 needs kv-lens=true: the pages do not say how many keys each sequence has
 // A page pool's rows are not positions: its keys cannot be pre-rotated.
 // A query's positions follow kv_lens, which only the attention kernels read.
 // QUERY: rope.mlir:3:1: error: lower-to-tile: a query with per-sequence lengths (kv-lens=true) cannot be pre-rotated (its positions depend on kv_lens): place it fused

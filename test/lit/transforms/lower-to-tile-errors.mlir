@@ -8,7 +8,7 @@
 // NO-PLACEMENT: lower-to-tile-errors.mlir:[[# @LINE + 6]]:3: error: lower-to-tile: rotation has no placement; run place-rope first
 // NO-BAND: lower-to-tile-errors.mlir:[[# @LINE + 8]]:3: error: lower-to-tile: mask has no band; run analyze-masks first
 // ROTARY: lower-to-tile-errors.mlir:[[# @LINE + 3]]:1: error: lower-to-tile: rotary_dim 32 exceeds head-dim 16
-// OPTION: <pass-pipeline>:1:1: error: lower-to-tile: block-m must be a power of two in [16, 1024], got 24
+// OPTION: <pass-pipeline>:1:15: error: lower-to-tile: block-m must be a power of two in [16, 1024], got 24
 // ELEMENT: <pass-pipeline>:1:28: error: lower-to-tile: element-type must be f16, bf16 or f32, got 'f64'
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64, rotary_dim = 32 : i64} : !attn.query

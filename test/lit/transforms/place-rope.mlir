@@ -29,7 +29,7 @@
 // A program written with a given key keeps it whatever the options ask of the key.
 // GIVEN-IR: attn.rope %q {theta = 1.000000e+04 : f64, placement = #attn<placement pre_rotated>} : !attn.query
 // GIVEN-IR: attn.rope %k {theta = 1.000000e+04 : f64, placement = #attn<placement given>} : !attn.key
-// GIVEN-QUERY: error: place-rope: query=given is not a placement: only keys arrive rotated (from a KV cache); the query is rotated by the kernels
+// GIVEN-QUERY: <pass-pipeline>:1:12: error: place-rope: query=given is not a placement: only keys arrive rotated (from a KV cache); the query is rotated by the kernels
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key

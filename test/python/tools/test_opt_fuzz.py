@@ -489,6 +489,14 @@ def test_bad_pass_option_value(tmp_path):
     )
 
 
+def test_out_of_range_pass_option_is_located_at_the_option(tmp_path):
+    # The second pass's option: the column counts from the start of the whole -p argument.
+    pipeline = "canonicalize-attn,lower-to-tile{block-m=24}"
+    _, rc, _, stderr = run_file(tmp_path, VALID, "-p", pipeline)
+    assert_one_error(rc, stderr, "<pass-pipeline>", 1, pipeline.index("block-m=") + 1,
+                     "block-m must be a power of two in [16, 1024], got 24")
+
+
 def test_unknown_pass_option(tmp_path):
     _, rc, _, stderr = run_file(tmp_path, VALID, "-p", "lower-to-tile{nope=1}")
     assert_one_error(rc, stderr, "<pass-pipeline>", 1, None, 'Provided arguments ["nope"] not found')

@@ -530,6 +530,15 @@ class YieldOp(IRDLOperation):
         super().__init__(operands=[output])
 
 
+class ForeignOp(VerifyException):
+    """An op of another dialect in a variant's body; `op` is it (`attnfuse-opt` locates the
+    diagnostic there)."""
+
+    def __init__(self, op: Operation):
+        super().__init__(f"'{op.name}' inside attn.variant: a variant's body holds attn ops only")
+        self.op = op
+
+
 class OpWithoutRole(VerifyException):
     """An op in a variant's body that is none of the core ops and implements none of the three
     interfaces (`ScoreModifier`, `KeyFilter`, `Normalizer`); `op` is it (`attnfuse-opt`
@@ -621,9 +630,7 @@ class VariantOp(IRDLOperation):
             # A variant says its attention in attn ops only: the passes read nothing else, and
             # canonicalization would erase an unused foreign op silently.
             if not op.name.startswith("attn."):
-                raise VerifyException(
-                    f"'{op.name}' inside attn.variant: a variant's body holds attn ops only"
-                )
+                raise ForeignOp(op)
         check_defined_before_use(self)
         for op in block.ops:
             # Every other op is a block's: the passes know it by its interface alone, so an op

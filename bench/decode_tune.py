@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnfuse as af
-from attnfuse.runtime import api, config, kv_cache
+from attnfuse.runtime import config, kv_cache, planning
 
 from benchlib import log  # type: ignore[import-not-found]
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             return replace(base, block_n=block_n, num_stages=stages, num_warps=warps, page_lookahead=lookahead,
                            hoist_page_rows=hoist, merge_stages=base.merge_stages if merge_stages is None else merge_stages)
 
-        api.decode_tile_config = tuned  # what compile_key calls
+        planning.decode_tile_config = tuned  # what compile_key calls
         kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS = per_sm, min_blocks
         cells = []
         for name, (q, k, v, extra) in cases.items():
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep(128, 3, min_blocks=8)
         return finish(lines, args.out)
     finally:
-        api.decode_tile_config = original
+        planning.decode_tile_config = original
         kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS = saved
 
 

@@ -1,5 +1,5 @@
 """A training step's host cost with the autograd node made by the C apply directly
-(`api._apply_direct`, what a call does where `api.DIRECT_APPLY`) against one made through
+(`attention_autograd._apply_direct`, what a call does where `attention_autograd.DIRECT_APPLY`) against one made through
 `Function.apply` (each monkeypatched in as `api.apply_attention` in turn), interleaved in one process so that the machine's load falls on both
 alike: the part of `bench/host_python.py`'s step that `apply_attention` saves.
 
@@ -17,7 +17,7 @@ import time
 import torch
 
 import host_python  # bench/ is the script's directory (sets TRITON_INTERPRET first)
-from attnfuse.runtime import api
+from attnfuse.runtime import api, attention_autograd
 from attnfuse.runtime import launch as launch_module
 
 
@@ -37,7 +37,7 @@ def main() -> None:
         original(self, tensors)
 
     launch_module.KernelLaunch.__call__ = direct
-    paths = {"direct C apply": api._apply_direct, "Function.apply": api._AttentionFunction.apply}
+    paths = {"direct C apply": attention_autograd._apply_direct, "Function.apply": attention_autograd._AttentionFunction.apply}
     restore = api.apply_attention
     try:
         for case in args.cases.split(","):

@@ -8,7 +8,7 @@ Default problem: B=1, H=8, D=64, fp16, causal, N=128 and 512. Implementations: A
 (`af.compile(af.attention(af.causal()))`), SDPA with its default backend choice
 (`is_causal=True`, no `sdpa_kernel`), AttnFuse with its autograd node made through
 `Function.apply` (`attnfuse-function-apply`: the A/B of `runtime/direct_apply.py`'s direct C
-apply, which the `attnfuse` row uses where `api.DIRECT_APPLY`), and SDPA pinned to FlashAttention (`sdpa_kernel` entered
+apply, which the `attnfuse` row uses where `attention_autograd.DIRECT_APPLY`), and SDPA pinned to FlashAttention (`sdpa_kernel` entered
 once around the whole measurement, not per call). Modes: `fwd` (one call under `no_grad`)
 and `train` (the inputs' `.grad` reset to None, the call, `out.backward(g)`).
 
@@ -176,19 +176,19 @@ def implementations(causal_spec: bool = True) -> dict[str, Callable]:
         # The same call with its autograd node made through Function.apply (the path a torch
         # without the known preamble takes, runtime/direct_apply.py): an A/B of the direct
         # C apply in the same run. Only where the direct path is in use (else the same row).
-        from attnfuse.runtime import api
+        from attnfuse.runtime import api, attention_autograd
 
-        if not api.DIRECT_APPLY:
-            raise RuntimeError("api.DIRECT_APPLY is False here: attnfuse already uses Function.apply")
+        if not attention_autograd.DIRECT_APPLY:
+            raise RuntimeError("attention_autograd.DIRECT_APPLY is False here: attnfuse already uses Function.apply")
         call, _ = attnfuse(q, k, v)
 
         @contextlib.contextmanager
         def function_apply():
-            api.apply_attention = api._AttentionFunction.apply
+            api.apply_attention = attention_autograd._AttentionFunction.apply
             try:
                 yield
             finally:
-                api.apply_attention = api._apply_direct
+                api.apply_attention = attention_autograd._apply_direct
 
         return call, function_apply
 

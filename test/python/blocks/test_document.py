@@ -270,7 +270,7 @@ def forward_lists(fn, q, k, v, doc):
 
 def backward_lists(fn, q, k, v, doc):
     """The block lists the backward of a training call with these tensors reads."""
-    from attnfuse.runtime.api import LIST_SOURCES
+    from attnfuse.runtime.call_plan import LIST_SOURCES
 
     plan = fn.plan(q, k, v, training=True)
     return fn._block_lists(fn.call_tensors(plan, {"doc_ids": doc})[LIST_SOURCES], plan, True)
@@ -305,11 +305,11 @@ def test_tiles_of_documents_that_never_meet_are_skipped():
 
 
 def test_lists_are_cached_per_doc_ids_tensor(monkeypatch):
-    from attnfuse.runtime import api
+    from attnfuse.runtime import call_binding
 
     builds = []
-    real = api.call_block_lists
-    monkeypatch.setattr(api, "call_block_lists", lambda *a, **kw: builds.append(1) or real(*a, **kw))
+    real = call_binding.call_block_lists
+    monkeypatch.setattr(call_binding, "call_block_lists", lambda *a, **kw: builds.append(1) or real(*a, **kw))
     fn = af.compile(af.attention(af.document(), af.causal()))
     q, k, v = make_qkv(1, 1, 1, 46, 46, 16, seed=15)
     doc = PACKED.clone()
@@ -328,11 +328,11 @@ def test_lists_are_cached_per_doc_ids_tensor(monkeypatch):
 
 def test_block_layout_lists_are_cached_too(monkeypatch):
     """The cache compares the caller's tensor, not the view `bind` makes per call."""
-    from attnfuse.runtime import api
+    from attnfuse.runtime import call_binding
 
     builds = []
-    real = api.call_block_lists
-    monkeypatch.setattr(api, "call_block_lists", lambda *a, **kw: builds.append(1) or real(*a, **kw))
+    real = call_binding.call_block_lists
+    monkeypatch.setattr(call_binding, "call_block_lists", lambda *a, **kw: builds.append(1) or real(*a, **kw))
     fn = af.compile(af.attention(af.block_sparse(32)))
     q, k, v = make_qkv(1, 1, 1, 64, 64, 16, seed=16)
     layout = torch.tensor([[True, False], [True, True]])

@@ -404,11 +404,11 @@ def test_attention_sinks_are_refused_not_ignored():
 def test_padding_lists_are_built_once_per_forward_not_per_layer(monkeypatch):
     """Every layer gets the mask's one doc_ids tensor, so the block lists of the padding are
     built once per forward (two layers here), not once per layer."""
-    from attnfuse.runtime import api
+    from attnfuse.runtime import call_binding
 
     builds = []
-    real = api.call_block_lists
-    monkeypatch.setattr(api, "call_block_lists", lambda *a, **kw: builds.append(1) or real(*a, **kw))
+    real = call_binding.call_block_lists
+    monkeypatch.setattr(call_binding, "call_block_lists", lambda *a, **kw: builds.append(1) or real(*a, **kw))
     _eager, fused = llama_pair()
     # More than 16 queries: a decode-sized forward runs the split kernels, which test each
     # pair's documents and build no lists at all.

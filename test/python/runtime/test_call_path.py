@@ -17,7 +17,7 @@ from conftest import assert_close_to_reference, make_qkv
 
 import attnfuse as af
 from attnfuse.errors import ArgumentError
-from attnfuse.runtime import api, direct_apply
+from attnfuse.runtime import api, attention_autograd, call_binding, direct_apply
 from attnfuse.runtime import launch as launch_module
 from attnfuse.runtime.tensor_cache import TENSORS_PER_PLAN
 from attnfuse.runtime.reference import gradient_errors, reference_attention, reference_gradients
@@ -29,14 +29,14 @@ def builds(monkeypatch):
     query-block lists (the forward's, and the dQ kernel's in a backward), `transposed`, the
     dK/dV kernel's (built with the backward's)."""
     counts = {"sparse": 0, "transposed": 0}
-    build = api.call_block_lists
+    build = call_binding.call_block_lists
 
     def count(sources, band, problem, config, backward):
         counts["sparse"] += 1
         counts["transposed"] += int(backward)
         return build(sources, band, problem, config, backward)
 
-    monkeypatch.setattr(api, "call_block_lists", count)
+    monkeypatch.setattr(call_binding, "call_block_lists", count)
     return counts
 
 
@@ -218,8 +218,8 @@ def test_positions_are_range_checked_once_per_tensor(monkeypatch, no_launches):
     """The largest |position| (a reduction and a device sync) is found once per positions
     tensor and version; a positions tensor changed in place is checked again."""
     reductions = []
-    extent = api.position_extent
-    monkeypatch.setattr(api, "position_extent", lambda t, name: reductions.append(name) or extent(t, name))
+    extent = call_binding.position_extent
+    monkeypatch.setattr(call_binding, "position_extent", lambda t, name: reductions.append(name) or extent(t, name))
     fn = af.compile(af.attention(af.rope(), af.causal()))
     q, k, v = tiny(requires_grad=True)
     positions = torch.arange(64)
@@ -304,8 +304,8 @@ def test_direct_apply_is_used_exactly_where_the_preamble_is_the_known_one(monkey
     preamble it reproduces (`direct_apply.EXPECTED_PREAMBLE`); a torch whose preamble differs
     (or has no source) gets `Function.apply`. The CI's torch (2.13) has the known preamble."""
     supported = direct_apply.direct_apply_supported()
-    assert api.DIRECT_APPLY == supported
-    assert (api.apply_attention is api._apply_direct) == supported
+    assert attention_autograd.DIRECT_APPLY == supported
+    assert (api.apply_attention is attention_autograd._apply_direct) == supported
     if torch.__version__.startswith("2.13"):
         assert supported
     code = direct_apply.function_apply_code()
@@ -314,7 +314,7 @@ def test_direct_apply_is_used_exactly_where_the_preamble_is_the_known_one(monkey
     assert not direct_apply.direct_apply_supported()
     monkeypatch.setattr(direct_apply, "function_apply_code", lambda: None)
     assert not direct_apply.direct_apply_supported()
-    assert api._AttentionFunction.setup_context is torch.autograd.Function.setup_context
+    assert attention_autograd._AttentionFunction.setup_context is torch.autograd.Function.setup_context
 
 
 @pytest.mark.interpreter
@@ -328,7 +328,7 @@ def test_direct_apply_and_function_apply_give_equal_gradients(monkeypatch, spec)
     bias0 = torch.randn(1, 2, 32, 32, generator=torch.Generator().manual_seed(3)).to(q0.dtype)
     grad_out = torch.randn(q0.shape, generator=torch.Generator().manual_seed(4)).to(q0.dtype)
     results = []
-    for apply in (api._apply_direct, api._AttentionFunction.apply):
+    for apply in (attention_autograd._apply_direct, attention_autograd._AttentionFunction.apply):
         monkeypatch.setattr(api, "apply_attention", apply)
         q, k, v, bias = (t.clone().requires_grad_(True) for t in (q0, k0, v0, bias0))
         extra = {"bias": bias} if spec == "bias" else {}

@@ -282,10 +282,10 @@ def with_page_lookahead(monkeypatch, lookahead, hoist_page_rows=1):
     """Decode calls compiled from here on read their block tables `lookahead` steps ahead
     (`TileConfig.page_lookahead`; 1 is the default) and hoist their keys' page rows or not
     (`TileConfig.hoist_page_rows`; 1 is the default)."""
-    from attnfuse.runtime import api
+    from attnfuse.runtime import planning
 
-    original = api.decode_tile_config
-    monkeypatch.setattr(api, "decode_tile_config",
+    original = planning.decode_tile_config
+    monkeypatch.setattr(planning, "decode_tile_config",
                         lambda problem, paged=False: replace(original(problem, paged), page_lookahead=lookahead,
                                                              hoist_page_rows=hoist_page_rows))
 

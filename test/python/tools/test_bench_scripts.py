@@ -154,12 +154,12 @@ def test_decode_tune_smoke_checks_every_configuration(scripts, tmp_path):
     """`bench/decode_tune.py --smoke --paged 16,64`: every row of its sweep (both page-id
     lookaheads, both table paths, the long-cache axes, page rows hoisted or not) compiles, runs and matches SDPA on
     the CPU, and the tuning it patched is restored."""
-    from attnfuse.runtime import api, kv_cache
+    from attnfuse.runtime import kv_cache, planning
 
-    before = api.decode_tile_config, kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS
+    before = planning.decode_tile_config, kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS
     out = tmp_path / "tune.md"
     assert scripts["decode_tune"].main(["--smoke", "--paged", "16,64", "--reps", "1", "--out", str(out)]) == 0
-    assert (api.decode_tile_config, kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS) == before
+    assert (planning.decode_tile_config, kv_cache.PROGRAMS_PER_SM, kv_cache.MIN_SPLIT_BLOCKS) == before
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 5
     cells = [cell.strip() for row in rows for cell in row.strip("|").split("|")[7:]]

@@ -51,6 +51,7 @@ from attnfuse.runtime.kv_cache import (
 )
 from attnfuse.runtime.launch import default_scale, prepare, rope_table
 from attnfuse.runtime.program import Canonical, VariantProgram
+from attnfuse.runtime.tuning import tuned_fields
 
 
 class CallPlanning:
@@ -69,12 +70,20 @@ class CallPlanning:
         """The tile configuration for a problem: the user's, else the dispatcher's (for a GPU
         of `capability` when given, as in `choose_tile_config`); blocks never exceed a
         block-sparse layout's block size."""
-        config = self.config or choose_tile_config(
-            problem,
-            capability,
-            keys_per_row=self.variant.keys_per_row,
-            reads_bias=self.variant.reads("bias"),
-        )
+        config = self.config
+        if config is None:
+            config = choose_tile_config(
+                problem,
+                capability,
+                keys_per_row=self.variant.keys_per_row,
+                reads_bias=self.variant.reads("bias"),
+            )
+            if capability is None:
+                # Measured on this GPU (`attnfuse-tune`, `ATTNFUSE_TUNING`): preferred to the
+                # built-in rules, which were measured on the H200.
+                tuned = tuned_fields(problem, self.variant.text)
+                if tuned:
+                    config = replace(config, **tuned)
         bs = self.variant.block_size
         if bs is not None:
             bm, bn, _warps, _stages = config.backward()

@@ -790,7 +790,7 @@ def check(prepared: Prepared, case: Case, reference: Reference) -> dict[str, flo
     return errors
 
 
-def _cpu_median_ms(fn: Callable, warmup_ms: float, rep_ms: float, grad_to_none: Sequence[torch.Tensor]) -> float:
+def cpu_median_ms(fn: Callable, warmup_ms: float, rep_ms: float, grad_to_none: Sequence[torch.Tensor]) -> float:
     """Wall-clock median for CPU smoke runs (do_bench needs a GPU driver)."""
     start = time.perf_counter()
     fn()
@@ -817,7 +817,7 @@ def time_ms(prepared: Prepared, case: Case) -> float:
 
             return float(do_bench(step, warmup=case.config.warmup_ms, rep=case.config.rep_ms,
                                   grad_to_none=grads or None, return_mode="median"))
-        return _cpu_median_ms(step, case.config.warmup_ms, case.config.rep_ms, grads)
+        return cpu_median_ms(step, case.config.warmup_ms, case.config.rep_ms, grads)
 
 
 def _error_text(err: BaseException, caught: Sequence[warnings.WarningMessage] = ()) -> str:
@@ -948,7 +948,7 @@ def _log(message: str) -> None:
 # --------------------------------------------------------------------------
 
 
-def _package_version(module_name: str) -> str | None:
+def package_version(module_name: str) -> str | None:
     """``__version__`` of an importable module, else its distribution version."""
     from importlib import import_module
     from importlib.metadata import PackageNotFoundError, version
@@ -1007,8 +1007,8 @@ def collect_metadata(config: Config, started: _dt.datetime) -> dict[str, Any]:
         "gpu_capability": ".".join(map(str, torch.cuda.get_device_capability())) if cuda else None,
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
-        "triton": _package_version("triton"),
-        "attnfuse": _package_version("attnfuse"),
+        "triton": package_version("triton"),
+        "attnfuse": package_version("attnfuse"),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "python": platform.python_version(),

@@ -28,7 +28,7 @@ from attnfuse.runtime.config import (
     check_placement_request,
 )
 from attnfuse.runtime.execution import KernelExecution
-from attnfuse.runtime.inputs import Problem, check_inputs
+from attnfuse.runtime.inputs import Problem, check_inputs, resolved_negation
 from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.key_rotation import rotate_keys
 from attnfuse.runtime.kv_cache import check_cache_arguments
@@ -202,6 +202,9 @@ class CompiledAttention(CallPlanning, CallBinding, KernelExecution):
         if k_positions is not None and self.key_given:
             raise ArgumentError(KEY_POSITIONS_WITH_GIVEN_KEY)
         cache_call = kv_lens is not None or block_table is not None
+        # The kernels read memory, which a lazily negated view (`z.conj().imag`) holds un-negated.
+        q, k, v, bias = (resolved_negation(q), resolved_negation(k), resolved_negation(v),
+                         resolved_negation(bias))
         # Positions and layouts are integer and bool tensors, which never require a gradient.
         training = records_autograd(q, k, v, bias)
         if cache_call and training:

@@ -55,6 +55,23 @@ def check_tensor(name: str, t: object, dtypes: Collection[torch.dtype] = tuple(S
         raise ArgumentError(f"{name} has dtype {t.dtype}; supported: {supported}")
 
 
+def resolved_negation(t: object) -> object:
+    """`t`, or for a tensor with PyTorch's negative bit (a lazily negated view, such as
+    `z.conj().imag`, whose memory holds the values before the negation) its values
+    materialized: kernels read memory. The copy is differentiable; anything else is returned
+    as it is (and checked where it is read)."""
+    return t.resolve_neg() if isinstance(t, torch.Tensor) and t.is_neg() else t
+
+
+def refuse_negative_view(name: str, t: torch.Tensor) -> None:
+    """An `ArgumentError` for a tensor that a kernel writes in place and that carries PyTorch's
+    negative bit: the kernel would write memory whose values the view reads negated."""
+    if t.is_neg():
+        raise ArgumentError(f"{name} is a lazily negated view (its negative bit is set, as for "
+                            "z.conj().imag): a kernel writes it in place, and would write the "
+                            f"opposite values; pass a tensor without it ({name}.resolve_neg())")
+
+
 REFERENCE_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
 """The inputs' dtypes `af.reference_attention` takes: the kernels', and float64."""
 

@@ -13,7 +13,7 @@ import torch
 
 from attnfuse.errors import ArgumentError, AttnFuseError
 from attnfuse.runtime import torch_op
-from attnfuse.runtime.attention_autograd import apply_attention
+from attnfuse.runtime.attention_autograd import apply_attention, call_under_transform, transforms_active
 from attnfuse.runtime.call_binding import CallBinding
 from attnfuse.runtime.call_plan import CallPlan, records_autograd
 from attnfuse.runtime.compiler import (
@@ -202,9 +202,6 @@ class CompiledAttention(CallPlanning, CallBinding, KernelExecution):
         if k_positions is not None and self.key_given:
             raise ArgumentError(KEY_POSITIONS_WITH_GIVEN_KEY)
         cache_call = kv_lens is not None or block_table is not None
-        # The kernels read memory, which a lazily negated view (`z.conj().imag`) holds un-negated.
-        q, k, v, bias = (resolved_negation(q), resolved_negation(k), resolved_negation(v),
-                         resolved_negation(bias))
         # Positions and layouts are integer and bool tensors, which never require a gradient.
         training = records_autograd(q, k, v, bias)
         if cache_call and training:
@@ -218,6 +215,15 @@ class CompiledAttention(CallPlanning, CallBinding, KernelExecution):
                 return torch_op.call_cache(key, q, k, v, kv_lens, block_table, return_lse=return_lse,
                                            bias=bias, q_positions=q_positions, k_positions=k_positions, **data)
             return self._call_operator(q, k, v, return_lse, bias, data, q_positions, k_positions)
+        # The kernels read memory, which a lazily negated view (`z.conj().imag`) holds un-negated.
+        q, k, v, bias = (resolved_negation(q), resolved_negation(k), resolved_negation(v),
+                         resolved_negation(bias))
+        if transforms_active():  # torch.func: grad, vjp, vmap, ...
+            if cache_call:
+                raise ArgumentError("kv_lens= / block_table= calls are not supported under "
+                                    "torch.func transforms (vmap, grad): call them directly")
+            out, lse = call_under_transform(self, q, k, v, bias, data, q_positions, k_positions, training)
+            return (out, lse) if return_lse else out
         if cache_call:
             out, lse = self.cache_forward(q, k, v, kv_lens, block_table, bias=bias,
                                           q_positions=q_positions, k_positions=k_positions,

@@ -5,7 +5,7 @@ derivative (`_NoSecondDerivative`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,59 +28,192 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fn: CompiledAttention, plan: CallPlan, data, q, k, v, bias):  # type: ignore[override]
-        # The kernels read the broadcast view in `data`; the user's bias is an input so that
-        # autograd sees it, and its shape is where its gradient is summed to.
-        ctx.bias_layout = None if bias is None else (bias.shape, bias.dtype)
         rotated: dict[str, torch.Tensor] = {}
         out, lse = fn.forward(plan, data, q, k, v, rotated)
-        ctx.fn, ctx.plan, ctx.data = fn, plan, data
-        # The listed filters' tensors (a layout, document ids) as the forward read them: the
-        # backward reads them again (its own block lists, the ids per entry).
-        sources = data.get(LIST_SOURCES)
-        read = [] if sources is None else [(source.argument, source.given) for source in sources]
-        # The bias and RoPE positions are read again too (the scores are recomputed): as the
-        # forward read them, or the gradients follow other scores than the output (positions
-        # past the forward's rotation table would even be read out of bounds).
-        read += [(name, data[name]) for name in REREAD_BY_BACKWARD if name in data]
-        ctx.read_states = tuple((argument, t, tensor_state(t)) for argument, t in read)
-        # A rotated copy replaces its operand where the backward reads the copy; otherwise
-        # the backward gets the operand (and rotates it itself if it must).
-        q_saved = rotated["q_rot"] if "q_rot" in rotated and "q_rot" in plan.backward_roles else None
-        k_saved = rotated["k_rot"] if "k_rot" in rotated and "k_rot" in plan.backward_roles else None
-        ctx.saved_roles = ("q" if q_saved is None else "q_rot", "k" if k_saved is None else "k_rot")
-        ctx.save_for_backward(q if q_saved is None else q_saved, k if k_saved is None else k_saved,
-                              v, out, lse)
-        # An output nobody differentiated (usually lse) arrives as None, not as a tensor of
-        # zeros that would cost a fill and a subtraction on the device.
-        ctx.materialize_grads = False  # what ctx.set_materialize_grads(False) sets, without its call
-        if not fn._has_lse:
-            ctx.mark_non_differentiable(lse)  # a normalizer without one (relu)
+        _save_context(ctx, fn, plan, data, q, k, v, bias, out, lse, rotated)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
-        fn: CompiledAttention = ctx.fn
-        bias_grad = ctx.needs_input_grad[6]
-        saved = ctx.saved_tensors  # unpacked once: each access unpacks them all again
-        for argument, given, state in ctx.read_states:
-            if tensor_state(given) != state:
-                # As autograd refuses a saved tensor changed in place: the backward would read
-                # the new data, not what the forward used.
-                raise ArgumentError(
-                    f"{argument} was modified in place between the forward and the backward; "
-                    f"the backward needs the forward's {argument} (pass a copy, or change it "
-                    "after the backward)")
-        if grad_out is None:
-            grad_out = torch.zeros_like(saved[3])
+        return _backward(ctx, grad_out, grad_lse)
+
+
+def _save_context(ctx, fn: CompiledAttention, plan: CallPlan, data: dict, q: torch.Tensor,
+                  k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                  lse: torch.Tensor, rotated: dict[str, torch.Tensor]) -> None:
+    """What a training call's node keeps for its backward (`_AttentionFunction`)."""
+    # The kernels read the broadcast view in `data`; the user's bias is an input so that
+    # autograd sees it, and its shape is where its gradient is summed to.
+    ctx.bias_layout = None if bias is None else (bias.shape, bias.dtype)
+    ctx.fn, ctx.plan, ctx.data = fn, plan, data
+    # The listed filters' tensors (a layout, document ids) as the forward read them: the
+    # backward reads them again (its own block lists, the ids per entry).
+    sources = data.get(LIST_SOURCES)
+    read = [] if sources is None else [(source.argument, source.given) for source in sources]
+    # The bias and RoPE positions are read again too (the scores are recomputed): as the
+    # forward read them, or the gradients follow other scores than the output (positions
+    # past the forward's rotation table would even be read out of bounds).
+    read += [(name, data[name]) for name in REREAD_BY_BACKWARD if name in data]
+    ctx.read_states = tuple((argument, t, tensor_state(t)) for argument, t in read)
+    # A rotated copy replaces its operand where the backward reads the copy; otherwise
+    # the backward gets the operand (and rotates it itself if it must).
+    q_saved = rotated["q_rot"] if "q_rot" in rotated and "q_rot" in plan.backward_roles else None
+    k_saved = rotated["k_rot"] if "k_rot" in rotated and "k_rot" in plan.backward_roles else None
+    ctx.saved_roles = ("q" if q_saved is None else "q_rot", "k" if k_saved is None else "k_rot")
+    ctx.save_for_backward(q if q_saved is None else q_saved, k if k_saved is None else k_saved,
+                          v, out, lse)
+    # An output nobody differentiated (usually lse) arrives as None, not as a tensor of
+    # zeros that would cost a fill and a subtraction on the device.
+    ctx.materialize_grads = False  # what ctx.set_materialize_grads(False) sets, without its call
+    if not fn._has_lse:
+        ctx.mark_non_differentiable(lse)  # a normalizer without one (relu)
+
+
+def _backward(ctx, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None,
+              transformed: bool = False) -> tuple:
+    """The backward kernels' gradients of q, k, v and the bias (`_AttentionFunction`); with
+    `transformed`, of a node made under a functorch transform (`_AttentionUnderTransform`)."""
+    fn: CompiledAttention = ctx.fn
+    bias_grad = ctx.needs_input_grad[6]
+    saved = ctx.saved_tensors  # unpacked once: each access unpacks them all again
+    # What the gradients depend on, as autograd (or the transform) tracks it.
+    depends_on = (*saved, grad_out, grad_lse)
+    if transformed:
+        if _is_batched(grad_out) or (grad_lse is not None and _is_batched(grad_lse)):
+            raise ArgumentError(VMAP_BACKWARD)
+        # Under torch.func.grad / vjp the saved tensors and the incoming gradients are the
+        # transform's wrappers: the kernels read the tensors below them (the gradients
+        # returned are constants there; a second derivative is refused anyway).
+        saved = tuple(_below_transforms(t) for t in saved)
+        grad_out = None if grad_out is None else _below_transforms(grad_out)
+        grad_lse = None if grad_lse is None else _below_transforms(grad_lse)
+    for argument, given, state in ctx.read_states:
+        if tensor_state(given) != state:
+            # As autograd refuses a saved tensor changed in place: the backward would read
+            # the new data, not what the forward used.
+            raise ArgumentError(
+                f"{argument} was modified in place between the forward and the backward; "
+                f"the backward needs the forward's {argument} (pass a copy, or change it "
+                "after the backward)")
+    if grad_out is None:
+        grad_out = torch.zeros_like(saved[3])
+    if transformed:
+        # The buffers the backward allocates must be plain tensors too, not the transform's.
+        with torch._C._DisableFuncTorch():
+            dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, saved, grad_out, grad_lse, bias_grad,
+                                            ctx.saved_roles)
+    else:
         dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, saved, grad_out, grad_lse, bias_grad,
                                         ctx.saved_roles)
-        if dbias is not None:
-            # Summed over the broadcast dims in fp32, then rounded once to the bias's type.
-            shape, dtype = ctx.bias_layout
-            dbias = dbias.sum_to_size(shape).to(dtype)
-        if torch.is_grad_enabled():  # create_graph=True
-            dq, dk, dv, dbias = _without_second_derivative((dq, dk, dv, dbias), (*saved, grad_out, grad_lse))
-        return None, None, None, dq, dk, dv, dbias
+    if dbias is not None:
+        # Summed over the broadcast dims in fp32, then rounded once to the bias's type.
+        shape, dtype = ctx.bias_layout
+        dbias = dbias.sum_to_size(shape).to(dtype)
+    if torch.is_grad_enabled():  # create_graph=True (always, under torch.func.grad)
+        dq, dk, dv, dbias = _without_second_derivative((dq, dk, dv, dbias), depends_on)
+    return None, None, None, dq, dk, dv, dbias
+
+
+VMAP_BACKWARD = (
+    "torch.func.vmap over the backward of an AttnFuse call (jacrev, jacfwd, a vmapped vjp) is "
+    "not supported: the backward kernels take one set of gradients; loop over them, or vmap "
+    "the forward only")
+"""The error of a backward that a vmap transform batches."""
+
+VMAP_DATA = (
+    "torch.func.vmap over an AttnFuse call with call-time data (bias=, block_layout=, doc_ids=, "
+    "positions) is not supported: loop over the mapped dimension, or fold it into the batch")
+"""The error of a vmapped call that passes call-time data."""
+
+_is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", lambda _t: False)
+"""Whether a tensor is a vmap transform's batched wrapper (its data has no storage to launch on)."""
+
+
+_functorch = getattr(torch._C, "_functorch", None)
+
+
+def _below_transforms(t: torch.Tensor) -> torch.Tensor:
+    """`t` without the gradient transforms' wrappers around it (itself outside any)."""
+    if _functorch is None:
+        return t
+    while _functorch.is_functorch_wrapped_tensor(t) and not _functorch.is_batchedtensor(t):
+        t = _functorch.get_unwrapped(t)
+    return t
+
+
+class _AttentionUnderTransform(torch.autograd.Function):
+    """The training node made under a functorch transform (`torch.func.grad`, `vjp`, `vmap`):
+    the same kernels as `_AttentionFunction` in the form functorch takes (a `forward` without
+    `ctx`, then `setup_context`), run on the tensors below the transform's wrappers. The
+    backward rotates q and k itself where it reads rotated copies (the copies are the
+    forward's own, not saved here). Under `vmap` the mapped dimension is folded into the
+    batch (`vmap`)."""
+
+    generate_vmap_rule = False
+
+    @staticmethod
+    def forward(fn: CompiledAttention, plan: CallPlan, data, q, k, v, bias):  # type: ignore[override]
+        # The kernels read, and the forward allocates, plain tensors: below every transform.
+        q, k, v = _below_transforms(q), _below_transforms(k), _below_transforms(v)
+        data = {name: _below_transforms(t) if isinstance(t, torch.Tensor) else t for name, t in data.items()}
+        with torch._C._DisableFuncTorch():
+            return fn.forward(plan, data, q, k, v)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # type: ignore[override]
+        fn, plan, data, q, k, v, bias = inputs
+        out, lse = output
+        # The call's data as the kernels read it (functorch hands it over wrapped).
+        data = {name: _below_transforms(t) if isinstance(t, torch.Tensor) else t for name, t in data.items()}
+        _save_context(ctx, fn, plan, data, q, k, v, bias, out, lse, {})
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
+        return _backward(ctx, grad_out, grad_lse, transformed=True)
+
+    @staticmethod
+    def vmap(info, in_dims, fn: CompiledAttention, plan: CallPlan, data, q, k, v, bias):  # type: ignore[override]
+        """The call over a vmapped dimension as one call whose batch holds it: q, k and v
+        moved to the front, an unmapped one expanded, then `[V * B, ...]`. Call-time data
+        (a bias, layouts, ids, positions) is not folded: such calls are refused."""
+        _fn, _plan, _data, q_dim, k_dim, v_dim, _bias = in_dims
+        if data or bias is not None:
+            raise ArgumentError(VMAP_DATA)
+        size = info.batch_size
+
+        def folded(t: torch.Tensor, dim: int | None) -> torch.Tensor:
+            t = t.expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
+            return t.reshape(size * t.shape[1], *t.shape[2:])
+        q2, k2, v2 = folded(q, q_dim), folded(k, k_dim), folded(v, v_dim)
+        out, lse = fn.forward(fn.plan(q2, k2, v2), {}, q2, k2, v2)
+        return (out.view(size, -1, *out.shape[1:]), lse.view(size, -1, *lse.shape[1:])), (0, 0)
+
+
+transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+"""Whether a functorch transform (`torch.func.grad`, `vjp`, `vmap`, ...) is active."""
+
+
+def call_under_transform(
+    fn: CompiledAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    bias: torch.Tensor | None, data: dict[str, Any], q_positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None, training: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(out, lse)` of a call under a functorch transform, through `_AttentionUnderTransform`
+    (training or not: a vmap's batched tensors must not reach a kernel). The plan and the
+    call's data are made from the tensors below the transforms with functorch disabled, so
+    that what the plan keeps across calls (rotation tables, block lists, scratch buffers) is
+    plain tensors, never a transform's wrappers that die with it."""
+    arguments = {**data, "bias": bias, "q_positions": q_positions, "k_positions": k_positions}
+    if any(_is_batched(t) for t in arguments.values() if isinstance(t, torch.Tensor)):
+        raise ArgumentError(VMAP_DATA)
+    explicit = (q_positions is not None, k_positions is not None)
+    with torch._C._DisableFuncTorch():
+        plain = {name: _below_transforms(t) if isinstance(t, torch.Tensor) else t
+                 for name, t in arguments.items()}
+        plan = fn.plan(_below_transforms(q), _below_transforms(k), _below_transforms(v), explicit, training)
+        bound = fn.call_tensors(plan, plain, explicit)
+    # The user's bias goes in as an input of its own so autograd tracks it.
+    return _AttentionUnderTransform.apply(fn, plan, bound, q, k, v, bias if "bias" in bound else None)
 
 
 DIRECT_APPLY = direct_apply_supported()
@@ -93,7 +226,6 @@ _function_apply = c_apply(_AttentionFunction)
 which `Function.apply` calls after its Python preamble."""
 
 if DIRECT_APPLY:  # read once, here: the per-call path looks up no attributes of torch._C
-    _transforms_active = torch._C._are_functorch_transforms_active
     _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
@@ -102,12 +234,9 @@ def _apply_direct(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`_AttentionFunction.apply(fn, plan, data, q, k, v, bias)` without `Function.apply`'s
-    Python frames: outside functorch's transforms it only unwraps the tensors of transforms
-    that have exited ("dead wrappers") and calls the C apply (`EXPECTED_PREAMBLE`); under a
-    transform the call goes through `Function.apply` (which refuses this Function: it has no
-    `setup_context`)."""
-    if _transforms_active():
-        return _AttentionFunction.apply(fn, plan, data, q, k, v, bias)
+    Python frames: it only unwraps the tensors of transforms that have exited ("dead
+    wrappers") and calls the C apply (`EXPECTED_PREAMBLE`). Never under an active functorch
+    transform: the call path takes `call_under_transform` first."""
     return _function_apply(fn, plan, data, _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
                            None if bias is None else _unwrap_if_dead(bias))
 
@@ -140,10 +269,15 @@ class _NoSecondDerivative(torch.autograd.Function):
     them: the attention backward has no derivative of its own."""
 
     @staticmethod
-    def forward(ctx, count: int, *tensors: torch.Tensor):  # type: ignore[override]
+    def forward(count: int, *tensors: torch.Tensor):  # type: ignore[override]
         # Detached, not views: autograd forbids in-place changes of a multi-output Function's
         # views, and callers may scale or clip gradients in place.
         return tuple(g.detach() for g in tensors[:count])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # type: ignore[override]
+        """Nothing to keep (the form functorch's transforms take: under `torch.func.grad`
+        a nested transform's derivative reaches `backward` too)."""
 
     @staticmethod
     def backward(ctx, *_grads):  # type: ignore[override]

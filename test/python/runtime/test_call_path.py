@@ -357,10 +357,12 @@ def test_training_call_builds_an_attention_node(no_launches):
     assert no_launches == ["attention_fwd", "attention_bwd_dq_delta", "attention_bwd_dkdv"]
 
 
-def test_training_call_under_functorch_goes_through_function_apply(no_launches):
-    """Under a functorch transform the call takes `Function.apply`'s path, which refuses a
-    Function without `setup_context` as before."""
+def test_training_call_under_functorch_takes_the_transform_node(no_launches, monkeypatch):
+    """Under a functorch transform the call makes `_AttentionUnderTransform`'s node (the form
+    functorch takes), never the direct C apply; it launches the same kernels
+    (`test_functorch.py` checks its numbers)."""
     fn = af.compile(af.attention(af.causal()))
     q, k, v = tiny()
-    with pytest.raises(RuntimeError, match="setup_context"):
-        torch.func.grad(lambda q: fn(q, k, v).float().sum())(q)
+    monkeypatch.setattr(api, "apply_attention", lambda *a: pytest.fail("the direct apply under a transform"))
+    torch.func.grad(lambda q: fn(q, k, v).float().sum())(q)
+    assert no_launches == ["attention_fwd", "attention_bwd_dq_delta", "attention_bwd_dkdv"]

@@ -1,0 +1,95 @@
+"""Calls under functorch transforms (`torch.func`): `grad` and `vjp` give the gradients eager
+autograd gives, `vmap` folds the mapped dimension into the batch, and what is not supported (a
+vmapped backward, vmap with call-time data) is an `ArgumentError`, never a launcher's error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close_to_reference
+
+import attnfuse as af
+from attnfuse.errors import ArgumentError
+
+pytestmark = pytest.mark.interpreter
+
+SPECS = {
+    "causal": af.attention(af.causal()),
+    "rope": af.attention(af.rope(), af.causal()),
+    "relu": af.attention(af.relu(), af.sliding_window(8)),
+}
+
+
+def draw(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def qkv(batch: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return draw(batch, 4, 24, 16, seed=0), draw(batch, 2, 24, 16, seed=1), draw(batch, 2, 24, 16, seed=2)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_grad_equals_eager_autograd(name):
+    fn = af.compile(SPECS[name])
+    q, k, v = qkv()
+    weight = draw(*q.shape, seed=3)
+
+    def loss(q, k, v):
+        return (fn(q, k, v) * weight).sum()
+    dq, dk, dv = torch.func.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    loss(*leaves).backward()
+    for got, leaf in zip((dq, dk, dv), leaves):
+        assert torch.equal(got, leaf.grad)
+
+
+def test_grad_of_a_bias_and_vjp_with_the_lse():
+    spec = af.attention(af.additive_bias(), af.causal())
+    fn = af.compile(spec)
+    q, k, v = qkv()
+    bias = draw(1, 4, 24, 24, seed=4)
+    dbias = torch.func.grad(lambda b: fn(q, k, v, bias=b).square().sum())(bias)
+    leaf = bias.clone().requires_grad_(True)
+    fn(q, k, v, bias=leaf).square().sum().backward()
+    assert torch.equal(dbias, leaf.grad)
+
+    (out, lse), pullback = torch.func.vjp(lambda q: fn(q, k, v, bias=bias, return_lse=True), q)
+    cot_out, cot_lse = draw(*out.shape, seed=5), draw(*lse.shape, seed=6)
+    (dq,) = pullback((cot_out, cot_lse))
+    leaf = q.clone().requires_grad_(True)
+    out2, lse2 = fn(leaf, k, v, bias=bias, return_lse=True)
+    torch.autograd.backward((out2, lse2), (cot_out, cot_lse))
+    assert torch.equal(out, out2) and torch.equal(dq, leaf.grad)
+
+
+@pytest.mark.parametrize("k_dim", [0, None])
+def test_vmap_folds_the_mapped_dimension_into_the_batch(k_dim):
+    spec = SPECS["rope"]
+    fn = af.compile(spec)
+    q, k, v = qkv(batch=2)
+    qs = torch.stack([q, 2 * q, -q])
+    ks = torch.stack([k, k.flip(-1), 0.5 * k]) if k_dim == 0 else k
+    out, lse = torch.func.vmap(lambda q, k: fn(q, k, v, return_lse=True), in_dims=(0, k_dim))(qs, ks)
+    assert out.shape == (3, *q.shape)
+    for i in range(3):
+        k_i = ks[i] if k_dim == 0 else k
+        expected, expected_lse = fn(qs[i], k_i, v, return_lse=True)
+        assert_close_to_reference(out[i], expected.double(), torch.float32)
+        assert_close_to_reference(lse[i], expected_lse.double(), torch.float32)
+    # The mapped dimension may sit anywhere.
+    moved = torch.func.vmap(lambda q: fn(q, k, v), in_dims=2)(qs.movedim(0, 2))
+    for i in range(3):
+        assert_close_to_reference(moved[i], fn(qs[i], k, v).double(), torch.float32)
+
+
+def test_unsupported_transforms_are_argument_errors():
+    fn = af.compile(SPECS["causal"])
+    q, k, v = qkv()
+    with pytest.raises(ArgumentError, match="vmap over the backward"):
+        torch.func.jacrev(lambda q: fn(q, k, v).sum(-1))(q)
+    bias = draw(1, 4, 24, 24, seed=7)
+    fn_bias = af.compile(af.attention(af.additive_bias()))
+    with pytest.raises(ArgumentError, match="vmap over an AttnFuse call with call-time data"):
+        torch.func.vmap(lambda q: fn_bias(q, k, v, bias=bias))(torch.stack([q, q]))
+    with pytest.raises(af.AttnFuseError, match="second derivatives"):
+        torch.func.grad(lambda q: torch.func.grad(lambda q: fn(q, k, v).sum())(q).sum())(q)

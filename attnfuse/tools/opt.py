@@ -326,6 +326,12 @@ def load_block_module(path: str) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as err:
+        # A module that exits while imported (a script's sys.exit, argparse's usage error) is
+        # a module that does not load, not the tool's own exit.
+        sys.modules.pop(name, None)
+        raise BlockModuleError(f"--block-module {path}: the module called sys.exit({err.code!r}) while "
+                               "being imported") from None
     except Exception as err:  # noqa: BLE001 - a user's module: one line, never a traceback
         sys.modules.pop(name, None)
         raise BlockModuleError(f"--block-module {path}: {type(err).__name__}: {_first_line(err)}") from err

@@ -382,6 +382,11 @@ class LowerVariant(RewritePattern):
         if rotation is not None and rotation.rotary_dim is not None:
             if rotation.rotary_dim > self.config.head_dim:
                 raise _fail(op, f"rotary_dim {rotation.rotary_dim} exceeds head-dim {self.config.head_dim}")
+        elif rotation is not None and self.config.head_dim % 2:
+            # The rotation pairs the whole head: an odd dim would be left out of every pair,
+            # and of the scores (they are summed over the pairs' halves).
+            raise _fail(op, f"the rotation covers the whole head (no rotary_dim), and head-dim "
+                            f"{self.config.head_dim} is odd: give an even rotary_dim")
         if c.decode:
             check_decodable(op, facts)
         if c.kv_lens and facts.query_rotation is not None and not facts.query_rotation.fused:

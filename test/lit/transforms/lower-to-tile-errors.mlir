@@ -23,3 +23,12 @@ attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !
 // -----
 // RUN: not attnfuse-opt %S/../inputs/sparse.mlir -p 'analyze-masks,lower-to-tile{block-m=64}' 2>&1 | filecheck %s --check-prefix=SPARSE
 // SPARSE: sparse.mlir:3:1: error: lower-to-tile: block-m (64) and block-n (64) must not exceed the block_sparse block size (32)
+
+// -----
+// A rotation over the whole head (no rotary_dim) pairs every dim: an odd head dim would be left
+// out of the pairs and of the scores, so it is refused, fused or pre-rotated, halves or interleaved.
+// RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{head-dim=3 backward=false}' -t triton 2>&1 | filecheck %s --check-prefix=ODD
+// RUN: not attnfuse-opt %S/../inputs/rope.mlir -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{head-dim=63}' 2>&1 | filecheck %s --check-prefix=ODD
+// ODD-NOT: def attention_fwd
+// ODD: rope.mlir:3:1: error: lower-to-tile: the rotation covers the whole head (no rotary_dim), and head-dim {{[0-9]+}} is odd: give an even rotary_dim
+// ODD-NOT: def attention_fwd

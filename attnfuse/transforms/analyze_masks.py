@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
     PatternRewriteWalker,
@@ -27,6 +26,7 @@ from xdsl.pattern_rewriter import (
 
 from attnfuse.blocks.masks import MaskOp
 from attnfuse.dialects.attn import BandAttr, intersect_bands
+from attnfuse.transforms.pass_options import TypedOptionsPass
 
 
 def mask_band(op: MaskOp) -> BandAttr:
@@ -48,7 +48,7 @@ class AnnotateBand(RewritePattern):
 
 
 @dataclass(frozen=True)
-class AnalyzeMasksPass(ModulePass):
+class AnalyzeMasksPass(TypedOptionsPass):
     """Annotates every `attn.mask` with its band (see the module docstring)."""
 
     name = "analyze-masks"

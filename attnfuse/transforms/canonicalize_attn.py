@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -34,8 +33,16 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 from xdsl.traits import HasCanonicalizationPatternsTrait
 
-from attnfuse.dialects.attn import KeyType, QueryType, RopeOp, VariantOp, YieldOp, is_score_op
+from attnfuse.dialects.attn import (
+    KeyType,
+    QueryType,
+    RopeOp,
+    VariantOp,
+    YieldOp,
+    is_score_op,
+)
 from attnfuse.dialects.interfaces import KeyFilter, ScoreModifier, score_semantics
+from attnfuse.transforms.pass_options import TypedOptionsPass
 
 
 def canonical_rank(op: Operation) -> int | None:
@@ -128,7 +135,7 @@ def op_patterns(ctx: Context) -> list[RewritePattern]:
 
 
 @dataclass(frozen=True)
-class CanonicalizeAttnPass(ModulePass):
+class CanonicalizeAttnPass(TypedOptionsPass):
     """Rewrites every `attn.variant` into canonical form (see the module docstring)."""
 
     name = "canonicalize-attn"

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, UnitAttr
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
     PatternRewriteWalker,
@@ -29,6 +28,7 @@ from xdsl.pattern_rewriter import (
 )
 
 from attnfuse.dialects import tile
+from attnfuse.transforms.pass_options import TypedOptionsPass
 
 
 class FoldScaleIntoExp(RewritePattern):
@@ -55,7 +55,7 @@ class FoldScaleIntoExp(RewritePattern):
 
 
 @dataclass(frozen=True)
-class FoldScaleIntoExpPass(ModulePass):
+class FoldScaleIntoExpPass(TypedOptionsPass):
     """Moves the score scale into the exponentials wherever that is exact (see the module
     docstring)."""
 

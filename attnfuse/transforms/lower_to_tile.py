@@ -42,7 +42,6 @@ from dataclasses import dataclass, replace
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 from xdsl.ir import Block, Operation, SSAValue
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
     PatternRewriteWalker,
@@ -52,8 +51,8 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from attnfuse.dialects import attn, tile
-from attnfuse.errors import IRError, PassOptionError
 from attnfuse.dialects.interfaces import KeyFilter, partials_merge
+from attnfuse.errors import IRError, PassOptionError
 from attnfuse.transforms.kernel_builder import (
     PART_SUFFIX,
     KernelBuilder,
@@ -68,7 +67,12 @@ from attnfuse.transforms.kernel_builder import (
     load_operand,
     lower_score_chain,
 )
-from attnfuse.transforms.lower_backward import backward_facts, build_backward_kernels, fused_dq_unsupported
+from attnfuse.transforms.lower_backward import (
+    backward_facts,
+    build_backward_kernels,
+    fused_dq_unsupported,
+)
+from attnfuse.transforms.pass_options import TypedOptionsPass
 
 # --------------------------------------------------------------------------------------------
 # What the attn program asks for
@@ -450,7 +454,7 @@ def _power_of_two(x: int) -> bool:
 
 
 @dataclass(frozen=True)
-class LowerToTilePass(ModulePass):
+class LowerToTilePass(TypedOptionsPass):
     """Lowers every `attn.variant` to `tile.kernel`s (see the module docstring)."""
 
     name = "lower-to-tile"

@@ -21,12 +21,10 @@ long query lengths with a pre-rotated key, where measurement says pre-rotation w
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
     PatternRewriteWalker,
@@ -44,6 +42,7 @@ from attnfuse.dialects.attn import (
     VariantOp,
 )
 from attnfuse.errors import IRError, PassOptionError
+from attnfuse.transforms.pass_options import TypedOptionsPass
 from attnfuse.transforms.rotation_calculus import (
     H200,
     GpuRates,
@@ -85,7 +84,7 @@ class PlaceRotation(RewritePattern):
 
 
 @dataclass(frozen=True)
-class PlaceRopePass(ModulePass):
+class PlaceRopePass(TypedOptionsPass):
     """Chooses fused or pre-rotated per operand, or marks the key given (see the module
     docstring)."""
 

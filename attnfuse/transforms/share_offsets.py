@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
     PatternRewriteWalker,
@@ -25,6 +24,7 @@ from xdsl.pattern_rewriter import (
 )
 
 from attnfuse.dialects import tile
+from attnfuse.transforms.pass_options import TypedOptionsPass
 
 FOLLOWER = "do"
 LEADERS = ("q_rot", "q")
@@ -53,7 +53,7 @@ class ShareOffsets(RewritePattern):
 
 
 @dataclass(frozen=True)
-class ShareOffsetsPass(ModulePass):
+class ShareOffsetsPass(TypedOptionsPass):
     """Marks the kernels whose loads may share offsets (see the module docstring)."""
 
     name = "share-offsets"

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
-from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
     PatternRewriteWalker,
@@ -45,8 +44,16 @@ from xdsl.pattern_rewriter import (
 
 from attnfuse.dialects import tile
 from attnfuse.dialects.backward_shape import backward_kernel
-from attnfuse.dialects.flash_shape import HEAD_DIMS, FlashKernel, FlashLoop, NotFlashShaped, flash_kernel
+from attnfuse.dialects.flash_shape import (
+    HEAD_DIMS,
+    FlashKernel,
+    FlashLoop,
+    NotFlashShaped,
+    flash_kernel,
+)
 from attnfuse.errors import PassOptionError
+from attnfuse.transforms.pass_options import TypedOptionsPass
+
 
 class WarpSpecialize(RewritePattern):
     """A flash-shaped forward kernel -> `#tile<schedule warp_specialized>` and its tile sizes."""
@@ -156,7 +163,7 @@ producer warpgroup, at one program per SM."""
 
 
 @dataclass(frozen=True)
-class WarpSpecializePass(ModulePass):
+class WarpSpecializePass(TypedOptionsPass):
     """Schedules the flash-shaped forward kernels warp-specialized (see the module docstring)."""
 
     name = "warp-specialize"
@@ -185,6 +192,7 @@ class WarpSpecializePass(ModulePass):
     adds in key-block order (`ORDERED_DQ_WRITERS`), one otherwise."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.bwd_block_n != 64:
             # 128 queries a step need ~352 KB of shared memory at head dim 128 (the dQ staging
             # and the q/dO ring double), more than an H200's 227 KB.

@@ -7,6 +7,8 @@
 // RUN: not attnfuse-opt %s -p 'place-rope{block-m=0}' 2>&1 | filecheck %s --check-prefix=ROPE-BLOCK
 // RUN: not attnfuse-opt %s -p 'place-rope{seq-len-q=-5}' 2>&1 | filecheck %s --check-prefix=ROPE-SEQ
 // RUN: not attnfuse-opt %s 2>&1 -p 'lower-to-tile{block-m=1048576}' | filecheck %s --check-prefix=BLOCK-MAX
+// RUN: not attnfuse-opt %s 2>&1 -p 'lower-to-tile{head-dim=true}' | filecheck %s --check-prefix=BOOL-INT
+// RUN: not attnfuse-opt %s 2>&1 -p 'warp-specialize{consumers=false}' | filecheck %s --check-prefix=BOOL-INT2
 // RUN: attnfuse-opt %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t=triton | filecheck %s --check-prefix=EQUALS
 // EQUALS:        def attention_fwd(
 
@@ -17,6 +19,9 @@
 // ROPE-BLOCK:    <pass-pipeline>:1:12: error: place-rope: block-m must be >= 1, got 0
 // ROPE-SEQ:      <pass-pipeline>:1:12: error: place-rope: seq-len-q must be >= 1, got -5
 // BLOCK-MAX:     <pass-pipeline>:1:15: error: lower-to-tile: block-m must be a power of two in [16, 1024], got 1048576
+// A bool is an int to Python (and to xDSL's option parser): refused for a number option.
+// BOOL-INT:      <pass-pipeline>:1:15: error: lower-to-tile: head-dim must be a number, got true
+// BOOL-INT2:     <pass-pipeline>:1:17: error: warp-specialize: consumers must be a number, got false
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key

@@ -158,7 +158,23 @@ class AttnFuseOptMain(xDSLOptMain):
         self.available_targets["gluon"] = gluon_target
 
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
-        text = chunk.read().decode()
+        raw = chunk.read()
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError as err:
+            # Located at the byte's line and column in the file (a chunk's byte offset would
+            # count from the chunk's start).
+            before = raw[:err.start].decode()
+            line = before.count("\n") + 1
+            col = len(before) - (before.rfind("\n") + 1) + 1
+            raise ParseError(_span_at(before + " ", line, col, self.get_input_name(), start_offset),
+                             f"input is not utf-8 text ({err.reason}: byte 0x{raw[err.start]:02x})") from None
+        oversized = _oversized_integer(text)
+        if oversized is not None:
+            # xDSL would build the type (gigabytes for i4294967296) or fail converting the
+            # literal (Python's digit limit) far from where the number stands.
+            line, col, message = oversized
+            raise ParseError(_span_at(text, line, col, self.get_input_name(), start_offset), message)
         unterminated = _unterminated_string(text)
         if unterminated is not None:
             # xDSL's lexer backtracks exponentially on an unclosed string: refuse it first.
@@ -341,6 +357,35 @@ def load_block_module(path: str) -> ModuleType:
         raise BlockModuleError(f"--block-module {path}: {problem}")
     register_block_module(module)
     return module
+
+
+MAX_INTEGER_WIDTH = (1 << 24) - 1
+"""The widest integer type MLIR allows (`IntegerType::kMaxWidth`)."""
+
+MAX_LITERAL_DIGITS = 4000
+"""The most digits an integer literal may have: below Python's default limit for converting
+text to an int (4300, `sys.set_int_max_str_digits`)."""
+
+_INTEGER_TYPE = re.compile(r"(?<![\w%@#$.!^])[su]?i(\d+)\b")
+_LONG_LITERAL = re.compile(r"(?<![\w.])\d{%d,}" % (MAX_LITERAL_DIGITS + 1))
+
+
+def _oversized_integer(text: str) -> tuple[int, int, str] | None:
+    """(line, column, message) of the first integer type wider than MLIR allows, or integer
+    literal longer than `MAX_LITERAL_DIGITS`, outside comments; None if there is none."""
+    for number, line_text in enumerate(text.split("\n"), start=1):
+        code = line_text.split("//", 1)[0]
+        for match in _INTEGER_TYPE.finditer(code):
+            digits = match.group(1)
+            if len(digits) > len(str(MAX_INTEGER_WIDTH)) or int(digits) > MAX_INTEGER_WIDTH:
+                return (number, match.start() + 1,
+                        f"integer type {match.group(0)[:24]} is wider than {MAX_INTEGER_WIDTH} bits, "
+                        "MLIR's limit")
+        literal = _LONG_LITERAL.search(code)
+        if literal is not None:
+            return (number, literal.start() + 1,
+                    f"integer literal of {len(literal.group(0))} digits: at most {MAX_LITERAL_DIGITS}")
+    return None
 
 
 def _unterminated_string(text: str) -> tuple[int, int] | None:

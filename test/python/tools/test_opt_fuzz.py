@@ -532,8 +532,39 @@ def test_empty_file_is_an_empty_module(tmp_path, text):
 )
 def test_binary_garbage(tmp_path, data):
     path, rc, _, stderr = run_file(tmp_path, data, name="garbage.mlir")
-    assert_one_error(rc, stderr, str(path), 1, 1, "not utf-8")
+    # Located at the first byte that is not utf-8: its line, and its column in characters.
+    try:
+        data.decode()
+    except UnicodeDecodeError as err:
+        before = data[:err.start].decode()
+    line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+    assert_one_error(rc, stderr, str(path), line, col, "not utf-8")
     assert "internal compiler error" not in stderr, stderr
+
+
+def test_non_utf8_is_located_in_the_file_with_split_input(tmp_path):
+    text = b"builtin.module {\n}\n// -----\nbuiltin.module {\n// caf\xe9\n}\n"
+    for extra in ((), ("--split-input-file",)):
+        path, rc, _, stderr = run_file(tmp_path, text, *extra, name="split.mlir")
+        assert_one_error(rc, stderr, str(path), 5, 7, "not utf-8 text (invalid continuation byte: byte 0xe9)")
+
+
+@pytest.mark.parametrize("text, line, col, phrase", [
+    ("builtin.module {\n}\n\nbuiltin.module attributes {x = 1 : i99999999999999999999} {}\n", 4, 36,
+     "is wider than 16777215 bits"),
+    ("builtin.module attributes {x = 1 : i4294967296} {}\n", 1, 36, "integer type i4294967296"),
+    ("builtin.module attributes {x = " + "9" * 5000 + " : i64} {}\n", 1, 32, "integer literal of 5000 digits"),
+])
+def test_oversized_integers_are_located_parse_errors(tmp_path, text, line, col, phrase):
+    # Without the check: an internal error at 1:1, or gigabytes of memory for i4294967296.
+    path, rc, _, stderr = run_file(tmp_path, text, name="big.mlir")
+    assert_one_error(rc, stderr, str(path), line, col, phrase)
+
+
+def test_widest_integer_type_and_comments_are_not_refused(tmp_path):
+    text = "// i99999999999 in a comment\nbuiltin.module attributes {x = 1 : i16777215, y = 2 : ui8} {}\n"
+    _, rc, out, stderr = run_file(tmp_path, text)
+    assert rc == 0 and "i16777215" in out, stderr
 
 
 # --- findings of an IR-level test campaign: each one located line, exit 1 ------------------

@@ -58,6 +58,8 @@
 #                     (the portable kernels, forward and backward)
 #   document          bench/document.py: packed sequences, causal and bidirectional, fwd and fwd+bwd, AttnFuse
 #                     (auto, Gluon, tl) beside compiled flex_attention; GEOMETRY=llama|paper (default both)
+#   tune              attnfuse-tune on the GPU: RoPE + causal at the Llama heads (bf16, N=4096), forward and
+#                     backward over a small grid, its tuning file, and a call that reads the file
 set -u
 dir=/tmp/session
 mkdir -p "$dir"
@@ -225,6 +227,17 @@ for stage in "$@"; do
       timeout 200 python3 bench/step_profile.py --preset llama3-8b --dtype bf16 --mode fwdbwd --variants causal \
         --seq-lens 4096,8192 --impls attnfuse,sdpa-cudnn > "$dir/step_profile.log" 2>&1; echo "step-profile rc=$?"
       grep -v Warn "$dir/step_profile.log" | tail -30 ;;
+    tune)
+      timeout 400 python3 -m attnfuse.tools.tune "af.attention(af.rope(theta=500000.0), af.causal())" \
+        --shape 1,32,8,128 --seq-lens 4096 --dtype bf16 --mode forward,backward --block-m 64,128 \
+        --block-n 32,64 --num-warps 4,8 --num-stages 2,3 --out "$dir/tune-h200.json" > "$dir/tune.log" 2>&1
+      echo "tune rc=$?"; tail -4 "$dir/tune.log"
+      ATTNFUSE_TUNING="$dir/tune-h200.json" python3 -c "
+import torch, attnfuse as af
+q = torch.randn(1, 32, 4096, 128, device='cuda', dtype=torch.bfloat16)
+k, v = (torch.randn(1, 8, 4096, 128, device='cuda', dtype=torch.bfloat16) for _ in range(2))
+print('tuned config:', af.compile(af.attention(af.rope(theta=500000.0), af.causal())).plan(q, k, v).config)" \
+        >> "$dir/tune.log" 2>&1; tail -1 "$dir/tune.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "stage $stage took $(( $(date +%s) - start )) s"

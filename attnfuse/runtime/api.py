@@ -10,10 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from attnfuse.errors import ArgumentError, AttnFuseError
 from attnfuse.runtime import torch_op
-from attnfuse.runtime.attention_autograd import apply_attention, call_under_transform, transforms_active
+from attnfuse.runtime.attention_autograd import (
+    apply_attention,
+    call_under_transform,
+    refuse_forward_ad,
+    transforms_active,
+)
 from attnfuse.runtime.call_binding import CallBinding
 from attnfuse.runtime.call_plan import CallPlan, records_autograd
 from attnfuse.runtime.compiler import (
@@ -215,9 +221,17 @@ class CompiledAttention(CallPlanning, CallBinding, KernelExecution):
                 return torch_op.call_cache(key, q, k, v, kv_lens, block_table, return_lse=return_lse,
                                            bias=bias, q_positions=q_positions, k_positions=k_positions, **data)
             return self._call_operator(q, k, v, return_lse, bias, data, q_positions, k_positions)
-        # The kernels read memory, which a lazily negated view (`z.conj().imag`) holds un-negated.
-        q, k, v, bias = (resolved_negation(q), resolved_negation(k), resolved_negation(v),
-                         resolved_negation(bias))
+        # The kernels read memory, which a lazily negated view (`z.conj().imag`) holds
+        # un-negated. (Asked on every call: a method call per tensor, nothing more.)
+        try:
+            negated = q.is_neg() or k.is_neg() or v.is_neg() or (bias is not None and bias.is_neg())
+        except (AttributeError, TypeError):
+            negated = True  # not all tensors: resolved_negation leaves them for the checks
+        if negated:
+            q, k, v, bias = (resolved_negation(q), resolved_negation(k), resolved_negation(v),
+                             resolved_negation(bias))
+        if forward_ad._current_level >= 0:  # inside `forward_ad.dual_level()`: one read per call
+            refuse_forward_ad(q, k, v, bias)
         if transforms_active():  # torch.func: grad, vjp, vmap, ...
             if cache_call:
                 raise ArgumentError("kv_lens= / block_table= calls are not supported under "

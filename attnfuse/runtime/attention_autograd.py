@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnfuse.errors import ArgumentError, AttnFuseError
-from attnfuse.runtime.call_plan import LIST_SOURCES, REREAD_BY_BACKWARD, CallPlan
+from attnfuse.runtime.call_plan import LIST_SOURCES, REREAD_BY_BACKWARD, CallPlan, records_autograd
 from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
 from attnfuse.runtime.tensor_cache import tensor_state
 
@@ -18,30 +18,11 @@ if TYPE_CHECKING:
     from attnfuse.runtime.api import CompiledAttention
 
 
-class _AttentionFunction(torch.autograd.Function):
-    """Autograd glue: saves q, k, v, the output and the log-sum-exp (never the score matrix);
-    the backward kernels recompute the rest. For q and k it saves the forward's rotated copy
-    instead where the backward reads that copy (`CompiledAttention.training_key`): no rotation
-    in the backward, at the cost of the copies' memory until the backward (which replaces
-    q's and k's where nothing else keeps those alive; the interpreter's copies of bf16 inputs
-    are fp32, twice the size)."""
-
-    @staticmethod
-    def forward(ctx, fn: CompiledAttention, plan: CallPlan, data, q, k, v, bias):  # type: ignore[override]
-        rotated: dict[str, torch.Tensor] = {}
-        out, lse = fn.forward(plan, data, q, k, v, rotated)
-        _save_context(ctx, fn, plan, data, q, k, v, bias, out, lse, rotated)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
-        return _backward(ctx, grad_out, grad_lse)
-
-
 def _save_context(ctx, fn: CompiledAttention, plan: CallPlan, data: dict, q: torch.Tensor,
                   k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                   lse: torch.Tensor, rotated: dict[str, torch.Tensor]) -> None:
-    """What a training call's node keeps for its backward (`_AttentionFunction`)."""
+    """What a training call's node keeps for its backward (`_AttentionFunction`,
+    `_AttentionUnderTransform`)."""
     # The kernels read the broadcast view in `data`; the user's bias is an input so that
     # autograd sees it, and its shape is where its gradient is summed to.
     ctx.bias_layout = None if bias is None else (bias.shape, bias.dtype)
@@ -87,6 +68,8 @@ def _backward(ctx, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None,
         saved = tuple(_below_transforms(t) for t in saved)
         grad_out = None if grad_out is None else _below_transforms(grad_out)
         grad_lse = None if grad_lse is None else _below_transforms(grad_lse)
+        if any(_is_batched(t) for t in saved):  # vmap(grad(f)): per-sample gradients
+            raise ArgumentError(VMAP_BACKWARD)
     for argument, given, state in ctx.read_states:
         if tensor_state(given) != state:
             # As autograd refuses a saved tensor changed in place: the backward would read
@@ -114,11 +97,38 @@ def _backward(ctx, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None,
     return None, None, None, dq, dk, dv, dbias
 
 
+class _AttentionFunction(torch.autograd.Function):
+    """Autograd glue: saves q, k, v, the output and the log-sum-exp (never the score matrix);
+    the backward kernels recompute the rest. For q and k it saves the forward's rotated copy
+    instead where the backward reads that copy (`CompiledAttention.training_key`): no rotation
+    in the backward, at the cost of the copies' memory until the backward (which replaces
+    q's and k's where nothing else keeps those alive; the interpreter's copies of bf16 inputs
+    are fp32, twice the size)."""
+
+    @staticmethod
+    def forward(ctx, fn: CompiledAttention, plan: CallPlan, data, q, k, v, bias):  # type: ignore[override]
+        rotated: dict[str, torch.Tensor] = {}
+        out, lse = fn.forward(plan, data, q, k, v, rotated)
+        _save_context(ctx, fn, plan, data, q, k, v, bias, out, lse, rotated)
+        return out, lse
+
+    backward = staticmethod(_backward)  # no wrapper frame: a training step's host time counts
+
+    @staticmethod
+    def jvp(ctx, *tangents):  # type: ignore[override]
+        raise ArgumentError(FORWARD_AD)
+
+
 VMAP_BACKWARD = (
-    "torch.func.vmap over the backward of an AttnFuse call (jacrev, jacfwd, a vmapped vjp) is "
-    "not supported: the backward kernels take one set of gradients; loop over them, or vmap "
-    "the forward only")
+    "torch.func.vmap over the backward of an AttnFuse call (jacrev, vmap over grad or vjp: "
+    "per-sample gradients) is not supported: the backward kernels take one set of gradients; "
+    "loop over them, or vmap the forward only")
 """The error of a backward that a vmap transform batches."""
+
+FORWARD_AD = (
+    "forward-mode derivatives of attention (torch.func.jvp, jacfwd, torch.autograd.forward_ad) "
+    "are not implemented: use reverse mode (backward, torch.func.grad, vjp, jacrev without vmap)")
+"""The error of a forward-mode derivative through a call."""
 
 VMAP_DATA = (
     "torch.func.vmap over an AttnFuse call with call-time data (bias=, block_layout=, doc_ids=, "
@@ -185,8 +195,24 @@ class _AttentionUnderTransform(torch.autograd.Function):
             t = t.expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
             return t.reshape(size * t.shape[1], *t.shape[2:])
         q2, k2, v2 = folded(q, q_dim), folded(k, k_dim), folded(v, v_dim)
-        out, lse = fn.forward(fn.plan(q2, k2, v2), {}, q2, k2, v2)
+        # Through the node again (below this vmap: another transform, or plain autograd), so
+        # that the folded call is differentiated like any other.
+        out, lse = call_under_transform(fn, q2, k2, v2, None, {}, None, None, records_autograd(q2, k2, v2))
         return (out.view(size, -1, *out.shape[1:]), lse.view(size, -1, *lse.shape[1:])), (0, 0)
+
+    @staticmethod
+    def jvp(ctx, *tangents):  # type: ignore[override]
+        raise ArgumentError(FORWARD_AD)
+
+
+def refuse_forward_ad(*tensors: object) -> None:
+    """`ArgumentError(FORWARD_AD)` if, under an eager dual level (`torch.autograd.forward_ad`),
+    one of `tensors` carries a tangent: the kernels would drop it and return no tangent."""
+    import torch.autograd.forward_ad as forward_ad
+
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
+            raise ArgumentError(FORWARD_AD)
 
 
 transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
@@ -206,6 +232,11 @@ def call_under_transform(
     arguments = {**data, "bias": bias, "q_positions": q_positions, "k_positions": k_positions}
     if any(_is_batched(t) for t in arguments.values() if isinstance(t, torch.Tensor)):
         raise ArgumentError(VMAP_DATA)
+    if any(_is_batched(_below_transforms(t)) for t in (q, k, v)):
+        # A vmap's call: its rule folds the mapped dimension and plans the folded call.
+        if data or bias is not None or q_positions is not None or k_positions is not None:
+            raise ArgumentError(VMAP_DATA)
+        return _AttentionUnderTransform.apply(fn, None, {}, q, k, v, None)
     explicit = (q_positions is not None, k_positions is not None)
     with torch._C._DisableFuncTorch():
         plain = {name: _below_transforms(t) if isinstance(t, torch.Tensor) else t

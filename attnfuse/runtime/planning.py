@@ -71,6 +71,7 @@ class CallPlanning:
         of `capability` when given, as in `choose_tile_config`); blocks never exceed a
         block-sparse layout's block size."""
         config = self.config
+        tuned_forward = False  # whether a tuning entry set the forward's tiles (measured as they are)
         if config is None:
             config = choose_tile_config(
                 problem,
@@ -83,7 +84,13 @@ class CallPlanning:
                 # built-in rules, which were measured on the H200.
                 tuned = tuned_fields(problem, self.variant.text)
                 if tuned:
+                    if "bwd_block_m" in tuned and "dkdv_block_m" not in tuned:
+                        # The dQ side was measured with dK/dV at the dispatcher's tiles: keep
+                        # them (a None dkdv field would follow the tuned dQ side's).
+                        tuned |= dict(zip(("dkdv_block_m", "dkdv_block_n", "dkdv_num_warps",
+                                           "dkdv_num_stages"), config.dkdv()))
                     config = replace(config, **tuned)
+                    tuned_forward = "num_warps" in tuned
         bs = self.variant.block_size
         if bs is not None:
             bm, bn, _warps, _stages = config.backward()
@@ -91,7 +98,7 @@ class CallPlanning:
             config = replace(config, block_m=min(config.block_m, bs), block_n=min(config.block_n, bs),
                              bwd_block_m=min(bm, bs), bwd_block_n=min(bn, bs),
                              dkdv_block_m=min(kv_bm, bs), dkdv_block_n=min(kv_bn, bs))
-            if self.config is None and config.block_m < 128 and config.num_warps > 4:
+            if self.config is None and not tuned_forward and config.block_m < 128 and config.num_warps > 4:
                 # The dispatcher's two-warpgroup forwards own 128 rows; with fewer rows one
                 # warpgroup is the measured choice.
                 config = replace(config, num_warps=4)

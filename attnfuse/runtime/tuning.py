@@ -14,7 +14,9 @@ matches an entry run with the entry's tiles:
 
 An entry never overrides a configuration the user passed (`af.compile(..., config=)`), and the
 tiles a block-sparse layout's block size bounds stay bounded (`CallPlanning.tile_config`). The
-file is read on first use and again whenever `ATTNFUSE_TUNING` or a file's modification time
+files are read when a compiled object plans a shape (once per shape: an object keeps its plans,
+so a changed file reaches the objects compiled after the change, and the shapes an existing
+object had not run yet); read again whenever `ATTNFUSE_TUNING` or a file's modification time
 changes. A file that cannot be read, or whose entries are malformed, is an `ArgumentError`
 naming the file and the entry.
 """
@@ -32,6 +34,7 @@ import torch
 
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.inputs import Problem
+from attnfuse.transforms.lower_to_tile import MAX_BLOCK, NUM_WARPS
 
 TUNING_ENV = "ATTNFUSE_TUNING"
 """The environment variable naming the tuning files (`os.pathsep`-separated)."""
@@ -108,10 +111,15 @@ def parse_entry(raw: object, where: str) -> TuningEntry:
         raise ArgumentError(f"{where}: a {raw['kind']} entry's config has exactly "
                             f"{', '.join(expected)}, got {config!r}")
     for name, value in config.items():
+        # The ranges lower-to-tile takes (its options' checks), so that an entry the file
+        # check passes never fails later without naming the file.
         if not _positive_int(value):
             raise ArgumentError(f"{where}: config {name} must be a positive integer, got {value!r}")
-        if name.endswith(("block_m", "block_n", "num_warps")) and value & (value - 1):
-            raise ArgumentError(f"{where}: config {name} must be a power of two, got {value}")
+        if name.endswith(("block_m", "block_n")) and not (value & (value - 1) == 0 and 16 <= value <= MAX_BLOCK):
+            raise ArgumentError(f"{where}: config {name} must be a power of two in [16, {MAX_BLOCK}], got {value}")
+        if name.endswith("num_warps") and value not in NUM_WARPS:
+            raise ArgumentError(f"{where}: config {name} must be one of {', '.join(map(str, NUM_WARPS))}, "
+                                f"got {value}")
     return TuningEntry(**{**raw, "config": dict(config)})
 
 

@@ -366,7 +366,10 @@ MAX_LITERAL_DIGITS = 4000
 """The most digits an integer literal may have: below Python's default limit for converting
 text to an int (4300, `sys.set_int_max_str_digits`)."""
 
-_INTEGER_TYPE = re.compile(r"(?<![\w%@#$.!^])[su]?i(\d+)\b")
+_INTEGER_TYPE = re.compile(r"(?:(?<=\dx)|(?<![\w%@#$.!^]))[su]?i(\d+)\b")
+"""An integer type: alone (`i32`, `si8`) or as a shaped type's element (`tensor<2xi32>`)."""
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _LONG_LITERAL = re.compile(r"(?<![\w.])\d{%d,}" % (MAX_LITERAL_DIGITS + 1))
 
 
@@ -374,7 +377,8 @@ def _oversized_integer(text: str) -> tuple[int, int, str] | None:
     """(line, column, message) of the first integer type wider than MLIR allows, or integer
     literal longer than `MAX_LITERAL_DIGITS`, outside comments; None if there is none."""
     for number, line_text in enumerate(text.split("\n"), start=1):
-        code = line_text.split("//", 1)[0]
+        # Outside strings (blanked, so that columns stay) and comments.
+        code = _STRING.sub(lambda m: " " * len(m.group(0)), line_text).split("//", 1)[0]
         for match in _INTEGER_TYPE.finditer(code):
             digits = match.group(1)
             if len(digits) > len(str(MAX_INTEGER_WIDTH)) or int(digits) > MAX_INTEGER_WIDTH:
@@ -457,8 +461,9 @@ def _pipeline_error(argv: Sequence[str], message: str) -> str:
     elif option and option.group(1) in pipeline:
         # "pass: option ...": at the option inside that pass's braces, else at the pass.
         start = pipeline.index(option.group(1))
-        at = pipeline.find(option.group(2) + "=", start)
-        col = (at if at >= 0 else start) + 1
+        # The option itself, not a longer one ending the same way (bwd-block-n for block-n).
+        at = re.compile(r"(?<=[{\s,])" + re.escape(option.group(2)) + "=").search(pipeline, start)
+        col = (at.start() if at else start) + 1
     return f"<pass-pipeline>:1:{col}: error: {message}"
 
 

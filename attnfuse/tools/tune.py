@@ -316,14 +316,35 @@ def report(rows: Sequence[Row], title: str) -> None:
     Console().print(rich_table)
 
 
+TUNER_ENVIRONMENT = {"ATTNFUSE_FORWARD_TARGET": "triton", "ATTNFUSE_BACKWARD_TARGET": "triton",
+                     "ATTNFUSE_TUNING": None}
+"""What the tuner's process runs with (None: unset): the portable kernels, which a tuning file
+steers, and no tuning file, so that the dispatcher's reference configuration is its own."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `attnfuse-tune` command (see the module's docstring)."""
+    """The `attnfuse-tune` command (see the module's docstring). The environment it sets
+    (`TUNER_ENVIRONMENT`) is restored when it returns."""
     args = build_parser().parse_args(argv)
-    # The portable kernels are what a tuning file steers; tuning files must not pick the
-    # dispatcher's reference configuration.
-    os.environ["ATTNFUSE_FORWARD_TARGET"] = "triton"
-    os.environ["ATTNFUSE_BACKWARD_TARGET"] = "triton"
-    os.environ.pop("ATTNFUSE_TUNING", None)
+    saved = {name: os.environ.get(name) for name in TUNER_ENVIRONMENT}
+    try:
+        for name, value in TUNER_ENVIRONMENT.items():
+            _set_environment(name, value)
+        return _tune(args)
+    finally:
+        for name, value in saved.items():
+            _set_environment(name, value)
+
+
+def _set_environment(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """The sweep of `main`, in the tuner's environment."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu" and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,6 +1,7 @@
 """Calls under functorch transforms (`torch.func`): `grad` and `vjp` give the gradients eager
-autograd gives, `vmap` folds the mapped dimension into the batch, and what is not supported (a
-vmapped backward, vmap with call-time data) is an `ArgumentError`, never a launcher's error."""
+autograd gives, `vmap` folds the mapped dimension into the batch (and is differentiated like a
+loop), and what is not supported (a vmapped backward, vmap with call-time data, forward-mode
+derivatives) is an `ArgumentError`, never a launcher's error or a silent zero."""
 
 from __future__ import annotations
 
@@ -82,6 +83,30 @@ def test_vmap_folds_the_mapped_dimension_into_the_batch(k_dim):
         assert_close_to_reference(moved[i], fn(qs[i], k, v).double(), torch.float32)
 
 
+def test_vmap_is_differentiated_like_a_loop():
+    """A vmapped call is part of the autograd graph (eager backward, and grad around vmap),
+    and vmaps nest: each gives what a per-sample loop gives."""
+    fn = af.compile(SPECS["rope"])
+    q, k, v = qkv()
+    qs = torch.stack([q, 0.5 * q, -q])
+    weight = draw(3, *q.shape, seed=8)
+
+    def looped(qs):
+        return torch.stack([fn(qs[i], k, v) for i in range(3)])
+    leaf = qs.clone().requires_grad_(True)
+    ((torch.func.vmap(lambda q: fn(q, k, v))(leaf) * weight).sum() + leaf.sum()).backward()
+    expected = qs.clone().requires_grad_(True)
+    ((looped(expected) * weight).sum() + expected.sum()).backward()
+    assert_close_to_reference(leaf.grad, expected.grad.double(), torch.float32)
+
+    grads = torch.func.grad(lambda qs: (torch.func.vmap(lambda q: fn(q, k, v))(qs) * weight).sum())(qs)
+    assert_close_to_reference(grads, (expected.grad - 1).double(), torch.float32)
+
+    nested = torch.func.vmap(torch.func.vmap(lambda q: fn(q, k, v)))(torch.stack([qs, -qs]))
+    assert_close_to_reference(nested[0], looped(qs).double(), torch.float32)
+    assert_close_to_reference(nested[1], looped(-qs).double(), torch.float32)
+
+
 def test_unsupported_transforms_are_argument_errors():
     fn = af.compile(SPECS["causal"])
     q, k, v = qkv()
@@ -93,3 +118,12 @@ def test_unsupported_transforms_are_argument_errors():
         torch.func.vmap(lambda q: fn_bias(q, k, v, bias=bias))(torch.stack([q, q]))
     with pytest.raises(af.AttnFuseError, match="second derivatives"):
         torch.func.grad(lambda q: torch.func.grad(lambda q: fn(q, k, v).sum())(q).sum())(q)
+    with pytest.raises(ArgumentError, match="vmap over the backward"):  # per-sample gradients
+        torch.func.vmap(torch.func.grad(lambda q: fn(q, k, v).sum()))(torch.stack([q, q]))
+    for forward_mode in (lambda: torch.func.jvp(lambda q: fn(q, k, v), (q,), (torch.ones_like(q),)),
+                         lambda: torch.func.jacfwd(lambda q: fn(q, k, v).sum())(q)):
+        with pytest.raises(ArgumentError, match="forward-mode derivatives"):
+            forward_mode()
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level(), pytest.raises(ArgumentError, match="forward-mode derivatives"):
+        fn(fwAD.make_dual(q, torch.ones_like(q)), k, v)

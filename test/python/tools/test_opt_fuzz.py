@@ -497,6 +497,13 @@ def test_out_of_range_pass_option_is_located_at_the_option(tmp_path):
                      "block-m must be a power of two in [16, 1024], got 24")
 
 
+def test_a_pass_option_is_located_at_itself_not_at_a_longer_name(tmp_path):
+    pipeline = "lower-to-tile{bwd-block-n=32 block-n=24}"
+    _, rc, _, stderr = run_file(tmp_path, VALID, "-p", pipeline)
+    assert_one_error(rc, stderr, "<pass-pipeline>", 1, pipeline.index(" block-n=") + 2,
+                     "block-n must be a power of two in [16, 1024], got 24")
+
+
 def test_unknown_pass_option(tmp_path):
     _, rc, _, stderr = run_file(tmp_path, VALID, "-p", "lower-to-tile{nope=1}")
     assert_one_error(rc, stderr, "<pass-pipeline>", 1, None, 'Provided arguments ["nope"] not found')
@@ -554,6 +561,7 @@ def test_non_utf8_is_located_in_the_file_with_split_input(tmp_path):
      "is wider than 16777215 bits"),
     ("builtin.module attributes {x = 1 : i4294967296} {}\n", 1, 36, "integer type i4294967296"),
     ("builtin.module attributes {x = " + "9" * 5000 + " : i64} {}\n", 1, 32, "integer literal of 5000 digits"),
+    ("builtin.module attributes {x = dense<1> : tensor<2xi4294967296>} {}\n", 1, 52, "integer type i4294967296"),
 ])
 def test_oversized_integers_are_located_parse_errors(tmp_path, text, line, col, phrase):
     # Without the check: an internal error at 1:1, or gigabytes of memory for i4294967296.
@@ -562,7 +570,8 @@ def test_oversized_integers_are_located_parse_errors(tmp_path, text, line, col, 
 
 
 def test_widest_integer_type_and_comments_are_not_refused(tmp_path):
-    text = "// i99999999999 in a comment\nbuiltin.module attributes {x = 1 : i16777215, y = 2 : ui8} {}\n"
+    text = ('// i99999999999 in a comment\nbuiltin.module attributes {x = 1 : i16777215, y = 2 : ui8, '
+            'z = "i20000000000 in a string"} {}\n')
     _, rc, out, stderr = run_file(tmp_path, text)
     assert rc == 0 and "i16777215" in out, stderr
 

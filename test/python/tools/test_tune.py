@@ -50,6 +50,15 @@ def test_sweep_writes_entries_the_dispatcher_reads(tmp_path, monkeypatch, capsys
     assert len(tuning.read_file(str(out))) == 4
 
 
+def test_the_environment_is_restored(monkeypatch, tmp_path):
+    monkeypatch.setenv(tuning.TUNING_ENV, "keep.json")
+    monkeypatch.delenv("ATTNFUSE_FORWARD_TARGET", raising=False)
+    rc = tune.main(["af.attention()", *TINY, "--block-m", "16", "--block-n", "16", "--dtype", "fp32"])
+    assert rc == 0
+    import os
+    assert os.environ[tuning.TUNING_ENV] == "keep.json" and "ATTNFUSE_FORWARD_TARGET" not in os.environ
+
+
 def args_for(*extra: str) -> argparse.Namespace:
     return tune.build_parser().parse_args(["af.attention()", *TINY, *extra])
 

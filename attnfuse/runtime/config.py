@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -49,6 +50,27 @@ class TileConfig:
     offset to loop-invariant row offsets; 0, every step derives each key's page index and row
     from its position (the earlier form; `ATTNFUSE_HOIST_PAGE_ROWS=0` selects it for the
     decode configurations, to compare the two)."""
+
+    def __post_init__(self) -> None:
+        # Checked when made, so that a mistake is named here and not by a pass option, a
+        # JSON encoder or a block list's division later. Integers of other libraries (numpy
+        # sweeps) are taken as the ints they stand for.
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            optional = spec.default is None
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+                kind = "a positive integer or None" if optional else "an integer"
+                raise ArgumentError(f"TileConfig.{spec.name} must be {kind}, got {value!r}")
+            value = operator.index(value)
+            object.__setattr__(self, spec.name, value)
+            if spec.name in ("page_lookahead", "hoist_page_rows"):
+                if value not in (0, 1):
+                    raise ArgumentError(f"TileConfig.{spec.name} must be 0 or 1, got {value}")
+            elif value < 1:
+                raise ArgumentError(f"TileConfig.{spec.name} must be positive"
+                                    f"{' (None: as the forward or backward)' if optional else ''}, got {value}")
 
     def dkdv(self) -> tuple[int, int, int, int]:
         """The dK/dV kernel's (block_m, block_n, num_warps, num_stages): its programs own

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from attnfuse.errors import ArgumentError
-from attnfuse.runtime.inputs import Problem
+from attnfuse.runtime.inputs import MAX_HEAD_DIM, Problem
 from attnfuse.transforms.lower_to_tile import MAX_BLOCK, NUM_WARPS
 
 TUNING_ENV = "ATTNFUSE_TUNING"
@@ -49,6 +49,9 @@ KINDS = {
 }
 """What an entry tunes (its `kind`) and the `TileConfig` fields it sets: the forward kernel,
 the backward's dQ side (the preprocess and dQ kernels, `bwd_*`), and the dK/dV kernel."""
+
+MAX_SEQUENCE = 2**31 - 1
+"""The longest sequence an entry may name (an int32 position)."""
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 """Dtype names as tuning files spell them."""
@@ -98,9 +101,10 @@ def parse_entry(raw: object, where: str) -> TuningEntry:
     for name in ("device", "variant", "dtype", "kind"):
         if not isinstance(raw[name], str):
             raise ArgumentError(f"{where}: {name} must be a string, got {raw[name]!r}")
-    for name in ("head_dim", "head_dim_v", "seq_q", "seq_k"):
-        if not _positive_int(raw[name]):
-            raise ArgumentError(f"{where}: {name} must be a positive integer, got {raw[name]!r}")
+    for name, most in (("head_dim", MAX_HEAD_DIM), ("head_dim_v", MAX_HEAD_DIM),
+                       ("seq_q", MAX_SEQUENCE), ("seq_k", MAX_SEQUENCE)):
+        if not _positive_int(raw[name]) or raw[name] > most:
+            raise ArgumentError(f"{where}: {name} must be an integer in [1, {most}], got {raw[name]!r}")
     if raw["dtype"] not in DTYPES:
         raise ArgumentError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {raw['dtype']!r}")
     if raw["kind"] not in KINDS:
@@ -132,8 +136,11 @@ def read_file(path: str) -> list[TuningEntry]:
     try:
         with open(path, encoding="utf-8") as f:
             document = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ArgumentError(f"{TUNING_ENV}: cannot read tuning file {path}: {err}") from None
+    except (OSError, ValueError, RecursionError) as err:
+        # ValueError: not JSON, not UTF-8, or a number past Python's digit limit;
+        # RecursionError: nested deeper than the decoder goes.
+        raise ArgumentError(f"{TUNING_ENV}: cannot read tuning file {path}: {type(err).__name__}: "
+                            f"{str(err)[:200]}") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ArgumentError(f"{TUNING_ENV}: {path} is not a tuning file: its \"format\" must be "
                             f"{FORMAT!r} (attnfuse-tune writes them)")

@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                            ("num-warps", "4,8", "4"), ("num-stages", "2,3,4", "1")):
         parser.add_argument(f"--{name}", type=_ints(None), default=None, metavar="V,...",
                             help=f"candidates (default {gpu} on a GPU, {cpu} on the CPU)")
-    parser.add_argument("--tolerance", type=float, default=None,
+    parser.add_argument("--tolerance", type=_tolerance, default=None,
                         help="largest relative error against the dispatcher's result "
                              "(default 1e-2 for fp16/bf16, 1e-4 for fp32)")
     parser.add_argument("--warmup-ms", type=float, default=25.0)
@@ -121,6 +121,16 @@ def _ints(count: int | None) -> Callable[[str], list[int]]:
             raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
         return values
     return parse
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"a relative error is at least 0, got {text}")
+    return value
 
 
 def _modes(text: str) -> list[str]:
@@ -204,7 +214,8 @@ class Tuner:
         self.af, self.source, self.args, self.device, self.n = af, source, args, device, n
         batch, heads_q, heads_kv, head_dim = args.shape
         self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-        self.tolerance = args.tolerance or (1e-4 if self.dtype == torch.float32 else 1e-2)
+        self.tolerance = (args.tolerance if args.tolerance is not None
+                          else 1e-4 if self.dtype == torch.float32 else 1e-2)
         generator = torch.Generator().manual_seed(0)
 
         def draw(*shape: int) -> torch.Tensor:
@@ -362,6 +373,8 @@ def _tune(args: argparse.Namespace) -> int:
         if args.out is not None and not args.out.parent.is_dir():
             # Known before a sweep of minutes, not after it.
             raise ArgumentError(f"cannot write {args.out}: no directory {args.out.parent}")
+        # An existing file is read (and checked) before the sweep: its entries are merged into.
+        old = tuning.read_file(str(args.out)) if args.out is not None and args.out.exists() else []
         source = load_source(args.variant)
         entries: list[tuning.TuningEntry] = []
         failed = False
@@ -392,7 +405,6 @@ def _tune(args: argparse.Namespace) -> int:
                                   for field in tuning.KINDS[kind])
                 print(f"N={n}: config=af.TileConfig({tuned})")
         if args.out is not None:
-            old = tuning.read_file(str(args.out)) if args.out.exists() else []
             metadata = {"written_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                         "command": " ".join(getattr(sys, "orig_argv", sys.argv)), "torch": torch.__version__}
             try:

@@ -145,7 +145,10 @@ def test_a_rewritten_file_and_a_changed_variable_are_read_again(tuning_file, tmp
                                                            "num_stages": 1})]},
      "config num_warps must be one of 1, 2, 4, 8, 16, got 2048"),
     ({"format": tuning.FORMAT, "entries": [entry(config={"block_m": 16})]}, "config has exactly"),
-    ({"format": tuning.FORMAT, "entries": [entry(seq_q=0)]}, "seq_q must be a positive integer"),
+    ({"format": tuning.FORMAT, "entries": [entry(seq_q=0)]}, "seq_q must be an integer in [1, 2147483647]"),
+    ({"format": tuning.FORMAT, "entries": [entry(seq_q=10**400)]}, "seq_q must be an integer in [1, 2147483647]"),
+    ("[" * 100000 + "]" * 100000, "cannot read tuning file"),
+    ('{"format": "attnfuse-tuning/1", "entries": [], "x": ' + "9" * 5000 + "}", "cannot read tuning file"),
     ({"format": tuning.FORMAT, "entries": [{**entry(), "extra": 1}]}, "unknown extra"),
 ])
 def test_malformed_files_are_refused_by_name(tuning_file, document, message):

@@ -111,11 +111,29 @@ def test_bad_input_is_one_error_line(variant, extra, message, capsys):
     assert rc == 1 and message in err and "Traceback" not in err
 
 
-def test_bad_arguments_are_argparse_errors(capsys):
+@pytest.mark.parametrize("args, message", [
+    (["--shape", "1,2,16"], "expected 4 integers"),
+    (["--shape", "1,2,1,16", "--tolerance", "-1"], "a relative error is at least 0"),
+])
+def test_bad_arguments_are_argparse_errors(capsys, args, message):
     with pytest.raises(SystemExit) as info:
-        tune.main(["af.attention()", "--shape", "1,2,16"])
+        tune.main(["af.attention()", *args])
     assert info.value.code == 2
-    assert "expected 4 integers" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+
+
+def test_a_zero_tolerance_is_kept(capsys):
+    """0 is a tolerance (only the dispatcher's exact result passes), not "the default"."""
+    tuner = tune.Tuner(af.attention(af.causal()), args_for("--tolerance", "0", "--dtype", "fp16"), "cpu", 40)
+    assert tuner.tolerance == 0.0
+
+
+def test_an_existing_output_file_is_checked_before_the_sweep(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "old.json"
+    out.write_text('{"format": "attnfuse-tuning/1", "entries": [{"device": "cpu"}]}')
+    monkeypatch.setattr(tune.Tuner, "__init__", lambda *a: pytest.fail("swept before reading --out"))
+    rc = tune.main(["af.attention()", *TINY, "--out", str(out)])
+    assert rc == 1 and "entry 0: missing" in capsys.readouterr().err
 
 
 def test_entries_round_trip_through_json(tmp_path):

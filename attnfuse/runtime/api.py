@@ -15,6 +15,7 @@ import torch.autograd.forward_ad as forward_ad
 from attnfuse.errors import ArgumentError, AttnFuseError
 from attnfuse.runtime import torch_op
 from attnfuse.runtime.attention_autograd import (
+    TRACED_TRANSFORM,
     apply_attention,
     call_under_transform,
     refuse_forward_ad,
@@ -215,7 +216,13 @@ class CompiledAttention(CallPlanning, CallBinding, KernelExecution):
                 "kv_lens= / block_table= calls are inference-only (a KV cache has no "
                 "backward): call under torch.no_grad() or with inputs that do not require grad"
             )
+        if forward_ad._current_level >= 0:  # inside `forward_ad.dual_level()`: one read per call
+            refuse_forward_ad(q, k, v, bias)
         if torch_op.traced(q, k, v, bias, kv_lens, block_table):
+            if transforms_active():
+                # The operators have no functorch rules (and no forward derivative): a clear
+                # refusal rather than torch's errors or a zero tangent.
+                raise ArgumentError(TRACED_TRANSFORM)
             if cache_call:
                 key = self.operator_key((q_positions is not None, k_positions is not None))
                 return torch_op.call_cache(key, q, k, v, kv_lens, block_table, return_lse=return_lse,
@@ -230,8 +237,6 @@ class CompiledAttention(CallPlanning, CallBinding, KernelExecution):
         if negated:
             q, k, v, bias = (resolved_negation(q), resolved_negation(k), resolved_negation(v),
                              resolved_negation(bias))
-        if forward_ad._current_level >= 0:  # inside `forward_ad.dual_level()`: one read per call
-            refuse_forward_ad(q, k, v, bias)
         if transforms_active():  # torch.func: grad, vjp, vmap, ...
             if cache_call:
                 raise ArgumentError("kv_lens= / block_table= calls are not supported under "

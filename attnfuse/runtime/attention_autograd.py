@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnfuse.errors import ArgumentError, AttnFuseError
-from attnfuse.runtime.call_plan import LIST_SOURCES, REREAD_BY_BACKWARD, CallPlan, records_autograd
+from attnfuse.runtime.call_plan import (
+    LIST_SOURCES,
+    REREAD_BY_BACKWARD,
+    CallPlan,
+    records_autograd,
+)
 from attnfuse.runtime.direct_apply import c_apply, direct_apply_supported
 from attnfuse.runtime.tensor_cache import tensor_state
 
@@ -60,15 +65,15 @@ def _backward(ctx, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None,
     # What the gradients depend on, as autograd (or the transform) tracks it.
     depends_on = (*saved, grad_out, grad_lse)
     if transformed:
-        if _is_batched(grad_out) or (grad_lse is not None and _is_batched(grad_lse)):
-            raise ArgumentError(VMAP_BACKWARD)
         # Under torch.func.grad / vjp the saved tensors and the incoming gradients are the
         # transform's wrappers: the kernels read the tensors below them (the gradients
         # returned are constants there; a second derivative is refused anyway).
         saved = tuple(_below_transforms(t) for t in saved)
         grad_out = None if grad_out is None else _below_transforms(grad_out)
         grad_lse = None if grad_lse is None else _below_transforms(grad_lse)
-        if any(_is_batched(t) for t in saved):  # vmap(grad(f)): per-sample gradients
+        # A vmap below them (per-sample gradients: vmap(grad(f)), jacrev) batches what the
+        # backward reads, the operands or the incoming gradients; its kernels take one set.
+        if any(t is not None and _is_batched(t) for t in (*saved, grad_out, grad_lse)):
             raise ArgumentError(VMAP_BACKWARD)
     for argument, given, state in ctx.read_states:
         if tensor_state(given) != state:
@@ -79,7 +84,11 @@ def _backward(ctx, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None,
                 f"the backward needs the forward's {argument} (pass a copy, or change it "
                 "after the backward)")
     if grad_out is None:
-        grad_out = torch.zeros_like(saved[3])
+        if transformed:
+            with torch._C._DisableFuncTorch():  # a plain tensor, not the transform's
+                grad_out = torch.zeros_like(saved[3])
+        else:
+            grad_out = torch.zeros_like(saved[3])
     if transformed:
         # The buffers the backward allocates must be plain tensors too, not the transform's.
         with torch._C._DisableFuncTorch():
@@ -122,13 +131,19 @@ class _AttentionFunction(torch.autograd.Function):
 VMAP_BACKWARD = (
     "torch.func.vmap over the backward of an AttnFuse call (jacrev, vmap over grad or vjp: "
     "per-sample gradients) is not supported: the backward kernels take one set of gradients; "
-    "loop over them, or vmap the forward only")
+    "loop over them (jacrev(..., chunk_size=1) does), or vmap the forward only")
 """The error of a backward that a vmap transform batches."""
 
 FORWARD_AD = (
     "forward-mode derivatives of attention (torch.func.jvp, jacfwd, torch.autograd.forward_ad) "
     "are not implemented: use reverse mode (backward, torch.func.grad, vjp, jacrev without vmap)")
 """The error of a forward-mode derivative through a call."""
+
+TRACED_TRANSFORM = (
+    "torch.func transforms (grad, vjp, vmap, jvp) of an AttnFuse call inside a function that "
+    "torch.compile or torch.export traces are not supported: apply the transform outside the "
+    "compiled function, or use the compiled function's own autograd (loss.backward())")
+"""The error of a functorch transform that a tracer sees around a call."""
 
 VMAP_DATA = (
     "torch.func.vmap over an AttnFuse call with call-time data (bias=, block_layout=, doc_ids=, "
@@ -210,6 +225,8 @@ def refuse_forward_ad(*tensors: object) -> None:
     one of `tensors` carries a tangent: the kernels would drop it and return no tangent."""
     import torch.autograd.forward_ad as forward_ad
 
+    if forward_ad._current_level < 0:  # no dual level: no tangents
+        return
     for t in tensors:
         if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
             raise ArgumentError(FORWARD_AD)
@@ -230,7 +247,7 @@ def call_under_transform(
     that what the plan keeps across calls (rotation tables, block lists, scratch buffers) is
     plain tensors, never a transform's wrappers that die with it."""
     arguments = {**data, "bias": bias, "q_positions": q_positions, "k_positions": k_positions}
-    if any(_is_batched(t) for t in arguments.values() if isinstance(t, torch.Tensor)):
+    if any(_is_batched(_below_transforms(t)) for t in arguments.values() if isinstance(t, torch.Tensor)):
         raise ArgumentError(VMAP_DATA)
     if any(_is_batched(_below_transforms(t)) for t in (q, k, v)):
         # A vmap's call: its rule folds the mapped dimension and plans the folded call.

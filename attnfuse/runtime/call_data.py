@@ -83,7 +83,8 @@ def position_extent(view: torch.Tensor, name: str) -> int:
             "size the rotation table), which a CUDA graph capture cannot do. An attention "
             "call keeps that range per positions tensor: call it once before the capture with "
             "the same, unchanged tensor; rotate_keys reads it on every call")
-    largest = int(view.to(torch.int64).abs().max())
+    # In Python ints: abs(-2**63) overflows int64 (and would pass the bound as negative).
+    largest = max(int(view.max()), -int(view.min()))
     if largest > MAX_ROPE_POSITION:
         raise ArgumentError(
             f"{name} must lie in [-{MAX_ROPE_POSITION}, {MAX_ROPE_POSITION}] (fp32 "

@@ -60,10 +60,13 @@ class TileConfig:
             optional = spec.default is None
             if value is None and optional:
                 continue
-            if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-                kind = "a positive integer or None" if optional else "an integer"
+            kind = "a positive integer or None" if optional else "an integer"
+            if isinstance(value, bool) or getattr(value, "dtype", None) in (torch.bool, bool):
                 raise ArgumentError(f"TileConfig.{spec.name} must be {kind}, got {value!r}")
-            value = operator.index(value)
+            try:
+                value = operator.index(value)  # an int, or an integer of numpy or torch
+            except TypeError:
+                raise ArgumentError(f"TileConfig.{spec.name} must be {kind}, got {value!r}") from None
             object.__setattr__(self, spec.name, value)
             if spec.name in ("page_lookahead", "hoist_page_rows"):
                 if value not in (0, 1):

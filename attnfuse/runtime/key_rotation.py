@@ -25,10 +25,16 @@ from attnfuse.blocks.softmax import SoftmaxOp
 from attnfuse.dialects import attn
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import torch_op
+from attnfuse.runtime.attention_autograd import refuse_forward_ad, transforms_active
 from attnfuse.runtime.call_data import position_extent, positions_view
 from attnfuse.runtime.compiler import CompileKey, compile_program
 from attnfuse.runtime.config import choose_tile_config
-from attnfuse.runtime.inputs import MAX_HEAD_DIM, Problem, check_tensor, resolved_negation
+from attnfuse.runtime.inputs import (
+    MAX_HEAD_DIM,
+    Problem,
+    check_tensor,
+    resolved_negation,
+)
 from attnfuse.runtime.interpreter import runs_interpreted, truncates_to_bf16
 from attnfuse.runtime.launch import KernelLaunch, prepare, rope_table
 from attnfuse.runtime.layout import empty_in_layout_of
@@ -112,6 +118,11 @@ def rotate_keys(rope: RopeKey, k: torch.Tensor, k_positions: torch.Tensor | None
         return torch_op.rotate_keys(theta, rotary_dim, interleaved,
                                     None if scaling is None else list(scaling), k, k_positions)
     check_tensor("k", k)
+    if transforms_active():
+        raise ArgumentError("rotate_keys under torch.func transforms (grad, vjp, vmap, jvp) is not "
+                            "supported: rotate the keys outside the transform (they are a cache's, "
+                            "written once), or loop over the mapped dimension")
+    refuse_forward_ad(k)
     k = resolved_negation(k)  # the kernel reads memory (`inputs.resolved_negation`)
     batch, heads, length, dim = k.shape
     theta, rotary_dim, _interleaved, scaling = rope

@@ -366,8 +366,9 @@ MAX_LITERAL_DIGITS = 4000
 """The most digits an integer literal may have: below Python's default limit for converting
 text to an int (4300, `sys.set_int_max_str_digits`)."""
 
-_INTEGER_TYPE = re.compile(r"(?:(?<=\dx)|(?<![\w%@#$.!^]))[su]?i(\d+)\b")
-"""An integer type: alone (`i32`, `si8`) or as a shaped type's element (`tensor<2xi32>`)."""
+_INTEGER_TYPE = re.compile(r"(?:(?<=[\d?*\]]x)|(?<![\w%@#$.!^]))[su]?i(\d+)\b")
+"""An integer type: alone (`i32`, `si8`) or as a shaped type's element (`tensor<2xi32>`,
+`tensor<?xi32>`, `tensor<*xi32>`, `vector<[4]xi32>`)."""
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _LONG_LITERAL = re.compile(r"(?<![\w.])\d{%d,}" % (MAX_LITERAL_DIGITS + 1))

@@ -329,6 +329,9 @@ def report(rows: Sequence[Row], title: str) -> None:
 
 TUNER_ENVIRONMENT = {"ATTNFUSE_FORWARD_TARGET": "triton", "ATTNFUSE_BACKWARD_TARGET": "triton",
                      "ATTNFUSE_TUNING": None}
+RESTORED = (*TUNER_ENVIRONMENT, "TRITON_INTERPRET")
+"""What `main` puts back as it was: the tuner's environment, and the interpreter switch it sets
+for a CPU run."""
 """What the tuner's process runs with (None: unset): the portable kernels, which a tuning file
 steers, and no tuning file, so that the dispatcher's reference configuration is its own."""
 
@@ -337,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The `attnfuse-tune` command (see the module's docstring). The environment it sets
     (`TUNER_ENVIRONMENT`) is restored when it returns."""
     args = build_parser().parse_args(argv)
-    saved = {name: os.environ.get(name) for name in TUNER_ENVIRONMENT}
+    saved = {name: os.environ.get(name) for name in RESTORED}
     try:
         for name, value in TUNER_ENVIRONMENT.items():
             _set_environment(name, value)

@@ -107,6 +107,16 @@ def test_vmap_is_differentiated_like_a_loop():
     assert_close_to_reference(nested[1], looped(-qs).double(), torch.float32)
 
 
+def test_a_gradient_through_the_lse_alone():
+    """The output takes no gradient (its incoming gradient is None): as eager autograd."""
+    fn = af.compile(SPECS["causal"])
+    q, k, v = qkv()
+    dq = torch.func.grad(lambda q: fn(q, k, v, return_lse=True)[1].sum())(q)
+    leaf = q.clone().requires_grad_(True)
+    fn(leaf, k, v, return_lse=True)[1].sum().backward()
+    assert torch.equal(dq, leaf.grad)
+
+
 def test_unsupported_transforms_are_argument_errors():
     fn = af.compile(SPECS["causal"])
     q, k, v = qkv()
@@ -120,6 +130,11 @@ def test_unsupported_transforms_are_argument_errors():
         torch.func.grad(lambda q: torch.func.grad(lambda q: fn(q, k, v).sum())(q).sum())(q)
     with pytest.raises(ArgumentError, match="vmap over the backward"):  # per-sample gradients
         torch.func.vmap(torch.func.grad(lambda q: fn(q, k, v).sum()))(torch.stack([q, q]))
+    weights = draw(2, *q.shape, seed=9)
+    with pytest.raises(ArgumentError, match="vmap over the backward"):  # only the cotangent batched
+        torch.func.vmap(torch.func.grad(lambda q, w: (fn(q, k, v) * w).sum()), in_dims=(None, 0))(q, weights)
+    with pytest.raises(ArgumentError, match="rotate_keys under torch.func"):
+        torch.func.vmap(af.compile(SPECS["rope"]).rotate_keys)(torch.stack([k, k]))
     for forward_mode in (lambda: torch.func.jvp(lambda q: fn(q, k, v), (q,), (torch.ones_like(q),)),
                          lambda: torch.func.jacfwd(lambda q: fn(q, k, v).sum())(q)):
         with pytest.raises(ArgumentError, match="forward-mode derivatives"):
@@ -127,3 +142,20 @@ def test_unsupported_transforms_are_argument_errors():
     import torch.autograd.forward_ad as fwAD
     with fwAD.dual_level(), pytest.raises(ArgumentError, match="forward-mode derivatives"):
         fn(fwAD.make_dual(q, torch.ones_like(q)), k, v)
+
+
+def test_transforms_inside_a_traced_function_are_refused():
+    """The operators a traced call goes through have no functorch rules: a clear error, not
+    torch's, and never a zero tangent."""
+    fn = af.compile(SPECS["causal"])
+    q, k, v = qkv()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: torch.func.grad(lambda q: fn(q, k, v).sum())(q), backend="eager")
+    with pytest.raises(Exception) as info:
+        compiled(q)
+    chain, error = [], info.value
+    while error is not None:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    assert any(isinstance(e, ArgumentError) and "inside a function that torch.compile" in str(e)
+               for e in chain), chain

@@ -438,6 +438,18 @@ def test_huge_position():
         ROPE(q, k, v, q_positions=torch.full((8,), 2**62))
 
 
+@pytest.mark.interpreter
+def test_int64_min_position_is_refused():
+    """|-2**63| overflows int64: the bound is checked in Python ints (it was read as 0)."""
+    q, k, v = make_qkv(1, 2, nq=8, d=16, seed=6)
+    positions = torch.zeros(8, dtype=torch.int64)
+    positions[3] = -(2**63)
+    with pytest.raises(ArgumentError, match=r"q_positions must lie in .*got \|position\| = 9223372036854775808"):
+        ROPE(q, k, v, q_positions=positions)
+    with pytest.raises(ArgumentError, match="k_positions must lie in"):
+        af.compile(ROPE).rotate_keys(k, k_positions=positions)
+
+
 # --------------------------------------------------------------------------------------------
 # Strided and non-contiguous inputs
 # --------------------------------------------------------------------------------------------

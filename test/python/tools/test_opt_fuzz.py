@@ -562,6 +562,7 @@ def test_non_utf8_is_located_in_the_file_with_split_input(tmp_path):
     ("builtin.module attributes {x = 1 : i4294967296} {}\n", 1, 36, "integer type i4294967296"),
     ("builtin.module attributes {x = " + "9" * 5000 + " : i64} {}\n", 1, 32, "integer literal of 5000 digits"),
     ("builtin.module attributes {x = dense<1> : tensor<2xi4294967296>} {}\n", 1, 52, "integer type i4294967296"),
+    ("builtin.module attributes {x = dense<1> : tensor<?xi4294967296>} {}\n", 1, 52, "integer type i4294967296"),
 ])
 def test_oversized_integers_are_located_parse_errors(tmp_path, text, line, col, phrase):
     # Without the check: an internal error at 1:1, or gigabytes of memory for i4294967296.

@@ -50,6 +50,10 @@ KINDS = {
 """What an entry tunes (its `kind`) and the `TileConfig` fields it sets: the forward kernel,
 the backward's dQ side (the preprocess and dQ kernels, `bwd_*`), and the dK/dV kernel."""
 
+MAX_STAGES = 8
+"""The deepest software pipeline an entry may name (Triton's pipeliner takes a few stages; a
+larger count cannot fit shared memory, and would fail inside Triton without naming the file)."""
+
 MAX_SEQUENCE = 2**31 - 1
 """The longest sequence an entry may name (an int32 position)."""
 
@@ -121,6 +125,8 @@ def parse_entry(raw: object, where: str) -> TuningEntry:
             raise ArgumentError(f"{where}: config {name} must be a positive integer, got {value!r}")
         if name.endswith(("block_m", "block_n")) and not (value & (value - 1) == 0 and 16 <= value <= MAX_BLOCK):
             raise ArgumentError(f"{where}: config {name} must be a power of two in [16, {MAX_BLOCK}], got {value}")
+        if name.endswith("num_stages") and value > MAX_STAGES:
+            raise ArgumentError(f"{where}: config {name} must be in [1, {MAX_STAGES}], got {value}")
         if name.endswith("num_warps") and value not in NUM_WARPS:
             raise ArgumentError(f"{where}: config {name} must be one of {', '.join(map(str, NUM_WARPS))}, "
                                 f"got {value}")

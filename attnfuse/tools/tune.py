@@ -378,6 +378,9 @@ def _tune(args: argparse.Namespace) -> int:
             raise ArgumentError(f"cannot write {args.out}: no directory {args.out.parent}")
         # An existing file is read (and checked) before the sweep: its entries are merged into.
         old = tuning.read_file(str(args.out)) if args.out is not None and args.out.exists() else []
+        if args.num_stages and max(args.num_stages) > tuning.MAX_STAGES:
+            # A tuning file holds at most that many (`tuning.MAX_STAGES`).
+            raise ArgumentError(f"--num-stages: at most {tuning.MAX_STAGES}, got {max(args.num_stages)}")
         source = load_source(args.variant)
         entries: list[tuning.TuningEntry] = []
         failed = False

@@ -103,6 +103,7 @@ def test_an_attn_program_file_is_a_variant(tmp_path, capsys):
     ("missing.mlir", [], "cannot read missing.mlir"),
     ("af.attention()", ["--seq-lens", "8"], "split-KV decode kernels"),
     ("af.attention(af.causal())", ["--out", "/nonexistent-dir/x.json"], "cannot write /nonexistent-dir/x.json"),
+    ("af.attention(af.causal())", ["--num-stages", "2,9"], "--num-stages: at most 8, got 9"),
 ])
 def test_bad_input_is_one_error_line(variant, extra, message, capsys):
     # (A later option replaces an earlier one: `extra` overrides TINY's.)

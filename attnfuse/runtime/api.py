@@ -18,6 +18,7 @@ from attnfuse.runtime.attention_autograd import (
     TRACED_TRANSFORM,
     apply_attention,
     call_under_transform,
+    differentiating_transforms,
     refuse_forward_ad,
     transforms_active,
 )
@@ -219,9 +220,10 @@ class CompiledAttention(CallPlanning, CallBinding, KernelExecution):
         if forward_ad._current_level >= 0:  # inside `forward_ad.dual_level()`: one read per call
             refuse_forward_ad(q, k, v, bias)
         if torch_op.traced(q, k, v, bias, kv_lens, block_table):
-            if transforms_active():
+            if transforms_active() and differentiating_transforms():
                 # The operators have no functorch rules (and no forward derivative): a clear
-                # refusal rather than torch's errors or a zero tangent.
+                # refusal rather than torch's errors or a zero tangent. (Functionalization,
+                # make_fx(functionalize(f))'s, needs none: the operators are pure.)
                 raise ArgumentError(TRACED_TRANSFORM)
             if cache_call:
                 key = self.operator_key((q_positions is not None, k_positions is not None))
@@ -238,6 +240,10 @@ class CompiledAttention(CallPlanning, CallBinding, KernelExecution):
             q, k, v, bias = (resolved_negation(q), resolved_negation(k), resolved_negation(v),
                              resolved_negation(bias))
         if transforms_active():  # torch.func: grad, vjp, vmap, ...
+            if not differentiating_transforms():
+                # Functionalization only (torch.func.functionalize): the operators are pure
+                # and it takes them as they are.
+                return self._call_operator(q, k, v, return_lse, bias, data, q_positions, k_positions)
             if cache_call:
                 raise ArgumentError("kv_lens= / block_table= calls are not supported under "
                                     "torch.func transforms (vmap, grad): call them directly")

@@ -236,6 +236,14 @@ transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 """Whether a functorch transform (`torch.func.grad`, `vjp`, `vmap`, ...) is active."""
 
 
+def differentiating_transforms() -> bool:
+    """Whether an active functorch transform is one the operators have no rule for (grad,
+    vjp, jvp, vmap), rather than only functionalization (`torch.func.functionalize`)."""
+    stack = _functorch.get_interpreter_stack() if _functorch is not None else None
+    functionalize = getattr(getattr(_functorch, "TransformType", None), "Functionalize", None)
+    return bool(stack) and any(interpreter.key() != functionalize for interpreter in stack)
+
+
 def call_under_transform(
     fn: CompiledAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     bias: torch.Tensor | None, data: dict[str, Any], q_positions: torch.Tensor | None,

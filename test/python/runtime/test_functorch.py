@@ -159,3 +159,21 @@ def test_transforms_inside_a_traced_function_are_refused():
         error = error.__cause__ or error.__context__
     assert any(isinstance(e, ArgumentError) and "inside a function that torch.compile" in str(e)
                for e in chain), chain
+
+
+def test_functionalization_takes_the_operators():
+    """`torch.func.functionalize` is no derivative: a call under it (eagerly, and traced by
+    `make_fx(functionalize(f))`, PyTorch's recipe for a functional graph) goes through the pure
+    operators and computes what the eager call computes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    spec = SPECS["rope"]
+    q, k, v = qkv()
+
+    def f(q, k, v):
+        return spec(q, k, v) * 2
+    expected = f(q, k, v)
+    assert torch.equal(torch.func.functionalize(f)(q, k, v), expected)
+    graph = make_fx(torch.func.functionalize(f), tracing_mode="fake")(q, k, v)
+    assert any("attnfuse.attention" in str(node.target) for node in graph.graph.nodes)
+    assert_close_to_reference(graph(q, k, v), expected.double(), torch.float32)

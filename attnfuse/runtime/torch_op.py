@@ -100,14 +100,6 @@ def _explicit(q_positions, k_positions) -> tuple[bool, bool]:
     return (q_positions is not None, k_positions is not None)
 
 
-def _resolved(*tensors: Optional[Tensor]) -> tuple:
-    """The tensors with lazy negations materialized (`inputs.resolved_negation`): the kernels
-    read memory."""
-    from attnfuse.runtime.inputs import resolved_negation
-
-    return tuple(resolved_negation(t) for t in tensors)
-
-
 @torch.library.custom_op("attnfuse::attention", mutates_args=())
 def attention(
     variant: str,
@@ -125,7 +117,6 @@ def attention(
     the lse, so that the backward ignores a gradient for it otherwise."""
     fn = variant_for(variant)
     explicit = _explicit(q_positions, k_positions)
-    q, k, v, bias = _resolved(q, k, v, bias)
     plan = fn.plan(q, k, v, explicit, training=False)
     tensors = fn.call_tensors(plan, _arguments(bias, data, q_positions, k_positions), explicit)
     return fn.forward(plan, tensors, q, k, v)
@@ -162,8 +153,6 @@ def attention_backward(
     dtype when `bias_grad`, and is empty otherwise."""
     fn = variant_for(variant)
     explicit = _explicit(q_positions, k_positions)
-    q, k, v, bias = _resolved(q, k, v, bias)
-    out, lse, grad_out = _resolved(out, lse, grad_out)
     plan = fn.plan(q, k, v, explicit, training=False, backward=True)
     tensors = fn.call_tensors(plan, _arguments(bias, data, q_positions, k_positions), explicit)
     dq, dk, dv, dbias = fn.backward(plan, tensors, (q, k, v, out, lse), grad_out, grad_lse, bias_grad)

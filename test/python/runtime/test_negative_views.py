@@ -63,3 +63,14 @@ def test_append_kv_refuses_a_negative_cache_and_reads_negative_new_keys():
         k_cache, v_cache = cache.clone(), cache.clone()
         fn.append_kv(k_cache, v_cache, negative_view(k), negative_view(v), lens)
     assert torch.equal(k_cache[:, :, 3:5], k) and torch.equal(v_cache[:, :, 3:5], v)
+
+
+def test_the_operators_receive_negated_views_materialized():
+    """Traced graphs call `torch.ops.attnfuse.attention`, whose implementation does no check of
+    its own: PyTorch's dispatcher materializes a negated view before a custom operator runs."""
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = draw(1, 2, 16, 16, seed=8), draw(1, 2, 16, 16, seed=9), draw(1, 2, 16, 16, seed=10)
+    key = fn.operator_key()
+    out, _lse = torch.ops.attnfuse.attention(key, negative_view(q), k, v, None, [], None, None, False)
+    expected, _lse = torch.ops.attnfuse.attention(key, q, k, v, None, [], None, None, False)
+    assert torch.equal(out, expected)

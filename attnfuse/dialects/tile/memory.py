@@ -357,6 +357,13 @@ class RotateOp(IRDLOperation):
         expect_role(self.table, "rope_table", "the table operand must be the rope_table tensor")
         kernel = kernel_of(self)
         if kernel is not None:
+            if kernel.int_attr("rotary_dim") is None and kernel.get("head_dim") % 2:
+                # The pairs cover the whole head (a given rotary_dim is checked with the
+                # header): an odd dim would be in no pair, and left out of the scores.
+                raise VerifyException(
+                    f"the kernel rotates its whole head (no rotary_dim), and head_dim "
+                    f"{kernel.get('head_dim')} is odd: rotary pairs need an even width"
+                )
             rows = "program" if lo.shape[0] == "m" else "loop"
             axis = rows_axis(kernel.grid, rows)
             if axis != self.positions.data:

@@ -387,3 +387,14 @@ tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>) attributes {grid = #til
   tile.return
 }
 // CHECK: tile.softmax_update is marked unscaled_scores, so its scores must come (through tile.mask or tile.document_mask only) from a tile.scores marked unscaled with the same scale
+
+// -----
+
+// A rotation over the whole head (no rotary_dim) at an odd head dim: the last dim is in no pair.
+tile.kernel @k(%q: !tile.tensor<q>, %rope_table: !tile.tensor<rope_table>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 16 : i64, block_n = 16 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 3 : i64, head_dim_v = 3 : i64} {
+  %q_lo = tile.load %q[program, half_lo] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+  %q_hi = tile.load %q[program, half_hi] : !tile.tensor<q> -> !tile.tile<m x half x f16>
+  %q_lo_rot, %q_hi_rot = tile.rotate %q_lo, %q_hi, %rope_table {positions = #tile<seq query>} : !tile.tile<m x half x f16>, !tile.tensor<rope_table>
+  tile.return
+}
+// CHECK: the kernel rotates its whole head (no rotary_dim), and head_dim 3 is odd: rotary pairs need an even width

@@ -59,22 +59,9 @@ def _backward(ctx, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None,
               transformed: bool = False) -> tuple:
     """The backward kernels' gradients of q, k, v and the bias (`_AttentionFunction`); with
     `transformed`, of a node made under a functorch transform (`_AttentionUnderTransform`)."""
-    fn: CompiledAttention = ctx.fn
-    bias_grad = ctx.needs_input_grad[6]
     saved = ctx.saved_tensors  # unpacked once: each access unpacks them all again
     # What the gradients depend on, as autograd (or the transform) tracks it.
     depends_on = (*saved, grad_out, grad_lse)
-    if transformed:
-        # Under torch.func.grad / vjp the saved tensors and the incoming gradients are the
-        # transform's wrappers: the kernels read the tensors below them (the gradients
-        # returned are constants there; a second derivative is refused anyway).
-        saved = tuple(_below_transforms(t) for t in saved)
-        grad_out = None if grad_out is None else _below_transforms(grad_out)
-        grad_lse = None if grad_lse is None else _below_transforms(grad_lse)
-        # A vmap below them (per-sample gradients: vmap(grad(f)), jacrev) batches what the
-        # backward reads, the operands or the incoming gradients; its kernels take one set.
-        if any(t is not None and _is_batched(t) for t in (*saved, grad_out, grad_lse)):
-            raise ArgumentError(VMAP_BACKWARD)
     for argument, given, state in ctx.read_states:
         if tensor_state(given) != state:
             # As autograd refuses a saved tensor changed in place: the backward would read
@@ -83,27 +70,40 @@ def _backward(ctx, grad_out: torch.Tensor | None, grad_lse: torch.Tensor | None,
                 f"{argument} was modified in place between the forward and the backward; "
                 f"the backward needs the forward's {argument} (pass a copy, or change it "
                 "after the backward)")
-    if grad_out is None:
-        if transformed:
-            with torch._C._DisableFuncTorch():  # a plain tensor, not the transform's
-                grad_out = torch.zeros_like(saved[3])
-        else:
-            grad_out = torch.zeros_like(saved[3])
     if transformed:
-        # The buffers the backward allocates must be plain tensors too, not the transform's.
+        # Under torch.func.grad / vjp the saved tensors and the incoming gradients are the
+        # transform's wrappers: the kernels read the tensors below them (the gradients
+        # returned are constants there; a second derivative is refused below, at the
+        # transform's level).
+        saved = tuple(_below_transforms(t) for t in saved)
+        grad_out = None if grad_out is None else _below_transforms(grad_out)
+        grad_lse = None if grad_lse is None else _below_transforms(grad_lse)
+        # A vmap below them (per-sample gradients: vmap(grad(f)), jacrev) batches what the
+        # backward reads, the operands or the incoming gradients; its kernels take one set.
+        if any(t is not None and _is_batched(t) for t in (*saved, grad_out, grad_lse)):
+            raise ArgumentError(VMAP_BACKWARD)
+        # What the backward allocates must be plain tensors too, not the transform's.
         with torch._C._DisableFuncTorch():
-            dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, saved, grad_out, grad_lse, bias_grad,
-                                            ctx.saved_roles)
+            grads = _kernel_gradients(ctx, saved, grad_out, grad_lse)
     else:
-        dq, dk, dv, dbias = fn.backward(ctx.plan, ctx.data, saved, grad_out, grad_lse, bias_grad,
-                                        ctx.saved_roles)
+        grads = _kernel_gradients(ctx, saved, grad_out, grad_lse)
+    if torch.is_grad_enabled():  # create_graph=True (always, under torch.func.grad)
+        grads = _without_second_derivative(grads, depends_on)
+    return None, None, None, *grads
+
+
+def _kernel_gradients(ctx, saved: tuple[torch.Tensor, ...], grad_out: torch.Tensor | None,
+                      grad_lse: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """(dq, dk, dv, dbias) from the backward kernels, dbias summed onto the bias's shape."""
+    if grad_out is None:
+        grad_out = torch.zeros_like(saved[3])
+    dq, dk, dv, dbias = ctx.fn.backward(ctx.plan, ctx.data, saved, grad_out, grad_lse,
+                                        ctx.needs_input_grad[6], ctx.saved_roles)
     if dbias is not None:
         # Summed over the broadcast dims in fp32, then rounded once to the bias's type.
         shape, dtype = ctx.bias_layout
         dbias = dbias.sum_to_size(shape).to(dtype)
-    if torch.is_grad_enabled():  # create_graph=True (always, under torch.func.grad)
-        dq, dk, dv, dbias = _without_second_derivative((dq, dk, dv, dbias), depends_on)
-    return None, None, None, dq, dk, dv, dbias
+    return dq, dk, dv, dbias
 
 
 class _AttentionFunction(torch.autograd.Function):
@@ -150,11 +150,11 @@ VMAP_DATA = (
     "positions) is not supported: loop over the mapped dimension, or fold it into the batch")
 """The error of a vmapped call that passes call-time data."""
 
-_is_batched = getattr(getattr(torch._C, "_functorch", None), "is_batchedtensor", lambda _t: False)
-"""Whether a tensor is a vmap transform's batched wrapper (its data has no storage to launch on)."""
-
-
 _functorch = getattr(torch._C, "_functorch", None)
+"""torch's functorch bindings (wrapper inspection, the interpreter stack), or None."""
+
+_is_batched = getattr(_functorch, "is_batchedtensor", lambda _t: False)
+"""Whether a tensor is a vmap transform's batched wrapper (its data has no storage to launch on)."""
 
 
 def _below_transforms(t: torch.Tensor) -> torch.Tensor:

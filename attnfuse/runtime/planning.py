@@ -51,7 +51,7 @@ from attnfuse.runtime.kv_cache import (
 )
 from attnfuse.runtime.launch import default_scale, prepare, rope_table
 from attnfuse.runtime.program import Canonical, VariantProgram
-from attnfuse.runtime.tuning import tuned_fields
+from attnfuse.runtime.tuning import tuned_config
 
 
 class CallPlanning:
@@ -82,15 +82,7 @@ class CallPlanning:
             if capability is None:
                 # Measured on this GPU (`attnfuse-tune`, `ATTNFUSE_TUNING`): preferred to the
                 # built-in rules, which were measured on the H200.
-                tuned = tuned_fields(problem, self.variant.text)
-                if tuned:
-                    if "bwd_block_m" in tuned and "dkdv_block_m" not in tuned:
-                        # The dQ side was measured with dK/dV at the dispatcher's tiles: keep
-                        # them (a None dkdv field would follow the tuned dQ side's).
-                        tuned |= dict(zip(("dkdv_block_m", "dkdv_block_n", "dkdv_num_warps",
-                                           "dkdv_num_stages"), config.dkdv()))
-                    config = replace(config, **tuned)
-                    tuned_forward = "num_warps" in tuned
+                config, tuned_forward = tuned_config(config, problem, self.variant.text)
         bs = self.variant.block_size
         if bs is not None:
             bm, bn, _warps, _stages = config.backward()

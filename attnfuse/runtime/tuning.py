@@ -27,12 +27,13 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 
 from attnfuse.errors import ArgumentError
+from attnfuse.runtime.config import TileConfig
 from attnfuse.runtime.inputs import MAX_HEAD_DIM, Problem
 from attnfuse.transforms.lower_to_tile import MAX_BLOCK, NUM_WARPS
 
@@ -228,3 +229,16 @@ def tuned_fields(problem: Problem, variant_text: str, device: str | None = None)
                                                       -entry.seq_q))
             found.update(best.config)
     return found
+
+
+def tuned_config(config: TileConfig, problem: Problem, variant_text: str) -> tuple[TileConfig, bool]:
+    """`config` (the dispatcher's) with the loaded entries' fields for this call set
+    (`tuned_fields`), and whether an entry set the forward's. A dQ-side entry without a dK/dV
+    one keeps the dispatcher's dK/dV tiles: the tuner measured the dQ side with them (a None
+    `dkdv_*` field would follow the tuned `bwd_*` ones)."""
+    tuned = tuned_fields(problem, variant_text)
+    if not tuned:
+        return config, False
+    if KINDS["backward"][0] in tuned and KINDS["dkdv"][0] not in tuned:
+        tuned |= dict(zip(KINDS["dkdv"], config.dkdv()))
+    return replace(config, **tuned), KINDS["forward"][0] in tuned

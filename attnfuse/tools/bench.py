@@ -572,11 +572,13 @@ def compute_reference(case: Case, max_scores: int = 1 << 26) -> Reference:
 
 
 def relative_error(actual: torch.Tensor | None, expected: torch.Tensor) -> float:
-    """||actual - expected|| / ||expected|| in float32 (inf on shape mismatch)."""
+    """||actual - expected|| / ||expected|| in float32 (inf on shape mismatch; ||actual -
+    expected|| itself when `expected` is all zeros, as when every row keeps no key)."""
     if actual is None or tuple(actual.shape) != tuple(expected.shape):
         return math.inf
-    diff = (actual.detach().float() - expected).norm()
-    return (diff / expected.norm()).item()
+    diff = (actual.detach().float() - expected.float()).norm().item()
+    scale = expected.float().norm().item()
+    return diff / scale if scale else diff
 
 
 # --------------------------------------------------------------------------

@@ -196,13 +196,6 @@ def candidates(args: argparse.Namespace, device: str) -> list[Candidate]:
     return [Candidate(*values) for values in itertools.product(*lists)]
 
 
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """||actual - expected|| / ||expected|| in float64 (0 when both are 0)."""
-    diff = (actual.double() - expected.double()).norm().item()
-    scale = expected.double().norm().item()
-    return diff / scale if scale else diff
-
-
 class Tuner:
     """One variant, shape, dtype and device: measures candidates against the dispatcher's."""
 
@@ -265,6 +258,8 @@ class Tuner:
               progress: Callable[[str], None]) -> list[Row]:
         """Measures `kind`'s candidates, each set into `start` (a TileConfig), against the
         dispatcher's result."""
+        from attnfuse.tools.bench import relative_error
+
         backward = kind != "forward"
         expected = self.run(self.dispatcher_fn, backward)
         base = self.base

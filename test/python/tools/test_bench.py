@@ -101,3 +101,13 @@ def test_variant_specs_name_their_blocks():
         af.rope(theta=ROPE_THETA), af.causal(), af.sliding_window(64))
     assert VARIANTS["alibi_causal"].spec(af) == af.attention(af.alibi(), af.causal())
     assert VARIANTS["full"].spec(af) == af.attention(af.full())
+
+
+def test_relative_error_of_an_all_zero_expectation_is_the_difference():
+    from attnfuse.tools.bench import relative_error
+
+    zeros = torch.zeros(2, 3)
+    assert relative_error(zeros, zeros) == 0.0
+    assert relative_error(zeros + 0.5, zeros) == pytest.approx(0.5 * 6 ** 0.5)
+    assert relative_error(torch.ones(2, 3), torch.ones(2, 3) * 2) == pytest.approx(0.5)
+    assert relative_error(torch.ones(3), zeros) == float("inf")

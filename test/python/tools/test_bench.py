@@ -104,6 +104,8 @@ def test_variant_specs_name_their_blocks():
 
 
 def test_relative_error_of_an_all_zero_expectation_is_the_difference():
+    import torch
+
     from attnfuse.tools.bench import relative_error
 
     zeros = torch.zeros(2, 3)

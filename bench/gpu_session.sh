@@ -3,6 +3,7 @@
 # $OUT/session.tgz (the device returns few files), rewritten after every stage. Usage, from the repository root on the device:
 #   bash bench/gpu_session.sh gluon-tests backward-targets layer host
 # Stages:
+#   all-tests         the four test_gpu*.py files with pytest-xdist (TESTS_WORKERS, TESTS_LIMIT)
 #   gluon-tests       test_gpu_gluon_backward.py (all) and a test_gpu_gluon.py forward subset
 #   gpu-tests         test_gpu.py and test_gpu_decode.py (all)
 #   backward-targets  bench/backward_targets.py, causal and RoPE + causal, 30 reps: the default
@@ -80,6 +81,11 @@ on_before() {  # name timeout script args...: the script on ab_before/'s package
 for stage in "$@"; do
   start=$(date +%s)
   case $stage in
+    all-tests)
+      # Every GPU test file at once, spread over worker processes (the tests are compile-bound:
+      # Triton's JIT runs on the host's cores while the GPU idles); TESTS_WORKERS (default 12).
+      pytest_run all-gpu "${TESTS_LIMIT:-480}" -n "${TESTS_WORKERS:-12}" --durations=20 test/python/test_gpu.py \
+        test/python/test_gpu_decode.py test/python/test_gpu_gluon.py test/python/test_gpu_gluon_backward.py ;;
     gluon-tests)
       pytest_run gluon-backward 420 test/python/test_gpu_gluon_backward.py
       pytest_run gluon-forward-subset 150 test/python/test_gpu_gluon.py \

@@ -84,8 +84,10 @@ for stage in "$@"; do
     all-tests)
       # Every GPU test file at once, spread over worker processes (the tests are compile-bound:
       # Triton's JIT runs on the host's cores while the GPU idles); TESTS_WORKERS (default 12).
-      pytest_run all-gpu "${TESTS_LIMIT:-480}" -n "${TESTS_WORKERS:-12}" --durations=20 test/python/test_gpu.py \
-        test/python/test_gpu_decode.py test/python/test_gpu_gluon.py test/python/test_gpu_gluon_backward.py ;;
+      # -v: each result is logged as it comes, so a run cut short by the limit still names its failures.
+      pytest_run all-gpu "${TESTS_LIMIT:-480}" -n "${TESTS_WORKERS:-12}" -v -rf --tb=short --maxfail=30 test/python/test_gpu.py \
+        test/python/test_gpu_decode.py test/python/test_gpu_gluon.py test/python/test_gpu_gluon_backward.py
+      grep -E "(FAILED|ERROR) " "$dir/gpu_tests-all-gpu.log" | head -30 ;;
     gluon-tests)
       pytest_run gluon-backward 420 test/python/test_gpu_gluon_backward.py
       pytest_run gluon-forward-subset 150 test/python/test_gpu_gluon.py \

@@ -53,6 +53,16 @@ def attnfuse_cache_dir():
     return _CACHE_DIR
 
 
+@pytest.fixture(autouse=True)
+def _cuda_faults_belong_to_their_test():
+    """After each test that used CUDA, waits for its kernels: a kernel's fault (an illegal
+    address or instruction) is reported by the next synchronizing call, and left pending it
+    would fail a later test of the same worker, whose context it poisons, instead of this one."""
+    yield
+    if HAS_CUDA and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def pytest_unconfigure(config):
     """The process that made the cache directory removes it, after its workers, if any, end."""
     if _OWNS_CACHE_DIR:

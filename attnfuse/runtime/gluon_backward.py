@@ -52,6 +52,12 @@ ROW_ROLES = ("lse", "delta")
 """The row statistics behind the 1-D descriptors (contiguous `[B, Hq, Nq]` fp32), where the
 kernel reads them (the softmax; a pointwise normalizer reads none)."""
 
+ROW_ALIGNMENT = 4
+"""The kernel loads a head's rows of lse and delta through one flat descriptor at element
+`(b * Hq + h) * Nq + m`: a TMA copy's start in global memory must be 16-byte aligned, so Nq
+must be a multiple of 4 fp32 rows. At Nq = 2043 the copies of head 1 on start unaligned and
+the H200 stops the kernel with an illegal instruction (which poisons the CUDA context)."""
+
 NORMALIZERS = ("softmax", "relu", "sigmoid")
 """Normalizers whose fused backward the schedule takes (`backward_shape`)."""
 
@@ -135,6 +141,13 @@ def fits(problem: Problem) -> bool:
             and problem.dtype in (torch.float16, torch.bfloat16))
 
 
+def rows_aligned(problem: Problem, reads_rows: bool) -> bool:
+    """Whether the kernel's flat lse / delta copies start 16-byte aligned (`ROW_ALIGNMENT`):
+    always when it reads no rows (`reads_rows`: the softmax reads them), else when Nq is a
+    multiple of 4. Other calls keep the portable kernels."""
+    return not reads_rows or problem.seq_q % ROW_ALIGNMENT == 0
+
+
 def takes_gluon_backward(problem: Problem, variant: Canonical,
                          explicit_positions: tuple[bool, bool] = (False, False),
                          bwd_rope: str = "pre_rotated", ordered: bool = False) -> bool:
@@ -151,6 +164,8 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
     caller asked for), since the schedule reads q and k whole."""
     target = backward_target()
     if target == "triton" or not hopper(problem) or not fits(problem) or not variant_fits(variant):
+        return False
+    if not rows_aligned(problem, reads_rows=variant.normalizer_name == "softmax"):
         return False
     if variant.rope is not None and (any(explicit_positions) or bwd_rope != "pre_rotated"):
         return False
@@ -307,11 +322,15 @@ def gluon_backward(
     program = scheduled_backward(tile_module())
     if program is None:
         return launches
-    compiled = getattr(_gluon_module(program.source), KERNEL)
     info = program.kernels[0]
+    if not rows_aligned(problem, reads_rows=any(role in info.roles for role in ROW_ROLES)):
+        # A fused backward built for the portable target (ATTNFUSE_BACKWARD=fused or ordered,
+        # which `takes_gluon_backward` does not decide) keeps its portable kernel here.
+        return launches
+    compiled = getattr(_gluon_module(program.source), KERNEL)
     return [GluonBackwardLaunch(launch, compiled, info, problem, sm_scale) if launch.info.name == KERNEL
             else launch for launch in launches]
 
 
 __all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
-           "scheduled_backward", "takes_gluon_backward", "variant_fits"]
+           "rows_aligned", "scheduled_backward", "takes_gluon_backward", "variant_fits"]

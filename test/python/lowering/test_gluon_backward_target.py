@@ -249,6 +249,55 @@ def test_deterministic_calls_take_the_ordered_gluon_backward_from_the_measured_s
         torch.use_deterministic_algorithms(previous)
 
 
+def unaligned(n_q=2043, n_k=16384, d=128):
+    """A problem whose query rows (`Nq`) are not a multiple of 4: the flat lse / delta rows
+    of head 1 on start off the 16 bytes a TMA copy needs (`gluon_backward.ROW_ALIGNMENT`)."""
+    return Problem(batch=1, heads_q=32, heads_kv=8, seq_q=n_q, seq_k=n_k, head_dim=d, head_dim_v=d,
+                   dtype=torch.bfloat16, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("n_q", [2043, 4094, 8191])
+def test_softmax_rows_off_16_bytes_keep_the_portable_backward(n_q, monkeypatch):
+    """On a (pretended) Hopper GPU: a softmax backward whose Nq is not a multiple of 4 never
+    takes the Gluon backward (on the H200 it stopped with an illegal instruction at Nq=2043,
+    GQA 4, causal and RoPE + causal, ordered and unordered), whether `auto` or the user asks
+    for it; a pointwise normalizer, which reads no rows, still does; Nq = 2040 does."""
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
+    causal = af.compile(af.attention(af.causal())).program.canonical((False, False))
+    relu = af.compile(af.attention(af.relu(), af.causal())).program.canonical((False, False))
+    for ordered in (False, True):
+        assert not gluon_backward.takes_gluon_backward(unaligned(n_q), causal, ordered=ordered)
+        assert gluon_backward.takes_gluon_backward(unaligned(n_q - n_q % 4), causal, ordered=ordered)
+        assert gluon_backward.takes_gluon_backward(unaligned(n_q), relu, ordered=ordered)
+    monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
+    assert not gluon_backward.takes_gluon_backward(unaligned(n_q), causal)
+    for deterministic, split in ((True, "separate"), (False, "separate")):
+        call = af.compile(af.attention(af.causal()), deterministic=deterministic)
+        assert call.compile_key(unaligned(n_q)).bwd_dq == split
+
+
+def test_a_forced_fused_backward_at_unaligned_rows_keeps_its_portable_kernel(monkeypatch):
+    """`ATTNFUSE_BACKWARD=fused` builds the fused backward whatever the target; at Nq = 2043
+    `gluon_backward` leaves its portable kernel in the plan, and at Nq = 2040 replaces it."""
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.setattr(gluon_backward, "_gluon_module", lambda source: type("M", (), {"attention_bwd_dkdv_dq": None}))
+    spec = af.attention(af.causal())
+    portable = type("Launch", (), {"info": type("Info", (), {"name": gluon_backward.KERNEL})()})()
+    module = lambda: backward_kernel_module(spec)  # noqa: E731
+    kept = gluon_backward.gluon_backward([portable], unaligned(2043), 0.1, module)
+    assert kept == [portable]
+    taken = gluon_backward.gluon_backward([portable], unaligned(2040), 0.1, module)
+    assert isinstance(taken[0], gluon_backward.GluonBackwardLaunch)
+
+
+def backward_kernel_module(spec, head_dim=128):
+    """The tile module of `spec`'s unordered fused backward (before `warp-specialize`)."""
+    key = CompileKey(head_dim, head_dim, "bf16", TileConfig(64, 64, 4, 2), None, bwd_rope="pre_rotated",
+                     bwd_dq="fused")
+    return lower_spec(spec, key)
+
+
 @pytest.mark.parametrize("normalizer", [af.relu, af.sigmoid])
 def test_pointwise_normalizers_take_the_gluon_backward_from_their_measured_size(normalizer, monkeypatch):
     """On a (pretended) Hopper GPU under `auto`: a pointwise normalizer's training call takes

@@ -141,11 +141,12 @@ def fits(problem: Problem) -> bool:
             and problem.dtype in (torch.float16, torch.bfloat16))
 
 
-def rows_aligned(problem: Problem, reads_rows: bool) -> bool:
+def rows_aligned(problem: Problem) -> bool:
     """Whether the kernel's flat lse / delta copies start 16-byte aligned (`ROW_ALIGNMENT`):
-    always when it reads no rows (`reads_rows`: the softmax reads them), else when Nq is a
-    multiple of 4. Other calls keep the portable kernels."""
-    return not reads_rows or problem.seq_q % ROW_ALIGNMENT == 0
+    Nq a multiple of 4. Other calls keep the portable kernels. A pointwise normalizer reads no
+    rows, but its kernel has not run on the H200 at such an Nq: it is kept off them too until
+    it has (a fault there would poison the caller's CUDA context)."""
+    return problem.seq_q % ROW_ALIGNMENT == 0
 
 
 def takes_gluon_backward(problem: Problem, variant: Canonical,
@@ -165,7 +166,7 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
     target = backward_target()
     if target == "triton" or not hopper(problem) or not fits(problem) or not variant_fits(variant):
         return False
-    if not rows_aligned(problem, reads_rows=variant.normalizer_name == "softmax"):
+    if not rows_aligned(problem):
         return False
     if variant.rope is not None and (any(explicit_positions) or bwd_rope != "pre_rotated"):
         return False
@@ -317,16 +318,14 @@ def gluon_backward(
     the kernel (unchanged otherwise)."""
     if not any(launch.info.name == KERNEL for launch in launches) or backward_target() == "triton":
         return launches
-    if not hopper(problem) or not fits(problem):
+    if not hopper(problem) or not fits(problem) or not rows_aligned(problem):
+        # (A fused backward forced by ATTNFUSE_BACKWARD, which `takes_gluon_backward` does not
+        # decide, keeps its portable kernel at an Nq the Gluon one cannot take.)
         return launches
     program = scheduled_backward(tile_module())
     if program is None:
         return launches
     info = program.kernels[0]
-    if not rows_aligned(problem, reads_rows=any(role in info.roles for role in ROW_ROLES)):
-        # A fused backward built for the portable target (ATTNFUSE_BACKWARD=fused or ordered,
-        # which `takes_gluon_backward` does not decide) keeps its portable kernel here.
-        return launches
     compiled = getattr(_gluon_module(program.source), KERNEL)
     return [GluonBackwardLaunch(launch, compiled, info, problem, sm_scale) if launch.info.name == KERNEL
             else launch for launch in launches]

@@ -3,7 +3,9 @@
 # $OUT/session.tgz (the device returns few files), rewritten after every stage. Usage, from the repository root on the device:
 #   bash bench/gpu_session.sh gluon-tests backward-targets layer host
 # Stages:
-#   all-tests         the four test_gpu*.py files with pytest-xdist (TESTS_WORKERS, TESTS_LIMIT)
+#   all-tests         the four test_gpu*.py files with pytest-xdist (TESTS_WORKERS, TESTS_LIMIT): about
+#                     700 s on 16 workers, so one call runs a part: tests-portable (test_gpu.py and
+#                     test_gpu_decode.py), tests-gluon-forward, tests-gluon-backward
 #   gluon-tests       test_gpu_gluon_backward.py (all) and a test_gpu_gluon.py forward subset
 #   gpu-tests         test_gpu.py and test_gpu_decode.py (all)
 #   backward-targets  bench/backward_targets.py, causal and RoPE + causal, 30 reps: the default
@@ -81,13 +83,22 @@ on_before() {  # name timeout script args...: the script on ab_before/'s package
 for stage in "$@"; do
   start=$(date +%s)
   case $stage in
-    all-tests)
-      # Every GPU test file at once, spread over worker processes (the tests are compile-bound:
-      # Triton's JIT runs on the host's cores while the GPU idles); TESTS_WORKERS (default 12).
-      # -v: each result is logged as it comes, so a run cut short by the limit still names its failures.
-      pytest_run all-gpu "${TESTS_LIMIT:-480}" -n "${TESTS_WORKERS:-12}" -v -rf --tb=short --maxfail=30 test/python/test_gpu.py \
-        test/python/test_gpu_decode.py test/python/test_gpu_gluon.py test/python/test_gpu_gluon_backward.py
-      grep -E "(FAILED|ERROR) " "$dir/gpu_tests-all-gpu.log" | head -30 ;;
+    all-tests|tests-portable|tests-gluon-forward|tests-gluon-backward)
+      # The GPU test files spread over worker processes (the tests are compile-bound: Triton's
+      # JIT runs on the host's cores while the GPU idles); TESTS_WORKERS (default 16), TESTS_LIMIT.
+      # The whole suite took about 700 s on 16 workers (session 38): more than one call's 600,
+      # so a session runs the three parts in turn. A kernel fault fails the test that launched
+      # it (conftest.py synchronizes after each test) rather than every later test of its worker.
+      case $stage in
+        all-tests) files="test/python/test_gpu.py test/python/test_gpu_decode.py test/python/test_gpu_gluon.py test/python/test_gpu_gluon_backward.py" ;;
+        tests-portable) files="test/python/test_gpu.py test/python/test_gpu_decode.py" ;;
+        tests-gluon-forward) files="test/python/test_gpu_gluon.py" ;;
+        tests-gluon-backward) files="test/python/test_gpu_gluon_backward.py" ;;
+      esac
+      # shellcheck disable=SC2086
+      pytest_run "$stage" "${TESTS_LIMIT:-480}" -n "${TESTS_WORKERS:-16}" -rf --tb=short --maxfail=30 \
+        -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning $files
+      grep -E "^(FAILED|ERROR) " "$dir/gpu_tests-$stage.log" | head -30 ;;
     gluon-tests)
       pytest_run gluon-backward 420 test/python/test_gpu_gluon_backward.py
       pytest_run gluon-forward-subset 150 test/python/test_gpu_gluon.py \

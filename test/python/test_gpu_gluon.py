@@ -89,8 +89,10 @@ def assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, data=
 
 @pytest.mark.parametrize("name", list(SPECS))
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+# (4, 2, 301, 333): an Nq off every multiple of 4 (the Gluon backward's flat row copies
+# faulted at such an Nq on the H200; the forward's lse goes through pointers).
 @pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 4, 256, 256), (8, 2, 128, 384), (4, 1, 384, 256), (4, 2, 300, 333),
-                                          (2, 2, 20, 77)])
+                                          (4, 2, 301, 333), (2, 2, 20, 77)])
 def test_gluon_forward_matches_reference(name, d, dtype, hq, hkv, nq, nk, monkeypatch):
     spec = SPECS[name]
     fn = af.compile(spec)

@@ -146,7 +146,9 @@ def rows_aligned(problem: Problem) -> bool:
     Nq a multiple of 4. Other calls keep the portable kernels. A pointwise normalizer reads no
     rows, but its kernel has not run on the H200 at such an Nq: it is kept off them too until
     it has (a fault there would poison the caller's CUDA context)."""
-    return problem.seq_q % ROW_ALIGNMENT == 0
+    # (And the flat index, an int32 in the kernel, must fit: B * Hq * Nq < 2^31, which only a
+    # q of 256 GiB or more could pass.)
+    return problem.seq_q % ROW_ALIGNMENT == 0 and problem.batch * problem.heads_q * problem.seq_q < 2**31
 
 
 def takes_gluon_backward(problem: Problem, variant: Canonical,

@@ -5,6 +5,7 @@ follows its rules. Its numbers are checked on the H200 (test/python/test_gpu_glu
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -276,6 +277,14 @@ def test_softmax_rows_off_16_bytes_keep_the_portable_backward(n_q, monkeypatch):
     for deterministic, split in ((True, "separate"), (False, "separate")):
         call = af.compile(af.attention(af.causal()), deterministic=deterministic)
         assert call.compile_key(unaligned(n_q)).bwd_dq == split
+
+
+def test_flat_rows_past_int32_keep_the_portable_backward():
+    """The kernel's flat lse / delta index is an int32: B * Hq * Nq must stay under 2^31."""
+    fits = Problem(batch=16383, heads_q=32, heads_kv=8, seq_q=4096, seq_k=4096, head_dim=128,
+                   head_dim_v=128, dtype=torch.bfloat16, device=torch.device("cpu"))
+    assert gluon_backward.rows_aligned(fits)
+    assert not gluon_backward.rows_aligned(dataclasses.replace(fits, batch=16384))
 
 
 def test_a_forced_fused_backward_at_unaligned_rows_keeps_its_portable_kernel(monkeypatch):

@@ -72,6 +72,27 @@ def refuse_negative_view(name: str, t: torch.Tensor) -> None:
                             f"opposite values; pass a tensor without it ({name}.resolve_neg())")
 
 
+def check_backward_operands(problem: Problem, out: object, lse: object, grad_out: object,
+                            grad_lse: object) -> None:
+    """Checks what the backward operator (`attnfuse::attention_backward`) takes beside q, k, v:
+    the forward's output and log-sum-exp and their gradients, which its kernels read at the
+    problem's shapes (a caller of the operator, not autograd, can pass anything)."""
+    rows = (problem.batch, problem.heads_q, problem.seq_q)
+    expected = {"out": ((*rows, problem.head_dim_v), problem.dtype, out),
+                "grad_out": ((*rows, problem.head_dim_v), problem.dtype, grad_out),
+                "lse": (rows, torch.float32, lse),
+                "grad_lse": (rows, torch.float32, grad_lse)}
+    for name, (shape, dtype, t) in expected.items():
+        if t is None and name == "grad_lse":
+            continue
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            raise ArgumentError(f"{name} must be a dense torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != problem.device:
+            raise ArgumentError(
+                f"{name} must be {dtype} {list(shape)} on {problem.device} (from q, k, v), got "
+                f"{t.dtype} {list(t.shape)} on {t.device}")
+
+
 REFERENCE_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
 """The inputs' dtypes `af.reference_attention` takes: the kernels', and float64."""
 

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from attnfuse.runtime.config import TileConfig
+from attnfuse.runtime.inputs import check_backward_operands
 from attnfuse.runtime.layout import empty_in_layout_of
 from attnfuse.runtime.program import DATA_KEYWORDS
 
@@ -154,6 +155,7 @@ def attention_backward(
     fn = variant_for(variant)
     explicit = _explicit(q_positions, k_positions)
     plan = fn.plan(q, k, v, explicit, training=False, backward=True)
+    check_backward_operands(plan.problem, out, lse, grad_out, grad_lse)
     tensors = fn.call_tensors(plan, _arguments(bias, data, q_positions, k_positions), explicit)
     dq, dk, dv, dbias = fn.backward(plan, tensors, (q, k, v, out, lse), grad_out, grad_lse, bias_grad)
     if dbias is None:

@@ -240,6 +240,30 @@ def test_operators_pass_torch_library_opcheck(layout):
                            grad_out, torch.randn_like(lse), bias.detach(), data, None, None, True))
 
 
+@pytest.mark.parametrize("operand,bad", [
+    ("lse", lambda lse: lse[..., :-1]),                  # a row short: the kernels read past it
+    ("lse", lambda lse: lse.half()),
+    ("out", lambda out: out[:, :, :-1]),
+    ("grad_out", lambda g: g.unsqueeze(0)),
+    ("grad_out", lambda g: g.double()),
+    ("grad_lse", lambda g: g[:, :1]),
+])
+def test_backward_operator_checks_its_operands(operand, bad):
+    """`attnfuse::attention_backward` called directly (an exported graph's or a user's call,
+    not autograd's) refuses an output, lse or gradient whose shape or dtype is not the
+    problem's, before any kernel reads it."""
+    fn = af.compile(af.attention(af.causal()))
+    q, k, v = (t.detach() for t in qkv(hq=4, hkv=2))
+    key = fn._operator_keys[(False, False)]
+    data = torch_op.data_list({})
+    out, lse = torch.ops.attnfuse.attention(key, q, k, v, None, data, None, None, True)
+    operands = {"out": out, "lse": lse, "grad_out": torch.randn_like(out), "grad_lse": torch.randn_like(lse)}
+    operands[operand] = bad(operands[operand])
+    with pytest.raises(af.AttnFuseError, match=operand):
+        torch.ops.attnfuse.attention_backward(key, q, k, v, operands["out"], operands["lse"], operands["grad_out"],
+                                              operands["grad_lse"], None, data, None, None, False)
+
+
 def test_rotate_keys_compiles_and_matches_eager():
     """`CompiledAttention.rotate_keys` (keys rotated once, as a KV cache stores them) under
     fullgraph compile, forward and backward, and its operator under opcheck."""

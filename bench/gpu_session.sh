@@ -87,8 +87,11 @@ for stage in "$@"; do
       # The GPU test files spread over worker processes (the tests are compile-bound: Triton's
       # JIT runs on the host's cores while the GPU idles); TESTS_WORKERS (default 16), TESTS_LIMIT.
       # The whole suite took about 700 s on 16 workers (session 38): more than one call's 600,
-      # so a session runs the three parts in turn. A kernel fault fails the test that launched
-      # it (conftest.py synchronizes after each test) rather than every later test of its worker.
+      # so a session runs the three parts in turn. A kernel fault is reported at the test that
+      # launched it: conftest.py synchronizes after each test and, on a fault (sticky: it would
+      # fail every later CUDA call of the process), ends the worker, which xdist reports as a
+      # crash in that test and replaces. -vv (the helper's -q makes it -v) names each result as
+      # it comes, so a run cut short by the limit still names its failures.
       case $stage in
         all-tests) files="test/python/test_gpu.py test/python/test_gpu_decode.py test/python/test_gpu_gluon.py test/python/test_gpu_gluon_backward.py" ;;
         tests-portable) files="test/python/test_gpu.py test/python/test_gpu_decode.py" ;;
@@ -96,9 +99,10 @@ for stage in "$@"; do
         tests-gluon-backward) files="test/python/test_gpu_gluon_backward.py" ;;
       esac
       # shellcheck disable=SC2086
-      pytest_run "$stage" "${TESTS_LIMIT:-480}" -n "${TESTS_WORKERS:-16}" -rf --tb=short --maxfail=30 \
+      pytest_run "$stage" "${TESTS_LIMIT:-480}" -n "${TESTS_WORKERS:-16}" -vv -rfE --tb=short --maxfail=30 \
         -W ignore::pytest_benchmark.logger.PytestBenchmarkWarning $files
-      grep -E "^(FAILED|ERROR) " "$dir/gpu_tests-$stage.log" | head -30 ;;
+      grep -E "(FAILED|ERROR) " "$dir/gpu_tests-$stage.log" | head -40  # as they came, then the summary's
+      grep -c -E "^\[gw[0-9]+\].* PASSED " "$dir/gpu_tests-$stage.log" | sed 's/^/passed so far: /' ;;
     gluon-tests)
       pytest_run gluon-backward 420 test/python/test_gpu_gluon_backward.py
       pytest_run gluon-forward-subset 150 test/python/test_gpu_gluon.py \

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 
 _SHARED = os.environ.get("ATTNFUSE_TEST_CACHE_DIR") if os.environ.get("PYTEST_XDIST_WORKER") else None
@@ -54,13 +55,24 @@ def attnfuse_cache_dir():
 
 
 @pytest.fixture(autouse=True)
-def _cuda_faults_belong_to_their_test():
-    """After each test that used CUDA, waits for its kernels: a kernel's fault (an illegal
-    address or instruction) is reported by the next synchronizing call, and left pending it
-    would fail a later test of the same worker, whose context it poisons, instead of this one."""
+def _cuda_faults_belong_to_their_test(request):
+    """After each test that used CUDA, waits for its kernels, so that a kernel's fault (an
+    illegal address or instruction) is reported at the test that launched it. A fault is
+    sticky: every later CUDA call of the process fails. So the process ends there: an xdist
+    worker exits (xdist reports the test as crashed and starts a fresh worker, with a fresh
+    context), a serial run stops with the test's name, rather than failing every later test."""
     yield
-    if HAS_CUDA and torch.cuda.is_initialized():
+    if not (HAS_CUDA and torch.cuda.is_initialized()):
+        return
+    try:
         torch.cuda.synchronize()
+    except RuntimeError as err:  # torch.AcceleratorError is one
+        message = f"CUDA fault in {request.node.nodeid}: {str(err).splitlines()[0]}"
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+            os._exit(3)
+        pytest.exit(message, returncode=1)
 
 
 def pytest_unconfigure(config):

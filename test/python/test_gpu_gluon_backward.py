@@ -288,16 +288,24 @@ def test_portable_ordered_backward_on_the_gpu(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["causal", "rope-causal", "relu"])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_query_rows_off_16_bytes_keep_the_portable_backward(name, deterministic):
-    """At Nq = 2043 (GQA 4, head dim 128) the flat lse / delta copies of the Gluon backward
-    would start off the 16 bytes TMA needs (it stopped with an illegal instruction, which
-    poisons the process's CUDA context): the call keeps the portable backward, even with the
-    Gluon target asked for (this module's fixture), and its gradients are right."""
+@pytest.mark.parametrize("request_", ["auto", "fused"])
+def test_query_rows_off_16_bytes_keep_the_portable_backward(name, deterministic, request_, monkeypatch):
+    """At an Nq off a multiple of 4 (301, GQA 2, head dim 128) the flat lse / delta copies of
+    the Gluon backward would start off the 16 bytes TMA needs (it stopped with an illegal
+    instruction at Nq = 2043, which poisons the process's CUDA context). Even with the Gluon
+    target asked for (this module's fixture), `auto` takes the split backward and a fused
+    backward forced by ATTNFUSE_BACKWARD keeps its portable kernel; the gradients are right."""
+    from attnfuse.runtime.launch import KernelLaunch
+
+    monkeypatch.setenv("ATTNFUSE_BACKWARD", request_)
     spec = SPECS[name]
-    q, k, v = inputs(1, 32, 8, 2043, 2048, 128, torch.float16, seed=51)
+    q, k, v = inputs(1, 4, 2, 301, 333, 128, torch.float16, seed=51)
     fn = af.compile(spec, deterministic=deterministic)
     launch = gluon_backward_launch(fn, q, k, v)
-    assert not isinstance(launch, GluonBackwardLaunch)
+    if request_ == "auto":
+        assert launch is None, "the split backward (no fused dK/dV/dQ kernel)"
+    else:
+        assert type(launch) is KernelLaunch, "the portable fused kernel"
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(52)).to(q.dtype).cuda()
     fn(q, k, v).backward(grad)
     torch.cuda.synchronize()

@@ -274,9 +274,11 @@ def test_softmax_rows_off_16_bytes_keep_the_portable_backward(n_q, monkeypatch):
         assert gluon_backward.takes_gluon_backward(unaligned(n_q - n_q % 4), relu, ordered=ordered)
     monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
     assert not gluon_backward.takes_gluon_backward(unaligned(n_q), causal)
-    for deterministic, split in ((True, "separate"), (False, "separate")):
+    monkeypatch.delenv("ATTNFUSE_BACKWARD_TARGET")
+    for deterministic, fused in ((True, "ordered"), (False, "fused")):
         call = af.compile(af.attention(af.causal()), deterministic=deterministic)
-        assert call.compile_key(unaligned(n_q)).bwd_dq == split
+        assert call.compile_key(unaligned(n_q)).bwd_dq == "separate"
+        assert call.compile_key(unaligned(n_q - n_q % 4)).bwd_dq == fused
 
 
 def test_flat_rows_past_int32_keep_the_portable_backward():

@@ -82,6 +82,13 @@ class MemoryEmitter(EmitterCore):
         # cos(-x) = cos(x), sin(-x) = -sin(x).
         negative = op.positions.data == "query" or op.given_positions is not None
         self.emit(f"{table_rows} = {'tl.abs(' + pos + ')' if negative else pos}")
+        if op.given_positions is not None:
+            # The runtime sizes the table for the positions it read (once per tensor and
+            # version); a write it cannot see (through .data) could put one past the end. The
+            # table is contiguous [2, L, R/2], so its strides give L: clamped, such a position
+            # is rotated wrong but never read out of bounds (|int64 min| stays negative).
+            self.emit(f"{table_rows} = tl.maximum(tl.minimum({table_rows}, "
+                      f"stride_rope_table_c // stride_rope_table_n - 1), 0)")
         ptrs = f"rope_table_ptr + {table_rows}[:, None] * stride_rope_table_n + cols_half[None, :] * stride_rope_table_d"
         self.emit(f"{cos} = tl.load({ptrs}{masking + ', other=1.0' if masking else ''})")
         self.emit(f"{sin} = tl.load({ptrs} + stride_rope_table_c{masking + ', other=0.0' if masking else ''})")

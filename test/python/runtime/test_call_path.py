@@ -236,6 +236,26 @@ def test_positions_are_range_checked_once_per_tensor(monkeypatch, no_launches):
     assert reductions == ["q_positions"] + ["q_positions"] * 3 + ["k_positions"]
 
 
+def test_positions_written_unseen_past_the_table_are_clamped_to_it():
+    """A write PyTorch does not see (`.data`) can put a call-time position past the rotation
+    table the runtime sized for the positions it read: the kernels clamp the table row
+    (docs/robustness.md, known gaps), so such a position rotates as the table's last row, never
+    by memory past it. Every other row is unaffected."""
+    spec = af.attention(af.rope(theta=100.0), af.causal())
+    fn = af.compile(spec)
+    q, k, v = make_qkv(1, 2, 2, nq=16, nk=16, d=16, dtype=torch.float32)
+    positions = torch.arange(16)
+    fn(q, k, v, q_positions=positions, k_positions=positions)
+    (plan,) = fn._plans.values()
+    last = plan.constants["rope_table"].shape[1] - 1
+    positions.data[3] = 10**6  # no version bump: the cached range still says 16
+    out = fn(q, k, v, q_positions=positions, k_positions=positions)
+    clamped = torch.arange(16)
+    clamped[3] = last
+    ref = reference_attention(spec, *(t.double() for t in (q, k, v)), q_positions=clamped, k_positions=clamped)
+    assert_close_to_reference(out, ref, torch.float32)
+
+
 def test_inference_tensors_are_not_cached_and_still_correct(builds):
     """Tensors made under `torch.inference_mode()` have no version counter: their lists are
     built per call (a write to them bumps nothing), and the call works."""

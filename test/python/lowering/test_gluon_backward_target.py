@@ -6,6 +6,7 @@ follows its rules. Its numbers are checked on the H200 (test/python/test_gpu_glu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import pytest
@@ -296,7 +297,7 @@ def test_a_forced_fused_backward_at_unaligned_rows_keeps_its_portable_kernel(mon
     monkeypatch.setattr(gluon_backward, "_gluon_module", lambda source: type("M", (), {"attention_bwd_dkdv_dq": None}))
     spec = af.attention(af.causal())
     portable = type("Launch", (), {"info": type("Info", (), {"name": gluon_backward.KERNEL})()})()
-    module = lambda: backward_kernel_module(spec)  # noqa: E731
+    module = functools.partial(backward_kernel_module, spec)
     kept = gluon_backward.gluon_backward([portable], unaligned(2043), 0.1, module)
     assert kept == [portable]
     taken = gluon_backward.gluon_backward([portable], unaligned(2040), 0.1, module)

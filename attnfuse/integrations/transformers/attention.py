@@ -46,8 +46,23 @@ def compiled_variant(spec: af.AttentionSpec, rope_placement: object = "auto") ->
 
 Signature = tuple
 """A variant as plain Python constants: `(pattern, window, scaling, softcap, document, bias,
-rope, placement)`, `rope` being `(theta, rotary_dim, interleaved, llama3 parameters or None)`
-or None. What a traced call can hand out of the graph (`_operator_key`)."""
+rope, placement)`, `scaling` and `softcap` as integer ratios (`_exact`) or None, `rope` being
+`(theta, rotary_dim, interleaved, llama3 parameters or None)` or None, its floats as ratios
+too (`_exact_rope`). What a traced call can
+hand out of the graph (`_operator_key`)."""
+
+
+def _exact(value: float | None) -> tuple[int, int] | None:
+    """A float as its exact integer ratio. Under `torch.compile(dynamic=True)` Dynamo hands a
+    module's float attributes (HF's `self.scaling`) in as symbolic floats, which the constant
+    function `_operator_key` cannot take and `float()` keeps symbolic; their integer ratio is
+    a pair of constants (Dynamo specializes the value, with a guard). `_float` undoes it."""
+    return None if value is None else value.as_integer_ratio()
+
+
+def _float(ratio: tuple[int, int] | None) -> float | None:
+    """The float of `_exact`'s ratio (correctly rounded division: the very float it came from)."""
+    return None if ratio is None else ratio[0] / ratio[1]
 
 _by_signature: dict[Signature, "af.CompiledAttention"] = {}
 
@@ -60,10 +75,12 @@ def variant_of(signature: Signature) -> "af.CompiledAttention":
         rope_block = None
         if rope is not None:
             theta, rotary_dim, interleaved, llama3 = rope
-            rope_block = af.rope(theta, rotary_dim, interleaved,
-                                 None if llama3 is None else af.llama3_scaling(*llama3))
+            if llama3 is not None:
+                factor, low, high, original = llama3
+                llama3 = af.llama3_scaling(_float(factor), _float(low), _float(high), original)
+            rope_block = af.rope(_float(theta), rotary_dim, interleaved, llama3)
         fn = _by_signature[signature] = compiled_variant(
-            _spec(pattern, window, document, bias, scaling, softcap, rope_block), placement)
+            _spec(pattern, window, document, bias, _float(scaling), _float(softcap), rope_block), placement)
     return fn
 
 
@@ -85,6 +102,18 @@ def rope_signature(block: object) -> tuple | None:
         llama3 = (llama3.factor, llama3.low_freq_factor, llama3.high_freq_factor,
                   llama3.original_max_position)
     return (block.theta, block.rotary_dim, block.interleaved, llama3)
+
+
+def _exact_rope(rope: tuple | None) -> tuple | None:
+    """`rope_signature`'s tuple with its floats (theta, the Llama-3.1 factors) as `_exact`
+    ratios, for a `Signature`; `variant_of` reads them back."""
+    if rope is None:
+        return None
+    theta, rotary_dim, interleaved, llama3 = rope
+    if llama3 is not None:
+        factor, low, high, original = llama3
+        llama3 = (_exact(factor), _exact(low), _exact(high), original)
+    return (_exact(theta), rotary_dim, interleaved, llama3)
 
 
 @dataclass(frozen=True)
@@ -216,8 +245,9 @@ def run_attention(
             arguments["k_positions"] = rope.k_positions
         else:
             placement = KEY_GIVEN  # the cache holds rotated keys: only q turns, in the kernel
-    signature = (resolved.pattern, resolved.window, scaling, softcap, resolved.doc_ids is not None,
-                 resolved.bias is not None, rope_signature(rope_block), placement)
+    signature = (resolved.pattern, resolved.window, _exact(scaling), _exact(softcap),
+                 resolved.doc_ids is not None, resolved.bias is not None,
+                 _exact_rope(rope_signature(rope_block)), placement)
     if torch.compiler.is_compiling():
         explicit = ("q_positions" in arguments, "k_positions" in arguments)
         out = torch_op.call(_operator_key(signature, explicit), query, key, value, **arguments)

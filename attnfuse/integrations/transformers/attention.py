@@ -57,7 +57,7 @@ def _exact(value: float | None) -> tuple[int, int] | None:
     module's float attributes (HF's `self.scaling`) in as symbolic floats, which the constant
     function `_operator_key` cannot take and `float()` keeps symbolic; their integer ratio is
     a pair of constants (Dynamo specializes the value, with a guard). `_float` undoes it."""
-    return None if value is None else value.as_integer_ratio()
+    return None if value is None else float(value).as_integer_ratio()
 
 
 def _float(ratio: tuple[int, int] | None) -> float | None:

@@ -57,12 +57,20 @@ def _exact(value: float | None) -> tuple[int, int] | None:
     module's float attributes (HF's `self.scaling`) in as symbolic floats, which the constant
     function `_operator_key` cannot take and `float()` keeps symbolic; their integer ratio is
     a pair of constants (Dynamo specializes the value, with a guard). `_float` undoes it."""
-    return None if value is None else float(value).as_integer_ratio()
+    if value is None:
+        return None
+    value = float(value)
+    try:
+        return value.as_integer_ratio()
+    except (OverflowError, ValueError):  # inf, nan: the block refuses them with its own error
+        return value  # type: ignore[return-value]
 
 
-def _float(ratio: tuple[int, int] | None) -> float | None:
+def _float(ratio: tuple[int, int] | float | None) -> float | None:
     """The float of `_exact`'s ratio (correctly rounded division: the very float it came from)."""
-    return None if ratio is None else ratio[0] / ratio[1]
+    if ratio is None or isinstance(ratio, float):
+        return ratio
+    return ratio[0] / ratio[1]
 
 _by_signature: dict[Signature, "af.CompiledAttention"] = {}
 

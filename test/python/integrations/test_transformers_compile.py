@@ -58,22 +58,27 @@ def test_patched_llama_compiles_fullgraph_forward_and_backward(padded):
                                    msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("rope", ["unfused", "fuse_rope"])
-def test_patched_llama_compiles_with_dynamic_true(rope):
+@pytest.mark.parametrize("rope,use_cache", [("unfused", False), ("fuse_rope", False), ("fuse_rope", True)])
+def test_patched_llama_compiles_with_dynamic_true(rope, use_cache):
     """`torch.compile(dynamic=True)` hands a module's float attributes (HF's `self.scaling`,
     the RoPE theta of `fuse_rope`) in as symbolic floats, which the variant's key cannot hold:
     the integration takes them as exact integer ratios (it failed with "assume_constant_result
-    argument conversion failed"). One compiled function, two lengths, logits equal eager."""
+    argument conversion failed"). One compiled function, two lengths, logits equal eager; with
+    a cache, `fuse_rope` rotates the keys it writes (`rotate_keys`) inside the graph too."""
     from attnfuse.integrations import transformers as af_hf
 
     eager, fused = llama_pair()
     if rope == "fuse_rope":
         af_hf.fuse_rope(fused)
-    compiled = torch.compile(Logits(fused), fullgraph=True, dynamic=True, backend="aot_eager")
+    def logits_of(model, ids, mask):
+        return model(input_ids=ids, attention_mask=mask, use_cache=use_cache).logits
+
+    compiled = torch.compile(lambda ids, mask: logits_of(fused, ids, mask), fullgraph=True, dynamic=True,
+                             backend="aot_eager")
     for length, pad in ((10, 3), (13, 0)):
         ids, mask = batch(length=length, pad=pad)
         logits = compiled(ids, mask)
-        reference = eager(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        reference = logits_of(eager, ids, mask)
         assert_logits_close(logits.detach(), reference.detach(), keep=mask)
 
 
@@ -82,6 +87,8 @@ def test_signature_floats_round_trip_exactly():
     for value in (0.08838834764831845, 1 / 3, 500000.0, 8, 1e-300, 2.5e300):
         assert hf_attention._float(hf_attention._exact(value)) == value
     assert hf_attention._exact(None) is None and hf_attention._float(None) is None
+    # Not a number: passed on, for the block's own error (af.softcap refuses it clearly).
+    assert hf_attention._float(hf_attention._exact(float("inf"))) == float("inf")
 
 
 def test_masks_made_while_tracing_compile_without_a_dense_mask():

@@ -308,7 +308,8 @@ class RotateOp(IRDLOperation):
     position (`row`), or read from `given_positions` (call-time positions); its cos and sin come from the runtime's `rope_table` (computed once per
     length: a table row costs two loads, far less than evaluating cos and sin per element).
     The rotation is done in fp32. With `inverse`, rotates by `-angle` (the transpose, for
-    gradients).
+    gradients). A given position past the table's last row (one the runtime did not see when it
+    sized the table) is read as that last row: the table is never read out of bounds.
     """
 
     name = "tile.rotate"

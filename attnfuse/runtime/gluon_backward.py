@@ -136,9 +136,10 @@ def variant_fits(variant: Canonical) -> bool:
 
 
 def fits(problem: Problem) -> bool:
-    """Head dims the schedule is written for, equal for keys and values, 16-bit inputs."""
+    """Head dims the schedule is written for, equal for keys and values, 16-bit inputs, and
+    rows its flat lse / delta copies can address (`rows_aligned`)."""
     return (problem.head_dim in BACKWARD_HEAD_DIMS and problem.head_dim_v == problem.head_dim
-            and problem.dtype in (torch.float16, torch.bfloat16))
+            and problem.dtype in (torch.float16, torch.bfloat16) and rows_aligned(problem))
 
 
 def rows_aligned(problem: Problem) -> bool:
@@ -167,8 +168,6 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
     caller asked for), since the schedule reads q and k whole."""
     target = backward_target()
     if target == "triton" or not hopper(problem) or not fits(problem) or not variant_fits(variant):
-        return False
-    if not rows_aligned(problem):
         return False
     if variant.rope is not None and (any(explicit_positions) or bwd_rope != "pre_rotated"):
         return False
@@ -320,15 +319,15 @@ def gluon_backward(
     the kernel (unchanged otherwise)."""
     if not any(launch.info.name == KERNEL for launch in launches) or backward_target() == "triton":
         return launches
-    if not hopper(problem) or not fits(problem) or not rows_aligned(problem):
+    if not hopper(problem) or not fits(problem):
         # (A fused backward forced by ATTNFUSE_BACKWARD, which `takes_gluon_backward` does not
-        # decide, keeps its portable kernel at an Nq the Gluon one cannot take.)
+        # decide, keeps its portable kernel where the Gluon one does not fit.)
         return launches
     program = scheduled_backward(tile_module())
     if program is None:
         return launches
-    info = program.kernels[0]
     compiled = getattr(_gluon_module(program.source), KERNEL)
+    info = program.kernels[0]
     return [GluonBackwardLaunch(launch, compiled, info, problem, sm_scale) if launch.info.name == KERNEL
             else launch for launch in launches]
 

@@ -79,7 +79,8 @@ def append_kv(
     capacity = paged_keys if paged_keys is not None else k_cache.shape[2]
     if k.numel() == 0 or v.numel() == 0:
         return
-    problem = Problem(batch, heads, heads, new, capacity, dim, v.shape[3], k.dtype, k.device)
+    problem = Problem(batch, heads, heads, new, capacity, dim, v.shape[3], k.dtype, k.device,
+                      pages=k_cache.shape[0] if block_table is not None else 0)
     rope = fn.variant.rope
     rotates = rope is not None and fn.key_given
     if rotates and truncates_to_bf16(k.dtype, k.device):

@@ -27,6 +27,9 @@ class Problem:
     head_dim_v: int
     dtype: torch.dtype
     device: torch.device
+    pages: int = 0
+    """Pages in a paged cache's pools (k and v `[pages, Hkv, page_size, D]`); 0 for a
+    contiguous cache."""
 
     @property
     def group_size(self) -> int:
@@ -146,4 +149,6 @@ def check_inputs(
         raise ArgumentError(f"rope: rotary_dim {rotary_dim} exceeds the head dim {d}")
     if program.rope is not None and rotary_dim is None and d % 2:
         raise ArgumentError(f"rope: the head dim {d} is odd; give an even rotary_dim")
-    return Problem(b, h_q, h_kv, n_q, n_k if paged_keys is None else paged_keys, d, d_v, q.dtype, q.device)
+    if paged_keys is None:
+        return Problem(b, h_q, h_kv, n_q, n_k, d, d_v, q.dtype, q.device)
+    return Problem(b, h_q, h_kv, n_q, paged_keys, d, d_v, q.dtype, q.device, pages=k.shape[0])

@@ -118,6 +118,10 @@ def check_cache_arguments(
     page_size = k.shape[2]
     if page_size < 1:
         raise ArgumentError("the page pools' page size (k.shape[2]) must be at least 1")
+    if k.shape[0] < 1 and batch and block_table.shape[1]:
+        # The kernels clamp table entries into the pools (no read outside them): an empty
+        # pool has no page to clamp to.
+        raise ArgumentError("the page pools hold no pages (k.shape[0] is 0): there is no page to read")
     return CacheLayout(kv_lens=True, page_size=page_size), block_table.shape[1] * page_size
 
 

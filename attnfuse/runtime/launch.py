@@ -298,6 +298,9 @@ def prepare(
         if info.splits:
             assert splits is not None
             scalars += splits
+        if info.paged:
+            assert problem.pages > 0, "a paged call's pools hold pages (check_cache_arguments)"
+            scalars += (problem.pages,)
         strided = tuple(bool(role_axes(role)) for role in info.roles)
         launches.append(KernelLaunch(info, compiled.function(info.name), grid, scalars, strided,
                                      [info.num_stages]))

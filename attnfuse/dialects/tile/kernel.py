@@ -77,7 +77,8 @@ group, and its programs split the key range: program `(.., s)` visits the keys o
 An `appended_keys` kernel (a cache append) owns a block of new keys of one (batch, key/value
 head): its row `r` is the key at cache position `kv_lens[batch] + r`, which is its position
 (for RoPE) and the row it is stored at in `k_cache` / `v_cache` (through the block table of
-a paged cache); rows past the cache's capacity are not written."""
+a paged cache); rows past the cache's capacity, or on a page outside the pools, are not
+written."""
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -122,7 +123,9 @@ class KernelOp(IRDLOperation):
     reads a paged cache: its key-row operands (k, v) are page pools
     `[pages, Hkv, page_size, D]` and key `j` of batch `b` is row `j % page_size` of page
     `block_table[b, j // page_size]`. Both change only how rows are addressed and counted;
-    positions (masks, ALiBi, RoPE) stay the logical key index `j`.
+    positions (masks, ALiBi, RoPE) stay the logical key index `j`. A table entry outside the
+    pools' `[0, pages)` is clamped to it where keys are read (the kernel reads no memory
+    outside the pools), and a cache append writes nothing at such an entry.
     """
 
     name = "tile.kernel"

@@ -10,6 +10,7 @@ The kernel ABI is uniform so the runtime can launch any kernel from its `KernelI
     kernel(<for each role: {role}_ptr, then one stride per axis of tile.role_axes(role)>,
            sm_scale, n_q, n_k, num_heads, group_size,
            [num_splits, split_len,]   # kernels of a split decode (`KernelInfo.splits`)
+           [num_pages,]               # kernels reading or writing page pools (`KernelInfo.paged`)
            <constexprs with defaults: block sizes and static dims>)
 
 `num_heads` is the count of the heads the grid's programs own: query heads on

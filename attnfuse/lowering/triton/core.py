@@ -92,7 +92,7 @@ class EmitterCore:
             "group_size", "start_n", "q_first", "q_last", "queries", "query_in_bounds", "start_m",
             "head_in_group", "diag_first", "diag_last", "lse_safe", "split", "num_splits",
             "split_len", "row_head", "row_query", "row_blocks", "pages", "page_ids", "next_page_ids",
-            "page_rows", "group_rows",
+            "page_rows", "group_rows", "num_pages",
             "split_lo", "split_hi", "split_lse", "split_out", "new_max", "safe_max", "rescale",
             "weight", "cached", "k_pos", "arrived", "count_ptr", "s", "prev_q_end",
             "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS, *GDC_FUNCTIONS,
@@ -209,6 +209,14 @@ class EmitterCore:
         """Whether the kernel's key-row operands are page pools (`block_table`)."""
         return "block_table" in self.roles
 
+    @staticmethod
+    def pool_page(ids: str) -> str:
+        """The int64 page index of block-table entries `ids` (int32), clamped to the pools'
+        `[0, num_pages)`: the table is the caller's data, read on the GPU where no check can
+        raise, so an entry outside the pools reads one of their pages instead of other memory
+        (docs/semantics.md, "KV caches")."""
+        return f"tl.minimum(tl.maximum({ids}, 0), num_pages - 1).to(tl.int64)"
+
     @property
     def paged_roles(self) -> tuple[str, ...]:
         """The roles a paged kernel reads (or a cache append writes) as page pools."""
@@ -272,6 +280,8 @@ class EmitterCore:
         params.append("sm_scale, n_q, n_k, num_heads, group_size,")
         if self.splits:
             params.append("num_splits, split_len,")
+        if self.paged:
+            params.append("num_pages,")
         constexprs = {
             "BLOCK_M": self.kernel.get("block_m"),
             "BLOCK_N": self.kernel.get("block_n"),
@@ -418,8 +428,11 @@ class EmitterCore:
         self.emit_columns_and_bases()
         if self.paged:
             self.emit("# Paged cache: position p is row p % PAGE_SIZE of page block_table[batch, p // PAGE_SIZE].")
-            self.emit("pages = tl.load(block_table_base + (k_pos // PAGE_SIZE) * stride_block_table_n, "
-                      "mask=row_in_bounds, other=0).to(tl.int64)")
+            self.emit("page_ids = tl.load(block_table_base + (k_pos // PAGE_SIZE) * stride_block_table_n, "
+                      "mask=row_in_bounds, other=0)")
+            self.emit("row_in_bounds = row_in_bounds & (page_ids >= 0) & (page_ids < num_pages)"
+                      "  # nothing is written outside the pools")
+            self.emit("pages = page_ids.to(tl.int64)")
             self.emit("page_rows = k_pos % PAGE_SIZE")
 
     def emit_key_count(self) -> None:

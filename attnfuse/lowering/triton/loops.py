@@ -181,7 +181,7 @@ class LoopEmitter(EmitterCore):
         whose result a loop carries as is together with its next-step user, one step
         ahead of it (widened first, the load would go to the user's step)."""
         self.emit(f"next_page_ids = {self.table_load('keys + BLOCK_N', 'start_n + BLOCK_N')}")
-        self.emit("pages = page_ids.to(tl.int64)  # int64 offsets: a pool can pass 2**31 elements")
+        self.emit(f"pages = {self.pool_page('page_ids')}  # int64 offsets: a pool can pass 2**31 elements")
         if not self.page_rows_hoisted:
             self.emit("page_rows = keys % PAGE_SIZE")
 
@@ -197,12 +197,13 @@ class LoopEmitter(EmitterCore):
             # past the table's used part) is never followed.
             entry = "start_n // PAGE_SIZE"
             guard = ", mask=start_n < n_k, other=0" if masked else ""
-            self.emit(f"pages = tl.load(block_table_base + {entry} * stride_block_table_n{guard}).to(tl.int64)")
+            ids = f"tl.load(block_table_base + {entry} * stride_block_table_n{guard})"
         else:
             guard = ", mask=key_in_bounds, other=0" if masked else ""
             entries = ("(start_n // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE)" if self.page_rows_hoisted
                        else "(keys // PAGE_SIZE)")
-            self.emit(f"pages = tl.load(block_table_base + {entries} * stride_block_table_n{guard}).to(tl.int64)")
+            ids = f"tl.load(block_table_base + {entries} * stride_block_table_n{guard})"
+        self.emit(f"pages = {self.pool_page(ids)}")
         if not self.page_rows_hoisted:
             self.emit("page_rows = keys % PAGE_SIZE")
 

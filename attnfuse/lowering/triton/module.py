@@ -54,6 +54,7 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
                 num_stages=kernel.get("num_stages"),
                 shared_offsets=emitter.shared_offsets,
                 splits=emitter.splits,
+                paged=emitter.paged,
                 launch_pdl=emitter.launch_pdl,
             )
         )

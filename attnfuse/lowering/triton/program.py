@@ -54,6 +54,10 @@ class KernelInfo:
     splits: bool = False
     """The kernel takes `num_splits, split_len` after `group_size`: a split decode kernel
     (`kv_splits` grid) or the merge of its partial results."""
+    paged: bool = False
+    """The kernel reads or writes page pools (a `block_table` role) and takes `num_pages`, the
+    pools' page count, after the other scalars: the bound its block-table entries are clamped
+    to (or, in a cache append, checked against)."""
     launch_pdl: bool = False
     """The kernel is launched as a programmatic dependent of the kernel before it (Triton's
     `launch_pdl`): a split decode's merge printed with `pdl = 1` for a GPU, which waits for

@@ -23,6 +23,8 @@
 // CHECK-NEXT:  block_table_ptr, stride_block_table_b, stride_block_table_n,
 // CHECK-NEXT:  sm_scale, n_q, n_k, num_heads, group_size,
 // CHECK-NEXT:  num_splits, split_len,
+// A paged kernel takes the pools' page count: table entries are clamped to it.
+// CHECK-NEXT:  num_pages,
 // CHECK:       PAGE_SIZE: tl.constexpr = 64,
 // The split kernel lets the merge launch first thing (the merge waits for it to complete).
 // CHECK-NEXT:  ):
@@ -47,7 +49,8 @@
 // CHECK-NEXT:  page_rows = tl.arange(0, BLOCK_N)
 // CHECK-NEXT:  for start_n in range(split_start, split_full_end, BLOCK_N):
 // CHECK:           next_page_ids = tl.load(block_table_base + (start_n + BLOCK_N) // PAGE_SIZE * stride_block_table_n, mask=start_n + BLOCK_N < n_k, other=0)
-// CHECK-NEXT:      pages = page_ids.to(tl.int64)
+// An entry outside the pools is clamped into them: no read outside the pools.
+// CHECK-NEXT:      pages = tl.minimum(tl.maximum(page_ids, 0), num_pages - 1).to(tl.int64)
 // CHECK-NEXT:      # tile.load: k rows (loop)
 // CHECK-NEXT:      k_lo = tl.load(k_base + (pages * stride_k_b) + ((page_rows * stride_k_n)[:, None] + (cols_half)[None, :] * stride_k_d))
 // Keys rotate at their logical positions, not their page rows.
@@ -87,7 +90,7 @@
 // SMALL-PAGES-NEXT: page_rows = tl.arange(0, BLOCK_N) % PAGE_SIZE
 // SMALL-PAGES-NEXT: for start_n in range(split_start, split_full_end, BLOCK_N):
 // SMALL-PAGES:          next_page_ids = tl.load(block_table_base + ((start_n + BLOCK_N) // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=keys + BLOCK_N < n_k, other=0)
-// SMALL-PAGES-NEXT:     pages = page_ids.to(tl.int64)
+// SMALL-PAGES-NEXT:     pages = tl.minimum(tl.maximum(page_ids, 0), num_pages - 1).to(tl.int64)
 // SMALL-PAGES-NEXT:     # tile.load: k rows (loop)
 // SMALL-PAGES-NEXT:     k_lo = tl.load(k_base + (pages * stride_k_b + page_rows * stride_k_n)[:, None] + (cols_half)[None, :] * stride_k_d)
 // SMALL-PAGES-NOT:      keys % PAGE_SIZE
@@ -103,13 +106,13 @@
 // hoist-page-rows=0: the earlier form, every step derives each key's page and row from its position.
 // UNHOISTED-NOT:        page_rows = tl.arange
 // UNHOISTED:            next_page_ids = tl.load(block_table_base + (start_n + BLOCK_N) // PAGE_SIZE * stride_block_table_n, mask=start_n + BLOCK_N < n_k, other=0)
-// UNHOISTED-NEXT:       pages = page_ids.to(tl.int64)
+// UNHOISTED-NEXT:       pages = tl.minimum(tl.maximum(page_ids, 0), num_pages - 1).to(tl.int64)
 // UNHOISTED-NEXT:       page_rows = keys % PAGE_SIZE
 // UNHOISTED-NEXT:       # tile.load: k rows (loop)
 // UNHOISTED-NEXT:       k_lo = tl.load(k_base + (pages * stride_k_b + page_rows * stride_k_n)[:, None]
 // UNHOISTED-KEYS:       page_ids = tl.load(block_table_base + ((split_start + tl.arange(0, BLOCK_N)) // PAGE_SIZE) * stride_block_table_n, mask=split_start + tl.arange(0, BLOCK_N) < n_k, other=0)
 // UNHOISTED-KEYS:       next_page_ids = tl.load(block_table_base + ((keys + BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=keys + BLOCK_N < n_k, other=0)
-// UNHOISTED-KEYS-NEXT:  pages = page_ids.to(tl.int64)
+// UNHOISTED-KEYS-NEXT:  pages = tl.minimum(tl.maximum(page_ids, 0), num_pages - 1).to(tl.int64)
 // UNHOISTED-KEYS-NEXT:  page_rows = keys % PAGE_SIZE
 // HOIST-OPTION: error: lower-to-tile: hoist-page-rows must be 0 or 1, got 2
 
@@ -117,16 +120,16 @@
 // 16-row ones); the full loop's steps lie inside the sequence and need no mask.
 // IN-STEP-NOT:      page_ids
 // IN-STEP:          for start_n in range(split_start, split_full_end, BLOCK_N):
-// IN-STEP:              pages = tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n).to(tl.int64)
+// IN-STEP:              pages = tl.minimum(tl.maximum(tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n), 0), num_pages - 1).to(tl.int64)
 // IN-STEP-NEXT:         # tile.load: k rows (loop)
 // IN-STEP-NOT:          page_ids
 // IN-STEP:          for start_n in range(split_full_end, split_end, BLOCK_N):
-// IN-STEP:              pages = tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n, mask=start_n < n_k, other=0).to(tl.int64)
+// IN-STEP:              pages = tl.minimum(tl.maximum(tl.load(block_table_base + start_n // PAGE_SIZE * stride_block_table_n, mask=start_n < n_k, other=0), 0), num_pages - 1).to(tl.int64)
 // IN-STEP-NOT:          page_ids
 // IN-STEP-KEYS-NOT:     page_ids
-// IN-STEP-KEYS:         pages = tl.load(block_table_base + (start_n // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE) * stride_block_table_n).to(tl.int64)
+// IN-STEP-KEYS:         pages = tl.minimum(tl.maximum(tl.load(block_table_base + (start_n // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE) * stride_block_table_n), 0), num_pages - 1).to(tl.int64)
 // IN-STEP-KEYS-NOT:     page_ids
-// IN-STEP-KEYS:         pages = tl.load(block_table_base + (start_n // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=key_in_bounds, other=0).to(tl.int64)
+// IN-STEP-KEYS:         pages = tl.minimum(tl.maximum(tl.load(block_table_base + (start_n // PAGE_SIZE + tl.arange(0, BLOCK_N) // PAGE_SIZE) * stride_block_table_n, mask=key_in_bounds, other=0), 0), num_pages - 1).to(tl.int64)
 // IN-STEP-KEYS-NOT:     page_ids
 
 // LOOKAHEAD-OPTION: error: lower-to-tile: page-lookahead must be 0 or 1, got 2

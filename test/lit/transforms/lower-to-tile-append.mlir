@@ -14,8 +14,13 @@
 // CHECK:      tile.store %v_1, %v_cache[program, all]
 // CHECK-NOT:  tile.kernel
 
+// TRITON:      sm_scale, n_q, n_k, num_heads, group_size,
+// TRITON-NEXT: num_pages,
 // TRITON:      k_pos = cached + rows  # each new key's position: where it is written
-// TRITON:      pages = tl.load(block_table_base + (k_pos // PAGE_SIZE) * stride_block_table_n, mask=row_in_bounds, other=0).to(tl.int64)
+// TRITON:      page_ids = tl.load(block_table_base + (k_pos // PAGE_SIZE) * stride_block_table_n, mask=row_in_bounds, other=0)
+// A key whose table entry lies outside the pools is not written.
+// TRITON-NEXT: row_in_bounds = row_in_bounds & (page_ids >= 0) & (page_ids < num_pages)
+// TRITON-NEXT: pages = page_ids.to(tl.int64)
 // TRITON:      table_rows = k_pos
 // TRITON:      tl.store(k_cache_base + (pages * stride_k_cache_b + page_rows * stride_k_cache_n)[:, None]
 

@@ -109,6 +109,41 @@ def test_a_decode_loop_of_appends_and_attention_matches_the_reference():
         assert_close_to_reference(out, ref, torch.float32)
 
 
+def test_append_writes_nothing_at_page_ids_outside_the_pools():
+    """A block-table entry outside `[0, num_pages)` at a position the append writes is the
+    caller's error, which the kernel cannot raise (no host read): it writes nothing there,
+    neither outside the pools (NaN guard pages around them stay NaN) nor on another page,
+    and the other new keys land as usual."""
+    fn = af.compile(SPEC, rope_placement=("fused", "given"))
+    batch, heads, capacity, page, dim, new = 2, 2, 48, 16, 16, 20
+    (k_pool, v_pool), table = paged_pools(batch, heads, capacity, page, dim, torch.float32, 5)
+    pages = k_pool.shape[0]
+    buffers = [torch.full((pages + 2, heads, page, dim), float("nan")) for _ in range(2)]
+    for buffer, pool in zip(buffers, (k_pool, v_pool)):
+        buffer[1:-1] = pool
+    k_pool, v_pool = (buffer[1:-1] for buffer in buffers)
+    gen = torch.Generator().manual_seed(6)
+    k, v = (torch.randn(batch, heads, new, dim, generator=gen) for _ in range(2))
+    lens = [3, 10]
+    # Sequence 0 writes positions 3..22: page 0 and page 1 (its entry past the pools);
+    # sequence 1 writes 10..29: page 0 (its entry -1) and page 1.
+    good = table.clone()
+    table[0, 1], table[1, 0] = pages, -1
+    before = (k_pool.clone(), v_pool.clone())
+    fn.append_kv(k_pool, v_pool, k, v, torch.tensor(lens, dtype=torch.int32), block_table=table)
+    for buffer in buffers:
+        assert torch.isnan(buffer[0]).all() and torch.isnan(buffer[-1]).all(), "written outside the pools"
+    written = [(0, 0, 3, 16), (1, 1, 16, 30)]  # (sequence, slot, first position, end) of valid pages
+    for pool, old, new_rows, rotated in ((k_pool, before[0], k, True), (v_pool, before[1], v, False)):
+        expected = old.clone()
+        for b, slot, lo, hi in written:
+            rows = new_rows[b:b + 1, :, lo - lens[b]:hi - lens[b]]
+            if rotated:
+                rows = rotate(rows.double(), torch.arange(lo, hi), Rotation(THETA, None, False, None)).float()
+            expected[good[b, slot], :, lo % page:lo % page + hi - lo] = rows[0]
+        torch.testing.assert_close(pool, expected, rtol=0, atol=1e-6)
+
+
 def test_append_errors():
     fn = af.compile(SPEC, rope_placement=("fused", "given"))
     k_cache, v_cache = torch.zeros(2, 2, 32, 16), torch.zeros(2, 2, 32, 16)

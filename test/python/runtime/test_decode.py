@@ -387,6 +387,51 @@ def test_decode_never_reads_past_kv_lens(monkeypatch, page_size, lookahead):
     assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, clean_k))
 
 
+def guarded_pools(pool_k, pool_v):
+    """The pools as views into buffers one page longer at each end, the extra pages NaN: a
+    read one page before or past the pools, from an entry -1 or `num_pages`, shows as NaN."""
+    guarded = []
+    for pool in (pool_k, pool_v):
+        buffer = torch.full((pool.shape[0] + 2, *pool.shape[1:]), float("nan"), dtype=pool.dtype)
+        buffer[1:-1] = pool
+        guarded.append(buffer[1:-1])
+    return guarded
+
+
+@pytest.mark.parametrize("nq, page_size, lookahead, hoist", [
+    (1, 32, 1, 1), (1, 16, 1, 1), (1, 16, 0, 1), (4, 16, 1, 0), (20, 16, 1, 1)],
+    ids=["decode-page32", "decode-page16", "decode-ids-in-step", "decode-rows-per-key", "one-pass-page16"])
+def test_page_ids_outside_the_pools_read_no_memory_outside_them(monkeypatch, nq, page_size, lookahead, hoist):
+    """Block-table entries are the caller's data, read on the GPU: one outside `[0,
+    num_pages)` where a sequence has keys is clamped into the pools (docs/semantics.md, "KV
+    caches"), so the call reads the pools' first or last page there and never the memory
+    around them (here NaN), in the split decode kernels (every way of reading the table) and
+    in the one-pass kernel (more than 16 queries)."""
+    with_page_lookahead(monkeypatch, lookahead, hoist)
+    spec = af.attention(af.causal())
+    fn = af.compile(spec)
+    lens = [96, 77, 0, 1]
+    q, k, v = make_cache(4, 2, nq, 96, 16, FP32, 13)
+    _k, _v, pool_k, pool_v, table = paginate(k, v, lens, page_size, 13)
+    num_pages = pool_k.shape[0]
+    table[0, 1], table[1, 0], table[3, 0] = num_pages, -1, num_pages + 1
+    keys, values = guarded_pools(pool_k, pool_v)
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    out, lse = fn(q, keys, values, kv_lens=kv_lens, block_table=table, return_lse=True)
+    clamped = table.clamp(0, num_pages - 1)
+    ref, ref_lse = af.reference_attention(spec, q, pool_k, pool_v, kv_lens=kv_lens, block_table=clamped,
+                                          return_lse=True)
+    assert_close_to_reference(out, ref, FP32)
+    assert_lse_close(lse, ref_lse, lse_tolerance(spec, q, k))
+
+
+def test_an_empty_page_pool_is_refused():
+    """With no page in the pools there is none to clamp a table entry to: refused."""
+    q, _k, _v, pool_k, pool_v, table, lens = error_inputs()
+    with argument_error("no pages"):
+        af.compile(af.attention(af.causal()))(q, pool_k[:0], pool_v[:0], kv_lens=lens, block_table=table)
+
+
 def test_decode_under_no_grad_with_requires_grad_inputs():
     """Only a call autograd would record is refused: under no_grad, inputs that require grad
     (a model's parameters' products in eval) decode as usual."""

@@ -59,6 +59,19 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     """Prints one flash-shaped forward kernel as a loader partition, a consumer partition, the
     score-step function and the entry kernel."""
 
+    PRINTED_NAMES = ("O_LAYOUT", "P_LAYOUT", "S_LAYOUT", "always", "block", "c", "c_last", "dtype", "first", "i",
+                     "j", "k_bufs", "k_empty", "k_ready", "kv_count", "last", "n_blocks", "n_row_blocks", "n_tiles",
+                     "o_bufs", "o_smem", "o_tile", "p_next", "p_op", "phase", "prev", "prev_phase",
+                     "q_bars", "q_bufs", "q_count", "q_empty", "q_smem", "q_start", "q_tile", "row_start", "s_zero",
+                     "stage", "t", "v_bufs", "v_empty", "v_ready", "w")
+    """Names the printed partitions and their persistent form write themselves, besides
+    `{role}_tile`, `bound_<i>`, `count_<i>` and, under a pointwise normalizer, `probs`: the
+    ops' results take others."""
+
+    def reserved_names(self) -> set[str]:
+        numbered = {f"{prefix}_{i}" for prefix in ("bound", "count") for i in range(8)}
+        return super().reserved_names() | set(self.PRINTED_NAMES) | {f"{role}_tile" for role in self.roles} | numbered
+
     # The consumer keeps the online softmax's row max in base-2 units (`KernelEmitter.
     # BASE2_ROW_MAX`), as the probe does: 4 FMULs less a step between the scores and the
     # exponentials.
@@ -77,6 +90,10 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                                    f"#tile<schedule warp_specialized> ({why})", k)
         parts = flash_kernel(k)
         self.parts = parts
+        if not self.softmax:
+            # The consumer names a pointwise step's weights `probs`; under the softmax it is
+            # the step's own name for its probabilities, which the namer hands out.
+            self.namer.taken.add("probs")
         self.q_load, self.init, self.bounds = parts.q_load, parts.init, parts.bounds
         self.loops, self.finalize = parts.loops, parts.finalize
         self.o_store, self.lse_store = parts.o_store, parts.lse_store
@@ -329,12 +346,14 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         test of the block's start. (One inlined function per loop, chosen at the call site,
         doubled the softmax step in the consumer, and three consumers' 160 registers spilled.)"""
         taken = set(self.namer.taken)
+        every_loop = set(taken)
         per_loop = []
         for loop in self.loops:
             # Each loop prints with the same free names, so that what they share prints the same.
             self.namer.taken = set(taken)
             per_loop.append(self.loop_pieces(loop))
-        self.namer.taken |= taken
+            every_loop |= self.namer.taken
+        self.namer.taken = every_loop  # what any loop named, no later value takes
         body = [
             "# The block's key loop decides its masks: " + "; ".join(
                 f"loop {i} over {'partial key blocks: masked' if loop.op.masked is not None else 'full key blocks'}"

@@ -94,6 +94,7 @@ class EmitterCore:
             "split_len", "row_head", "row_query", "row_blocks", "pages", "page_ids", "next_page_ids",
             "page_rows", "group_rows", "num_pages",
             "split_lo", "split_hi", "split_lse", "split_out", "new_max", "safe_max", "rescale",
+            "splits", "split_rows", "step",
             "weight", "cached", "k_pos", "arrived", "count_ptr", "s", "prev_q_end",
             "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS, *GDC_FUNCTIONS,
         }

@@ -1,0 +1,106 @@
+"""The printers' Python names: every name a printed kernel assigns is either one the printer
+reserved for itself or one its `Namer` handed to an SSA value, so no IR value can take a
+name the printed code also writes (a hand-written `%splits` in a split merge, say, which
+the merge loop would overwrite), and every IR name hint becomes a Python identifier that
+means what the IR says (`%for`, `%a-b`, `%scores.x`, `%float`)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+import attnfuse as af
+from attnfuse.dialects import make_context
+from attnfuse.lowering.gluon import GluonEmitter
+from attnfuse.lowering.gluon_backward import GluonBackwardEmitter
+from attnfuse.lowering.gluon_persistent import PersistentGluonEmitter
+from attnfuse.lowering.triton.emitter import KernelEmitter
+from attnfuse.lowering.triton.names import Namer, identifier
+from attnfuse.runtime.compiler import CompileKey, lower_spec
+from attnfuse.runtime.config import TileConfig
+from attnfuse.runtime.kv_cache import CacheLayout
+from attnfuse.transforms.warp_specialize import WarpSpecializePass
+
+SPECS = {
+    "causal": af.attention(af.causal()),
+    "rope-alibi-window": af.attention(af.rope(), af.alibi(), af.sliding_window(64), af.causal()),
+    "bias-softcap": af.attention(af.additive_bias(), af.softcap(20.0)),
+    "sigmoid-bias-alibi": af.attention(af.sigmoid(), af.additive_bias(), af.alibi()),
+    "relu-causal": af.attention(af.relu(), af.causal()),
+    "document-causal": af.attention(af.document(), af.causal()),
+    "sparse-causal": af.attention(af.block_sparse(64), af.causal()),
+}
+
+FORMS = {
+    "training": {},
+    "ordered-backward": {"bwd_dq": "ordered"},
+    "decode": {"decode": True},
+    "paged-decode": {"decode": True, "cache": CacheLayout(kv_lens=True, page_size=16)},
+}
+
+
+def assigned_names(source: str) -> set[str]:
+    """The names the code assigns (targets of `=`, `for`, `with`, ...)."""
+    return {node.id for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+
+
+def unreserved_names(kernel, emitter_class) -> set[str]:
+    emitter = emitter_class(kernel)
+    source = "\n".join(emitter.run())
+    return assigned_names(source) - emitter.namer.taken
+
+
+def lowered(spec, form: dict, rotation: str = "fused"):
+    """`spec`'s kernels of one form; RoPE placed `rotation` (the Gluon forward takes
+    pre-rotated operands only)."""
+    rope = af.compile(spec).program.canonical((False, False)).rope is not None
+    placement = (rotation, rotation) if rope else None
+    key = CompileKey(64, 64, "bf16", TileConfig(64, 64, 4, 2), placement, **form)
+    try:
+        return lower_spec(spec, key)
+    except af.AttnFuseError:
+        pytest.skip("this variant has no such kernels")
+
+
+@pytest.mark.parametrize("form", FORMS, ids=list(FORMS))
+@pytest.mark.parametrize("name", SPECS)
+def test_triton_kernels_assign_only_names_the_namer_knows(name, form):
+    module = lowered(SPECS[name], FORMS[form])
+    for kernel in module.ops:
+        assert not unreserved_names(kernel, KernelEmitter), kernel.sym_name.data
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["one-tile", "persistent"])
+@pytest.mark.parametrize("name", SPECS)
+def test_gluon_kernels_assign_only_names_the_namer_knows(name, persistent):
+    module = lowered(SPECS[name], FORMS["training"], rotation="pre_rotated")
+    WarpSpecializePass(persistent=persistent).apply(make_context(), module)
+    scheduled = [k for k in module.ops if k.get_attr_or_prop("schedule") is not None]
+    assert scheduled, "warp-specialize scheduled no kernel"
+    for kernel in scheduled:
+        if kernel.grid == "key_blocks":
+            emitter_class = GluonBackwardEmitter
+        else:
+            emitter_class = PersistentGluonEmitter if kernel.int_attr("persistent") == 1 else GluonEmitter
+        assert not unreserved_names(kernel, emitter_class), kernel.sym_name.data
+
+
+@pytest.mark.parametrize("hint, name", [
+    ("scores", "scores"), ("for", "v_for"), ("a-b", "a_b"), ("scores.x", "scores_x"), ("float", "v_float"),
+    ("range", "v_range"), ("$x", "_x"), ("0", "v_0"), ("", "value"),
+])
+def test_name_hints_become_identifiers(hint, name):
+    assert identifier(hint) == name
+    assert name.isidentifier()
+
+
+def test_aliased_and_pinned_names_are_taken():
+    """A name bound to a value by `alias` or `pin` (the Gluon target's loop-carried and
+    in-place names) is never handed to another value."""
+    namer = Namer(set())
+    namer.alias(object(), "acc")
+    namer.pin(object(), "scores")
+    assert namer.fresh("acc") == "acc_1"
+    assert namer.fresh("scores") == "scores_1"

@@ -34,6 +34,8 @@ from typing import Any
 from xdsl.ir import Operation, SSAValue
 from xdsl.traits import OpTrait
 
+from attnfuse.errors import IRError
+
 
 @dataclass(frozen=True)
 class DataUse:
@@ -100,8 +102,12 @@ class ScoreModifier(ReadsCallData, OpTrait, abc.ABC):
     def vjp(self, op: Operation, kernel: Any, scores_in: SSAValue, grad: SSAValue) -> SSAValue:
         """The gradient with respect to the op's input scores, given the gradient `grad` of
         its result and its input `scores_in` (recomputed, fp32): the default is an additive
-        modifier's, whose derivative is 1."""
-        del op, kernel, scores_in
+        modifier's, whose derivative is 1; any other modifier must give its own (an `IRError`
+        at the op otherwise, never a gradient computed as if it were additive)."""
+        del kernel, scores_in
+        if not self.additive:
+            raise IRError(f"'{op.name}' is not additive (its ScoreModifier has additive=False), so its "
+                          "derivative is not 1: its ScoreModifier must define vjp() for the backward", op)
         return grad
 
 

@@ -1,7 +1,9 @@
 """`attention(...)`: a variant as a composition of blocks.
 
 A spec is pure structure plus static parameters: hashable, printable and the compile-cache
-key. Blocks may come in any order; two specs with the same blocks in another order are equal.
+key. Blocks may come in any order that means the same: two specs with the same blocks are
+equal unless two of their score modifiers that do not commute (a soft-cap and a bias, say, or
+an out-of-tree modifier written without an `additive` term) apply in another order.
 """
 
 from __future__ import annotations
@@ -44,6 +46,71 @@ def validate_blocks(blocks: tuple[Block, ...]) -> None:
         raise CompositionError(f"full() keeps every key and cannot be combined with {others}")
 
 
+SCORE_CATEGORIES = ("modifier", "mask")
+"""The blocks applied to the scores one after another, in `Block.stage` order."""
+
+
+def canonical_key(blocks: tuple[Block, ...]) -> tuple[Block, ...]:
+    """The blocks in an order that equal variants share, without the blocks that only restate
+    a default (full(), softmax(), scaled_dot_product() without a scale): by category, then
+    name, except where two score modifiers of one `stage` do not commute, whose order is
+    part of the meaning (`canonical_score_order`)."""
+    kept = [b for b in blocks if not b.restates_default()]
+    by_name = sorted(kept, key=lambda b: (CATEGORY_ORDER[b.category], b.block_name))
+    stages = Counter(b.stage for b in kept if b.category == "modifier")
+    if all(count == 1 for count in stages.values()):
+        # Modifiers of distinct stages apply in stage order whatever the user's, and filters
+        # commute with everything: the set of blocks is the meaning.
+        return tuple(by_name)
+    applied = tuple(sorted((b for b in kept if b.category in SCORE_CATEGORIES), key=lambda b: b.stage))
+    return tuple(b for b in by_name if b.category not in SCORE_CATEGORIES) + _score_order(applied)
+
+
+_known_score_orders: dict[tuple[Block, ...], tuple[Block, ...]] = {}
+"""`canonical_score_order` by the score blocks in the order they apply: it builds the
+blocks' ops (about a millisecond), and a model may make its spec on every call."""
+MAX_KNOWN_SCORE_ORDERS = 1024
+
+
+def _score_order(applied: tuple[Block, ...]) -> tuple[Block, ...]:
+    """`canonical_score_order(applied)`, remembered (a block holding an unhashable
+    parameter is ordered anew each time)."""
+    try:
+        known = _known_score_orders.get(applied)
+    except TypeError:
+        return canonical_score_order(list(applied))
+    if known is None:
+        known = canonical_score_order(list(applied))
+        if len(_known_score_orders) < MAX_KNOWN_SCORE_ORDERS:
+            _known_score_orders[applied] = known
+    return known
+
+
+def canonical_score_order(score_blocks: list[Block]) -> tuple[Block, ...]:
+    """Score blocks (validated) in the one order that every order of equal meaning gives:
+    from the order they apply in (stage, then the user's), the least block (by its op's
+    canonical rank, then name) of those that commute with every block still before them
+    (`canonicalize_attn.commute`, the ops' own algebra) comes first, then again for the rest.
+    Moving a block only across blocks it commutes with keeps the meaning, and this picks the
+    lexicographically least order among those reachable so."""
+    from attnfuse.dialects.attn import is_score_op
+    from attnfuse.dsl.build_ir import build_module
+    from attnfuse.transforms.canonicalize_attn import canonical_rank, commute
+
+    applied = sorted(score_blocks, key=lambda b: b.stage)  # stable: the user's order per stage
+    (variant,) = build_module(applied).ops
+    ops = [op for op in variant.body.block.ops if is_score_op(op)]
+    assert len(ops) == len(applied), "a score block builds one score op"
+    remaining = list(zip(applied, ops))
+    ordered: list[Block] = []
+    while remaining:
+        free = [i for i, (_block, op) in enumerate(remaining)
+                if all(commute(earlier, op) for _b, earlier in remaining[:i])]
+        first = min(free, key=lambda i: (canonical_rank(remaining[i][1]) or 0, remaining[i][0].block_name))
+        ordered.append(remaining.pop(first)[0])
+    return tuple(ordered)
+
+
 class AttentionSpec:
     """An attention variant: its blocks, validated. Call it like a function of (q, k, v)."""
 
@@ -52,13 +119,7 @@ class AttentionSpec:
     def __init__(self, blocks: tuple[Block, ...]):
         validate_blocks(blocks)
         self.blocks = blocks
-        # The canonical key: blocks ordered by category, then name, without the blocks that
-        # only restate a default (full(), softmax(), scaled_dot_product() without a scale).
-        ordered = sorted(
-            (b for b in blocks if not b.restates_default()),
-            key=lambda b: (CATEGORY_ORDER[b.category], b.block_name),
-        )
-        self._key = tuple(ordered)
+        self._key = canonical_key(blocks)
         self._compiled: Any = None
 
     def __eq__(self, other: object) -> bool:

@@ -47,9 +47,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from xdsl.dialects.builtin import f32
-from xdsl.ir import Block, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 
 from attnfuse.dialects import tile
+from attnfuse.dialects.interfaces import ScoreModifier
 from attnfuse.transforms.kernel_builder import (
     PART_SUFFIX,
     ChainInputs,
@@ -353,19 +354,23 @@ def build_fused_backward_kernels(
                       build_dq_finish_kernel(facts, config)]
 
 
-def fused_dq_unsupported(facts: VariantFacts, ordered: bool = False) -> str | None:
+def fused_dq_unsupported(facts: VariantFacts, ordered: bool = False) -> tuple[str, Operation] | None:
     """Why the fused backward (with `ordered`, its adds in key-block order) cannot lower the
-    variant, or None: a bias gradient is written by the dQ-bias kernel (`attention_bwd_dq_bias`),
-    which the fused backward has no counterpart of; and the key blocks that a block list
-    (block sparsity, documents) sends to a query block need not be consecutive, which the
-    order's handover from each key block to the next relies on."""
-    if facts.data_gradient_roles():
-        return ("the fused backward (bwd-dq=fused) has no bias gradient kernel: lower a "
-                "variant with a bias with bwd-dq=separate")
+    variant, and the op at fault, or None: a bias gradient is written by the dQ-bias kernel
+    (`attention_bwd_dq_bias`), which the fused backward has no counterpart of; and the key
+    blocks that a block list (block sparsity, documents) sends to a query block need not be
+    consecutive, which the order's handover from each key block to the next relies on."""
+    option = f"bwd-dq={'ordered' if ordered else 'fused'}"
+    for op in facts.modifiers:
+        trait = op.get_trait(ScoreModifier)
+        assert trait is not None
+        if any(use.gradient is not None for use in trait.data(op)):
+            return (f"the fused backward ({option}) has no bias gradient kernel (for {op.name}): lower a "
+                    "variant with a bias with bwd-dq=separate"), op
     if ordered and facts.listed:
         return ("the fused backward's adds in key-block order (bwd-dq=ordered) need the key blocks that "
                 "visit a query block to be consecutive, which a block list does not promise: lower a "
-                "block-sparse or document variant with bwd-dq=separate (deterministic) or fused")
+                "block-sparse or document variant with bwd-dq=separate (deterministic) or fused"), facts.filters[0]
     return None
 
 

@@ -403,8 +403,10 @@ class LowerVariant(RewritePattern):
         # of both come first, each built once.
         # Decoding and cache layouts are inference-only: no backward kernels for them.
         wants_backward = c.backward and not (c.decode or c.kv_lens or c.page_size)
-        if wants_backward and c.bwd_dq in ("fused", "ordered") and (why := fused_dq_unsupported(facts, c.bwd_dq == "ordered")):
-            raise _fail(op, why)
+        if wants_backward and c.bwd_dq in ("fused", "ordered") and (
+                refusal := fused_dq_unsupported(facts, c.bwd_dq == "ordered")):
+            why, at = refusal
+            raise _fail(at, why)
         backward = backward_facts(facts, c.bwd_rope, c.element_type) if wants_backward else None
         kernels: list[Operation] = []
         for operand, fwd, bwd in (

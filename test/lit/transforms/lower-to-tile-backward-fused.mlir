@@ -2,6 +2,7 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{bwd-dq=fused bwd-rope=as_forward}' | filecheck %s --check-prefix=ASFWD
 // RUN: not attnfuse-opt %s -p 'lower-to-tile{bwd-dq=bogus}' 2>&1 | filecheck %s --check-prefix=BOGUS
 // RUN: not attnfuse-opt %S/../inputs/bias-variant.mlir -p 'canonicalize-attn,lower-to-tile{bwd-dq=fused}' 2>&1 | filecheck %s --check-prefix=BIAS
+// RUN: not attnfuse-opt %S/../inputs/bias-variant.mlir -p 'canonicalize-attn,lower-to-tile{bwd-dq=ordered}' 2>&1 | filecheck %s --check-prefix=BIAS-ORDERED
 // RUN: not attnfuse-opt %S/../inputs/sparse.mlir -p 'canonicalize-attn,analyze-masks,lower-to-tile{bwd-dq=ordered block-m=32 block-n=32}' 2>&1 | filecheck %s --check-prefix=LISTED
 
 // The fused backward (bwd-dq=fused): the preprocess (softmax), attention_bwd_dkdv_dq (the
@@ -14,12 +15,14 @@
 // BOGUS:      {{^}}<pass-pipeline>:1:22: error: lower-to-tile: bwd-dq must be separate, fused or ordered, got 'bogus'{{$}}
 
 // A bias gradient is written by the dQ-bias kernel, which the fused backward has none of.
-// BIAS:       error: lower-to-tile: the fused backward (bwd-dq=fused) has no bias gradient kernel: lower a variant with a bias with bwd-dq=separate
+// Located at the op whose data has the gradient, naming the option as given.
+// BIAS:         bias-variant.mlir:4:3: error: lower-to-tile: the fused backward (bwd-dq=fused) has no bias gradient kernel (for attn.add_bias): lower a variant with a bias with bwd-dq=separate
+// BIAS-ORDERED: bias-variant.mlir:4:3: error: lower-to-tile: the fused backward (bwd-dq=ordered) has no bias gradient kernel (for attn.add_bias)
 
 // Adds in key-block order hand each query block from a key block to the next, which a block
 // list's visitors (not consecutive) cannot do: a located error, not a hang.
 // LISTED-NOT:  Traceback
-// LISTED:      sparse.mlir:3:1: error: lower-to-tile: the fused backward's adds in key-block order (bwd-dq=ordered) need the key blocks that visit a query block to be consecutive
+// LISTED:      sparse.mlir:5:3: error: lower-to-tile: the fused backward's adds in key-block order (bwd-dq=ordered) need the key blocks that visit a query block to be consecutive
 
 // RoPE + causal, pre-rotated backward (the default): full-width accumulators; the dQ part
 // uses the key block loaded once per program; the finish kernel splits dQ into the rotary

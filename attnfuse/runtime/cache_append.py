@@ -25,7 +25,13 @@ from attnfuse.errors import ArgumentError
 from attnfuse.runtime import torch_op
 from attnfuse.runtime.compiler import CompileKey, compile_program
 from attnfuse.runtime.config import TileConfig
-from attnfuse.runtime.inputs import Problem, check_tensor, refuse_negative_view, resolved_negation
+from attnfuse.runtime.inputs import (
+    Problem,
+    check_tensor,
+    refuse_negative_view,
+    refuse_overlapping_view,
+    resolved_negation,
+)
 from attnfuse.runtime.interpreter import runs_interpreted, truncates_to_bf16
 from attnfuse.runtime.kv_cache import CacheLayout, check_cache_arguments
 from attnfuse.runtime.launch import KernelLaunch, prepare
@@ -52,8 +58,9 @@ def append_kv(
         raise ArgumentError("append_kv runs eagerly: torch.compile and torch.export do not trace it")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         check_tensor(name, t)
-    refuse_negative_view("k_cache", k_cache)
-    refuse_negative_view("v_cache", v_cache)
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        refuse_negative_view(name, cache)
+        refuse_overlapping_view(name, cache)
     k, v = resolved_negation(k), resolved_negation(v)  # read from memory by the kernel
     if torch.is_grad_enabled() and any(t.requires_grad for t in (k_cache, v_cache, k, v)):
         raise ArgumentError("append_kv writes a cache in place and has no backward: call it under torch.no_grad()")

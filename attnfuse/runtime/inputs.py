@@ -75,6 +75,22 @@ def refuse_negative_view(name: str, t: torch.Tensor) -> None:
                             f"opposite values; pass a tensor without it ({name}.resolve_neg())")
 
 
+def refuse_overlapping_view(name: str, t: torch.Tensor) -> None:
+    """An `ArgumentError` for a tensor that a kernel writes in place and whose elements may
+    share memory (an expanded view, stride 0): one write would change several of its
+    positions. Decided from the strides: sorted, each must step past everything the smaller
+    ones reach (views whose elements are distinct in some other interleaving are refused
+    too; none of a cache's usual layouts is)."""
+    reach = 0  # the furthest element offset the dimensions taken so far reach
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] > 1), key=lambda d: d[1]):
+        if stride <= reach:
+            raise ArgumentError(
+                f"{name} has elements that share memory (shape {list(t.shape)}, strides {t.stride()}: an "
+                "expanded view?): a kernel writes it in place, and one write would land at several "
+                f"positions; pass a tensor whose elements are distinct ({name}.contiguous())")
+        reach += stride * (size - 1)
+
+
 def check_backward_operands(problem: Problem, out: object, lse: object, grad_out: object,
                             grad_lse: object) -> None:
     """Checks what the backward operator (`attnfuse::attention_backward`) takes beside q, k, v:

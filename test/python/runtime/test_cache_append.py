@@ -161,6 +161,29 @@ def test_append_errors():
         fn.append_kv(k_cache, v_cache, k.requires_grad_(), v, lens)
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_caches_whose_elements_share_memory_are_refused(paged):
+    """A cache whose positions share memory (an expanded view) would take every sequence's
+    write at once: refused, naming it; views with distinct elements (a model's `[B, L, H, D]`
+    layout, halves of one `[..., 2, ...]` buffer) are taken."""
+    fn = af.compile(SPEC, rope_placement=("fused", "given"))
+    k, v = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
+    lens = torch.tensor([1, 1], dtype=torch.int32)
+    call = {"block_table": torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)} if paged else {}
+    shape = (4, 2, 16, 16) if paged else (2, 2, 32, 16)
+    distinct = torch.zeros(shape)
+    for shared in (torch.zeros(1, *shape[1:]).expand(shape), torch.zeros(*shape[:2], 1, 16).expand(shape)):
+        with pytest.raises(ArgumentError, match="k_cache has elements that share memory"):
+            fn.append_kv(shared, distinct.clone(), k, v, lens, **call)
+        with pytest.raises(ArgumentError, match="v_cache has elements that share memory"):
+            fn.append_kv(distinct.clone(), shared, k, v, lens, **call)
+    both = torch.zeros(shape[0], 2, *shape[1:])  # k and v as halves of one buffer
+    model = torch.zeros(shape[0], shape[2], shape[1], shape[3]).transpose(1, 2)
+    fn.append_kv(both[:, 0], both[:, 1], k, v, lens, **call)
+    fn.append_kv(model, model.clone(), k, v, lens, **call)
+    assert both[:, 1].abs().sum() > 0 and model.abs().sum() > 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_negative_length_appends_at_the_start(dtype):
     """A length below 0 is taken as 0 (attention calls clamp lengths alike): the keys go to

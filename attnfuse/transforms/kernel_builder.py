@@ -280,6 +280,17 @@ class KernelBuilder:
         result_type = tile.TileType(shape.shape, f32)
         return self.add(tile.MapOp(inputs, Region(block), result_type), name).results[0]
 
+    def pair_position(self, axis: str) -> SSAValue:
+        """Each entry's query (`axis="query"`) or key position in the current key block, an
+        f32 tile for `scalar_map` (`tile.pair_position`): what a block that depends on
+        positions (a distance bias) maps with the scores."""
+        return self.add(tile.PairPositionOp(axis), f"{axis[0]}_position").results[0]
+
+    def query_head(self) -> SSAValue:
+        """Each entry's query head index in the current key block, an f32 tile for
+        `scalar_map` (`tile.query_head`): what a per-head block maps with the scores."""
+        return self.add(tile.QueryHeadOp(), "query_head").results[0]
+
     def add(self, op: Operation, *names: str) -> Operation:
         self.builder.insert(op)
         for result, name in zip(op.results, names):

@@ -1,5 +1,7 @@
 """Generic elementwise computation: `tile.map` (a scalar body applied to every element of
-its tiles, what a block defines a score modifier or normalizer with) and `tile.seq_len`."""
+its tiles, what a block defines a score modifier or normalizer with) and what its bodies may
+read beside the scores: `tile.seq_len`, and each score entry's positions and query head
+(`tile.pair_position`, `tile.query_head`)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects.tile.checks import (
     expect_tile,
+    verify_loop_scores,
 )
 from attnfuse.dialects.tile.types import (
     SeqAxis,
@@ -64,6 +67,58 @@ class SeqLenOp(IRDLOperation):
 
     def __init__(self, axis: str):
         super().__init__(result_types=[f32], properties={"axis": SeqAxisAttr(SeqAxis(axis))})
+
+
+@irdl_op_definition
+class PairPositionOp(IRDLOperation):
+    """Each entry's query or key position, as an f32 tile shaped as the key loop's scores, for
+    the bodies of `tile.map` (a bias that depends on the distance `k_pos - q_pos`, say). The
+    positions are the ones masks and ALiBi use: key `j` at `j`, query `i` at `i + Nk - Nq`
+    (with per-sequence lengths, `kv_lens[b] - Nq + i`); exact up to 2^24. Belongs in a key
+    (or query) loop, whose block it describes, in any kernel orientation."""
+
+    name = "tile.pair_position"
+
+    axis = prop_def(SeqAxisAttr)
+    result = result_def(TileType)
+
+    assembly_format = "attr-dict `:` type($result)"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure())
+
+    def __init__(self, axis: str):
+        super().__init__(result_types=[TileType(("m", "n"), f32)], properties={"axis": SeqAxisAttr(SeqAxis(axis))})
+
+    def verify_(self) -> None:
+        verify_index_tile(self, "pair_position")
+
+
+@irdl_op_definition
+class QueryHeadOp(IRDLOperation):
+    """Each entry's query head index `h` (0-based, of the call's `Hq` query heads), as an f32
+    tile shaped as the key loop's scores, for the bodies of `tile.map` (a per-head factor,
+    say). Belongs in a key (or query) loop, in any kernel orientation."""
+
+    name = "tile.query_head"
+
+    result = result_def(TileType)
+
+    assembly_format = "attr-dict `:` type($result)"
+    traits = traits_def(Pure())
+
+    def __init__(self):
+        super().__init__(result_types=[TileType(("m", "n"), f32)])
+
+    def verify_(self) -> None:
+        verify_index_tile(self, "query_head")
+
+
+def verify_index_tile(op: Operation, what: str) -> None:
+    """An index tile (`tile.pair_position`, `tile.query_head`): f32, shaped as the scores of
+    the key loop it sits in."""
+    verify_loop_scores(op, op.results[0], f"{what} result")
+    if expect_tile(op.results[0], f"{what} result").elem != "f32":
+        raise VerifyException(f"{op.name} gives an f32 tile")
 
 
 MAP_BODY_OPS: tuple[type[Operation], ...] = (

@@ -19,6 +19,19 @@ class ElementwiseEmitter(EmitterCore):
         # `* 1.0`, not `.to()`: Triton passes an integer argument equal to 1 as a constant.
         self.emit(f"{self.namer.define(op.result, 'num_' + op.axis.data + 's')} = {length} * 1.0")
 
+    def emit_pair_position(self, op: tile.PairPositionOp) -> None:
+        axis = op.axis.data
+        position = self.oriented()["q_pos" if axis == "query" else "k_pos"]
+        self.emit(f"# tile.pair_position: each entry's {axis} position, as f32")
+        self.emit(f"{self.namer.define(op.result)} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + {position}")
+
+    def emit_query_head(self, op: tile.QueryHeadOp) -> None:
+        # A split decode's rows span the group's query heads (row r is head `head + r // Nq`);
+        # other kernels' programs (or, over the GQA group, loop steps) own one.
+        head = "(head + row_head)[:, None]" if self.grid == "kv_splits" else "head"
+        self.emit("# tile.query_head: each entry's query head, as f32")
+        self.emit(f"{self.namer.define(op.result)} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + {head}")
+
     def emit_map(self, op: tile.MapOp) -> None:
         block = op.body.block
         operands = [self.namer[v] for v in op.inputs]

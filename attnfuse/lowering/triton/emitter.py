@@ -57,5 +57,7 @@ KernelEmitter.HANDLERS = {
     tile.ApplyScaleOp: KernelEmitter.emit_apply_scale,
     tile.StoreScoresOp: KernelEmitter.emit_store_scores,
     tile.SeqLenOp: KernelEmitter.emit_seq_len,
+    tile.PairPositionOp: KernelEmitter.emit_pair_position,
+    tile.QueryHeadOp: KernelEmitter.emit_query_head,
     tile.MapOp: KernelEmitter.emit_map,
 }

@@ -142,3 +142,21 @@ tile.kernel @k(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>,
   tile.return
 }
 // CHECK: a q block needs columns: one of all, half_lo, half_hi, even, odd, pass
+
+// -----
+
+// An entry's positions and head describe a key block: they belong in a key loop.
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %q_pos = tile.pair_position {axis = #tile<seq query>} : !tile.tile<m x n x f32>
+  tile.return
+}
+// CHECK: tile.pair_position works on a key block: it belongs in a key loop
+
+// -----
+
+// They are shaped as the block's scores.
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %head = tile.query_head : !tile.tile<m x f32>
+  tile.return
+}
+// CHECK: query_head result

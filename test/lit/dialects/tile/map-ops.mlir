@@ -1,8 +1,9 @@
 // RUN: attnfuse-opt %s | filecheck %s
 // RUN: %roundtrip | filecheck %s
 // RUN: attnfuse-opt %s -t triton | filecheck %s --check-prefix=TRITON
-// tile.map and tile.seq_len, the unscaled scores of fold-scale-into-exp, and the kernel's
-// block_order and shared_offsets: custom forms, a generic round trip, and their Triton.
+// tile.map, tile.seq_len, tile.pair_position and tile.query_head, the unscaled scores of
+// fold-scale-into-exp, and the kernel's block_order and shared_offsets: custom forms, a
+// generic round trip, and their Triton.
 
 // CHECK-LABEL: tile.kernel @maps
 // CHECK-SAME: block_order = #tile<order descending>, shared_offsets = ["do", "q"]
@@ -35,8 +36,21 @@ tile.kernel @maps(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>,
 // CHECK:        tile.map_yield %r : f32
       tile.map_yield %r : f32
     }
+// CHECK:      %q_pos = tile.pair_position {axis = #tile<seq query>} : !tile.tile<m x n x f32>
+// CHECK-NEXT: %k_pos = tile.pair_position {axis = #tile<seq key>} : !tile.tile<m x n x f32>
+// CHECK-NEXT: %head = tile.query_head : !tile.tile<m x n x f32>
+    %q_pos = tile.pair_position {axis = #tile<seq query>} : !tile.tile<m x n x f32>
+    %k_pos = tile.pair_position {axis = #tile<seq key>} : !tile.tile<m x n x f32>
+    %head = tile.query_head : !tile.tile<m x n x f32>
+    %w2 = tile.map(%w, %q_pos, %k_pos, %head) : (!tile.tile<m x n x f32>, !tile.tile<m x n x f32>, !tile.tile<m x n x f32>, !tile.tile<m x n x f32>) -> !tile.tile<m x n x f32> {
+    ^bb2(%x2: f32, %qp: f32, %kp: f32, %h: f32):
+      %d = arith.subf %kp, %qp : f32
+      %dh = arith.mulf %d, %h : f32
+      %y2 = arith.addf %x2, %dh : f32
+      tile.map_yield %y2 : f32
+    }
     %v_blk = tile.load %v[loop, all] : !tile.tensor<v> -> !tile.tile<n x dv x f16>
-    %a3 = tile.accumulate %a, %w, %v_blk rescaled %alpha : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f16>, !tile.tile<m x f32>
+    %a3 = tile.accumulate %a, %w2, %v_blk rescaled %alpha : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f16>, !tile.tile<m x f32>
     tile.yield %a3, %nm, %ns : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
   }
   %out, %l2 = tile.softmax_finalize %a2, %m2, %s2 : !tile.tile<m x dv x f32>, !tile.tile<m x f32>
@@ -55,3 +69,10 @@ tile.kernel @maps(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>,
 // Values used once are inlined, the others named.
 // TRITON: t = _tanh(((probs * 2.0) - tl.log(num_keys)))
 // TRITON-NEXT: w = tl.where((t > probs), t, probs)
+// Each entry's positions and query head, broadcast over the block, as f32.
+// TRITON:      q_pos_1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + q_pos[:, None]
+// TRITON-NEXT: # tile.pair_position: each entry's key position, as f32
+// TRITON-NEXT: k_pos_1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + keys[None, :]
+// TRITON-NEXT: # tile.query_head: each entry's query head, as f32
+// TRITON-NEXT: head_1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + head
+// TRITON:      w2 = (w + ((k_pos_1 - q_pos_1) * head_1))

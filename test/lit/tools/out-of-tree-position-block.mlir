@@ -1,0 +1,28 @@
+// RUN: attnfuse-opt --block-module %S/../../python/blocks/fire_block.py %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t triton | filecheck %s
+// A block that reads positions and the query head (fire_log, in one file beside its pytest
+// tests: docs/architecture.md §10.1) lowers to `tile.pair_position` and `tile.query_head` and
+// one map, printed in each kernel's orientation: in the forward (and dQ) the program's rows
+// are queries and the loop's keys; in dK/dV the rows are keys and the loop walks the GQA
+// group's query heads.
+
+// CHECK-LABEL: def attention_fwd(
+// CHECK:       tile.pair_position: each entry's query position
+// CHECK-NEXT:  q_position = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + q_pos[:, None]
+// CHECK:       k_position = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + keys[None, :]
+// CHECK:       query_head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + head
+// CHECK:       tl.log(
+// CHECK-LABEL: def attention_bwd_dkdv(
+// CHECK:       for head_in_group in range(0, group_size):
+// CHECK:       head = kv_head * group_size + head_in_group
+// CHECK:       q_position = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + q_pos[None, :]
+// CHECK:       k_position = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + rows[:, None]
+// CHECK:       query_head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + head
+
+attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %b = attn.fire_log %s {r1 = 8.000000e-01 : f64, c = 5.000000e-01 : f64, threshold = 6.000000e+00 : f64}
+  %m = attn.mask %b [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

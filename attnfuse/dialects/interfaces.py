@@ -99,11 +99,19 @@ class ScoreModifier(ReadsCallData, OpTrait, abc.ABC):
         """Appends the tile ops computing the op on one block of scores (inside a key or
         query loop of `kernel`); returns the new scores."""
 
+    @property
+    def has_derivative(self) -> bool:
+        """Whether the backward can be lowered for the op: it is additive (derivative 1) or its
+        semantics define their own `vjp`. A variant with a modifier that has none runs forward
+        only (the runtime refuses a call that autograd records)."""
+        return self.additive or type(self).vjp is not ScoreModifier.vjp
+
     def vjp(self, op: Operation, kernel: Any, scores_in: SSAValue, grad: SSAValue) -> SSAValue:
         """The gradient with respect to the op's input scores, given the gradient `grad` of
         its result and its input `scores_in` (recomputed, fp32): the default is an additive
         modifier's, whose derivative is 1; any other modifier must give its own (an `IRError`
-        at the op otherwise, never a gradient computed as if it were additive)."""
+        at the op otherwise, never a gradient computed as if it were additive; see
+        `has_derivative`)."""
         del kernel, scores_in
         if not self.additive:
             raise IRError(f"'{op.name}' is not additive (its ScoreModifier has additive=False), so its "

@@ -63,14 +63,22 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                      "j", "k_bufs", "k_empty", "k_ready", "kv_count", "last", "n_blocks", "n_row_blocks", "n_tiles",
                      "o_bufs", "o_smem", "o_tile", "p_next", "p_op", "phase", "prev", "prev_phase",
                      "q_bars", "q_bufs", "q_count", "q_empty", "q_smem", "q_start", "q_tile", "row_start", "s_zero",
-                     "stage", "t", "v_bufs", "v_empty", "v_ready", "w")
-    """Names the printed partitions and their persistent form write themselves, besides
-    `{role}_tile`, `bound_<i>`, `count_<i>` and, under a pointwise normalizer, `probs`: the
-    ops' results take others."""
+                     "stage", "t", "v_bufs", "v_empty", "v_ready", "w", "batch_heads",
+                     # Read only: the Gluon module's names, the entry's compile-time parameters.
+                     "gl", "gluon", "tma", "mbarrier", "warpgroup_mma", "warpgroup_mma_wait", "fence_async_shared",
+                     "tile_2d", "tma_load", "tma_store", "CONSUMERS", "ROWS", "STAGES", "WG", "q_desc", "k_desc", "v_desc", "o_desc")
+    """Names the printed partitions and their persistent form write or read themselves,
+    besides `{role}_tile`, `{role}_desc`, the kernel's functions `<kernel>_<part>`,
+    `bound_<i>`, `count_<i>` and, under a pointwise normalizer, `probs`: the ops' results take
+    others."""
+    FUNCTION_PARTS = ("step", "consume", "load", "bias", "block_start", "tile")
+    """The kernel's functions besides its entry: `<kernel name>_<part>`."""
 
     def reserved_names(self) -> set[str]:
         numbered = {f"{prefix}_{i}" for prefix in ("bound", "count") for i in range(8)}
-        return super().reserved_names() | set(self.PRINTED_NAMES) | {f"{role}_tile" for role in self.roles} | numbered
+        functions = {f"{self.kernel.sym_name.data}_{part}" for part in self.FUNCTION_PARTS}
+        per_role = {f"{role}_{suffix}" for role in self.roles for suffix in ("tile", "desc")}
+        return super().reserved_names() | set(self.PRINTED_NAMES) | per_role | numbered | functions
 
     # The consumer keeps the online softmax's row max in base-2 units (`KernelEmitter.
     # BASE2_ROW_MAX`), as the probe does: 4 FMULs less a step between the scores and the
@@ -345,15 +353,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         the ops the loops share are printed once and a loop's own masks run under a runtime
         test of the block's start. (One inlined function per loop, chosen at the call site,
         doubled the softmax step in the consumer, and three consumers' 160 registers spilled.)"""
-        taken = set(self.namer.taken)
-        every_loop = set(taken)
-        per_loop = []
-        for loop in self.loops:
-            # Each loop prints with the same free names, so that what they share prints the same.
-            self.namer.taken = set(taken)
-            per_loop.append(self.loop_pieces(loop))
-            every_loop |= self.namer.taken
-        self.namer.taken = every_loop  # what any loop named, no later value takes
+        per_loop = self.pieces_per_loop(self.loop_pieces)
         body = [
             "# The block's key loop decides its masks: " + "; ".join(
                 f"loop {i} over {'partial key blocks: masked' if loop.op.masked is not None else 'full key blocks'}"

@@ -229,13 +229,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         return pieces
 
     def step_body(self, pieces_of) -> list[str]:
-        taken = set(self.namer.taken)
-        per_loop = []
-        for loop in self.loops:
-            # Each loop prints with the same free names, so that what they share prints the same.
-            self.namer.taken = set(taken)
-            per_loop.append(pieces_of(loop))
-        self.namer.taken |= taken
+        per_loop = self.pieces_per_loop(pieces_of)
         if self.same_skeleton(per_loop):
             return self.merged_steps(per_loop)
         return self.guarded([([i], [line for _, lines in pieces for line in lines])

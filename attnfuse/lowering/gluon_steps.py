@@ -61,6 +61,21 @@ class MaskedLoopSteps:
 
     STEP_START = "start_n"
 
+    def pieces_per_loop(self, pieces_of):
+        """`pieces_of(loop)` for each loop, every loop printed with the same free names (so
+        that what they share prints the same and can be merged); afterwards no value takes a
+        name any of them used."""
+        namer = self.namer  # type: ignore[attr-defined]
+        taken = set(namer.taken)
+        every_loop = set(taken)
+        per_loop = []
+        for loop in self.loops:  # type: ignore[attr-defined]
+            namer.taken = set(taken)
+            per_loop.append(pieces_of(loop))
+            every_loop |= namer.taken
+        namer.taken = every_loop
+        return per_loop
+
     def loop_condition(self, index: int) -> str:
         """Whether the block at `STEP_START` lies in loop `index` (the loops cover consecutive
         ranges from `bound_i`, the lower bound of loop i)."""

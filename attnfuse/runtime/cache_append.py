@@ -61,6 +61,9 @@ def append_kv(
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         refuse_negative_view(name, cache)
         refuse_overlapping_view(name, cache)
+    if k_cache.numel() and k_cache.data_ptr() == v_cache.data_ptr() and k_cache.stride() == v_cache.stride():
+        raise ArgumentError("k_cache and v_cache are one tensor (the same memory and strides): the values "
+                            "would overwrite the keys; pass two caches (or two halves of one buffer)")
     k, v = resolved_negation(k), resolved_negation(v)  # read from memory by the kernel
     if torch.is_grad_enabled() and any(t.requires_grad for t in (k_cache, v_cache, k, v)):
         raise ArgumentError("append_kv writes a cache in place and has no backward: call it under torch.no_grad()")
@@ -84,8 +87,8 @@ def append_kv(
     if k_cache.shape[:3] != v_cache.shape[:3]:
         raise ArgumentError(f"k_cache and v_cache must hold the same rows, got {list(k_cache.shape)} and {list(v_cache.shape)}")
     capacity = paged_keys if paged_keys is not None else k_cache.shape[2]
-    if k.numel() == 0 or v.numel() == 0:
-        return
+    if k.numel() == 0 or v.numel() == 0 or capacity == 0:
+        return  # nothing to write, or no position to write it at
     problem = Problem(batch, heads, heads, new, capacity, dim, v.shape[3], k.dtype, k.device,
                       pages=k_cache.shape[0] if block_table is not None else 0)
     rope = fn.variant.rope

@@ -59,6 +59,9 @@ class CompileKey:
     bwd_dq: str = "separate"
     """How the backward computes dQ (`lower-to-tile`'s `bwd-dq`: separate or fused;
     `backward_choice.choose_backward`)."""
+    backward: bool = True
+    """Whether the program has backward kernels (`lower-to-tile`'s `backward`): False for a
+    variant with a modifier that has no derivative (`Canonical.underivable`)."""
 
     def pipeline(self) -> str:
         """The `attnfuse-opt -p` pipeline that produces this compile's tile IR."""
@@ -81,8 +84,10 @@ class CompileKey:
 
 
     def bwd_dq_option(self) -> str:
-        """` bwd-dq=fused` for the fused backward (none for the default, so the pipelines of
-        other calls read as before)."""
+        """` bwd-dq=fused` for the fused backward, ` backward=false` for a forward-only
+        program (none for the defaults, so the pipelines of other calls read as before)."""
+        if not self.backward:
+            return " backward=false"
         return f" bwd-dq={self.bwd_dq}" if self.bwd_dq != "separate" else ""
 
     def cache_options(self) -> str:

@@ -127,15 +127,17 @@ class CallPlanning:
         # kernels loops over q or k, so in-loop rotation is paid per program for both
         # (measured slower at every N on the H200: bench/results/20261129T1234Z-backward_tune-parts.log).
         bwd_rope = "pre_rotated" if automatic_placement(self._placement) else "as_forward"
-        # Decoding and cache layouts build no backward.
-        bwd_dq = ("separate" if decode or cache != CONTIGUOUS
+        # Decoding and cache layouts build no backward, nor does a variant with a modifier
+        # that has no derivative (its training calls are refused: `_make_plan`).
+        backward = self.variant.underivable is None
+        bwd_dq = ("separate" if decode or cache != CONTIGUOUS or not backward
                   else choose_backward(problem, self.variant, self.deterministic, explicit_positions, bwd_rope))
         # Read (and checked) for decode plans only: other kernels have no dependent launch.
         pdl = takes_decode_pdl(problem, runs_interpreted(problem.device)) if decode else True
         key = CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,
                          placement, explicit_positions, bwd_rope, decode, cache,
                          decode_merge=kv_cache.DECODE_MERGE if decode else "kernel",
-                         decode_pdl=pdl, bwd_dq=bwd_dq)
+                         decode_pdl=pdl, bwd_dq=bwd_dq, backward=backward)
         if bwd_dq != "separate" and backward_request() == "auto" and not self._gluon_schedules(key):
             # `auto` builds the fused backward only for the Gluon kernel (the portable fused
             # kernel is slower than the split); `takes_gluon_backward` predicted it from the
@@ -233,6 +235,12 @@ class CallPlanning:
                    cache: CacheLayout = CONTIGUOUS, backward: bool = False) -> CallPlan:
         constants: dict[str, torch.Tensor] = {}
         variant = self.program.canonical(explicit_positions)
+        if (training or backward) and variant.underivable is not None:
+            name = variant.underivable.name
+            raise ArgumentError(
+                f"'{name}' has no derivative (its ScoreModifier is not additive and defines no vjp): "
+                "the variant runs forward only; call it under torch.no_grad() (or with inputs that "
+                f"do not require grad), or give {name}'s semantics a vjp")
         for binding in variant.bindings:
             # Data made from the program alone (ALiBi's slopes) depends only on the shape;
             # made before the empty-problem exit, so that its checks run for every call.

@@ -91,6 +91,17 @@ class Canonical:
         """Whether split-KV decoding may split the keys (`Normalizer.merges_splits`)."""
         return partials_merge(self.normalizer_semantics)
 
+    @cached_property
+    def underivable(self) -> Operation | None:
+        """The first score modifier whose backward cannot be lowered (not additive, and no
+        `vjp` of its own: `ScoreModifier.has_derivative`), or None. Such a variant compiles
+        forward kernels only and refuses calls that autograd records."""
+        for op in self.chain:
+            trait = op.get_trait(ScoreModifier)
+            if trait is not None and not trait.has_derivative:
+                return op
+        return None
+
     @property
     def normalizer_name(self) -> str:
         return self.normalizer.name.removeprefix("attn.")

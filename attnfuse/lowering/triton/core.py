@@ -17,6 +17,11 @@ from attnfuse.lowering.triton.program import GDC_FUNCTIONS, padded
 from attnfuse.lowering.triton.scalars import HELPERS
 
 
+CONSTEXPR_NAMES = ("BLOCK_M", "BLOCK_N", "HEAD_DIM", "BLOCK_D", "HEAD_DIM_V", "BLOCK_DV", "ROT_DIM", "ROT_HALF",
+                   "BLOCK_HALF", "PASS_DIM", "BLOCK_PASS", "SHARED_OFFSETS", "PAGE_SIZE")
+"""The compile-time parameters a printed kernel may take (`EmitterCore.signature`)."""
+
+
 @dataclass(frozen=True)
 class LoopRows:
     """The rows of the current loop step, as names in the generated code."""
@@ -98,8 +103,10 @@ class EmitterCore:
             "weight", "cached", "k_pos", "arrived", "count_ptr", "s", "prev_q_end",
             "cols_d", "cols_dv", "cols_half", "cols_pass", *HELPERS, *GDC_FUNCTIONS,
         }
+        # The kernel's own parameters and name: read, never assigned, by the printed code.
+        names |= set(CONSTEXPR_NAMES) | {self.kernel.sym_name.data}
         for role in self.roles:
-            names |= {f"{role}_ptr", f"{role}_base"} | {f"stride_{role}_{a}" for a in "bhnd"}
+            names |= {f"{role}_ptr", f"{role}_base", *self.strides(role)} | {f"stride_{role}_{a}" for a in "bhnd"}
             if tile.role_kind(role) == "slopes":
                 names.add(self.slope_name(role))
         return names

@@ -3,9 +3,10 @@
 
 // SSA names print as Python identifiers that mean what the IR says: a keyword, a built-in or
 // a name with `-` or `.` is renamed, and a value never takes a name the printed code writes
-// itself (the split merge's `splits`, its loop's rows).
+// or reads itself (the split merge's `splits`, its loop's rows; the tile width `BLOCK_N`).
 // CHECK-LABEL: def attention_fwd(
-// CHECK:       v_for = (_tanh((scores_2 / 5.0)) * 5.0)
+// CHECK:       BLOCK_N_1 = tl.dot(
+// CHECK:       v_for = (_tanh((BLOCK_N_1 / 5.0)) * 5.0)
 // CHECK:       a_b = tl.where(keep, v_for, float("-inf"))
 // CHECK:       scores_x = tl.math.exp2(
 // CHECK:       acc = tl.dot(probs_1.to(v_1.dtype), v_1, acc=acc * scores_x[:, None])
@@ -43,8 +44,8 @@ builtin.module {
     %acc_4, %row_max_4, %row_sum_4 = tile.kv_loop %full_end to %kv_end masked iter_args(%acc_1, %row_max_1, %row_sum_1) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
     ^bb0(%acc_5: !tile.tile<m x dv x f32>, %row_max_5: !tile.tile<m x f32>, %row_sum_5: !tile.tile<m x f32>):
       %k_2 = tile.load %k[loop, all] : !tile.tensor<k> -> !tile.tile<n x d x f16>
-      %scores_2 = tile.scores(%q_1) x(%k_2) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
-      %for = tile.map(%scores_2) : (!tile.tile<m x n x f32>) -> !tile.tile<m x n x f32> {
+      %BLOCK_N = tile.scores(%q_1) x(%k_2) : (!tile.tile<m x d x f16>) x(!tile.tile<n x d x f16>) -> !tile.tile<m x n x f32>
+      %for = tile.map(%BLOCK_N) : (!tile.tile<m x n x f32>) -> !tile.tile<m x n x f32> {
       ^bb0(%5: f32):
         %6 = arith.constant 5.000000e+00 : f32
         %7 = arith.divf %5, %6 : f32

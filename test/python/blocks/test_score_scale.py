@@ -10,18 +10,28 @@ interpreted kernels are checked against the float64 reference and a formula writ
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
-from conftest import check_forward_backward, make_qkv
+from conftest import assert_close_to_reference, check_forward_backward, make_qkv
+from xdsl.dialects.builtin import FloatAttr, f64
+from xdsl.irdl import IRDLOperation, ParsePropInAttrDict, irdl_op_definition, operand_def, prop_def
+from xdsl.irdl import result_def, traits_def
+from xdsl.traits import Pure
 
 import score_scale_block
 from score_scale_block import score_scale
 
 import attnfuse as af
 from attnfuse.blocks import register_block_module, unregister_block_module
+from attnfuse.dialects.attn import ScoresType
 from attnfuse.dialects.interfaces import ScoreModifier
-from attnfuse.errors import IRError
+from attnfuse.dsl.blocks import Block
+from attnfuse.errors import ArgumentError, IRError
+from attnfuse.runtime.compiler import CompileKey, lower_spec
+from attnfuse.runtime.config import TileConfig
 
 pytestmark = pytest.mark.interpreter
 
@@ -80,19 +90,57 @@ def test_kernels_forward_backward(normalizer):
     check_forward_backward(af.attention(af.causal(), af.alibi(), score_scale(0.6), normalizer), q, k, v)
 
 
-def test_a_modifier_that_is_not_additive_needs_its_own_vjp():
-    """The default `vjp` (derivative 1) is an additive modifier's: asked for another's
-    backward it refuses, naming the op, instead of computing a wrong gradient."""
+@dataclass(frozen=True)
+class ForwardOnlySemantics(score_scale_block.ScoreScaleSemantics):
+    """score_scale's semantics without its vjp: the default's (an additive modifier's)."""
 
-    class NoVjp(ScoreModifier):
-        def lower(self, op, kernel, scores):
-            raise NotImplementedError
+    vjp = ScoreModifier.vjp
 
-        def evaluate(self, op, scores, env):
-            raise NotImplementedError
+    @staticmethod
+    def factor(op):
+        return op.factor.value.data
 
-    op = score_scale_block.ScoreScaleOp.create(
-        operands=[], result_types=[], properties={})  # any op: the default names it
-    with pytest.raises(IRError, match="'attn.score_scale' is not additive .* must define vjp"):
-        NoVjp().vjp(op, None, None, None)
-    assert NoVjp(additive=True).vjp(op, None, None, "grad") == "grad"
+
+@irdl_op_definition
+class ForwardOnlyScaleOp(IRDLOperation):
+    """`attn.score_scale` without a derivative."""
+
+    name = "attn.forward_only_scale"
+    input = operand_def(ScoresType)
+    result = result_def(ScoresType)
+    factor = prop_def(FloatAttr)
+    assembly_format = "$input attr-dict"
+    irdl_options = (ParsePropInAttrDict(),)
+    traits = traits_def(Pure(), ForwardOnlySemantics())
+
+    def __init__(self, scores, factor):
+        super().__init__(operands=[scores], result_types=[ScoresType()], properties={"factor": FloatAttr(factor, f64)})
+
+
+@dataclass(frozen=True, repr=False)
+class ForwardOnlyScale(Block):
+    factor: float = 1.0
+    category: ClassVar[str] = "modifier"
+
+    def build(self, variant, value):
+        return ForwardOnlyScaleOp(value, self.factor)
+
+
+def test_a_modifier_without_a_derivative_runs_forward_only():
+    """A modifier that is not additive and defines no vjp: the default `vjp` (derivative 1)
+    refuses it rather than compute a wrong gradient. Its variant still runs forward (its
+    programs have no backward kernels), and a call that autograd would record is refused
+    naming the op; `lower-to-tile` asked for a backward refuses it, at the op."""
+    assert not ForwardOnlySemantics().has_derivative and score_scale_block.ScoreScaleSemantics().has_derivative
+    spec = af.attention(ForwardOnlyScale(2.5), af.alibi(), af.causal())
+    q, k, v = make_qkv(1, 2, 2, 20, 28, 16, seed=4)
+    reference = af.reference_attention(af.attention(score_scale(2.5), af.alibi(), af.causal()), q, k, v)
+    assert_close_to_reference(spec(q, k, v), reference, torch.float32)
+    leaf = q.clone().requires_grad_()
+    with torch.no_grad():
+        assert_close_to_reference(spec(leaf, k, v), reference, torch.float32)
+    with pytest.raises(ArgumentError, match="'attn.forward_only_scale' has no derivative"):
+        spec(leaf, k, v)
+    with pytest.raises(af.AttnFuseError, match="'attn.forward_only_scale' is not additive .* must define vjp") as err:
+        lower_spec(spec, CompileKey(16, 16, "f32", TileConfig(16, 16, 4, 1), None))
+    assert isinstance(err.value.__cause__, IRError) and isinstance(err.value.__cause__.op, ForwardOnlyScaleOp)

@@ -1,12 +1,15 @@
-"""The printers' Python names: every name a printed kernel assigns is either one the printer
-reserved for itself or one its `Namer` handed to an SSA value, so no IR value can take a
-name the printed code also writes (a hand-written `%splits` in a split merge, say, which
-the merge loop would overwrite), and every IR name hint becomes a Python identifier that
-means what the IR says (`%for`, `%a-b`, `%scores.x`, `%float`)."""
+"""The printers' Python names: every name a printed kernel uses (assigns, reads, takes as a
+parameter or defines as a function) is a Python built-in, one the printer reserved for
+itself or one its `Namer` handed to an SSA value, so no IR value can take a name the printed
+code also writes or reads (a hand-written `%splits` in a split merge, which the merge loop
+would overwrite; a `%BLOCK_N`, which would shadow the tile width), and every IR name hint
+becomes a Python identifier that means what the IR says (`%for`, `%a-b`, `%scores.x`,
+`%float`)."""
 
 from __future__ import annotations
 
 import ast
+import builtins
 
 import pytest
 
@@ -40,16 +43,23 @@ FORMS = {
 }
 
 
-def assigned_names(source: str) -> set[str]:
-    """The names the code assigns (targets of `=`, `for`, `with`, ...)."""
-    return {node.id for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+def used_names(source: str) -> set[str]:
+    """The names the code assigns or reads, its functions' names and their parameters."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+    return names
 
 
 def unreserved_names(kernel, emitter_class) -> set[str]:
     emitter = emitter_class(kernel)
     source = "\n".join(emitter.run())
-    return assigned_names(source) - emitter.namer.taken
+    return used_names(source) - emitter.namer.taken - set(dir(builtins))
 
 
 def lowered(spec, form: dict, rotation: str = "fused"):

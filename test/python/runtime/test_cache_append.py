@@ -177,11 +177,27 @@ def test_caches_whose_elements_share_memory_are_refused(paged):
             fn.append_kv(shared, distinct.clone(), k, v, lens, **call)
         with pytest.raises(ArgumentError, match="v_cache has elements that share memory"):
             fn.append_kv(distinct.clone(), shared, k, v, lens, **call)
+    same = distinct.clone()
+    with pytest.raises(ArgumentError, match="k_cache and v_cache are one tensor"):
+        fn.append_kv(same, same, k, v, lens, **call)
     both = torch.zeros(shape[0], 2, *shape[1:])  # k and v as halves of one buffer
     model = torch.zeros(shape[0], shape[2], shape[1], shape[3]).transpose(1, 2)
     fn.append_kv(both[:, 0], both[:, 1], k, v, lens, **call)
     fn.append_kv(model, model.clone(), k, v, lens, **call)
     assert both[:, 1].abs().sum() > 0 and model.abs().sum() > 0
+
+
+def test_a_cache_without_positions_takes_nothing():
+    """Pools with no page and a table with no entry (or a cache of length 0) hold no
+    position: an append writes nothing, without an error (positions past the capacity are
+    not written)."""
+    fn = af.compile(SPEC, rope_placement=("fused", "given"))
+    k, v = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
+    lens = torch.tensor([0, 0], dtype=torch.int32)
+    pools = torch.zeros(0, 2, 16, 16), torch.zeros(0, 2, 16, 16)
+    fn.append_kv(*pools, k, v, lens, block_table=torch.zeros(2, 0, dtype=torch.int32))
+    caches = torch.zeros(2, 2, 0, 16), torch.zeros(2, 2, 0, 16)
+    fn.append_kv(*caches, k, v, lens)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -167,7 +167,10 @@ class KeyFilter(ReadsCallData, OpTrait, abc.ABC):
         """Appends the tile ops that drop the filter's entries from a *partial* block of
         scores (dropped entries become -inf; full blocks keep every entry and get nothing);
         returns the new scores. Bands and block-granular filters need nothing here (the band
-        is `tile.mask`'s, blocks are whole), hence the default."""
+        is `tile.mask`'s, blocks are whole), hence the default. A filter that is neither a
+        band nor listed must define it (an element-wise filter: a test of each entry, from
+        its positions, say): then no block is full, and the kernels mask every block they
+        visit."""
         del op, kernel
         return scores
 

@@ -61,6 +61,10 @@ class VariantFacts:
     listed: bool = False
     """The loops walk block lists the runtime builds (`KeyFilter.lists`: block sparsity,
     documents) instead of the band's block ranges."""
+    elementwise: bool = False
+    """A filter with neither band nor block lists drops entries by a per-entry test
+    (`KeyFilter.lower`, an element-wise mask over positions, say): no block the loops visit
+    is full, so every one is masked."""
     exact_scores: bool = False
     """q and k are read widened to fp32 (and rotated in registers), so that their scores are
     products of the unrounded operands (to about 2^-16 |q| |k| in bf16) rather than of
@@ -427,7 +431,9 @@ def build_band_loops(
     documents) walk the runtime's lists: full blocks, then partial ones. Blocks outside the
     band, or that a listed filter leaves empty, are never visited. In a `kv_splits` kernel
     the bounds are clipped to the program's split (`tile.kv_split`), and a variant with a
-    listed filter walks its split's blocks as partial ones, testing each entry.
+    listed filter walks its split's blocks as partial ones, testing each entry. With an
+    element-wise filter (`VariantFacts.elementwise`) no block is full: one masked loop over
+    the band's blocks (or every listed block masked).
     """
     keys = over == "keys"
     split = k.grid == "kv_splits"
@@ -441,7 +447,8 @@ def build_band_loops(
 
     if facts.listed and not split:
         suffix = "" if keys else "_q"
-        for prefix, masked in (("full", False), ("partial", True)):
+        # The lists' full blocks are full for the listed filters; an element-wise one tests them too.
+        for prefix, masked in (("full", facts.elementwise), ("partial", True)):
             blocks, count = k.arg(f"{prefix}{suffix}_blocks"), k.arg(f"{prefix}{suffix}_count")
             loop_type = tile.SparseKVLoopOp if keys else tile.SparseQLoopOp
             state = k.add(loop_type(blocks, count, state, new_body(masked), masked), *names).results
@@ -455,10 +462,15 @@ def build_band_loops(
         clipped = k.add(tile.KVSplitOp(start, full_start, full_end, end),
                         "split_start", "split_full_start", "split_full_end", "split_end")
         start, full_start, full_end, end = clipped.results
-        if facts.listed:
+        if facts.listed or facts.elementwise:
             # No block lists (they are per query block): every block is partial, and each
-            # listed filter applies its per-entry test (`KeyFilter.lower`) to all of them.
+            # filter applies its per-entry test (`KeyFilter.lower`) to all of them.
             return k.add(tile.KVLoopOp(start, end, state, new_body(True), True), *names).results
+    if facts.elementwise:
+        # An element-wise filter may drop entries of any block in the band: one loop over
+        # them all, each block masked and tested.
+        loop_type = tile.KVLoopOp if keys else tile.QLoopOp
+        return k.add(loop_type(start, end, state, new_body(True), True), *names).results
     lower, upper = facts.band.bounds
     # Keys: a lower band edge leaves partial key blocks before the full ones. Queries: an
     # upper edge leaves partial query blocks before the full ones (the rows just above the

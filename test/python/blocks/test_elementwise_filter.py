@@ -1,0 +1,160 @@
+"""An element-wise filter from one file outside the package: `sink_window(sinks, window)`,
+StreamingLLM's attention sinks plus a window of recent keys (`sink_window_block.py`, beside
+this file). It is neither a band nor block lists: its `lower` tests each entry from the
+entries' positions (`tile.pair_position`) in one `tile.map`, so the kernels mask every block
+they visit (`VariantFacts.elementwise`).
+
+Checked through the real kernels against the float64 reference (the op's `evaluate`) and a
+mask written out by hand: forward and backward (split and fused) under every normalizer, with
+documents (the block lists' full blocks tested too), rows left with no key, and decoding with
+per-sequence lengths and pages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import assert_close_to_reference, check_forward_backward, make_qkv
+
+import sink_window_block
+from sink_window_block import sink_window
+
+import attnfuse as af
+from attnfuse.blocks import register_block_module, unregister_block_module
+from attnfuse.runtime.backward_choice import BACKWARD_ENV
+
+pytestmark = pytest.mark.interpreter
+
+SINKS, WINDOW = 3, 9
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    register_block_module(sink_window_block)
+    yield
+    unregister_block_module(sink_window_block)
+
+
+def streaming_mask(nq: int, nk: int) -> torch.Tensor:
+    """`[Nq, Nk]`: causal, and a sink or within the window, queries bottom-right aligned."""
+    i = torch.arange(nq)[:, None] + (nk - nq)
+    j = torch.arange(nk)[None, :]
+    return (j <= i) & ((j < SINKS) | (i - j < WINDOW))
+
+
+def formula(q, k, v, lens=None):
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    outs = []
+    for b in range(q.shape[0]):
+        nk = k.shape[2] if lens is None else lens[b]
+        s = q[b] @ k[b, :, :nk].transpose(-1, -2) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(~streaming_mask(q.shape[2], nk), float("-inf"))
+        outs.append(torch.softmax(s, -1).nan_to_num(0.0) @ v[b, :, :nk])
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("backward", ["separate", "ordered"])
+@pytest.mark.parametrize("normalizer", [af.softmax(), af.relu(), af.sigmoid()], ids=["softmax", "relu", "sigmoid"])
+def test_kernels_forward_backward(monkeypatch, normalizer, backward):
+    monkeypatch.setenv(BACKWARD_ENV, backward)
+    q, k, v = make_qkv(1, 4, 2, 45, 61, 16, seed=21)
+    check_forward_backward(af.attention(af.causal(), sink_window(SINKS, WINDOW), normalizer), q, k, v)
+
+
+def test_matches_the_streaming_pattern():
+    """Against the mask written out by hand; blocks of 16 on the interpreter, so the window's
+    entries and the sinks fall in blocks a band alone would call full."""
+    q, k, v = make_qkv(2, 4, 2, 50, 70, 16, seed=22)
+    out = af.attention(sink_window(SINKS, WINDOW), af.causal())(q, k, v)
+    assert (out.double() - formula(q, k, v)).abs().max() < 1e-5
+
+
+def test_rows_left_without_keys_are_zero():
+    """More queries than keys: the first queries sit at negative positions and keep no key
+    under causal; their rows are 0, and their gradients finite."""
+    q, k, v = make_qkv(1, 2, 2, 40, 24, 16, seed=23)
+    spec = af.attention(sink_window(0, 4), af.causal())
+    out = spec(q, k, v)
+    assert (out[:, :, :16] == 0).all() and torch.isfinite(out).all()
+    check_forward_backward(spec, q, k, v)
+
+
+def test_with_documents():
+    """With documents the kernels walk block lists: the lists' full blocks are full for the
+    documents, not for the element-wise filter, which tests them too."""
+    q, k, v = make_qkv(2, 2, 1, 64, 64, 16, seed=24)
+    doc_ids = torch.tensor([[0] * 40 + [1] * 24, [0] * 64])
+    check_forward_backward(af.attention(af.document(), sink_window(SINKS, WINDOW), af.causal()), q, k, v,
+                           doc_ids=doc_ids)
+
+
+@pytest.mark.parametrize("nq", [1, 20], ids=["decode", "one-pass"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_cache_calls(nq, paged):
+    lens = [60, 21, 33]
+    q, k, v = make_qkv(3, 8, 2, nq, 64, 16, seed=25)
+    spec = af.attention(sink_window(SINKS, WINDOW), af.causal())
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    call: dict = {"kv_lens": kv_lens}
+    keys, values = k, v
+    if paged:
+        table = torch.randperm(12, generator=torch.Generator().manual_seed(2)).reshape(3, 4).to(torch.int32)
+        keys, values = torch.empty(12, 2, 16, 16), torch.empty(12, 2, 16, 16)
+        for b in range(3):
+            for slot in range(4):
+                keys[table[b, slot]] = k[b, :, slot * 16:(slot + 1) * 16]
+                values[table[b, slot]] = v[b, :, slot * 16:(slot + 1) * 16]
+        call["block_table"] = table
+    out = spec(q, keys, values, **call)
+    assert_close_to_reference(out, af.reference_attention(spec, q, k, v, kv_lens=kv_lens), torch.float32)
+    assert (out.double() - formula(q, k, v, lens)).abs().max() < 1e-5
+
+
+def test_every_visited_block_is_masked():
+    """The kernels have no unmasked key loop: a band alone would leave blocks below the
+    diagonal full, which the filter's test must still reach."""
+    program = af.compile(af.attention(sink_window(SINKS, WINDOW), af.causal())).source
+    forward = program.split("def attention_fwd(")[1].split("\ndef ")[0]
+    assert "full: no mask work" not in forward and "tile.pair_position" in forward
+
+
+def test_a_filter_that_cannot_drop_entries_is_refused():
+    """A filter with neither a band, block lists nor a per-entry test has no way to drop an
+    entry: refused where it is lowered, naming it, never lowered as keeping every key."""
+    from dataclasses import dataclass
+
+    from xdsl.dialects.builtin import IntegerAttr, i64
+    from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, prop_def, result_def, traits_def
+    from xdsl.traits import Pure
+
+    from attnfuse.dialects.attn import ScoresType
+    from attnfuse.dialects.interfaces import KeyFilter
+    from attnfuse.dsl.blocks import Block
+
+    @dataclass(frozen=True)
+    class Untested(sink_window_block.SinkWindowSemantics):
+        lower = KeyFilter.lower
+
+    @irdl_op_definition
+    class UntestedOp(IRDLOperation):
+        name = "attn.untested_filter"
+        input = operand_def(ScoresType)
+        result = result_def(ScoresType)
+        sinks = prop_def(IntegerAttr)
+        traits = traits_def(Pure(), Untested())
+
+    @dataclass(frozen=True, repr=False)
+    class UntestedBlock(Block):
+        category = "mask"
+
+        def build(self, variant, value):
+            return UntestedOp.create(operands=[value], result_types=[ScoresType()],
+                                     properties={"sinks": IntegerAttr(1, i64)})
+
+    q, k, v = make_qkv(1, 1, 1, 8, 8, 16, seed=26)
+    with pytest.raises(af.AttnFuseError, match="cannot lower attn.untested_filter: a filter must be a band, have "
+                                               "block lists or test each entry"):
+        af.attention(UntestedBlock(), af.causal())(q, k, v)

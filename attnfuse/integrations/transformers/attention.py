@@ -171,9 +171,10 @@ def _resolve(
             return _Resolved("full", None, seq_k, _additive(attention_mask.dense, query.dtype))
         # Padding and packed sequences as documents: a row's packed sequences are its
         # documents (one without packing); padding keys are never kept and padding queries
-        # keep nothing (their rows are 0), without a dense mask.
+        # keep nothing (their rows are 0), without a dense mask. Under a full pattern
+        # (maybe cross-attention) padding drops keys only, through a [B, 1, 1, N] bias.
         return _Resolved(attention_mask.pattern, attention_mask.window, attention_mask.valid,
-                         None, attention_mask.doc_ids)
+                         attention_mask.key_padding_bias(query.dtype), attention_mask.doc_ids)
     if attention_mask is None:
         # No mask: HF's sdpa path, is_causal (top-left, over the first Nq keys as sdpa's
         # flag is) for a prefill, none for one query.

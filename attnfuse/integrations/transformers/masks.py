@@ -58,10 +58,38 @@ class AttnFuseMask:
         # The `af.document()` ids (a token's packed sequence, 0 without packing; -1 for
         # padding), made once per mask: every layer passes this same tensor, so the kernels'
         # block lists are built once per forward, not once per layer (cached per ids tensor).
+        # A document's query reads its id at its own position in the key sequence, which
+        # holds for self-attention over the keys' sequence (causal patterns, packing); a
+        # full pattern may be cross-attention, whose queries are another sequence: there the
+        # padding is the keys' only, an additive bias (`key_padding_bias`).
         ids = None if self.sequences is None else self.sequences.to(torch.int32)
-        if self.padding is not None:
+        if self.padding is not None and self.pads_keys_only:
+            ids = None
+        elif self.padding is not None:
             ids = torch.where(self.padding, 0 if ids is None else ids, -1).to(torch.int32)
         object.__setattr__(self, "doc_ids", ids)
+        object.__setattr__(self, "_key_biases", {})
+
+    @property
+    def pads_keys_only(self) -> bool:
+        """Whether the padding drops keys only, as an additive bias: a full pattern without
+        packing (an encoder's self-attention, or a decoder's cross-attention, whose queries
+        are not the padded sequence)."""
+        return self.pattern == "full" and self.sequences is None
+
+    def key_padding_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """`[B, 1, 1, valid]`: 0 at a written key, -inf at a padding one, as HF's SDPA mask
+        drops it for every query (a row of padding keys only outputs 0); None without key
+        padding. Made once per mask and dtype, for every layer."""
+        if self.padding is None or not self.pads_keys_only:
+            return None
+        bias = self._key_biases.get(dtype)
+        if bias is None:
+            keep = self.padding[:, None, None, :]
+            zero = torch.zeros((), dtype=dtype, device=keep.device)
+            bias = torch.where(keep, zero, torch.full((), float("-inf"), dtype=dtype, device=keep.device))
+            self._key_biases[dtype] = bias
+        return bias
 
     ndim = 4
     """HF's mask preprocessing asks a given mask for `ndim` (2 = a padding mask to expand);

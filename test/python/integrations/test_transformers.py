@@ -185,6 +185,57 @@ def test_padding_and_a_dense_mask_reach_the_kernel():
     assert dense.dense[:, 0, 0].tolist() == [[True] * 4 + [False] * 2, [False] * 2 + [True] * 2 + [False] * 2]
 
 
+def test_a_full_pattern_drops_padding_keys_only():
+    """Under a bidirectional mask (an encoder, or cross-attention, whose queries are another
+    sequence than the padded keys) padding drops keys for every query, as HF's SDPA mask
+    does: a query's row never depends on the padding at its own index, whatever the lengths
+    (more queries than keys included)."""
+    m = transformers.masking_utils
+    padding = torch.tensor([[1, 1, 1, 0, 0, 1], [0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    generator = torch.Generator().manual_seed(3)
+    module = torch.nn.Module()
+    module.is_causal = False
+    for queries in (2, 6, 9):
+        q = torch.randn(2, 2, queries, 8, generator=generator)
+        k, v = torch.randn(2, 2, 6, 8, generator=generator), torch.randn(2, 2, 6, 8, generator=generator)
+        described = af_hf.attnfuse_mask(2, queries, 6, mask_function=m.bidirectional_mask_function,
+                                        attention_mask=padding)
+        assert described.doc_ids is None
+        out, _ = hf_attention.attnfuse_attention_forward(module, q, k, v, described, scaling=8 ** -0.5)
+        dense = m.sdpa_mask(2, queries, 6, mask_function=m.bidirectional_mask_function, attention_mask=padding,
+                            allow_is_bidirectional_skip=False)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense).transpose(1, 2)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_encoder_decoder_with_a_padded_encoder_matches_eager():
+    """BART: the encoder's padding reaches its self-attention and the decoder's
+    cross-attention (right padding, as tokenizers pad), logits and greedy tokens."""
+    af_hf.register()
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                     decoder_ffn_dim=64, init_std=0.25, max_position_embeddings=64, pad_token_id=1,
+                                     dropout=0.0, attention_dropout=0.0, attn_implementation="eager")
+    eager = transformers.BartForConditionalGeneration(config).eval()
+    fused = transformers.BartForConditionalGeneration(copy.deepcopy(config))
+    fused.load_state_dict(eager.state_dict())
+    fused.set_attn_implementation("attnfuse")
+    fused.eval()
+    generator = torch.Generator().manual_seed(4)
+    ids = torch.randint(3, VOCAB, (2, 10), generator=generator)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    ids[1, 7:] = 1
+    decoder_ids = torch.randint(3, VOCAB, (2, 4), generator=generator)
+    with torch.no_grad():
+        ref = eager(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+        out = fused(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    assert_logits_close(out, ref)
+    tokens = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, num_beams=1)
+    assert torch.equal(fused.generate(ids, **tokens), eager.generate(ids, **tokens))
+
+
 # -- attention through HF's interface ---------------------------------------------------------
 
 

@@ -276,6 +276,27 @@ def score_semantics(op: Operation) -> ScoreModifier | KeyFilter | None:
     return op.get_trait(ScoreModifier) or op.get_trait(KeyFilter)
 
 
+def canonical_rank(op: Operation) -> int | None:
+    """Where a score op sorts among the ops it commutes with (`ScoreModifier.rank`,
+    `KeyFilter.rank`), or None for other ops: the order canonicalize-attn and spec identity
+    (`dsl/spec.canonical_key`) give commuting ops."""
+    trait = score_semantics(op)
+    return None if trait is None else trait.rank
+
+
+def commute(first: Operation, second: Operation) -> bool:
+    """Whether `first` then `second` may be swapped: both must say so, since each op knows
+    only its own algebra (a filter commutes with every modifier; a modifier knows which
+    modifiers it commutes with)."""
+    def says(a: Operation, b: Operation) -> bool:
+        modifier = a.get_trait(ScoreModifier)
+        if modifier is not None:
+            return modifier.commutes_with(a, b)
+        return a.has_trait(KeyFilter) and (b.has_trait(ScoreModifier) or b.has_trait(KeyFilter))
+
+    return says(first, second) and says(second, first)
+
+
 def normalizer_semantics(op: Operation) -> Normalizer:
     """The `Normalizer` interface of a normalizer op."""
     trait = op.get_trait(Normalizer)
@@ -284,4 +305,4 @@ def normalizer_semantics(op: Operation) -> Normalizer:
 
 
 __all__ = ["FORWARD_METHODS", "DataUse", "KeyFilter", "Normalizer", "ReadsCallData", "ScoreModifier",
-           "normalizer_semantics", "partials_merge", "score_semantics"]
+           "canonical_rank", "commute", "normalizer_semantics", "partials_merge", "score_semantics"]

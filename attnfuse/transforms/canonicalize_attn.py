@@ -41,27 +41,8 @@ from attnfuse.dialects.attn import (
     YieldOp,
     is_score_op,
 )
-from attnfuse.dialects.interfaces import KeyFilter, ScoreModifier, score_semantics
+from attnfuse.dialects.interfaces import canonical_rank, commute
 from attnfuse.transforms.pass_options import TypedOptionsPass
-
-
-def canonical_rank(op: Operation) -> int | None:
-    """Where a score op sorts among the ops it commutes with, or None for other ops."""
-    trait = score_semantics(op)
-    return None if trait is None else trait.rank
-
-
-def commute(first: Operation, second: Operation) -> bool:
-    """Whether `first` then `second` may be swapped: both must say so, since each op knows
-    only its own algebra (a filter commutes with every modifier; a modifier knows which
-    modifiers it commutes with)."""
-    def says(a: Operation, b: Operation) -> bool:
-        modifier = a.get_trait(ScoreModifier)
-        if modifier is not None:
-            return modifier.commutes_with(a, b)
-        return a.has_trait(KeyFilter) and (b.has_trait(ScoreModifier) or b.has_trait(KeyFilter))
-
-    return says(first, second) and says(second, first)
 
 
 class EraseUnusedOp(RewritePattern):

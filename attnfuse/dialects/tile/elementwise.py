@@ -124,9 +124,15 @@ def verify_index_tile(op: Operation, what: str) -> None:
 MAP_BODY_OPS: tuple[type[Operation], ...] = (
     arith.ConstantOp, arith.AddfOp, arith.SubfOp, arith.MulfOp, arith.DivfOp, arith.NegfOp,
     arith.MaximumfOp, arith.MinimumfOp, arith.CmpfOp, arith.SelectOp,
-    math.ExpOp, math.LogOp, math.SqrtOp, math.AbsFOp, math.TanhOp,
+    arith.AndIOp, arith.OrIOp, arith.XOrIOp,
+    math.ExpOp, math.LogOp, math.SqrtOp, math.AbsFOp, math.TanhOp, math.FloorOp,
 )
-"""The scalar ops a `tile.map` body may hold (what the targets translate)."""
+"""The scalar ops a `tile.map` body may hold (what the targets translate): f32 arithmetic,
+`exp`, `log`, `sqrt`, `absf`, `tanh` and `floor`, ordered comparisons (`MAP_COMPARISONS`)
+giving i1, `andi`/`ori`/`xori` on i1, and `select` on an i1."""
+
+LOGIC_OPS: tuple[type[Operation], ...] = (arith.AndIOp, arith.OrIOp, arith.XOrIOp)
+"""The body ops on i1 (the results of comparisons): a predicate's parts combined."""
 
 MAP_COMPARISONS = ("oeq", "olt", "ole", "ogt", "oge")
 """The `arith.cmpf` predicates a body may use: ordered ones, false when either side is NaN."""
@@ -152,7 +158,7 @@ def _verify_map_body_op(op: Operation, defined: set[SSAValue]) -> None:
                 f"tile.map comparisons are {', '.join(MAP_COMPARISONS)}, got {predicate}"
             )
     for result in op.results:
-        wanted = i1 if isinstance(op, arith.CmpfOp) else f32
+        wanted = i1 if isinstance(op, (arith.CmpfOp, *LOGIC_OPS)) else f32
         if result.type != wanted:
             raise VerifyException(f"{op.name} in a tile.map body must give {wanted}, got {result.type}")
 
@@ -161,9 +167,14 @@ def _verify_map_body_op(op: Operation, defined: set[SSAValue]) -> None:
 class MapOp(IRDLOperation):
     """Applies a scalar function to every entry of its tile operands: `r[x] = f(a[x], b[x], ...)`.
 
-    The body is a region of `arith` and `math` ops on f32 scalars (as `linalg.generic`'s), one
-    block argument per operand, ending in `tile.map_yield`; f32 scalar operands (a
-    `tile.seq_len`, say) are the same for every entry. Every tile operand has the result's
+    The body is a region of scalar ops (as `linalg.generic`'s), one f32 block argument per
+    operand, ending in `tile.map_yield` of an f32: `arith.constant` (f32), `addf`, `subf`,
+    `mulf`, `divf`, `negf`, `maximumf`, `minimumf`, `math.exp`, `log`, `sqrt`, `absf`, `tanh`,
+    `floor`; `arith.cmpf` with an ordered predicate (`oeq`, `olt`, `ole`, `ogt`, `oge`),
+    `andi`, `ori` and `xori` on its i1 results, and `select` on one (`MAP_BODY_OPS`). f32 holds
+    integers below 2^24 exactly (positions, say), and `floor(a / b)` of two of them is exact
+    while `a + b <= 2^24`: enough for a remainder `a - floor(a / b) * b`. f32 scalar operands
+    (a `tile.seq_len`, say) are the same for every entry. Every tile operand has the result's
     shape; the result is f32. A pointwise score modifier or normalizer needs no tile op of its
     own: it lowers to a `tile.map` (soft-capping is `cap * tanh(s / cap)`).
     """

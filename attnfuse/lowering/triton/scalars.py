@@ -17,6 +17,9 @@ BINARY_OPERATORS: dict[type[Operation], str] = {
     arith.SubfOp: "-",
     arith.MulfOp: "*",
     arith.DivfOp: "/",
+    arith.AndIOp: "&",  # on i1 (comparisons): Triton's boolean tiles take the bitwise operators
+    arith.OrIOp: "|",
+    arith.XOrIOp: "^",
 }
 
 CALLS: dict[type[Operation], str] = {
@@ -25,6 +28,7 @@ CALLS: dict[type[Operation], str] = {
     math.SqrtOp: "tl.sqrt",
     math.AbsFOp: "tl.abs",
     math.TanhOp: "_tanh",
+    math.FloorOp: "tl.floor",
 }
 """Elementwise functions; `_tanh` is a helper of the generated module (`HELPERS`)."""
 

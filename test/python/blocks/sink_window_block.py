@@ -4,7 +4,7 @@ sinks) or lies within `window` positions of the query, `q_pos - k_pos < window` 
 `causal()` beside it, the recent keys). A block defined outside the package in this one file
 (docs/architecture.md §10.1): an element-wise filter, neither a band nor block lists, whose
 `lower` tests each entry of a block from the entries' positions (`tile.pair_position`) with one
-`tile.map`, dropping an entry as -inf. Registered by its tests (test_elementwise_filter.py).
+`tile.map` (two comparisons joined by `arith.ori`), dropping an entry as -inf. Registered by its tests (test_elementwise_filter.py).
 """
 
 from __future__ import annotations
@@ -47,9 +47,8 @@ class SinkWindowSemantics(KeyFilter):
 
             recent = b.insert(arith.CmpfOp(b.insert(arith.SubfOp(q_pos, k_pos)).result, const(window), "olt")).result
             sink = b.insert(arith.CmpfOp(k_pos, const(sinks), "olt")).result
-            dropped = const(float("-inf"))
-            kept_if_recent = b.insert(arith.SelectOp(recent, s, dropped)).result
-            return b.insert(arith.SelectOp(sink, s, kept_if_recent)).result
+            kept = b.insert(arith.OrIOp(sink, recent)).result
+            return b.insert(arith.SelectOp(kept, s, const(float("-inf")))).result
 
         return kernel.scalar_map(inputs, "scores", body)
 

@@ -1,6 +1,7 @@
-"""An element-wise filter from one file outside the package: `sink_window(sinks, window)`,
+"""Element-wise filters from one file outside the package: `sink_window(sinks, window)`,
 StreamingLLM's attention sinks plus a window of recent keys (`sink_window_block.py`, beside
-this file). It is neither a band nor block lists: its `lower` tests each entry from the
+this file), and `chunked(size)`, Llama 4's chunked local attention (`chunk_block.py`, a
+`floor` of the positions). It is neither a band nor block lists: its `lower` tests each entry from the
 entries' positions (`tile.pair_position`) in one `tile.map`, so the kernels mask every block
 they visit (`VariantFacts.elementwise`).
 
@@ -17,7 +18,9 @@ import pytest
 import torch
 from conftest import assert_close_to_reference, check_forward_backward, make_qkv
 
+import chunk_block
 import sink_window_block
+from chunk_block import chunked
 from sink_window_block import sink_window
 
 import attnfuse as af
@@ -31,9 +34,11 @@ SINKS, WINDOW = 3, 9
 
 @pytest.fixture(autouse=True)
 def registered():
-    register_block_module(sink_window_block)
+    for module in (sink_window_block, chunk_block):
+        register_block_module(module)
     yield
-    unregister_block_module(sink_window_block)
+    for module in (sink_window_block, chunk_block):
+        unregister_block_module(module)
 
 
 def streaming_mask(nq: int, nk: int) -> torch.Tensor:
@@ -158,3 +163,38 @@ def test_a_filter_that_cannot_drop_entries_is_refused():
     with pytest.raises(af.AttnFuseError, match="cannot lower attn.untested_filter: a filter must be a band, have "
                                                "block lists or test each entry"):
         af.attention(UntestedBlock(), af.causal())(q, k, v)
+
+
+def chunk_formula(q, k, v, size, lens=None):
+    """softmax over the keys of each query's chunk (and not after it), in float64, by hand."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    outs = []
+    for b in range(q.shape[0]):
+        nk = k.shape[2] if lens is None else lens[b]
+        i = torch.arange(q.shape[2])[:, None] + (nk - q.shape[2])
+        j = torch.arange(nk)[None, :]
+        keep = (j <= i) & (torch.div(i, size, rounding_mode="floor") == torch.div(j, size, rounding_mode="floor"))
+        s = (q[b] @ k[b, :, :nk].transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~keep, float("-inf"))
+        outs.append(torch.softmax(s, -1).nan_to_num(0.0) @ v[b, :, :nk])
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("size", [7, 16, 24])
+def test_chunked_attention(size):
+    """Chunks that do not align with the kernels' blocks of 16 (7, 24) and that do (16), and
+    more queries than keys (negative query positions keep nothing): forward against the
+    formula, forward and backward against the reference."""
+    q, k, v = make_qkv(2, 4, 2, 45, 40, 16, seed=27)
+    spec = af.attention(chunked(size), af.causal())
+    assert (spec(q, k, v).double() - chunk_formula(q, k, v, size)).abs().max() < 1e-5
+    check_forward_backward(spec, q, k, v)
+
+
+def test_chunked_decode():
+    lens = [50, 17, 33]
+    q, k, v = make_qkv(3, 8, 2, 1, 64, 16, seed=28)
+    spec = af.attention(chunked(16), af.causal())
+    out = spec(q, k, v, kv_lens=torch.tensor(lens, dtype=torch.int32))
+    assert (out.double() - chunk_formula(q, k, v, 16, lens)).abs().max() < 1e-5

@@ -47,7 +47,15 @@ tile.kernel @maps(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>,
       %d = arith.subf %kp, %qp : f32
       %dh = arith.mulf %d, %h : f32
       %y2 = arith.addf %x2, %dh : f32
-      tile.map_yield %y2 : f32
+      %fl = math.floor %d : f32
+      %zero = arith.constant 0.000000e+00 : f32
+      %near = arith.cmpf oeq, %fl, %zero : f32
+      %past = arith.cmpf ogt, %d, %zero : f32
+      %either = arith.ori %near, %past : i1
+      %both = arith.andi %near, %past : i1
+      %one = arith.xori %either, %both : i1
+      %y3 = arith.select %one, %y2, %x2 : f32
+      tile.map_yield %y3 : f32
     }
     %v_blk = tile.load %v[loop, all] : !tile.tensor<v> -> !tile.tile<n x dv x f16>
     %a3 = tile.accumulate %a, %w2, %v_blk rescaled %alpha : !tile.tile<m x dv x f32>, !tile.tile<m x n x f32>, !tile.tile<n x dv x f16>, !tile.tile<m x f32>
@@ -75,4 +83,7 @@ tile.kernel @maps(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>,
 // TRITON-NEXT: k_pos_1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + keys[None, :]
 // TRITON-NEXT: # tile.query_head: each entry's query head, as f32
 // TRITON-NEXT: head_1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + head
-// TRITON:      w2 = (w + ((k_pos_1 - q_pos_1) * head_1))
+// TRITON:      d = (k_pos_1 - q_pos_1)
+// TRITON:      near = (tl.floor(d) == 0.0)
+// TRITON-NEXT: past = (d > 0.0)
+// TRITON-NEXT: w2 = tl.where(((near | past) ^ (near & past)), (w + (d * head_1)), w)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from functools import cache
 from types import ModuleType
 
@@ -116,6 +117,15 @@ def register_block_module(module: ModuleType) -> None:
         _REGISTERED.append(module)
     # Registered again (after `importlib.reload`, say): its current OPS replace the old ones.
     _changed()
+
+
+def unregistered_op_hint(message: str, remedy: str) -> str:
+    """What to add to a parse error that names an `attn.` op the dialect does not have (xDSL's
+    "Operation attn.x is not registered"): that an op of a block defined outside the package
+    parses once its module is registered, and how (`remedy`); empty for any other message."""
+    if not re.search(r"Operation attn\.[\w.]+ is not registered", message):
+        return ""
+    return f" (if it is the op of a block defined outside the package: {remedy})"
 
 
 def unregister_block_module(module: ModuleType) -> None:

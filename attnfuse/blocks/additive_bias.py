@@ -92,10 +92,6 @@ class AdditiveBias(Block):
     arguments: ClassVar[tuple[Attribute, ...]] = (BiasType(),)
     hint: ClassVar[str] = "biased"
 
-    @property
-    def block_name(self) -> str:
-        return "additive_bias"
-
     def build(self, variant: Any, value: SSAValue) -> Operation:
         bias = variant.argument(BiasType())
         assert bias is not None

@@ -140,10 +140,6 @@ class BlockSparse(Block):
                 f"block_sparse: block_size must be a power of two >= 16, got {bs!r}"
             )
 
-    @property
-    def block_name(self) -> str:
-        return "block_sparse"
-
     def build(self, variant: Any, value: SSAValue) -> Operation:
         layout = variant.argument(LayoutType())
         assert layout is not None

@@ -199,10 +199,6 @@ class SlidingWindow(Block):
         if self.window > MAX_WINDOW:
             raise CompositionError(f"sliding_window: {_too_wide(self.window)}")
 
-    @property
-    def block_name(self) -> str:
-        return "sliding_window"
-
     def build(self, variant: Any, value: SSAValue) -> Operation:
         return MaskOp(value, [WindowAttr(self.window)])
 

@@ -9,6 +9,7 @@ meaning, in its own module under `attnfuse/blocks/`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -53,7 +54,9 @@ class Block:
 
     @property
     def block_name(self) -> str:
-        return type(self).__name__.lower()
+        """The block's name in reprs, errors and the canonical order: its class's name in
+        snake case (`SlidingWindow` -> `sliding_window`), as its constructor is spelled."""
+        return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", type(self).__name__).lower()
 
 
 @dataclass(frozen=True, repr=False)
@@ -80,10 +83,6 @@ class ScaledDotProduct(Block):
                     f"{MAX_SCORE_SCALE:.3g}] (kernels scale in fp32), got {self.scale!r}"
                 )
             object.__setattr__(self, "scale", float(self.scale))
-
-    @property
-    def block_name(self) -> str:
-        return "scaled_dot_product"
 
     def restates_default(self) -> bool:
         return self.scale is None

@@ -101,10 +101,17 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                       "gl", "gluon", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait", "fence_async_shared")
     """Names the printed partitions use themselves: the ops' results take others."""
 
+    FUNCTION_PARTS = ("probs", "grads", "load", "dq_write", "consume")
+    """The kernel's functions besides its entry: `<kernel name>_<part>`."""
+
     def reserved_names(self) -> set[str]:
-        # Primal tiles are named primal_<op>_<operand> (`find_primal_values`); bounds bound_<i>.
+        # Primal tiles are named primal_<op>_<operand> (`find_primal_values`); bounds bound_<i>;
+        # the entry reads its compile-time parameters and each role's descriptor.
         primal = {f"primal_{i}_{j}" for i in range(16) for j in range(4)}
-        return super().reserved_names() | set(self.CONSUMER_NAMES) | primal | {f"bound_{i}" for i in range(8)}
+        functions = {f"{self.kernel.sym_name.data}_{part}" for part in self.FUNCTION_PARTS}
+        read = {"STAGES", "num_warps", *(f"{role}_desc" for role in self.roles), "q_desc", "k_desc", "v_desc"}
+        return (super().reserved_names() | set(self.CONSUMER_NAMES) | primal | {f"bound_{i}" for i in range(8)}
+                | functions | read)
 
     def run(self) -> list[str]:
         self.find_primal_values()

@@ -235,12 +235,8 @@ class CallPlanning:
                    cache: CacheLayout = CONTIGUOUS, backward: bool = False) -> CallPlan:
         constants: dict[str, torch.Tensor] = {}
         variant = self.program.canonical(explicit_positions)
-        if (training or backward) and variant.underivable is not None:
-            name = variant.underivable.name
-            raise ArgumentError(
-                f"'{name}' has no derivative (its ScoreModifier is not additive and defines no vjp): "
-                "the variant runs forward only; call it under torch.no_grad() (or with inputs that "
-                f"do not require grad), or give {name}'s semantics a vjp")
+        if (training or backward) and (refusal := variant.training_refusal()):
+            raise ArgumentError(refusal)
         for binding in variant.bindings:
             # Data made from the program alone (ALiBi's slopes) depends only on the shape;
             # made before the empty-problem exit, so that its checks run for every call.

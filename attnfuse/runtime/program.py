@@ -29,6 +29,7 @@ from attnfuse.dialects.interfaces import (
     partials_merge,
     score_semantics,
 )
+from attnfuse.blocks import unregistered_op_hint
 from attnfuse.errors import ArgumentError, AttnFuseError, IRError
 from attnfuse.transforms import PASSES
 from attnfuse.transforms.kernel_builder import assign_data_roles
@@ -101,6 +102,15 @@ class Canonical:
             if trait is not None and not trait.has_derivative:
                 return op
         return None
+
+    def training_refusal(self) -> str | None:
+        """Why a call that autograd records cannot run (`underivable`), or None."""
+        if self.underivable is None:
+            return None
+        name = self.underivable.name
+        return (f"'{name}' has no derivative (its ScoreModifier is not additive and defines no vjp): the "
+                "variant runs forward only; call it under torch.no_grad() (or with inputs that do not "
+                f"require grad), or give {name}'s semantics a vjp")
 
     @property
     def normalizer_name(self) -> str:
@@ -323,6 +333,10 @@ class VariantProgram:
         return canonical
 
 
+REGISTER = "register its module first, attnfuse.blocks.register_block_module(module)"
+"""How an out-of-tree block's op gets into the attn dialect, for a program that names it."""
+
+
 def parse_attn(text: str) -> ModuleOp:
     """Parses attn IR text (a module or a bare `attn.variant`), as an `AttnFuseError` that
     names the location on failure."""
@@ -331,7 +345,7 @@ def parse_attn(text: str) -> ModuleOp:
     try:
         module = Parser(make_context(), text, "<attn program>").parse_module()
     except (ParseError, VerifyException, DiagnosticException) as err:
-        raise AttnFuseError(f"cannot parse the attn program: {err}") from err
+        raise AttnFuseError(f"cannot parse the attn program: {err}{unregistered_op_hint(str(err), REGISTER)}") from err
     return verified(module)
 
 

@@ -38,6 +38,7 @@ from xdsl.utils.lexer import Input, Span
 from xdsl.utils.mlir_lexer import MLIRTokenKind
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from attnfuse.blocks import unregistered_op_hint
 from attnfuse.dialects import dialects
 from attnfuse.errors import AttnFuseError, PassOptionError
 from attnfuse.transforms import PASSES
@@ -336,6 +337,8 @@ def load_block_module(path: str) -> ModuleType:
     # block.py files each other); dataclasses and the compile cache look it up by name.
     name = f"attnfuse_block_module_{file.stem}_{hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(name, file)
+    if not file.exists():
+        raise BlockModuleError(f"--block-module {path}: no such file")
     if spec is None or spec.loader is None or not file.is_file():
         raise BlockModuleError(f"--block-module {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
@@ -480,7 +483,7 @@ def diagnostic(tool: AttnFuseOptMain, argv: Sequence[str], err: BaseException) -
         # Chunks are parsed with their preceding lines padded in, so the span's own line is
         # already the file's: drop the offset xDSL adds for --split-input-file.
         location = dataclasses.replace(err.span, line_offset=0).get_location()
-        return f"{location}: error: {err.msg}"
+        return f"{location}: error: {err.msg}{unregistered_op_hint(err.msg, 'load its file with --block-module FILE')}"
     if isinstance(err, (VerifyException, DiagnosticException)):
         # An error that names its op (a use before its definition) is located there.
         culprit = getattr(err, "op", None)

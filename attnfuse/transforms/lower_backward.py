@@ -50,7 +50,7 @@ from xdsl.dialects.builtin import f32
 from xdsl.ir import Block, Operation, SSAValue
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.interfaces import ScoreModifier
+from attnfuse.dialects.interfaces import KeyFilter, ScoreModifier
 from attnfuse.transforms.kernel_builder import (
     PART_SUFFIX,
     ChainInputs,
@@ -370,7 +370,8 @@ def fused_dq_unsupported(facts: VariantFacts, ordered: bool = False) -> tuple[st
     if ordered and facts.listed:
         return ("the fused backward's adds in key-block order (bwd-dq=ordered) need the key blocks that "
                 "visit a query block to be consecutive, which a block list does not promise: lower a "
-                "block-sparse or document variant with bwd-dq=separate (deterministic) or fused"), facts.filters[0]
+                "block-sparse or document variant with bwd-dq=separate (deterministic) or fused"), next(
+                    op for op in facts.filters if op.get_trait(KeyFilter).lists(op))
     return None
 
 

@@ -139,6 +139,10 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
             masks += 1
             recorded = op.properties.get("band")
             if not isinstance(recorded, attn.BandAttr):
+                if op.name != "attn.mask":
+                    raise _fail(op, f"{op.name} says it is a band (KeyFilter.band), but a band is an attn.mask "
+                                    "predicate (a MaskPredicate attribute, which analyze-masks reads): build "
+                                    "attn.mask with it, or drop entries in KeyFilter.lower")
                 raise _fail(op, "mask has no band; run analyze-masks first")
             if masks > 1:
                 raise _fail(op, "more than one mask; run canonicalize-attn first")

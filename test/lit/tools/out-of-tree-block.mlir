@@ -14,8 +14,8 @@
 // CHECK:      + 0.75
 // IR:         attn.alibi
 // IR-NEXT:    attn.score_offset {{.*}} {offset = 7.500000e-01 : f64}
-// UNKNOWN:    out-of-tree-block.mlir:[[# @LINE + 11]]:{{[0-9]+}}: error: Operation attn.score_offset is not registered
-// MISSING:    attnfuse-opt: error: --block-module {{.*}}no-such-block.py: not a Python file
+// UNKNOWN:    out-of-tree-block.mlir:[[# @LINE + 11]]:{{[0-9]+}}: error: Operation attn.score_offset is not registered (if it is the op of a block defined outside the package: load its file with --block-module FILE)
+// MISSING:    attnfuse-opt: error: --block-module {{.*}}no-such-block.py: no such file
 // An op with none of the three interfaces is refused where it stands; a module without OPS at once.
 // NOROLE:     out-of-tree-block.mlir:[[# @LINE + 8]]:3: error: 'attn.score_offset' inside attn.variant implements none of ScoreModifier, KeyFilter and Normalizer
 // NOOPS:      attnfuse-opt: error: --block-module {{.*}}no_ops_block.py: OPS must list the module's ops

@@ -99,8 +99,9 @@ def test_bad_offsets():
 def test_unregistered_op_does_not_parse():
     unregister_block_module(score_offset_block)
     # (Another text: programs parsed while the op was registered stay cached.)
-    with pytest.raises(AttnFuseError, match="attn.score_offset"):
+    with pytest.raises(AttnFuseError, match="attn.score_offset") as err:
         af.compile(HAND_WRITTEN.replace("7.500000e-01", "2.500000e-01"))
+    assert "attnfuse.blocks.register_block_module(module)" in str(err.value)  # says how
 
 
 @pytest.mark.parametrize("normalizer", [af.relu(), af.sigmoid(), af.softmax()], ids=["relu", "sigmoid", "softmax"])

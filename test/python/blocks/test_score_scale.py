@@ -141,6 +141,9 @@ def test_a_modifier_without_a_derivative_runs_forward_only():
         assert_close_to_reference(spec(leaf, k, v), reference, torch.float32)
     with pytest.raises(ArgumentError, match="'attn.forward_only_scale' has no derivative"):
         spec(leaf, k, v)
+    # Traced, the call is refused at the forward too (not at the backward it would reach).
+    with pytest.raises(ArgumentError, match="'attn.forward_only_scale' has no derivative"):
+        torch.compile(lambda q: spec(q, k, v), backend="aot_eager")(leaf)
     with pytest.raises(af.AttnFuseError, match="'attn.forward_only_scale' is not additive .* must define vjp") as err:
         lower_spec(spec, CompileKey(16, 16, "f32", TileConfig(16, 16, 4, 1), None))
     assert isinstance(err.value.__cause__, IRError) and isinstance(err.value.__cause__.op, ForwardOnlyScaleOp)

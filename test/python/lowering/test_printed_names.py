@@ -82,10 +82,12 @@ def test_triton_kernels_assign_only_names_the_namer_knows(name, form):
         assert not unreserved_names(kernel, KernelEmitter), kernel.sym_name.data
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["one-tile", "persistent"])
+@pytest.mark.parametrize("form", [(False, "separate"), (True, "separate"), (False, "fused"), (False, "ordered")],
+                         ids=["one-tile", "persistent", "fused-backward", "ordered-backward"])
 @pytest.mark.parametrize("name", SPECS)
-def test_gluon_kernels_assign_only_names_the_namer_knows(name, persistent):
-    module = lowered(SPECS[name], FORMS["training"], rotation="pre_rotated")
+def test_gluon_kernels_assign_only_names_the_namer_knows(name, form):
+    persistent, bwd_dq = form
+    module = lowered(SPECS[name], {"bwd_dq": bwd_dq}, rotation="pre_rotated")
     WarpSpecializePass(persistent=persistent).apply(make_context(), module)
     scheduled = [k for k in module.ops if k.get_attr_or_prop("schedule") is not None]
     assert scheduled, "warp-specialize scheduled no kernel"

@@ -198,3 +198,41 @@ def test_chunked_decode():
     spec = af.attention(chunked(16), af.causal())
     out = spec(q, k, v, kv_lens=torch.tensor(lens, dtype=torch.int32))
     assert (out.double() - chunk_formula(q, k, v, 16, lens)).abs().max() < 1e-5
+
+
+def test_a_filter_that_claims_a_band_is_told_what_a_band_is():
+    """A band is an `attn.mask` predicate (which analyze-masks reads); an op of its own that
+    answers `KeyFilter.band` is refused with that said, not with "run analyze-masks"."""
+    from dataclasses import dataclass
+
+    from xdsl.dialects.builtin import IntegerAttr, i64
+    from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, prop_def, result_def, traits_def
+    from xdsl.traits import Pure
+
+    from attnfuse.dialects.attn import ScoresType
+    from attnfuse.dsl.blocks import Block
+
+    @dataclass(frozen=True)
+    class Banded(sink_window_block.SinkWindowSemantics):
+        def band(self, op):
+            return (0, None)
+
+    @irdl_op_definition
+    class BandedOp(IRDLOperation):
+        name = "attn.banded_filter"
+        input = operand_def(ScoresType)
+        result = result_def(ScoresType)
+        sinks = prop_def(IntegerAttr)
+        traits = traits_def(Pure(), Banded())
+
+    @dataclass(frozen=True, repr=False)
+    class BandedBlock(Block):
+        category = "mask"
+
+        def build(self, variant, value):
+            return BandedOp.create(operands=[value], result_types=[ScoresType()],
+                                   properties={"sinks": IntegerAttr(1, i64)})
+
+    q, k, v = make_qkv(1, 1, 1, 8, 8, 16, seed=29)
+    with pytest.raises(af.AttnFuseError, match="attn.banded_filter says it is a band .* a band is an attn.mask predicate"):
+        af.attention(BandedBlock())(q, k, v)

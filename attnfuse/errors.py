@@ -31,4 +31,11 @@ class IRError(AttnFuseError):
 
 
 class PassOptionError(AttnFuseError):
-    """A pass pipeline option out of range (e.g. `lower-to-tile{block-m=24}`)."""
+    """A pass pipeline option out of range (e.g. `lower-to-tile{block-m=24}`): `pass_name`
+    and `option` say where (`attnfuse-opt` points at the option in its `-p` argument), the
+    message is `"<pass>: <problem>"`."""
+
+    def __init__(self, pass_name: str, option: str, problem: str):
+        super().__init__(f"{pass_name}: {problem}")
+        self.pass_name = pass_name
+        self.option = option

@@ -444,8 +444,10 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _pipeline_error(argv: Sequence[str], message: str) -> str:
-    """`-p:1:col: error: ...`, pointing at the named pass inside the pipeline argument."""
+def _pipeline_error(argv: Sequence[str], message: str, option: tuple[str, str] | None = None) -> str:
+    """`-p:1:col: error: ...`, pointing into the pipeline argument: at the value the message
+    quotes, else at `option` (pass, option: a `PassOptionError`'s) inside that pass's braces
+    (else at the pass)."""
     pipeline = ""
     for i, arg in enumerate(argv):
         if arg in ("-p", "--passes") and i + 1 < len(argv):
@@ -459,16 +461,23 @@ def _pipeline_error(argv: Sequence[str], message: str) -> str:
         # column and the words, drop the copy of the pipeline.
         return f"<pass-pipeline>:1:{located.group(1)}: error: {located.group(2).strip()}"
     quoted = re.search(r"'([^']+)'", message)
-    option = re.match(r"([\w-]+): ([\w-]+)", message)
     if quoted and quoted.group(1) in pipeline:
-        col = pipeline.index(quoted.group(1)) + 1
-    elif option and option.group(1) in pipeline:
-        # "pass: option ...": at the option inside that pass's braces, else at the pass.
-        start = pipeline.index(option.group(1))
+        col = pipeline.index(quoted.group(1)) + 1  # the value the message quotes
+    elif option is not None and option[0] in pipeline:
+        start = pipeline.index(option[0])
         # The option itself, not a longer one ending the same way (bwd-block-n for block-n).
-        at = re.compile(r"(?<=[{\s,])" + re.escape(option.group(2)) + "=").search(pipeline, start)
+        at = re.compile(r"(?<=[{\s,])" + re.escape(option[1]) + "=").search(pipeline, start)
         col = (at.start() if at else start) + 1
     return f"<pass-pipeline>:1:{col}: error: {message}"
+
+
+def _option_of(err: BaseException) -> tuple[str, str] | None:
+    """(pass, option) of a `PassOptionError`, raised itself or as the cause of xDSL's error."""
+    while err is not None:
+        if isinstance(err, PassOptionError):
+            return err.pass_name, err.option
+        err = err.__cause__ or err.__context__
+    return None
 
 
 class ChunksFailed(Exception):
@@ -491,7 +500,7 @@ def diagnostic(tool: AttnFuseOptMain, argv: Sequence[str], err: BaseException) -
         op, message = found if found is not None else (None, _first_line(err))
         return f"{tool.locate(op)}: error: {message}"
     if isinstance(err, PassOptionError):
-        return _pipeline_error(argv, str(err))
+        return _pipeline_error(argv, str(err), _option_of(err))
     if isinstance(err, (PassFailedException, AttnFuseError)):
         op = getattr(err, "op", None)
         found = tool.failing_op() if op is None else None
@@ -531,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except (ArgSpecParseError, ValueError, PassFailedException) as err:
         message = str(err).strip().replace("\n", " ")
-        print(_pipeline_error(argv, message), file=sys.stderr)
+        print(_pipeline_error(argv, message, _option_of(err)), file=sys.stderr)
         return 1
     try:
         tool.run()

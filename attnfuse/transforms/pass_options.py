@@ -27,5 +27,5 @@ class TypedOptionsPass(ModulePass):
             declared = {part.strip() for part in str(field.type).split("|")}
             if isinstance(value, bool) and "bool" not in declared:
                 kind = "a number" if declared & {"int", "float"} else f"a {' or '.join(sorted(declared))}"
-                raise PassOptionError(f"{self.name}: {field.name.replace('_', '-')} must be {kind}, "
-                                      f"got {str(value).lower()}")
+                option = field.name.replace("_", "-")
+                raise PassOptionError(self.name, option, f"{option} must be {kind}, got {str(value).lower()}")

@@ -196,22 +196,22 @@ class WarpSpecializePass(TypedOptionsPass):
         if self.bwd_block_n != 64:
             # 128 queries a step need ~352 KB of shared memory at head dim 128 (the dQ staging
             # and the q/dO ring double), more than an H200's 227 KB.
-            raise PassOptionError(f"warp-specialize: bwd-block-n must be 64 (the schedule's shared memory "
+            raise PassOptionError("warp-specialize", "bwd-block-n", f"bwd-block-n must be 64 (the schedule's shared memory "
                                   f"fits that at head dim 128), got {self.bwd_block_n}")
         if self.bwd_stages < 1:
-            raise PassOptionError("warp-specialize: bwd-stages must be >= 1")
+            raise PassOptionError("warp-specialize", "bwd-stages", "bwd-stages must be >= 1")
         if self.bwd_dq_writers not in (0, 1, 2):
-            raise PassOptionError(f"warp-specialize: bwd-dq-writers must be 1 or 2 (one per dQ staging buffer; "
+            raise PassOptionError("warp-specialize", "bwd-dq-writers", f"bwd-dq-writers must be 1 or 2 (one per dQ staging buffer; "
                                   f"0: by the adds' order), got {self.bwd_dq_writers}")
         if self.block_n and not (self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0):
-            raise PassOptionError(f"warp-specialize: block-n must be a power of two >= 16 (0: by head dim), "
+            raise PassOptionError("warp-specialize", "block-n", f"block-n must be a power of two >= 16 (0: by head dim), "
                                   f"got {self.block_n}")
         if self.consumers not in (0, 1, 2, 3):
-            raise PassOptionError(f"warp-specialize: consumers must be 1, 2 or 3 warpgroups (0: the default), got {self.consumers}")
+            raise PassOptionError("warp-specialize", "consumers", f"consumers must be 1, 2 or 3 warpgroups (0: the default), got {self.consumers}")
         if self.stages < 1 or self.producer_warps < 1:
-            raise PassOptionError("warp-specialize: stages and producer-warps must be >= 1")
+            raise PassOptionError("warp-specialize", "stages", "stages and producer-warps must be >= 1")
         if self.consumer_registers and not 24 <= self.consumer_registers <= 255:
-            raise PassOptionError(f"warp-specialize: consumer-registers must be in [24, 255], got {self.consumer_registers}")
+            raise PassOptionError("warp-specialize", "consumer-registers", f"consumer-registers must be in [24, 255], got {self.consumer_registers}")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for pattern in (WarpSpecialize(self), WarpSpecializeBackward(self)):

@@ -39,3 +39,8 @@ class PassOptionError(AttnFuseError):
         super().__init__(f"{pass_name}: {problem}")
         self.pass_name = pass_name
         self.option = option
+        self.problem = problem
+
+    def __reduce__(self):
+        # Pickled (a worker process's error, a copy) with its three parts, not the message.
+        return type(self), (self.pass_name, self.option, self.problem)

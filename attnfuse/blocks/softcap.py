@@ -34,7 +34,8 @@ from attnfuse.errors import CompositionError
 def _tanh_of_scaled(b: Any, scores: SSAValue, cap: float) -> tuple[SSAValue, SSAValue]:
     """Builds `tanh(s / cap)` in a map body; returns it and the cap constant."""
     cap_value = b.insert(arith.ConstantOp(FloatAttr(cap, f32))).result
-    scaled = b.insert(arith.DivfOp(scores, cap_value)).result
+    # An approximate quotient (`afn`: Triton's fast `/`): tanh itself is within a few ulp.
+    scaled = b.insert(arith.DivfOp(scores, cap_value, arith.FastMathFlagsAttr([arith.FastMathFlag.APPROX_FUNC]))).result
     return b.insert(math_dialect.TanhOp(scaled)).result, cap_value
 
 

@@ -77,6 +77,14 @@ class Canonical:
         self.scores, self.chain, self.normalizer = attn.score_chain(self.variant)
         check_listed_filters(self.chain)  # what lower-to-tile would refuse at the first call
         self.text = anonymous_text(module)
+        # The first score modifier whose backward cannot be lowered (not additive, and no
+        # `vjp` of its own: `ScoreModifier.has_derivative`), or None. Such a variant compiles
+        # forward kernels only and refuses calls that autograd records. Set here, not as a
+        # cached property: a traced call reads it (`training_refusal`), and Dynamo cannot
+        # enter the lock a cached property takes on its first read.
+        self.underivable: Operation | None = next(
+            (op for op in self.chain
+             if (trait := op.get_trait(ScoreModifier)) is not None and not trait.has_derivative), None)
 
     @cached_property
     def normalizer_semantics(self) -> Normalizer:
@@ -92,16 +100,6 @@ class Canonical:
         """Whether split-KV decoding may split the keys (`Normalizer.merges_splits`)."""
         return partials_merge(self.normalizer_semantics)
 
-    @cached_property
-    def underivable(self) -> Operation | None:
-        """The first score modifier whose backward cannot be lowered (not additive, and no
-        `vjp` of its own: `ScoreModifier.has_derivative`), or None. Such a variant compiles
-        forward kernels only and refuses calls that autograd records."""
-        for op in self.chain:
-            trait = op.get_trait(ScoreModifier)
-            if trait is not None and not trait.has_derivative:
-                return op
-        return None
 
     def training_refusal(self) -> str | None:
         """Why a call that autograd records cannot run (`underivable`), or None."""

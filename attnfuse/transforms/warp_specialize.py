@@ -208,8 +208,9 @@ class WarpSpecializePass(TypedOptionsPass):
                                   f"got {self.block_n}")
         if self.consumers not in (0, 1, 2, 3):
             raise PassOptionError("warp-specialize", "consumers", f"consumers must be 1, 2 or 3 warpgroups (0: the default), got {self.consumers}")
-        if self.stages < 1 or self.producer_warps < 1:
-            raise PassOptionError("warp-specialize", "stages", "stages and producer-warps must be >= 1")
+        for option, value in (("stages", self.stages), ("producer-warps", self.producer_warps)):
+            if value < 1:
+                raise PassOptionError("warp-specialize", option, f"{option} must be >= 1, got {value}")
         if self.consumer_registers and not 24 <= self.consumer_registers <= 255:
             raise PassOptionError("warp-specialize", "consumer-registers", f"consumer-registers must be in [24, 255], got {self.consumer_registers}")
 

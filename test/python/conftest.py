@@ -282,3 +282,15 @@ class NoFallback:
 def gluon_only(launch, monkeypatch) -> None:
     """Make `launch` (a `GluonLaunch` or `GluonBackwardLaunch`) fail the test if it falls back."""
     monkeypatch.setattr(launch, "portable", NoFallback(launch.portable))
+
+
+@pytest.fixture
+def launched(monkeypatch) -> list[str]:
+    """The names of the kernels launched while the test runs, in order."""
+    from attnfuse.runtime.launch import KernelLaunch
+
+    names: list[str] = []
+    original = KernelLaunch.__call__
+    monkeypatch.setattr(KernelLaunch, "__call__",
+                        lambda self, tensors: (names.append(self.info.name), original(self, tensors))[1])
+    return names

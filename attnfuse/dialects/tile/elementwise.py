@@ -171,9 +171,13 @@ class MapOp(IRDLOperation):
     operand, ending in `tile.map_yield` of an f32: `arith.constant` (f32), `addf`, `subf`,
     `mulf`, `divf`, `negf`, `maximumf`, `minimumf`, `math.exp`, `log`, `sqrt`, `absf`, `tanh`,
     `floor`; `arith.cmpf` with an ordered predicate (`oeq`, `olt`, `ole`, `ogt`, `oge`),
-    `andi`, `ori` and `xori` on its i1 results, and `select` on one (`MAP_BODY_OPS`). f32 holds
-    integers below 2^24 exactly (positions, say), and `floor(a / b)` of two of them is exact
-    while `a + b <= 2^24`: enough for a remainder `a - floor(a / b) * b`. f32 scalar operands
+    `andi`, `ori` and `xori` on its i1 results, and `select` on one (`MAP_BODY_OPS`; a body has
+    no i1 constant: negate a predicate by the opposite comparison or by swapping `select`'s
+    arms). `divf` is correctly rounded, as MLIR defines it, unless its fastmath flags allow an
+    approximation (`afn`, `arcp`, `fast`: the targets' fast division, up to 2 ulp off on a
+    GPU). f32 holds integers below 2^24 exactly (positions, say), and `floor(a / b)` of two of
+    them is exact while `a + b <= 2^24`: enough for a remainder `a - floor(a / b) * b`. f32
+    scalar operands
     (a `tile.seq_len`, say) are the same for every entry. Every tile operand has the result's
     shape; the result is f32. A pointwise score modifier or normalizer needs no tile op of its
     own: it lowers to a `tile.map` (soft-capping is `cap * tanh(s / cap)`).

@@ -16,7 +16,6 @@ BINARY_OPERATORS: dict[type[Operation], str] = {
     arith.AddfOp: "+",
     arith.SubfOp: "-",
     arith.MulfOp: "*",
-    arith.DivfOp: "/",
     arith.AndIOp: "&",  # on i1 (comparisons): Triton's boolean tiles take the bitwise operators
     arith.OrIOp: "|",
     arith.XOrIOp: "^",
@@ -66,6 +65,21 @@ def _comparison(op: arith.CmpfOp, operands: list[str]) -> str:
     return f"({operands[0]} {COMPARISONS[predicate]} {operands[1]})"
 
 
+APPROXIMATE_DIVISION = frozenset({arith.FastMathFlag.APPROX_FUNC, arith.FastMathFlag.ALLOW_RECIP})
+"""`arith.divf` fastmath flags that allow an approximate quotient."""
+
+
+def _division(op: arith.DivfOp, operands: list[str]) -> str:
+    """`arith.divf` as MLIR defines it, correctly rounded: `tl.div_rn` (Triton's `/` on an
+    NVIDIA GPU is `div.full.f32`, up to 2 ulp off, which a `floor` of the quotient can turn
+    into an off-by-one), unless its fastmath flags allow an approximation (`afn`, `arcp`,
+    `fast`), which prints the faster `/`."""
+    flags = op.fastmath.data if op.fastmath is not None else ()
+    if APPROXIMATE_DIVISION & set(flags):
+        return f"({operands[0]} / {operands[1]})"
+    return f"tl.div_rn({operands[0]}, {operands[1]})"
+
+
 def _binary(symbol: str) -> Callable[[Operation, list[str]], str]:
     return lambda op, operands: f"({operands[0]} {symbol} {operands[1]})"
 
@@ -78,6 +92,7 @@ def _nan_propagating(fn: str) -> Callable[[Operation, list[str]], str]:
 SCALAR_RULES: dict[type[Operation], Callable[[Any, list[str]], str]] = {
     arith.ConstantOp: _constant,
     **{op_type: _binary(symbol) for op_type, symbol in BINARY_OPERATORS.items()},
+    arith.DivfOp: _division,
     arith.NegfOp: lambda op, operands: f"(-{operands[0]})",
     arith.MaximumfOp: _nan_propagating("tl.maximum"),
     arith.MinimumfOp: _nan_propagating("tl.minimum"),

@@ -6,7 +6,8 @@
 // or reads itself (the split merge's `splits`, its loop's rows; the tile width `BLOCK_N`).
 // CHECK-LABEL: def attention_fwd(
 // CHECK:       BLOCK_N_1 = tl.dot(
-// CHECK:       v_for = (_tanh((BLOCK_N_1 / 5.0)) * 5.0)
+// A division without fastmath flags is correctly rounded (tl.div_rn), as arith.divf means.
+// CHECK:       v_for = (_tanh(tl.div_rn(BLOCK_N_1, 5.0)) * 5.0)
 // CHECK:       a_b = tl.where(keep, v_for, float("-inf"))
 // CHECK:       scores_x = tl.math.exp2(
 // CHECK:       acc = tl.dot(probs_1.to(v_1.dtype), v_1, acc=acc * scores_x[:, None])

@@ -13,6 +13,7 @@ per-sequence lengths and pages."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from sink_window_block import sink_window
 
 import attnfuse as af
 from attnfuse.blocks import register_block_module, unregister_block_module
+from attnfuse.dialects.interfaces import KeyFilter
 from attnfuse.runtime.backward_choice import BACKWARD_ENV
 
 pytestmark = pytest.mark.interpreter
@@ -63,10 +65,11 @@ def formula(q, k, v, lens=None):
 
 @pytest.mark.parametrize("backward", ["separate", "ordered"])
 @pytest.mark.parametrize("normalizer", [af.softmax(), af.relu(), af.sigmoid()], ids=["softmax", "relu", "sigmoid"])
-def test_kernels_forward_backward(monkeypatch, normalizer, backward):
+def test_kernels_forward_backward(monkeypatch, launched, normalizer, backward):
     monkeypatch.setenv(BACKWARD_ENV, backward)
     q, k, v = make_qkv(1, 4, 2, 45, 61, 16, seed=21)
     check_forward_backward(af.attention(af.causal(), sink_window(SINKS, WINDOW), normalizer), q, k, v)
+    assert ("attention_bwd_dkdv_dq" in launched) == (backward == "ordered"), launched
 
 
 def test_matches_the_streaming_pattern():
@@ -126,45 +129,6 @@ def test_every_visited_block_is_masked():
     assert "full: no mask work" not in forward and "tile.pair_position" in forward
 
 
-def test_a_filter_that_cannot_drop_entries_is_refused():
-    """A filter with neither a band, block lists nor a per-entry test has no way to drop an
-    entry: refused where it is lowered, naming it, never lowered as keeping every key."""
-    from dataclasses import dataclass
-
-    from xdsl.dialects.builtin import IntegerAttr, i64
-    from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, prop_def, result_def, traits_def
-    from xdsl.traits import Pure
-
-    from attnfuse.dialects.attn import ScoresType
-    from attnfuse.dialects.interfaces import KeyFilter
-    from attnfuse.dsl.blocks import Block
-
-    @dataclass(frozen=True)
-    class Untested(sink_window_block.SinkWindowSemantics):
-        lower = KeyFilter.lower
-
-    @irdl_op_definition
-    class UntestedOp(IRDLOperation):
-        name = "attn.untested_filter"
-        input = operand_def(ScoresType)
-        result = result_def(ScoresType)
-        sinks = prop_def(IntegerAttr)
-        traits = traits_def(Pure(), Untested())
-
-    @dataclass(frozen=True, repr=False)
-    class UntestedBlock(Block):
-        category = "mask"
-
-        def build(self, variant, value):
-            return UntestedOp.create(operands=[value], result_types=[ScoresType()],
-                                     properties={"sinks": IntegerAttr(1, i64)})
-
-    q, k, v = make_qkv(1, 1, 1, 8, 8, 16, seed=26)
-    with pytest.raises(af.AttnFuseError, match="cannot lower attn.untested_filter: a filter must be a band, have "
-                                               "block lists or test each entry"):
-        af.attention(UntestedBlock(), af.causal())(q, k, v)
-
-
 def chunk_formula(q, k, v, size, lens=None):
     """softmax over the keys of each query's chunk (and not after it), in float64, by hand."""
     q, k, v = q.double(), k.double(), v.double()
@@ -200,11 +164,9 @@ def test_chunked_decode():
     assert (out.double() - chunk_formula(q, k, v, 16, lens)).abs().max() < 1e-5
 
 
-def test_a_filter_that_claims_a_band_is_told_what_a_band_is():
-    """A band is an `attn.mask` predicate (which analyze-masks reads); an op of its own that
-    answers `KeyFilter.band` is refused with that said, not with "run analyze-masks"."""
-    from dataclasses import dataclass
-
+def inline_filter(semantics, op_name: str):
+    """A block whose op (`op_name`) carries `semantics` (a KeyFilter): a block author's variation
+    made in the test itself."""
     from xdsl.dialects.builtin import IntegerAttr, i64
     from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, prop_def, result_def, traits_def
     from xdsl.traits import Pure
@@ -212,27 +174,47 @@ def test_a_filter_that_claims_a_band_is_told_what_a_band_is():
     from attnfuse.dialects.attn import ScoresType
     from attnfuse.dsl.blocks import Block
 
+    @irdl_op_definition
+    class InlineOp(IRDLOperation):
+        name = op_name
+        input = operand_def(ScoresType)
+        result = result_def(ScoresType)
+        sinks = prop_def(IntegerAttr)
+        traits = traits_def(Pure(), semantics)
+
+    @dataclass(frozen=True, repr=False)
+    class InlineBlock(Block):
+        category = "mask"
+
+        def build(self, variant, value):
+            return InlineOp.create(operands=[value], result_types=[ScoresType()], properties={"sinks": IntegerAttr(1, i64)})
+
+    return InlineBlock()
+
+
+def test_a_filter_that_cannot_drop_entries_is_refused():
+    """A filter with neither a band, block lists nor a per-entry test has no way to drop an
+    entry: refused where it is lowered, naming it, never lowered as keeping every key."""
+
+    @dataclass(frozen=True)
+    class Untested(sink_window_block.SinkWindowSemantics):
+        lower = KeyFilter.lower
+
+    q, k, v = make_qkv(1, 1, 1, 8, 8, 16, seed=26)
+    with pytest.raises(af.AttnFuseError, match="cannot lower attn.untested_filter: a filter must be a band, have "
+                                               "block lists or test each entry"):
+        af.attention(inline_filter(Untested(), "attn.untested_filter"), af.causal())(q, k, v)
+
+
+def test_a_filter_that_claims_a_band_is_told_what_a_band_is():
+    """A band is an `attn.mask` predicate (which analyze-masks reads); an op of its own that
+    answers `KeyFilter.band` is refused with that said, not with "run analyze-masks"."""
+
     @dataclass(frozen=True)
     class Banded(sink_window_block.SinkWindowSemantics):
         def band(self, op):
             return (0, None)
 
-    @irdl_op_definition
-    class BandedOp(IRDLOperation):
-        name = "attn.banded_filter"
-        input = operand_def(ScoresType)
-        result = result_def(ScoresType)
-        sinks = prop_def(IntegerAttr)
-        traits = traits_def(Pure(), Banded())
-
-    @dataclass(frozen=True, repr=False)
-    class BandedBlock(Block):
-        category = "mask"
-
-        def build(self, variant, value):
-            return BandedOp.create(operands=[value], result_types=[ScoresType()],
-                                   properties={"sinks": IntegerAttr(1, i64)})
-
     q, k, v = make_qkv(1, 1, 1, 8, 8, 16, seed=29)
     with pytest.raises(af.AttnFuseError, match="attn.banded_filter says it is a band .* a band is an attn.mask predicate"):
-        af.attention(BandedBlock())(q, k, v)
+        af.attention(inline_filter(Banded(), "attn.banded_filter"))(q, k, v)

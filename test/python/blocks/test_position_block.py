@@ -64,14 +64,8 @@ def formula(q, k, v, *, causal: bool, lens: list[int] | None = None):
 
 @pytest.mark.parametrize("backward", ["separate", "ordered"])
 @pytest.mark.parametrize("normalizer", [af.softmax(), af.relu(), af.sigmoid()], ids=["softmax", "relu", "sigmoid"])
-def test_kernels_forward_backward(monkeypatch, normalizer, backward):
-    from attnfuse.runtime.launch import KernelLaunch
-
+def test_kernels_forward_backward(monkeypatch, launched, normalizer, backward):
     monkeypatch.setenv(BACKWARD_ENV, backward)
-    launched: list[str] = []
-    original = KernelLaunch.__call__
-    monkeypatch.setattr(KernelLaunch, "__call__",
-                        lambda self, tensors: (launched.append(self.info.name), original(self, tensors))[1])
     q, k, v = make_qkv(1, 4, 2, 23, 37, 16, seed=11)
     spec = af.attention(af.causal(), fire_log(R1, C, THRESHOLD), normalizer)
     check_forward_backward(spec, q, k, v)

@@ -451,18 +451,6 @@ def test_rope_odd_head_dim():
     check_grads(spec, nq=19, nk=27, d=18, dv=24)
 
 
-@pytest.fixture
-def launched(monkeypatch) -> list[str]:
-    """The names of the kernels launched while the test runs, in order."""
-    from attnfuse.runtime.launch import KernelLaunch
-
-    names: list[str] = []
-    original = KernelLaunch.__call__
-    monkeypatch.setattr(KernelLaunch, "__call__",
-                        lambda self, tensors: (names.append(self.info.name), original(self, tensors))[1])
-    return names
-
-
 @pytest.mark.parametrize(
     "blocks, dtype_name, forward_rotations, backward_rotations",
     [

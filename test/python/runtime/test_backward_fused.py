@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("hypothesis")
 
 from conftest import make_qkv
-from test_backward import check_grads, launched  # noqa: F401 (launched: a fixture)
+from test_backward import check_grads
 
 import attnfuse as af
 from attnfuse.errors import ArgumentError

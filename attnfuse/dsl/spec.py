@@ -90,13 +90,12 @@ def canonical_score_order(score_blocks: list[Block]) -> tuple[Block, ...]:
     """Score blocks (validated) in the one order that every order of equal meaning gives:
     from the order they apply in (stage, then the user's), the least block (by its op's
     canonical rank, then name, then defining module and class) of those that commute with
-    every block still before them
-    (`interfaces.commute`, the ops' own algebra) comes first, then again for the rest.
-    Moving a block only across blocks it commutes with keeps the meaning, and this picks the
-    lexicographically least order among those reachable so."""
+    every block still before them (`interfaces.commute`, the ops' own algebra) comes first,
+    then again for the rest. Moving a block only across blocks it commutes with keeps the
+    meaning, and this picks the lexicographically least order among those reachable so."""
     from attnfuse.dialects.attn import is_score_op
-    from attnfuse.dsl.build_ir import build_module
     from attnfuse.dialects.interfaces import canonical_rank, commute
+    from attnfuse.dsl.build_ir import build_module
 
     applied = sorted(score_blocks, key=lambda b: b.stage)  # stable: the user's order per stage
     (variant,) = build_module(applied).ops

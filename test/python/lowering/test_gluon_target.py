@@ -9,12 +9,21 @@ import os
 import re
 import subprocess
 import tempfile
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
+from xdsl.dialects import arith
+from xdsl.dialects import math as math_dialect
+from xdsl.dialects.builtin import FloatAttr, f32
+from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
+from xdsl.traits import Pure
 
 import attnfuse as af
-from attnfuse.dialects.attn import SOFTMAX_FLOOR
+from attnfuse.dialects.attn import SOFTMAX_FLOOR, ScoresType
+from attnfuse.dialects.interfaces import ScoreModifier
+from attnfuse.dsl.blocks import Block
 from attnfuse.dialects import make_context
 from attnfuse.dialects.flash_shape import HEAD_DIMS as HEAD_DIMS_COVERED, flash_kernel
 from attnfuse.errors import ArgumentError
@@ -117,8 +126,55 @@ def sm90():
         driver._active = previous
 
 
+@dataclass(frozen=True)
+class _RoundedScores(ScoreModifier):
+    """A scores-only modifier whose map uses the body ops Gluon must print too: a correctly
+    rounded `divf` (`tl.div_rn`), `floor`, and comparisons joined by `ori`/`xori`:
+    `floor(s / 3)` where `s / 3 >= 1` or `s < 0` but not both, else `s`. For the printed kernel
+    only (no reference)."""
+
+    rank: int = 20
+
+    def lower(self, op, kernel, scores):
+        def body(b, args):
+            three = b.insert(arith.ConstantOp(FloatAttr(3.0, f32))).result
+            zero = b.insert(arith.ConstantOp(FloatAttr(0.0, f32))).result
+            rounded = b.insert(math_dialect.FloorOp(b.insert(arith.DivfOp(args[0], three)).result)).result
+            positive = b.insert(arith.CmpfOp(rounded, zero, "ogt")).result
+            negative = b.insert(arith.CmpfOp(args[0], zero, "olt")).result
+            either = b.insert(arith.XOrIOp(b.insert(arith.OrIOp(positive, negative)).result, positive)).result
+            return b.insert(arith.SelectOp(either, rounded, args[0])).result
+
+        return kernel.scalar_map([scores], "scores", body)
+
+    def vjp(self, op, kernel, scores_in, grad):
+        return grad
+
+    def evaluate(self, op, scores, env):
+        raise NotImplementedError("printed only")
+
+
+@irdl_op_definition
+class _RoundedScoresOp(IRDLOperation):
+    name = "attn.test_rounded_scores"
+    input = operand_def(ScoresType)
+    result = result_def(ScoresType)
+    traits = traits_def(Pure(), _RoundedScores())
+
+
+@dataclass(frozen=True, repr=False)
+class _RoundedScoresBlock(Block):
+    category: ClassVar[str] = "modifier"
+
+    def build(self, variant, value):
+        return _RoundedScoresOp.create(operands=[value], result_types=[ScoresType()])
+
+
 @pytest.mark.parametrize("name,spec,dim,consumers,persistent", [
     ("causal", af.attention(af.causal()), 128, 2, False),
+    # A map with a correctly rounded division, floor and i1 logic (`tl.div_rn`, `tl.floor`,
+    # `|`, `^`): Gluon prints the portable target's map expressions.
+    ("rounded-map", af.attention(_RoundedScoresBlock(), af.causal()), 128, 2, False),
     ("window-alibi", af.attention(af.sliding_window(256), af.alibi(), af.causal()), 64, 2, False),
     # FA3's head-dim-64 shape: 160 registers per consumer, a diagonal and a full key loop.
     ("causal-3", af.attention(af.causal()), 64, 3, False),

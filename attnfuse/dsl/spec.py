@@ -81,8 +81,11 @@ def _score_order(applied: tuple[Block, ...]) -> tuple[Block, ...]:
         return canonical_score_order(list(applied))
     if known is None:
         known = canonical_score_order(list(applied))
-        if len(_known_score_orders) < MAX_KNOWN_SCORE_ORDERS:
-            _known_score_orders[applied] = known
+        if len(_known_score_orders) >= MAX_KNOWN_SCORE_ORDERS:
+            # Specs made with ever-new parameters would otherwise grow it forever; forgetting
+            # costs each a millisecond once more.
+            _known_score_orders.clear()
+        _known_score_orders[applied] = known
     return known
 
 

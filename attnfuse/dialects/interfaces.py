@@ -174,6 +174,13 @@ class KeyFilter(ReadsCallData, OpTrait, abc.ABC):
         del op, kernel
         return scores
 
+    @property
+    def tests_entries(self) -> bool:
+        """Whether the filter drops entries by a per-entry test of its own (`lower`): one that
+        is neither a band nor listed must (an element-wise filter), and its kernels test every
+        block they visit."""
+        return type(self).lower is not KeyFilter.lower
+
     def tiles(
         self, op: Operation, data: Any, problem: Any, q_block: int, k_block: int
     ) -> tuple[Any, Any]:

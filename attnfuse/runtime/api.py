@@ -212,10 +212,10 @@ class CompiledAttention(CallPlanning, CallBinding, KernelExecution):
         cache_call = kv_lens is not None or block_table is not None
         # Positions and layouts are integer and bool tensors, which never require a gradient.
         training = records_autograd(q, k, v, bias)
-        if training and (refusal := self.variant.training_refusal()):
+        if training and self.variant.underivable is not None:
             # Refused here, at the forward, traced or not (a traced call's plan is made
             # without autograd's flag; its backward operator would refuse only later).
-            raise ArgumentError(refusal)
+            raise ArgumentError(self.variant.training_refusal())
         if cache_call and training:
             raise ArgumentError(
                 "kv_lens= / block_table= calls are inference-only (a KV cache has no "

@@ -128,7 +128,7 @@ class CallPlanning:
         # (measured slower at every N on the H200: bench/results/20261129T1234Z-backward_tune-parts.log).
         bwd_rope = "pre_rotated" if automatic_placement(self._placement) else "as_forward"
         # Decoding and cache layouts build no backward, nor does a variant with a modifier
-        # that has no derivative (its training calls are refused: `_make_plan`).
+        # that has no derivative (its training calls are refused: `training_refusal`).
         backward = self.variant.underivable is None
         bwd_dq = ("separate" if decode or cache != CONTIGUOUS or not backward
                   else choose_backward(problem, self.variant, self.deterministic, explicit_positions, bwd_rope))
@@ -235,8 +235,10 @@ class CallPlanning:
                    cache: CacheLayout = CONTIGUOUS, backward: bool = False) -> CallPlan:
         constants: dict[str, torch.Tensor] = {}
         variant = self.program.canonical(explicit_positions)
-        if (training or backward) and (refusal := variant.training_refusal()):
-            raise ArgumentError(refusal)
+        if backward and variant.underivable is not None:
+            # The backward operator, called directly (a call that records autograd is
+            # refused by the call itself, `CompiledAttention.__call__`).
+            raise ArgumentError(variant.training_refusal())
         for binding in variant.bindings:
             # Data made from the program alone (ALiBi's slopes) depends only on the shape;
             # made before the empty-problem exit, so that its checks run for every call.

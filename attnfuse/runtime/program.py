@@ -19,6 +19,7 @@ from xdsl.ir import Operation
 from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 
+from attnfuse.blocks import unregistered_op_hint
 from attnfuse.dialects import attn, make_context
 from attnfuse.dialects.interfaces import (
     DataUse,
@@ -29,7 +30,6 @@ from attnfuse.dialects.interfaces import (
     partials_merge,
     score_semantics,
 )
-from attnfuse.blocks import unregistered_op_hint
 from attnfuse.errors import ArgumentError, AttnFuseError, IRError
 from attnfuse.transforms import PASSES
 from attnfuse.transforms.kernel_builder import assign_data_roles
@@ -100,11 +100,10 @@ class Canonical:
         """Whether split-KV decoding may split the keys (`Normalizer.merges_splits`)."""
         return partials_merge(self.normalizer_semantics)
 
-
-    def training_refusal(self) -> str | None:
-        """Why a call that autograd records cannot run (`underivable`), or None."""
-        if self.underivable is None:
-            return None
+    def training_refusal(self) -> str:
+        """Why a call that autograd records cannot run, for a variant with an `underivable`
+        op."""
+        assert self.underivable is not None
         name = self.underivable.name
         return (f"'{name}' has no derivative (its ScoreModifier is not additive and defines no vjp): the "
                 "variant runs forward only; call it under torch.no_grad() (or with inputs that do not "

@@ -129,6 +129,7 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
     sparse: int | None = None
     modifiers: list[Operation] = []
     filters: list[Operation] = []
+    listed = elementwise = False
     for op in chain:
         filter_trait = op.get_trait(KeyFilter)
         if filter_trait is None:
@@ -148,27 +149,21 @@ def read_variant(variant: attn.VariantOp) -> VariantFacts:
                 raise _fail(op, "more than one mask; run canonicalize-attn first")
             band = recorded
             continue
-        if not filter_trait.lists(op) and not tests_entries(filter_trait):
+        lists = filter_trait.lists(op)
+        if not lists and not filter_trait.tests_entries:
             raise _fail(op, f"cannot lower {op.name}: a filter must be a band, have block lists or test "
                             "each entry (KeyFilter.lower)")
+        listed, elementwise = listed or lists, elementwise or not lists
         block_size = filter_trait.block_size(op)
         if block_size is not None:
             sparse = block_size
         filters.append(op)
-    traits = [op.get_trait(KeyFilter) for op in filters]
     return VariantFacts(
         rotations.get(attn.QueryType), rotations.get(attn.KeyType), band,
         scores.scale.value.data if scores.scale is not None else None,
         tuple(modifiers), normalizer, assign_data_roles([*modifiers, *filters]), sparse,
-        tuple(filters), any(t.lists(op) for t, op in zip(traits, filters)),
-        elementwise=any(not t.lists(op) for t, op in zip(traits, filters)),
+        tuple(filters), listed, elementwise=elementwise,
     )
-
-
-def tests_entries(trait: KeyFilter) -> bool:
-    """Whether a filter drops entries by a per-entry test of its own (`KeyFilter.lower`):
-    one that is neither a band nor listed must, and its kernels test every block they visit."""
-    return type(trait).lower is not KeyFilter.lower
 
 
 # --------------------------------------------------------------------------------------------

@@ -51,9 +51,8 @@ class SigmoidSemantics(PointwiseNormalizer):
             x = b.insert(arith.AddfOp(args[0], shift)).result
             one = b.insert(arith.ConstantOp(FloatAttr(1.0, f32))).result
             decay = b.insert(math_dialect.ExpOp(b.insert(arith.NegfOp(x)).result)).result
-            # An approximate quotient (`afn`: Triton's fast `/`), as exp's own.
-            approximate = arith.FastMathFlagsAttr([arith.FastMathFlag.APPROX_FUNC])
-            return b.insert(arith.DivfOp(one, b.insert(arith.AddfOp(one, decay)).result, approximate)).result
+            # An approximate quotient (the targets' fast division), as exp's own.
+            return b.insert(arith.DivfOp(one, b.insert(arith.AddfOp(one, decay)).result, tile.APPROXIMATE)).result
 
         return kernel.scalar_map(inputs, "probs", body)
 

@@ -25,6 +25,7 @@ from xdsl.irdl import prop_def, result_def, traits_def
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
+from attnfuse.dialects import tile
 from attnfuse.dialects.attn import FP32_MAX, FP32_MIN_NORMAL, ScoresType
 from attnfuse.dialects.interfaces import ScoreModifier
 from attnfuse.dsl.blocks import Block
@@ -34,8 +35,8 @@ from attnfuse.errors import CompositionError
 def _tanh_of_scaled(b: Any, scores: SSAValue, cap: float) -> tuple[SSAValue, SSAValue]:
     """Builds `tanh(s / cap)` in a map body; returns it and the cap constant."""
     cap_value = b.insert(arith.ConstantOp(FloatAttr(cap, f32))).result
-    # An approximate quotient (`afn`: Triton's fast `/`): tanh itself is within a few ulp.
-    scaled = b.insert(arith.DivfOp(scores, cap_value, arith.FastMathFlagsAttr([arith.FastMathFlag.APPROX_FUNC]))).result
+    # An approximate quotient (the targets' fast division): tanh itself is within a few ulp.
+    scaled = b.insert(arith.DivfOp(scores, cap_value, tile.APPROXIMATE)).result
     return b.insert(math_dialect.TanhOp(scaled)).result, cap_value
 
 

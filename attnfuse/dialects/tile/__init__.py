@@ -50,6 +50,8 @@ from attnfuse.dialects.tile.backward import (
     StoreScoresOp,
 )
 from attnfuse.dialects.tile.elementwise import (
+    APPROXIMATE,
+    APPROXIMATE_DIVISION,
     MAP_BODY_OPS,
     MAP_COMPARISONS,
     MapOp,
@@ -203,6 +205,8 @@ Tile = Dialect(
 """The tile dialect."""
 
 __all__ = [
+    "APPROXIMATE",
+    "APPROXIMATE_DIVISION",
     "AccumulateOp",
     "AddBiasOp",
     "AlibiOp",

@@ -131,6 +131,13 @@ MAP_BODY_OPS: tuple[type[Operation], ...] = (
 `exp`, `log`, `sqrt`, `absf`, `tanh` and `floor`, ordered comparisons (`MAP_COMPARISONS`)
 giving i1, `andi`/`ori`/`xori` on i1, and `select` on an i1."""
 
+APPROXIMATE_DIVISION = frozenset({arith.FastMathFlag.APPROX_FUNC, arith.FastMathFlag.ALLOW_RECIP})
+"""`arith.divf` fastmath flags that allow an approximate quotient (the targets' fast division);
+without one a body's `divf` is correctly rounded."""
+
+APPROXIMATE = arith.FastMathFlagsAttr([arith.FastMathFlag.APPROX_FUNC])
+"""The flags a block gives a `divf` whose quotient may be approximate (`APPROXIMATE_DIVISION`)."""
+
 LOGIC_OPS: tuple[type[Operation], ...] = (arith.AndIOp, arith.OrIOp, arith.XOrIOp)
 """The body ops on i1 (the results of comparisons): a predicate's parts combined."""
 
@@ -175,11 +182,10 @@ class MapOp(IRDLOperation):
     no i1 constant: negate a predicate by the opposite comparison or by swapping `select`'s
     arms). `divf` is correctly rounded, as MLIR defines it, unless its fastmath flags allow an
     approximation (`afn`, `arcp`, `fast`: the targets' fast division, up to 2 ulp off on a
-    GPU). f32 holds integers below 2^24 exactly (positions, say), and `floor(a / b)` of two of
-    them is exact while `a + b <= 2^24`: enough for a remainder `a - floor(a / b) * b`. f32
-    scalar operands
-    (a `tile.seq_len`, say) are the same for every entry. Every tile operand has the result's
-    shape; the result is f32. A pointwise score modifier or normalizer needs no tile op of its
+    GPU; `APPROXIMATE_DIVISION`). f32 holds integers below 2^24 exactly (positions, say), and
+    `floor(a / b)` of two of them is exact while `a + b <= 2^24`: enough for a remainder
+    `a - floor(a / b) * b`. f32 scalar operands (a `tile.seq_len`, say) are the same for every
+    entry. Every tile operand has the result's shape; the result is f32. A pointwise score modifier or normalizer needs no tile op of its
     own: it lowers to a `tile.map` (soft-capping is `cap * tanh(s / cap)`).
     """
 

@@ -22,7 +22,7 @@ import torch
 import attnfuse as af
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import torch_op
-from attnfuse.integrations.transformers.masks import AttnFuseMask
+from attnfuse.integrations.transformers.masks import AttnFuseMask, additive_mask
 
 _compiled: dict[tuple, "af.CompiledAttention"] = {}
 
@@ -147,12 +147,6 @@ class _Resolved:
     -1 for padding."""
 
 
-def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where `keep`, -inf elsewhere: a dropped key (a row of them outputs 0, never NaN)."""
-    zero = torch.zeros((), dtype=dtype, device=keep.device)
-    return torch.where(keep, zero, torch.full((), float("-inf"), dtype=dtype, device=keep.device))
-
-
 def _resolve(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -168,7 +162,7 @@ def _resolve(
                 f"attention_mask describes {attention_mask.kv_length} keys, but key has {seq_k}"
             )
         if attention_mask.dense is not None:
-            return _Resolved("full", None, seq_k, _additive(attention_mask.dense, query.dtype))
+            return _Resolved("full", None, seq_k, additive_mask(attention_mask.dense, query.dtype))
         # Padding and packed sequences as documents: a row's packed sequences are its
         # documents (one without packing); padding keys are never kept and padding queries
         # keep nothing (their rows are 0), without a dense mask. Under a full pattern
@@ -186,7 +180,7 @@ def _resolve(
         # A ready mask (a user's 4D mask, or one a model made itself): boolean = keep,
         # floating = additive, as HF's sdpa reads them.
         mask = attention_mask[..., :seq_k]
-        bias = _additive(mask, query.dtype) if mask.dtype == torch.bool else mask
+        bias = additive_mask(mask, query.dtype) if mask.dtype == torch.bool else mask
         return _Resolved("full", None, seq_k, bias)
     raise ArgumentError(
         f"attention_mask must be an AttnFuseMask, a tensor or None, got {type(attention_mask).__name__}"

@@ -30,6 +30,12 @@ _AND_MASK_CODE = ORIGINALS["and_masks"](hf_masks.causal_mask_function).__code__
 _SLIDING_OVERLAY_CODE = ORIGINALS["sliding_window_overlay"](1).__code__
 
 
+def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where `keep`, -inf elsewhere: a dropped key (a row of them outputs 0, never NaN)."""
+    zero = torch.zeros((), dtype=dtype, device=keep.device)
+    return torch.where(keep, zero, torch.full((), float("-inf"), dtype=dtype, device=keep.device))
+
+
 @dataclass(frozen=True, eq=False)
 class AttnFuseMask:
     """What one attention call must honour, as HF's masking code described it.
@@ -85,10 +91,7 @@ class AttnFuseMask:
             return None
         bias = self._key_biases.get(dtype)
         if bias is None:
-            keep = self.padding[:, None, None, :]
-            zero = torch.zeros((), dtype=dtype, device=keep.device)
-            bias = torch.where(keep, zero, torch.full((), float("-inf"), dtype=dtype, device=keep.device))
-            self._key_biases[dtype] = bias
+            bias = self._key_biases[dtype] = additive_mask(self.padding[:, None, None, :], dtype)
         return bias
 
     ndim = 4

@@ -21,16 +21,19 @@ class ElementwiseEmitter(EmitterCore):
 
     def emit_pair_position(self, op: tile.PairPositionOp) -> None:
         axis = op.axis.data
-        position = self.oriented()["q_pos" if axis == "query" else "k_pos"]
         self.emit(f"# tile.pair_position: each entry's {axis} position, as f32")
-        self.emit(f"{self.namer.define(op.result)} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + {position}")
+        self.emit_index_tile(op.result, self.oriented()["q_pos" if axis == "query" else "k_pos"])
 
     def emit_query_head(self, op: tile.QueryHeadOp) -> None:
+        self.emit("# tile.query_head: each entry's query head, as f32")
         # A split decode's rows span the group's query heads (row r is head `head + r // Nq`);
         # other kernels' programs (or, over the GQA group, loop steps) own one.
-        head = "(head + row_head)[:, None]" if self.grid == "kv_splits" else "head"
-        self.emit("# tile.query_head: each entry's query head, as f32")
-        self.emit(f"{self.namer.define(op.result)} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + {head}")
+        self.emit_index_tile(op.result, "(head + row_head)[:, None]" if self.grid == "kv_splits" else "head")
+
+    def emit_index_tile(self, result: SSAValue, index: str) -> None:
+        """`result`, the block's f32 tile of `index` (broadcast from a row or column, or a
+        scalar): program rows by loop rows, as every kernel orients its score tiles."""
+        self.emit(f"{self.namer.define(result)} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + {index}")
 
     def emit_map(self, op: tile.MapOp) -> None:
         block = op.body.block

@@ -10,6 +10,7 @@ from xdsl.dialects import arith, math
 from xdsl.dialects.builtin import FloatAttr
 from xdsl.ir import Operation
 
+from attnfuse.dialects import tile
 from attnfuse.errors import AttnFuseError
 
 BINARY_OPERATORS: dict[type[Operation], str] = {
@@ -65,17 +66,13 @@ def _comparison(op: arith.CmpfOp, operands: list[str]) -> str:
     return f"({operands[0]} {COMPARISONS[predicate]} {operands[1]})"
 
 
-APPROXIMATE_DIVISION = frozenset({arith.FastMathFlag.APPROX_FUNC, arith.FastMathFlag.ALLOW_RECIP})
-"""`arith.divf` fastmath flags that allow an approximate quotient."""
-
-
 def _division(op: arith.DivfOp, operands: list[str]) -> str:
     """`arith.divf` as MLIR defines it, correctly rounded: `tl.div_rn` (Triton's `/` on an
     NVIDIA GPU is `div.full.f32`, up to 2 ulp off, which a `floor` of the quotient can turn
     into an off-by-one), unless its fastmath flags allow an approximation (`afn`, `arcp`,
     `fast`), which prints the faster `/`."""
     flags = op.fastmath.data if op.fastmath is not None else ()
-    if APPROXIMATE_DIVISION & set(flags):
+    if tile.APPROXIMATE_DIVISION & set(flags):
         return f"({operands[0]} / {operands[1]})"
     return f"tl.div_rn({operands[0]}, {operands[1]})"
 

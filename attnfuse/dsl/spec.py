@@ -62,30 +62,30 @@ def canonical_key(blocks: tuple[Block, ...]) -> tuple[Block, ...]:
         # Modifiers of distinct stages apply in stage order whatever the user's, and filters
         # commute with everything: the set of blocks is the meaning.
         return tuple(by_name)
-    applied = tuple(sorted((b for b in kept if b.category in SCORE_CATEGORIES), key=lambda b: b.stage))
-    return tuple(b for b in by_name if b.category not in SCORE_CATEGORIES) + _score_order(applied)
+    score_blocks = tuple(b for b in kept if b.category in SCORE_CATEGORIES)
+    return tuple(b for b in by_name if b.category not in SCORE_CATEGORIES) + _score_order(score_blocks)
 
 
 _known_score_orders: dict[tuple[Block, ...], tuple[Block, ...]] = {}
-"""`canonical_score_order` by the score blocks in the order they apply: it builds the
-blocks' ops (about a millisecond), and a model may make its spec on every call."""
+"""`canonical_score_order` by the score blocks as the user wrote them: it builds the blocks'
+ops (about a millisecond), and a model may make its spec on every call."""
 MAX_KNOWN_SCORE_ORDERS = 1024
 
 
-def _score_order(applied: tuple[Block, ...]) -> tuple[Block, ...]:
-    """`canonical_score_order(applied)`, remembered (a block holding an unhashable
+def _score_order(score_blocks: tuple[Block, ...]) -> tuple[Block, ...]:
+    """`canonical_score_order(score_blocks)`, remembered (a block holding an unhashable
     parameter is ordered anew each time)."""
     try:
-        known = _known_score_orders.get(applied)
+        known = _known_score_orders.get(score_blocks)
     except TypeError:
-        return canonical_score_order(list(applied))
+        return canonical_score_order(list(score_blocks))
     if known is None:
-        known = canonical_score_order(list(applied))
+        known = canonical_score_order(list(score_blocks))
         if len(_known_score_orders) >= MAX_KNOWN_SCORE_ORDERS:
             # Specs made with ever-new parameters would otherwise grow it forever; forgetting
             # costs each a millisecond once more.
             _known_score_orders.clear()
-        _known_score_orders[applied] = known
+        _known_score_orders[score_blocks] = known
     return known
 
 

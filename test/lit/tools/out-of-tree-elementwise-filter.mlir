@@ -1,5 +1,6 @@
 // RUN: attnfuse-opt --block-module %S/../../python/blocks/sink_window_block.py %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile | filecheck %s
 // RUN: attnfuse-opt --block-module %S/../../python/blocks/sink_window_block.py %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t triton | filecheck %s --check-prefix=TRITON
+// RUN: attnfuse-opt --block-module %S/../../python/blocks/sink_window_block.py %S/../inputs/chained-sink-windows.mlir -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile{backward=false} | filecheck %s --check-prefix=CHAINED
 // An element-wise filter (sink_window: StreamingLLM's sinks and recent window, in one file
 // beside its pytest tests; docs/architecture.md §10.1) is neither a band nor block lists: no
 // block is full for it, so every kernel walks the band's blocks in one masked loop, where the
@@ -20,6 +21,15 @@
 // CHECK:       tile.q_loop %q_start to %q_end masked
 // CHECK-NOT:   tile.q_loop
 // CHECK:       tile.return
+
+// Hand-written IR with two chained filters and an unused one: each filter on the chain tests
+// the entries (window 256, then 8, with its own sink count), the unused one tests nothing.
+// CHAINED-LABEL: tile.kernel @attention_fwd(
+// CHAINED:       tile.kv_loop %kv_start to %kv_end masked
+// CHAINED:       arith.constant 2.560000e+02 : f32
+// CHAINED:       arith.constant 8.000000e+00 : f32
+// CHAINED-NOT:   arith.constant 7.700000e+01 : f32
+// CHAINED:       tile.softmax_finalize
 
 // TRITON-LABEL: def attention_fwd(
 // TRITON-NOT:   full: no mask work

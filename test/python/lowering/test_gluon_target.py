@@ -129,29 +129,42 @@ def sm90():
 @dataclass(frozen=True)
 class _RoundedScores(ScoreModifier):
     """A scores-only modifier whose map uses the body ops Gluon must print too: a correctly
-    rounded `divf` (`tl.div_rn`), `floor`, and comparisons joined by `ori`/`xori`:
-    `floor(s / 3)` where `s / 3 >= 1` or `s < 0` but not both, else `s`. For the printed kernel
-    only (no reference)."""
+    rounded `divf` (`tl.div_rn`), `floor`, and comparisons joined by `ori`, `andi` and
+    `xori`: `floor(s / 3)` where exactly one of `floor(s / 3) > 0` and `s < 0` holds, else `s`."""
 
     rank: int = 20
 
+    @staticmethod
+    def rounded_where_one(b, s):
+        """(`floor(s / 3)`, whether exactly one of its predicates holds) in a map body."""
+        three = b.insert(arith.ConstantOp(FloatAttr(3.0, f32))).result
+        zero = b.insert(arith.ConstantOp(FloatAttr(0.0, f32))).result
+        rounded = b.insert(math_dialect.FloorOp(b.insert(arith.DivfOp(s, three)).result)).result
+        positive = b.insert(arith.CmpfOp(rounded, zero, "ogt")).result
+        negative = b.insert(arith.CmpfOp(s, zero, "olt")).result
+        either = b.insert(arith.OrIOp(positive, negative)).result
+        both = b.insert(arith.AndIOp(positive, negative)).result
+        return rounded, b.insert(arith.XOrIOp(either, both)).result
+
     def lower(self, op, kernel, scores):
         def body(b, args):
-            three = b.insert(arith.ConstantOp(FloatAttr(3.0, f32))).result
-            zero = b.insert(arith.ConstantOp(FloatAttr(0.0, f32))).result
-            rounded = b.insert(math_dialect.FloorOp(b.insert(arith.DivfOp(args[0], three)).result)).result
-            positive = b.insert(arith.CmpfOp(rounded, zero, "ogt")).result
-            negative = b.insert(arith.CmpfOp(args[0], zero, "olt")).result
-            either = b.insert(arith.XOrIOp(b.insert(arith.OrIOp(positive, negative)).result, positive)).result
-            return b.insert(arith.SelectOp(either, rounded, args[0])).result
+            rounded, one = self.rounded_where_one(b, args[0])
+            return b.insert(arith.SelectOp(one, rounded, args[0])).result
 
         return kernel.scalar_map([scores], "scores", body)
 
     def vjp(self, op, kernel, scores_in, grad):
-        return grad
+        def body(b, args):  # floor's derivative is 0, the identity's 1
+            _rounded, one = self.rounded_where_one(b, args[0])
+            zero = b.insert(arith.ConstantOp(FloatAttr(0.0, f32))).result
+            return b.insert(arith.SelectOp(one, zero, args[1])).result
+
+        return kernel.scalar_map([scores_in, grad], "grad_scores", body)
 
     def evaluate(self, op, scores, env):
-        raise NotImplementedError("printed only")
+        rounded = torch.floor(scores / 3.0)
+        positive, negative = rounded > 0, scores < 0
+        return torch.where((positive | negative) ^ (positive & negative), rounded, scores)
 
 
 @irdl_op_definition
@@ -168,6 +181,16 @@ class _RoundedScoresBlock(Block):
 
     def build(self, variant, value):
         return _RoundedScoresOp.create(operands=[value], result_types=[ScoresType()])
+
+
+def test_map_body_logic_and_division_run_against_the_reference():
+    """The map of `_RoundedScoresBlock` (division, floor, ori/andi/xori) through the portable
+    kernels on the CPU, forward and backward, against its `evaluate` (scores scaled up so the
+    floor and both predicates vary)."""
+    from conftest import check_forward_backward, make_qkv
+
+    q, k, v = make_qkv(1, 2, 2, 20, 28, 16, seed=8)
+    check_forward_backward(af.attention(_RoundedScoresBlock(), af.causal()), q * 8, k, v)
 
 
 @pytest.mark.parametrize("name,spec,dim,consumers,persistent", [

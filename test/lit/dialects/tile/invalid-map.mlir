@@ -160,3 +160,18 @@ tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>,
   tile.return
 }
 // CHECK: query_head result
+
+// -----
+
+// Their entries are f32 (positions and heads as map operands).
+tile.kernel @k(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tensor<v>, %o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %acc, %row_max, %row_sum = tile.softmax_init : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  %start, %full_start, %full_end, %end = tile.kv_bounds {band = #attn.band<>}
+  %a2, %m2, %s2 = tile.kv_loop %start to %end iter_args(%acc, %row_max, %row_sum) : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> -> !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32> {
+  ^bb0(%a: !tile.tile<m x dv x f32>, %rm: !tile.tile<m x f32>, %rs: !tile.tile<m x f32>):
+    %p = tile.pair_position {axis = #tile<seq key>} : !tile.tile<m x n x f16>
+    tile.yield %a, %rm, %rs : !tile.tile<m x dv x f32>, !tile.tile<m x f32>, !tile.tile<m x f32>
+  }
+  tile.return
+}
+// CHECK: tile.pair_position gives an f32 tile

@@ -43,22 +43,29 @@ def registered():
         unregister_block_module(module)
 
 
-def streaming_mask(nq: int, nk: int) -> torch.Tensor:
-    """`[Nq, Nk]`: causal, and a sink or within the window, queries bottom-right aligned."""
-    i = torch.arange(nq)[:, None] + (nk - nq)
-    j = torch.arange(nk)[None, :]
+def streaming_keep(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """Causal, and a sink or within the window (query positions `i`, key positions `j`)."""
     return (j <= i) & ((j < SINKS) | (i - j < WINDOW))
 
 
-def formula(q, k, v, lens=None):
+def chunk_keep(size: int):
+    """Causal, and in the query's chunk of `size` positions."""
+    return lambda i, j: (j <= i) & (torch.div(i, size, rounding_mode="floor") == torch.div(j, size, rounding_mode="floor"))
+
+
+def by_hand(q, k, v, keep=streaming_keep, lens=None):
+    """softmax over the keys `keep(i_pos, j_pos)` keeps, GQA, in float64, each sequence over
+    its first `lens[b]` keys with its queries at the end; a row keeping no key is 0."""
     q, k, v = q.double(), k.double(), v.double()
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     outs = []
     for b in range(q.shape[0]):
         nk = k.shape[2] if lens is None else lens[b]
+        i = torch.arange(q.shape[2])[:, None] + (nk - q.shape[2])
+        j = torch.arange(nk)[None, :]
         s = q[b] @ k[b, :, :nk].transpose(-1, -2) / math.sqrt(q.shape[-1])
-        s = s.masked_fill(~streaming_mask(q.shape[2], nk), float("-inf"))
+        s = s.masked_fill(~keep(i, j), float("-inf"))
         outs.append(torch.softmax(s, -1).nan_to_num(0.0) @ v[b, :, :nk])
     return torch.stack(outs)
 
@@ -77,7 +84,7 @@ def test_matches_the_streaming_pattern():
     entries and the sinks fall in blocks a band alone would call full."""
     q, k, v = make_qkv(2, 4, 2, 50, 70, 16, seed=22)
     out = af.attention(sink_window(SINKS, WINDOW), af.causal())(q, k, v)
-    assert (out.double() - formula(q, k, v)).abs().max() < 1e-5
+    assert (out.double() - by_hand(q, k, v)).abs().max() < 1e-5
 
 
 def test_rows_left_without_keys_are_zero():
@@ -118,7 +125,7 @@ def test_cache_calls(nq, paged):
         call["block_table"] = table
     out = spec(q, keys, values, **call)
     assert_close_to_reference(out, af.reference_attention(spec, q, k, v, kv_lens=kv_lens), torch.float32)
-    assert (out.double() - formula(q, k, v, lens)).abs().max() < 1e-5
+    assert (out.double() - by_hand(q, k, v, lens=lens)).abs().max() < 1e-5
 
 
 def test_every_visited_block_is_masked():
@@ -129,22 +136,6 @@ def test_every_visited_block_is_masked():
     assert "full: no mask work" not in forward and "tile.pair_position" in forward
 
 
-def chunk_formula(q, k, v, size, lens=None):
-    """softmax over the keys of each query's chunk (and not after it), in float64, by hand."""
-    q, k, v = q.double(), k.double(), v.double()
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    outs = []
-    for b in range(q.shape[0]):
-        nk = k.shape[2] if lens is None else lens[b]
-        i = torch.arange(q.shape[2])[:, None] + (nk - q.shape[2])
-        j = torch.arange(nk)[None, :]
-        keep = (j <= i) & (torch.div(i, size, rounding_mode="floor") == torch.div(j, size, rounding_mode="floor"))
-        s = (q[b] @ k[b, :, :nk].transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~keep, float("-inf"))
-        outs.append(torch.softmax(s, -1).nan_to_num(0.0) @ v[b, :, :nk])
-    return torch.stack(outs)
-
-
 @pytest.mark.parametrize("size", [7, 16, 24])
 def test_chunked_attention(size):
     """Chunks that do not align with the kernels' blocks of 16 (7, 24) and that do (16), and
@@ -152,7 +143,7 @@ def test_chunked_attention(size):
     formula, forward and backward against the reference."""
     q, k, v = make_qkv(2, 4, 2, 45, 40, 16, seed=27)
     spec = af.attention(chunked(size), af.causal())
-    assert (spec(q, k, v).double() - chunk_formula(q, k, v, size)).abs().max() < 1e-5
+    assert (spec(q, k, v).double() - by_hand(q, k, v, chunk_keep(size))).abs().max() < 1e-5
     check_forward_backward(spec, q, k, v)
 
 
@@ -161,7 +152,7 @@ def test_chunked_decode():
     q, k, v = make_qkv(3, 8, 2, 1, 64, 16, seed=28)
     spec = af.attention(chunked(16), af.causal())
     out = spec(q, k, v, kv_lens=torch.tensor(lens, dtype=torch.int32))
-    assert (out.double() - chunk_formula(q, k, v, 16, lens)).abs().max() < 1e-5
+    assert (out.double() - by_hand(q, k, v, chunk_keep(16), lens)).abs().max() < 1e-5
 
 
 def inline_filter(semantics, op_name: str):
@@ -232,11 +223,8 @@ def test_hand_written_chained_filters_and_an_unused_one():
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 30, 40, 16, seed=30))
     out = af.compile(text)(q, k, v)
     assert_close_to_reference(out, af.reference_attention(text, q, k, v), torch.float32)
-    i = torch.arange(30)[:, None] + 10
-    j = torch.arange(40)[None, :]
-    keep = ((j < 4) | (i - j < 256)) & ((j < 1) | (i - j < 8))
-    s = (q.double() @ k.double().transpose(-1, -2) / 4.0).masked_fill(~keep, float("-inf"))
-    assert (out.double() - torch.softmax(s, -1) @ v.double()).abs().max() < 1e-5
+    both = lambda i, j: ((j < 4) | (i - j < 256)) & ((j < 1) | (i - j < 8))  # noqa: E731
+    assert (out.double() - by_hand(q.detach(), k.detach(), v.detach(), both)).abs().max() < 1e-5
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
     out.backward(grad_out)
     errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad},

@@ -1,6 +1,6 @@
 // RUN: attnfuse-opt --block-module %S/../../python/blocks/sink_window_block.py %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile | filecheck %s
 // RUN: attnfuse-opt --block-module %S/../../python/blocks/sink_window_block.py %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t triton | filecheck %s --check-prefix=TRITON
-// RUN: attnfuse-opt --block-module %S/../../python/blocks/sink_window_block.py %S/../inputs/chained-sink-windows.mlir -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile{backward=false} | filecheck %s --check-prefix=CHAINED
+// RUN: attnfuse-opt --block-module %S/../../python/blocks/sink_window_block.py %S/../../python/blocks/chained_sink_windows.mlir -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile{backward=false} | filecheck %s --check-prefix=CHAINED
 // An element-wise filter (sink_window: StreamingLLM's sinks and recent window, in one file
 // beside its pytest tests; docs/architecture.md §10.1) is neither a band nor block lists: no
 // block is full for it, so every kernel walks the band's blocks in one masked loop, where the

@@ -212,14 +212,14 @@ def test_a_filter_that_claims_a_band_is_told_what_a_band_is():
 
 
 def test_hand_written_chained_filters_and_an_unused_one():
-    """Hand-written IR (`test/lit/inputs/chained-sink-windows.mlir`): both filters on the chain
+    """Hand-written IR (`chained_sink_windows.mlir`, beside this file): both filters on the chain
     drop entries, the unused one drops none; against a mask written out by hand, and forward
     and backward against the reference reading the same text."""
     from pathlib import Path
 
     from attnfuse.runtime.reference import gradient_errors, reference_gradients
 
-    text = (Path(__file__).parents[2] / "lit" / "inputs" / "chained-sink-windows.mlir").read_text()
+    text = (Path(__file__).parent / "chained_sink_windows.mlir").read_text()
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 30, 40, 16, seed=30))
     out = af.compile(text)(q, k, v)
     assert_close_to_reference(out, af.reference_attention(text, q, k, v), torch.float32)

@@ -1,5 +1,6 @@
-// Input for tools/out-of-tree-elementwise-filter.mlir: two sink_window filters on the chain
-// (sink_window_block.py) and one whose result nothing reads.
+// Hand-written IR for test/lit/tools/out-of-tree-elementwise-filter.mlir and
+// test_elementwise_filter.py: two sink_window filters on the chain and one whose result
+// nothing reads (the op parses with sink_window_block.py, beside this file, registered).
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k
   %w1 = attn.sink_window %s {sinks = 4 : i64, window = 256 : i64}

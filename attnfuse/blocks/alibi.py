@@ -140,7 +140,7 @@ class Alibi(Block):
         try:
             values = tuple(self.slopes)
             slopes = tuple(float(x) for x in values)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # (an int beyond a float's range)
             raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}") from None
         if any(_is_bool(x) for x in values):
             # As every block's numbers refuse bools: True is not a slope.

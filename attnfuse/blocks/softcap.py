@@ -12,7 +12,6 @@ tile op of its own: forward and derivative are `tile.map`s,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -26,7 +25,7 @@ from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.attn import FP32_MAX, FP32_MIN_NORMAL, ScoresType
+from attnfuse.dialects.attn import FP32_MAX, FP32_MIN_NORMAL, ScoresType, finite_real
 from attnfuse.dialects.interfaces import ScoreModifier
 from attnfuse.dsl.blocks import Block
 from attnfuse.errors import CompositionError
@@ -115,9 +114,9 @@ class Softcap(Block):
     hint: ClassVar[str] = "capped"
 
     def __post_init__(self) -> None:
-        cap = self.cap
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
-            raise CompositionError(f"softcap: cap must be a positive finite number, got {cap!r}")
+        cap = finite_real(self.cap)
+        if cap is None or cap <= 0:
+            raise CompositionError(f"softcap: cap must be a positive finite number, got {self.cap!r}")
         if not FP32_MIN_NORMAL <= cap <= FP32_MAX:
             raise CompositionError(
                 f"softcap: cap must lie in [{FP32_MIN_NORMAL:.3g}, {FP32_MAX:.3g}] (kernels divide "

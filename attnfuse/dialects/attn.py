@@ -406,12 +406,9 @@ class RopeOp(IRDLOperation):
             if dim <= 0 or dim % 2:
                 raise VerifyException(f"rope rotary_dim must be positive and even, got {dim}")
         if self.llama3_scaling is not None:
-            values = self.scaling or ()
-            if len(values) != 4 or not all(x > 0 for x in values) or values[2] <= values[1]:
-                raise VerifyException(
-                    "rope llama3_scaling must be [factor, low_freq_factor, high_freq_factor, "
-                    "original_max_position], all positive, high > low"
-                )
+            problem = llama3_scaling_problem(tuple(self.scaling or ()))
+            if problem is not None:
+                raise VerifyException(f"rope llama3_scaling: {problem}")
         role = "query" if isinstance(self.input.type, QueryType) else "key"
         if self.given:
             if role == "query":
@@ -445,6 +442,46 @@ exponent and row max, where a scale of 0 would turn masked scores (-inf) into Na
 MAX_SCORE_SCALE = 3.4028234663852886e38 / 1.4426950408889634
 """The largest score scale: scale * log2(e), the exponent's multiplier, must be a finite
 fp32 number."""
+
+
+def finite_real(value: object) -> float | None:
+    """`value` as a finite float if it is a real number (an int or a float, not a bool), else
+    None: also for an int too large for a float, which `float()` and `math.isfinite` would
+    raise OverflowError on rather than call not finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+MIN_LLAMA3_FACTOR = 2.0**24 / FP32_MAX
+"""The smallest Llama-3.1 `factor`: every frequency is at most 1 and is divided by at most the
+factor, and positions reach 2^24 (`call_data.MAX_ROPE_POSITION`), so above this bound every
+angle is finite in fp32; below it the angle of a large position is inf and its sine NaN."""
+
+
+def llama3_scaling_problem(values: tuple[object, ...]) -> str | None:
+    """What is wrong with Llama-3.1 scaling parameters `[factor, low_freq_factor,
+    high_freq_factor, original_max_position]`, or None: each must be a finite positive number,
+    `high_freq_factor > low_freq_factor`, and the factor at least `MIN_LLAMA3_FACTOR`. The one
+    rule `llama3_scaling()` and `attn.rope`'s verifier both apply."""
+    names = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position")
+    if len(values) != len(names):
+        return f"must be [{', '.join(names)}], got {len(values)} values"
+    numbers = [finite_real(x) for x in values]
+    for name, value, number in zip(names, values, numbers):
+        if number is None or number <= 0:
+            return f"{name} must be a finite positive number, got {value!r}"
+    factor, low, high, _ = numbers
+    if not high > low:
+        return f"high_freq_factor must exceed low_freq_factor, got {values[2]!r} <= {values[1]!r}"
+    if factor < MIN_LLAMA3_FACTOR:
+        return (f"factor must be at least {MIN_LLAMA3_FACTOR:.3g} (2^24 / the largest fp32 number: "
+                f"a smaller one makes the fp32 angles of large positions inf), got {values[0]!r}")
+    return None
 
 SOFTMAX_FLOOR = -(2.0**23)
 """Where the online softmax's row max starts (docs/semantics.md, "Additive bias"). The kernels

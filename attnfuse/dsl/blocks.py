@@ -8,14 +8,13 @@ meaning, in its own module under `attnfuse/blocks/`.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from xdsl.ir import Attribute, Operation, SSAValue
 
-from attnfuse.dialects.attn import MAX_SCORE_SCALE, MIN_SCORE_SCALE
+from attnfuse.dialects.attn import MAX_SCORE_SCALE, MIN_SCORE_SCALE, finite_real, llama3_scaling_problem
 from attnfuse.errors import CompositionError
 
 if TYPE_CHECKING:
@@ -68,21 +67,17 @@ class ScaledDotProduct(Block):
 
     def __post_init__(self) -> None:
         if self.scale is not None:
-            if (
-                isinstance(self.scale, bool)
-                or not isinstance(self.scale, (int, float))
-                or not math.isfinite(self.scale)
-                or self.scale <= 0
-            ):
+            scale = finite_real(self.scale)
+            if scale is None or scale <= 0:
                 raise CompositionError(
                     f"scaled_dot_product: scale must be a positive finite number, got {self.scale!r}"
                 )
-            if not MIN_SCORE_SCALE <= self.scale <= MAX_SCORE_SCALE:
+            if not MIN_SCORE_SCALE <= scale <= MAX_SCORE_SCALE:
                 raise CompositionError(
                     f"scaled_dot_product: scale must lie in [{MIN_SCORE_SCALE:.3g}, "
                     f"{MAX_SCORE_SCALE:.3g}] (kernels scale in fp32), got {self.scale!r}"
                 )
-            object.__setattr__(self, "scale", float(self.scale))
+            object.__setattr__(self, "scale", scale)
 
     def restates_default(self) -> bool:
         return self.scale is None
@@ -106,15 +101,10 @@ class Llama3Scaling:
         )
 
     def __post_init__(self) -> None:
-        for name in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise CompositionError(f"llama3_scaling: {name} must be positive, got {value!r}")
-        if not self.high_freq_factor > self.low_freq_factor:
-            raise CompositionError(
-                "llama3_scaling: high_freq_factor must exceed low_freq_factor, got "
-                f"{self.high_freq_factor} <= {self.low_freq_factor}"
-            )
+        problem = llama3_scaling_problem(
+            (self.factor, self.low_freq_factor, self.high_freq_factor, self.original_max_position))
+        if problem is not None:
+            raise CompositionError(f"llama3_scaling: {problem}")
 
 
 @dataclass(frozen=True, repr=False)
@@ -128,9 +118,10 @@ class Rope(Block):
     category: ClassVar[str] = "transform"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.theta, (int, float)) or not math.isfinite(self.theta) or self.theta <= 1:
+        theta = finite_real(self.theta)
+        if theta is None or theta <= 1:
             raise CompositionError(f"rope: theta must be a finite number > 1, got {self.theta!r}")
-        object.__setattr__(self, "theta", float(self.theta))
+        object.__setattr__(self, "theta", theta)
         if self.rotary_dim is not None:
             if isinstance(self.rotary_dim, bool) or not isinstance(self.rotary_dim, int):
                 raise CompositionError(f"rope: rotary_dim must be an int, got {self.rotary_dim!r}")

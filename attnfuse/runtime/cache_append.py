@@ -75,7 +75,7 @@ def append_kv(
     batch, heads, new, dim = k.shape
     if tuple(v.shape[:3]) != (batch, heads, new):
         raise ArgumentError(f"v must be [B, Hkv, N, Dv] = [{batch}, {heads}, {new}, ...] as k, got {list(v.shape)}")
-    layout, paged_keys = check_cache_arguments(k, k_cache, v_cache, kv_lens, block_table)
+    layout, paged_keys = check_cache_arguments(k, k_cache, v_cache, kv_lens, block_table, rows="k")
     if not layout.kv_lens:
         raise ArgumentError("append_kv needs kv_lens=: the new keys go after each sequence's cached ones")
     cache_batch = None if block_table is not None else batch

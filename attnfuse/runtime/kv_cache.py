@@ -68,16 +68,19 @@ CONTIGUOUS = CacheLayout()
 
 
 def _check_index_tensor(name: str, t: object, shape: tuple[int, ...], device: torch.device,
-                        contiguous: bool = False) -> torch.Tensor:
+                        contiguous: bool = False, batch_of: str = "q") -> torch.Tensor:
+    """`t` if it is an int32 tensor of `shape` on `device` (contiguous if asked); its first
+    axis is the batch of the tensor `batch_of` names (for the message)."""
     if not isinstance(t, torch.Tensor):
         raise ArgumentError(f"{name}= must be a torch.Tensor, got {type(t).__name__}")
     refuse_non_strided({name: t})
     if t.dtype != torch.int32:
         raise ArgumentError(f"{name}= must be int32, got {t.dtype}")
     if tuple(t.shape) != shape:
-        raise ArgumentError(f"{name}= must have shape {list(shape)}, got {list(t.shape)}")
+        raise ArgumentError(f"{name}= must have shape {list(shape)} (one row per sequence, "
+                            f"as {batch_of} has {shape[0]}), got {list(t.shape)}")
     if t.device != device:
-        raise ArgumentError(f"{name}= must be on q's device ({device}), got {t.device}")
+        raise ArgumentError(f"{name}= must be on {batch_of}'s device ({device}), got {t.device}")
     if t.requires_grad:
         raise ArgumentError(f"{name}= is an index tensor and cannot require a gradient")
     if contiguous and not t.is_contiguous():
@@ -95,26 +98,28 @@ def check_cache_arguments(
     v: torch.Tensor,
     kv_lens: object,
     block_table: object,
+    rows: str = "q",
 ) -> tuple[CacheLayout, tuple[int, ...] | None]:
     """Checks `kv_lens=` and `block_table=` against q (k and v are checked with the call's
     other operands, `check_inputs`); returns the layout and, for a paged cache, the keys a
-    sequence can hold (`max_pages * page_size`), else None."""
+    sequence can hold (`max_pages * page_size`), else None. `rows` names q in messages (the
+    new keys, for `append_kv`)."""
     if kv_lens is None and block_table is None:
         return CONTIGUOUS, None
-    check_tensor("q", q)
+    check_tensor(rows, q)
     check_tensor("k", k)
     batch = q.shape[0]
     if block_table is None:
-        _check_index_tensor("kv_lens", kv_lens, (batch,), q.device, contiguous=True)
+        _check_index_tensor("kv_lens", kv_lens, (batch,), q.device, contiguous=True, batch_of=rows)
         return CacheLayout(kv_lens=True), None
     if kv_lens is None:
         raise ArgumentError("block_table= needs kv_lens=: the pages do not say how many keys each sequence has")
-    _check_index_tensor("kv_lens", kv_lens, (batch,), q.device, contiguous=True)
+    _check_index_tensor("kv_lens", kv_lens, (batch,), q.device, contiguous=True, batch_of=rows)
     refuse_non_strided({"block_table": block_table})
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
         shape = list(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__
         raise ArgumentError(f"block_table= must be an int32 [B, max_pages] tensor, got {shape}")
-    _check_index_tensor("block_table", block_table, (batch, block_table.shape[1]), q.device)
+    _check_index_tensor("block_table", block_table, (batch, block_table.shape[1]), q.device, batch_of=rows)
     page_size = k.shape[2]
     if page_size < 1:
         raise ArgumentError("the page pools' page size (k.shape[2]) must be at least 1")

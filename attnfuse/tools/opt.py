@@ -351,7 +351,12 @@ def load_block_module(path: str) -> ModuleType:
         sys.modules.pop(name, None)
         raise BlockModuleError(f"--block-module {path}: the module called sys.exit({err.code!r}) while "
                                "being imported") from None
-    except Exception as err:  # noqa: BLE001 - a user's module: one line, never a traceback
+    except KeyboardInterrupt:
+        sys.modules.pop(name, None)
+        raise  # the user's Ctrl-C, the tool's to end with
+    except BaseException as err:  # noqa: BLE001 - a user's module: one line, never a traceback
+        # BaseException, not Exception: a module may raise its own BaseException subclass
+        # (or GeneratorExit); it is still a module that does not load.
         sys.modules.pop(name, None)
         raise BlockModuleError(f"--block-module {path}: {type(err).__name__}: {_first_line(err)}") from err
     problem = block_module_problem(module)

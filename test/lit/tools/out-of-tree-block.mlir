@@ -5,6 +5,7 @@
 // RUN: not attnfuse-opt --block-module %S/../inputs/no_role_block.py %s 2>&1 | filecheck %s --check-prefix=NOROLE
 // RUN: not attnfuse-opt --block-module %S/../inputs/no_ops_block.py %s 2>&1 | filecheck %s --check-prefix=NOOPS
 // RUN: not attnfuse-opt --block-module %S/../inputs/exiting_block.py %s 2>&1 | filecheck %s --check-prefix=EXITS
+// RUN: not attnfuse-opt --block-module %S/../inputs/base_exception_block.py %s 2>&1 | filecheck %s --check-prefix=BASE
 // A block defined outside the package (docs/architecture.md §10.1: score_offset, in one file
 // beside its pytest tests) reaches the CLI with --block-module: its op parses, canonicalize-attn
 // orders it by its own algebra (additive, after ALiBi), and the printed kernels apply it.
@@ -14,13 +15,15 @@
 // CHECK:      + 0.75
 // IR:         attn.alibi
 // IR-NEXT:    attn.score_offset {{.*}} {offset = 7.500000e-01 : f64}
-// UNKNOWN:    out-of-tree-block.mlir:[[# @LINE + 11]]:{{[0-9]+}}: error: Operation attn.score_offset is not registered (if it is the op of a block defined outside the package: load its file with --block-module FILE)
+// UNKNOWN:    out-of-tree-block.mlir:[[# @LINE + 13]]:{{[0-9]+}}: error: Operation attn.score_offset is not registered (if it is the op of a block defined outside the package: load its file with --block-module FILE)
 // MISSING:    attnfuse-opt: error: --block-module {{.*}}no-such-block.py: no such file
 // An op with none of the three interfaces is refused where it stands; a module without OPS at once.
-// NOROLE:     out-of-tree-block.mlir:[[# @LINE + 8]]:3: error: 'attn.score_offset' inside attn.variant implements none of ScoreModifier, KeyFilter and Normalizer
+// NOROLE:     out-of-tree-block.mlir:[[# @LINE + 10]]:3: error: 'attn.score_offset' inside attn.variant implements none of ScoreModifier, KeyFilter and Normalizer
 // NOOPS:      attnfuse-opt: error: --block-module {{.*}}no_ops_block.py: OPS must list the module's ops
 // EXITS-NOT:  Traceback
 // EXITS:      attnfuse-opt: error: --block-module {{.*}}exiting_block.py: the module called sys.exit('this module is a script') while being imported
+// BASE-NOT:   Traceback
+// BASE:       attnfuse-opt: error: --block-module {{.*}}base_exception_block.py: NotAnException: this module refuses to load
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k
   %m = attn.mask %s [#attn.causal]

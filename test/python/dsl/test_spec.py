@@ -6,6 +6,7 @@ import itertools
 import math
 
 import pytest
+import torch
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 
@@ -213,7 +214,32 @@ BLOCK_PARAMETER_ERRORS = {
     "scale-subnormal": (lambda: af.scaled_dot_product(scale=1e-40), "scaled_dot_product"),
     "scale-huge": (lambda: af.scaled_dot_product(scale=1e38 * 3), "scaled_dot_product"),
     "scale-str": (lambda: af.scaled_dot_product(scale="0.5"), "scaled_dot_product"),
+    # Ints beyond a float's range are not finite numbers (not an OverflowError).
+    "scale-int-beyond-float": (lambda: af.scaled_dot_product(scale=10**400), "scaled_dot_product"),
+    "rope-theta-int-beyond-float": (lambda: af.rope(theta=10**400), "rope"),
+    "softcap-int-beyond-float": (lambda: af.softcap(10**400), "softcap"),
+    "alibi-int-beyond-float": (lambda: af.alibi([10**400]), "alibi"),
+    "llama3-factor-0": (lambda: af.llama3_scaling(factor=0.0), "llama3_scaling"),
+    "llama3-factor-inf": (lambda: af.llama3_scaling(factor=math.inf), "llama3_scaling"),
+    "llama3-max-position-int-beyond-float": (
+        lambda: af.llama3_scaling(original_max_position=10**400), "llama3_scaling"),
+    "llama3-high-not-above-low": (lambda: af.llama3_scaling(low_freq_factor=4.0, high_freq_factor=4.0),
+                                  "llama3_scaling"),
+    # 1e-300 passes "positive" but divides frequencies into fp32 inf: angles of inf, sines of NaN.
+    "llama3-factor-tiny": (lambda: af.llama3_scaling(factor=1e-300), "llama3_scaling"),
 }
+
+
+def test_the_smallest_llama3_factor_keeps_every_angle_finite():
+    """At the least factor `llama3_scaling` takes, positions at the ends of their range rotate
+    to finite values (the bound is 2^24 / the largest fp32 number)."""
+    from attnfuse.dialects.attn import MIN_LLAMA3_FACTOR
+
+    spec = af.attention(af.rope(scaling=af.llama3_scaling(factor=MIN_LLAMA3_FACTOR)))
+    q = torch.randn(1, 1, 4, 16, dtype=torch.float64)
+    positions = torch.tensor([0, 1, 2**24 - 1, -(2**24)])
+    out = af.reference_attention(spec, q, q, q, q_positions=positions, k_positions=positions)
+    assert torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("name", list(BLOCK_PARAMETER_ERRORS))

@@ -157,6 +157,10 @@ def test_append_errors():
         fn.append_kv(k_cache, v_cache, k, v[:, :, :0], lens)
     with pytest.raises(ArgumentError, match="k_cache must be"):
         fn.append_kv(k_cache[:, :1], v_cache, k, v, lens)
+    # New keys of another batch than the lengths': the message counts sequences by k (not q,
+    # which append_kv has none of).
+    with pytest.raises(ArgumentError, match=r"kv_lens= must have shape \[1\] \(one row per sequence, as k has 1\)"):
+        fn.append_kv(k_cache[:1], v_cache[:1], k[:1], v[:1], lens)
     with pytest.raises(ArgumentError, match="no backward"):
         fn.append_kv(k_cache, v_cache, k.requires_grad_(), v, lens)
 

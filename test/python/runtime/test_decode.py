@@ -528,6 +528,29 @@ def test_query_rotation_with_lengths_runs_in_kernel(monkeypatch):
             af.compile(spec, rope_placement=placement)(q, k, v, kv_lens=lens)
 
 
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "page16"])
+def test_call_time_positions_index_the_cache(page_size):
+    """`q_positions=` `[B, Nq]` and `k_positions=` `[L_max]` with kv_lens=: each sequence's
+    result is the call on its own keys alone (`k_positions[:kv_lens[b]]`, no lengths), whose
+    masks sit at the same bottom-right positions; the rotation follows the given positions."""
+    spec = af.attention(af.rope(theta=10000.0), af.causal())
+    lens = [50, 64, 17]
+    q, k, v = make_cache(3, 2, 4, 64, 16, torch.float32, 11)
+    q_positions = torch.tensor([[3, 9, 27, 81], [-5, 0, 5, 2**20], [7, 7, 7, 7]])
+    k_positions = torch.randperm(64, generator=torch.Generator().manual_seed(3)) * 5 - 40
+    call = {"kv_lens": torch.tensor(lens, dtype=torch.int32)}
+    k_cache, v_cache = k, v
+    if page_size is not None:
+        k, v, k_cache, v_cache, call["block_table"] = paginate(k, v, lens, page_size, seed=4)
+    out = spec(q, k_cache, v_cache, q_positions=q_positions, k_positions=k_positions, **call)
+    for b, n in enumerate(lens):
+        alone = spec(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n],
+                     q_positions=q_positions[b], k_positions=k_positions[:n])
+        assert_close_to_reference(out[b:b + 1], alone.double(), torch.float32)
+    ref = af.reference_attention(spec, q, k_cache, v_cache, q_positions=q_positions, k_positions=k_positions, **call)
+    assert_close_to_reference(out, ref, torch.float32)
+
+
 def test_pre_rotated_key_refused_for_a_paged_cache():
     spec = af.attention(af.rope(theta=10000.0), af.causal())
     q, k, v = make_cache(2, 2, 1, 64, 16, torch.float32, 6)

@@ -186,7 +186,29 @@ attn.variant @bad_scaling(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: rope llama3_scaling must be [factor, low_freq_factor, high_freq_factor, original_max_position], all positive, high > low
+// CHECK: rope llama3_scaling: high_freq_factor must exceed low_freq_factor, got 1.0 <= 4.0
+
+// -----
+
+attn.variant @tiny_scaling_factor(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64, llama3_scaling = [1.000000e-40 : f64, 1.000000e+00 : f64, 4.000000e+00 : f64, 8.192000e+03 : f64]} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rope llama3_scaling: factor must be at least 4.93e-32 (2^24 / the largest fp32 number: a smaller one makes the fp32 angles of large positions inf), got 1e-40
+
+// -----
+
+attn.variant @three_scaling_values(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64, llama3_scaling = [8.000000e+00 : f64, 1.000000e+00 : f64, 4.000000e+00 : f64]} : !attn.query
+  %s = attn.scores %qr, %k
+  %p = attn.softmax %s
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+// CHECK: rope llama3_scaling: must be [factor, low_freq_factor, high_freq_factor, original_max_position], got 3 values
 
 // -----
 

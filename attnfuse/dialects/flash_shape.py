@@ -33,6 +33,10 @@ SCORE_OPS = (tile.MaskOp, tile.DocumentMaskOp, tile.MapOp, tile.AlibiOp, tile.Ad
 (elementwise on the score tile; the bias is read block by block through its pointer, a
 document filter's ids per query row and per key through theirs)."""
 
+INDEX_OPS = (tile.PairPositionOp, tile.QueryHeadOp)
+"""Index tiles that may sit among the score ops (a position-aware block's map reads them):
+each entry's query or key position, or its query head, which the step computes from its rows."""
+
 NORMALIZER_OPS = (tile.ReluProbsOp, tile.MapOp, tile.ApplyScaleOp)
 """A pointwise normalizer's ops between the load of v and `tile.accumulate`, each refining the
 previous tile (ReLU's `relu(s) / Nk`, sigmoid's map of s and `-ln(Nk)`); `tile.seq_len`
@@ -181,7 +185,7 @@ def flash_loop(kernel: tile.KernelOp, loop: tile.KVLoopOp | tile.SparseKVLoopOp)
     scores = take(tile.ScoresOp, "tile.scores")
     if len(scores.queries) != 1 or scores.keys[0] is not k_load.result:
         raise refuse(kernel, scores, "one q @ k^T product of the loaded tiles")
-    score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops")
+    score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops", scalars=INDEX_OPS)
     if not isinstance(op, tile.LoadOp) or op.role != "v" or not _whole(op):
         raise refuse(kernel, op, "score ops are masks, document filters, maps, ALiBi, biases and scales, "
                                  "then the load of v")

@@ -11,7 +11,8 @@ this target prints them in Gluon (`triton.experimental.gluon`):
 - the loads of q, k and v become the producer partition's TMA copies (`<kernel>_load`);
 - `tile.scores` and `tile.accumulate` become the consumers' warpgroup MMAs (`<kernel>_consume`);
 - the score ops between them (masks, ALiBi, an additive bias, maps such as soft-capping,
-  scales) and the online-softmax step (or a pointwise normalizer's weights: ReLU, sigmoid) are
+  scales, and the index tiles a position-aware map reads, `tile.pair_position` and
+  `tile.query_head`, in the score tile's layout) and the online-softmax step (or a pointwise normalizer's weights: ReLU, sigmoid) are
   printed by the portable target's own op printers (a bias's block loaded beforehand by
   `<kernel>_bias`, from its pointer and strides) into one
   `@gluon.jit` step function (`<kernel>_step`), so a block's meaning is still printed in one
@@ -42,13 +43,14 @@ from typing import IO
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
 from xdsl.utils.target import Target
 
 from attnfuse.dialects import tile
 from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.lowering.gluon_steps import GluonFunctions, MaskedLoopSteps
 from attnfuse.lowering.triton import HELPERS, LN2, KernelEmitter, LoopRows
-from attnfuse.dialects.flash_shape import FlashLoop, NotFlashShaped, flash_kernel
+from attnfuse.dialects.flash_shape import INDEX_OPS, FlashLoop, NotFlashShaped, flash_kernel
 
 class GluonUnsupported(IRError):
     """A kernel this target does not print (the portable target prints every kernel); `op` is
@@ -131,8 +133,15 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         bounds = self.bound_params()
         state = ["row_max", "row_sum"] if self.softmax else []
         step = ["step"] if self.listed else []
-        return ["scores", *state, "start_n", *step, "row_start", *bounds, "sm_scale", "n_q", "n_k",
+        # The tile's query head, where a block maps with it (`tile.query_head`).
+        head = ["head"] if any(isinstance(op, tile.QueryHeadOp) for loop in self.loops for op in loop.score_ops) else []
+        return ["scores", *state, "start_n", *step, "row_start", *bounds, "sm_scale", "n_q", "n_k", *head,
                 *self.slope_params(), *self.bias_tiles(), *self.document_params()]
+
+    def emit_index_tile(self, result: SSAValue, index: str) -> None:
+        """`result`, an f32 tile of `index` in the score tile's layout (the step's `rows`, `q_pos`
+        and `keys` are its slices; `head` is the tile's)."""
+        self.emit(f"{self.namer.define(result)} = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT) + {index}")
 
     # -- documents ---------------------------------------------------------------------------
 
@@ -328,8 +337,13 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         # piece, one for all its ops: what every loop shares after its masks.
         normalizer = [loop.update] if loop.update is not None else loop.weights
         for op in loop.score_ops:
-            self.namer.pin(op.result, "scores")
             self.lines = []
+            if isinstance(op, INDEX_OPS):
+                # An index tile (a position-aware block's map reads it): a tile of its own name.
+                self.HANDLERS[type(op)](self, op)
+                pieces.append((False, self.lines))
+                continue
+            self.namer.pin(op.result, "scores")
             self.HANDLERS[type(op)](self, op)
             assert self.namer[op.result] == "scores", f"{op.name} named its result itself"
             pieces.append((isinstance(op, tile.FILTER_OPS), self.lines))

@@ -294,3 +294,84 @@ def launched(monkeypatch) -> list[str]:
     monkeypatch.setattr(KernelLaunch, "__call__",
                         lambda self, tensors: (names.append(self.info.name), original(self, tensors))[1])
     return names
+
+
+# --------------------------------------------------------------------------------------------
+# Gluon kernels compiled for sm_90 ahead of time (no GPU needed)
+# --------------------------------------------------------------------------------------------
+
+
+class _TargetOnlyDriver:
+    """What an ahead-of-time compile asks Triton's driver for: a device, a stream, a target."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, _device):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+
+
+@pytest.fixture
+def sm90():
+    """Triton's active driver replaced by one that only names sm_90 (restored after)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    # The previous active driver as it was (None until first asked for: on a machine without
+    # a GPU, asking would fail), so that later tests see what they would have seen.
+    previous = driver._active
+    driver.set_active(_TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
+    try:
+        yield
+    finally:
+        driver._active = previous
+
+
+def gluon_forward_for_sm90(spec, head_dim: int, consumers: int = 2, persistent: bool = False):
+    """`(program, compiled)`: `spec`'s Gluon forward, lowered with the schedule options the
+    runtime gives `head_dim` and `consumers` (`gluon_forward.SCHEDULES`), printed, imported as
+    the runtime imports it and compiled for sm_90 (under the `sm90` fixture, without
+    TRITON_INTERPRET) at N = 256, 4 heads, bf16, over a model's `[B, N, H, D]` layout."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from attnfuse.dialects import make_context
+    from attnfuse.lowering.gluon import emit_gluon_kernel
+    from attnfuse.runtime import gluon_forward
+    from attnfuse.runtime.compiler import CompileKey, lower_spec
+    from attnfuse.runtime.config import TileConfig
+    from attnfuse.transforms.warp_specialize import WarpSpecializePass
+
+    module = lower_spec(spec, CompileKey(head_dim, head_dim, "bf16", TileConfig(64, 64, 4, 2), ("fused", "fused")))
+    WarpSpecializePass(**gluon_forward.SCHEDULES[head_dim].options(consumers, persistent)).apply(make_context(), module)
+    program = emit_gluon_kernel(next(op for op in module.ops if op.sym_name.data == "attention_fwd"))
+    kernel = program.kernels[0]
+    # Stored and imported as the runtime does it (`gluon_forward._gluon_module`).
+    printed = gluon_forward._gluon_module(program.source)
+    # A [B, N, H, D] projection seen as [B, H, N, D], as models pass q, k and v.
+    x = torch.empty(1, 256, 4, head_dim, dtype=torch.bfloat16).transpose(1, 2)
+    rows = gl.NVMMASharedLayout.get_default_for([1, 1, 64, head_dim], gl.bfloat16)
+    keys = gl.NVMMASharedLayout.get_default_for([1, 1, kernel.block_n, head_dim], gl.bfloat16)
+    descs = [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, n, head_dim], layout)
+             for n, layout in ((64, rows), (kernel.block_n, keys), (kernel.block_n, keys), (64, rows))]
+    lse, slopes = torch.empty(1, 4, 256), torch.empty(4)
+    bias = torch.empty(1, 4, 256, 256, dtype=torch.bfloat16).expand(2, 4, 256, 256)  # a broadcast batch
+    pointers: list[object] = []
+    for role in kernel.roles:
+        if role in kernel.operands:
+            continue
+        pointers += {"lse": [lse, *lse.stride()], "bias": [bias, *bias.stride()]}.get(role, [slopes])
+    batch_heads = [4] if persistent else []  # the persistent launch's tile count
+    compiled = printed.attention_fwd.warmup(*descs, *pointers, 0.1, 256, 256, 4, 1, *batch_heads, grid=(1,),
+                                            num_warps=4)
+    return program, compiled
+

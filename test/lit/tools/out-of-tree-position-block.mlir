@@ -1,4 +1,6 @@
 // RUN: attnfuse-opt --block-module %S/../../python/blocks/fire_block.py %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t triton | filecheck %s
+// RUN: attnfuse-opt --block-module %S/../../python/blocks/fire_block.py %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 bwd-dq=fused},fold-scale-into-exp,warp-specialize' | filecheck %s --check-prefix=SCHEDULE
+// RUN: attnfuse-opt --block-module %S/../../python/blocks/fire_block.py %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 backward=false},fold-scale-into-exp,warp-specialize' -t gluon | filecheck %s --check-prefix=GLUON
 // A block that reads positions and the query head (fire_log, in one file beside its pytest
 // tests: docs/architecture.md §10.1) lowers to `tile.pair_position` and `tile.query_head` and
 // one map, printed in each kernel's orientation: in the forward (and dQ) the program's rows
@@ -17,6 +19,23 @@
 // CHECK:       q_position = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + q_pos[None, :]
 // CHECK:       k_position = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + rows[:, None]
 // CHECK:       query_head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + head
+
+// warp-specialize schedules the forward (its index tiles sit among the score ops) and leaves
+// the fused backward, which orients tiles by keys, to the portable target.
+// SCHEDULE:       tile.kernel @attention_fwd({{.*}} schedule = #tile<schedule warp_specialized>
+// SCHEDULE:       tile.kernel @attention_bwd_dkdv_dq(
+// SCHEDULE-NOT:   schedule = #tile<schedule warp_specialized>
+// SCHEDULE:       tile.kernel
+
+// The Gluon step prints them in the score tile's layout, and takes the tile's query head.
+// GLUON-LABEL: def attention_fwd_step(
+// GLUON-SAME:  n_q, n_k, head,
+// GLUON:       q_position = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT) + q_pos[:, None]
+// GLUON:       k_position = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT) + keys[None, :]
+// GLUON:       query_head = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT) + head
+// GLUON:       tl.log(
+// GLUON-LABEL: def attention_fwd_consume(
+// GLUON:       attention_fwd_step(scores, {{.*}}, n_q, n_k, head, ROWS, BLOCK_N, S_LAYOUT)
 
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k

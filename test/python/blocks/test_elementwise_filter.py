@@ -136,6 +136,21 @@ def test_every_visited_block_is_masked():
     assert "full: no mask work" not in forward and "tile.pair_position" in forward
 
 
+@pytest.mark.parametrize("block", [sink_window(SINKS, 256), chunked(24)], ids=["sink_window", "chunked"])
+def test_the_hopper_forward_masks_every_block(sm90, monkeypatch, block):
+    """On Hopper the warp-specialized forward runs the filter's test on every block it
+    visits: one masked key loop, whose step tests the entries' positions (index tiles in the
+    score tile's layout); it compiles for sm_90."""
+    from conftest import gluon_forward_for_sm90
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    program, compiled = gluon_forward_for_sm90(af.attention(block, af.causal()), 128)
+    step = program.source.split("def attention_fwd_step(", 1)[1].split("@gluon.jit", 1)[0]
+    assert "loop 0 over partial key blocks: masked" in step and "loop 1" not in step
+    assert "gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT) + keys[None, :]" in step
+    assert compiled.asm["cubin"]
+
+
 @pytest.mark.parametrize("size", [7, 16, 24])
 def test_chunked_attention(size):
     """Chunks that do not align with the kernels' blocks of 16 (7, 24) and that do (16), and

@@ -108,10 +108,13 @@ def test_cache_positions_follow_the_lengths(nq, paged):
     assert (out.double() - formula(q, k, v, causal=True, lens=lens)).abs().max() < 1e-5
 
 
-def test_the_hopper_schedule_leaves_it_to_the_portable_kernels():
-    """The warp-specialized kernels name each score tile `scores` and take no index tile yet:
-    `warp-specialize` leaves a variant that reads positions unscheduled (it runs the portable
-    kernels on Hopper too) rather than printing it wrong."""
+def test_the_hopper_schedule_takes_the_forward(sm90, monkeypatch):
+    """On Hopper the warp-specialized forward prints the index tiles in the score tile's
+    layout (the step's rows, key positions and the tile's query head) and compiles for sm_90;
+    the fused backward, whose kernels orient tiles by keys, is left to the portable kernels
+    (unscheduled) rather than printed wrong."""
+    from conftest import gluon_forward_for_sm90
+
     from attnfuse.dialects import make_context
     from attnfuse.runtime.compiler import CompileKey, lower_spec
     from attnfuse.runtime.config import TileConfig
@@ -120,7 +123,16 @@ def test_the_hopper_schedule_leaves_it_to_the_portable_kernels():
     spec = af.attention(fire_log(R1, C, THRESHOLD), af.causal())
     module = lower_spec(spec, CompileKey(128, 128, "bf16", TileConfig(64, 64, 4, 2), None, bwd_dq="ordered"))
     WarpSpecializePass().apply(make_context(), module)
-    assert all(op.schedule is None for op in module.ops)
+    scheduled = {op.sym_name.data for op in module.ops if op.schedule is not None}
+    assert scheduled == {"attention_fwd"}
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    program, compiled = gluon_forward_for_sm90(spec, 128)
+    step = program.source.split("def attention_fwd_step(", 1)[1].split("@gluon.jit", 1)[0]
+    assert "n_k, head," in step.split("\n", 1)[0], "the step takes the tile's query head"
+    assert "gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT) + q_pos[:, None]" in step
+    assert "gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT) + keys[None, :]" in step
+    assert "gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT) + head" in step
+    assert compiled.asm["cubin"]
 
 
 def test_printed_kernels_read_positions_and_heads():

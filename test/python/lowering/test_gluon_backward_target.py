@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from test_gluon_target import _cuobjdump, _registers_and_spills, check_launch_matches_signature, sm90  # noqa: F401  (fixture)
+from test_gluon_target import _cuobjdump, _registers_and_spills, check_launch_matches_signature
 
 import attnfuse as af
 from attnfuse.dialects import make_context
@@ -48,7 +48,7 @@ def backward_kernel(spec, head_dim=128, bwd_dq="fused", **options):
     ("sigmoid-causal", af.attention(af.sigmoid(), af.causal()), 64, "fused"),
     ("softcap-relu-causal", af.attention(af.softcap(30.0), af.relu(), af.causal()), 128, "ordered"),
 ])
-def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monkeypatch):  # noqa: F811
+def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor

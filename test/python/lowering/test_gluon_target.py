@@ -33,6 +33,7 @@ from attnfuse.runtime.compiler import CompileKey, lower_spec
 from attnfuse.runtime.config import LISTED_GLUON_FORWARD, TileConfig
 from attnfuse.runtime.inputs import Problem
 from attnfuse.transforms.warp_specialize import WarpSpecializePass
+from conftest import gluon_forward_for_sm90
 
 
 def forward_kernel(spec, head_dim=128, placement=("fused", "fused"), dtype="bf16", config=TileConfig(64, 64, 4, 2),
@@ -75,22 +76,6 @@ def check_launch_matches_signature(launch, tensors: dict, source: str, name: str
     return runtime
 
 
-class _TargetOnlyDriver:
-    """What an ahead-of-time compile asks Triton's driver for: a device, a stream, a target."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, _device):
-        return 0
-
-    def get_current_target(self):
-        return self.target
-
-
 def _cuobjdump(cubin: bytes, flag: str) -> str:
     """What Triton's bundled cuobjdump prints for `cubin` with `flag` (`-res-usage`, `-sass`)."""
     import triton
@@ -107,23 +92,6 @@ def _cuobjdump(cubin: bytes, flag: str) -> str:
 def _registers_and_spills(cubin: bytes) -> tuple[int, int]:
     text = _cuobjdump(cubin, "-res-usage")
     return int(re.search(r"REG:(\d+)", text).group(1)), int(re.search(r"STACK:(\d+)", text).group(1))
-
-
-@pytest.fixture
-def sm90():
-    """Triton's active driver replaced by one that only names sm_90 (restored after)."""
-    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
-    # The previous active driver as it was (None until first asked for: on a machine without
-    # a GPU, asking would fail), so that later tests see what they would have seen.
-    previous = driver._active
-    driver.set_active(_TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
-    try:
-        yield
-    finally:
-        driver._active = previous
 
 
 @dataclass(frozen=True)
@@ -227,31 +195,9 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, pers
     the three-consumer one."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     import triton
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    # The options the runtime gives this head dim and consumer count.
-    program = emit_gluon_kernel(forward_kernel(spec, dim, **gluon_forward.SCHEDULES[dim].options(consumers, persistent)))
+    program, compiled = gluon_forward_for_sm90(spec, dim, consumers, persistent)
     assert program.kernels[0].persistent == persistent
-    # Stored and imported as the runtime does it (`gluon_forward._gluon_module`).
-    module = gluon_forward._gluon_module(program.source)
-    # A [B, N, H, D] projection seen as [B, H, N, D], as models pass q, k and v.
-    x = torch.empty(1, 256, 4, dim, dtype=torch.bfloat16).transpose(1, 2)
-    block_n = program.kernels[0].block_n
-    rows = gl.NVMMASharedLayout.get_default_for([1, 1, 64, dim], gl.bfloat16)
-    keys = gl.NVMMASharedLayout.get_default_for([1, 1, block_n, dim], gl.bfloat16)
-    descs = [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, n, dim], layout)
-             for n, layout in ((64, rows), (block_n, keys), (block_n, keys), (64, rows))]
-    lse, slopes = torch.empty(1, 4, 256), torch.empty(4)
-    bias = torch.empty(1, 4, 256, 256, dtype=torch.bfloat16).expand(2, 4, 256, 256)  # a broadcast batch
-    pointers = []
-    for role in program.kernels[0].roles:
-        if role in program.kernels[0].operands:
-            continue
-        pointers += {"lse": [lse, *lse.stride()], "bias": [bias, *bias.stride()]}.get(role, [slopes])
-    batch_heads = [4] if persistent else []  # the persistent launch's tile count
-    compiled = module.attention_fwd.warmup(*descs, *pointers, 0.1, 256, 256, 4, 1, *batch_heads, grid=(1,),
-                                           num_warps=4)
     registers, spills = _registers_and_spills(compiled.asm["cubin"])
     assert registers <= 255
     assert compiled.metadata.shared <= 232448, f"{compiled.metadata.shared} bytes of shared memory"

@@ -220,8 +220,11 @@ def run_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     rope: RopeCall | None = None,
+    position_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """AttnFuse attention in HF's layout: returns `[B, Nq, Hq, Dv]`."""
+    """AttnFuse attention in HF's layout: returns `[B, Nq, Hq, Dv]`. `position_bias` (T5's
+    relative position bias, `[B or 1, Hq, Nq, Nk]`) is added to the scores, as HF's eager and
+    sdpa paths add it, and gets its gradient."""
     if dropout and module.training:
         raise ArgumentError(
             f"attention dropout {dropout} in training: AttnFuse has no attention dropout; set "
@@ -235,8 +238,13 @@ def run_attention(
         if rope is not None and rope.k_positions is not None:
             rope = RopeCall(rope.block, rope.q_positions, rope.k_positions[:, :resolved.valid])
     arguments: dict[str, torch.Tensor] = {}
-    if resolved.bias is not None:
-        arguments["bias"] = resolved.bias[..., :resolved.valid]
+    bias = None if resolved.bias is None else resolved.bias[..., :resolved.valid]
+    if position_bias is not None:
+        # Over the written keys only, as the mask (HF's sdpa crops it to the keys it keeps).
+        position_bias = position_bias[..., :resolved.valid]
+        bias = position_bias if bias is None else position_bias + bias
+    if bias is not None:
+        arguments["bias"] = bias
     if resolved.doc_ids is not None:
         arguments["doc_ids"] = resolved.doc_ids
     placement: object = "auto"
@@ -249,7 +257,7 @@ def run_attention(
         else:
             placement = KEY_GIVEN  # the cache holds rotated keys: only q turns, in the kernel
     signature = (resolved.pattern, resolved.window, _exact(scaling), _exact(softcap),
-                 resolved.doc_ids is not None, resolved.bias is not None,
+                 resolved.doc_ids is not None, bias is not None,
                  _exact_rope(rope_signature(rope_block)), placement)
     if torch.compiler.is_compiling():
         explicit = ("q_positions" in arguments, "k_positions" in arguments)
@@ -278,11 +286,12 @@ def attnfuse_attention_forward(
     is_causal: bool | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    position_bias: torch.Tensor | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """HF's attention-interface signature (see `integrations/sdpa_attention.py`). Attention
-    weights are never materialised: `output_attentions=True` warns and returns None for them,
-    as HF's sdpa does."""
+    """HF's attention-interface signature (see `integrations/sdpa_attention.py`), with T5's
+    `position_bias` added to the scores as an additive bias. Attention weights are never
+    materialised: `output_attentions=True` warns and returns None for them, as HF's sdpa does."""
     if kwargs.get("output_attentions", False):
         warn_no_attention_weights()
     for name in UNSUPPORTED_KEYWORDS:
@@ -292,5 +301,5 @@ def attnfuse_attention_forward(
                 "sink block, so its result would be wrong; use another attn_implementation")
     out = run_attention(module, query, key, value, attention_mask, dropout=dropout,
                         scaling=scaling, is_causal=is_causal, sliding_window=sliding_window,
-                        softcap=softcap)
+                        softcap=softcap, position_bias=position_bias)
     return out, None

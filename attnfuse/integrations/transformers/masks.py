@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from transformers import masking_utils as hf_masks
 
+from attnfuse.errors import ArgumentError
+
 from attnfuse.integrations.transformers.mask_factories import (
     ORIGINALS,
     AndMasks,
@@ -34,6 +36,12 @@ def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where `keep`, -inf elsewhere: a dropped key (a row of them outputs 0, never NaN)."""
     zero = torch.zeros((), dtype=dtype, device=keep.device)
     return torch.where(keep, zero, torch.full((), float("-inf"), dtype=dtype, device=keep.device))
+
+
+class MaskIsNotATensor(ArgumentError, AttributeError):
+    """A model read a tensor's attribute (`.dtype`, `.shape`, ...) of an `AttnFuseMask`: an
+    `ArgumentError` saying so, and an `AttributeError`, so that `hasattr` and
+    `getattr(mask, name, default)` in model code still answer as for any missing attribute."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,6 +83,16 @@ class AttnFuseMask:
             ids = torch.where(self.padding, 0 if ids is None else ids, -1).to(torch.int32)
         object.__setattr__(self, "doc_ids", ids)
         object.__setattr__(self, "_key_biases", {})
+
+    def __getattr__(self, name: str) -> object:
+        # Only reached for attributes the mask does not have: a model that treats the mask as
+        # HF's 4D tensor (Falcon with ALiBi reads its dtype to add the bias to it).
+        if name.startswith("_"):
+            raise AttributeError(name)  # protocols (copy, pickle) look such names up
+        raise MaskIsNotATensor(
+            f"attention_mask is an AttnFuseMask (what register()'s mask functions make for the "
+            f"attnfuse attention), not a tensor: this model reads its .{name} before its attention "
+            "call, which AttnFuse does not support; use another attn_implementation for it")
 
     @property
     def pads_keys_only(self) -> bool:

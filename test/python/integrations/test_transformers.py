@@ -236,6 +236,58 @@ def test_encoder_decoder_with_a_padded_encoder_matches_eager():
     assert torch.equal(fused.generate(ids, **tokens), eager.generate(ids, **tokens))
 
 
+def test_t5_relative_position_bias_matches_eager():
+    """T5 hands its relative position bias to the attention as `position_bias=` (per query
+    head, learned): it is added to the scores with the padding, in the encoder, the decoder and
+    the cross-attention, and its table gets eager's gradient; greedy tokens match."""
+    af_hf.register()
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4,
+                                   relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                                   dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                                   attn_implementation="eager")
+    eager = transformers.T5ForConditionalGeneration(config)
+    with torch.no_grad():  # a bias large enough that dropping it moves the logits far
+        for module in eager.modules():
+            if getattr(module, "has_relative_attention_bias", False):
+                module.relative_attention_bias.weight.mul_(8.0)
+    fused = transformers.T5ForConditionalGeneration(copy.deepcopy(config))
+    fused.load_state_dict(eager.state_dict())
+    fused.set_attn_implementation("attnfuse")
+    generator = torch.Generator().manual_seed(4)
+    ids = torch.randint(3, VOCAB, (2, 10), generator=generator)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    ids[1, 7:] = 0
+    labels = torch.randint(3, VOCAB, (2, 5), generator=generator)
+    losses = [model.train()(input_ids=ids, attention_mask=mask, labels=labels) for model in (eager, fused)]
+    for output in losses:
+        output.loss.backward()
+    assert_logits_close(losses[1].logits, losses[0].logits)
+    assert_grads_close(fused, eager)
+    bias_grad = fused.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.grad
+    assert bias_grad is not None and bias_grad.abs().max() > 0
+    tokens = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, num_beams=1)
+    assert torch.equal(fused.eval().generate(ids, **tokens), eager.eval().generate(ids, **tokens))
+
+
+def test_a_model_reading_the_mask_as_a_tensor_is_told_so():
+    """A model that reads a tensor attribute of the mask before its attention (Falcon with
+    ALiBi reads its dtype) gets an ArgumentError naming the attribute; `hasattr` and
+    `getattr(..., default)` answer as for any missing attribute."""
+    from attnfuse.integrations.transformers.masks import AttnFuseMask
+
+    mask = AttnFuseMask("causal", None, 8, 8)
+    with pytest.raises(af.ArgumentError, match=r"reads its \.dtype before its attention call"):
+        mask.dtype  # noqa: B018
+    assert not hasattr(mask, "shape") and getattr(mask, "device", None) is None
+    af_hf.register()
+    config = transformers.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
+                                       alibi=True, attn_implementation="attnfuse")
+    with pytest.raises(af.ArgumentError, match="AttnFuseMask"):
+        transformers.FalconForCausalLM(config)(torch.randint(1, VOCAB, (1, 6)))
+
+
 # -- attention through HF's interface ---------------------------------------------------------
 
 

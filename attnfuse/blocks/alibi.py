@@ -20,7 +20,7 @@ from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.attn import FP32_MAX, ScoresType
+from attnfuse.dialects.attn import FP32_MAX, finite_real, ScoresType
 from attnfuse.dialects.interfaces import DataUse, ScoreModifier
 from attnfuse.dsl.blocks import Block
 from attnfuse.errors import ArgumentError, CompositionError
@@ -137,15 +137,21 @@ class Alibi(Block):
     def __post_init__(self) -> None:
         if self.slopes is None:
             return
+        if isinstance(self.slopes, (str, bytes)):  # a sequence, of characters
+            raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}")
         try:
             values = tuple(self.slopes)
-            slopes = tuple(float(x) for x in values)
-        except (TypeError, ValueError, OverflowError):  # (an int beyond a float's range)
+        except TypeError:
             raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}") from None
         if any(_is_bool(x) for x in values):
             # As every block's numbers refuse bools: True is not a slope.
             raise CompositionError(f"alibi: slopes must be numbers, not bools, got {self.slopes!r}")
-        if not slopes or not all(abs(x) <= FP32_MAX for x in slopes):
+        # Python, NumPy or torch reals (a float32 scalar is not a float: taken by its value).
+        numbers = [x.item() if hasattr(x, "item") and not isinstance(x, (int, float)) else x for x in values]
+        if not all(isinstance(x, (int, float)) for x in numbers):
+            raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}")
+        slopes = tuple(finite_real(x) for x in numbers)
+        if not slopes or any(x is None or not abs(x) <= FP32_MAX for x in slopes):
             raise CompositionError(f"alibi: slopes must be a non-empty list of finite numbers, got {self.slopes!r}")
         object.__setattr__(self, "slopes", slopes)
 

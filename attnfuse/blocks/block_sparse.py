@@ -33,6 +33,11 @@ from attnfuse.dsl.blocks import Block
 from attnfuse.errors import ArgumentError, CompositionError
 
 
+MAX_BLOCK_SIZE = 2**30
+"""The largest block size: a block of more positions than a sequence can have (int32 positions)
+says nothing more, and the op's i64 attribute holds it."""
+
+
 @dataclass(frozen=True)
 class BlockSparseSemantics(KeyFilter):
     """What `attn.block_sparse` means: a block-granular filter read from a call-time layout."""
@@ -98,7 +103,7 @@ class BlockSparseSemantics(KeyFilter):
 @irdl_op_definition
 class BlockSparseOp(IRDLOperation):
     """Drops key j for query i unless `layout[i // block_size, j // block_size]` (per head when
-    the layout has a head dim). `block_size` is a power of two >= 16."""
+    the layout has a head dim). `block_size` is a power of two in [16, 2^30]."""
 
     name = "attn.block_sparse"
 
@@ -120,8 +125,8 @@ class BlockSparseOp(IRDLOperation):
 
     def verify_(self) -> None:
         bs = self.block_size.value.data
-        if bs < 16 or bs & (bs - 1):
-            raise VerifyException(f"block_sparse block_size must be a power of two >= 16, got {bs}")
+        if bs < 16 or bs & (bs - 1) or bs > MAX_BLOCK_SIZE:
+            raise VerifyException(f"block_sparse block_size must be a power of two in [16, 2^30], got {bs}")
 
 
 @dataclass(frozen=True, repr=False)
@@ -135,9 +140,9 @@ class BlockSparse(Block):
 
     def __post_init__(self) -> None:
         bs = self.block_size
-        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 16 or bs & (bs - 1):
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 16 or bs & (bs - 1) or bs > MAX_BLOCK_SIZE:
             raise CompositionError(
-                f"block_sparse: block_size must be a power of two >= 16, got {bs!r}"
+                f"block_sparse: block_size must be a power of two in [16, 2^30], got {bs!r}"
             )
 
     def build(self, variant: Any, value: SSAValue) -> Operation:

@@ -457,10 +457,11 @@ def finite_real(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-MIN_LLAMA3_FACTOR = 2.0**24 / FP32_MAX
-"""The smallest Llama-3.1 `factor`: every frequency is at most 1 and is divided by at most the
-factor, and positions reach 2^24 (`call_data.MAX_ROPE_POSITION`), so above this bound every
-angle is finite in fp32; below it the angle of a large position is inf and its sine NaN."""
+MIN_LLAMA3_FACTOR = 2.0**32 / FP32_MAX
+"""The smallest Llama-3.1 `factor`: a scaled frequency is at most `max(1, 1 / factor)` (the
+blend lies between the kept and the divided one) and positions are below 2^31 (int32), so from
+this bound on every fp32 angle is below half the largest fp32 number, finite with room for
+rounding; below it the angle of a large position can be inf, and its sine NaN."""
 
 
 def llama3_scaling_problem(values: tuple[object, ...]) -> str | None:
@@ -479,7 +480,7 @@ def llama3_scaling_problem(values: tuple[object, ...]) -> str | None:
     if not high > low:
         return f"high_freq_factor must exceed low_freq_factor, got {values[2]!r} <= {values[1]!r}"
     if factor < MIN_LLAMA3_FACTOR:
-        return (f"factor must be at least {MIN_LLAMA3_FACTOR:.3g} (2^24 / the largest fp32 number: "
+        return (f"factor must be at least {MIN_LLAMA3_FACTOR:.3g} (2^32 / the largest fp32 number: "
                 f"a smaller one makes the fp32 angles of large positions inf), got {values[0]!r}")
     return None
 

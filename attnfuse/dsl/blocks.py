@@ -125,8 +125,9 @@ class Rope(Block):
         if self.rotary_dim is not None:
             if isinstance(self.rotary_dim, bool) or not isinstance(self.rotary_dim, int):
                 raise CompositionError(f"rope: rotary_dim must be an int, got {self.rotary_dim!r}")
-            if self.rotary_dim <= 0 or self.rotary_dim % 2:
-                raise CompositionError(f"rope: rotary_dim must be positive and even, got {self.rotary_dim}")
+            if self.rotary_dim <= 0 or self.rotary_dim % 2 or self.rotary_dim >= 2**31:
+                # (Below 2^31: an int32 in the kernels, and no head is that wide.)
+                raise CompositionError(f"rope: rotary_dim must be positive, even and below 2^31, got {self.rotary_dim}")
         if not isinstance(self.interleaved, bool):
             raise CompositionError(f"rope: interleaved must be a bool, got {self.interleaved!r}")
         if self.scaling is not None and not isinstance(self.scaling, Llama3Scaling):

@@ -158,7 +158,8 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
     """Whether the backward of a call of this shape and variant runs the Gluon fused
     backward (`backward_choice.choose_backward` then builds the fused backward, where it is
     allowed): an sm_90 GPU, a variant and shape the schedule covers, and the user's choice
-    (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (`GLUON_BACKWARD_MIN_WORK`, or with
+    (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (never for a variant with an op
+    of a block module outside the package, which nothing measured; `GLUON_BACKWARD_MIN_WORK`, or with
     its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`; under a pointwise
     normalizer `GLUON_POINTWISE_MIN_WORK`). RoPE at
     call-time positions (`explicit_positions`) is not scheduled: its inverse rotation of dK
@@ -173,6 +174,8 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
         return False
     if target == "gluon":
         return True
+    if variant.outside_ops:
+        return False  # ops of a block module: no measurement speaks for them (as the forward's `auto`)
     if variant.normalizer_name != "softmax":
         table = GLUON_POINTWISE_MIN_WORK
     else:

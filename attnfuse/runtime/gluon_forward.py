@@ -230,7 +230,7 @@ def gluon_importable() -> bool:
 
 
 AUTO_VARIANT_CLASSES = {"softmax": (64, 128, 256), "relu": (64, 128), "pointwise": (128,), "bias": (),
-                        "listed": (64, 128), "document": (64, 128)}
+                        "listed": (64, 128), "document": (64, 128), "outside": ()}
 """Head dims at which `auto` takes the Gluon forward, per variant class (`variant_class`), from
 the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gluon-variants.md,
 `python3 bench/gluon_variants.py`, ms, Gluon / portable):
@@ -262,7 +262,11 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   against 1.028 / 1.980; head dim 64 causal 0.514 / 1.012 against 0.808 / 1.549,
   bidirectional 0.851 / 1.765 against 1.487 / 2.828. Taken from `GLUON_MIN_WORK`'s dense pair
   counts.
-Head dim 256 is measured for the softmax class only."""
+Head dim 256 is measured for the softmax class only. A variant with an op of a block module
+outside the package (`outside`) is measured by nobody: `auto` keeps the portable kernels
+(`ATTNFUSE_FORWARD_TARGET=gluon` takes the Gluon forward where it lowers). Compiled for sm_90
+with Triton 3.9, FIRE's position-aware map (test/python/blocks/fire_block.py) spills 500-1100
+bytes per consumer there, where the plain causal kernel spills none."""
 
 
 def variant_class(variant: Canonical) -> str:
@@ -281,10 +285,13 @@ def variant_class(variant: Canonical) -> str:
 def variant_classes(variant: Canonical) -> tuple[str, ...]:
     """Every class of `AUTO_VARIANT_CLASSES` a variant's forward belongs to: its
     `variant_class`, `listed` for a block-sparse layout (its own tiles and per-step list
-    reads) and `document` for document ids (lists too, and the ids read in partial blocks).
+    reads), `document` for document ids (lists too, and the ids read in partial blocks) and
+    `outside` for an op of a block module outside the package (unmeasured).
     `auto` takes the Gluon forward at a head dim only where every one of them was measured
     faster (`auto_takes`)."""
     classes = [variant_class(variant)]
+    if variant.outside_ops:
+        classes.append("outside")
     if variant.block_size is not None:
         classes.append("listed")
     if variant.reads("doc_ids"):

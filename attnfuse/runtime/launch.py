@@ -51,6 +51,7 @@ def rope_frequency(
     t = (scaling.original_max_position / wavelength - scaling.low_freq_factor) / (
         scaling.high_freq_factor - scaling.low_freq_factor
     )
+    t = min(max(t, 0.0), 1.0)  # in [0, 1] here; clamped against the quotients' rounding
     return (1 - t) * freq / scaling.factor + t * freq
 
 

@@ -205,6 +205,14 @@ class Canonical:
                 result.append(binding)
         return tuple(result)
 
+    @cached_property
+    def outside_ops(self) -> tuple[str, ...]:
+        """The names of the score and normalizer ops defined outside the package (a block
+        module's, `attnfuse.blocks.register_block_module`): what no measurement of the
+        built-in blocks speaks for (`gluon_forward.variant_classes`)."""
+        ops = [*self.chain, self.normalizer]
+        return tuple(op.name for op in ops if not type(op).__module__.startswith("attnfuse."))
+
     def reads(self, kind: str) -> bool:
         """Whether some op reads call-time data of `kind` (`bias`, `block_layout`, ...)."""
         return any(b.use.kind == kind for b in self.bindings)

@@ -48,6 +48,9 @@ def rope_inverse_frequencies(
         smooth = (scaling.original_max_position / wavelength - scaling.low_freq_factor) / (
             scaling.high_freq_factor - scaling.low_freq_factor
         )
+        # In [0, 1] where it is used; clamped against the quotients' rounding (with the two
+        # factors a few ulps apart it can leave the range and the blend exceed both ends).
+        smooth = smooth.clamp(0.0, 1.0)
         blended = (1 - smooth) * freq / scaling.factor + smooth * freq
         freq = torch.where(
             wavelength < high_wavelength,

@@ -89,6 +89,9 @@ class AttnFuseMask:
         # HF's 4D tensor (Falcon with ALiBi reads its dtype to add the bias to it).
         if name.startswith("_"):
             raise AttributeError(name)  # protocols (copy, pickle) look such names up
+        if torch.compiler.is_compiling():
+            # Dynamo answers hasattr / getattr(..., default) only for AttributeError itself.
+            raise AttributeError(f"AttnFuseMask has no attribute {name!r} (it is not a tensor)")
         raise MaskIsNotATensor(
             f"attention_mask is an AttnFuseMask (what register()'s mask functions make for the "
             f"attnfuse attention), not a tensor: this model reads its .{name} before its attention "

@@ -225,21 +225,42 @@ BLOCK_PARAMETER_ERRORS = {
         lambda: af.llama3_scaling(original_max_position=10**400), "llama3_scaling"),
     "llama3-high-not-above-low": (lambda: af.llama3_scaling(low_freq_factor=4.0, high_freq_factor=4.0),
                                   "llama3_scaling"),
+    "alibi-slopes-str": (lambda: af.alibi("12"), "alibi"),  # a sequence of characters
+    "alibi-slopes-of-str": (lambda: af.alibi(["0.5"]), "alibi"),
+    "alibi-slopes-fraction": (lambda: af.alibi([__import__("fractions").Fraction(1, 2)]), "alibi"),
+    "block-size-beyond-i64": (lambda: af.block_sparse(2**64), "block_sparse"),
+    "rope-rotary-beyond-i64": (lambda: af.rope(rotary_dim=2**64), "rope"),
     # 1e-300 passes "positive" but divides frequencies into fp32 inf: angles of inf, sines of NaN.
     "llama3-factor-tiny": (lambda: af.llama3_scaling(factor=1e-300), "llama3_scaling"),
 }
 
 
-def test_the_smallest_llama3_factor_keeps_every_angle_finite():
-    """At the least factor `llama3_scaling` takes, positions at the ends of their range rotate
-    to finite values (the bound is 2^24 / the largest fp32 number)."""
+@pytest.mark.parametrize("scaling", [
+    (None, 1.0, 4.0, 1e-3),                                      # every frequency divided, 1 / factor the largest
+    (None, 1.960842946761806, 1.9608429467618063, 12.320339592780503),  # factors an ulp apart: the blend's
+])                                                               # rounding once pushed it past 1 / factor
+def test_the_smallest_llama3_factor_keeps_every_angle_finite(scaling):
+    """At the least factor `llama3_scaling` takes, every fp32 angle of an int32 position is
+    finite, in the kernels' table frequencies and the reference's (the blend, clamped, lies
+    between the kept and the divided frequency), and a call gives finite output."""
     from attnfuse.dialects.attn import MIN_LLAMA3_FACTOR
+    from attnfuse.runtime.launch import rope_frequency
+    from attnfuse.runtime.reference import rope_inverse_frequencies
 
-    spec = af.attention(af.rope(scaling=af.llama3_scaling(factor=MIN_LLAMA3_FACTOR)))
-    q = torch.randn(1, 1, 4, 16, dtype=torch.float64)
-    positions = torch.tensor([0, 1, 2**24 - 1, -(2**24)])
-    out = af.reference_attention(spec, q, q, q, q_positions=positions, k_positions=positions)
+    params = (MIN_LLAMA3_FACTOR, *scaling[1:])
+    block = af.rope(theta=10000.0, scaling=af.llama3_scaling(*params))
+    kernels = torch.tensor([rope_frequency(10000.0, 16, t, params) for t in range(8)]).float()
+    reference = rope_inverse_frequencies(10000.0, 16, block.scaling).float()
+    for freqs in (kernels, reference):
+        assert (freqs <= max(1.0, 1 / MIN_LLAMA3_FACTOR)).all()
+        assert torch.isfinite(torch.tensor(2.0**31 - 1, dtype=torch.float32) * freqs).all()
+    spec = af.attention(block)
+    q = torch.randn(1, 1, 2, 16, generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([2**16 - 1, -(2**16)])  # (the table grows to the largest: kept small)
+    out = spec(q, q, q, q_positions=positions, k_positions=positions)
     assert torch.isfinite(out).all()
+    ref = af.reference_attention(spec, q.double(), q.double(), q.double(), q_positions=positions, k_positions=positions)
+    assert torch.isfinite(ref).all()
 
 
 @pytest.mark.parametrize("name", list(BLOCK_PARAMETER_ERRORS))

@@ -281,6 +281,9 @@ def test_a_model_reading_the_mask_as_a_tensor_is_told_so():
     with pytest.raises(af.ArgumentError, match=r"reads its \.dtype before its attention call"):
         mask.dtype  # noqa: B018
     assert not hasattr(mask, "shape") and getattr(mask, "device", None) is None
+    # Traced too: Dynamo answers hasattr for AttributeError itself only, which it then gets.
+    probe = torch.compile(lambda x, m: x + (1 if hasattr(m, "shape") else 2), fullgraph=True, backend="aot_eager")
+    assert probe(torch.zeros(1), mask).item() == 2
     af_hf.register()
     config = transformers.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
                                        alibi=True, attn_implementation="attnfuse")

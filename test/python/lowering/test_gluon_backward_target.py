@@ -333,6 +333,29 @@ def test_pointwise_normalizers_take_the_gluon_backward_from_their_measured_size(
             problem(2048), pointwise.program.canonical((False, False)))
 
 
+def test_ops_of_block_modules_keep_the_portable_backward_under_auto(monkeypatch):
+    """An op of a block module outside the package (the additive `score_offset`) is measured by
+    nobody: on a (pretended) Hopper GPU `auto` keeps the portable backward at a size where the
+    built-in variant takes the Gluon one; forcing the Gluon target takes it."""
+    from blocks import score_offset_block
+
+    from attnfuse.blocks import register_block_module, unregister_block_module
+
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    register_block_module(score_offset_block)
+    try:
+        outside = af.compile(af.attention(score_offset_block.score_offset(0.5), af.causal())).program
+        builtin = af.compile(af.attention(af.causal())).program
+        p = problem(8192)
+        assert outside.canonical((False, False)).outside_ops == ("attn.score_offset",)
+        assert gluon_backward.takes_gluon_backward(p, builtin.canonical((False, False)))
+        assert not gluon_backward.takes_gluon_backward(p, outside.canonical((False, False)))
+        monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
+        assert gluon_backward.takes_gluon_backward(p, outside.canonical((False, False)))
+    finally:
+        unregister_block_module(score_offset_block)
+
+
 @pytest.mark.parametrize("spec,bwd_dq", [
     (af.attention(af.causal()), "fused"),
     (af.attention(af.relu(), af.causal()), "fused"),

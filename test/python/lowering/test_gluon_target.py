@@ -335,15 +335,19 @@ def test_schedules_by_head_dim(monkeypatch):
     (af.attention(af.block_sparse(64), af.relu()), "relu+listed"),
     (af.attention(af.block_sparse(64), af.additive_bias()), "bias+listed"),
     (af.attention(af.document(), af.causal()), "softmax+document"),
-    (af.attention(af.document(), af.block_sparse(128), af.relu()), "relu+listed+document")])
+    (af.attention(af.document(), af.block_sparse(128), af.relu()), "relu+listed+document"),
+    # An op defined outside the package (this file's): measured by nobody.
+    (af.attention(_RoundedScoresBlock(), af.causal()), "softmax+outside")])
 def test_variant_classes_of_the_auto_rule(spec, kind):
     """`auto` decides per variant class (`AUTO_VARIANT_CLASSES`): a bias is its own class, ReLU
     and the other pointwise normalizers theirs; a block-sparse layout adds `listed`, document
-    ids `document`."""
+    ids `document`, an op of a block module `outside`."""
     variant = af.compile(spec).program.canonical((False, False))
     assert "+".join(gluon_forward.variant_classes(variant)) == kind
-    assert set(gluon_forward.AUTO_VARIANT_CLASSES) == {"softmax", "bias", "relu", "pointwise", "listed", "document"}
+    assert set(gluon_forward.AUTO_VARIANT_CLASSES) == {"softmax", "bias", "relu", "pointwise", "listed", "document",
+                                                       "outside"}
     assert gluon_forward.AUTO_VARIANT_CLASSES["bias"] == ()  # measured slower than the portable kernel
+    assert gluon_forward.AUTO_VARIANT_CLASSES["outside"] == ()  # unmeasured: auto keeps the portable kernels
 
 
 @pytest.mark.parametrize("spec,uniform", [

@@ -164,7 +164,7 @@ attn.variant @bad_block_size(%q : !attn.query, %k : !attn.key, %v : !attn.value,
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: block_sparse block_size must be a power of two >= 16, got 24
+// CHECK: block_sparse block_size must be a power of two in [16, 2^30], got 24
 
 // -----
 
@@ -197,7 +197,7 @@ attn.variant @tiny_scaling_factor(%q : !attn.query, %k : !attn.key, %v : !attn.v
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: rope llama3_scaling: factor must be at least 4.93e-32 (2^24 / the largest fp32 number: a smaller one makes the fp32 angles of large positions inf), got 1e-40
+// CHECK: rope llama3_scaling: factor must be at least 1.26e-29 (2^32 / the largest fp32 number: a smaller one makes the fp32 angles of large positions inf), got 1e-40
 
 // -----
 

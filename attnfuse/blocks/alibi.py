@@ -138,18 +138,19 @@ class Alibi(Block):
         if self.slopes is None:
             return
         if isinstance(self.slopes, (str, bytes)):  # a sequence, of characters
-            raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}")
+            raise CompositionError(f"alibi: slopes must be a sequence of numbers (int or float), got {self.slopes!r}")
         try:
             values = tuple(self.slopes)
         except TypeError:
-            raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}") from None
+            raise CompositionError(f"alibi: slopes must be a sequence of numbers (int or float), got {self.slopes!r}") from None
         if any(_is_bool(x) for x in values):
             # As every block's numbers refuse bools: True is not a slope.
             raise CompositionError(f"alibi: slopes must be numbers, not bools, got {self.slopes!r}")
-        # Python, NumPy or torch reals (a float32 scalar is not a float: taken by its value).
-        numbers = [x.item() if hasattr(x, "item") and not isinstance(x, (int, float)) else x for x in values]
+        # Python reals, or NumPy / torch scalars (0-d: a float32 one is not a float), by value.
+        numbers = [x.item() if getattr(x, "ndim", None) == 0 and not isinstance(x, (int, float)) else x
+                   for x in values]
         if not all(isinstance(x, (int, float)) for x in numbers):
-            raise CompositionError(f"alibi: slopes must be a sequence of numbers, got {self.slopes!r}")
+            raise CompositionError(f"alibi: slopes must be a sequence of numbers (int or float), got {self.slopes!r}")
         slopes = tuple(finite_real(x) for x in numbers)
         if not slopes or any(x is None or not abs(x) <= FP32_MAX for x in slopes):
             raise CompositionError(f"alibi: slopes must be a non-empty list of finite numbers, got {self.slopes!r}")

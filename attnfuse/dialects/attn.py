@@ -403,8 +403,8 @@ class RopeOp(IRDLOperation):
             raise VerifyException(f"rope theta must be a finite number > 1, got {theta}")
         if self.rotary_dim is not None:
             dim = self.rotary_dim.value.data
-            if dim <= 0 or dim % 2:
-                raise VerifyException(f"rope rotary_dim must be positive and even, got {dim}")
+            if dim <= 0 or dim % 2 or dim >= 2**31:
+                raise VerifyException(f"rope rotary_dim must be positive, even and below 2^31, got {dim}")
         if self.llama3_scaling is not None:
             problem = llama3_scaling_problem(tuple(self.scaling or ()))
             if problem is not None:

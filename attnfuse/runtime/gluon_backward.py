@@ -316,11 +316,16 @@ def scheduled_backward(module: ModuleOp) -> GluonProgram | None:
 
 def gluon_backward(
     launches: list[Any], problem: Problem, sm_scale: float, tile_module: Callable[[], ModuleOp],
+    variant: Canonical,
 ) -> list[Any]:
     """`launches` with the fused backward's dK/dV/dQ kernel replaced by its Gluon launch where
     the plan has it, this GPU and the user's choice allow it and `warp-specialize` schedules
-    the kernel (unchanged otherwise)."""
-    if not any(launch.info.name == KERNEL for launch in launches) or backward_target() == "triton":
+    the kernel (unchanged otherwise). Under `auto` a variant with an op of a block module keeps
+    the portable kernel whatever `ATTNFUSE_BACKWARD` chose (`takes_gluon_backward`)."""
+    target = backward_target()
+    if not any(launch.info.name == KERNEL for launch in launches) or target == "triton":
+        return launches
+    if target == "auto" and variant.outside_ops:
         return launches
     if not hopper(problem) or not fits(problem):
         # (A fused backward forced by ATTNFUSE_BACKWARD, which `takes_gluon_backward` does not

@@ -265,8 +265,9 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
 Head dim 256 is measured for the softmax class only. A variant with an op of a block module
 outside the package (`outside`) is measured by nobody: `auto` keeps the portable kernels
 (`ATTNFUSE_FORWARD_TARGET=gluon` takes the Gluon forward where it lowers). Compiled for sm_90
-with Triton 3.9, FIRE's position-aware map (test/python/blocks/fire_block.py) spills 500-1100
-bytes per consumer there, where the plain causal kernel spills none."""
+with Triton 3.9, FIRE's position-aware map (test/python/blocks/fire_block.py) spills 440-1104
+bytes per thread at every schedule, where the plain causal kernel spills none at two consumers
+(bench/results/20261205T1100Z-gluon-index-tile-spills.md; no GPU timing yet)."""
 
 
 def variant_class(variant: Canonical) -> str:

@@ -276,7 +276,7 @@ class CallPlanning:
             tile_module = functools.cache(lambda: lower_spec(self.program, key))
             launches = gluon_forward(launches, problem, scale, tile_module, variant)
             # And the fused backward's dK/dV/dQ kernel (runtime/gluon_backward.py).
-            launches = gluon_backward(launches, problem, scale, tile_module)
+            launches = gluon_backward(launches, problem, scale, tile_module, variant)
         launches = tuple(launches)
         if any("split_counts" in launch.info.roles for launch in launches):
             # The last-split merge's arrival counts: zero between calls (each call's last

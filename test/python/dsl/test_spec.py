@@ -227,6 +227,7 @@ BLOCK_PARAMETER_ERRORS = {
                                   "llama3_scaling"),
     "alibi-slopes-str": (lambda: af.alibi("12"), "alibi"),  # a sequence of characters
     "alibi-slopes-of-str": (lambda: af.alibi(["0.5"]), "alibi"),
+    "alibi-slopes-2d": (lambda: af.alibi(torch.tensor([[0.5, 0.25], [1.0, 2.0]])), "alibi"),
     "alibi-slopes-fraction": (lambda: af.alibi([__import__("fractions").Fraction(1, 2)]), "alibi"),
     "block-size-beyond-i64": (lambda: af.block_sparse(2**64), "block_sparse"),
     "rope-rotary-beyond-i64": (lambda: af.rope(rotary_dim=2**64), "rope"),

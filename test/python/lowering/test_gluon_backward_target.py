@@ -298,9 +298,10 @@ def test_a_forced_fused_backward_at_unaligned_rows_keeps_its_portable_kernel(mon
     spec = af.attention(af.causal())
     portable = type("Launch", (), {"info": type("Info", (), {"name": gluon_backward.KERNEL})()})()
     module = functools.partial(backward_kernel_module, spec)
-    kept = gluon_backward.gluon_backward([portable], unaligned(2043), 0.1, module)
+    variant = af.compile(spec).program.canonical((False, False))
+    kept = gluon_backward.gluon_backward([portable], unaligned(2043), 0.1, module, variant)
     assert kept == [portable]
-    taken = gluon_backward.gluon_backward([portable], unaligned(2040), 0.1, module)
+    taken = gluon_backward.gluon_backward([portable], unaligned(2040), 0.1, module, variant)
     assert isinstance(taken[0], gluon_backward.GluonBackwardLaunch)
 
 
@@ -342,6 +343,7 @@ def test_ops_of_block_modules_keep_the_portable_backward_under_auto(monkeypatch)
     from attnfuse.blocks import register_block_module, unregister_block_module
 
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.delenv("ATTNFUSE_BACKWARD_TARGET", raising=False)
     register_block_module(score_offset_block)
     try:
         outside = af.compile(af.attention(score_offset_block.score_offset(0.5), af.causal())).program
@@ -350,6 +352,19 @@ def test_ops_of_block_modules_keep_the_portable_backward_under_auto(monkeypatch)
         assert outside.canonical((False, False)).outside_ops == ("attn.score_offset",)
         assert gluon_backward.takes_gluon_backward(p, builtin.canonical((False, False)))
         assert not gluon_backward.takes_gluon_backward(p, outside.canonical((False, False)))
+        # A fused backward chosen by ATTNFUSE_BACKWARD (not by auto's rule) keeps the portable
+        # kernel too: the launch replacement asks no lowering of it.
+        from types import SimpleNamespace
+
+        launches = [SimpleNamespace(info=SimpleNamespace(name=gluon_backward.KERNEL))]
+        lowered = []
+        lower = lambda: lowered.append(1)  # noqa: E731 (the replacement lowers only where it may swap)
+        monkeypatch.setattr(gluon_backward, "fits", lambda problem: True)
+        monkeypatch.setattr(gluon_backward, "scheduled_backward", lambda module: None)
+        assert gluon_backward.gluon_backward(launches, p, 0.1, lower, outside.canonical((False, False))) == launches
+        assert not lowered
+        gluon_backward.gluon_backward(launches, p, 0.1, lower, builtin.canonical((False, False)))
+        assert lowered, "a built-in variant's fused backward is lowered for the Gluon target"
         monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
         assert gluon_backward.takes_gluon_backward(p, outside.canonical((False, False)))
     finally:

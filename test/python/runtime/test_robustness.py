@@ -304,7 +304,7 @@ BAD: dict[str, Bad] = {
     "alibi-nan": Bad(lambda: af.alibi([0.5, math.nan]), CompositionError,
                      ("alibi: slopes must be a non-empty list of finite numbers", "got [0.5, nan]")),
     "alibi-str": Bad(lambda: af.alibi(["x"]), CompositionError,
-                     ("alibi: slopes must be a sequence of numbers", "got ['x']")),
+                     ("alibi: slopes must be a sequence of numbers (int or float)", "got ['x']")),
     "alibi-bool": Bad(lambda: af.alibi([True, False]), CompositionError,
                       ("alibi: slopes must be numbers, not bools", "got [True, False]")),
     "alibi-torch-bool": Bad(lambda: af.alibi(torch.tensor([True, False])), CompositionError,

@@ -54,7 +54,7 @@ attn.variant @odd_rotary(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> 
   %o = attn.pv %p, %v
   attn.yield %o
 }
-// CHECK: rope rotary_dim must be positive and even, got 7
+// CHECK: rope rotary_dim must be positive, even and below 2^31, got 7
 
 // -----
 

@@ -35,6 +35,7 @@ from attnfuse.runtime.config import (
 )
 from attnfuse.runtime.gluon_backward import gluon_backward, scheduled_backward
 from attnfuse.runtime.gluon_forward import (
+    auto_takes,
     gluon_forward,
     takes_gluon,
     takes_listed_gluon,
@@ -117,8 +118,10 @@ class CallPlanning:
                                    config, self._placement, decode, cache)
         if (placement is not None and not decode and cache == CONTIGUOUS
                 and automatic_placement(self._placement)
-                and takes_gluon(problem, causal=self.variant.band[1] is not None)):
-            # The Hopper forward (Gluon) reads q and k whole: with the rotation left to AttnFuse
+                and takes_gluon(problem, causal=self.variant.band[1] is not None)
+                and auto_takes(problem, self.variant)):
+            # The Hopper forward (Gluon; by size and, under `auto`, by variant class) reads q and
+            # k whole: with the rotation left to AttnFuse
             # it runs first, in the pre-rotation kernels. At the Llama-3-8B heads (bf16) that
             # took 0.264 / 0.913 ms at 4096 / 8192 against the fused rotation's 0.328 / 1.118
             # (bench/results/20261201T165020Z-gluon-forward.md).

@@ -378,6 +378,19 @@ def test_table_schedules_verify(dim, spec, monkeypatch):
     module.verify()
 
 
+def test_rope_is_pre_rotated_only_for_a_forward_gluon_takes(monkeypatch):
+    """The Gluon forward reads q and k whole, so on Hopper a RoPE call whose forward it takes is
+    pre-rotated; a variant class `auto` keeps portable (an additive bias) keeps the fused
+    rotation, which the portable kernel does faster than a separate pass."""
+    monkeypatch.setattr(gluon_forward, "hopper", lambda problem: True)
+    monkeypatch.setattr(gluon_forward, "triton_release", lambda: (3, 6))
+    monkeypatch.delenv("ATTNFUSE_FORWARD_TARGET", raising=False)
+    taken = af.compile(af.attention(af.rope(), af.causal())).compile_key(problem(4096, 4096))
+    kept = af.compile(af.attention(af.rope(), af.additive_bias(), af.causal())).compile_key(problem(4096, 4096))
+    assert taken.placement == ("pre_rotated", "pre_rotated")
+    assert kept.placement[0] != "pre_rotated"
+
+
 def test_forced_schedule_that_does_not_fit_is_an_argument_error(monkeypatch):
     """`ATTNFUSE_GLUON_PERSISTENT=1` at head dim 256: the persistent grid's output buffer takes
     the buffers past shared memory; the call names the variable and the verifier's sizes."""

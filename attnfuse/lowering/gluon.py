@@ -12,9 +12,9 @@ this target prints them in Gluon (`triton.experimental.gluon`):
 - `tile.scores` and `tile.accumulate` become the consumers' warpgroup MMAs (`<kernel>_consume`);
 - the score ops between them (masks, ALiBi, an additive bias, maps such as soft-capping,
   scales, and the index tiles a position-aware map reads, `tile.pair_position` and
-  `tile.query_head`, in the score tile's layout) and the online-softmax step (or a pointwise normalizer's weights: ReLU, sigmoid) are
-  printed by the portable target's own op printers (a bias's block loaded beforehand by
-  `<kernel>_bias`, from its pointer and strides) into one
+  `tile.query_head`, in the score tile's layout) and the online-softmax step (or a pointwise
+  normalizer's weights: ReLU, sigmoid) are printed by the portable target's own op printers
+  (a bias's block loaded beforehand by `<kernel>_bias`, from its pointer and strides) into one
   `@gluon.jit` step function (`<kernel>_step`), so a block's meaning is still printed in one
   place. The consecutive key loops (full blocks, then masked ones; masked, full, masked under a
   sliding window) are one pipelined range: the step prints what the loops share once and runs

@@ -62,7 +62,8 @@
 #   document          bench/document.py: packed sequences, causal and bidirectional, fwd and fwd+bwd, AttnFuse
 #                     (auto, Gluon, tl) beside compiled flex_attention; GEOMETRY=llama|paper (default both)
 #   index-tiles       test_gpu_gluon.py's index-tile tests (position-aware blocks and element-wise filters on the
-#                     Gluon forward) and test_gpu_gluon_backward.py's descriptor-replay test (failed on the H100 in
+#                     Gluon forward), test_gpu_decode.py's chunked decode past 2^21, and test_gpu_gluon_backward.py's
+#                     descriptor-replay test (failed on the H100 in
 #                     session 40; its message names what moved between steps)
 #   tune              attnfuse-tune on the GPU: RoPE + causal at the Llama heads (bf16, N=4096), forward and
 #                     backward over a small grid, its tuning file, and a call that reads the file
@@ -255,6 +256,7 @@ for stage in "$@"; do
       grep -v Warn "$dir/step_profile.log" | tail -30 ;;
     index-tiles)
       pytest_run index-tiles 150 -n 12 test/python/test_gpu_gluon.py -k index_tiles
+      pytest_run chunked-decode 60 test/python/test_gpu_decode.py -k chunked_decode
       pytest_run replay 60 test/python/test_gpu_gluon_backward.py -k replay_their_encoded ;;
     tune)
       timeout 400 python3 -m attnfuse.tools.tune "af.attention(af.rope(theta=500000.0), af.causal())" \

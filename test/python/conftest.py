@@ -285,6 +285,26 @@ def gluon_only(launch, monkeypatch) -> None:
 
 
 @pytest.fixture
+def index_tile_blocks():
+    """The out-of-tree blocks that read positions and heads (test/python/blocks), registered
+    for the test: FIRE's bias, chunked attention and StreamingLLM's sinks and window."""
+    from blocks import chunk_block, fire_block, sink_window_block
+
+    from attnfuse.blocks import register_block_module, unregister_block_module
+
+    modules = (fire_block, chunk_block, sink_window_block)
+    for module in modules:
+        register_block_module(module)
+    yield {"fire": lambda: af.attention(fire_block.fire_log(0.8, 0.5, 6.0)),
+           "fire-causal": lambda: af.attention(fire_block.fire_log(0.8, 0.5, 6.0), af.causal()),
+           "chunked-24": lambda: af.attention(chunk_block.chunked(24), af.causal()),
+           "chunked-7": lambda: af.attention(chunk_block.chunked(7), af.causal()),
+           "sink-window": lambda: af.attention(sink_window_block.sink_window(4, 200), af.causal())}
+    for module in modules:
+        unregister_block_module(module)
+
+
+@pytest.fixture
 def launched(monkeypatch) -> list[str]:
     """The names of the kernels launched while the test runs, in order."""
     from attnfuse.runtime.launch import KernelLaunch

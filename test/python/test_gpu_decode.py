@@ -252,3 +252,24 @@ def test_decode_with_and_without_programmatic_dependent_launch(paged, monkeypatc
     assert torch.equal(outputs["1"], outputs["0"])
     ref = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), kv_lens=lens.cpu())
     assert_close_to_reference(outputs["1"].cpu(), ref, torch.float16)
+
+
+@pytest.mark.parametrize("size", [7, 24])
+def test_chunked_decode_at_positions_past_two_to_the_twenty(index_tile_blocks, size):
+    """An element-wise filter that divides positions (`chunked(size)`, `floor(pos / size)`) at
+    query positions past 2^21: the kernels' correctly rounded division (`tl.div_rn`) puts every
+    key in its query's chunk exactly (an approximate one misplaces keys at chunk edges there),
+    against the chunk written out by hand in float64."""
+    spec = index_tile_blocks[f"chunked-{size}"]()
+    length, nq = 2**21 + 5, 4
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 4, nq, 64, generator=gen).half().cuda()
+    k, v = (torch.randn(1, 1, length, 64, generator=gen).half().cuda() for _ in range(2))
+    out = spec(q, k, v, kv_lens=torch.tensor([length - 1], dtype=torch.int32, device="cuda"))
+    rows = []
+    for r in range(nq):
+        i = length - 1 - nq + r  # the query's position: bottom-right over kv_lens = length - 1 keys
+        first = i // size * size
+        s = q[0, :, r].double() @ k[0, 0, first:i + 1].double().T / 8.0
+        rows.append(torch.softmax(s, -1) @ v[0, 0, first:i + 1].double())
+    assert_close_to_reference(out[0].transpose(0, 1).cpu(), torch.stack(rows).cpu(), torch.float16)

@@ -103,26 +103,6 @@ def test_gluon_forward_matches_reference(name, d, dtype, hq, hkv, nq, nk, monkey
     assert_gluon_matches_reference(fn, spec, q, k, v, launch, monkeypatch, data)
 
 
-@pytest.fixture
-def index_tile_blocks():
-    """The out-of-tree blocks that read positions and heads (test/python/blocks), registered
-    for the test: FIRE's bias, chunked attention and StreamingLLM's sinks and window."""
-    from blocks import chunk_block, fire_block, sink_window_block
-
-    from attnfuse.blocks import register_block_module, unregister_block_module
-
-    modules = (fire_block, chunk_block, sink_window_block)
-    for module in modules:
-        register_block_module(module)
-    yield {"fire": lambda: af.attention(fire_block.fire_log(0.8, 0.5, 6.0)),
-           "fire-causal": lambda: af.attention(fire_block.fire_log(0.8, 0.5, 6.0), af.causal()),
-           "chunked-24": lambda: af.attention(chunk_block.chunked(24), af.causal()),
-           "chunked-7": lambda: af.attention(chunk_block.chunked(7), af.causal()),
-           "sink-window": lambda: af.attention(sink_window_block.sink_window(4, 200), af.causal())}
-    for module in modules:
-        unregister_block_module(module)
-
-
 @pytest.mark.parametrize("name", ["fire", "fire-causal", "chunked-24", "chunked-7", "sink-window"])
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
 @pytest.mark.parametrize("hq,hkv,nq,nk", [(8, 2, 1000, 1000), (4, 2, 301, 333)])

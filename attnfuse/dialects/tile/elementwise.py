@@ -185,8 +185,9 @@ class MapOp(IRDLOperation):
     GPU; `APPROXIMATE_DIVISION`). f32 holds integers below 2^24 exactly (positions, say), and
     `floor(a / b)` of two of them is exact while `a + b <= 2^24`: enough for a remainder
     `a - floor(a / b) * b`. f32 scalar operands (a `tile.seq_len`, say) are the same for every
-    entry. Every tile operand has the result's shape; the result is f32. A pointwise score modifier or normalizer needs no tile op of its
-    own: it lowers to a `tile.map` (soft-capping is `cap * tanh(s / cap)`).
+    entry. Every tile operand has the result's shape; the result is f32. A pointwise score
+    modifier or normalizer needs no tile op of its own: it lowers to a `tile.map`
+    (soft-capping is `cap * tanh(s / cap)`).
     """
 
     name = "tile.map"

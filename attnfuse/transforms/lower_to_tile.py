@@ -548,9 +548,7 @@ class LowerToTilePass(TypedOptionsPass):
     def config(self) -> KernelConfig:
         """The options, checked."""
         if self.element_type not in tile.ELEMENT_TYPES:
-            raise PassOptionError(
-                "lower-to-tile", "element-type", f"element-type must be f16, bf16 or f32, got '{self.element_type}'"
-            )
+            raise self.option_error("element-type", "f16, bf16 or f32", self.element_type)
         bwd_block_m = self.bwd_block_m or self.block_m
         bwd_block_n = self.bwd_block_n or self.block_n
         bwd_num_warps = self.bwd_num_warps or self.num_warps
@@ -561,44 +559,38 @@ class LowerToTilePass(TypedOptionsPass):
                            ("bwd-block-m", bwd_block_m), ("bwd-block-n", bwd_block_n),
                            ("dkdv-block-m", dkdv[0]), ("dkdv-block-n", dkdv[1])):
             if not (_power_of_two(value) and 16 <= value <= MAX_BLOCK):
-                raise PassOptionError("lower-to-tile", key, f"{key} must be a power of two in [16, {MAX_BLOCK}], got {value}")
+                raise self.option_error(key, f"a power of two in [16, {MAX_BLOCK}]", value)
         for key, value in (("num-warps", self.num_warps), ("bwd-num-warps", bwd_num_warps),
                            ("dkdv-num-warps", dkdv[2])):
             if value not in NUM_WARPS:
-                raise PassOptionError("lower-to-tile", key, f"{key} must be one of {', '.join(map(str, NUM_WARPS))}, got {value}")
+                raise self.option_error(key, f"one of {', '.join(map(str, NUM_WARPS))}", value)
         for key, value in (("num-stages", self.num_stages), ("bwd-num-stages", bwd_num_stages),
                            ("dkdv-num-stages", dkdv[3])):
             if value < 1:
-                raise PassOptionError("lower-to-tile", key, f"{key} must be >= 1, got {value}")
+                raise self.option_error(key, ">= 1", value)
         head_dim_v = self.head_dim_v or self.head_dim
         for key, value in (("head-dim", self.head_dim), ("head-dim-v", head_dim_v)):
             if not 1 <= value <= 256:
-                raise PassOptionError("lower-to-tile", key, f"{key} must be in [1, 256], got {value}")
+                raise self.option_error(key, "in [1, 256]", value)
         if self.bwd_rope not in ("pre_rotated", "as_forward"):
-            raise PassOptionError(
-                "lower-to-tile", "bwd-rope", f"bwd-rope must be pre_rotated or as_forward, got '{self.bwd_rope}'"
-            )
+            raise self.option_error("bwd-rope", "pre_rotated or as_forward", self.bwd_rope)
         if self.bwd_dq not in ("separate", "fused", "ordered"):
-            raise PassOptionError(
-                "lower-to-tile", "bwd-dq", f"bwd-dq must be separate, fused or ordered, got '{self.bwd_dq}'"
-            )
+            raise self.option_error("bwd-dq", "separate, fused or ordered", self.bwd_dq)
         if self.decode_merge not in ("kernel", "last-split"):
-            raise PassOptionError(
-                "lower-to-tile", "decode-merge", f"decode-merge must be kernel or last-split, got '{self.decode_merge}'"
-            )
+            raise self.option_error("decode-merge", "kernel or last-split", self.decode_merge)
         if self.page_size < 0:
-            raise PassOptionError("lower-to-tile", "page-size", f"page-size must be >= 0 (0: a contiguous cache), got {self.page_size}")
+            raise self.option_error("page-size", ">= 0 (0: a contiguous cache)", self.page_size)
         if self.merge_stages < 1:
-            raise PassOptionError("lower-to-tile", "merge-stages", f"merge-stages must be >= 1, got {self.merge_stages}")
+            raise self.option_error("merge-stages", ">= 1", self.merge_stages)
         if self.page_lookahead not in (0, 1):
-            raise PassOptionError("lower-to-tile", "page-lookahead", f"page-lookahead must be 0 or 1, got {self.page_lookahead}")
+            raise self.option_error("page-lookahead", "0 or 1", self.page_lookahead)
         if self.hoist_page_rows not in (0, 1):
-            raise PassOptionError("lower-to-tile", "hoist-page-rows", f"hoist-page-rows must be 0 or 1, got {self.hoist_page_rows}")
+            raise self.option_error("hoist-page-rows", "0 or 1", self.hoist_page_rows)
         if self.decode_pdl not in (0, 1):
-            raise PassOptionError("lower-to-tile", "decode-pdl", f"decode-pdl must be 0 or 1, got {self.decode_pdl}")
+            raise self.option_error("decode-pdl", "0 or 1", self.decode_pdl)
         if self.page_size and not self.kv_lens:
             raise PassOptionError(
-                "lower-to-tile", "page-size", f"page-size={self.page_size} needs kv-lens=true: the pages do not "
+                self.name, "page-size", f"page-size={self.page_size} needs kv-lens=true: the pages do not "
                 "say how many keys each sequence has"
             )
         return KernelConfig(self.head_dim, head_dim_v, self.element_type, self.block_m,

@@ -10,6 +10,7 @@ accepts it for a field whose type it is an instance of; a bool is an int in Pyth
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from xdsl.passes import ModulePass
 
@@ -27,5 +28,15 @@ class TypedOptionsPass(ModulePass):
             declared = {part.strip() for part in str(field.type).split("|")}
             if isinstance(value, bool) and "bool" not in declared:
                 kind = "a number" if declared & {"int", "float"} else f"a {' or '.join(sorted(declared))}"
-                option = field.name.replace("_", "-")
-                raise PassOptionError(self.name, option, f"{option} must be {kind}, got {str(value).lower()}")
+                raise self.option_error(field.name.replace("_", "-"), kind, value)
+
+    def option_error(self, option: str, requirement: str, got: Any = ...) -> PassOptionError:
+        """The error for this pass's `option`: `"<option> must be <requirement>, got <got>"`
+        (a text value quoted, so `attnfuse-opt` points at it; a bool spelled as in the
+        pipeline), under the name the pass was invoked by (`convert-attn-to-tile` for the alias,
+        so the location is found in the `-p` argument). `got` left out: no value in the message."""
+        problem = f"{option} must be {requirement}"
+        if got is not ...:
+            shown = f"'{got}'" if isinstance(got, str) else str(got).lower() if isinstance(got, bool) else got
+            problem += f", got {shown}"
+        return PassOptionError(self.name, option, problem)

@@ -115,31 +115,28 @@ class PlaceRopePass(TypedOptionsPass):
                            ("seq-len-q", self.seq_len_q), ("seq-len-k", self.seq_len_k),
                            ("elem-bytes", self.elem_bytes)):
             if value < 1:
-                raise PassOptionError("place-rope", key, f"{key} must be >= 1, got {value}")
+                raise self.option_error(key, ">= 1", value)
         if not 1 <= self.head_dim <= 256:
-            raise PassOptionError("place-rope", "head-dim", f"head-dim must be in [1, 256], got {self.head_dim}")
+            raise self.option_error("head-dim", "in [1, 256]", self.head_dim)
         if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
-            raise PassOptionError("place-rope", "rotary-dim", f"rotary-dim must be even and in [0, head-dim] (0: the head dim), "
-                                  f"got {self.rotary_dim}")
+            raise self.option_error("rotary-dim", "even and in [0, head-dim] (0: the head dim)", self.rotary_dim)
         if self.block_m < 1:
             # Only a divisor here (the tiles themselves are lower-to-tile's to check).
-            raise PassOptionError("place-rope", "block-m", f"block-m must be >= 1, got {self.block_m}")
+            raise self.option_error("block-m", ">= 1", self.block_m)
         if not (math.isfinite(self.flops_per_byte) and self.flops_per_byte > 0):
-            raise PassOptionError("place-rope", "flops-per-byte", f"flops-per-byte must be a positive number, got {self.flops_per_byte}")
+            raise self.option_error("flops-per-byte", "a positive number", self.flops_per_byte)
 
     def decide(self) -> tuple[str, str]:
         """The (query, key) placements these options ask for."""
         if self.query == "given":
             raise PassOptionError(
-                "place-rope", "query", "query=given is not a placement: only keys arrive rotated (from a "
+                self.name, "query", "query=given is not a placement: only keys arrive rotated (from a "
                 "KV cache); the query is rotated by the kernels"
             )
         for operand, choice, choices in (("query", self.query, PLACEMENT_CHOICES),
                                          ("key", self.key, KEY_PLACEMENT_CHOICES)):
             if choice not in choices:
-                raise PassOptionError(
-                    "place-rope", operand, f"{operand} must be one of {', '.join(choices)}, got '{choice}'"
-                )
+                raise self.option_error(operand, f"one of {', '.join(choices)}", choice)
         query, key = self.query, self.key
         if "auto" in (query, key):
             self.check_problem()

@@ -51,7 +51,6 @@ from attnfuse.dialects.flash_shape import (
     NotFlashShaped,
     flash_kernel,
 )
-from attnfuse.errors import PassOptionError
 from attnfuse.transforms.pass_options import TypedOptionsPass
 
 
@@ -196,23 +195,22 @@ class WarpSpecializePass(TypedOptionsPass):
         if self.bwd_block_n != 64:
             # 128 queries a step need ~352 KB of shared memory at head dim 128 (the dQ staging
             # and the q/dO ring double), more than an H200's 227 KB.
-            raise PassOptionError("warp-specialize", "bwd-block-n", f"bwd-block-n must be 64 (the schedule's shared memory "
-                                  f"fits that at head dim 128), got {self.bwd_block_n}")
+            raise self.option_error("bwd-block-n", "64 (the schedule's shared memory fits that at head dim 128)",
+                                    self.bwd_block_n)
         if self.bwd_stages < 1:
-            raise PassOptionError("warp-specialize", "bwd-stages", "bwd-stages must be >= 1")
+            raise self.option_error("bwd-stages", ">= 1", self.bwd_stages)
         if self.bwd_dq_writers not in (0, 1, 2):
-            raise PassOptionError("warp-specialize", "bwd-dq-writers", f"bwd-dq-writers must be 1 or 2 (one per dQ staging buffer; "
-                                  f"0: by the adds' order), got {self.bwd_dq_writers}")
+            raise self.option_error("bwd-dq-writers", "1 or 2 (one per dQ staging buffer; 0: by the adds' order)",
+                                    self.bwd_dq_writers)
         if self.block_n and not (self.block_n >= 16 and self.block_n & (self.block_n - 1) == 0):
-            raise PassOptionError("warp-specialize", "block-n", f"block-n must be a power of two >= 16 (0: by head dim), "
-                                  f"got {self.block_n}")
+            raise self.option_error("block-n", "a power of two >= 16 (0: by head dim)", self.block_n)
         if self.consumers not in (0, 1, 2, 3):
-            raise PassOptionError("warp-specialize", "consumers", f"consumers must be 1, 2 or 3 warpgroups (0: the default), got {self.consumers}")
+            raise self.option_error("consumers", "1, 2 or 3 warpgroups (0: the default)", self.consumers)
         for option, value in (("stages", self.stages), ("producer-warps", self.producer_warps)):
             if value < 1:
-                raise PassOptionError("warp-specialize", option, f"{option} must be >= 1, got {value}")
+                raise self.option_error(option, ">= 1", value)
         if self.consumer_registers and not 24 <= self.consumer_registers <= 255:
-            raise PassOptionError("warp-specialize", "consumer-registers", f"consumer-registers must be in [24, 255], got {self.consumer_registers}")
+            raise self.option_error("consumer-registers", "in [24, 255]", self.consumer_registers)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for pattern in (WarpSpecialize(self), WarpSpecializeBackward(self)):

@@ -9,6 +9,8 @@
 // RUN: not attnfuse-opt %s 2>&1 -p 'lower-to-tile{block-m=1048576}' | filecheck %s --check-prefix=BLOCK-MAX
 // RUN: not attnfuse-opt %s 2>&1 -p 'lower-to-tile{head-dim=true}' | filecheck %s --check-prefix=BOOL-INT
 // RUN: not attnfuse-opt %s 2>&1 -p 'warp-specialize{consumers=false}' | filecheck %s --check-prefix=BOOL-INT2
+// RUN: not attnfuse-opt %s 2>&1 -p 'analyze-masks,convert-attn-to-tile{block-n=24}' | filecheck %s --check-prefix=ALIAS
+// RUN: not attnfuse-opt %s 2>&1 -p 'lower-to-tile{element-type=f8}' | filecheck %s --check-prefix=QUOTED
 // RUN: attnfuse-opt %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t=triton | filecheck %s --check-prefix=EQUALS
 // EQUALS:        def attention_fwd(
 
@@ -22,6 +24,10 @@
 // A bool is an int to Python (and to xDSL's option parser): refused for a number option.
 // BOOL-INT:      <pass-pipeline>:1:15: error: lower-to-tile: head-dim must be a number, got true
 // BOOL-INT2:     <pass-pipeline>:1:17: error: warp-specialize: consumers must be a number, got false
+// An alias's option is named under the name it was invoked by, and found there.
+// ALIAS:         <pass-pipeline>:1:36: error: convert-attn-to-tile: block-n must be a power of two in [16, 1024], got 24
+// A text value is quoted, and the diagnostic points at it.
+// QUOTED:        <pass-pipeline>:1:28: error: lower-to-tile: element-type must be f16, bf16 or f32, got 'f8'
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key

@@ -168,20 +168,25 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
     backward that rotates in its loops (`bwd_rope` other than `pre_rotated`: a placement the
     caller asked for), since the schedule reads q and k whole."""
     target = backward_target()
-    if target == "triton" or not hopper(problem) or not fits(problem) or not variant_fits(variant):
+    if not _target_allows(target, variant) or not hopper(problem) or not fits(problem) or not variant_fits(variant):
         return False
     if variant.rope is not None and (any(explicit_positions) or bwd_rope != "pre_rotated"):
         return False
     if target == "gluon":
         return True
-    if variant.outside_ops:
-        return False  # ops of a block module: no measurement speaks for them (as the forward's `auto`)
     if variant.normalizer_name != "softmax":
         table = GLUON_POINTWISE_MIN_WORK
     else:
         table = GLUON_ORDERED_MIN_WORK if ordered else GLUON_BACKWARD_MIN_WORK
     least = table.get(problem.head_dim)
     return least is not None and pairs_per_head(problem, variant) >= least
+
+
+def _target_allows(target: str, variant: Canonical) -> bool:
+    """Whether the user's backward target lets `variant` run the Gluon backward at all: not
+    under `triton`, and under `auto` not a variant with an op of a block module, for which no
+    measurement speaks (as the forward's `auto`, `AUTO_VARIANT_CLASSES["outside"]`)."""
+    return target != "triton" and not (target == "auto" and variant.outside_ops)
 
 
 def pairs_per_head(problem: Problem, variant: Canonical) -> float:
@@ -322,10 +327,7 @@ def gluon_backward(
     the plan has it, this GPU and the user's choice allow it and `warp-specialize` schedules
     the kernel (unchanged otherwise). Under `auto` a variant with an op of a block module keeps
     the portable kernel whatever `ATTNFUSE_BACKWARD` chose (`takes_gluon_backward`)."""
-    target = backward_target()
-    if not any(launch.info.name == KERNEL for launch in launches) or target == "triton":
-        return launches
-    if target == "auto" and variant.outside_ops:
+    if not any(launch.info.name == KERNEL for launch in launches) or not _target_allows(backward_target(), variant):
         return launches
     if not hopper(problem) or not fits(problem):
         # (A fused backward forced by ATTNFUSE_BACKWARD, which `takes_gluon_backward` does not

@@ -8,7 +8,7 @@ a call-time fp32 tensor (`slopes`), which the runtime makes from the op's parame
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -139,6 +139,10 @@ class Alibi(Block):
             return
         if isinstance(self.slopes, (str, bytes)):  # a sequence, of characters
             raise CompositionError(f"alibi: slopes must be a sequence of numbers (int or float), got {self.slopes!r}")
+        if isinstance(self.slopes, (AbstractSet, Mapping)):
+            # Slope i is head i's: a set (or a dict's keys) has no order to say which is whose.
+            raise CompositionError(f"alibi: slopes must be an ordered sequence, one per head, got a "
+                                   f"{type(self.slopes).__name__}: {self.slopes!r}")
         try:
             values = tuple(self.slopes)
         except TypeError:

@@ -67,6 +67,22 @@ class DataBinding:
         return trait.bind(self.op, self.use, problem, arguments)
 
 
+def _check_listed_data(chain: list[Operation]) -> None:
+    """Raises unless each listed filter (`KeyFilter.lists`) reads call-time data: the runtime
+    builds a call's block lists from the tensor the caller passes for it (`block_layout=`,
+    `doc_ids=`), so a listed filter without one would lower to kernels whose lists nothing
+    makes. Checked where the program is compiled, not at its first call."""
+    for op in chain:
+        trait = op.get_trait(KeyFilter)
+        if trait is None or trait.band(op) is not None or not trait.lists(op):
+            continue
+        if not any(use.argument is not None for use in trait.data(op)):
+            raise IRError(f"{op.name}: a listed filter (KeyFilter.lists) must read call-time data (a DataUse "
+                          "with a call keyword), from which the runtime builds its block lists; a filter "
+                          "decided by positions alone is element-wise (lists False, a lower that tests "
+                          "each entry)", op)
+
+
 class Canonical:
     """One canonical attn program and the facts the runtime reads off it."""
 
@@ -76,6 +92,7 @@ class Canonical:
         self.variant = next(op for op in module.ops if isinstance(op, attn.VariantOp))
         self.scores, self.chain, self.normalizer = attn.score_chain(self.variant)
         check_listed_filters(self.chain)  # what lower-to-tile would refuse at the first call
+        _check_listed_data(self.chain)
         self.text = anonymous_text(module)
         # The first score modifier whose backward cannot be lowered (not additive, and no
         # `vjp` of its own: `ScoreModifier.has_derivative`), or None. Such a variant compiles

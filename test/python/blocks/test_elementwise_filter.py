@@ -245,3 +245,42 @@ def test_hand_written_chained_filters_and_an_unused_one():
     errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad},
                              reference_gradients(text, q, k, v, grad_out))
     assert max(errors.values()) <= GRAD_TOLERANCE[torch.float32], errors
+
+
+@dataclass(frozen=True)
+class _ListedChunkedSemantics(chunk_block.ChunkedSemantics):
+    """`attn.chunked` declared listed although it reads no call-time data."""
+
+    def lists(self, op):
+        return True
+
+
+def test_a_listed_filter_without_call_time_data_is_refused_when_compiled():
+    """The runtime builds block lists from the tensor a call passes for a listed filter: one
+    that reads none is refused by `af.compile` (it lowered, then failed at its first call
+    with a KeyError for the lists nothing made)."""
+    from xdsl.dialects.builtin import IntegerAttr, i64
+    from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, prop_def, result_def, traits_def
+    from xdsl.traits import Pure
+
+    from attnfuse.dialects.attn import ScoresType
+
+    @irdl_op_definition
+    class ListedChunkedOp(IRDLOperation):
+        name = "attn.listed_chunked"
+        input = operand_def(ScoresType)
+        result = result_def(ScoresType)
+        chunk = prop_def(IntegerAttr)
+        traits = traits_def(Pure(), _ListedChunkedSemantics())
+
+        def __init__(self, scores, chunk):
+            super().__init__(operands=[scores], result_types=[ScoresType()],
+                             properties={"chunk": IntegerAttr(chunk, i64)})
+
+    @dataclass(frozen=True, repr=False)
+    class ListedChunked(chunk_block.Chunked):
+        def build(self, variant, value):
+            return ListedChunkedOp(value, self.size)
+
+    with pytest.raises(af.IRError, match=r"attn\.listed_chunked: a listed filter \(KeyFilter\.lists\) must read call-time data"):
+        af.compile(af.attention(ListedChunked(8), af.causal()))

@@ -360,3 +360,76 @@ def test_a_normalizer_method_that_returns_nothing_is_named(method, monkeypatch, 
     q.requires_grad_()
     with pytest.raises(AttnFuseError, match=rf"'attn.softmax': its interface's {method}\(\) returned NoneType"):
         af.compile(spec)(q, k, v).sum().backward()
+
+
+# --- the compile cache's key follows the block's code -------------------------------------------
+
+
+def _fingerprint() -> str:
+    from attnfuse.runtime.compiler import foreign_fingerprint
+    from attnfuse.runtime.program import as_program
+
+    return foreign_fingerprint(as_program(af.attention(af.causal(), score_offset(0.5))).module((False, False)))
+
+
+def test_the_compile_cache_key_follows_the_block_modules_data(monkeypatch):
+    """A lowering may read a module-level dict or list: editing one must change the key (it
+    reused the previous kernels from the disk cache: wrong numbers)."""
+    monkeypatch.setattr(score_offset_block, "SETTINGS", {"remainder": 0.0, "rows": [1, 2]}, raising=False)
+    before = _fingerprint()
+    assert _fingerprint() == before
+    score_offset_block.SETTINGS["rows"].append(3)
+    assert _fingerprint() != before
+
+
+def test_the_compile_cache_key_follows_helper_modules(monkeypatch, tmp_path):
+    """Code the block module imports from a module of the user's (not from the libraries) is
+    part of the key, imported as a module or by name; the libraries' modules are not."""
+    import importlib
+
+    helper = tmp_path / "offset_helper_for_key.py"
+    helper.write_text("def body(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("offset_helper_for_key")
+    try:
+        monkeypatch.setattr(score_offset_block, "helper", module, raising=False)
+        before = _fingerprint()
+        monkeypatch.setattr(module, "body", lambda x: x + 2)
+        as_module = _fingerprint()
+        assert as_module != before
+        monkeypatch.delattr(score_offset_block, "helper")
+        monkeypatch.setattr(score_offset_block, "body", module.body, raising=False)  # from helper import body
+        by_name = _fingerprint()
+        monkeypatch.setattr(module, "body", lambda x: x + 3)
+        monkeypatch.setattr(score_offset_block, "body", module.body)
+        assert _fingerprint() != by_name
+        monkeypatch.setattr(score_offset_block, "torch_module", torch, raising=False)  # a library: not hashed
+        assert _fingerprint() == _fingerprint()
+    finally:
+        sys.modules.pop("offset_helper_for_key", None)
+
+
+def test_the_compile_cache_key_is_the_same_in_every_process():
+    """The key must not depend on the process (string hashing, set order), or no run would
+    find the kernels an earlier one stored."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    script = ("import sys; sys.path[:0] = [%r, %r]\n"
+              "import attnfuse as af, score_offset_block\n"
+              "from attnfuse.blocks import register_block_module\n"
+              "register_block_module(score_offset_block)\n"
+              "score_offset_block.SETTINGS = {'b': {1, 2, 'x'}, 'a': [0.5]}\n"
+              "from attnfuse.runtime.compiler import foreign_fingerprint\n"
+              "from attnfuse.runtime.program import as_program\n"
+              "spec = af.attention(af.causal(), score_offset_block.score_offset(0.5))\n"
+              "print(foreign_fingerprint(as_program(spec).module((False, False))))\n") % (str(here), str(here.parent))
+    keys = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        keys.add(done.stdout.strip().splitlines()[-1])
+    assert len(keys) == 1, keys

@@ -72,14 +72,15 @@ class OrderScoreOps(RewritePattern):
         assert rank is not None and inner_rank is not None
         if inner_rank <= rank or not inner.results[0].has_one_use() or not commute(inner, op):
             return
-        # Rebuild the pair swapped: op reads the inner op's input, the inner op reads op.
-        moved_up = op.clone()
-        moved_up.operands[0] = inner.operands[0]
-        moved_down = inner.clone()
-        moved_down.operands[0] = moved_up.results[0]
-        rewriter.insert([moved_up, moved_down], InsertPoint.before(inner))
-        rewriter.replace(op, [], [moved_down.results[0]])
-        rewriter.erase(inner)
+        # Swap the pair in place: op reads the inner op's input, the inner op reads op, and
+        # op's readers read the inner op. The ops themselves move (no clones), so a tool
+        # keeps their source locations for the diagnostics of later passes.
+        rewriter.replace_all_uses_with(op.results[0], inner.results[0])
+        op.operands[0] = inner.operands[0]
+        inner.operands[0] = op.results[0]
+        op.detach()
+        rewriter.insert(op, InsertPoint.before(inner))
+        rewriter.notify_op_modified(inner)
 
 
 class OrderRotations(RewritePattern):
@@ -96,10 +97,10 @@ class OrderRotations(RewritePattern):
         later = op.next_op
         while later is not None:
             if isinstance(later, RopeOp) and isinstance(later.input.type, QueryType):
-                # Its operands are the variant's arguments, so it may move anywhere above.
-                moved = later.clone()
-                rewriter.insert(moved, InsertPoint.before(op))
-                rewriter.replace(later, [], moved.results)
+                # Its operands are the variant's arguments, so it may move anywhere above
+                # (itself, not a clone: its source location stays known).
+                later.detach()
+                rewriter.insert(later, InsertPoint.before(op))
                 return
             later = later.next_op
 

@@ -4,7 +4,8 @@ the kernels' static configuration, and a builder that appends named tile ops to 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from xdsl.builder import Builder
@@ -12,6 +13,7 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import f32
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.rewriter import InsertPoint
+from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import attn, tile
 from attnfuse.errors import IRError
@@ -282,7 +284,11 @@ class KernelBuilder:
         Builder(InsertPoint.at_end(block)).insert(tile.MapYieldOp(value))
         assert isinstance(shape, tile.TileType)
         result_type = tile.TileType(shape.shape, f32)
-        return self.add(tile.MapOp(inputs, Region(block), result_type), name).results[0]
+        mapped = tile.MapOp(inputs, Region(block), result_type)
+        # Checked as it is made, so a body the targets cannot print is reported at the block
+        # op whose lowering built it (`lowering_by`), not at the end of the pass.
+        mapped.verify()
+        return self.add(mapped, name).results[0]
 
     def pair_position(self, axis: str) -> SSAValue:
         """Each entry's query (`axis="query"`) or key position in the current key block, an
@@ -347,6 +353,17 @@ ChainInputs = list[tuple[Operation, SSAValue]]
 """Each modifier of a score chain with the scores it read: what the backward's VJPs need."""
 
 
+@contextmanager
+def lowering_by(op: Operation, method: str) -> Iterator[None]:
+    """Runs a block's interface method (`lower`, `vjp`, ...): a tile op it builds that fails
+    its verifier is an `IRError` at `op`, naming the method (an out-of-tree block's mistake,
+    located where the block is used, not at the kernel the pass made)."""
+    try:
+        yield
+    except VerifyException as err:
+        raise IRError(f"'{op.name}': its interface's {method}() built an invalid tile op: {err}", op) from err
+
+
 def block_result(op: Operation, method: str, value: object) -> SSAValue:
     """What a block's interface method returned, checked to be the tile it computes (an
     `IRError` at the op otherwise: an out-of-tree block's omission, named where it is made)."""
@@ -377,13 +394,15 @@ def lower_score_chain(
         inputs.append((op, scores))
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
-        scores = block_result(op, "lower", trait.lower(op, k, scores))
+        with lowering_by(op, "lower"):
+            scores = block_result(op, "lower", trait.lower(op, k, scores))
     if masked:
         scores = k.add(tile.MaskOp(scores, facts.band), "scores").results[0]
         for op in facts.filters:
             trait = op.get_trait(KeyFilter)
             assert trait is not None
-            scores = block_result(op, "lower", trait.lower(op, k, scores))
+            with lowering_by(op, "lower"):
+                scores = block_result(op, "lower", trait.lower(op, k, scores))
     return scores, inputs
 
 
@@ -395,9 +414,11 @@ def lower_chain_vjp(k: KernelBuilder, inputs: ChainInputs, grad: SSAValue) -> SS
     for op, scores_in in reversed(inputs):
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
-        for role, value in trait.data_gradient(op, k, grad):
-            data_grads.setdefault(role, []).append(value)
-        grad = block_result(op, "vjp", trait.vjp(op, k, scores_in, grad))
+        with lowering_by(op, "data_gradient"):
+            for role, value in trait.data_gradient(op, k, grad):
+                data_grads.setdefault(role, []).append(value)
+        with lowering_by(op, "vjp"):
+            grad = block_result(op, "vjp", trait.vjp(op, k, scores_in, grad))
     for role, values in data_grads.items():
         if not k.writes(role):
             continue

@@ -343,6 +343,11 @@ def load_block_module(path: str) -> ModuleType:
         raise BlockModuleError(f"--block-module {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    directory = str(file.resolve().parent)
+    if directory not in sys.path:
+        # As `python FILE` finds the modules beside FILE, so a block split over two files
+        # loads; appended, not first, so a file there never shadows a module the tool imports.
+        sys.path.append(directory)
     try:
         spec.loader.exec_module(module)
     except SystemExit as err:

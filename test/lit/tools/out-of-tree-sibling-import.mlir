@@ -1,0 +1,14 @@
+// A --block-module file may import a module beside it by its plain name (the block split over
+// two files): the file's directory is on the import path while the tool runs.
+// RUN: attnfuse-opt --block-module %S/../inputs/sibling_import_block.py %s -p canonicalize-attn | filecheck %s
+
+// CHECK:      %sq = attn.square_scores %s
+// CHECK-NEXT: %m = attn.mask %sq [#attn.causal]
+attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %sq = attn.square_scores %m
+  %p = attn.softmax %sq
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

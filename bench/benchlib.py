@@ -90,6 +90,45 @@ def median_ms(step: Callable[[], Any], device: str, warmup: int, reps: int,
     return statistics.median(times), quartiles[2] - quartiles[0]
 
 
+def interleaved_median_ms(steps: dict[str, Callable[[], Any]], device: str, warmup: int, reps: int,
+                          rounds: int = 6) -> dict[str, tuple[float, float]]:
+    """`median_ms` of several implementations of one workload, measured side by side: `rounds`
+    rounds, each timing `reps // rounds` calls of every step in turn (the order rotating
+    from round to round), so that none of them is measured only after the others have heated
+    the GPU (a long dense kernel runs near the power limit, where the clock follows what ran
+    before). Name -> (median, interquartile spread) over all of its calls."""
+    names = list(steps)
+    per_round = max(1, reps // rounds)
+    for name in names:
+        for _ in range(warmup):
+            steps[name]()
+    synchronize(device)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            step = steps[name]
+            if device == "cuda":
+                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                          for _ in range(per_round)]
+                for start, end in events:
+                    start.record()
+                    step()
+                    end.record()
+                torch.cuda.synchronize()
+                times[name] += [start.elapsed_time(end) for start, end in events]
+            else:
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    step()
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+    result = {}
+    for name, values in times.items():
+        quartiles = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
+        result[name] = (statistics.median(values), quartiles[2] - quartiles[0])
+    return result
+
+
 def capture_graph(step: Callable[[], Any], calls: int) -> torch.cuda.CUDAGraph:
     """A CUDA graph of `calls` calls of `step`, after two warm-up calls on a side stream (so
     that lazy work, compiles and allocations, stays out of the capture)."""

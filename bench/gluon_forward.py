@@ -16,8 +16,9 @@ D=64, two at D=128 and 256; the persistent grid for dense kernels at D=128); `Gl
 persistent grid with the table's consumers (`ATTNFUSE_GLUON_PERSISTENT=1`), so one run compares
 them beside tl and cuDNN. A column the head dim refuses (three consumers or the persistent
 grid at D=256) is `refused`. Every result
-is checked against cuDNN's first. Times: median ms of CUDA-event-timed calls
-(`benchlib.median_ms`), inference (`torch.no_grad`).
+is checked against cuDNN's first. Times: median ms of CUDA-event-timed calls, every column of a
+row timed side by side in interleaved rounds (`benchlib.interleaved_median_ms`), inference
+(`torch.no_grad`).
 """
 
 from __future__ import annotations
@@ -112,10 +113,11 @@ def main() -> None:
                    "cudnn_gqa": gqa}
             try:
                 expected = cudnn().float()
-                row["cudnn_ms"] = benchlib.median_ms(cudnn, "cuda", 10, args.reps)[0]
+                timed = {"cudnn": cudnn}
             except RuntimeError as err:  # a head dim this cuDNN does not take: compare with SDPA's math
                 benchlib.log(f"cuDNN refused {row['case']}: {benchlib.first_line(err)}")
                 row["cudnn_ms"] = float("nan")
+                timed = {}
                 with sdpa_kernel(SDPBackend.MATH):
                     qq, kk = (rotate(q, cos, sin), rotate(k, cos, sin)) if rope else (q, k)
                     expected = F.scaled_dot_product_attention(qq.float(), kk.float(), v.float(), is_causal=causal,
@@ -138,11 +140,15 @@ def main() -> None:
                         launch = next(x for x in fn.plan(q, k, v).launches if x.info.name == "attention_fwd")
                         row[f"{column}_rows"] = getattr(getattr(launch, "launch", None), "block_m", None)
                         row[f"{column}_err"] = (got - expected).abs().max().item()
-                        row[f"{column}_ms"] = benchlib.median_ms(lambda: fn(q, k, v), "cuda", 10, args.reps)[0]
+                        timed[column] = lambda fn=fn: fn(q, k, v)  # the plan keeps its target
                     except ArgumentError as err:  # a choice this head dim refuses
                         benchlib.log(f"{column} at {row['case']}: refused: {err}")
                         row[f"{column}_ms"] = row[f"{column}_err"] = float("nan")
                         row[f"{column}_rows"] = "refused"
+            # Timed side by side, interleaved (`benchlib.interleaved_median_ms`): timed one after
+            # another, whatever ran last ran on a hotter GPU (dense N=8192 moved 6-8% by order).
+            for column, (ms, _spread) in benchlib.interleaved_median_ms(timed, "cuda", 10, args.reps).items():
+                row[f"{column}_ms"] = ms
         flops = 4 * b * hq * n * n * d * (0.5 if causal else 1.0)
         row["gluon_tflops"] = flops / row["gluon_ms"] / 1e9
         benchlib.log(str(row))

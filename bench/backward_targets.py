@@ -22,9 +22,10 @@ Columns (a fresh `af.compile` each, since a plan keeps the backward it was made 
 
 Rows: causal, dense and RoPE + causal at the Llama-3-8B heads (B=1, 32/8 heads of 128, bf16),
 or with `--geometry paper` at the paper's shape (B=4, 12 heads of 64, fp16); `--cases` also
-takes the pointwise normalizers (`relu`, `relu+causal`, `sigmoid+causal`), which no cuDNN or
-flex_attention call can say: their rows have no cuDNN column, and their gradients are compared
-with the split backward's (`ATTNFUSE_BACKWARD=separate`, deterministic).
+takes the pointwise normalizers (`relu`, `relu+causal`, `sigmoid+causal`) and soft-capping
+(`softcap+causal`, a cap of 50), which no cuDNN call can say: their rows have no cuDNN column,
+and their gradients are compared with the split backward's (`ATTNFUSE_BACKWARD=separate`,
+deterministic).
 Every other AttnFuse column's gradients are compared with cuDNN's (max abs error, and the relative
 Frobenius error of dq, dk, dv). Times: median ms of CUDA-event-timed steps
 (`benchlib.median_ms`), gradients reset outside the events; "bwd" times `out.backward(g)` alone
@@ -58,6 +59,9 @@ COLUMNS = ALL_COLUMNS
 CASES = ("causal", "dense", "rope+causal")
 POINTWISE = {"relu": af.relu, "sigmoid": af.sigmoid}
 """Normalizers a case may name besides the softmax (`relu+causal`)."""
+NO_PEER = {"softcap": lambda: af.softcap(50.0)}
+"""Score blocks a case may name that SDPA cannot say (`softcap+causal`: Gemma-2's cap of 50);
+as for a pointwise normalizer, the split backward's gradients are the reference."""
 
 
 def time_training(fn, leaves, grad_out, device, warmup, reps) -> tuple[float, float]:
@@ -115,8 +119,9 @@ def main() -> None:
     for case in args.cases.split(","):
         parts = case.split("+")
         pointwise = [POINTWISE[p]() for p in parts if p in POINTWISE]
+        no_peer = [NO_PEER[p]() for p in parts if p in NO_PEER]
         causal, rope = "causal" in parts, "rope" in parts
-        spec = af.attention(*([af.rope(theta=500000.0)] if rope else []), *pointwise,
+        spec = af.attention(*([af.rope(theta=500000.0)] if rope else []), *pointwise, *no_peer,
                             *([af.causal()] if causal else []))
         for n in seq_lens:
             torch.manual_seed(0)
@@ -130,7 +135,7 @@ def main() -> None:
             if args.smoke:
                 grads64 = reference_gradients(spec, q, k, v, grad_out)
                 ref_grads = tuple(grads64[name] for name in ("q", "k", "v"))
-            elif pointwise:
+            elif pointwise or no_peer:
                 with benchlib.environment({"ATTNFUSE_BACKWARD": "separate", "ATTNFUSE_BACKWARD_TARGET": None}):
                     ref_grads = torch.autograd.grad(af.compile(spec)(q, k, v), (q, k, v), grad_out)
             else:

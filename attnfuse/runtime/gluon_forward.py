@@ -106,7 +106,8 @@ portable kernel and cuDNN):
   statically scaled kernels spill none (the ALiBi kernels' speed is not measured);
 - head dim 256: two consumers of 64-key blocks (192 KB of shared memory; 128-key blocks
   would need 320 KB), compiled for sm_90 without spills (Triton 3.6,
-  test/python/lowering/test_gluon_target.py); not persistent: its own output buffer would
+  test/python/lowering/test_gluon_target.py; with 3.9.0 a forced bias variant spills 48-184
+  bytes, and `auto` never takes bias); not persistent: its own output buffer would
   take it to 256 KB (one consumer's fits, 192 KB). Three consumers are refused: their 160 registers a thread cannot hold a
   64 x 256 fp32 accumulator beside the scores (ptxas: "Insufficient registers", Triton 3.6 on
   the H200). 1.65-1.85x the portable kernel's speed (`GLUON_MIN_WORK`);
@@ -198,8 +199,10 @@ def forward_target() -> str:
 
 MEASURED_TRITON_ONLY = {64: {(3, 6)}}
 """Head dims whose `auto` rule holds only for the Triton releases it was measured with: the
-three-consumer head-dim-64 kernel spills none with 3.6 (the H200's) and 152-168 bytes with 3.9
-(test/python/lowering/test_gluon_target.py), so elsewhere `auto` keeps the portable kernel."""
+three-consumer head-dim-64 kernel spills none with 3.6 (the H200's) and with 3.9.0 184 bytes of
+stack causal, 216 with a window (372-488 bytes of spill stores; an offline sm_90 sweep,
+bench/results/20261205T1230Z-gluon-sm90-spill-sweep.md), so elsewhere `auto` keeps the
+portable kernel."""
 
 
 @cache

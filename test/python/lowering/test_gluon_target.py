@@ -211,7 +211,7 @@ def test_printed_kernel_compiles_for_sm90(sm90, name, spec, dim, consumers, pers
         assert spills <= 8, f"{spills} bytes of stack"
     if name == "causal-3" and triton.__version__.startswith("3.6"):
         # One step function for both key loops: 0 bytes (two inlined ones spilled 88 at head
-        # dim 64). Triton 3.9 spills at head dim 64 (152-168 bytes), as it does the
+        # dim 64). Triton 3.9.0 spills at head dim 64 (184 bytes of stack), as it does the
         # hand-written probe (72).
         assert spills <= 8, f"{spills} bytes of stack"
 
@@ -556,7 +556,8 @@ LISTED_TILES = TileConfig(128, 128, 8, 2)
 def test_block_sparse_kernel_compiles_for_sm90(sm90, name, spec, dim, monkeypatch):
     """A block-sparse (or document) forward keeps its lowered tiles under the schedule (the
     lists name them): 128 x 128 tiles are two consumers of 128-key blocks; printed, it is valid
-    Gluon for this Triton, its products on HGMMA, without spills (Triton 3.6)."""
+    Gluon for this Triton, its products on HGMMA, without spills (Triton 3.6; these cases:
+    documents with a window, ALiBi or sigmoid spill 24-28 bytes there)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     import triton
     from triton.experimental.gluon import language as gl

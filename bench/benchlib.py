@@ -98,6 +98,8 @@ def interleaved_median_ms(steps: dict[str, Callable[[], Any]], device: str, warm
     the GPU (a long dense kernel runs near the power limit, where the clock follows what ran
     before). Name -> (median, interquartile spread) over all of its calls."""
     names = list(steps)
+    if not names:
+        return {}
     per_round = max(1, reps // rounds)
     for name in names:
         for _ in range(warmup):

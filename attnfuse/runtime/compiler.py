@@ -6,9 +6,6 @@ a `VariantProgram`."""
 from __future__ import annotations
 
 import hashlib
-import marshal
-import os
-import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -22,10 +19,10 @@ from xdsl.utils.exceptions import PassFailedException, VerifyException
 
 import attnfuse
 from attnfuse.dialects import make_context
-from attnfuse.dialects.attribute_walk import op_attributes
 from attnfuse.errors import AttnFuseError, IRError
 from attnfuse.lowering.triton import TritonProgram, emit_module
 from attnfuse.runtime import cache as kernel_cache
+from attnfuse.runtime.code_fingerprint import foreign_fingerprint
 from attnfuse.runtime.config import TileConfig
 from attnfuse.runtime.kv_cache import CONTIGUOUS, CacheLayout
 from attnfuse.runtime.program import VariantProgram, as_program
@@ -178,137 +175,6 @@ def compiler_fingerprint() -> str:
         digest.update(module.__name__.encode())
         digest.update(Path(module.__file__).read_bytes() if getattr(module, "__file__", None) else b"")
     return digest.hexdigest()
-
-
-def foreign_fingerprint(module: ModuleOp) -> str:
-    """A hash of the code of the program's ops defined outside this package (an out-of-tree
-    block, registered or not: its op, its semantics and its lowering), so that an edited
-    prototype never reuses the kernels of its previous version. The code as loaded, not its
-    files (which may have changed since): of each module defining one of the ops' classes,
-    and of every module outside the libraries that such a module reaches through its names
-    (a helper it imports, or whose functions it imports), the bytecode of its functions and
-    its classes' methods and its data (`_loaded_code`)."""
-    classes: set[type] = set()
-    for op in module.walk():
-        classes.add(type(op))
-        classes.update(type(trait) for trait in getattr(op, "traits", ()))
-        classes.update(type(attribute) for attribute in op_attributes(op))
-    # Every module defining one (a notebook's `__main__` too), then the user modules they reach.
-    pending = sorted({cls.__module__ for cls in classes if not cls.__module__.startswith(("attnfuse.", "xdsl."))})
-    seen: set[str] = set()
-    digest = hashlib.sha256()
-    while pending:
-        name = pending.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        digest.update(name.encode())
-        code = sys.modules.get(name)
-        if code is None:
-            digest.update(f"{name}@{os.getpid()}".encode())  # not loaded: never a cache hit
-            continue
-        digest.update(_loaded_code(code))
-        pending.extend(sorted(_user_modules_reached(code) - seen))
-    return digest.hexdigest()
-
-
-def _library_roots() -> tuple[str, ...]:
-    """Where the interpreter's standard library and installed packages live."""
-    import sysconfig
-
-    roots = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return tuple(sorted(str(Path(root).resolve()) for root in roots if root))
-
-
-def _is_user_module(name: str) -> bool:
-    """Whether module `name` is a user's (a block module, a helper beside it): not this
-    package, not xDSL, not built in and not under the standard library or site-packages."""
-    if name == "attnfuse" or name.startswith(("attnfuse.", "xdsl.")) or name in ("xdsl", "builtins"):
-        return False
-    code = sys.modules.get(name)
-    path = getattr(code, "__file__", None)
-    if code is None:
-        return True  # hashed as not loaded
-    if path is None:
-        return False  # built in or a namespace package: no code of its own
-    return not str(Path(path).resolve()).startswith(_LIBRARY_ROOTS)
-
-
-_LIBRARY_ROOTS = _library_roots()
-
-
-def _user_modules_reached(code: ModuleType) -> set[str]:
-    """The user modules (`_is_user_module`) that `code`'s names refer to: modules it imports,
-    and the modules of the functions and classes it imports from others."""
-    reached = set()
-    for value in vars(code).values():
-        if isinstance(value, ModuleType):
-            name = value.__name__
-        elif isinstance(value, type) or callable(value):
-            name = getattr(value, "__module__", None)
-        else:
-            continue
-        if isinstance(name, str) and name != code.__name__ and _is_user_module(name):
-            reached.add(name)
-    return reached
-
-
-_PLAIN = (bool, int, float, complex, str, bytes, type(None))
-
-
-def _loaded_code(code: ModuleType) -> bytes:
-    """The module's code as loaded: for each of its own functions and classes (their methods,
-    static and class methods and properties), the marshalled bytecode; and its data (numbers,
-    strings, and tuples, lists, sets and dicts of them, `_data_text`), which a lowering may
-    read."""
-    parts: list[bytes] = []
-
-    def add_function(name: str, fn: object) -> None:
-        target = getattr(fn, "__func__", fn)
-        for attribute in ("fget", "fset"):  # a property's accessors
-            if getattr(target, attribute, None) is not None:
-                add_function(f"{name}.{attribute}", getattr(target, attribute))
-        body = getattr(target, "__code__", None)
-        if body is not None:
-            parts.append(name.encode() + marshal.dumps(body.replace(co_filename="", co_firstlineno=1)))
-
-    for name, value in sorted(vars(code).items()):
-        if isinstance(value, type) and value.__module__ == code.__name__:
-            for attribute, member in sorted(vars(value).items()):
-                add_function(f"{name}.{attribute}", member)
-                if (text := _data_text(member)) is not None:
-                    parts.append(f"{name}.{attribute}={text}".encode())
-        elif callable(value) and getattr(value, "__module__", None) == code.__name__:
-            add_function(name, value)
-        elif not name.startswith("__") and (text := _data_text(value)) is not None:
-            parts.append(f"{name}={text}".encode())
-    return b"\n".join(parts)
-
-
-def _data_text(value: object, depth: int = 0) -> str | None:
-    """A text that changes when `value`'s data does: plain values by `repr`; tuples, lists,
-    sets and dicts by their items' (sets and dicts in a fixed order); a function by its
-    bytecode's hash. None for anything else (an object with no data of its own to a
-    lowering, or nested past 8 levels)."""
-    if isinstance(value, _PLAIN):
-        return repr(value)
-    if depth >= 8:
-        return None
-    if isinstance(value, (tuple, list)):
-        items = [_data_text(item, depth + 1) or "?" for item in value]
-        return f"{type(value).__name__}({', '.join(items)})"
-    if isinstance(value, (set, frozenset)):
-        items = sorted(_data_text(item, depth + 1) or "?" for item in value)
-        return f"set({', '.join(items)})"
-    if isinstance(value, dict):
-        items = sorted(f"{_data_text(k, depth + 1) or '?'}: {_data_text(v, depth + 1) or '?'}"
-                       for k, v in value.items())
-        return f"dict({', '.join(items)})"
-    body = getattr(value, "__code__", None)
-    if body is not None:
-        raw = marshal.dumps(body.replace(co_filename="", co_firstlineno=1))
-        return f"code:{hashlib.sha256(raw).hexdigest()[:16]}"
-    return None
 
 
 def _cache_key(source: object, key: CompileKey, interpret: bool) -> str:

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 import io
 
 from xdsl.context import Context
@@ -344,10 +344,28 @@ def load_block_module(path: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     directory = str(file.resolve().parent)
-    if directory not in sys.path:
+    added = directory not in sys.path
+    if added:
         # As `python FILE` finds the modules beside FILE, so a block split over two files
         # loads; appended, not first, so a file there never shadows a module the tool imports.
         sys.path.append(directory)
+    try:
+        _exec_block_module(spec, module, name, path)
+    except BaseException:
+        if added:
+            sys.path.remove(directory)
+        raise
+    problem = block_module_problem(module)
+    if problem is not None:
+        sys.modules.pop(name, None)
+        raise BlockModuleError(f"--block-module {path}: {problem}")
+    register_block_module(module)
+    return module
+
+
+def _exec_block_module(spec: Any, module: ModuleType, name: str, path: str) -> None:
+    """Runs the block module's code; any failure is a `BlockModuleError` naming the file (the
+    module taken out of `sys.modules`), but the user's Ctrl-C."""
     try:
         spec.loader.exec_module(module)
     except SystemExit as err:
@@ -364,12 +382,6 @@ def load_block_module(path: str) -> ModuleType:
         # (or GeneratorExit); it is still a module that does not load.
         sys.modules.pop(name, None)
         raise BlockModuleError(f"--block-module {path}: {type(err).__name__}: {_first_line(err)}") from err
-    problem = block_module_problem(module)
-    if problem is not None:
-        sys.modules.pop(name, None)
-        raise BlockModuleError(f"--block-module {path}: {problem}")
-    register_block_module(module)
-    return module
 
 
 MAX_INTEGER_WIDTH = (1 << 24) - 1

@@ -54,6 +54,7 @@ from attnfuse.dialects import attn, tile
 from attnfuse.dialects.interfaces import KeyFilter, partials_merge
 from attnfuse.errors import IRError, PassOptionError
 from attnfuse.transforms.kernel_builder import (
+    lowering_by,
     PART_SUFFIX,
     KernelBuilder,
     KernelConfig,
@@ -258,7 +259,8 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
 
     normalizer, norm = facts.normalizer, facts.normalizer_semantics
     names = norm.state_names(normalizer)
-    state: Sequence[SSAValue] = block_results(normalizer, "init_state", norm.init_state(normalizer, k), len(names))
+    with lowering_by(normalizer, "init_state"):
+        state: Sequence[SSAValue] = block_results(normalizer, "init_state", norm.init_state(normalizer, k), len(names))
 
     def body(block: Block, masked: bool) -> None:
         inner = k.inside(block)
@@ -266,12 +268,14 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
         scores = inner.add(tile.ScoresOp(q_parts, k_parts, facts.scale), "scores").results[0]
         scores, _inputs = lower_score_chain(inner, facts, scores, masked)
         v = inner.load("v", "loop", "all", "v")
-        stepped = block_results(normalizer, "step", norm.step(normalizer, inner, block.args, scores, v), len(names))
+        with lowering_by(normalizer, "step"):
+            stepped = block_results(normalizer, "step", norm.step(normalizer, inner, block.args, scores, v), len(names))
         inner.builder.insert(tile.YieldOp(stepped))
 
     state = build_band_loops(k, facts, state, names, body, over="keys")
 
-    finalized = norm.finalize(normalizer, k, state)
+    with lowering_by(normalizer, "finalize"):
+        finalized = norm.finalize(normalizer, k, state)
     if not isinstance(finalized, tuple) or len(finalized) != 2:
         raise IRError(f"'{normalizer.name}': its interface's finalize() returned {type(finalized).__name__}, "
                       "expected (the output tile, the lse tile or None)", normalizer)

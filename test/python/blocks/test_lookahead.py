@@ -127,7 +127,7 @@ def test_an_op_named_like_another_is_refused():
 def test_the_compile_cache_key_holds_the_predicate_code(monkeypatch):
     """The predicate's `band()` is the block's whole meaning, and it lives in an attribute, not
     an op: an edit to it must change the compile cache's key as an op's would."""
-    from attnfuse.runtime.compiler import foreign_fingerprint
+    from attnfuse.runtime.code_fingerprint import foreign_fingerprint
     from attnfuse.runtime.program import as_program
 
     def fingerprint() -> str:

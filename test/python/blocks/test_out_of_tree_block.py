@@ -366,7 +366,7 @@ def test_a_normalizer_method_that_returns_nothing_is_named(method, monkeypatch, 
 
 
 def _fingerprint() -> str:
-    from attnfuse.runtime.compiler import foreign_fingerprint
+    from attnfuse.runtime.code_fingerprint import foreign_fingerprint
     from attnfuse.runtime.program import as_program
 
     return foreign_fingerprint(as_program(af.attention(af.causal(), score_offset(0.5))).module((False, False)))
@@ -422,7 +422,7 @@ def test_the_compile_cache_key_is_the_same_in_every_process():
               "from attnfuse.blocks import register_block_module\n"
               "register_block_module(score_offset_block)\n"
               "score_offset_block.SETTINGS = {'b': {1, 2, 'x'}, 'a': [0.5]}\n"
-              "from attnfuse.runtime.compiler import foreign_fingerprint\n"
+              "from attnfuse.runtime.code_fingerprint import foreign_fingerprint\n"
               "from attnfuse.runtime.program import as_program\n"
               "spec = af.attention(af.causal(), score_offset_block.score_offset(0.5))\n"
               "print(foreign_fingerprint(as_program(spec).module((False, False))))\n") % (str(here), str(here.parent))
@@ -433,3 +433,49 @@ def test_the_compile_cache_key_is_the_same_in_every_process():
         assert done.returncode == 0, done.stderr
         keys.add(done.stdout.strip().splitlines()[-1])
     assert len(keys) == 1, keys
+
+
+def test_the_compile_cache_key_takes_any_module_contents(monkeypatch):
+    """Names a block module may hold that are neither code nor data of its own (a type whose
+    `__code__` is a descriptor, torch's op namespaces, a container holding itself) neither
+    crash the key nor make it differ between two reads."""
+    import types
+
+    monkeypatch.setattr(score_offset_block, "FunctionType", types.FunctionType, raising=False)
+    monkeypatch.setattr(score_offset_block, "ops", torch.ops, raising=False)
+    looped: dict = {"a": [1, 2]}
+    looped["self"] = looped
+    monkeypatch.setattr(score_offset_block, "LOOPED", looped, raising=False)
+    assert _fingerprint() == _fingerprint()
+
+
+def test_the_compile_cache_key_follows_lazy_and_namespace_imports(monkeypatch, tmp_path):
+    """A helper imported inside a lowering function when it runs, or through a namespace
+    package (a directory without `__init__.py`), is part of the key."""
+    import importlib
+
+    (tmp_path / "lazy_helper_for_key.py").write_text("FACTOR = 2.0\n")
+    (tmp_path / "ns_for_key").mkdir()
+    (tmp_path / "ns_for_key" / "scale.py").write_text("FACTOR = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lazy = importlib.import_module("lazy_helper_for_key")
+    namespace = importlib.import_module("ns_for_key.scale")
+    try:
+        def reads_lazily():
+            import lazy_helper_for_key
+
+            return lazy_helper_for_key.FACTOR
+
+        reads_lazily.__module__ = score_offset_block.__name__
+        monkeypatch.setattr(score_offset_block, "reads_lazily", reads_lazily, raising=False)
+        before = _fingerprint()
+        monkeypatch.setattr(lazy, "FACTOR", 3.0)
+        assert _fingerprint() != before
+
+        monkeypatch.setattr(score_offset_block, "ns_for_key", sys.modules["ns_for_key"], raising=False)
+        before = _fingerprint()
+        monkeypatch.setattr(namespace, "FACTOR", 3.0)
+        assert _fingerprint() != before
+    finally:
+        for name in ("lazy_helper_for_key", "ns_for_key", "ns_for_key.scale"):
+            sys.modules.pop(name, None)

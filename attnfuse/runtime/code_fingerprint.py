@@ -1,0 +1,273 @@
+"""The code a compiled program depends on outside this package, as a hash for the compile
+cache's key (`compiler._cache_key`): an out-of-tree block's op, its semantics, its lowering,
+and whatever of the user's code and data they reach, so that an edited prototype never reuses
+the kernels of its previous version (docs/architecture.md §10.1).
+
+What is hashed is the code *as loaded* (the file may have changed since): of each module that
+defines one of the program's op, trait or attribute classes, and of every module of the user's
+that such a module reaches (transitively): by a name it holds (`import helper`, `from helper
+import f`), or by an import inside one of its functions (`_imported_in`), a namespace
+package's submodules included. A user's module is one outside this package, xDSL, the standard
+library and installed packages (`_is_user_module`). Of each: the marshalled bytecode of its
+functions and its classes' methods, and its data: numbers, strings and (nested) tuples,
+lists, sets and dicts of them (`_loaded_code`). Objects of other kinds (instances, partials)
+are not hashed.
+
+The hash is the same in every process for the same code (no ids, no hash-seeded order), so a
+later run finds the kernels an earlier one stored.
+"""
+
+from __future__ import annotations
+
+import dis
+import hashlib
+import marshal
+import site
+import sys
+import sysconfig
+from pathlib import Path
+from types import CodeType, FunctionType, ModuleType
+
+from xdsl.dialects.builtin import ModuleOp
+
+from attnfuse.dialects.attribute_walk import op_attributes
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+MAX_DATA_DEPTH = 8
+"""How deep nested data is followed (deeper items hash as `?`)."""
+
+
+def foreign_fingerprint(module: ModuleOp) -> str:
+    """A hash of the code of the program's ops defined outside this package and of the
+    user's code and data it reaches (the module docstring)."""
+    classes: set[type] = set()
+    for op in module.walk():
+        classes.add(type(op))
+        classes.update(type(trait) for trait in getattr(op, "traits", ()))
+        classes.update(type(attribute) for attribute in op_attributes(op))
+    # Every module defining one (a notebook's `__main__` too), then the user modules they reach.
+    pending = sorted({cls.__module__ for cls in classes if not cls.__module__.startswith(("attnfuse.", "xdsl."))})
+    seen: set[str] = set()
+    digest = hashlib.sha256()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        digest.update(name.encode())
+        code = sys.modules.get(name)
+        if code is None:
+            # An op class whose module is not loaded (made by path without registering it):
+            # its class's own code stands for it.
+            for cls in sorted((c for c in classes if c.__module__ == name), key=lambda c: c.__qualname__):
+                digest.update(_class_code(cls))
+            continue
+        digest.update(_loaded_code(code))
+        pending.extend(sorted(_user_modules_reached(code) - seen))
+    return digest.hexdigest()
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Where the standard library and installed packages live: sysconfig's paths, the site
+    and user site directories, and every `site-packages` / `dist-packages` on the path."""
+    roots = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        roots.update(site.getsitepackages())
+    except AttributeError:  # a virtualenv's old site module
+        pass
+    user = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
+    if isinstance(user, str):
+        roots.add(user)
+    roots.update(entry for entry in sys.path if Path(entry).name in ("site-packages", "dist-packages"))
+    return tuple(sorted({str(Path(root).resolve()) for root in roots if root}))
+
+
+_LIBRARY_ROOTS = _library_roots()
+
+
+def _outside_libraries(path: str) -> bool:
+    return not str(Path(path).resolve()).startswith(_LIBRARY_ROOTS)
+
+
+def _is_user_module(name: str) -> bool:
+    """Whether module `name` is loaded and a user's (a block module, a helper beside it): not
+    this package, not xDSL, not built in and not under the libraries' directories. A namespace
+    package (no file) is one when a directory of its path is."""
+    if name == "attnfuse" or name.startswith(("attnfuse.", "xdsl.")) or name in ("xdsl", "builtins"):
+        return False
+    code = sys.modules.get(name)
+    if code is None:
+        return False  # not loaded: nothing to hash (a function of it is hashed where it is held)
+    return _is_user_file(code)
+
+
+def _is_user_file(code: ModuleType) -> bool:
+    path = getattr(code, "__file__", None)
+    if isinstance(path, str):
+        return _outside_libraries(path)
+    locations = getattr(code, "__path__", None)  # a namespace package
+    try:
+        return locations is not None and any(_outside_libraries(str(p)) for p in locations)
+    except TypeError:
+        return False
+
+
+def _module_name_of(value: object) -> str | None:
+    """The module an object held by a module comes from (itself, if a module), or None."""
+    if isinstance(value, ModuleType):
+        return value.__name__
+    if isinstance(value, (type, FunctionType)):
+        name = getattr(value, "__module__", None)
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _user_modules_reached(code: ModuleType) -> set[str]:
+    """The user modules (`_is_user_module`) that `code` reaches: the modules it holds, the
+    modules of the functions and classes it holds, a package's submodules, and the modules its
+    functions import when they run (`_imported_in`)."""
+    reached: set[str] = set()
+    for value in list(vars(code).values()):
+        name = _module_name_of(value)
+        if name is not None and name != code.__name__ and _is_user_module(name):
+            reached.add(name)
+    for body in _own_code(code):
+        for name in _imported_in(body):
+            for candidate in _prefixes(name):
+                if candidate != code.__name__ and _is_user_module(candidate):
+                    reached.add(candidate)
+    return reached
+
+
+def _prefixes(name: str) -> list[str]:
+    """`a.b.c` -> `a`, `a.b`, `a.b.c` (an import loads each)."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _imported_in(body: CodeType) -> set[str]:
+    """The absolute module names a function's code (and its nested functions') imports."""
+    names: set[str] = set()
+    stack = [body]
+    while stack:
+        current = stack.pop()
+        previous: list[dis.Instruction] = []
+        for instruction in dis.get_instructions(current):
+            if instruction.opname == "IMPORT_NAME":
+                # The level (0: absolute) is the constant loaded two instructions before.
+                level = previous[-2].argval if len(previous) >= 2 else 0
+                if level == 0 and isinstance(instruction.argval, str):
+                    names.add(instruction.argval)
+            previous.append(instruction)
+        stack.extend(c for c in current.co_consts if isinstance(c, CodeType))
+    return names
+
+
+def _own_code(code: ModuleType) -> list[CodeType]:
+    """The code objects of the module's own functions and its classes' methods."""
+    bodies: list[CodeType] = []
+    for _name, value in sorted(vars(code).items(), key=lambda item: item[0]):
+        if isinstance(value, type) and value.__module__ == code.__name__:
+            bodies += [body for member in vars(value).values() if (body := _code_of(member)) is not None]
+        elif isinstance(value, FunctionType) and value.__module__ == code.__name__ and (
+                body := _code_of(value)) is not None:
+            bodies.append(body)
+    return bodies
+
+
+def _code_of(member: object) -> CodeType | None:
+    """The bytecode of a function, a static or class method, or a property's getter."""
+    target = getattr(member, "__func__", member)
+    if isinstance(target, property):
+        target = target.fget
+    body = getattr(target, "__code__", None) if isinstance(target, FunctionType) else None
+    return body if isinstance(body, CodeType) else None
+
+
+def _code_bytes(body: CodeType) -> bytes:
+    """A function's bytecode, without where it was defined (a file moved keeps its kernels)."""
+    return marshal.dumps(body.replace(co_filename="", co_firstlineno=1))
+
+
+def _class_code(cls: type) -> bytes:
+    parts = [cls.__qualname__.encode()]
+    for attribute, member in sorted(vars(cls).items(), key=lambda item: item[0]):
+        body = _code_of(member)
+        if body is not None:
+            parts.append(attribute.encode() + _code_bytes(body))
+        elif (text := _data_text(member)) is not None:
+            parts.append(f"{attribute}={text}".encode())
+    return b"\n".join(parts)
+
+
+def _loaded_code(code: ModuleType) -> bytes:
+    """The module's code as loaded: for each of its own functions and classes (their methods,
+    static and class methods and properties), the marshalled bytecode; and its data
+    (`_data_text`), which a lowering may read."""
+    parts: list[bytes] = []
+
+    def add_function(name: str, member: object) -> None:
+        target = getattr(member, "__func__", member)
+        if isinstance(target, property):
+            for attribute in ("fget", "fset"):  # a property's accessors
+                if getattr(target, attribute, None) is not None:
+                    add_function(f"{name}.{attribute}", getattr(target, attribute))
+            return
+        body = _code_of(target)
+        if body is not None:
+            parts.append(name.encode() + _code_bytes(body))
+
+    for name, value in sorted(vars(code).items(), key=lambda item: item[0]):
+        if isinstance(value, type) and value.__module__ == code.__name__:
+            for attribute, member in sorted(vars(value).items(), key=lambda item: item[0]):
+                add_function(f"{name}.{attribute}", member)
+                if (text := _data_text(member)) is not None:
+                    parts.append(f"{name}.{attribute}={text}".encode())
+        elif isinstance(value, FunctionType) and (
+                value.__module__ == code.__name__ or value.__module__ not in sys.modules):
+            # Its own functions, and one imported from a module that is not loaded (a file
+            # run by path): no walk reaches that module, so its function is hashed here.
+            add_function(name, value)
+        elif not name.startswith("__") and (text := _data_text(value)) is not None:
+            parts.append(f"{name}={text}".encode())
+    return b"\n".join(parts)
+
+
+def _data_text(value: object, depth: int = 0, within: frozenset[int] = frozenset(),
+               memo: dict[int, str | None] | None = None) -> str | None:
+    """A text that changes when `value`'s data does: plain values by `repr`; tuples, lists,
+    sets and dicts by their items' (sets and dicts in a fixed order; a container inside itself
+    as `<cycle>`, one met twice read once); a function by its bytecode's hash. None for
+    anything else (an object with no data of its own to a lowering), and `?` for items nested
+    past `MAX_DATA_DEPTH`."""
+    if isinstance(value, _PLAIN):
+        return repr(value)
+    if isinstance(value, FunctionType):
+        body = _code_of(value)
+        return None if body is None else f"code:{hashlib.sha256(_code_bytes(body)).hexdigest()[:16]}"
+    if not isinstance(value, (tuple, list, set, frozenset, dict)):
+        return None
+    if depth >= MAX_DATA_DEPTH:
+        return "?"
+    if id(value) in within:
+        return "<cycle>"
+    memo = {} if memo is None else memo
+    if id(value) in memo:
+        return memo[id(value)]
+    inner = within | {id(value)}
+
+    def item(x: object) -> str:
+        return _data_text(x, depth + 1, inner, memo) or "?"
+
+    if isinstance(value, (tuple, list)):
+        text = f"{type(value).__name__}({', '.join(item(x) for x in value)})"
+    elif isinstance(value, (set, frozenset)):
+        text = f"set({', '.join(sorted(item(x) for x in value))})"
+    else:
+        text = f"dict({', '.join(sorted(f'{item(k)}: {item(v)}' for k, v in value.items()))})"
+    memo[id(value)] = text
+    return text
+
+
+__all__ = ["foreign_fingerprint"]

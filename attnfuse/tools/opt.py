@@ -351,15 +351,15 @@ def load_block_module(path: str) -> ModuleType:
         sys.path.append(directory)
     try:
         _exec_block_module(spec, module, name, path)
+        problem = block_module_problem(module)
+        if problem is not None:
+            sys.modules.pop(name, None)
+            raise BlockModuleError(f"--block-module {path}: {problem}")
+        register_block_module(module)
     except BaseException:
         if added:
-            sys.path.remove(directory)
+            sys.path.remove(directory)  # a module that did not load leaves nothing behind
         raise
-    problem = block_module_problem(module)
-    if problem is not None:
-        sys.modules.pop(name, None)
-        raise BlockModuleError(f"--block-module {path}: {problem}")
-    register_block_module(module)
     return module
 
 

@@ -65,6 +65,9 @@
 #                     Gluon forward), test_gpu_decode.py's chunked decode past 2^21, and test_gpu_gluon_backward.py's
 #                     descriptor-replay test (failed on the H100 in
 #                     session 40; its message names what moved between steps)
+#   softcap-backward  bench/backward_targets.py's softcap+causal rows (no cuDNN peer), default, separate and
+#                     nondet_auto: the Gluon backward auto gives soft-capping at D=128 spills 204-324 bytes in its
+#                     step loops on Triton 3.6 (bench/results/20261205T1230Z-gluon-sm90-spill-sweep.md), untimed
 #   tune              attnfuse-tune on the GPU: RoPE + causal at the Llama heads (bf16, N=4096), forward and
 #                     backward over a small grid, its tuning file, and a call that reads the file
 set -u
@@ -258,6 +261,10 @@ for stage in "$@"; do
       pytest_run index-tiles 150 -n 12 test/python/test_gpu_gluon.py -k index_tiles
       pytest_run chunked-decode 60 test/python/test_gpu_decode.py -k chunked_decode
       pytest_run replay 60 test/python/test_gpu_gluon_backward.py -k replay_their_encoded ;;
+    softcap-backward)
+      timeout 150 python3 bench/backward_targets.py --cases softcap+causal --columns default,separate,nondet_auto \
+        --reps 30 --out "$dir" > "$dir/softcap_backward.log" 2>&1; echo "softcap-backward rc=$?"
+      tail -4 "$dir/softcap_backward.log" ;;
     tune)
       timeout 400 python3 -m attnfuse.tools.tune "af.attention(af.rope(theta=500000.0), af.causal())" \
         --shape 1,32,8,128 --seq-lens 4096 --dtype bf16 --mode forward,backward --block-m 64,128 \

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dis
 import hashlib
 import marshal
+import re
 import site
 import sys
 import sysconfig
@@ -33,6 +34,10 @@ from xdsl.dialects.builtin import ModuleOp
 from attnfuse.dialects.attribute_walk import op_attributes
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+_SHELL_HISTORY = re.compile(r"^(In|Out|_+|_i+|_i\d+|_\d+|_oh|_ih|_dh)$")
+"""Names an interactive shell (IPython, Jupyter) keeps in `__main__` for its history of inputs
+and outputs: they change with every cell run, and no lowering reads them."""
 
 MAX_DATA_DEPTH = 8
 """How deep nested data is followed (deeper items hash as `?`)."""
@@ -218,7 +223,10 @@ def _loaded_code(code: ModuleType) -> bytes:
         if body is not None:
             parts.append(name.encode() + _code_bytes(body))
 
+    interactive = code.__name__ == "__main__" and getattr(code, "__file__", None) is None
     for name, value in sorted(vars(code).items(), key=lambda item: item[0]):
+        if interactive and _SHELL_HISTORY.match(name):
+            continue
         if isinstance(value, type) and value.__module__ == code.__name__:
             for attribute, member in sorted(vars(value).items(), key=lambda item: item[0]):
                 add_function(f"{name}.{attribute}", member)

@@ -479,3 +479,21 @@ def test_the_compile_cache_key_follows_lazy_and_namespace_imports(monkeypatch, t
     finally:
         for name in ("lazy_helper_for_key", "ns_for_key", "ns_for_key.scale"):
             sys.modules.pop(name, None)
+
+
+def test_an_interactive_sessions_history_is_not_part_of_the_key():
+    """A block defined in a notebook (`__main__` without a file): the shell's history (`In`,
+    `Out`, `_i3`, `_`) changes with every cell run and is left out, the user's data is not."""
+    import types
+
+    from attnfuse.runtime.code_fingerprint import _loaded_code
+
+    main = types.ModuleType("__main__")
+    main.In, main.Out, main._i3, main._ = ["", "x = 1"], {1: 2}, "x = 1", 2
+    main.SCALE = 2.0
+    before = _loaded_code(main)
+    main.In.append("y = 2")
+    main._i4, main._ = "y = 2", 3
+    assert _loaded_code(main) == before
+    main.SCALE = 3.0
+    assert _loaded_code(main) != before

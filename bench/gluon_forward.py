@@ -164,7 +164,8 @@ def main() -> None:
               ", ".join(f"{r[c + '_err']:.1e}" for c in ("gluon", "gluon2", "gluon3", "gluon_ps", "triton"))]
              for r in rows]
     markdown = ["# Forward on the Gluon target beside the tl target and cuDNN", "", *benchlib.metadata_lines(meta),
-                "- rows: inference forward, median ms; ratios > 1 mean AttnFuse is faster", "",
+                "- rows: inference forward, median ms, a row's columns (cuDNN's too) timed in interleaved rounds; "
+                "ratios > 1 mean AttnFuse is faster", "",
                 *benchlib.markdown_table(header, table)]
     benchlib.write_outputs(args.out, f"{benchlib.stamp()}-gluon-forward", {"metadata": meta, "rows": rows}, markdown)
 

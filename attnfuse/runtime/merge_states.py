@@ -61,7 +61,11 @@ def merge_states(
     total = torch.where(empty, 1.0, total)
     lse = torch.where(empty, float("-inf"), shift + torch.log(total))
     # The products promote half outputs to the weights' float32 (no copy of o1, o2 is made).
-    o = (w1 / total)[..., None] * o1 + (w2 / total)[..., None] * o2
+    part1, part2 = (w1 / total)[..., None] * o1, (w2 / total)[..., None] * o2
+    # A row empty in one set is the other's, bit for bit: not `0 · o1 + o2`, which turns a
+    # -0.0 of o2 into +0.0 (and whatever o1 holds there, an inf say, into NaN).
+    o = torch.where((w1 == 0)[..., None], part2, torch.where((w2 == 0)[..., None], part1, part1 + part2))
+    o = torch.where(empty[..., None], 0.0, o)  # empty in both: +0 whichever order
     return o.to(o1.dtype), lse.to(lse1.dtype)
 
 

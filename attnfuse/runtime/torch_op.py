@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import weakref
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import Tensor
@@ -114,13 +114,21 @@ def attention(
     return_lse: bool,
 ) -> tuple[Tensor, Tensor]:
     """The forward of a compiled variant: `(out, lse)` (lse fp32 `[B, Hq, Nq]`; for a
-    normalizer without one, an unwritten buffer). `return_lse` says whether the caller uses
-    the lse, so that the backward ignores a gradient for it otherwise."""
+    normalizer without one, zeros). `return_lse` says whether the caller uses the lse, so
+    that the backward ignores a gradient for it otherwise."""
     fn = variant_for(variant)
     explicit = _explicit(q_positions, k_positions)
     plan = fn.plan(q, k, v, explicit, training=False)
     tensors = fn.call_tensors(plan, _arguments(bias, data, q_positions, k_positions), explicit)
-    return fn.forward(plan, tensors, q, k, v)
+    return _defined_lse(fn, fn.forward(plan, tensors, q, k, v))
+
+
+def _defined_lse(fn: Any, result: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """`result` with the lse of a variant whose normalizer has none (ReLU, sigmoid) set to
+    zeros: an operator gives the same outputs for the same inputs (`torch.library.opcheck`
+    compares them), never the unwritten buffer the kernels leave."""
+    out, lse = result
+    return (out, lse) if fn.variant.has_lse else (out, lse.zero_())
 
 
 @attention.register_fake
@@ -275,8 +283,8 @@ def attention_cache(
     cache call is inference-only: `CompiledAttention.__call__` refuses one that autograd
     would record, traced or not)."""
     fn = variant_for(variant)
-    return fn.cache_forward(q, k, v, kv_lens, block_table,
-                            **_arguments(bias, data, q_positions, k_positions))
+    return _defined_lse(fn, fn.cache_forward(q, k, v, kv_lens, block_table,
+                                             **_arguments(bias, data, q_positions, k_positions)))
 
 
 @attention_cache.register_fake

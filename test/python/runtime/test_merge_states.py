@@ -14,6 +14,7 @@ associative, bad input is an `ArgumentError` naming the argument, and `torch.com
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -518,3 +519,17 @@ def test_torch_compile_cascade_with_kernels(fresh_dynamo):
         results.append((value, *torch.autograd.grad(value, inputs)))
     for eager, traced in zip(*results):
         torch.testing.assert_close(traced, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_empty_in_one_set_is_the_others_bit_for_bit_signed_zeros_and_all():
+    """`0 · o1 + o2` would turn o2's -0.0 into +0.0, and an inf in the empty row into NaN."""
+    o2 = torch.tensor([[[[-0.0, 1.0, -3.5]]]])
+    lse2 = torch.tensor([[[0.5]]])
+    o1 = torch.tensor([[[[math.inf, -math.inf, 7.0]]]])  # never read: its row is empty
+    lse1 = torch.tensor([[[-math.inf]]])
+    for a, b in (((o1, lse1), (o2, lse2)), ((o2, lse2), (o1, lse1))):
+        o, lse = af.merge_states(*a, *b)
+        assert torch.equal(o.view(torch.int32), o2.view(torch.int32))
+        assert torch.equal(lse, lse2)
+    both_empty = af.merge_states(-o2, lse1, o2, lse1)[0]
+    assert torch.equal(both_empty.view(torch.int32), torch.zeros_like(o2).view(torch.int32))

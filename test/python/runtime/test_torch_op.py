@@ -216,6 +216,25 @@ def test_eager_calls_do_not_go_through_the_operator(monkeypatch):
     fn(q, k, v)
 
 
+@pytest.mark.parametrize("normalizer", [af.relu, af.sigmoid])
+def test_operators_of_a_normalizer_without_lse_pass_opcheck(normalizer):
+    """Their second output is zeros, not the buffer the kernels leave unwritten: opcheck runs
+    the operator several ways and compares the outputs (it failed, the lse differing from
+    call to call), for the plain and the cache operator alike."""
+    fn = af.compile(af.attention(normalizer(), af.causal()))
+    q, k, v = qkv(hq=4, hkv=2, grad=False)
+    key = fn._operator_keys[(False, False)]
+    data = torch_op.data_list({})
+    torch.library.opcheck(torch.ops.attnfuse.attention.default, (key, q, k, v, None, data, None, None, False))
+    stale = torch.full((1 << 12,), float("nan"))  # freed memory a new buffer may reuse
+    del stale
+    out, lse = torch.ops.attnfuse.attention(key, q, k, v, None, data, None, None, False)
+    assert torch.equal(lse, torch.zeros_like(lse))
+    lens = torch.tensor([20], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.attnfuse.attention_cache.default,
+                          (key, q[:, :, -3:], k, v, lens, None, None, data, None, None))
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "model"])
 def test_operators_pass_torch_library_opcheck(layout):
     """PyTorch's own checks of a custom operator: schema, fake kernel against the real one

@@ -483,13 +483,18 @@ def _pipeline_error(argv: Sequence[str], message: str, option: tuple[str, str] |
         # column and the words, drop the copy of the pipeline.
         return f"<pass-pipeline>:1:{located.group(1)}: error: {located.group(2).strip()}"
     quoted = re.search(r"'([^']+)'", message)
-    if quoted and quoted.group(1) in pipeline:
-        col = pipeline.index(quoted.group(1)) + 1  # the value the message quotes
-    elif option is not None and option[0] in pipeline:
+    at = None
+    if option is not None and option[0] in pipeline:
         start = pipeline.index(option[0])
         # The option itself, not a longer one ending the same way (bwd-block-n for block-n).
         at = re.compile(r"(?<=[{\s,])" + re.escape(option[1]) + "=").search(pipeline, start)
         col = (at.start() if at else start) + 1
+    if quoted:
+        # The value the message quotes: after its option when that is known (the same text
+        # may appear earlier, in another pass's name: `analyze-masks,...{bwd-rope=as}`).
+        value = pipeline.find(quoted.group(1), at.end() if at else 0)
+        if value >= 0:
+            col = value + 1
     return f"<pass-pipeline>:1:{col}: error: {message}"
 
 

@@ -11,6 +11,7 @@
 // RUN: not attnfuse-opt %s 2>&1 -p 'warp-specialize{consumers=false}' | filecheck %s --check-prefix=BOOL-INT2
 // RUN: not attnfuse-opt %s 2>&1 -p 'analyze-masks,convert-attn-to-tile{block-n=24}' | filecheck %s --check-prefix=ALIAS
 // RUN: not attnfuse-opt %s 2>&1 -p 'lower-to-tile{element-type=f8}' | filecheck %s --check-prefix=QUOTED
+// RUN: not attnfuse-opt %s 2>&1 -p 'analyze-masks,lower-to-tile{bwd-rope=as}' | filecheck %s --check-prefix=QUOTED-LATER
 // RUN: attnfuse-opt %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t=triton | filecheck %s --check-prefix=EQUALS
 // EQUALS:        def attention_fwd(
 
@@ -28,6 +29,8 @@
 // ALIAS:         <pass-pipeline>:1:36: error: convert-attn-to-tile: block-n must be a power of two in [16, 1024], got 24
 // A text value is quoted, and the diagnostic points at it.
 // QUOTED:        <pass-pipeline>:1:28: error: lower-to-tile: element-type must be f16, bf16 or f32, got 'f8'
+// The value after its option, not the same text earlier in another pass's name ("masks").
+// QUOTED-LATER:  <pass-pipeline>:1:38: error: lower-to-tile: bwd-rope must be pre_rotated or as_forward, got 'as'
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query
   %kr = attn.rope %k {theta = 1.000000e+04 : f64} : !attn.key

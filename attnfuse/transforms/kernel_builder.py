@@ -4,9 +4,9 @@ the kernels' static configuration, and a builder that appends named tile ops to 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import GeneratorType
 
 from xdsl.builder import Builder
 from xdsl.dialects import arith
@@ -286,7 +286,7 @@ class KernelBuilder:
         result_type = tile.TileType(shape.shape, f32)
         mapped = tile.MapOp(inputs, Region(block), result_type)
         # Checked as it is made, so a body the targets cannot print is reported at the block
-        # op whose lowering built it (`lowering_by`), not at the end of the pass.
+        # op whose lowering built it (`call_block`), not at the end of the pass.
         mapped.verify()
         return self.add(mapped, name).results[0]
 
@@ -353,32 +353,41 @@ ChainInputs = list[tuple[Operation, SSAValue]]
 """Each modifier of a score chain with the scores it read: what the backward's VJPs need."""
 
 
-@contextmanager
-def lowering_by(op: Operation, method: str) -> Iterator[None]:
-    """Runs a block's interface method (`lower`, `vjp`, ...): a tile op it builds that fails
-    its verifier is an `IRError` at `op`, naming the method (an out-of-tree block's mistake,
-    located where the block is used, not at the kernel the pass made)."""
+def call_block(interface: object, method: str, op: Operation, *args: object) -> object:
+    """`interface.method(op, *args)`: a block's interface method (`lower`, `vjp`, a
+    normalizer's `step`, ...) as the passes call it. A tile op it builds that fails its
+    verifier (a `tile.map` body op no target prints) is an `IRError` at `op` naming the method:
+    an out-of-tree block's mistake, located where the block is used, not at the kernel the
+    pass made. A generator's values are built here, inside that check."""
     try:
-        yield
+        result = getattr(interface, method)(op, *args)
+        return list(result) if isinstance(result, GeneratorType) else result
     except VerifyException as err:
         raise IRError(f"'{op.name}': its interface's {method}() built an invalid tile op: {err}", op) from err
 
 
-def block_result(op: Operation, method: str, value: object) -> SSAValue:
-    """What a block's interface method returned, checked to be the tile it computes (an
-    `IRError` at the op otherwise: an out-of-tree block's omission, named where it is made)."""
+def block_value(interface: object, method: str, op: Operation, *args: object) -> SSAValue:
+    """`call_block`'s result, checked to be the tile value it computes (an `IRError` at the
+    op otherwise: an out-of-tree block's omission, named where it is made)."""
+    return checked_value(op, method, call_block(interface, method, op, *args))
+
+
+def block_values(interface: object, method: str, op: Operation, *args: object, count: int) -> list[SSAValue]:
+    """`block_value` for a method returning `count` tile values (a normalizer's state)."""
+    values = call_block(interface, method, op, *args)
+    if not isinstance(values, (list, tuple)) or len(values) != count:
+        raise IRError(f"'{op.name}': its interface's {method}() returned {type(values).__name__}, "
+                      f"expected {count} tile values", op)
+    return [checked_value(op, method, value) for value in values]
+
+
+def checked_value(op: Operation, method: str, value: object) -> SSAValue:
+    """`value`, which `op`'s interface method `method` returned, if it is a tile value (an
+    `IRError` at the op otherwise)."""
     if not isinstance(value, SSAValue):
         raise IRError(f"'{op.name}': its interface's {method}() returned {type(value).__name__}, expected the "
                       "tile value it computes (the SSAValue of the op it added)", op)
     return value
-
-
-def block_results(op: Operation, method: str, values: object, count: int | None = None) -> list[SSAValue]:
-    """`block_result` for a method returning a sequence of values (`count` of them, if given)."""
-    if not isinstance(values, (list, tuple)) or (count is not None and len(values) != count):
-        want = f"{count} tile values" if count is not None else "a sequence of tile values"
-        raise IRError(f"'{op.name}': its interface's {method}() returned {type(values).__name__}, expected {want}", op)
-    return [block_result(op, method, value) for value in values]
 
 
 def lower_score_chain(
@@ -394,15 +403,13 @@ def lower_score_chain(
         inputs.append((op, scores))
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
-        with lowering_by(op, "lower"):
-            scores = block_result(op, "lower", trait.lower(op, k, scores))
+        scores = block_value(trait, "lower", op, k, scores)
     if masked:
         scores = k.add(tile.MaskOp(scores, facts.band), "scores").results[0]
         for op in facts.filters:
             trait = op.get_trait(KeyFilter)
             assert trait is not None
-            with lowering_by(op, "lower"):
-                scores = block_result(op, "lower", trait.lower(op, k, scores))
+            scores = block_value(trait, "lower", op, k, scores)
     return scores, inputs
 
 
@@ -414,11 +421,9 @@ def lower_chain_vjp(k: KernelBuilder, inputs: ChainInputs, grad: SSAValue) -> SS
     for op, scores_in in reversed(inputs):
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
-        with lowering_by(op, "data_gradient"):
-            for role, value in trait.data_gradient(op, k, grad):
-                data_grads.setdefault(role, []).append(value)
-        with lowering_by(op, "vjp"):
-            grad = block_result(op, "vjp", trait.vjp(op, k, scores_in, grad))
+        for role, value in call_block(trait, "data_gradient", op, k, grad):
+            data_grads.setdefault(role, []).append(value)
+        grad = block_value(trait, "vjp", op, k, scores_in, grad)
     for role, values in data_grads.items():
         if not k.writes(role):
             continue

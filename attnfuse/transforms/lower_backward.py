@@ -52,14 +52,13 @@ from xdsl.ir import Block, Operation, SSAValue
 from attnfuse.dialects import tile
 from attnfuse.dialects.interfaces import KeyFilter, ScoreModifier
 from attnfuse.transforms.kernel_builder import (
-    lowering_by,
     PART_SUFFIX,
     ChainInputs,
     KernelBuilder,
     KernelConfig,
     Rotation,
     VariantFacts,
-    block_result,
+    block_value,
     build_band_loops,
     column_parts,
     load_operand,
@@ -213,11 +212,9 @@ def _grad_scores(
     modifiers' VJPs in reverse. `grad_probs_of` are the operands of `dP = a @ b^T` in the
     kernel's orientation."""
     normalizer, norm = facts.normalizer, facts.normalizer_semantics
-    with lowering_by(normalizer, "probs"):
-        probs = block_result(normalizer, "probs", norm.probs(normalizer, k, scores, lse))
+    probs = block_value(norm, "probs", normalizer, k, scores, lse)
     grad_probs = k.add(tile.DotTransposedOp(*grad_probs_of), "grad_probs").results[0]
-    with lowering_by(normalizer, "grad_scores"):
-        grad = block_result(normalizer, "grad_scores", norm.grad_scores(normalizer, k, scores, probs, grad_probs, delta))
+    grad = block_value(norm, "grad_scores", normalizer, k, scores, probs, grad_probs, delta)
     return probs, lower_chain_vjp(k, inputs, grad)
 
 

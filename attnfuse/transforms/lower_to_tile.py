@@ -54,15 +54,15 @@ from attnfuse.dialects import attn, tile
 from attnfuse.dialects.interfaces import KeyFilter, partials_merge
 from attnfuse.errors import IRError, PassOptionError
 from attnfuse.transforms.kernel_builder import (
-    lowering_by,
     PART_SUFFIX,
     KernelBuilder,
     KernelConfig,
     Rotation,
     VariantFacts,
     assign_data_roles,
-    block_result,
-    block_results,
+    block_values,
+    call_block,
+    checked_value,
     build_band_loops,
     column_parts,
     load_operand,
@@ -259,8 +259,7 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
 
     normalizer, norm = facts.normalizer, facts.normalizer_semantics
     names = norm.state_names(normalizer)
-    with lowering_by(normalizer, "init_state"):
-        state: Sequence[SSAValue] = block_results(normalizer, "init_state", norm.init_state(normalizer, k), len(names))
+    state: Sequence[SSAValue] = block_values(norm, "init_state", normalizer, k, count=len(names))
 
     def body(block: Block, masked: bool) -> None:
         inner = k.inside(block)
@@ -268,19 +267,17 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
         scores = inner.add(tile.ScoresOp(q_parts, k_parts, facts.scale), "scores").results[0]
         scores, _inputs = lower_score_chain(inner, facts, scores, masked)
         v = inner.load("v", "loop", "all", "v")
-        with lowering_by(normalizer, "step"):
-            stepped = block_results(normalizer, "step", norm.step(normalizer, inner, block.args, scores, v), len(names))
+        stepped = block_values(norm, "step", normalizer, inner, block.args, scores, v, count=len(names))
         inner.builder.insert(tile.YieldOp(stepped))
 
     state = build_band_loops(k, facts, state, names, body, over="keys")
 
-    with lowering_by(normalizer, "finalize"):
-        finalized = norm.finalize(normalizer, k, state)
+    finalized = call_block(norm, "finalize", normalizer, k, state)
     if not isinstance(finalized, tuple) or len(finalized) != 2:
         raise IRError(f"'{normalizer.name}': its interface's finalize() returned {type(finalized).__name__}, "
                       "expected (the output tile, the lse tile or None)", normalizer)
-    out = block_result(normalizer, "finalize", finalized[0])
-    lse = None if finalized[1] is None else block_result(normalizer, "finalize", finalized[1])
+    out = checked_value(normalizer, "finalize", finalized[0])
+    lse = None if finalized[1] is None else checked_value(normalizer, "finalize", finalized[1])
     out_role, lse_role = ("o_part", "lse_part") if config.decode else ("o", "lse")
     k.builder.insert(tile.StoreOp(out, k.arg(out_role), "program", "all"))
     if lse is not None:

@@ -497,3 +497,32 @@ def test_an_interactive_sessions_history_is_not_part_of_the_key():
     assert _loaded_code(main) == before
     main.SCALE = 3.0
     assert _loaded_code(main) != before
+
+
+@pytest.mark.parametrize("method", ["step", "probs", "grad_scores"])
+def test_a_normalizer_method_building_an_invalid_tile_op_is_located_at_its_op(method, monkeypatch):
+    """A normalizer's lowering method whose `tile.map` holds an op no target prints (here
+    softmax's, broken on purpose) is an `IRError` at the normalizer naming the method, not a
+    verifier error of the kernel the pass made."""
+    from xdsl.dialects import math as xmath
+
+    from attnfuse.blocks import softmax
+    from attnfuse.errors import IRError
+    from attnfuse.runtime.compiler import CompileKey, lower_spec
+    from attnfuse.runtime.config import TileConfig
+
+    original = getattr(softmax.SoftmaxSemantics, method)
+
+    def sine(k, value):
+        return k.scalar_map([value], "bad", lambda b, args: b.insert(xmath.SinOp(args[0])).result)
+
+    def broken(self, op, k, *args):
+        out = original(self, op, k, *args)
+        return (sine(k, out[0]), *out[1:]) if method == "step" else sine(k, out)
+
+    monkeypatch.setattr(softmax.SoftmaxSemantics, method, broken)
+    with pytest.raises(AttnFuseError, match=rf"'attn.softmax': its interface's {method}\(\) built an invalid tile "
+                                            r"op: tile.map bodies hold only .*got math.sin") as caught:
+        lower_spec(af.attention(af.causal()), CompileKey(16, 16, "f32", TileConfig(16, 16, 4, 1), None))
+    located = caught.value.__cause__  # the pass's error, at the op (attnfuse-opt points there)
+    assert isinstance(located, IRError) and located.op is not None and located.op.name == "attn.softmax"

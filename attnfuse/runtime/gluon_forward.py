@@ -330,6 +330,12 @@ def takes_gluon(problem: Problem, causal: bool) -> bool:
     return target == "gluon" or prefers_gluon(problem, causal)
 
 
+def takes_gluon_forward(problem: Problem, variant: Canonical) -> bool:
+    """Whether the variant's forward of this shape runs on the Gluon target where it lowers:
+    `takes_gluon`'s GPU, shape and size rule, and the variant's classes (`auto_takes`)."""
+    return takes_gluon(problem, causal=variant.band[1] is not None) and auto_takes(problem, variant)
+
+
 LISTED_GLUON_TILES = LISTED_GLUON_FORWARD[:2]
 """The (block_m, block_n) a block-sparse forward runs on the Gluon target with: a kernel lowered
 with other tiles (a user's `config=`) keeps the portable one."""
@@ -351,7 +357,7 @@ def takes_listed_gluon(problem: Problem, variant: Canonical) -> bool:
         return False
     if (size is not None and size % 128) or problem.head_dim not in LISTED_HEAD_DIMS:
         return False
-    return takes_gluon(problem, causal=variant.band[1] is not None) and auto_takes(problem, variant)
+    return takes_gluon_forward(problem, variant)
 
 
 def hopper(problem: Problem) -> bool:
@@ -498,7 +504,7 @@ def gluon_forward(
     """`launches` with the forward replaced by its Gluon launch where this GPU, the user's
     choice, the shape and the variant (`auto_takes`) allow it (unchanged otherwise).
     `tile_module` gives the plan's tile IR (built only when everything else allows Gluon)."""
-    if not takes_gluon(problem, causal=variant.band[1] is not None) or not auto_takes(problem, variant):
+    if not takes_gluon_forward(problem, variant):
         return launches
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
     from attnfuse.transforms.warp_specialize import WarpSpecializePass
@@ -540,5 +546,5 @@ def gluon_forward(
 
 
 __all__ = ["AUTO_VARIANT_CLASSES", "GLUON_MIN_WORK", "LISTED_HEAD_DIMS", "takes_listed_gluon", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
-           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon", "variant_class", "variant_classes", "auto_takes",
+           "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon", "takes_gluon_forward", "variant_class", "variant_classes", "auto_takes",
            "uniform_tiles"]

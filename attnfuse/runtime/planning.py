@@ -35,9 +35,8 @@ from attnfuse.runtime.config import (
 )
 from attnfuse.runtime.gluon_backward import gluon_backward, scheduled_backward
 from attnfuse.runtime.gluon_forward import (
-    auto_takes,
     gluon_forward,
-    takes_gluon,
+    takes_gluon_forward,
     takes_listed_gluon,
 )
 from attnfuse.runtime.inputs import Problem, check_inputs
@@ -118,8 +117,7 @@ class CallPlanning:
                                    config, self._placement, decode, cache)
         if (placement is not None and not decode and cache == CONTIGUOUS
                 and automatic_placement(self._placement)
-                and takes_gluon(problem, causal=self.variant.band[1] is not None)
-                and auto_takes(problem, self.variant)):
+                and takes_gluon_forward(problem, self.variant)):
             # The Hopper forward (Gluon; by size and, under `auto`, by variant class) reads q and
             # k whole: with the rotation left to AttnFuse
             # it runs first, in the pre-rotation kernels. At the Llama-3-8B heads (bf16) that

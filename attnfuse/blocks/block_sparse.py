@@ -38,6 +38,12 @@ MAX_BLOCK_SIZE = 2**30
 says nothing more, and the op's i64 attribute holds it."""
 
 
+def valid_block_size(size: int) -> bool:
+    """Whether `size` can be a layout's block: a power of two in [16, `MAX_BLOCK_SIZE`] (the
+    one rule of `block_sparse()` and `attn.block_sparse`'s verifier)."""
+    return 16 <= size <= MAX_BLOCK_SIZE and size & (size - 1) == 0
+
+
 @dataclass(frozen=True)
 class BlockSparseSemantics(KeyFilter):
     """What `attn.block_sparse` means: a block-granular filter read from a call-time layout."""
@@ -125,7 +131,7 @@ class BlockSparseOp(IRDLOperation):
 
     def verify_(self) -> None:
         bs = self.block_size.value.data
-        if bs < 16 or bs & (bs - 1) or bs > MAX_BLOCK_SIZE:
+        if not valid_block_size(bs):
             raise VerifyException(f"block_sparse block_size must be a power of two in [16, 2^30], got {bs}")
 
 
@@ -140,7 +146,7 @@ class BlockSparse(Block):
 
     def __post_init__(self) -> None:
         bs = self.block_size
-        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 16 or bs & (bs - 1) or bs > MAX_BLOCK_SIZE:
+        if isinstance(bs, bool) or not isinstance(bs, int) or not valid_block_size(bs):
             raise CompositionError(
                 f"block_sparse: block_size must be a power of two in [16, 2^30], got {bs!r}"
             )

@@ -403,7 +403,7 @@ class RopeOp(IRDLOperation):
             raise VerifyException(f"rope theta must be a finite number > 1, got {theta}")
         if self.rotary_dim is not None:
             dim = self.rotary_dim.value.data
-            if dim <= 0 or dim % 2 or dim >= 2**31:
+            if not valid_rotary_dim(dim):
                 raise VerifyException(f"rope rotary_dim must be positive, even and below 2^31, got {dim}")
         if self.llama3_scaling is not None:
             problem = llama3_scaling_problem(tuple(self.scaling or ()))
@@ -455,6 +455,12 @@ def finite_real(value: object) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+def valid_rotary_dim(dim: int) -> bool:
+    """Whether `dim` can be a rotation's width: positive, even, and below 2^31 (an int32 in
+    the kernels; no head is that wide). The one rule `rope()` and `attn.rope`'s verifier apply."""
+    return 0 < dim < 2**31 and dim % 2 == 0
 
 
 MIN_LLAMA3_FACTOR = 2.0**32 / FP32_MAX
@@ -759,6 +765,10 @@ def is_score_op(op: Operation) -> bool:
 
 
 __all__ = [
+    "MIN_LLAMA3_FACTOR",
+    "finite_real",
+    "llama3_scaling_problem",
+    "valid_rotary_dim",
     "CORE_ATTRIBUTES",
     "CORE_OPS",
     "BandAttr",

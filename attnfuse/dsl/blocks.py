@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from xdsl.ir import Attribute, Operation, SSAValue
 
-from attnfuse.dialects.attn import MAX_SCORE_SCALE, MIN_SCORE_SCALE, finite_real, llama3_scaling_problem
+from attnfuse.dialects.attn import (MAX_SCORE_SCALE, MIN_SCORE_SCALE, finite_real, llama3_scaling_problem,
+                                    valid_rotary_dim)
 from attnfuse.errors import CompositionError
 
 if TYPE_CHECKING:
@@ -125,8 +126,7 @@ class Rope(Block):
         if self.rotary_dim is not None:
             if isinstance(self.rotary_dim, bool) or not isinstance(self.rotary_dim, int):
                 raise CompositionError(f"rope: rotary_dim must be an int, got {self.rotary_dim!r}")
-            if self.rotary_dim <= 0 or self.rotary_dim % 2 or self.rotary_dim >= 2**31:
-                # (Below 2^31: an int32 in the kernels, and no head is that wide.)
+            if not valid_rotary_dim(self.rotary_dim):
                 raise CompositionError(f"rope: rotary_dim must be positive, even and below 2^31, got {self.rotary_dim}")
         if not isinstance(self.interleaved, bool):
             raise CompositionError(f"rope: interleaved must be a bool, got {self.interleaved!r}")

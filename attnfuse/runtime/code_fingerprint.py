@@ -77,13 +77,12 @@ def _library_roots() -> tuple[str, ...]:
     """Where the standard library and installed packages live: sysconfig's paths, the site
     and user site directories, and every `site-packages` / `dist-packages` on the path."""
     roots = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    try:
-        roots.update(site.getsitepackages())
-    except AttributeError:  # a virtualenv's old site module
-        pass
-    user = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
-    if isinstance(user, str):
-        roots.add(user)
+    # (An old virtualenv's site module has neither function.)
+    site_dirs = getattr(site, "getsitepackages", list)()
+    user_dir = getattr(site, "getusersitepackages", lambda: None)()
+    roots.update(site_dirs if isinstance(site_dirs, list) else [])
+    if isinstance(user_dir, str):
+        roots.add(user_dir)
     roots.update(entry for entry in sys.path if Path(entry).name in ("site-packages", "dist-packages"))
     return tuple(sorted({str(Path(root).resolve()) for root in roots if root}))
 
@@ -171,23 +170,31 @@ def _imported_in(body: CodeType) -> set[str]:
 
 def _own_code(code: ModuleType) -> list[CodeType]:
     """The code objects of the module's own functions and its classes' methods."""
-    bodies: list[CodeType] = []
-    for _name, value in sorted(vars(code).items(), key=lambda item: item[0]):
+    return [body for _name, member in _own_members(code) for _suffix, body in _member_codes(member)]
+
+
+def _own_members(code: ModuleType) -> list[tuple[str, object]]:
+    """(name, object) of what the module defines itself, its classes' attributes named
+    `Class.attribute`, in name order."""
+    members: list[tuple[str, object]] = []
+    for name, value in sorted(vars(code).items(), key=lambda item: item[0]):
         if isinstance(value, type) and value.__module__ == code.__name__:
-            bodies += [body for member in vars(value).values() if (body := _code_of(member)) is not None]
-        elif isinstance(value, FunctionType) and value.__module__ == code.__name__ and (
-                body := _code_of(value)) is not None:
-            bodies.append(body)
-    return bodies
+            members += [(f"{name}.{attribute}", member)
+                        for attribute, member in sorted(vars(value).items(), key=lambda item: item[0])]
+        elif isinstance(value, FunctionType) and value.__module__ == code.__name__:
+            members.append((name, value))
+    return members
 
 
-def _code_of(member: object) -> CodeType | None:
-    """The bytecode of a function, a static or class method, or a property's getter."""
+def _member_codes(member: object) -> list[tuple[str, CodeType]]:
+    """(suffix, bytecode) of a function, a static or class method, or a property's accessors
+    (`.fget`, `.fset`); nothing for anything else."""
     target = getattr(member, "__func__", member)
     if isinstance(target, property):
-        target = target.fget
+        return [(f".{name}", body) for name in ("fget", "fset")
+                for _suffix, body in _member_codes(getattr(target, name))]
     body = getattr(target, "__code__", None) if isinstance(target, FunctionType) else None
-    return body if isinstance(body, CodeType) else None
+    return [("", body)] if isinstance(body, CodeType) else []
 
 
 def _code_bytes(body: CodeType) -> bytes:
@@ -195,50 +202,38 @@ def _code_bytes(body: CodeType) -> bytes:
     return marshal.dumps(body.replace(co_filename="", co_firstlineno=1))
 
 
+def _member_parts(name: str, member: object) -> list[bytes]:
+    """What is hashed of one member: its bytecode, else its data (`_data_text`), else nothing."""
+    codes = _member_codes(member)
+    if codes:
+        return [f"{name}{suffix}".encode() + _code_bytes(body) for suffix, body in codes]
+    text = _data_text(member)
+    return [] if text is None else [f"{name}={text}".encode()]
+
+
 def _class_code(cls: type) -> bytes:
-    parts = [cls.__qualname__.encode()]
-    for attribute, member in sorted(vars(cls).items(), key=lambda item: item[0]):
-        body = _code_of(member)
-        if body is not None:
-            parts.append(attribute.encode() + _code_bytes(body))
-        elif (text := _data_text(member)) is not None:
-            parts.append(f"{attribute}={text}".encode())
-    return b"\n".join(parts)
+    """A class's own code and data: what stands for an op class whose module is not loaded."""
+    return b"\n".join(part for attribute, member in sorted(vars(cls).items(), key=lambda item: item[0])
+                      for part in _member_parts(f"{cls.__qualname__}.{attribute}", member))
 
 
 def _loaded_code(code: ModuleType) -> bytes:
-    """The module's code as loaded: for each of its own functions and classes (their methods,
-    static and class methods and properties), the marshalled bytecode; and its data
-    (`_data_text`), which a lowering may read."""
-    parts: list[bytes] = []
-
-    def add_function(name: str, member: object) -> None:
-        target = getattr(member, "__func__", member)
-        if isinstance(target, property):
-            for attribute in ("fget", "fset"):  # a property's accessors
-                if getattr(target, attribute, None) is not None:
-                    add_function(f"{name}.{attribute}", getattr(target, attribute))
-            return
-        body = _code_of(target)
-        if body is not None:
-            parts.append(name.encode() + _code_bytes(body))
-
+    """The module's code as loaded: the bytecode of its own functions and its classes' methods
+    (static and class methods, properties' accessors) and of a function imported from a module
+    that is not loaded (a file run by path, which no walk reaches), and its data
+    (`_data_text`), which a lowering may read. An interactive session's history is left out."""
     interactive = code.__name__ == "__main__" and getattr(code, "__file__", None) is None
+    own = dict(_own_members(code))
+    parts: list[bytes] = []
     for name, value in sorted(vars(code).items(), key=lambda item: item[0]):
-        if interactive and _SHELL_HISTORY.match(name):
+        if (interactive and _SHELL_HISTORY.match(name)) or name.startswith("__"):
             continue
-        if isinstance(value, type) and value.__module__ == code.__name__:
-            for attribute, member in sorted(vars(value).items(), key=lambda item: item[0]):
-                add_function(f"{name}.{attribute}", member)
-                if (text := _data_text(member)) is not None:
-                    parts.append(f"{name}.{attribute}={text}".encode())
-        elif isinstance(value, FunctionType) and (
-                value.__module__ == code.__name__ or value.__module__ not in sys.modules):
-            # Its own functions, and one imported from a module that is not loaded (a file
-            # run by path): no walk reaches that module, so its function is hashed here.
-            add_function(name, value)
-        elif not name.startswith("__") and (text := _data_text(value)) is not None:
+        if isinstance(value, FunctionType) and value.__module__ not in sys.modules:
+            own.setdefault(name, value)
+        elif name not in own and not isinstance(value, type) and (text := _data_text(value)) is not None:
             parts.append(f"{name}={text}".encode())
+    for name, member in sorted(own.items(), key=lambda item: item[0]):
+        parts += _member_parts(name, member)
     return b"\n".join(parts)
 
 
@@ -252,8 +247,8 @@ def _data_text(value: object, depth: int = 0, within: frozenset[int] = frozenset
     if isinstance(value, _PLAIN):
         return repr(value)
     if isinstance(value, FunctionType):
-        body = _code_of(value)
-        return None if body is None else f"code:{hashlib.sha256(_code_bytes(body)).hexdigest()[:16]}"
+        codes = _member_codes(value)
+        return None if not codes else f"code:{hashlib.sha256(_code_bytes(codes[0][1])).hexdigest()[:16]}"
     if not isinstance(value, (tuple, list, set, frozenset, dict)):
         return None
     if depth >= MAX_DATA_DEPTH:

@@ -97,3 +97,24 @@ attn.variant @unused(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !att
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// The mask moves below the modifiers as itself (its name, and its location for later
+// diagnostics, stay with it), once the dead second reader of its result is erased.
+// CHECK-LABEL: attn.variant @moved
+// CHECK-NEXT:    %s = attn.scores %q, %k
+// CHECK-NEXT:    %a = attn.alibi %s
+// CHECK-NEXT:    %c = attn.softcap %a {cap = 3.000000e+01 : f64}
+// CHECK-NEXT:    %m = attn.mask %c [#attn.causal]
+// CHECK-NEXT:    %p = attn.softmax %m
+attn.variant @moved(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias : !attn.bias) -> !attn.output {
+  %s = attn.scores %q, %k
+  %m = attn.mask %s [#attn.causal]
+  %dead = attn.add_bias %m, %bias
+  %a = attn.alibi %m
+  %c = attn.softcap %a {cap = 3.000000e+01 : f64}
+  %p = attn.softmax %c
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

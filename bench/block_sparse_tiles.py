@@ -3,13 +3,17 @@ beside the default call (`auto`: the Gluon kernel on Hopper) and compiled flex_a
 tiles suit a listed kernel at low density, where per-program costs weigh most.
 
     python bench/block_sparse_tiles.py --out DIR [--densities 0.05,0.1,0.25] [--head-dim 64]
-        [--configs 64,64,4,3;128,64,8,3]
+        [--configs 64,64,4,3;128,64,8,3] [--gluon-tiles 64,128;128,128;128,64]
 
 Problem, layouts and checks as `bench/block_sparse.py` (B=4, H=12, N=4096, fp16, layout blocks
 of 128, the diagonal plus random blocks, every output checked against a float32 reference
 first). A configuration is block_m,block_n,num_warps,num_stages of the forward; each tl column
 is `af.compile(spec, config=af.TileConfig(...))` under `ATTNFUSE_FORWARD_TARGET=triton`, so the
-block lists are built for its tiles. Timing: `triton.testing.do_bench` median, L2 flushed.
+block lists are built for its tiles. A `--gluon-tiles` entry is block_m,block_n of the Gluon
+forward's listed kernel (a consumer warpgroup per 64 rows): for its column this process sets
+`config.LISTED_GLUON_FORWARD` to those tiles (`planning` and `gluon_forward` read it at import,
+so both their copies are replaced while the column compiles and runs), a measurement knob the
+package does not offer, since block lists are built before the kernel is lowered. Timing: `triton.testing.do_bench` median, L2 flushed.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+import contextlib
 
 import torch
 
@@ -29,10 +35,27 @@ BACKWARD = (64, 64, 4, 2, 64, 32, 4, 3)
 """Backward tiles of the forced configurations (never run here: an inference sweep)."""
 
 
+@contextlib.contextmanager
+def listed_gluon_tiles(tiles: tuple[int, int]):
+    """`config.LISTED_GLUON_FORWARD` set to `tiles` (block_m, block_n; two stages, 4 warps per
+    64 rows as the default's 8 for 128) in the modules that copied it at import, restored
+    after."""
+    from attnfuse.runtime import gluon_forward, planning
+    bm, bn = tiles
+    saved = planning.LISTED_GLUON_FORWARD, gluon_forward.LISTED_GLUON_TILES
+    planning.LISTED_GLUON_FORWARD, gluon_forward.LISTED_GLUON_TILES = (bm, bn, 4 * max(bm // 64, 1), 2), (bm, bn)
+    try:
+        yield
+    finally:
+        planning.LISTED_GLUON_FORWARD, gluon_forward.LISTED_GLUON_TILES = saved
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--densities", default="0.05,0.1,0.25")
     parser.add_argument("--configs", default=CONFIGS)
+    parser.add_argument("--gluon-tiles", default="",
+                        help="block_m,block_n of the Gluon listed forward, ';'-separated (Hopper only)")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=12)
@@ -56,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = af.attention(af.block_sparse(block))
     time_ms = timer("cuda", 25.0, 100.0)
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
-    columns = ["auto", "flex"] + [f"tl {c}" for c in configs]
+    gluon_tiles = [tuple(int(x) for x in c.split(",")) for c in args.gluon_tiles.split(";") if c]
+    columns = ["auto", "flex"] + [f"gluon {t}" for t in gluon_tiles] + [f"tl {c}" for c in configs]
     generator = torch.Generator().manual_seed(0)
     rows = []
     dense = af.compile(af.attention(af.full()))
@@ -65,15 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         layout = make_layout(blocks, density, generator).cuda()
         ref = reference(q, k, v, layout, block)
         row = {"density": layout.float().mean().item()}
-        calls = {"auto": (af.compile(spec), {}),
-                 **{f"tl {c}": (af.compile(spec, config=af.TileConfig(*c, *BACKWARD)), {"ATTNFUSE_FORWARD_TARGET": "triton"})
-                    for c in configs}}
-        for name, (fn, env) in calls.items():
+        calls = {"auto": (af.compile(spec), {}, None),
+                 **{f"gluon {t}": (af.compile(spec), {"ATTNFUSE_FORWARD_TARGET": "gluon"}, t) for t in gluon_tiles},
+                 **{f"tl {c}": (af.compile(spec, config=af.TileConfig(*c, *BACKWARD)), {"ATTNFUSE_FORWARD_TARGET": "triton"},
+                                None) for c in configs}}
+        for name, (fn, env, tiles) in calls.items():
             saved = {key: os.environ.get(key) for key in env}
             os.environ.update(env)
             try:
-                call = lambda fn=fn: fn(q, k, v, block_layout=layout)  # noqa: E731
-                benchlib.record_checked(row, name, relative_error(call(), ref), args.tol, lambda: time_ms(call))
+                with listed_gluon_tiles(tiles) if tiles else contextlib.nullcontext():
+                    call = lambda fn=fn: fn(q, k, v, block_layout=layout)  # noqa: E731
+                    benchlib.record_checked(row, name, relative_error(call(), ref), args.tol, lambda: time_ms(call))
             except Exception as err:  # noqa: BLE001 - a configuration that does not fit is a cell
                 row[f"{name}_error"] = benchlib.first_line(err)
             finally:

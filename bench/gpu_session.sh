@@ -51,6 +51,9 @@
 #                     separate, nondet_auto and ordered_gluon columns, Llama heads then the paper shape
 #   sparse-tests      test_gpu_gluon.py's block-sparse tests (the Gluon forward on block lists)
 #   sparse-targets    bench/block_sparse.py on the Gluon and the portable target, densities 0.1-1.0, the paper
+#   sparse-issue15    bench/block_sparse.py as a user calls it (auto), densities 0.05-1.0, beside flex: issue 15's row
+#   sparse-gluon-tiles bench/block_sparse_tiles.py with the Gluon listed forward's tiles swept (64/128/192 rows,
+#                     64/128 keys) at densities 0.05-0.25, beside auto, flex and two tl configurations
 #                     shape (D=64) and the Llama heads at N=8192 (D=128)
 #   issue17           issue 17's whole table in one call: bench/gluon_forward.py's issue cases (auto and tl) and
 #                     RoPE sweep (auto), backward_targets.py's default column, llama_layer.py fwd+bwd, then
@@ -246,6 +249,13 @@ for stage in "$@"; do
           --batch 1 --heads 32 --head-dim 128 --seq 8192 --out "$dir/sparse-$target-d128" \
           > "$dir/block_sparse_${target}_d128.log" 2>&1; echo "sparse-targets ($target, D=128) rc=$?"
       done ;;
+    sparse-issue15)
+      timeout 150 python3 bench/block_sparse.py --densities 0.05,0.1,0.25,0.5,1.0 --out "$dir" \
+        > "$dir/block_sparse_issue15.log" 2>&1; echo "sparse-issue15 rc=$?"; tail -12 "$dir/block_sparse_issue15.log" ;;
+    sparse-gluon-tiles)
+      timeout 200 python3 bench/block_sparse_tiles.py --densities 0.05,0.1,0.25 --configs "64,64,4,2;128,64,8,2" \
+        --gluon-tiles "64,128;128,128;128,64;192,128" --out "$dir" > "$dir/block_sparse_gluon_tiles.log" 2>&1
+      echo "sparse-gluon-tiles rc=$?"; tail -8 "$dir/block_sparse_gluon_tiles.log" ;;
     document-tests)
       pytest_run gluon-documents 240 test/python/test_gpu_gluon.py -k "document or refused"
       pytest_run documents 120 test/python/test_gpu.py -k "documents" ;;

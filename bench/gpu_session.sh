@@ -51,10 +51,10 @@
 #                     separate, nondet_auto and ordered_gluon columns, Llama heads then the paper shape
 #   sparse-tests      test_gpu_gluon.py's block-sparse tests (the Gluon forward on block lists)
 #   sparse-targets    bench/block_sparse.py on the Gluon and the portable target, densities 0.1-1.0, the paper
+#                     shape (D=64) and the Llama heads at N=8192 (D=128)
 #   sparse-issue15    bench/block_sparse.py as a user calls it (auto), densities 0.05-1.0, beside flex: issue 15's row
 #   sparse-gluon-tiles bench/block_sparse_tiles.py with the Gluon listed forward's tiles swept (64/128/192 rows,
 #                     64/128 keys) at densities 0.05-0.25, beside auto, flex and two tl configurations
-#                     shape (D=64) and the Llama heads at N=8192 (D=128)
 #   issue17           issue 17's whole table in one call: bench/gluon_forward.py's issue cases (auto and tl) and
 #                     RoPE sweep (auto), backward_targets.py's default column, llama_layer.py fwd+bwd, then
 #                     bench/issue17_table.py over their JSON files

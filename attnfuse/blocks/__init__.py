@@ -68,11 +68,12 @@ def block_module_problem(module: ModuleType) -> str | None:
         return (f"OPS must list the module's ops (a non-empty tuple; or ATTRIBUTES its attributes, "
                 f"for a module that adds only a mask predicate), got OPS = {ops!r}")
     # The names of every other module's ops and attributes (a module registered again, after
-    # a reload, may keep its own).
+    # a reload, may keep its own), with their classes: a module may list a class another
+    # module defines and lists (a block split over two files), which is one op, not two.
     others = [m for m in block_modules() if m is not module]
-    taken_ops = {op.name for op in CORE_OPS} | {op.name for m in others for op in getattr(m, "OPS", ())}
-    taken_attributes = ({a.name for a in CORE_ATTRIBUTES}
-                        | {a.name for m in others for a in getattr(m, "ATTRIBUTES", ())})
+    taken_ops = {op.name: op for op in CORE_OPS} | {op.name: op for m in others for op in getattr(m, "OPS", ())}
+    taken_attributes = ({a.name: a for a in CORE_ATTRIBUTES}
+                        | {a.name: a for m in others for a in getattr(m, "ATTRIBUTES", ())})
     for entries, base, kind, taken in ((ops, IRDLOperation, "op", taken_ops),
                                        (attributes, Attribute, "attribute", taken_attributes)):
         listing = "OPS" if kind == "op" else "ATTRIBUTES"
@@ -81,10 +82,10 @@ def block_module_problem(module: ModuleType) -> str | None:
                 return f"{listing} holds {entry!r}, not an IRDL {kind} class"
             if not entry.name.startswith("attn."):
                 return f"{kind} {entry.name!r} must be named attn.<name> (it joins the attn dialect)"
-            if entry.name in taken:
+            if taken.get(entry.name, entry) is not entry:
                 return (f"{kind} {entry.name!r} is already defined in the attn dialect (a core {kind}, a "
                         f"block's, or another registered module's): give it a name of its own")
-            taken.add(entry.name)
+            taken[entry.name] = entry
     return None
 
 
@@ -146,12 +147,13 @@ def attn_dialect() -> Dialect:
     (each block module lists them in `OPS` and, if it has any, `ATTRIBUTES`)."""
     from attnfuse.dialects.attn import CORE_ATTRIBUTES, CORE_OPS
 
-    ops = list(CORE_OPS)
-    attributes = list(CORE_ATTRIBUTES)
+    # A class listed by two modules (one re-exporting the other's op) is registered once.
+    ops = dict.fromkeys(CORE_OPS)
+    attributes = dict.fromkeys(CORE_ATTRIBUTES)
     for module in block_modules():
-        ops += getattr(module, "OPS", ())
-        attributes += getattr(module, "ATTRIBUTES", ())
-    return Dialect("attn", ops, attributes)
+        ops.update(dict.fromkeys(getattr(module, "OPS", ())))
+        attributes.update(dict.fromkeys(getattr(module, "ATTRIBUTES", ())))
+    return Dialect("attn", list(ops), list(attributes))
 
 
 __all__ = ["attn_dialect", "block_module_problem", "block_modules", "register_block_module", "registered_attribute", "registered_op",

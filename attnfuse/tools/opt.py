@@ -12,6 +12,7 @@ stdin (no file, or `-`), and turns every failure into one located line on stderr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -328,28 +329,39 @@ def _parse_target(text: str):
 
 
 def load_block_module(path: str) -> ModuleType:
-    """Imports the block module at `path` (under its file's stem) and registers it
-    (`attnfuse.blocks.register_block_module`); an `AttnFuseError` naming the file if it cannot."""
+    """Imports the block module at `path` and registers it (`attnfuse.blocks.
+    register_block_module`); an `AttnFuseError` naming the file if it cannot. A file this
+    process has already imported (a sibling block module's `import` of it) is that module,
+    registered, not a second copy: two copies would define each op twice."""
     from attnfuse.blocks import block_module_problem, register_block_module
 
     file = Path(path)
-    # A name of its own (a block file named json.py must not replace the json module, nor two
-    # block.py files each other); dataclasses and the compile cache look it up by name.
-    name = f"attnfuse_block_module_{file.stem}_{hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]}"
-    spec = importlib.util.spec_from_file_location(name, file)
     if not file.exists():
         raise BlockModuleError(f"--block-module {path}: no such file")
-    if spec is None or spec.loader is None or not file.is_file():
+    if not file.is_file():
         raise BlockModuleError(f"--block-module {path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    directory = str(file.resolve().parent)
+    resolved = file.resolve()
+    loaded = _module_loaded_from(resolved)
+    if loaded is not None:
+        return _register_loaded(loaded, path)
+    directory = str(resolved.parent)
     added = directory not in sys.path
     if added:
         # As `python FILE` finds the modules beside FILE, so a block split over two files
         # loads; appended, not first, so a file there never shadows a module the tool imports.
         sys.path.append(directory)
     try:
+        # The name `import <stem>` would load this very file under (so that a sibling block
+        # module importing it later gets this module), else a name of its own: a block file
+        # named json.py must not replace the json module, nor two block.py files each other.
+        # Dataclasses and the compile cache look a module up by name.
+        name = file.stem if _import_finds(file.stem, resolved) else (
+            f"attnfuse_block_module_{file.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}")
+        spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise BlockModuleError(f"--block-module {path}: not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         _exec_block_module(spec, module, name, path)
         problem = block_module_problem(module)
         if problem is not None:
@@ -361,6 +373,45 @@ def load_block_module(path: str) -> ModuleType:
             sys.path.remove(directory)  # a module that did not load leaves nothing behind
         raise
     return module
+
+
+def _module_loaded_from(file: Path) -> ModuleType | None:
+    """The module in `sys.modules` whose source is `file` (resolved), if any."""
+    for module in list(sys.modules.values()):
+        source = getattr(module, "__file__", None)
+        if isinstance(source, str) and Path(source).name == file.name:
+            with contextlib.suppress(OSError):
+                if Path(source).resolve() == file:
+                    return module
+    return None
+
+
+def _register_loaded(module: ModuleType, path: str) -> ModuleType:
+    """`module`, already imported, registered as a block module (`load_block_module`)."""
+    from attnfuse.blocks import block_module_problem, register_block_module
+
+    problem = block_module_problem(module)
+    if problem is not None:
+        raise BlockModuleError(f"--block-module {path}: {problem}")
+    register_block_module(module)
+    return module
+
+
+def _import_finds(name: str, file: Path) -> bool:
+    """Whether `import name` would load `file` (resolved): a free top-level name whose
+    search along `sys.path` ends at this file."""
+    if not name.isidentifier() or name in sys.modules:
+        return False
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    origin = None if spec is None else spec.origin
+    if not isinstance(origin, str):
+        return False
+    with contextlib.suppress(OSError):
+        return Path(origin).resolve() == file
+    return False
 
 
 def _exec_block_module(spec: Any, module: ModuleType, name: str, path: str) -> None:

@@ -1,6 +1,11 @@
 // A --block-module file may import a module beside it by its plain name (the block split over
 // two files): the file's directory is on the import path while the tool runs.
 // RUN: attnfuse-opt --block-module %S/../inputs/sibling_import_block.py %s -p canonicalize-attn | filecheck %s
+// Both files given, in either order (or one twice): one module per file, so the op is defined
+// once, not once per copy.
+// RUN: attnfuse-opt --block-module %S/../inputs/sibling_import_block.py --block-module %S/../inputs/no_vjp_block.py %s -p canonicalize-attn | filecheck %s
+// RUN: attnfuse-opt --block-module %S/../inputs/no_vjp_block.py --block-module %S/../inputs/sibling_import_block.py %s -p canonicalize-attn | filecheck %s
+// RUN: attnfuse-opt --block-module %S/../inputs/no_vjp_block.py --block-module %S/../inputs/no_vjp_block.py %s -p canonicalize-attn | filecheck %s
 
 // CHECK:      %sq = attn.square_scores %s
 // CHECK-NEXT: %m = attn.mask %sq [#attn.causal]

@@ -245,6 +245,32 @@ def test_modules_that_cannot_join_the_dialect_are_refused():
         register_block_module(clash)
 
 
+def test_a_class_two_modules_list_is_one_op_but_two_classes_of_one_name_clash():
+    """A block split over two files: one module defines the op, another lists it again (a
+    re-export). That is one op, registered once; a second class of the same name is not."""
+    from xdsl.traits import Pure
+
+    from attnfuse.blocks import attn_dialect, block_module_problem
+
+    semantics = score_offset_block.ScoreOffsetSemantics()
+    op = _op_class("attn.offset_twice", (Pure(), semantics))
+    defining, reexporting = _module(op), _module(op)
+    register_block_module(defining)
+    try:
+        assert block_module_problem(reexporting) is None
+        register_block_module(reexporting)
+        try:
+            assert [o for o in attn_dialect().operations if o.name == "attn.offset_twice"] == [op]
+            other = _module(_op_class("attn.offset_twice", (Pure(), semantics)))
+            assert "'attn.offset_twice' is already defined" in block_module_problem(other)
+        finally:
+            unregister_block_module(reexporting)
+    finally:
+        unregister_block_module(defining)
+    twice_in_one = _module(op, _op_class("attn.offset_twice", (Pure(), semantics)))
+    assert "'attn.offset_twice' is already defined" in block_module_problem(twice_in_one)
+
+
 def test_an_op_without_a_role_is_a_verifier_error_at_the_op():
     """An op implementing none of ScoreModifier, KeyFilter, Normalizer would reach the passes
     as nothing: the variant's verifier refuses it, naming it (and attnfuse-opt locates it)."""

@@ -55,7 +55,7 @@
 #   sparse-issue15    bench/block_sparse.py as a user calls it (auto), densities 0.05-1.0, beside flex: issue 15's row
 #   sparse-gluon-tiles bench/block_sparse_tiles.py with the Gluon listed forward's tiles swept (64/128/192 rows,
 #                     64/128 keys) at densities 0.05-0.25, beside auto, flex and two tl configurations
-#   issue17           issue 17's whole table in one call: bench/gluon_forward.py's issue cases (auto and tl) and
+#   issue17           issue 17's whole table in one call: bench/gluon_forward.py's issue cases (auto, tl, the plain grid of 2 and 3 consumers) and
 #                     RoPE sweep (auto), backward_targets.py's default column, llama_layer.py fwd+bwd, then
 #                     bench/issue17_table.py over their JSON files
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
@@ -225,7 +225,9 @@ for stage in "$@"; do
       done ;;
     issue17)
       mkdir -p "$dir/issue17"/{forward,sweep,backward,layer}
-      timeout 150 python3 bench/gluon_forward.py --out "$dir/issue17/forward" --reps 30 --columns auto,triton \
+      # gluon2 / gluon3: the plain grid with two / three consumers, beside auto's schedule (persistent
+      # at D=128 dense): which schedule wins where auto does not beat cuDNN, in the same rounds.
+      timeout 230 python3 bench/gluon_forward.py --out "$dir/issue17/forward" --reps 30 --columns auto,triton,gluon2,gluon3 \
         > "$dir/issue17_forward.log" 2>&1; echo "issue17 forward rc=$?"
       timeout 110 python3 bench/gluon_forward.py --out "$dir/issue17/sweep" --reps 30 --cases rope-sweep --columns auto \
         > "$dir/issue17_sweep.log" 2>&1; echo "issue17 sweep rc=$?"

@@ -397,6 +397,10 @@ def as_program(source: Any) -> VariantProgram:
         from attnfuse.blocks import registry_generation
 
         return program_of(source, registry_generation())
+    try:
+        hash(source)
+    except TypeError:  # a list, a dict: not cacheable, and VariantProgram names what it got
+        return VariantProgram(source)
     return program_of(source)
 
 

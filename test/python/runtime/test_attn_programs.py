@@ -79,6 +79,9 @@ def test_an_unused_op_reads_nothing():
                  ", %layout : !attn.layout"), "more than one block_sparse"),
         (CAUSAL_ALIBI + CAUSAL_ALIBI.replace("@causal_alibi", "@again"), "holds one attn.variant at its top level, got 2"),
         (42, "compile\\(\\) takes a spec made by af.attention"),
+        # Unhashable objects get the same refusal (not the compile cache's TypeError).
+        ([CAUSAL_ALIBI], "compile\\(\\) takes a spec made by af.attention"),
+        ({"ir": CAUSAL_ALIBI}, "compile\\(\\) takes a spec made by af.attention"),
     ],
 )
 def test_bad_programs(source, error):

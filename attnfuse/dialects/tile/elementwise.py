@@ -145,6 +145,11 @@ MAP_COMPARISONS = ("oeq", "olt", "ole", "ogt", "oge")
 """The `arith.cmpf` predicates a body may use: ordered ones, false when either side is NaN."""
 
 
+def _poisons_scores(value: float) -> bool:
+    """Whether an f32 constant is +inf or NaN (`_verify_map_body_op`)."""
+    return value != value or value == float("inf")
+
+
 def _verify_map_body_op(op: Operation, defined: set[SSAValue]) -> None:
     """One body op: of `MAP_BODY_OPS`, on values defined inside the body, f32 (or i1 from a
     comparison), constants f32, comparisons ordered."""
@@ -158,6 +163,15 @@ def _verify_map_body_op(op: Operation, defined: set[SSAValue]) -> None:
         isinstance(op.value, FloatAttr) and op.value.type == f32
     ):
         raise VerifyException(f"tile.map constants are f32 floats, got {op.value}")
+    if isinstance(op, arith.ConstantOp) and _poisons_scores(op.value.value.data):
+        # -inf drops an entry (an element-wise filter's `select(keep, s, -inf)`); +inf or NaN
+        # in a score can only give NaN rows. xDSL rounds a constant to f32 when it is made, so
+        # a block's finite coefficient beyond f32's range arrives here as inf.
+        raise VerifyException(
+            f"tile.map constant {op.value.value.data!r}: a map body's constants are f32, finite "
+            "or -inf (a dropped entry); a finite coefficient beyond f32's largest, "
+            "3.4028234663852886e38, rounds to inf when the constant is made: bound the block's "
+            "attributes in its verifier")
     if isinstance(op, arith.CmpfOp):
         predicate = arith.CMPF_COMPARISON_OPERATIONS[op.predicate.value.data]
         if predicate not in MAP_COMPARISONS:
@@ -175,8 +189,9 @@ class MapOp(IRDLOperation):
     """Applies a scalar function to every entry of its tile operands: `r[x] = f(a[x], b[x], ...)`.
 
     The body is a region of scalar ops (as `linalg.generic`'s), one f32 block argument per
-    operand, ending in `tile.map_yield` of an f32: `arith.constant` (f32), `addf`, `subf`,
-    `mulf`, `divf`, `negf`, `maximumf`, `minimumf`, `math.exp`, `log`, `sqrt`, `absf`, `tanh`,
+    operand, ending in `tile.map_yield` of an f32: `arith.constant` (f32, finite or -inf, which
+    drops an entry; +inf and NaN are refused, and a finite double beyond f32's range is +inf
+    once made), `addf`, `subf`, `mulf`, `divf`, `negf`, `maximumf`, `minimumf`, `math.exp`, `log`, `sqrt`, `absf`, `tanh`,
     `floor`; `arith.cmpf` with an ordered predicate (`oeq`, `olt`, `ole`, `ogt`, `oge`),
     `andi`, `ori` and `xori` on its i1 results, and `select` on one (`MAP_BODY_OPS`; a body has
     no i1 constant: negate a predicate by the opposite comparison or by swapping `select`'s

@@ -61,6 +61,36 @@ tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>,
 
 // -----
 
+// A finite constant beyond f32's range is inf once parsed (xDSL rounds it to the type): +inf
+// in a score can only give NaN rows, so it is refused, as is NaN.
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %z = tile.zeros : !tile.tile<m x dv x f32>
+  %r = tile.map(%z) : (!tile.tile<m x dv x f32>) -> !tile.tile<m x dv x f32> {
+  ^bb0(%x: f32):
+    %c = arith.constant 5.0e+49 : f32
+    %y = arith.mulf %x, %c : f32
+    tile.map_yield %y : f32
+  }
+  tile.return
+}
+// CHECK: tile.map constant inf: a map body's constants are f32, finite or -inf (a dropped entry)
+
+// -----
+
+tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %z = tile.zeros : !tile.tile<m x dv x f32>
+  %r = tile.map(%z) : (!tile.tile<m x dv x f32>) -> !tile.tile<m x dv x f32> {
+  ^bb0(%x: f32):
+    %c = arith.constant 0x7FC00000 : f32
+    %y = arith.addf %x, %c : f32
+    tile.map_yield %y : f32
+  }
+  tile.return
+}
+// CHECK: tile.map constant nan: a map body's constants are f32
+
+// -----
+
 // The result is f32.
 tile.kernel @k(%o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %z = tile.zeros : !tile.tile<m x dv x f32>

@@ -291,6 +291,18 @@ def canonical_rank(op: Operation) -> int | None:
     return None if trait is None else trait.rank
 
 
+def canonical_order(op: Operation) -> tuple[int, str, tuple[tuple[str, str], ...]] | None:
+    """A total order of score ops for canonicalize-attn (None for other ops): the canonical
+    rank, then the op's name, then its attributes as printed, so that two commuting ops of
+    one rank (a block author's modifier at ALiBi's rank, two ALiBi ops with other slopes) still
+    sort one way, and programs that write them in either order print alike."""
+    rank = canonical_rank(op)
+    if rank is None:
+        return None
+    attributes = {**op.properties, **op.attributes}
+    return rank, op.name, tuple(sorted((name, str(value)) for name, value in attributes.items()))
+
+
 def commute(first: Operation, second: Operation) -> bool:
     """Whether `first` then `second` may be swapped: both must say so, since each op knows
     only its own algebra (a filter commutes with every modifier; a modifier knows which
@@ -312,4 +324,4 @@ def normalizer_semantics(op: Operation) -> Normalizer:
 
 
 __all__ = ["FORWARD_METHODS", "DataUse", "KeyFilter", "Normalizer", "ReadsCallData", "ScoreModifier",
-           "canonical_rank", "commute", "normalizer_semantics", "partials_merge", "score_semantics"]
+           "canonical_order", "canonical_rank", "commute", "normalizer_semantics", "partials_merge", "score_semantics"]

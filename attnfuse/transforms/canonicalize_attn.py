@@ -7,7 +7,8 @@ its own:
 - an op whose result nothing reads is erased (it is not part of the computation: an unused
   `attn.alibi` must not put ALiBi into any kernel);
 - two adjacent score ops out of their canonical order (`ScoreModifier.rank` /
-  `KeyFilter.rank`: additive modifiers, then filters) are swapped, but only when the first
+  `KeyFilter.rank`: additive modifiers, then filters; ties broken by the op's name, then its
+  attributes: `interfaces.canonical_order`) are swapped, but only when the first
   says it commutes with the second (`commutes_with`): ALiBi and a bias commute, a soft-cap
   commutes with neither, every filter commutes with every modifier (a dropped key stays
   dropped whatever is added to it);
@@ -41,7 +42,7 @@ from attnfuse.dialects.attn import (
     YieldOp,
     is_score_op,
 )
-from attnfuse.dialects.interfaces import canonical_rank, commute
+from attnfuse.dialects.interfaces import canonical_order, commute
 from attnfuse.transforms.pass_options import TypedOptionsPass
 
 
@@ -68,9 +69,9 @@ class OrderScoreOps(RewritePattern):
         inner = op.operands[0].owner
         if not isinstance(inner, Operation) or not is_score_op(inner):
             return
-        rank, inner_rank = canonical_rank(op), canonical_rank(inner)
-        assert rank is not None and inner_rank is not None
-        if inner_rank <= rank or not inner.results[0].has_one_use() or not commute(inner, op):
+        order, inner_order = canonical_order(op), canonical_order(inner)
+        assert order is not None and inner_order is not None
+        if inner_order <= order or not inner.results[0].has_one_use() or not commute(inner, op):
             return
         # Swap the pair in place: op reads the inner op's input, the inner op reads op, and
         # op's readers read the inner op. The ops themselves move (no clones), so a tool

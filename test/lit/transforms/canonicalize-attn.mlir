@@ -118,3 +118,37 @@ attn.variant @moved(%q : !attn.query, %k : !attn.key, %v : !attn.value, %bias : 
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// Two commuting ops of one rank (two ALiBi terms, other slopes) sort by their attributes: the
+// programs that write them in either order print alike (interfaces.canonical_order).
+// CHECK-LABEL: attn.variant @tie_first
+// CHECK-NEXT:    %s = attn.scores %q, %k
+// CHECK-NEXT:    %[[A:.*]] = attn.alibi %s {slopes = [2.500000e-01 : f64, 1.250000e-01 : f64]}
+// CHECK-NEXT:    %[[B:.*]] = attn.alibi %[[A]] {slopes = [5.000000e-01 : f64, 2.500000e-01 : f64]}
+// CHECK-NEXT:    attn.softmax %[[B]]
+attn.variant @tie_first(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %a = attn.alibi %s {slopes = [5.000000e-01 : f64, 2.500000e-01 : f64]}
+  %b = attn.alibi %a {slopes = [2.500000e-01 : f64, 1.250000e-01 : f64]}
+  %p = attn.softmax %b
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// CHECK-LABEL: attn.variant @tie_second
+// CHECK-NEXT:    %s = attn.scores %q, %k
+// CHECK-NEXT:    %[[A:.*]] = attn.alibi %s {slopes = [2.500000e-01 : f64, 1.250000e-01 : f64]}
+// CHECK-NEXT:    %[[B:.*]] = attn.alibi %[[A]] {slopes = [5.000000e-01 : f64, 2.500000e-01 : f64]}
+// CHECK-NEXT:    attn.softmax %[[B]]
+attn.variant @tie_second(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %a = attn.alibi %s {slopes = [2.500000e-01 : f64, 1.250000e-01 : f64]}
+  %b = attn.alibi %a {slopes = [5.000000e-01 : f64, 2.500000e-01 : f64]}
+  %p = attn.softmax %b
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -23,11 +23,12 @@
 // CHECK:       tile.return
 
 // Hand-written IR with two chained filters and an unused one: each filter on the chain tests
-// the entries (window 256, then 8, with its own sink count), the unused one tests nothing.
+// the entries (each window with its own sink count; canonicalize-attn sorts the two, which
+// commute, by their attributes: window 8 first), the unused one tests nothing.
 // CHAINED-LABEL: tile.kernel @attention_fwd(
 // CHAINED:       tile.kv_loop %kv_start to %kv_end masked
-// CHAINED:       arith.constant 2.560000e+02 : f32
 // CHAINED:       arith.constant 8.000000e+00 : f32
+// CHAINED:       arith.constant 2.560000e+02 : f32
 // CHAINED-NOT:   arith.constant 7.700000e+01 : f32
 // CHAINED:       tile.softmax_finalize
 

@@ -13,6 +13,7 @@ The core every variant is built around (`attn.rope`, `attn.scores`, `attn.pv`) l
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
 import re
@@ -64,6 +65,9 @@ def block_module_problem(module: ModuleType) -> str | None:
 
     ops = getattr(module, "OPS", ())
     attributes = getattr(module, "ATTRIBUTES", ())
+    if not hasattr(module, "OPS") and not hasattr(module, "ATTRIBUTES"):
+        return ("the module defines no OPS: a block module lists its ops in OPS (a non-empty tuple; "
+                "or its attributes in ATTRIBUTES, for a module that adds only a mask predicate)")
     if not isinstance(ops, (tuple, list)) or not isinstance(attributes, (tuple, list)) or not (ops or attributes):
         return (f"OPS must list the module's ops (a non-empty tuple; or ATTRIBUTES its attributes, "
                 f"for a module that adds only a mask predicate), got OPS = {ops!r}")
@@ -123,10 +127,20 @@ def register_block_module(module: ModuleType) -> None:
 def unregistered_op_hint(message: str, remedy: str) -> str:
     """What to add to a parse error that names an `attn.` op the dialect does not have (xDSL's
     "Operation attn.x is not registered"): that an op of a block defined outside the package
-    parses once its module is registered, and how (`remedy`); empty for any other message."""
-    if not re.search(r"Operation attn\.[\w.]+ is not registered", message):
+    parses once its module is registered, and how (`remedy`); where modules are registered,
+    the ops they define whose names are closest (a typo in the program or in the module).
+    Empty for any other message."""
+    found = re.search(r"Operation (attn\.[\w.]+) is not registered", message)
+    if not found:
         return ""
-    return f" (if it is the op of a block defined outside the package: {remedy})"
+    defined = [op.name for module in _REGISTERED for op in getattr(module, "OPS", ())]
+    if not defined:
+        return f" (if it is the op of a block defined outside the package: {remedy})"
+    close = difflib.get_close_matches(found.group(1), defined, n=3, cutoff=0.6)
+    listed = ", ".join(close or defined[:8]) + ("" if close or len(defined) <= 8 else ", ...")
+    kind = "closest" if close else "ops"
+    return (f" (the registered block modules define {len(defined)} op(s); {kind}: {listed}; if it is "
+            f"the op of another block defined outside the package: {remedy})")
 
 
 def unregister_block_module(module: ModuleType) -> None:

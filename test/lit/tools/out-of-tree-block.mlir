@@ -2,6 +2,7 @@
 // RUN: attnfuse-opt --block-module=%S/../../python/blocks/score_offset_block.py %s -p canonicalize-attn | filecheck %s --check-prefix=IR
 // RUN: not attnfuse-opt %s 2>&1 | filecheck %s --check-prefix=UNKNOWN
 // RUN: not attnfuse-opt --block-module %S/no-such-block.py %s 2>&1 | filecheck %s --check-prefix=MISSING
+// RUN: not attnfuse-opt --block-module %S/../inputs/no_vjp_block.py %s 2>&1 | filecheck %s --check-prefix=OTHER
 // RUN: not attnfuse-opt --block-module %S/../inputs/no_role_block.py %s 2>&1 | filecheck %s --check-prefix=NOROLE
 // RUN: not attnfuse-opt --block-module %S/../inputs/no_ops_block.py %s 2>&1 | filecheck %s --check-prefix=NOOPS
 // RUN: not attnfuse-opt --block-module %S/../inputs/exiting_block.py %s 2>&1 | filecheck %s --check-prefix=EXITS
@@ -15,11 +16,13 @@
 // CHECK:      + 0.75
 // IR:         attn.alibi
 // IR-NEXT:    attn.score_offset {{.*}} {offset = 7.500000e-01 : f64}
-// UNKNOWN:    out-of-tree-block.mlir:[[# @LINE + 13]]:{{[0-9]+}}: error: Operation attn.score_offset is not registered (if it is the op of a block defined outside the package: load its file with --block-module FILE)
+// UNKNOWN:    out-of-tree-block.mlir:[[# @LINE + 15]]:{{[0-9]+}}: error: Operation attn.score_offset is not registered (if it is the op of a block defined outside the package: load its file with --block-module FILE)
+// With another module loaded, the error names the ops the registered modules define, closest first.
+// OTHER:      error: Operation attn.score_offset is not registered (the registered block modules define 1 op(s); closest: attn.square_scores; if it is the op of another block defined outside the package: load its file with --block-module FILE)
 // MISSING:    attnfuse-opt: error: --block-module {{.*}}no-such-block.py: no such file
 // An op with none of the three interfaces is refused where it stands; a module without OPS at once.
 // NOROLE:     out-of-tree-block.mlir:[[# @LINE + 10]]:3: error: 'attn.score_offset' inside attn.variant implements none of ScoreModifier, KeyFilter and Normalizer
-// NOOPS:      attnfuse-opt: error: --block-module {{.*}}no_ops_block.py: OPS must list the module's ops
+// NOOPS:      attnfuse-opt: error: --block-module {{.*}}no_ops_block.py: the module defines no OPS: a block module lists its ops in OPS
 // EXITS-NOT:  Traceback
 // EXITS:      attnfuse-opt: error: --block-module {{.*}}exiting_block.py: the module called sys.exit('this module is a script') while being imported
 // BASE-NOT:   Traceback

@@ -4,7 +4,9 @@ from xdsl.context import Context
 from xdsl.dialects.arith import Arith
 from xdsl.dialects.builtin import Builtin
 from xdsl.dialects.math import Math
-from xdsl.ir import Dialect
+from xdsl.ir import Dialect, Operation
+from xdsl.parser import Parser
+from xdsl.utils.exceptions import ParseError, VerifyException
 
 from attnfuse.dialects.tile import Tile
 
@@ -23,3 +25,16 @@ def make_context() -> Context:
     for dialect in dialects():
         ctx.load_dialect(dialect)
     return ctx
+
+
+class OpLocatingParser(Parser):
+    """A parser whose errors from constraints checked while an op is parsed (a property's
+    type, an operand constraint of its format) are located at that op: xDSL raises them as
+    `VerifyException`s without a place, and the op never exists for a verifier to name."""
+
+    def parse_operation(self) -> Operation:
+        span = self._current_token.span
+        try:
+            return super().parse_operation()
+        except VerifyException as err:
+            raise ParseError(span, str(err)) from err

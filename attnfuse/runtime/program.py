@@ -20,7 +20,7 @@ from xdsl.passes import PassPipeline
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 
 from attnfuse.blocks import unregistered_op_hint
-from attnfuse.dialects import attn, make_context
+from attnfuse.dialects import OpLocatingParser, attn, make_context
 from attnfuse.dialects.interfaces import (
     DataUse,
     KeyFilter,
@@ -362,10 +362,8 @@ REGISTER = "register its module first, attnfuse.blocks.register_block_module(mod
 def parse_attn(text: str) -> ModuleOp:
     """Parses attn IR text (a module or a bare `attn.variant`), as an `AttnFuseError` that
     names the location on failure."""
-    from xdsl.parser import Parser
-
     try:
-        module = Parser(make_context(), text, "<attn program>").parse_module()
+        module = OpLocatingParser(make_context(), text, "<attn program>").parse_module()
     except (ParseError, VerifyException, DiagnosticException) as err:
         raise AttnFuseError(f"cannot parse the attn program: {err}{unregistered_op_hint(str(err), REGISTER)}") from err
     return verified(module)

@@ -40,13 +40,14 @@ from xdsl.utils.mlir_lexer import MLIRTokenKind
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from attnfuse.blocks import unregistered_op_hint
-from attnfuse.dialects import dialects
+from attnfuse.dialects import OpLocatingParser, dialects
 from attnfuse.errors import AttnFuseError, PassOptionError
 from attnfuse.transforms import PASSES
 
 
-class LocatingParser(Parser):
-    """A parser that remembers where each operation starts, for located diagnostics."""
+class LocatingParser(OpLocatingParser):
+    """A parser that remembers where each operation starts, for located diagnostics (and,
+    as `OpLocatingParser`, locates constraints that fail while an op is parsed)."""
 
     def __init__(self, ctx: Context, text: str, name: str, locations: dict[int, Span],
                  locate_verify_errors: bool = True):
@@ -56,15 +57,10 @@ class LocatingParser(Parser):
 
     def parse_operation(self) -> Operation:
         span = self._current_token.span
-        try:
+        if self.locate_verify_errors:
             op = super().parse_operation()
-        except VerifyException as err:
-            if not self.locate_verify_errors:
-                raise  # --verify-diagnostics prints verifier messages as xDSL does
-            # A constraint checked while the op is parsed (a property's type, an operand
-            # constraint of its format, a type's parameters): the op never exists, so no
-            # verifier run can locate it later. Point at the innermost op being parsed.
-            raise ParseError(span, str(err)) from err
+        else:  # --verify-diagnostics prints verifier messages as xDSL does
+            op = Parser.parse_operation(self)
         self.locations[id(op)] = span
         return op
 

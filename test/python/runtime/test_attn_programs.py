@@ -82,6 +82,9 @@ def test_an_unused_op_reads_nothing():
         # Unhashable objects get the same refusal (not the compile cache's TypeError).
         ([CAUSAL_ALIBI], "compile\\(\\) takes a spec made by af.attention"),
         ({"ir": CAUSAL_ALIBI}, "compile\\(\\) takes a spec made by af.attention"),
+        # A property of the wrong type fails while its op is parsed: located at that op.
+        (variant("  %c = attn.softcap %s {cap = 3}\n  %p = attn.softmax %c"),
+         "<attn program>:3:3\n(.|\n)*should be of base attribute float"),
     ],
 )
 def test_bad_programs(source, error):

@@ -6,6 +6,7 @@ read beside the scores: `tile.seq_len`, and each score entry's positions and que
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import isnan
 
 from xdsl.dialects import arith, math
 from xdsl.dialects.builtin import (
@@ -147,7 +148,7 @@ MAP_COMPARISONS = ("oeq", "olt", "ole", "ogt", "oge")
 
 def _poisons_scores(value: float) -> bool:
     """Whether an f32 constant is +inf or NaN (`_verify_map_body_op`)."""
-    return value != value or value == float("inf")
+    return isnan(value) or value == float("inf")
 
 
 def _verify_map_body_op(op: Operation, defined: set[SSAValue]) -> None:

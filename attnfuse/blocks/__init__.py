@@ -57,7 +57,8 @@ def block_module_problem(module: ModuleType) -> str | None:
     attributes in `ATTRIBUTES` (a module that only adds a mask predicate, a band mask built
     from `attn.mask`, has no op: `ATTRIBUTES` alone is enough). Refused: neither, an entry that
     is not an IRDL op (or attribute), a name outside the `attn.` namespace, or a name the
-    dialect already has (a core one, a package block's or another registered module's)."""
+    dialect already has for another class (a core one, a package block's or another registered
+    module's; a class another module defines and this one lists again is the same op)."""
     from xdsl.ir import Attribute
     from xdsl.irdl import IRDLOperation
 
@@ -86,7 +87,14 @@ def block_module_problem(module: ModuleType) -> str | None:
                 return f"{listing} holds {entry!r}, not an IRDL {kind} class"
             if not entry.name.startswith("attn."):
                 return f"{kind} {entry.name!r} must be named attn.<name> (it joins the attn dialect)"
-            if taken.get(entry.name, entry) is not entry:
+            other = taken.get(entry.name, entry)
+            if other is not entry and entry.__module__ == module.__name__ and (
+                    (other.__module__, other.__qualname__) == (entry.__module__, entry.__qualname__)):
+                # The same class, defined again (importlib.reload of its module), while another
+                # registered module still lists the old one (a block split over two files).
+                return (f"{kind} {entry.name!r} is still listed, as it was before a reload, by another "
+                        f"registered module: reload and register that module too (or unregister it)")
+            if other is not entry:
                 return (f"{kind} {entry.name!r} is already defined in the attn dialect (a core {kind}, a "
                         f"block's, or another registered module's): give it a name of its own")
             taken[entry.name] = entry
@@ -133,7 +141,8 @@ def unregistered_op_hint(message: str, remedy: str) -> str:
     found = re.search(r"Operation (attn\.[\w.]+) is not registered", message)
     if not found:
         return ""
-    defined = [op.name for module in _REGISTERED for op in getattr(module, "OPS", ())]
+    # Unique classes: a block split over two files lists its op in both.
+    defined = [op.name for op in dict.fromkeys(op for module in _REGISTERED for op in getattr(module, "OPS", ()))]
     if not defined:
         return f" (if it is the op of a block defined outside the package: {remedy})"
     close = difflib.get_close_matches(found.group(1), defined, n=3, cutoff=0.6)

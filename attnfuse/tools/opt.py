@@ -351,8 +351,11 @@ def load_block_module(path: str) -> ModuleType:
         # module importing it later gets this module), else a name of its own: a block file
         # named json.py must not replace the json module, nor two block.py files each other.
         # Dataclasses and the compile cache look a module up by name.
-        name = file.stem if _import_finds(file.stem, resolved) else (
-            f"attnfuse_block_module_{file.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}")
+        # (The file's own name: a link to it is imported as what it links to, as its
+        # siblings, beside the target, import it.)
+        stem = resolved.stem
+        name = stem if _import_finds(stem, resolved) else (
+            f"attnfuse_block_module_{stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}")
         spec = importlib.util.spec_from_file_location(name, file)
         if spec is None or spec.loader is None:
             raise BlockModuleError(f"--block-module {path}: not a Python file")

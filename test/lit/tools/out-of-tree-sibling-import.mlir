@@ -6,6 +6,9 @@
 // RUN: attnfuse-opt --block-module %S/../inputs/sibling_import_block.py --block-module %S/../inputs/no_vjp_block.py %s -p canonicalize-attn | filecheck %s
 // RUN: attnfuse-opt --block-module %S/../inputs/no_vjp_block.py --block-module %S/../inputs/sibling_import_block.py %s -p canonicalize-attn | filecheck %s
 // RUN: attnfuse-opt --block-module %S/../inputs/no_vjp_block.py --block-module %S/../inputs/no_vjp_block.py %s -p canonicalize-attn | filecheck %s
+// A link to a file is that file (imported as its target's name, as its siblings import it).
+// RUN: rm -rf %t && mkdir -p %t && ln -s %S/../inputs/no_vjp_block.py %t/square.py
+// RUN: attnfuse-opt --block-module %t/square.py --block-module %S/../inputs/sibling_import_block.py %s -p canonicalize-attn | filecheck %s
 
 // CHECK:      %sq = attn.square_scores %s
 // CHECK-NEXT: %m = attn.mask %sq [#attn.causal]

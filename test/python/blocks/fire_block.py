@@ -27,7 +27,7 @@ from xdsl.irdl import prop_def, result_def, traits_def
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
-from attnfuse.dialects.attn import ScoresType
+from attnfuse.dialects.attn import FP32_MAX, ScoresType
 from attnfuse.dialects.interfaces import ScoreModifier
 from attnfuse.dsl.blocks import Block
 from attnfuse.errors import CompositionError
@@ -100,8 +100,13 @@ class FireLogOp(IRDLOperation):
                                      for name, value in (("r1", r1), ("c", c), ("threshold", threshold))})
 
     def verify_(self) -> None:
-        if not (self.r1.value.data >= 0 and self.c.value.data > 0 and self.threshold.value.data >= 1):
+        r1, c, threshold = self.r1.value.data, self.c.value.data, self.threshold.value.data
+        if not (r1 >= 0 and c > 0 and threshold >= 1):
             raise VerifyException("fire_log needs r1 >= 0, c > 0 and threshold >= 1")
+        # The kernels compute in f32 (`tile.map` constants are f32): a parameter beyond its
+        # range would be inf there while the reference's float64 stays finite.
+        if max(r1, c, threshold) > FP32_MAX:
+            raise VerifyException(f"fire_log's r1, c and threshold must be at most {FP32_MAX!r} (f32's largest)")
 
 
 @dataclass(frozen=True, repr=False)

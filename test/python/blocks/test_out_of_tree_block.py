@@ -271,6 +271,40 @@ def test_a_class_two_modules_list_is_one_op_but_two_classes_of_one_name_clash():
     assert "'attn.offset_twice' is already defined" in block_module_problem(twice_in_one)
 
 
+def test_a_split_block_reloaded_in_one_file_names_the_other_and_hints_list_its_op_once():
+    """A block split over two files, its defining file reloaded (a new class of the op) while the
+    other still lists the old one: re-registering the first says to reload the other too. Before
+    that, an unregistered op's hint names the split block's op once, not once per file."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    from attnfuse.blocks import unregistered_op_hint
+
+    inputs = str(Path(__file__).parents[2] / "lit" / "inputs")
+    sys.path.append(inputs)
+    try:
+        import no_vjp_block
+        import sibling_import_block
+
+        register_block_module(no_vjp_block)
+        register_block_module(sibling_import_block)
+        try:
+            hint = unregistered_op_hint("Operation attn.square_score is not registered", "load it")
+            assert "closest: attn.square_scores;" in hint and hint.count("attn.square_scores") == 1
+            importlib.reload(no_vjp_block)
+            with pytest.raises(CompositionError, match="still listed, as it was before a reload, by another "
+                                                       "registered module: reload and register that module too"):
+                register_block_module(no_vjp_block)
+        finally:
+            unregister_block_module(sibling_import_block)
+            unregister_block_module(no_vjp_block)
+    finally:
+        sys.path.remove(inputs)
+        for name in ("no_vjp_block", "sibling_import_block"):
+            sys.modules.pop(name, None)
+
+
 def test_an_op_without_a_role_is_a_verifier_error_at_the_op():
     """An op implementing none of ScoreModifier, KeyFilter, Normalizer would reach the passes
     as nothing: the variant's verifier refuses it, naming it (and attnfuse-opt locates it)."""

@@ -1,11 +1,14 @@
 """The two dialects: `attn` (what a variant computes) and `tile` (how one kernel computes it)."""
 
+import re
+
 from xdsl.context import Context
 from xdsl.dialects.arith import Arith
 from xdsl.dialects.builtin import Builtin
 from xdsl.dialects.math import Math
 from xdsl.ir import Dialect, Operation
 from xdsl.parser import Parser
+from xdsl.utils.lexer import Span
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from attnfuse.dialects.tile import Tile
@@ -37,4 +40,26 @@ class OpLocatingParser(Parser):
         try:
             return super().parse_operation()
         except VerifyException as err:
-            raise ParseError(span, str(err)) from err
+            raise ParseError(span, self._name_the_property(span, str(err)) or str(err)) from err
+
+    def _name_the_property(self, span: Span, message: str) -> str | None:
+        """xDSL's "X should be of base attribute T" for a property or attribute of the op at
+        `span`, said with the name it was given under ("attn.softcap: property 'cap' must be a
+        float attribute, got 3 : i64"), where exactly one of the op's properties of base T is
+        written in its text; None where that cannot be told."""
+        found = re.fullmatch(r"(.*) should be of base attribute ([\w.]+)", message, re.DOTALL)
+        if found is None:
+            return None
+        text = span.input.content[span.start:self._current_token.span.start]
+        named = re.search(r"([A-Za-z_][\w$]*(?:\.[\w$]+)+)", text)  # the op's name: the first dotted word
+        op_type = None if named is None else self.ctx.get_optional_op(named.group(1))
+        if op_type is None or not hasattr(op_type, "get_irdl_definition"):
+            return None
+        definition = op_type.get_irdl_definition()
+        candidates = [name for name, field in {**definition.properties, **definition.attributes}.items()
+                      if getattr(getattr(field.constr, "attr", None), "name", None) == found.group(2)
+                      and re.search(rf"\b{re.escape(name)}\s*=", text)]
+        if len(candidates) != 1:
+            return None
+        return (f"{named.group(1)}: property '{candidates[0]}' must be a {found.group(2)} attribute, "
+                f"got {found.group(1)}")

@@ -84,7 +84,7 @@ def test_an_unused_op_reads_nothing():
         ({"ir": CAUSAL_ALIBI}, "compile\\(\\) takes a spec made by af.attention"),
         # A property of the wrong type fails while its op is parsed: located at that op.
         (variant("  %c = attn.softcap %s {cap = 3}\n  %p = attn.softmax %c"),
-         "<attn program>:3:3\n(.|\n)*should be of base attribute float"),
+         "<attn program>:3:3\n(.|\n)*attn.softcap: property 'cap' must be a float attribute, got 3 : i64"),
     ],
 )
 def test_bad_programs(source, error):

@@ -25,6 +25,8 @@
 #   forward-ab        bench/gluon_forward.py's Gluon column on this tree and, if the untracked
 #                     folder ab_before/ holds an older attnfuse package, on that one too
 #   layer-default     bench/llama_layer.py fwd and fwdbwd at 4096 and 8192, eager, the default (deterministic)
+#   decode-splits     bench/decode_splits.py: the split decode with its split count forced, beside split_plan's and SDPA
+#                     flash, at 16k, 32k and B=8 x 8k (one-call graphs, clean flush, interleaved)
 #   decode-long       bench/decode.py rows 2-3 (the long single-sequence caches)
 #   layer             bench/llama_layer.py fwd and fwdbwd at 4096 and 8192, eager, deterministic=False
 #   host              bench/host_overhead.py at N=128 and 512
@@ -207,6 +209,9 @@ for stage in "$@"; do
     layer-default)
       timeout 240 python3 bench/llama_layer.py --seq-lens 4096,8192 --compile off --modes fwd,fwdbwd --out "$dir" \
         > "$dir/llama_layer_default.log" 2>&1; echo "layer-default rc=$?" ;;
+    decode-splits)
+      timeout 200 python3 bench/decode_splits.py --rows 16k,32k,8x8k --out "$dir" > "$dir/decode_splits.log" 2>&1
+      echo "decode-splits rc=$?"; tail -6 "$dir/decode_splits.log" ;;
     decode-long)
       timeout 200 python3 bench/decode.py --rows 2,3 --time-budget 150 --out "$dir" > "$dir/decode_long.log" 2>&1
       echo "decode-long rc=$?" ;;

@@ -149,19 +149,32 @@ def row_blocks(problem: Problem, block_m: int) -> int:
 
 
 def split_plan(problem: Problem, block_m: int, block_n: int) -> tuple[int, int]:
-    """(number of splits, keys per split) of a decode launch: as many splits as bring the
-    launch to `PROGRAMS_PER_SM` programs per multiprocessor, each at least
-    `MIN_SPLIT_BLOCKS` key blocks long, from the shapes only."""
+    """(number of splits, keys per split) of a decode launch, from the shapes only: the split
+    count, of the two that bring the launch nearest `PROGRAMS_PER_SM` programs per
+    multiprocessor from below and from above, whose programs fill their waves best
+    (`wave_fill`; the larger count on a tie), each split at least `MIN_SPLIT_BLOCKS` key
+    blocks long. Rounding up alone left B=8 x 8 key heads 3 splits, 192 programs on 132 SMs,
+    1.45 waves: 101.5 us where 2 splits (128 programs) took 95.6 and SDPA flash 97.6 (H100,
+    8k cache, `bench/decode_splits.py`, bench/results/20261205T151323Z-decode-splits.md)."""
     key_blocks = max(1, triton.cdiv(problem.seq_k, block_n))
     if problem.device.type == "cuda":
         sms = torch.cuda.get_device_properties(problem.device).multi_processor_count
         programs = problem.batch * problem.heads_kv * row_blocks(problem, block_m)
-        wanted = triton.cdiv(PROGRAMS_PER_SM * sms, programs)
-        splits = max(1, min(wanted, key_blocks // MIN_SPLIT_BLOCKS))
+        slots = PROGRAMS_PER_SM * sms
+        most = max(1, key_blocks // MIN_SPLIT_BLOCKS)
+        # What each count launches: splits of whole blocks (a count may round to fewer).
+        launched = {triton.cdiv(key_blocks, triton.cdiv(key_blocks, max(1, min(most, count))))
+                    for count in (slots // programs, triton.cdiv(slots, programs))}
+        splits = max(launched, key=lambda count: (wave_fill(count * programs, slots), count))
     else:
         splits = min(INTERPRETER_SPLITS, key_blocks)
     split_len = triton.cdiv(key_blocks, splits) * block_n
     return triton.cdiv(problem.seq_k, split_len) if problem.seq_k else 1, split_len
+
+
+def wave_fill(programs: int, slots: int) -> float:
+    """The share of `slots`-wide waves that `programs` programs fill (1.0: whole waves)."""
+    return programs / (triton.cdiv(programs, slots) * slots)
 
 
 __all__ = [
@@ -172,4 +185,5 @@ __all__ = [
     "decode_rows",
     "row_blocks",
     "split_plan",
+    "wave_fill",
 ]

@@ -692,3 +692,26 @@ def test_merge_over_several_steps_matches_the_reference(monkeypatch, name, merge
     run_case(fn, spec, q, k, v, [1280, 1011, 0], lse=name != "relu")
     per_step = 32 if merge == "kernel" else 2
     assert f"tl.arange(0, {per_step})  # the step's splits" in fn.last.source
+
+
+@pytest.mark.parametrize("batch, seq_k, splits", [
+    (8, 8192, 2),     # 64 programs a split: 2 splits fill one wave of 132, 3 would leave 1.45 waves
+    (1, 16384, 16),   # 8 programs a split: 16 (128 programs) rather than 17 (136, a second wave)
+    (4, 8192, 4),     # 32 a split: 4 (128) rather than 5 (160)
+    (16, 32768, 2),   # 128 a split: 1 and 2 fill their waves alike; the larger count is kept
+    (32, 8192, 1),    # more programs than SMs: one split
+    (1, 512, 2),      # a short cache: splits of at least MIN_SPLIT_BLOCKS key blocks
+])
+def test_split_plan_fills_whole_waves(monkeypatch, batch, seq_k, splits):
+    """On a GPU the split count is the one, of those nearest a program per SM from below and
+    from above, whose programs fill their waves best (an H100's and H200's 132 SMs here)."""
+    from types import SimpleNamespace
+
+    from attnfuse.runtime import kv_cache
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    problem = SimpleNamespace(seq_k=seq_k, batch=batch, heads_kv=8, group_size=4, seq_q=1, device=torch.device("cuda"))
+    count, split_len = kv_cache.split_plan(problem, 16, 64)
+    assert count == splits
+    assert split_len % 64 == 0 and (count - 1) * split_len < seq_k <= count * split_len
+    assert split_len >= kv_cache.MIN_SPLIT_BLOCKS * 64 or count == 1

@@ -193,8 +193,8 @@ class MapOp(IRDLOperation):
     operand, ending in `tile.map_yield` of an f32: `arith.constant` (f32, finite or -inf, which
     drops an entry; +inf and NaN are refused, and a finite double beyond f32's range is +inf
     once made), `addf`, `subf`, `mulf`, `divf`, `negf`, `maximumf`, `minimumf`, `math.exp`,
-    `log`, `sqrt`, `absf`, `tanh`, `floor`; `arith.cmpf` with an ordered predicate (`oeq`, `olt`, `ole`, `ogt`, `oge`),
-    `andi`, `ori` and `xori` on its i1 results, and `select` on one (`MAP_BODY_OPS`; a body has
+    `log`, `sqrt`, `absf`, `tanh`, `floor`; `arith.cmpf` with an ordered predicate (`oeq`,
+    `olt`, `ole`, `ogt`, `oge`), `andi`, `ori` and `xori` on its i1 results, and `select` on one (`MAP_BODY_OPS`; a body has
     no i1 constant: negate a predicate by the opposite comparison or by swapping `select`'s
     arms). `divf` is correctly rounded, as MLIR defines it, unless its fastmath flags allow an
     approximation (`afn`, `arcp`, `fast`: the targets' fast division, up to 2 ulp off on a

@@ -5,11 +5,12 @@ benchmark's long caches (GPU only).
     python bench/decode_splits.py [--rows 16k,32k,8x8k] [--reps 60] [--rounds 6] [--out DIR]
     python bench/decode_splits.py --smoke      # the CPU interpreter, tiny caches: checks the plumbing
 
-`split_plan` aims at `PROGRAMS_PER_SM` (one) program per multiprocessor, rounding the split
-count up: with B x Hkv programs per split that can leave a launch 1.45 waves deep (B=8 x 8
-heads: 64 programs a split, 3 splits on 132 SMs). Each column here forces one split count
-(this process replaces `planning.split_plan`, which the plan reads when it is made; a fresh
-function per column). Every output is checked against SDPA's first. Timing: each call is a
+`split_plan` aims at `PROGRAMS_PER_SM` (one) program per multiprocessor; rounding the count
+up alone (its rule before 2026-12-05) left B=8 x 8 heads 3 splits, 192 programs on 132 SMs,
+1.45 waves. Each column here forces one split count (this process replaces
+`planning.split_plan`, which the plan reads when it is made; a fresh function per column);
+splits are whole key blocks, so a count may launch as fewer (17 splits of a 16k cache's 256
+blocks of 64 are 16 of 16 blocks): the table shows `asked->launched` there. Every output is checked against SDPA's first. Timing: each call is a
 one-call CUDA graph replayed after a 256 MiB read (a clean flush: the call pays only its own
 traffic), in interleaved rounds (the order rotated round by round), median µs.
 """
@@ -47,6 +48,11 @@ def forced_split_plan(splits: int):
         split_len = triton.cdiv(key_blocks, min(splits, key_blocks)) * block_n
         return triton.cdiv(problem.seq_k, split_len) if problem.seq_k else 1, split_len
     return plan
+
+
+def launched_label(asked: int, launched: int | None) -> str:
+    """A forced column's label: the count asked for, and what launched where that differs."""
+    return str(asked) if launched in (None, asked) else f"{asked}->{launched}"
 
 
 def launched_splits(fn, q, k, v, lens) -> int | None:
@@ -146,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| row | auto (splits) | sdpa-flash | forced: splits -> µs (max err) |",
              "|---|---|---|---|"]
     for row in rows:
-        forced = ", ".join(f"{c}: {row[f'{c} splits_us']:.2f} ({row[f'{c} splits_err']:.0e})"
-                           for c in ROWS[row["row"]][4])
+        forced = ", ".join(f"{launched_label(c, row.get(f'{c} splits_splits'))}: {row[f'{c} splits_us']:.2f} "
+                           f"({row[f'{c} splits_err']:.0e})" for c in ROWS[row["row"]][4])
         lines.append(f"| {row['row']} | {row['auto_us']:.2f} ({row['auto_splits']}) | {row['sdpa-flash_us']:.2f} "
                      f"| {forced} |")
     print("\n".join(lines))

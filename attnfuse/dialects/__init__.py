@@ -51,7 +51,8 @@ class OpLocatingParser(Parser):
         if found is None:
             return None
         text = span.input.content[span.start:self._current_token.span.start]
-        named = re.search(r"([A-Za-z_][\w$]*(?:\.[\w$]+)+)", text)  # the op's name: the first dotted word
+        # The op's name: what follows its results' `=` (a result may itself be named with dots).
+        named = re.match(r'\s*(?:%[^=]*=\s*)?"?([A-Za-z_][\w$]*(?:\.[\w$]+)+)', text)
         op_type = None if named is None else self.ctx.get_optional_op(named.group(1))
         if op_type is None or not hasattr(op_type, "get_irdl_definition"):
             return None

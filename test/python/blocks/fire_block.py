@@ -77,6 +77,26 @@ class FireLogSemantics(ScoreModifier):
         return op.r1.value.data, op.c.value.data, op.threshold.value.data
 
 
+MAX_C = 1e30
+"""The largest `c`: `c` times a distance (below 2^24) stays within f32's range."""
+
+
+def parameter_problem(r1: float, c: float, threshold: float) -> str | None:
+    """What is wrong with fire_log's parameters, or None (the block and the op's verifier
+    ask alike). The kernels compute in f32: `log(1 + c x)` must neither overflow nor round to
+    `log(1) = 0` at the normalizing reach (0 / 0 where the float64 reference is finite)."""
+    if not all(math.isfinite(x) for x in (r1, c, threshold)):
+        return f"fire_log's r1, c and threshold must be finite, got {r1!r}, {c!r}, {threshold!r}"
+    if not 0 <= r1 <= FP32_MAX:
+        return f"fire_log's r1 must be in [0, {FP32_MAX!r}] (f32's range), got {r1!r}"
+    if not 1 <= threshold <= FP32_MAX:
+        return f"fire_log's threshold must be in [1, {FP32_MAX!r}], got {threshold!r}"
+    if not (0 < c <= MAX_C and c * threshold >= 2.0 ** -20):
+        return (f"fire_log's c must be at most {MAX_C!r} and c * threshold at least 2^-20 (so that "
+                f"1 + c * threshold is above 1 in f32), got c={c!r}, threshold={threshold!r}")
+    return None
+
+
 @irdl_op_definition
 class FireLogOp(IRDLOperation):
     """FIRE's bias with a log transform: `s[h, i, j] <- s - r1 / (h + 1) * log(1 + c |i_pos -
@@ -100,13 +120,9 @@ class FireLogOp(IRDLOperation):
                                      for name, value in (("r1", r1), ("c", c), ("threshold", threshold))})
 
     def verify_(self) -> None:
-        r1, c, threshold = self.r1.value.data, self.c.value.data, self.threshold.value.data
-        if not (r1 >= 0 and c > 0 and threshold >= 1):
-            raise VerifyException("fire_log needs r1 >= 0, c > 0 and threshold >= 1")
-        # The kernels compute in f32 (`tile.map` constants are f32): a parameter beyond its
-        # range would be inf there while the reference's float64 stays finite.
-        if max(r1, c, threshold) > FP32_MAX:
-            raise VerifyException(f"fire_log's r1, c and threshold must be at most {FP32_MAX!r} (f32's largest)")
+        problem = parameter_problem(self.r1.value.data, self.c.value.data, self.threshold.value.data)
+        if problem is not None:
+            raise VerifyException(problem)
 
 
 @dataclass(frozen=True, repr=False)
@@ -120,13 +136,14 @@ class FireLog(Block):
     hint: ClassVar[str] = "biased"
 
     def __post_init__(self) -> None:
-        for name, least, strict in (("r1", 0.0, False), ("c", 0.0, True), ("threshold", 1.0, False)):
+        for name in ("r1", "c", "threshold"):
             value = getattr(self, name)
-            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                    or value < least or (strict and value == least)):
-                raise CompositionError(f"fire_log: {name} must be a finite number {'>' if strict else '>='} "
-                                       f"{least}, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise CompositionError(f"fire_log: {name} must be a number, got {value!r}")
             object.__setattr__(self, name, float(value))
+        problem = parameter_problem(self.r1, self.c, self.threshold)
+        if problem is not None:
+            raise CompositionError(problem)
 
     def build(self, variant: Any, value: SSAValue) -> Operation:
         return FireLogOp(value, self.r1, self.c, self.threshold)

@@ -139,3 +139,21 @@ def test_printed_kernels_read_positions_and_heads():
     source = af.compile(af.attention(fire_log(R1, C, THRESHOLD), af.causal())).source
     assert "tile.pair_position: each entry's query position" in source
     assert "tile.query_head" in source
+
+
+@pytest.mark.parametrize("args, message", [
+    ((1e39, 1.0), "r1 must be in"),
+    ((1.0, 1e-10), "c \\* threshold at least 2\\^-20"),  # log(1 + c x) would round to 0: 0 / 0 in f32
+    ((1.0, 1e31), "c must be at most"),
+    ((1.0, 1.0, 0.5), "threshold must be in"),
+    ((1.0, float("nan")), "must be finite"),
+])
+def test_parameters_the_f32_kernels_cannot_hold_are_refused_by_the_block_and_the_op(args, message):
+    """One rule (`fire_block.parameter_problem`) for the block and its op's verifier: values the
+    kernels' f32 arithmetic would turn into inf or 0 / 0 (the float64 reference stays finite)."""
+    from attnfuse.errors import CompositionError
+
+    with pytest.raises(CompositionError, match=message):
+        fire_log(*args)
+    r1, c, threshold = (*args, 16.0)[:3]
+    assert fire_block.parameter_problem(r1, c, threshold) is not None

@@ -696,8 +696,9 @@ def test_merge_over_several_steps_matches_the_reference(monkeypatch, name, merge
 
 @pytest.mark.parametrize("batch, seq_k, splits", [
     (8, 8192, 2),     # 64 programs a split: 2 splits fill one wave of 132, 3 would leave 1.45 waves
-    (1, 16384, 16),   # 8 programs a split: 16 (128 programs) rather than 17 (136, a second wave)
-    (4, 8192, 4),     # 32 a split: 4 (128) rather than 5 (160)
+    (1, 16384, 16),   # 8 programs a split: 16 (128 programs; 17 would round to 16 whole-block splits)
+    (4, 8192, 4),     # 32 a split: 4 (128) rather than 5 (160, which rounding up gave)
+    (2, 8192, 8),     # 16 a split: 8 (128) rather than 9 (144)
     (16, 32768, 2),   # 128 a split: 1 and 2 fill their waves alike; the larger count is kept
     (32, 8192, 1),    # more programs than SMs: one split
     (1, 512, 2),      # a short cache: splits of at least MIN_SPLIT_BLOCKS key blocks

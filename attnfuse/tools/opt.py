@@ -329,8 +329,6 @@ def load_block_module(path: str) -> ModuleType:
     register_block_module`); an `AttnFuseError` naming the file if it cannot. A file this
     process has already imported (a sibling block module's `import` of it) is that module,
     registered, not a second copy: two copies would define each op twice."""
-    from attnfuse.blocks import block_module_problem, register_block_module
-
     file = Path(path)
     if not file.exists():
         raise BlockModuleError(f"--block-module {path}: no such file")
@@ -362,11 +360,11 @@ def load_block_module(path: str) -> ModuleType:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         _exec_block_module(spec, module, name, path)
-        problem = block_module_problem(module)
-        if problem is not None:
+        try:
+            _register_loaded(module, path)
+        except BlockModuleError:
             sys.modules.pop(name, None)
-            raise BlockModuleError(f"--block-module {path}: {problem}")
-        register_block_module(module)
+            raise
     except BaseException:
         if added:
             sys.path.remove(directory)  # a module that did not load leaves nothing behind

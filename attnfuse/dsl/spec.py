@@ -92,12 +92,13 @@ def _score_order(score_blocks: tuple[Block, ...]) -> tuple[Block, ...]:
 def canonical_score_order(score_blocks: list[Block]) -> tuple[Block, ...]:
     """Score blocks (validated) in the one order that every order of equal meaning gives:
     from the order they apply in (stage, then the user's), the least block (by its op's
-    canonical rank, then name, then defining module and class) of those that commute with
+    `canonical_order`, the one canonicalize-attn sorts by, then the block's name, defining
+    module and class) of those that commute with
     every block still before them (`interfaces.commute`, the ops' own algebra) comes first,
     then again for the rest. Moving a block only across blocks it commutes with keeps the
     meaning, and this picks the lexicographically least order among those reachable so."""
     from attnfuse.dialects.attn import is_score_op
-    from attnfuse.dialects.interfaces import canonical_rank, commute
+    from attnfuse.dialects.interfaces import canonical_order, commute
     from attnfuse.dsl.build_ir import build_module
 
     applied = sorted(score_blocks, key=lambda b: b.stage)  # stable: the user's order per stage
@@ -109,7 +110,8 @@ def canonical_score_order(score_blocks: list[Block]) -> tuple[Block, ...]:
     while remaining:
         free = [i for i, (_block, op) in enumerate(remaining)
                 if all(commute(earlier, op) for _b, earlier in remaining[:i])]
-        first = min(free, key=lambda i: (canonical_rank(remaining[i][1]) or 0, remaining[i][0].block_name,
+        # canonicalize-attn's order (rank, op name, attributes), then the block's own names.
+        first = min(free, key=lambda i: (canonical_order(remaining[i][1]), remaining[i][0].block_name,
                                          type(remaining[i][0]).__module__, type(remaining[i][0]).__qualname__))
         ordered.append(remaining.pop(first)[0])
     return tuple(ordered)

@@ -6,7 +6,7 @@ benchmark's long caches (GPU only).
     python bench/decode_splits.py --smoke      # the CPU interpreter, tiny caches: checks the plumbing
 
 `split_plan` aims at `PROGRAMS_PER_SM` (one) program per multiprocessor; rounding the count
-up alone (its rule before 2026-12-05) left B=8 x 8 heads 3 splits, 192 programs on 132 SMs,
+up alone left B=8 x 8 heads 3 splits, 192 programs on 132 SMs,
 1.45 waves. Each column here forces one split count (this process replaces
 `planning.split_plan`, which the plan reads when it is made; a fresh function per column);
 splits are whole key blocks, so a count may launch as fewer (17 splits of a 16k cache's 256

@@ -765,10 +765,6 @@ def is_score_op(op: Operation) -> bool:
 
 
 __all__ = [
-    "MIN_LLAMA3_FACTOR",
-    "finite_real",
-    "llama3_scaling_problem",
-    "valid_rotary_dim",
     "CORE_ATTRIBUTES",
     "CORE_OPS",
     "BandAttr",
@@ -793,4 +789,8 @@ __all__ = [
     "intersect_bands",
     "is_score_op",
     "score_chain",
+    "MIN_LLAMA3_FACTOR",
+    "finite_real",
+    "llama3_scaling_problem",
+    "valid_rotary_dim",
 ]

@@ -91,12 +91,13 @@ def median_ms(step: Callable[[], Any], device: str, warmup: int, reps: int,
 
 
 def interleaved_median_ms(steps: dict[str, Callable[[], Any]], device: str, warmup: int, reps: int,
-                          rounds: int = 6) -> dict[str, tuple[float, float]]:
+                          rounds: int = 6, before: Callable[[], Any] = lambda: None) -> dict[str, tuple[float, float]]:
     """`median_ms` of several implementations of one workload, measured side by side: `rounds`
     rounds, each timing `reps // rounds` calls of every step in turn (the order rotating
     from round to round), so that none of them is measured only after the others have heated
     the GPU (a long dense kernel runs near the power limit, where the clock follows what ran
-    before). Name -> (median, interquartile spread) over all of its calls."""
+    before). `before()` runs ahead of each call, outside its timing (an L2 flush, say).
+    Name -> (median, interquartile spread) over all of its calls."""
     names = list(steps)
     if not names:
         return {}
@@ -114,6 +115,7 @@ def interleaved_median_ms(steps: dict[str, Callable[[], Any]], device: str, warm
                 events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                           for _ in range(per_round)]
                 for start, end in events:
+                    before()
                     start.record()
                     step()
                     end.record()
@@ -121,6 +123,7 @@ def interleaved_median_ms(steps: dict[str, Callable[[], Any]], device: str, warm
                 times[name] += [start.elapsed_time(end) for start, end in events]
             else:
                 for _ in range(per_round):
+                    before()
                     t0 = time.perf_counter()
                     step()
                     times[name].append((time.perf_counter() - t0) * 1e3)

@@ -18,7 +18,6 @@ traffic), in interleaved rounds (the order rotated round by round), median µs.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -136,16 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         steps["sdpa-flash"] = benchlib.capture_graph(sdpa, 1)
-        times: dict[str, list[float]] = {column: [] for column in steps}
-        order = list(steps)
-        for round_index in range(args.rounds):
-            shift = round_index % len(order)
-            for column in order[shift:] + order[:shift]:
-                ms, _ = benchlib.median_ms(steps[column].replay, "cuda", 3, max(5, args.reps // args.rounds),
-                                           before=flush.max)
-                times[column].append(ms * 1e3)
-        for column, values in times.items():
-            row[f"{column}_us"] = statistics.median(values)
+        timed = benchlib.interleaved_median_ms({column: graph.replay for column, graph in steps.items()}, "cuda",
+                                               3, args.reps, args.rounds, before=flush.max)
+        for column, (ms, _spread) in timed.items():
+            row[f"{column}_us"] = ms * 1e3
         benchlib.log(str(row))
         rows.append(row)
     meta = benchlib.metadata("cuda")

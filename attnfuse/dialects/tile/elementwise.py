@@ -41,6 +41,7 @@ from xdsl.traits import (
 )
 from xdsl.utils.exceptions import VerifyException
 
+from attnfuse.dialects.attn import FP32_MAX
 from attnfuse.dialects.tile.checks import (
     expect_tile,
     verify_loop_scores,
@@ -170,9 +171,8 @@ def _verify_map_body_op(op: Operation, defined: set[SSAValue]) -> None:
         # a block's finite coefficient beyond f32's range arrives here as inf.
         raise VerifyException(
             f"tile.map constant {op.value.value.data!r}: a map body's constants are f32, finite "
-            "or -inf (a dropped entry); a finite coefficient beyond f32's largest, "
-            "3.4028234663852886e38, rounds to inf when the constant is made: bound the block's "
-            "attributes in its verifier")
+            f"or -inf (a dropped entry); a finite coefficient beyond f32's largest, {FP32_MAX!r}, "
+            "rounds to inf when the constant is made: bound the block's attributes in its verifier")
     if isinstance(op, arith.CmpfOp):
         predicate = arith.CMPF_COMPARISON_OPERATIONS[op.predicate.value.data]
         if predicate not in MAP_COMPARISONS:

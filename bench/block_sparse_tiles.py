@@ -3,7 +3,7 @@ beside the default call (`auto`: the Gluon kernel on Hopper) and compiled flex_a
 tiles suit a listed kernel at low density, where per-program costs weigh most.
 
     python bench/block_sparse_tiles.py --out DIR [--densities 0.05,0.1,0.25] [--head-dim 64]
-        [--configs 64,64,4,3;128,64,8,3] [--gluon-tiles 64,128;128,128;128,64]
+        [--configs 64,64,4,3;128,64,8,3] [--gluon-tiles 64,128;128,128;128,64] [--row-orders drawn,heavy,light]
 
 Problem, layouts and checks as `bench/block_sparse.py` (B=4, H=12, N=4096, fp16, layout blocks
 of 128, the diagonal plus random blocks, every output checked against a float32 reference
@@ -35,6 +35,20 @@ BACKWARD = (64, 64, 4, 2, 64, 32, 4, 3)
 """Backward tiles of the forced configurations (never run here: an inference sweep)."""
 
 
+ROW_ORDERS = ("drawn", "heavy", "light")
+
+
+def reorder_rows(layout: torch.Tensor, order: str) -> torch.Tensor:
+    """`layout` as drawn, or with its rows sorted by kept blocks (`heavy`: most first; `light`:
+    fewest first). Each row keeps what it kept, so the work is the same; only which programs
+    of the grid (launched in query-block order) carry it moves."""
+    if order == "drawn":
+        return layout
+    counts = layout.sum(-1)
+    rows = torch.argsort(counts, descending=order == "heavy", stable=True)
+    return layout[rows].contiguous()
+
+
 @contextlib.contextmanager
 def listed_gluon_tiles(tiles: tuple[int, int]):
     """`config.LISTED_GLUON_FORWARD` set to `tiles` (block_m, block_n; two stages, 4 warps per
@@ -54,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--densities", default="0.05,0.1,0.25")
     parser.add_argument("--configs", default=CONFIGS)
+    parser.add_argument("--row-orders", default="drawn",
+                        help="layouts per density, ','-separated: drawn (as make_layout draws it), heavy "
+                             "(its rows sorted by kept blocks, most first), light (fewest first): the same "
+                             "work in another program order, to see what the scheduling tail costs")
     parser.add_argument("--gluon-tiles", default="",
                         help="block_m,block_n of the Gluon listed forward, ';'-separated (Hopper only)")
     parser.add_argument("--seq", type=int, default=4096)
@@ -80,15 +98,20 @@ def main(argv: list[str] | None = None) -> int:
     time_ms = timer("cuda", 25.0, 100.0)
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
     gluon_tiles = [tuple(int(x) for x in c.split(",")) for c in args.gluon_tiles.split(";") if c]
-    columns = ["auto", "flex"] + [f"gluon {t}" for t in gluon_tiles] + [f"tl {c}" for c in configs]
+    orders = args.row_orders.split(",")
+    unknown = set(orders) - set(ROW_ORDERS)
+    if unknown:
+        parser.error(f"--row-orders: unknown {', '.join(sorted(unknown))}; known: {', '.join(ROW_ORDERS)}")
+    names = ["auto", "flex"] + [f"gluon {t}" for t in gluon_tiles] + [f"tl {c}" for c in configs]
+    columns = [name if order == "drawn" else f"{name} @{order}" for order in orders for name in names]
     generator = torch.Generator().manual_seed(0)
     rows = []
     dense = af.compile(af.attention(af.full()))
     dense_ms = time_ms(lambda: dense(q, k, v))
-    for density in (float(d) for d in args.densities.split(",")):
-        layout = make_layout(blocks, density, generator).cuda()
+
+    def time_layout(layout: torch.Tensor, suffix: str, row: dict) -> None:
+        """Times every column on `layout`, storing its cells under the column's name + `suffix`."""
         ref = reference(q, k, v, layout, block)
-        row = {"density": layout.float().mean().item()}
         calls = {"auto": (af.compile(spec), {}, None),
                  **{f"gluon {t}": (af.compile(spec), {"ATTNFUSE_FORWARD_TARGET": "gluon"}, t) for t in gluon_tiles},
                  **{f"tl {c}": (af.compile(spec, config=af.TileConfig(*c, *BACKWARD)), {"ATTNFUSE_FORWARD_TARGET": "triton"},
@@ -99,15 +122,23 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 with listed_gluon_tiles(tiles) if tiles else contextlib.nullcontext():
                     call = lambda fn=fn: fn(q, k, v, block_layout=layout)  # noqa: E731
-                    benchlib.record_checked(row, name, relative_error(call(), ref), args.tol, lambda: time_ms(call))
+                    benchlib.record_checked(row, name + suffix, relative_error(call(), ref), args.tol, lambda: time_ms(call))
             except Exception as err:  # noqa: BLE001 - a configuration that does not fit is a cell
-                row[f"{name}_error"] = benchlib.first_line(err)
+                row[f"{name}{suffix}_error"] = benchlib.first_line(err)
             finally:
                 for key, value in saved.items():
                     os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
         bm = flex_block_mask(layout, n, block)
         call = lambda: flex(q, k, v, block_mask=bm)  # noqa: E731
-        benchlib.record_checked(row, "flex", relative_error(call(), ref), args.tol, lambda: time_ms(call))
+        benchlib.record_checked(row, "flex" + suffix, relative_error(call(), ref), args.tol, lambda: time_ms(call))
+
+    for density in (float(d) for d in args.densities.split(",")):
+        drawn = make_layout(blocks, density, generator).cuda()
+        row = {"density": drawn.float().mean().item()}
+        for order in orders:
+            layout = reorder_rows(drawn, order)
+            suffix = "" if order == "drawn" else f" @{order}"
+            time_layout(layout, suffix, row)
         rows.append(row)
         print(row, flush=True)
 

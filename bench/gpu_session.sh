@@ -62,6 +62,9 @@
 #                     bench/issue17_table.py over their JSON files
 #   step-profile      bench/step_profile.py, fwd+bwd causal at the Llama heads, N=4096 and 8192: every kernel's
 #                     time per step, AttnFuse (default) beside cuDNN
+#   sparse-order      bench/block_sparse_tiles.py at densities 0.05 and 0.1 on each layout as drawn and with its rows
+#                     sorted heaviest / lightest first (the same work, another program order), tl tiles of 64 rows
+#   host-profile      bench/host_overhead.py at N=128 and 512 with --profile and --launches
 #   document-tests    test_gpu_gluon.py's document tests (the Gluon forward on document lists) and test_gpu.py's
 #                     (the portable kernels, forward and backward)
 #   document          bench/document.py: packed sequences, causal and bidirectional, fwd and fwd+bwd, AttnFuse
@@ -263,6 +266,13 @@ for stage in "$@"; do
       timeout 200 python3 bench/block_sparse_tiles.py --densities 0.05,0.1,0.25 --configs "64,64,4,2;128,64,8,2" \
         --gluon-tiles "64,128;128,128;128,64;192,128" --out "$dir" > "$dir/block_sparse_gluon_tiles.log" 2>&1
       echo "sparse-gluon-tiles rc=$?"; tail -8 "$dir/block_sparse_gluon_tiles.log" ;;
+    sparse-order)
+      timeout 300 python3 bench/block_sparse_tiles.py --densities 0.05,0.1 --row-orders drawn,heavy,light \
+        --configs "64,64,4,2;64,64,4,3;64,64,2,2;64,32,4,2;32,64,2,2" --out "$dir" > "$dir/block_sparse_order.log" 2>&1
+      echo "sparse-order rc=$?"; tail -8 "$dir/block_sparse_order.log" ;;
+    host-profile)
+      timeout 200 python3 bench/host_overhead.py --seq-lens 128,512 --profile --launches --out "$dir" \
+        > "$dir/host_profile.log" 2>&1; echo "host-profile rc=$?"; grep -v Warn "$dir/host_profile.log" | tail -60 ;;
     document-tests)
       pytest_run gluon-documents 240 test/python/test_gpu_gluon.py -k "document or refused"
       pytest_run documents 120 test/python/test_gpu.py -k "documents" ;;

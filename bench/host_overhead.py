@@ -8,8 +8,11 @@ Default problem: B=1, H=8, D=64, fp16, causal, N=128 and 512. Implementations: A
 (`af.compile(af.attention(af.causal()))`), SDPA with its default backend choice
 (`is_causal=True`, no `sdpa_kernel`), AttnFuse with its autograd node made through
 `Function.apply` (`attnfuse-function-apply`: the A/B of `runtime/direct_apply.py`'s direct C
-apply, which the `attnfuse` row uses where `attention_autograd.DIRECT_APPLY`), and SDPA pinned to FlashAttention (`sdpa_kernel` entered
-once around the whole measurement, not per call). Modes: `fwd` (one call under `no_grad`)
+apply, which the `attnfuse` row uses where `attention_autograd.DIRECT_APPLY`), AttnFuse with
+every kernel launched through the launcher (`attnfuse-direct-launches`: the A/B of
+`runtime/launch_graphs.py`, whose CUDA graphs replay the `attnfuse` row's backward launches),
+and SDPA pinned to FlashAttention (`sdpa_kernel` entered once around the whole measurement,
+not per call). Modes: `fwd` (one call under `no_grad`)
 and `train` (the inputs' `.grad` reset to None, the call, `out.backward(g)`).
 
 Three numbers per (implementation, mode, N), each the median over rounds of back-to-back
@@ -192,7 +195,26 @@ def implementations(causal_spec: bool = True) -> dict[str, Callable]:
 
         return call, function_apply
 
+    def attnfuse_direct_launches(q, k, v):
+        # The same call with every kernel launched through the launcher, none replayed as a
+        # CUDA graph (`ATTNFUSE_LAUNCH_GRAPHS=off`): the A/B of runtime/launch_graphs.py.
+        from attnfuse.runtime import launch_graphs
+
+        call, _ = attnfuse(q, k, v)
+
+        @contextlib.contextmanager
+        def direct_launches():
+            saved = launch_graphs.ENABLED
+            launch_graphs.ENABLED = False
+            try:
+                yield
+            finally:
+                launch_graphs.ENABLED = saved
+
+        return call, direct_launches
+
     return {"attnfuse": attnfuse, "attnfuse-function-apply": attnfuse_function_apply,
+            "attnfuse-direct-launches": attnfuse_direct_launches,
             "sdpa-default": sdpa_default, "sdpa-flash": sdpa_flash}
 
 

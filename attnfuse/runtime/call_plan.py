@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -36,9 +37,10 @@ class CallPlan:
     constants: dict[str, torch.Tensor]
     """Tensors that depend only on the shape: rotary frequencies, ALiBi slopes."""
     config: TileConfig | None
-    schedules: dict[tuple, tuple[tuple[KernelLaunch, str | None, torch.dtype], ...]] = field(default_factory=dict)
-    """The launches `CompiledAttention._run` makes for a set of kernels (and the rotated
-    copies each writes), worked out once."""
+    schedules: dict[tuple, tuple[tuple[tuple[KernelLaunch, str | None, torch.dtype], ...], Any]] = field(
+        default_factory=dict)
+    """The launches `KernelExecution._run` makes for a set of kernels (and the rotated copies
+    each writes), worked out once, with the `LaunchGraphs` they replay as (or None)."""
     layouts: TensorCache = field(default_factory=TensorCache, compare=False)
     """The block lists of the block-sparse layouts this plan's calls passed, per layout."""
     positions: TensorCache = field(default_factory=TensorCache, compare=False)

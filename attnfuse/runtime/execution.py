@@ -20,6 +20,7 @@ from attnfuse.runtime.compiler import CompiledProgram
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import truncates_to_bf16
 from attnfuse.runtime.launch import KernelLaunch
+from attnfuse.runtime.launch_graphs import LaunchGraphs
 from attnfuse.runtime.layout import empty_in_layout_of
 
 
@@ -96,11 +97,16 @@ class KernelExecution:
 
     def _run(self, plan: CallPlan, tensors: dict[str, torch.Tensor], kernels: tuple[str, ...]) -> None:
         """Launches the plan's kernels named in `kernels`, in program order, preceded by the
-        rotation kernels whose output (`q_rot`, `k_rot`) they read and `tensors` lacks."""
+        rotation kernels whose output (`q_rot`, `k_rot`) they read and `tensors` lacks; several
+        launches on a GPU go as one CUDA graph where `launch_graphs.LaunchGraphs` allows."""
         key = (kernels, "q_rot" in tensors, "k_rot" in tensors)
-        schedule = plan.schedules.get(key)
-        if schedule is None:
-            schedule = plan.schedules[key] = self._schedule(plan, tensors, kernels)
+        entry = plan.schedules.get(key)
+        if entry is None:
+            schedule = self._schedule(plan, tensors, kernels)
+            entry = plan.schedules[key] = (schedule, self._graphs(plan, schedule))
+        schedule, graphs = entry
+        if graphs is not None and graphs(tensors):
+            return
         for launch, rotated, copy_dtype in schedule:
             if rotated is not None:
                 # A pre-rotation kernel writes the rotated copy the attention kernels read, in
@@ -131,6 +137,19 @@ class KernelExecution:
         for launch, _rotated, _dtype in schedule:
             launch.check_grid()
         return schedule
+
+    @staticmethod
+    def _graphs(plan: CallPlan, schedule: tuple[tuple[KernelLaunch, str | None, torch.dtype], ...]
+                ) -> LaunchGraphs | None:
+        """The CUDA graphs a schedule of several launches replays as (`launch_graphs`), keyed by
+        every role its launches read (a Gluon launch's own roles too), or None: one launch, or a
+        pre-rotation kernel among them, whose copy `_run` allocates between the launches."""
+        if len(schedule) < 2 or any(rotated is not None for _launch, rotated, _dtype in schedule):
+            return None
+        roles = {role for launch, _rotated, _dtype in schedule
+                 for role in (*launch.info.roles, *getattr(launch, "keyed_roles", ()))}
+        graphs = LaunchGraphs([launch for launch, _rotated, _dtype in schedule], roles, plan.problem.device)
+        return graphs if graphs.usable else None
 
     def backward(
         self,

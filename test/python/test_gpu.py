@@ -295,7 +295,7 @@ def test_direct_launches_follow_strides_and_alignment():
     # The direct path was taken (it is not silently off) by every kernel these forward calls
     # ran; the plan also holds the backward's kernels, which never ran here.
     schedules = fn.plan(q, k, v).schedules
-    ran = [launch for (kernels, *_given), schedule in schedules.items() if kernels == ("attention_fwd",)
+    ran = [launch for (kernels, *_given), (schedule, _graphs) in schedules.items() if kernels == ("attention_fwd",)
            for launch, _rotated, _dtype in schedule]
     assert ran and all(launch.runners for launch in ran)
 
@@ -337,6 +337,71 @@ def test_direct_launches_equal_the_jit_launches_forward_and_training():
         assert torch.equal(later[0], jit[0]) and torch.equal(later[1], jit[1])
         for got, want in zip(later[2:], jit[2:]):
             assert (got.float() - want.float()).norm() <= 1e-3 * want.float().norm()
+
+
+@pytest.mark.parametrize("spec_name, n", [("causal", 128), ("causal", 1024), ("bias", 256)])
+def test_launch_graphs_replay_the_backward_bitwise(spec_name, n, monkeypatch):
+    """Training steps whose backward launches replay as one CUDA graph (`launch_graphs`): the
+    second step with the same tensors captures, later ones replay. New values written into
+    the same tensors between steps are read by the replay, and every step's gradients equal
+    those of direct launches bit for bit (the same kernels on the same memory)."""
+    from attnfuse.runtime import launch_graphs
+
+    spec = {"causal": af.attention(af.causal()),
+            "bias": af.attention(af.additive_bias(), af.causal())}[spec_name]
+    fn = af.compile(spec)
+    q, k, v = (t.requires_grad_() for t in qkv(b=1, hq=8, hkv=2, nq=n, d=64, seed=n))
+    # A bias that requires a gradient: its step has the preprocess and the dQ-bias kernel.
+    extra = ({"bias": torch.randn(1, 8, n, n, device="cuda", dtype=torch.float16).requires_grad_()}
+             if spec_name == "bias" else {})
+    leaves = (q, k, v, *extra.values())
+    grad = torch.empty_like(q)
+    # Made before the steps, as are the gradients' copies: a step allocates only what a
+    # training step does, so its tensors come back at the same addresses (the caching
+    # allocator's steady state), which is when graphs are captured and replayed.
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    values = [[torch.randn(t.shape, generator=gen, device="cuda").to(t.dtype) for t in (q, k, v, grad)]
+              for _step in range(5)]
+    copies = {mode: [[torch.empty_like(t) for t in leaves] for _step in range(5)] for mode in ("direct", "graphed")}
+
+    def steps(mode: str) -> list[list[torch.Tensor]]:
+        for step, (new, kept) in enumerate(zip(values, copies[mode])):
+            with torch.no_grad():
+                for t, value in zip((q, k, v, grad), new):
+                    t.copy_(value)
+            for t in leaves:
+                t.grad = None
+            fn(q, k, v, **extra).backward(grad)
+            for copy, t in zip(kept, leaves):
+                copy.copy_(t.grad)
+        return copies[mode]
+
+    replays = record_graph_replays(monkeypatch)
+    monkeypatch.setattr(launch_graphs, "ENABLED", False)
+    direct = steps("direct")
+    monkeypatch.setattr(launch_graphs, "ENABLED", True)
+    graphed = steps("graphed")
+    for seed, (want, got) in enumerate(zip(direct, graphed)):
+        for name, a, b in zip(("q", "k", "v", "bias"), want, got):
+            assert torch.equal(a, b), f"step {seed}: d{name} differs from the direct launches'"
+    assert any(replayed for replayed, _failed in replays), f"no launches replayed as a graph: {replays}"
+    assert all(failed is None for _replayed, failed in replays), replays
+
+
+def record_graph_replays(monkeypatch) -> list[tuple[bool, str | None]]:
+    """Every `LaunchGraphs` call from now on: (whether it ran the launches as a graph, why its
+    schedule's capture failed or None)."""
+    from attnfuse.runtime.launch_graphs import LaunchGraphs
+
+    calls: list[tuple[bool, str | None]] = []
+    original = LaunchGraphs.__call__
+
+    def recorded(self, tensors):
+        calls.append((original(self, tensors), self.failed))
+        return calls[-1][0]
+
+    monkeypatch.setattr(LaunchGraphs, "__call__", recorded)
+    return calls
 
 
 def test_direct_launches_run_on_the_current_side_stream():

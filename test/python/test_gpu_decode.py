@@ -151,6 +151,50 @@ def test_decode_step_in_a_cuda_graph_replays_as_lengths_grow(paged):
     assert len(fn._plans) == 1, "lengths changed the plan: a step would recompile or re-plan"
 
 
+def test_decode_launch_graphs_read_the_lengths_of_each_call(monkeypatch):
+    """Decode steps over one cache whose lengths grow in place: from the second step on, the
+    split decode's launches replay as one CUDA graph (`launch_graphs`), which reads each
+    step's lengths and queries; every step equals the direct launches' bit for bit."""
+    from attnfuse.runtime import launch_graphs
+
+    spec = af.attention(af.causal())
+    fn = af.compile(spec)
+    q, k, v = (t.cuda() for t in cache(8, 32, 8, 1, 8192, 128, torch.float16, seed=4))
+    lens = torch.empty(8, dtype=torch.int32, device="cuda")
+    # The outputs' copies made before the steps: a step allocates only what the call does, so
+    # its tensors come back at the same addresses (the caching allocator's steady state).
+    copies = {mode: [torch.empty_like(q) for _step in range(5)] for mode in ("direct", "graphed")}
+
+    def steps(mode: str) -> list[torch.Tensor]:
+        for step, copy in enumerate(copies[mode]):
+            lens.copy_(torch.tensor([8192 - 1000 * step, 1 + step, 4000 + step, 0, 7000, 64 * step, 3, 8000],
+                                    dtype=torch.int32))
+            q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(step)).to(q.dtype))
+            copy.copy_(fn(q, k, v, kv_lens=lens))
+        return copies[mode]
+
+    from attnfuse.runtime.launch_graphs import LaunchGraphs
+
+    replays: list[tuple[bool, str | None]] = []
+    original = LaunchGraphs.__call__
+
+    def recorded(self, tensors):
+        replays.append((original(self, tensors), self.failed))
+        return replays[-1][0]
+
+    monkeypatch.setattr(LaunchGraphs, "__call__", recorded)
+    monkeypatch.setattr(launch_graphs, "ENABLED", False)
+    direct = steps("direct")
+    monkeypatch.setattr(launch_graphs, "ENABLED", True)
+    graphed = steps("graphed")
+    for step, (want, got) in enumerate(zip(direct, graphed)):
+        assert torch.equal(want, got), f"step {step} differs from the direct launches'"
+    assert any(replayed for replayed, _failed in replays), f"the decode never replayed as a graph: {replays}"
+    assert all(failed is None for _replayed, failed in replays), replays
+    ref = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), kv_lens=lens.cpu())
+    assert_close_to_reference(graphed[-1].cpu(), ref, torch.float16)
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_append_and_attend_in_one_cuda_graph(paged):
     """A decode step as serving systems run it, captured once: append the step's key (rotated

@@ -1,0 +1,148 @@
+"""Replaying a call's launches of several kernels as one CUDA graph.
+
+A training step's backward launches two or three kernels, a split decode two, each through
+Python and Triton's C launcher: on the H100's host about 14 us per backward launch
+(`python3 bench/host_overhead.py --launches`), where PyTorch's own kernels launch from C++.
+At small sizes that host time is the step's time. A CUDA graph of the same launches replays
+with one driver call.
+
+A graph fixes everything its kernels were launched with: the grid and scalars (fixed per
+plan), and the tensors' addresses, strides and dtypes. `LaunchGraphs` keys its graphs by
+those of every tensor the launches read or write, so a replay launches exactly what the
+launches would, on the same memory; a call with other tensors launches directly (and a
+training loop hands back the same addresses step after step: PyTorch's caching allocator
+reuses the blocks of the step before). A key is captured the second time it comes, so that a
+call whose tensors are never the same again pays only the key. Capture records the launches
+on a side stream (nothing runs while capturing); the graph is then replayed on the caller's
+stream, as a launch would run there.
+
+The direct launches are kept wherever a graph could differ from them or cannot be made:
+inside a CUDA graph capture of the caller's (whose graph records the launches themselves),
+under a Triton launch hook (a profiler that would miss replayed kernels), with another
+device current than the plan's, after a capture failed for the schedule, and where
+`ATTNFUSE_LAUNCH_GRAPHS=off`.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from attnfuse.errors import ArgumentError
+from attnfuse.runtime.triton_launcher import current_device, hooks_idle
+
+LAUNCH_GRAPHS_ENV = "ATTNFUSE_LAUNCH_GRAPHS"
+"""on (default): a schedule of several launches replays as a CUDA graph where `LaunchGraphs`
+allows; off: every launch goes through the launcher."""
+
+
+def _launch_graphs_setting() -> bool:
+    value = os.environ.get(LAUNCH_GRAPHS_ENV, "on").strip().lower() or "on"
+    if value not in ("on", "off"):
+        raise ArgumentError(f"{LAUNCH_GRAPHS_ENV} must be on or off, got {value!r}")
+    return value == "on"
+
+
+ENABLED = _launch_graphs_setting()
+"""`ATTNFUSE_LAUNCH_GRAPHS`, read at import (the benchmarks set this to compare)."""
+
+MAX_GRAPHS = 64
+"""Graphs kept per schedule (one per set of tensors seen twice): a model's layers share a
+plan, each with its own activations. Past this many, all are dropped and captured again as
+their tensors come back (a graph costs a capture, about as much as a few launches)."""
+
+_capturing: Callable[[], bool] | None = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+_side_streams: dict[int, Any] = {}
+
+
+def _side_stream(device: int) -> Any:
+    """A stream of `device` to capture on (capture needs a stream other than the default)."""
+    stream = _side_streams.get(device)
+    if stream is None:
+        stream = _side_streams[device] = torch.cuda.Stream(device)
+    return stream
+
+
+class LaunchGraphs:
+    """The CUDA graphs of one schedule of launches (callables taking a call's tensors by role),
+    by the tensors of `roles` they were captured with (see the module's docstring)."""
+
+    def __init__(self, launches: Sequence[Callable[[dict[str, torch.Tensor]], None]],
+                 roles: Sequence[str], device: torch.device,
+                 new_graph: Callable[[], Any] | None = None):
+        self.launches = tuple(launches)
+        roles = tuple(sorted(set(roles)))
+        getter = operator.itemgetter(*roles)
+        self._tensors = getter if len(roles) > 1 else (lambda tensors: (getter(tensors),))
+        self.usable = (device.type == "cuda" and len(self.launches) > 1
+                       and _capturing is not None and current_device is not None)
+        self.device = device.index if device.index is not None else 0
+        self.new_graph = new_graph or torch.cuda.CUDAGraph
+        """What makes a graph (tests stand one in)."""
+        self.graphs: dict[tuple, Any] = {}
+        self.seen: set[tuple] = set()
+        self.failed: str | None = None
+        """Why a capture failed for this schedule (its launches go direct from then on)."""
+
+    def key(self, tensors: dict[str, torch.Tensor]) -> tuple:
+        """What a graph of these launches fixes of `tensors`: each role's address, strides and
+        dtype (the scalars and grids are the plan's)."""
+        parts: list[object] = []
+        add = parts.append
+        for t in self._tensors(tensors):
+            add(t.data_ptr())
+            add(t.stride())
+            add(t.dtype)
+        return tuple(parts)
+
+    def __call__(self, tensors: dict[str, torch.Tensor]) -> bool:
+        """Runs the launches for `tensors` through a graph: replayed if one was captured with
+        these tensors, else captured now if they were seen once before. False, running
+        nothing, where the caller should launch directly."""
+        if not (ENABLED and self.usable) or self.failed is not None:
+            return False
+        if _capturing() or not hooks_idle() or current_device() != self.device:  # type: ignore[misc]
+            return False
+        key = self.key(tensors)
+        graph = self.graphs.get(key)
+        if graph is None:
+            if key not in self.seen:
+                if len(self.seen) >= 4 * MAX_GRAPHS:
+                    self.seen.clear()
+                self.seen.add(key)
+                return False
+            graph = self._capture(tensors)
+            if graph is None:
+                return False
+            if len(self.graphs) >= MAX_GRAPHS:
+                self.graphs.clear()
+            self.graphs[key] = graph
+        graph.replay()
+        return True
+
+    def _capture(self, tensors: dict[str, torch.Tensor]) -> Any:
+        """A graph of the launches with `tensors`, recorded on a side stream; None (and
+        `failed` set) if capture fails, where the caller launches directly, which raises what
+        the launch raises."""
+        graph = self.new_graph()
+        try:
+            with torch.cuda.stream(_side_stream(self.device)):
+                # relaxed: a launch that loads its kernel (after the launcher's cache was
+                # cleared, say) may call what a stricter mode refuses while capturing.
+                graph.capture_begin(capture_error_mode="relaxed")
+                try:
+                    for launch in self.launches:
+                        launch(tensors)
+                finally:
+                    graph.capture_end()
+        except Exception as err:  # noqa: BLE001 - any failure keeps the direct launches
+            self.failed = f"{type(err).__name__}: {err}"
+            return None
+        return graph
+
+
+__all__ = ["ENABLED", "LAUNCH_GRAPHS_ENV", "MAX_GRAPHS", "LaunchGraphs"]

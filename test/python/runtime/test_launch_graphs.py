@@ -1,0 +1,181 @@
+"""`LaunchGraphs`' choices, without a GPU: when a schedule's launches are captured, replayed or
+launched directly. The graphs and the CUDA queries are stood in for (recorded calls), the
+tensors are CPU tensors (their addresses, strides and dtypes make the keys). The replays'
+results, bitwise those of the direct launches, are checked on the GPU (test_gpu.py)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+import torch
+
+from attnfuse.runtime import launch_graphs
+from attnfuse.runtime.launch_graphs import MAX_GRAPHS, LaunchGraphs
+
+
+class FakeGraph:
+    """Records its capture and replays; `fail` makes capture_end raise, as an invalidated
+    capture does."""
+
+    made: ClassVar[list[FakeGraph]] = []
+    fail = False
+
+    def __init__(self):
+        self.captured: list[str] = []
+        self.replays = 0
+        self.capturing = False
+        FakeGraph.made.append(self)
+
+    def capture_begin(self, capture_error_mode="global"):
+        assert capture_error_mode == "relaxed"
+        self.capturing = True
+
+    def capture_end(self):
+        self.capturing = False
+        if FakeGraph.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    def replay(self):
+        self.replays += 1
+
+
+@pytest.fixture
+def cuda_stand_ins(monkeypatch):
+    """CUDA's queries answered as on an idle device 0; `state` changes the answers."""
+    state = {"capturing": False, "device": 0, "hooks_idle": True}
+    monkeypatch.setattr(launch_graphs, "_capturing", lambda: state["capturing"])
+    monkeypatch.setattr(launch_graphs, "current_device", lambda: state["device"])
+    monkeypatch.setattr(launch_graphs, "hooks_idle", lambda: state["hooks_idle"])
+    monkeypatch.setattr(launch_graphs, "_side_stream", lambda device: None)
+    monkeypatch.setattr(launch_graphs.torch.cuda, "stream", lambda stream: _NoContext())
+    monkeypatch.setattr(launch_graphs, "ENABLED", True)
+    FakeGraph.made, FakeGraph.fail = [], False
+    return state
+
+
+class _NoContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def schedule(log: list[str], fail_on: str | None = None):
+    """Two launches that record their names (and whether a graph was capturing them)."""
+    def launch(name):
+        def run(tensors):
+            capturing = any(g.capturing for g in FakeGraph.made)
+            log.append(f"{name}{' (captured)' if capturing else ''}")
+            if name == fail_on:
+                raise RuntimeError("launch failed")
+        return run
+    return [launch("dq"), launch("dkdv")]
+
+
+def tensors(seed: int = 0) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return {"q": torch.randn(1, 2, 8, 4), "k": torch.randn(1, 2, 8, 4), "dq": torch.empty(1, 2, 8, 4)}
+
+
+def graphs_for(log, **kwargs):
+    return LaunchGraphs(schedule(log, **kwargs), ["q", "k", "dq"], torch.device("cuda", 0), new_graph=FakeGraph)
+
+
+def test_a_key_is_captured_the_second_time_and_replayed_after(cuda_stand_ins):
+    log: list[str] = []
+    graphs = graphs_for(log)
+    call = tensors()
+    assert graphs(call) is False and log == []  # first sighting: the caller launches
+    assert graphs(call) is True
+    assert log == ["dq (captured)", "dkdv (captured)"]  # recorded once, in order, while capturing
+    assert [g.replays for g in FakeGraph.made] == [1]  # and run through the graph
+    for _ in range(3):
+        assert graphs(call) is True
+    assert len(log) == 2 and FakeGraph.made[0].replays == 4
+
+
+def test_other_tensors_strides_or_dtypes_are_other_keys(cuda_stand_ins):
+    log: list[str] = []
+    graphs = graphs_for(log)
+    call = tensors()
+    graphs(call), graphs(call)
+    moved = dict(call, q=torch.randn(1, 2, 8, 4))  # another address
+    assert graphs(moved) is False
+    transposed = dict(call, k=call["k"].transpose(-1, -2).contiguous().transpose(-1, -2))
+    assert graphs(transposed) is False
+    as_half = dict(call, dq=call["dq"].view(torch.float16)[..., :4])  # other dtype and strides
+    assert graphs(as_half) is False
+    assert len(FakeGraph.made) == 1
+    # Each captures on its second call, into a graph of its own.
+    assert graphs(moved) is True and len(FakeGraph.made) == 2
+    assert graphs(call) is True and FakeGraph.made[0].replays == 2
+
+
+@pytest.mark.parametrize("why", ["capturing", "hooks", "device", "disabled"])
+def test_launches_go_direct_where_a_graph_must_not_replay(cuda_stand_ins, monkeypatch, why):
+    """Inside the caller's capture (its graph records the launches), under a launch hook, on
+    another current device, or with ATTNFUSE_LAUNCH_GRAPHS=off: nothing is captured or
+    replayed, even for a key already captured."""
+    log: list[str] = []
+    graphs = graphs_for(log)
+    call = tensors()
+    graphs(call), graphs(call)
+    if why == "capturing":
+        cuda_stand_ins["capturing"] = True
+    elif why == "hooks":
+        cuda_stand_ins["hooks_idle"] = False
+    elif why == "device":
+        cuda_stand_ins["device"] = 1
+    else:
+        monkeypatch.setattr(launch_graphs, "ENABLED", False)
+    assert graphs(call) is False
+    assert FakeGraph.made[0].replays == 1
+
+
+def test_a_failed_capture_leaves_the_schedule_on_direct_launches(cuda_stand_ins):
+    log: list[str] = []
+    graphs = graphs_for(log)
+    FakeGraph.fail = True
+    call = tensors()
+    graphs(call)
+    assert graphs(call) is False  # the capture failed: the caller launches
+    assert graphs.failed and "not permitted" in graphs.failed
+    FakeGraph.fail = False
+    assert graphs(call) is False and graphs(tensors(1)) is False and graphs(tensors(1)) is False
+    assert len(FakeGraph.made) == 1
+
+
+def test_a_launch_failing_while_captured_is_left_to_the_direct_launch(cuda_stand_ins):
+    log: list[str] = []
+    graphs = graphs_for(log, fail_on="dkdv")
+    call = tensors()
+    graphs(call)
+    assert graphs(call) is False and "launch failed" in graphs.failed
+    assert not FakeGraph.made[0].capturing  # the capture was ended
+
+
+def test_graphs_kept_per_schedule_are_bounded(cuda_stand_ins):
+    log: list[str] = []
+    graphs = graphs_for(log)
+    calls = [tensors(i) for i in range(MAX_GRAPHS + 1)]
+    for call in calls:
+        graphs(call), graphs(call)
+    assert len(graphs.graphs) == 1  # the 65th dropped the 64 before it
+    assert graphs(calls[0]) is True  # seen before: captured again, at once
+    assert len(FakeGraph.made) == MAX_GRAPHS + 2 and len(graphs.graphs) == 2
+
+
+def test_cpu_schedules_never_use_graphs():
+    graphs = LaunchGraphs(schedule([]), ["q"], torch.device("cpu"))
+    assert not graphs.usable and graphs(tensors()) is False
+    assert not LaunchGraphs(schedule([])[:1], ["q"], torch.device("cuda", 0)).usable  # one launch
+
+
+def test_the_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(launch_graphs.LAUNCH_GRAPHS_ENV, "sometimes")
+    with pytest.raises(Exception, match="ATTNFUSE_LAUNCH_GRAPHS must be on or off"):
+        launch_graphs._launch_graphs_setting()
+    monkeypatch.setenv(launch_graphs.LAUNCH_GRAPHS_ENV, " OFF ")
+    assert launch_graphs._launch_graphs_setting() is False

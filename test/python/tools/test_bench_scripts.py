@@ -40,7 +40,7 @@ def test_host_overhead_smoke_writes_its_table(scripts, tmp_path):
     (json_path,) = tmp_path.glob("*-host-overhead.json")
     rows = json.loads(json_path.read_text())["rows"]
     assert {(r["impl"], r["mode"]) for r in rows} == {
-        (impl, mode) for impl in ("attnfuse", "attnfuse-function-apply", "sdpa-default", "sdpa-flash")
+        (impl, mode) for impl in ("attnfuse", "attnfuse-function-apply", "attnfuse-direct-launches", "sdpa-default", "sdpa-flash")
         for mode in ("fwd", "train")}
     assert all(r["error"] is None and r["host_us"] > 0 for r in rows)
     attnfuse_train = next(r for r in rows if r["impl"] == "attnfuse" and r["mode"] == "train")

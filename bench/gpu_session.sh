@@ -64,6 +64,8 @@
 #                     time per step, AttnFuse (default) beside cuDNN
 #   sparse-order      bench/block_sparse_tiles.py at densities 0.05 and 0.1 on each layout as drawn and with its rows
 #                     sorted heaviest / lightest first (the same work, another program order), tl tiles of 64 rows
+#   sparse-grid-probe bench/block_sparse_grid_probe.py: the portable block-sparse forward on the runtime's grid and on
+#                     the transposed one (query blocks fastest), densities 0.05-0.5
 #   host-profile      bench/host_overhead.py at N=128 and 512 with --profile and --launches
 #   document-tests    test_gpu_gluon.py's document tests (the Gluon forward on document lists) and test_gpu.py's
 #                     (the portable kernels, forward and backward)
@@ -270,6 +272,9 @@ for stage in "$@"; do
       timeout 300 python3 bench/block_sparse_tiles.py --densities 0.05,0.1 --row-orders drawn,heavy,light \
         --configs "64,64,4,2;64,64,4,3;64,64,2,2;64,32,4,2;32,64,2,2" --out "$dir" > "$dir/block_sparse_order.log" 2>&1
       echo "sparse-order rc=$?"; tail -8 "$dir/block_sparse_order.log" ;;
+    sparse-grid-probe)
+      timeout 150 python3 bench/block_sparse_grid_probe.py --densities 0.05,0.1,0.25,0.5 --out "$dir" \
+        > "$dir/block_sparse_grid_probe.log" 2>&1; echo "sparse-grid-probe rc=$?"; tail -8 "$dir/block_sparse_grid_probe.log" ;;
     host-profile)
       timeout 200 python3 bench/host_overhead.py --seq-lens 128,512 --profile --launches --out "$dir" \
         > "$dir/host_profile.log" 2>&1; echo "host-profile rc=$?"; grep -v Warn "$dir/host_profile.log" | tail -60 ;;

@@ -19,21 +19,30 @@ stream, as a launch would run there.
 The direct launches are kept wherever a graph could differ from them or cannot be made:
 inside a CUDA graph capture of the caller's (whose graph records the launches themselves),
 under a Triton launch hook (a profiler that would miss replayed kernels), with another
-device current than the plan's, after a capture failed for the schedule, and where
+device current than the plan's, for a Triton without `knobs` (whose hooks this module cannot
+read), for keys past `MAX_GRAPHS`, after a capture failed for the schedule or allocated
+memory (a Gluon launch copying an input a descriptor cannot cover: the copy would stay
+reserved in the graph's pool for as long as the graph lives), and where
 `ATTNFUSE_LAUNCH_GRAPHS=off`.
+
+Captures are serialized by a lock and recorded on one stream per device, as
+`torch.cuda.graph` records on one of PyTorch's pooled streams: work another thread puts on
+that same stream while a capture runs would be recorded too. A capture that fails leaves
+PyTorch's allocator as a failed `torch.cuda.graph` capture does.
 """
 
 from __future__ import annotations
 
 import operator
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from attnfuse.errors import ArgumentError
-from attnfuse.runtime.triton_launcher import current_device, hooks_idle
+from attnfuse.runtime.triton_launcher import current_device, hooks_idle, knobs
 
 LAUNCH_GRAPHS_ENV = "ATTNFUSE_LAUNCH_GRAPHS"
 """on (default): a schedule of several launches replays as a CUDA graph where `LaunchGraphs`
@@ -50,13 +59,17 @@ def _launch_graphs_setting() -> bool:
 ENABLED = _launch_graphs_setting()
 """`ATTNFUSE_LAUNCH_GRAPHS`, read at import (the benchmarks set this to compare)."""
 
-MAX_GRAPHS = 64
+MAX_GRAPHS = 256
 """Graphs kept per schedule (one per set of tensors seen twice): a model's layers share a
-plan, each with its own activations. Past this many, all are dropped and captured again as
-their tensors come back (a graph costs a capture, about as much as a few launches)."""
+plan, each with its own activations, and a training step's backward and a decode step visit
+them in a cycle. Past this many, new keys launch directly: dropping graphs to make room would
+capture on every call of a cycle longer than the cache (a capture and its instantiation cost
+more than the launches it saves)."""
 
 _capturing: Callable[[], bool] | None = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 _side_streams: dict[int, Any] = {}
+_capture_lock = threading.Lock()
+"""One capture at a time in this process: they share each device's side stream."""
 
 
 def _side_stream(device: int) -> Any:
@@ -78,7 +91,7 @@ class LaunchGraphs:
         roles = tuple(sorted(set(roles)))
         getter = operator.itemgetter(*roles)
         self._tensors = getter if len(roles) > 1 else (lambda tensors: (getter(tensors),))
-        self.usable = (device.type == "cuda" and len(self.launches) > 1
+        self.usable = (device.type == "cuda" and len(self.launches) > 1 and knobs is not None
                        and _capturing is not None and current_device is not None)
         self.device = device.index if device.index is not None else 0
         self.new_graph = new_graph or torch.cuda.CUDAGraph
@@ -115,11 +128,11 @@ class LaunchGraphs:
                     self.seen.clear()
                 self.seen.add(key)
                 return False
+            if len(self.graphs) >= MAX_GRAPHS:
+                return False
             graph = self._capture(tensors)
             if graph is None:
                 return False
-            if len(self.graphs) >= MAX_GRAPHS:
-                self.graphs.clear()
             self.graphs[key] = graph
         graph.replay()
         return True
@@ -129,20 +142,31 @@ class LaunchGraphs:
         `failed` set) if capture fails, where the caller launches directly, which raises what
         the launch raises."""
         graph = self.new_graph()
-        try:
-            with torch.cuda.stream(_side_stream(self.device)):
-                # relaxed: a launch that loads its kernel (after the launcher's cache was
-                # cleared, say) may call what a stricter mode refuses while capturing.
-                graph.capture_begin(capture_error_mode="relaxed")
-                try:
-                    for launch in self.launches:
-                        launch(tensors)
-                finally:
-                    graph.capture_end()
-        except Exception as err:  # noqa: BLE001 - any failure keeps the direct launches
-            self.failed = f"{type(err).__name__}: {err}"
-            return None
+        with _capture_lock:
+            allocated = _allocated(self.device)
+            try:
+                with torch.cuda.stream(_side_stream(self.device)):
+                    # relaxed: a launch that loads its kernel (after the launcher's cache was
+                    # cleared, say) may call what a stricter mode refuses while capturing.
+                    graph.capture_begin(capture_error_mode="relaxed")
+                    try:
+                        for launch in self.launches:
+                            launch(tensors)
+                    finally:
+                        graph.capture_end()
+            except Exception as err:  # noqa: BLE001 - any failure keeps the direct launches
+                self.failed = f"{type(err).__name__}: {err}"
+                return None
+            if _allocated(self.device) != allocated:
+                self.failed = "a launch allocated memory while captured (a copy of an input)"
+                return None
         return graph
+
+
+def _allocated(device: int) -> int:
+    """The bytes PyTorch's allocator has handed out on `device` (a capture's allocations
+    included)."""
+    return torch.cuda.memory_allocated(device)
 
 
 __all__ = ["ENABLED", "LAUNCH_GRAPHS_ENV", "MAX_GRAPHS", "LaunchGraphs"]

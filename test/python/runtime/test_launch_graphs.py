@@ -43,8 +43,9 @@ class FakeGraph:
 @pytest.fixture
 def cuda_stand_ins(monkeypatch):
     """CUDA's queries answered as on an idle device 0; `state` changes the answers."""
-    state = {"capturing": False, "device": 0, "hooks_idle": True}
+    state = {"capturing": False, "device": 0, "hooks_idle": True, "allocated": 0}
     monkeypatch.setattr(launch_graphs, "_capturing", lambda: state["capturing"])
+    monkeypatch.setattr(launch_graphs, "_allocated", lambda device: state["allocated"])
     monkeypatch.setattr(launch_graphs, "current_device", lambda: state["device"])
     monkeypatch.setattr(launch_graphs, "hooks_idle", lambda: state["hooks_idle"])
     monkeypatch.setattr(launch_graphs, "_side_stream", lambda device: None)
@@ -96,20 +97,29 @@ def test_a_key_is_captured_the_second_time_and_replayed_after(cuda_stand_ins):
     assert len(log) == 2 and FakeGraph.made[0].replays == 4
 
 
-def test_other_tensors_strides_or_dtypes_are_other_keys(cuda_stand_ins):
+def test_another_address_strides_or_dtype_is_another_key(cuda_stand_ins):
+    """Each changes one thing a launch fixes, all else equal: a tensor of the same shape and
+    strides elsewhere; the same address with other strides; the same address, shape and
+    strides read as another dtype."""
     log: list[str] = []
     graphs = graphs_for(log)
     call = tensors()
     graphs(call), graphs(call)
-    moved = dict(call, q=torch.randn(1, 2, 8, 4))  # another address
-    assert graphs(moved) is False
-    transposed = dict(call, k=call["k"].transpose(-1, -2).contiguous().transpose(-1, -2))
-    assert graphs(transposed) is False
-    as_half = dict(call, dq=call["dq"].view(torch.float16)[..., :4])  # other dtype and strides
-    assert graphs(as_half) is False
+    k = call["k"]
+    changed = {
+        "address": dict(call, q=torch.randn(1, 2, 8, 4)),
+        "strides": dict(call, k=k.as_strided(k.shape, (64, 32, 1, 8))),
+        "dtype": dict(call, dq=call["dq"].view(torch.int32)),
+    }
+    assert changed["strides"]["k"].data_ptr() == k.data_ptr()
+    assert changed["dtype"]["dq"].data_ptr() == call["dq"].data_ptr()
+    assert changed["dtype"]["dq"].stride() == call["dq"].stride()
+    for other in changed.values():
+        assert graphs(other) is False
     assert len(FakeGraph.made) == 1
     # Each captures on its second call, into a graph of its own.
-    assert graphs(moved) is True and len(FakeGraph.made) == 2
+    for count, other in enumerate(changed.values(), start=2):
+        assert graphs(other) is True and len(FakeGraph.made) == count
     assert graphs(call) is True and FakeGraph.made[0].replays == 2
 
 
@@ -156,15 +166,61 @@ def test_a_launch_failing_while_captured_is_left_to_the_direct_launch(cuda_stand
     assert not FakeGraph.made[0].capturing  # the capture was ended
 
 
-def test_graphs_kept_per_schedule_are_bounded(cuda_stand_ins):
+def test_graphs_kept_per_schedule_are_bounded_and_never_thrash(cuda_stand_ins):
+    """Past MAX_GRAPHS keys, new ones launch directly and the graphs kept still replay: a cycle
+    of more keys than that (a deep model's layers) never captures on every call."""
     log: list[str] = []
     graphs = graphs_for(log)
-    calls = [tensors(i) for i in range(MAX_GRAPHS + 1)]
-    for call in calls:
-        graphs(call), graphs(call)
-    assert len(graphs.graphs) == 1  # the 65th dropped the 64 before it
-    assert graphs(calls[0]) is True  # seen before: captured again, at once
-    assert len(FakeGraph.made) == MAX_GRAPHS + 2 and len(graphs.graphs) == 2
+    calls = [tensors(i) for i in range(MAX_GRAPHS + 8)]
+    for _cycle in range(3):
+        results = [graphs(call) for call in calls]
+    assert len(FakeGraph.made) == MAX_GRAPHS
+    assert results == [True] * MAX_GRAPHS + [False] * 8
+
+
+def test_a_capture_that_allocates_is_dropped(cuda_stand_ins):
+    """A launch that allocates while captured (a copy of an input) would keep that memory in
+    the graph's pool: the graph is not kept and the schedule launches directly."""
+    log: list[str] = []
+    launches = schedule(log)
+
+    def copying(tensors):
+        launches[0](tensors)
+        if any(g.capturing for g in FakeGraph.made):
+            cuda_stand_ins["allocated"] += 1 << 20
+
+    graphs = LaunchGraphs([copying, launches[1]], ["q", "k", "dq"], torch.device("cuda", 0), new_graph=FakeGraph)
+    call = tensors()
+    graphs(call)
+    assert graphs(call) is False and "allocated memory" in graphs.failed
+    assert graphs.graphs == {} and FakeGraph.made[0].replays == 0
+
+
+def test_schedules_key_every_role_their_launches_read(cuda_stand_ins):
+    """`KernelExecution._graphs`: a graph per schedule of several launches, keyed by the union
+    of their roles and a Gluon launch's own (`keyed_roles`); none for one launch or for a
+    schedule with a pre-rotation kernel (its copy is allocated between the launches)."""
+    from types import SimpleNamespace
+
+    from attnfuse.runtime.execution import KernelExecution
+
+    def launch(roles, keyed=()):
+        fake = SimpleNamespace(info=SimpleNamespace(roles=roles))
+        if keyed:
+            fake.keyed_roles = keyed
+        return fake
+
+    plan = SimpleNamespace(problem=SimpleNamespace(device=torch.device("cuda", 0)))
+    dtype = torch.float16
+    schedule_ = ((launch(("q", "k", "dq")), None, dtype), (launch(("q", "dk"), keyed=("q", "dk", "dq_acc")), None, dtype))
+    graphs = KernelExecution._graphs(plan, schedule_)
+    call = {name: torch.empty(2, 3) for name in ("q", "k", "dq", "dk", "dq_acc", "v")}
+    assert len(graphs.key(call)) == 3 * 5  # q, k, dq, dk, dq_acc: not v, which no launch reads
+    for name in ("q", "k", "dq", "dk", "dq_acc"):
+        assert graphs.key(dict(call, **{name: torch.empty(2, 3)})) != graphs.key(call), name
+    assert KernelExecution._graphs(plan, schedule_[:1]) is None
+    rotating = ((launch(("q", "q_rot")), "q_rot", dtype), *schedule_)
+    assert KernelExecution._graphs(plan, rotating) is None
 
 
 def test_cpu_schedules_never_use_graphs():

@@ -64,6 +64,8 @@
 #                     time per step, AttnFuse (default) beside cuDNN
 #   sparse-order      bench/block_sparse_tiles.py at densities 0.05 and 0.1 on each layout as drawn and with its rows
 #                     sorted heaviest / lightest first (the same work, another program order), tl tiles of 64 rows
+#   sparse-head-major the GPU tests of block-sparse and document calls (both targets), then bench/block_sparse.py
+#                     as a user calls it (auto) and with ATTNFUSE_FORWARD_TARGET=triton (the head-major tl kernel)
 #   sparse-grid-probe bench/block_sparse_grid_probe.py: the portable block-sparse forward on the runtime's grid and on
 #                     the transposed one (query blocks fastest), densities 0.05-0.5
 #   host-profile      bench/host_overhead.py at N=128 and 512 with --profile and --launches
@@ -272,6 +274,14 @@ for stage in "$@"; do
       timeout 300 python3 bench/block_sparse_tiles.py --densities 0.05,0.1 --row-orders drawn,heavy,light \
         --configs "64,64,4,2;64,64,4,3;64,64,2,2;64,32,4,2;32,64,2,2" --out "$dir" > "$dir/block_sparse_order.log" 2>&1
       echo "sparse-order rc=$?"; tail -8 "$dir/block_sparse_order.log" ;;
+    sparse-head-major)
+      pytest_run sparse-head-major 200 -n 8 test/python/test_gpu.py test/python/test_gpu_gluon.py \
+        -k "head_major or block_sparse or documents or refused"
+      timeout 150 python3 bench/block_sparse.py --densities 0.05,0.1,0.25,0.5,1.0 --out "$dir" \
+        > "$dir/block_sparse_auto.log" 2>&1; echo "block-sparse (auto) rc=$?"; tail -9 "$dir/block_sparse_auto.log"
+      ATTNFUSE_FORWARD_TARGET=triton timeout 150 python3 bench/block_sparse.py --densities 0.05,0.1,0.25,0.5,1.0 \
+        --out "$dir/triton" > "$dir/block_sparse_triton.log" 2>&1; echo "block-sparse (triton) rc=$?"
+      tail -9 "$dir/block_sparse_triton.log" ;;
     sparse-grid-probe)
       timeout 150 python3 bench/block_sparse_grid_probe.py --densities 0.05,0.1,0.25,0.5 --out "$dir" \
         > "$dir/block_sparse_grid_probe.log" 2>&1; echo "sparse-grid-probe rc=$?"; tail -8 "$dir/block_sparse_grid_probe.log" ;;

@@ -295,6 +295,8 @@ def prepare(
             else:
                 rows, num_heads = problem.seq_k, problem.heads_kv
             grid = launch_grid(rows, info.block_m, problem.batch * num_heads)
+            if info.head_major:
+                grid = (grid[0] * grid[1], 1)  # one axis, heads outermost (`KernelInfo.head_major`)
         scalars: tuple[object, ...] = (sm_scale, problem.seq_q, problem.seq_k, num_heads, problem.group_size)
         if info.splits:
             assert splits is not None

@@ -81,6 +81,7 @@ class WarpSpecialize(RewritePattern):
             consumers, block_n = listed
         registers = o.consumer_registers or CONSUMER_REGISTERS[consumers]
         op.attributes["schedule"] = tile.ScheduleAttr(tile.Schedule.WARP_SPECIALIZED)
+        op.attributes.pop("head_major", None)  # the portable grid's order; this schedule has its own
         for key, value in (("block_m", 64 * consumers), ("block_n", block_n),
                            ("num_warps", 4 * consumers), ("num_stages", o.stages),
                            ("producer_warps", o.producer_warps), ("consumer_registers", registers)):

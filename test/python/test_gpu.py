@@ -110,6 +110,37 @@ def test_no_mask_4096(dtype):
     check(spec, spec, q, k, v)
 
 
+@pytest.mark.parametrize("hq,hkv,nq,nk,per_head", [(4, 4, 512, 512, False), (8, 2, 300, 700, True),
+                                                   (6, 3, 1000, 1000, True), (2, 2, 100, 900, False)])
+def test_portable_block_sparse_forward_on_its_head_major_grid(hq, hkv, nq, nk, per_head, monkeypatch):
+    """The portable block-sparse forward (`ATTNFUSE_FORWARD_TARGET=triton`) runs on a head-major
+    grid (`tile.kernel`'s `head_major`: one axis, program p owning query block p % blocks of
+    batch x head p // blocks): ragged lengths, Nq != Nk, GQA, per-head layouts and a query
+    block with no keys (rows 0, lse -inf), against the reference."""
+    monkeypatch.setenv("ATTNFUSE_FORWARD_TARGET", "triton")
+    spec = af.attention(af.block_sparse(128))
+    fn = af.compile(spec)
+    q, k, v = qkv(b=2, hq=hq, hkv=hkv, nq=nq, nk=nk, d=64, seed=nq)
+    rows, cols = -(-nq // 128), -(-nk // 128)
+    gen = torch.Generator().manual_seed(nk)
+    layout = torch.rand((hq, rows, cols) if per_head else (rows, cols), generator=gen) < 0.4
+    layout[..., 0, :] = False
+    layout = layout.cuda()
+    out, lse = fn(q, k, v, block_layout=layout, return_lse=True)
+    assert fn.last is not None and "num_blocks = tl.cdiv(n_q, BLOCK_M)" in fn.last.source
+    b = q.shape[0]
+    ref = torch.empty(b, hq, nq, v.shape[-1], dtype=torch.float64)
+    ref_lse = torch.empty(b, hq, nq, dtype=torch.float32)
+    for h in range(hq):
+        head_layout = layout[h] if per_head else layout
+        ref[:, h : h + 1], ref_lse[:, h : h + 1] = af.reference_attention(
+            spec, q[:, h : h + 1].cpu(), k[:, h // (hq // hkv) : h // (hq // hkv) + 1].cpu(),
+            v[:, h // (hq // hkv) : h // (hq // hkv) + 1].cpu(), block_layout=head_layout.cpu(), return_lse=True)
+    assert_close_to_reference(out.cpu(), ref, q.dtype)
+    assert_lse_close(lse.cpu(), ref_lse, lse_tolerance(spec, q, k))
+    assert bool((out[:, :, :128] == 0).all()) and bool(torch.isinf(lse[:, :, :128]).all())
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
 @pytest.mark.parametrize(
     "blocks",

@@ -97,7 +97,11 @@ class KernelOp(IRDLOperation):
     Attributes: `grid` (see `GRIDS`), `block_m` (rows a program owns), `block_n` (key rows per
     loop step), `num_warps`, `num_stages` (software-pipelining depth), `head_dim`,
     `head_dim_v`, optional `rotary_dim`, `element_type` (the inputs' type), optional
-    `block_order` (`#tile<order ...>`, ascending when absent), optional `shared_offsets`
+    `block_order` (`#tile<order ...>`, ascending when absent), optional `head_major` (1: a
+    `query_blocks` kernel's grid is one axis, program `p` owning block `p % blocks` of batch x
+    head `p // blocks`, so the programs running at once are consecutive blocks of few heads,
+    which share those heads' keys and values in L2; 0, the default when absent: batch x head on
+    grid axis 0, which the GPU walks fastest, blocks on axis 1), optional `shared_offsets`
     (`["do", "q"]`, set by `share-offsets`: when the runtime finds the two roles' row and
     column strides equal, the first role's loop loads reuse the second's offsets),
     optional `page_size` and optional `page_lookahead` (a paged kernel's key loops read the
@@ -319,6 +323,7 @@ class KernelOp(IRDLOperation):
         if order is not None and not isinstance(order, BlockOrderAttr):
             raise VerifyException(f"block_order must be a #tile<order ...>, got {order}")
         self.verify_schedule()
+        self.verify_head_major()
         page_size = self.int_attr("page_size")
         paged = "block_table" in self.roles
         if paged != (page_size is not None):
@@ -377,6 +382,21 @@ class KernelOp(IRDLOperation):
         if not any(isinstance(op, MergeSplitsOp) for op in walk):
             raise VerifyException("pdl is an attribute of a split decode's kernels: a kv_splits "
                                   "kernel or the kernel that merges its partials (tile.merge_splits)")
+
+    @property
+    def head_major(self) -> bool:
+        """Whether the grid is head-major (see the class docstring; False when absent)."""
+        return bool(self.int_attr("head_major"))
+
+    def verify_head_major(self) -> None:
+        if self.attributes.get("head_major") is None:
+            return
+        if self.int_attr("head_major") not in (0, 1):
+            raise VerifyException(f"head_major must be 0 or 1, got {self.int_attr('head_major')}")
+        if self.head_major and self.grid != "query_blocks":
+            raise VerifyException(f"head_major is an attribute of a query_blocks kernel, not of a {self.grid} one")
+        if self.head_major and "schedule" in self.attributes:
+            raise VerifyException("head_major is the portable grid's: a #tile<schedule ...> kernel walks its own")
 
     def verify_schedule(self) -> None:
         schedule = self.attributes.get("schedule")

@@ -56,6 +56,7 @@ def emit_module(module: ModuleOp, interpreter: bool = False) -> TritonProgram:
                 splits=emitter.splits,
                 paged=emitter.paged,
                 launch_pdl=emitter.launch_pdl,
+                head_major=kernel.head_major,
             )
         )
     for name in sorted(helpers):

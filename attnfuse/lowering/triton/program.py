@@ -58,6 +58,9 @@ class KernelInfo:
     """The kernel reads or writes page pools (a `block_table` role) and takes `num_pages`, the
     pools' page count, after the other scalars: the bound its block-table entries are clamped
     to (or, in a cache append, checked against)."""
+    head_major: bool = False
+    """The grid is one axis of (batch x head) x blocks, heads outermost (`tile.kernel`'s
+    `head_major`): the runtime launches `(batch x heads x blocks, 1)`."""
     launch_pdl: bool = False
     """The kernel is launched as a programmatic dependent of the kernel before it (Triton's
     `launch_pdl`): a split decode's merge printed with `pdl = 1` for a GPU, which waits for

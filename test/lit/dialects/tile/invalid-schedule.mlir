@@ -91,3 +91,24 @@ tile.kernel @attention_bwd_dkdv_dq(%k: !tile.tensor<k>) attributes {grid = #tile
 tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 128 : i64, head_dim_v = 128 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 100 : i64} {
   tile.return
 }
+
+// -----
+
+// CHECK: head_major is an attribute of a query_blocks kernel, not of a key_blocks one
+tile.kernel @attention_bwd_dkdv(%k: !tile.tensor<k>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, head_major = 1 : i64} {
+  tile.return
+}
+
+// -----
+
+// CHECK: head_major must be 0 or 1, got 2
+tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, head_major = 2 : i64} {
+  tile.return
+}
+
+// -----
+
+// CHECK: head_major is the portable grid's: a #tile<schedule ...> kernel walks its own
+tile.kernel @attention_fwd(%q: !tile.tensor<q>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 128 : i64, block_n = 128 : i64, num_warps = 8 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, schedule = #tile<schedule warp_specialized>, producer_warps = 1 : i64, consumer_registers = 240 : i64, head_major = 1 : i64} {
+  tile.return
+}

@@ -28,6 +28,7 @@ matplotlib) a `.png` to `--out`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=25.0, help="do_bench warmup, ms")
     parser.add_argument("--rep", type=float, default=100.0, help="do_bench repetition time, ms")
     parser.add_argument("--tol", type=float, default=2e-2, help="relative error allowed against the reference")
+    parser.add_argument("--sparse-target", choices=("gluon", "triton"),
+                        help="ATTNFUSE_FORWARD_TARGET for the block-sparse calls only (the dense call stays auto)")
     parser.add_argument("--out", type=Path, default=benchlib.ROOT / "bench" / "results")
     parser.add_argument("--quick", action="store_true",
                         help="CPU, B=1 H=2 N=128 D=16 fp32, blocks of 32: checks the script, times nothing useful")
@@ -145,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         checked("attnfuse", lambda: dense(q, k, v), ref, dense_row)
         progress.step("dense flex")
         checked("flex", lambda: flex(q, k, v), ref, dense_row)
+        if args.sparse_target:
+            # Read when a call's plan is made: the dense call's was made above, under auto.
+            os.environ["ATTNFUSE_FORWARD_TARGET"] = args.sparse_target
         rows = []
         for density in densities:
             layout = make_layout(blocks, density, generator).to(device)

@@ -65,7 +65,8 @@
 #   sparse-order      bench/block_sparse_tiles.py at densities 0.05 and 0.1 on each layout as drawn and with its rows
 #                     sorted heaviest / lightest first (the same work, another program order), tl tiles of 64 rows
 #   sparse-head-major the GPU tests of block-sparse and document calls (both targets), then bench/block_sparse.py
-#                     as a user calls it (auto) and with ATTNFUSE_FORWARD_TARGET=triton (the head-major tl kernel)
+#                     as a user calls it (auto) and with its sparse calls on the portable target (--sparse-target
+#                     triton: the head-major tl kernel; the dense call stays auto)
 #   sparse-grid-probe bench/block_sparse_grid_probe.py: the portable block-sparse forward on the runtime's grid and on
 #                     the transposed one (query blocks fastest), densities 0.05-0.5
 #   host-profile      bench/host_overhead.py at N=128 and 512 with --profile and --launches
@@ -279,7 +280,7 @@ for stage in "$@"; do
         -k "head_major or block_sparse or documents or refused"
       timeout 150 python3 bench/block_sparse.py --densities 0.05,0.1,0.25,0.5,1.0 --out "$dir" \
         > "$dir/block_sparse_auto.log" 2>&1; echo "block-sparse (auto) rc=$?"; tail -9 "$dir/block_sparse_auto.log"
-      ATTNFUSE_FORWARD_TARGET=triton timeout 150 python3 bench/block_sparse.py --densities 0.05,0.1,0.25,0.5,1.0 \
+      timeout 150 python3 bench/block_sparse.py --densities 0.05,0.1,0.25,0.5,1.0 --sparse-target triton \
         --out "$dir/triton" > "$dir/block_sparse_triton.log" 2>&1; echo "block-sparse (triton) rc=$?"
       tail -9 "$dir/block_sparse_triton.log" ;;
     sparse-grid-probe)

@@ -155,17 +155,32 @@ and 20261129T1500Z-backward_kernels-d128.log; D=64: 20261129T1521Z-backward_kern
 where they beat the previous untuned (128, 64, 8, 3) by 13% for dQ and 19% for dK/dV)."""
 
 
+LISTED_FORWARD_HOPPER_D64 = (64, 64, 4, 2)
+"""The portable forward of a block-sparse call (`block_sparse`: its programs walk block
+lists) at head dim <= 64 on Hopper, fp16/bf16. Its programs are short at low density: two
+pipeline stages beat three, and 64-row tiles beat 128-row ones. On an H100 (B=4, H=12,
+N=4096, D=64, layouts of 128-key blocks, block-major grid; `python3
+bench/block_sparse_tiles.py`): at 10% density 0.0866 / 0.0926 / 0.0926 ms against 0.1004 /
+0.1047 for three stages and 0.0969 / 0.1027 for (128, 64, 8, 2)
+(bench/results/20261204T203119Z-, 20261205T142622Z-, 20261205T161325Z-block-sparse-tiles.md);
+on the head-major grid (`tile.kernel`'s `head_major`) 0.0832 ms, 0.189 of the dense call
+(20261205T164348Z-block-sparse-grid-probe.md; the dense call 0.4392 ms in
+20261205T165414Z-block-sparse.md). Measured at N=4096 only."""
+
+
 def choose_tile_config(
     problem: Problem,
     capability: tuple[int, int] | None = None,
     keys_per_row: int | None = None,
     reads_bias: bool = False,
+    block_sparse: bool = False,
 ) -> TileConfig:
     """Block sizes, warps and stages for a problem on its device, or, given a CUDA compute
     `capability`, on a GPU of that capability (what tools that compile for a GPU on a
     machine without one ask, bench/kernel_resources.py). `keys_per_row`: the most keys a
     query row keeps when a band mask bounds it (a sliding window), None when unbounded.
-    `reads_bias`: the kernels read an additive bias (`additive_bias`)."""
+    `reads_bias`: the kernels read an additive bias (`additive_bias`). `block_sparse`: the
+    forward walks a block-sparse layout's lists (`LISTED_FORWARD_HOPPER_D64`)."""
     if capability is None and problem.device.type != "cuda":
         # The interpreter runs each program in numpy: small blocks keep edge cases
         # (ragged blocks, diagonal blocks) exercised at test sizes.
@@ -184,6 +199,8 @@ def choose_tile_config(
             # A bias keeps 64-row programs at every length (FORWARD_HOPPER_D128_BIAS).
             long_sequence = row_length >= FORWARD_HOPPER_D64_LONG_FROM and not reads_bias
             forward = FORWARD_HOPPER_D64_LONG if long_sequence else FORWARD_HOPPER
+            if block_sparse:
+                forward = LISTED_FORWARD_HOPPER_D64
             return (TileConfig(*forward, *BACKWARD_HOPPER_D64) if not big_elem
                     else TileConfig(64, 32, 4, 2, 64, 32, 4, 2))
         if d <= 128:

@@ -233,7 +233,7 @@ def gluon_importable() -> bool:
 
 
 AUTO_VARIANT_CLASSES = {"softmax": (64, 128, 256), "relu": (64, 128), "pointwise": (128,), "bias": (),
-                        "listed": (64, 128), "document": (64, 128), "outside": ()}
+                        "listed": (128,), "document": (64, 128), "outside": ()}
 """Head dims at which `auto` takes the Gluon forward, per variant class (`variant_class`), from
 the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gluon-variants.md,
 `python3 bench/gluon_variants.py`, ms, Gluon / portable):
@@ -255,7 +255,14 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   20261204T040039Z-block-sparse-*.md (head dim 128: B=1, 32 heads, N=8192)): head dim 64
   0.096 / 0.168 / 0.294 / 0.546 against 0.098 / 0.196 / 0.366 / 0.681; head dim 128 0.278 /
   0.621 / 1.159 / 2.074 against 0.394 / 0.917 / 1.778 / 2.874. Taken from `GLUON_MIN_WORK`'s
-  dense pair counts (the layout, and so the density, is call-time data);
+  dense pair counts (the layout, and so the density, is call-time data) at head dim 128 only:
+  at 64 the portable kernel on its head-major grid and `config.LISTED_FORWARD_HOPPER_D64`'s
+  tiles is faster where block sparsity is used, up to a quarter of the blocks (on an H100,
+  densities 0.05 / 0.1 / 0.25 / 0.5: 0.0607 / 0.0832 / 0.1654 / 0.3002 ms,
+  bench/results/20261205T164348Z-block-sparse-grid-probe.md, against the Gluon kernel's
+  0.0777 / 0.1039 / 0.1738 / 0.2875 in 20261205T165414Z-block-sparse.md; from half density on
+  the Gluon kernel is faster: at full density 0.533 ms against 0.626 for the portable
+  head-major kernel with three stages, 20261205T165439Z-block-sparse-tl.md);
 - document ids (`document`: packed sequences, a class a document kernel has besides its
   own), measured as the Gluon kernel on 128 x 128 tiles walking the document lists against the
   portable kernel on its own tiles (`python3 bench/document.py`, documents of 256-4096 tokens;

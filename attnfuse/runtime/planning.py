@@ -78,6 +78,7 @@ class CallPlanning:
                 capability,
                 keys_per_row=self.variant.keys_per_row,
                 reads_bias=self.variant.reads("bias"),
+                block_sparse=self.variant.block_size is not None,
             )
             if capability is None:
                 # Measured on this GPU (`attnfuse-tune`, `ATTNFUSE_TUNING`): preferred to the

@@ -30,7 +30,7 @@ from attnfuse.errors import ArgumentError
 from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
 from attnfuse.runtime import gluon_forward
 from attnfuse.runtime.compiler import CompileKey, lower_spec
-from attnfuse.runtime.config import LISTED_GLUON_FORWARD, TileConfig
+from attnfuse.runtime.config import LISTED_FORWARD_HOPPER_D64, LISTED_GLUON_FORWARD, TileConfig
 from attnfuse.runtime.inputs import Problem
 from attnfuse.transforms.warp_specialize import WarpSpecializePass
 from conftest import gluon_forward_for_sm90
@@ -633,14 +633,20 @@ def test_block_sparse_calls_are_lowered_for_the_gluon_tiles(monkeypatch):
     assert forward.schedule is not None and (forward.get("block_m"), forward.get("block_n")) == (128, 128)
     # RoPE placed by the caller may rotate inside the kernel, which the Gluon forward does not
     # take: the portable tiles (left to AttnFuse, q and k are pre-rotated for Gluon).
-    # Under `auto` the variant's own class must be taken too: never with a bias, sigmoid at 128.
+    # Under `auto` the variant's own class must be taken too: never with a bias, sigmoid at 128;
+    # and block sparsity's (`listed`) at head dim 128 only: at 64 the portable kernel on its
+    # head-major grid and `LISTED_FORWARD_HOPPER_D64`'s tiles.
     for spec_d, taken in (((af.attention(af.block_sparse(128), af.additive_bias()), 128), False),
                           ((af.attention(af.block_sparse(128), af.sigmoid()), 64), False),
                           ((af.attention(af.block_sparse(128), af.sigmoid()), 128), True),
-                          ((af.attention(af.block_sparse(128), af.relu()), 64), True)):
+                          ((af.attention(af.block_sparse(128), af.relu()), 128), True),
+                          ((af.attention(af.block_sparse(128), af.relu()), 64), False),
+                          ((af.attention(af.block_sparse(128)), 64), False)):
         (other, d) = spec_d
         tiles = af.compile(other).tile_config(problem(4096, 4096, d=d), hopper)
         assert ((tiles.block_m, tiles.block_n, tiles.num_stages) == (128, 128, 2)) == taken, other
+    d64 = af.compile(af.attention(af.block_sparse(128))).tile_config(problem(4096, 4096, d=64, dtype=torch.float16), hopper)
+    assert (d64.block_m, d64.block_n, d64.num_warps, d64.num_stages) == LISTED_FORWARD_HOPPER_D64
     rope_spec = af.attention(af.rope(), af.block_sparse(128), af.causal())
     assert af.compile(rope_spec, rope_placement=("fused", "fused")).tile_config(p, hopper).block_m == 64
     assert af.compile(rope_spec).tile_config(p, hopper).block_m == 128

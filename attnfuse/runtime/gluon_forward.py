@@ -33,7 +33,7 @@ from attnfuse.runtime.config import LISTED_GLUON_FORWARD
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.interpreter import runs_interpreted
 from attnfuse.runtime.gluon_launch import GluonRunner, call_key, pointer_arguments, specialization_of
-from attnfuse.runtime.launch import KernelLaunch
+from attnfuse.runtime.launch import KernelLaunch, check_row_blocks
 
 if TYPE_CHECKING:
     from attnfuse.lowering.gluon import GluonKernel
@@ -257,12 +257,13 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   0.621 / 1.159 / 2.074 against 0.394 / 0.917 / 1.778 / 2.874. Taken from `GLUON_MIN_WORK`'s
   dense pair counts (the layout, and so the density, is call-time data) at head dim 128 only:
   at 64 the portable kernel on its head-major grid and `config.LISTED_FORWARD_HOPPER_D64`'s
-  tiles is faster where block sparsity is used, up to a quarter of the blocks (on an H100,
-  densities 0.05 / 0.1 / 0.25 / 0.5: 0.0607 / 0.0832 / 0.1654 / 0.3002 ms,
-  bench/results/20261205T164348Z-block-sparse-grid-probe.md, against the Gluon kernel's
-  0.0777 / 0.1039 / 0.1738 / 0.2875 in 20261205T165414Z-block-sparse.md; from half density on
-  the Gluon kernel is faster: at full density 0.533 ms against 0.626 for the portable
-  head-major kernel with three stages, 20261205T165439Z-block-sparse-tl.md);
+  tiles was faster at the densities block sparsity is used at (on H100s, densities 0.05 / 0.1 /
+  0.25 / 0.5: 0.0607 / 0.0832 / 0.1654 / 0.3002 ms for that kernel launched alone,
+  bench/results/20261205T164348Z-block-sparse-grid-probe.md, against the Gluon kernel's whole
+  calls, 0.0777 / 0.1039 / 0.1738 / 0.2875, in the session's next call,
+  20261205T165414Z-block-sparse.md: faster at 5% and 10%, level at 25% (the portable kernel's
+  whole call with three stages took 0.1813 there, 20261205T165439Z-block-sparse-tl.md), slower
+  from 50%; the new choice is not yet timed as a whole call);
 - document ids (`document`: packed sequences, a class a document kernel has besides its
   own), measured as the Gluon kernel on 128 x 128 tiles walking the document lists against the
   portable kernel on its own tiles (`python3 bench/document.py`, documents of 256-4096 tokens;
@@ -428,7 +429,12 @@ class GluonLaunch:
         return self.portable.info
 
     def check_grid(self) -> None:
+        # Both grids: the portable kernel's (head-major for a listed kernel: no blocks on axis
+        # 1) and this kernel's own, whose blocks are on axis 1 unless it is persistent.
         self.portable.check_grid()
+        if not self.launch.persistent:
+            p = self.problem
+            check_row_blocks(self.info.name, "query_blocks", -(-p.seq_q // self.launch.block_m), self.launch.block_m)
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         # The same tensors as a call before: its encoded descriptors again, no checks (the key

@@ -175,14 +175,9 @@ class KernelLaunch:
         return follower == leader
 
     def check_grid(self) -> None:
-        """Raises `ArgumentError` if the grid has more row blocks than CUDA's axis 1 holds."""
-        blocks = self.grid[1]
-        if blocks > MAX_GRID_BLOCKS:
-            rows, plural = ("query", "queries") if self.info.grid == "query_blocks" else ("key", "keys")
-            raise ArgumentError(
-                f"{self.info.name}: the {rows} sequence needs {blocks} blocks of "
-                f"{self.info.block_m} rows, more than the {MAX_GRID_BLOCKS} that CUDA's grid "
-                f"axis 1 holds; at most {MAX_GRID_BLOCKS * self.info.block_m} {plural} per call")
+        """Raises `ArgumentError` if the grid has more row blocks than CUDA's axis 1 holds (a
+        head-major grid has them on axis 0, which holds 2^31 - 1)."""
+        check_row_blocks(self.info.name, self.info.grid, self.grid[1], self.info.block_m)
 
     def __call__(self, tensors: dict[str, torch.Tensor]) -> None:
         args, specialization = self.arguments(tensors)
@@ -259,6 +254,17 @@ def _launchable(compiled: object) -> bool:
 
 MAX_GRID_BLOCKS = 65535
 """CUDA's limit on a grid's axis 1 (y), which holds the row blocks (axis 0 holds 2^31 - 1)."""
+
+
+def check_row_blocks(kernel: str, grid: str, blocks: int, block_m: int) -> None:
+    """Raises `ArgumentError` if a kernel's grid needs more row blocks of `block_m` rows on
+    axis 1 than CUDA allows (`grid`: the kernel's `tile.GRIDS` kind)."""
+    if blocks > MAX_GRID_BLOCKS:
+        rows, plural = ("query", "queries") if grid == "query_blocks" else ("key", "keys")
+        raise ArgumentError(
+            f"{kernel}: the {rows} sequence needs {blocks} blocks of {block_m} rows, more than "
+            f"the {MAX_GRID_BLOCKS} that CUDA's grid axis 1 holds; at most "
+            f"{MAX_GRID_BLOCKS * block_m} {plural} per call")
 
 
 def launch_grid(rows: int, block_rows: int, batch_heads: int) -> tuple[int, int]:

@@ -244,13 +244,15 @@ def build_forward_kernel(facts: VariantFacts, config: KernelConfig) -> tile.Kern
     name, grid = ("attention_decode", "kv_splits") if config.decode else ("attention_fwd", "query_blocks")
     k = KernelBuilder(name, roles, grid, config,
                       rotation.rotary_dim if rotation else None, facts.data_roles)
-    if facts.listed and not config.decode:
-        # A listed forward's programs each read a few key blocks of their head: on a grid
+    if facts.sparse_block_size is not None and facts.band.bounds == (None, None) and not config.decode:
+        # A block-sparse forward's programs each read a few key blocks of their head: on a grid
         # walking heads fastest, the programs running at once are one query block of many
         # heads and their keys and values come from HBM more than from L2. Head-major, they are
-        # neighbouring blocks of a few heads, which share them. (H100, block-sparse D=64, B=4
-        # H=12 N=4096, tiles 64 x 64: 10% less time at densities 0.1-0.5, 3% at 0.05;
-        # bench/results/20261205T164348Z-block-sparse-grid-probe.md.)
+        # neighbouring blocks of a few heads, which share them. (H100, D=64, B=4 H=12 N=4096,
+        # tiles 64 x 64: 10% less time at densities 0.1-0.5, 3% at 0.05;
+        # bench/results/20261205T164348Z-block-sparse-grid-probe.md.) Not under a band, whose
+        # longest programs go first on the block-major grid (`block_order`), nor for document
+        # ids alone: unmeasured.
         k.kernel.attributes["head_major"] = IntegerAttr(1, i64)
     # Split q and k into column parts only when some rotation runs in registers.
     parts = column_parts(rotation if facts.any_fused else None, config.head_dim)

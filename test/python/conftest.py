@@ -279,6 +279,22 @@ class NoFallback:
         raise AssertionError("the call fell back to the portable kernel")
 
 
+def record_graph_replays(monkeypatch) -> list[tuple[bool, str | None]]:
+    """Every `LaunchGraphs` call from now on: (whether it ran its launches as a CUDA graph, why
+    its schedule's capture failed or None)."""
+    from attnfuse.runtime.launch_graphs import LaunchGraphs
+
+    calls: list[tuple[bool, str | None]] = []
+    original = LaunchGraphs.__call__
+
+    def recorded(self, tensors):
+        calls.append((original(self, tensors), self.failed))
+        return calls[-1][0]
+
+    monkeypatch.setattr(LaunchGraphs, "__call__", recorded)
+    return calls
+
+
 def gluon_only(launch, monkeypatch) -> None:
     """Make `launch` (a `GluonLaunch` or `GluonBackwardLaunch`) fail the test if it falls back."""
     monkeypatch.setattr(launch, "portable", NoFallback(launch.portable))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close_to_reference, assert_lse_close, lse_tolerance, make_qkv
+from conftest import assert_close_to_reference, assert_lse_close, lse_tolerance, make_qkv, record_graph_replays
 
 import attnfuse as af
 
@@ -417,22 +417,6 @@ def test_launch_graphs_replay_the_backward_bitwise(spec_name, n, monkeypatch):
             assert torch.equal(a, b), f"step {seed}: d{name} differs from the direct launches'"
     assert any(replayed for replayed, _failed in replays), f"no launches replayed as a graph: {replays}"
     assert all(failed is None for _replayed, failed in replays), replays
-
-
-def record_graph_replays(monkeypatch) -> list[tuple[bool, str | None]]:
-    """Every `LaunchGraphs` call from now on: (whether it ran the launches as a graph, why its
-    schedule's capture failed or None)."""
-    from attnfuse.runtime.launch_graphs import LaunchGraphs
-
-    calls: list[tuple[bool, str | None]] = []
-    original = LaunchGraphs.__call__
-
-    def recorded(self, tensors):
-        calls.append((original(self, tensors), self.failed))
-        return calls[-1][0]
-
-    monkeypatch.setattr(LaunchGraphs, "__call__", recorded)
-    return calls
 
 
 def test_direct_launches_run_on_the_current_side_stream():

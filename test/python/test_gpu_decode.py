@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close_to_reference, assert_lse_close, lse_tolerance
+from conftest import assert_close_to_reference, assert_lse_close, lse_tolerance, record_graph_replays
 
 import attnfuse as af
 
@@ -173,16 +173,7 @@ def test_decode_launch_graphs_read_the_lengths_of_each_call(monkeypatch):
             copy.copy_(fn(q, k, v, kv_lens=lens))
         return copies[mode]
 
-    from attnfuse.runtime.launch_graphs import LaunchGraphs
-
-    replays: list[tuple[bool, str | None]] = []
-    original = LaunchGraphs.__call__
-
-    def recorded(self, tensors):
-        replays.append((original(self, tensors), self.failed))
-        return replays[-1][0]
-
-    monkeypatch.setattr(LaunchGraphs, "__call__", recorded)
+    replays = record_graph_replays(monkeypatch)
     monkeypatch.setattr(launch_graphs, "ENABLED", False)
     direct = steps("direct")
     monkeypatch.setattr(launch_graphs, "ENABLED", True)

@@ -98,8 +98,9 @@ class KernelOp(IRDLOperation):
     loop step), `num_warps`, `num_stages` (software-pipelining depth), `head_dim`,
     `head_dim_v`, optional `rotary_dim`, `element_type` (the inputs' type), optional
     `block_order` (`#tile<order ...>`, ascending when absent), optional `head_major` (1: a
-    `query_blocks` kernel's grid is one axis, program `p` owning block `p % blocks` of batch x
-    head `p // blocks`, so the programs running at once are consecutive blocks of few heads,
+    `query_blocks` kernel's grid is one axis, program `p` owning block `p % blocks` (counted
+    from the end under descending order) of batch x head `p // blocks`, so the programs running
+    at once are consecutive blocks of few heads,
     which share those heads' keys and values in L2; 0, the default when absent: batch x head on
     grid axis 0, which the GPU walks fastest, blocks on axis 1), optional `shared_offsets`
     (`["do", "q"]`, set by `share-offsets`: when the runtime finds the two roles' row and

@@ -175,6 +175,30 @@ def test_too_many_row_blocks_is_a_clear_error():
     assert not jit.log  # nothing was launched
 
 
+def test_a_head_major_grid_holds_its_blocks_on_axis_0_and_the_gluon_grid_is_still_checked():
+    """A head-major kernel (`KernelInfo.head_major`) launches over `(B x H x blocks, 1)`: past
+    axis 1's limit it runs. The Gluon forward that may stand in for it keeps its blocks on axis
+    1, so its own grid is checked (a clear error, not a failed launch)."""
+    from types import SimpleNamespace
+
+    from attnfuse.runtime.gluon_forward import GluonLaunch
+    from attnfuse.runtime.inputs import Problem
+
+    n_q = MAX_GRID_BLOCKS * 128 + 1
+    problem = Problem(1, 2, 2, n_q, 256, 64, 64, torch.float16, torch.device("cpu"))
+    info = KernelInfo("attention_fwd", ("q", "o"), "query_blocks", 64, 4, 2, head_major=True)
+    grid = launch_grid(n_q, 64, 2)
+    portable = KernelLaunch(info, FakeJit(params()), (grid[0] * grid[1], 1), (0.5, n_q), (True, True), [2])
+    portable.check_grid()  # does not raise: 2 x 131071 programs on axis 0
+    gluon = GluonLaunch(portable, None, SimpleNamespace(persistent=False, block_m=128), problem, 0.125,
+                        ("q", "k", "v", "o"))
+    with pytest.raises(ArgumentError, match=r"attention_fwd: the query sequence needs 65536 blocks of 128 rows"):
+        gluon.check_grid()
+    persistent = GluonLaunch(portable, None, SimpleNamespace(persistent=True, block_m=128), problem, 0.125,
+                             ("q", "k", "v", "o"))
+    persistent.check_grid()  # one program per SM: no blocks on axis 1
+
+
 def test_a_decode_call_with_more_keys_than_the_backward_grid_holds_runs_its_forward():
     # The dK/dV kernel (never launched here) would need more key blocks than a grid holds;
     # the forward's grid has one query block.

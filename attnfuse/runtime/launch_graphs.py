@@ -143,8 +143,8 @@ class LaunchGraphs:
         the launch raises."""
         graph = self.new_graph()
         with _capture_lock:
-            allocated = _allocated(self.device)
             try:
+                allocated = _allocated(self.device)
                 with torch.cuda.stream(_side_stream(self.device)):
                     # relaxed: a launch that loads its kernel (after the launcher's cache was
                     # cleared, say) may call what a stricter mode refuses while capturing.
@@ -154,10 +154,11 @@ class LaunchGraphs:
                             launch(tensors)
                     finally:
                         graph.capture_end()
+                grew = _allocated(self.device) != allocated
             except Exception as err:  # noqa: BLE001 - any failure keeps the direct launches
                 self.failed = f"{type(err).__name__}: {err}"
                 return None
-            if _allocated(self.device) != allocated:
+            if grew:
                 self.failed = "a launch allocated memory while captured (a copy of an input)"
                 return None
         return graph

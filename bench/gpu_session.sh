@@ -64,6 +64,8 @@
 #                     time per step, AttnFuse (default) beside cuDNN
 #   sparse-order      bench/block_sparse_tiles.py at densities 0.05 and 0.1 on each layout as drawn and with its rows
 #                     sorted heaviest / lightest first (the same work, another program order), tl tiles of 64 rows
+#   verify43          what stop 43 left unrun on a GPU: launch-graph, head-major, block-sparse, document and graph
+#                     tests; bench/block_sparse.py as a user calls it (auto); bench/host_overhead.py
 #   sparse-head-major the GPU tests of block-sparse and document calls (both targets), then bench/block_sparse.py
 #                     as a user calls it (auto) and with its sparse calls on the portable target (--sparse-target
 #                     triton: the head-major tl kernel; the dense call stays auto)
@@ -275,6 +277,16 @@ for stage in "$@"; do
       timeout 300 python3 bench/block_sparse_tiles.py --densities 0.05,0.1 --row-orders drawn,heavy,light \
         --configs "64,64,4,2;64,64,4,3;64,64,2,2;64,32,4,2;32,64,2,2" --out "$dir" > "$dir/block_sparse_order.log" 2>&1
       echo "sparse-order rc=$?"; tail -8 "$dir/block_sparse_order.log" ;;
+    verify43)
+      # What stop 43 could not run on a GPU: the launch-graph and head-major tests on the final
+      # code, the block-sparse call as auto now makes it (the portable head-major kernel with
+      # 64 x 64 tiles at head dim 64), and the host cost with launch graphs.
+      pytest_run verify43 240 -n 8 test/python/test_gpu.py test/python/test_gpu_decode.py test/python/test_gpu_gluon.py \
+        -k "launch_graphs or head_major or block_sparse or documents or refused or capture or graph"
+      timeout 150 python3 bench/block_sparse.py --densities 0.05,0.1,0.25,0.5,1.0 --out "$dir" \
+        > "$dir/block_sparse_auto.log" 2>&1; echo "block-sparse (auto) rc=$?"; tail -9 "$dir/block_sparse_auto.log"
+      timeout 200 python3 bench/host_overhead.py --seq-lens 128,512 --out "$dir" > "$dir/host_overhead.log" 2>&1
+      echo "host rc=$?"; grep "train" "$dir"/*host-overhead.md | tail -10 ;;
     sparse-head-major)
       pytest_run sparse-head-major 200 -n 8 test/python/test_gpu.py test/python/test_gpu_gluon.py \
         -k "head_major or block_sparse or documents or refused"

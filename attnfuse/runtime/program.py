@@ -17,10 +17,11 @@ from typing import Any
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 from xdsl.passes import PassPipeline
+from xdsl.utils.lexer import Span
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 
 from attnfuse.blocks import unregistered_op_hint
-from attnfuse.dialects import OpLocatingParser, attn, make_context
+from attnfuse.dialects import OpLocatingParser, attn, innermost_failing_op, location_of, make_context
 from attnfuse.dialects.interfaces import (
     DataUse,
     KeyFilter,
@@ -361,20 +362,28 @@ REGISTER = "register its module first, attnfuse.blocks.register_block_module(mod
 
 def parse_attn(text: str) -> ModuleOp:
     """Parses attn IR text (a module or a bare `attn.variant`), as an `AttnFuseError` that
-    names the location on failure."""
+    names the location on failure, a parser's or a verifier's."""
+    locations: dict[int, Span] = {}
     try:
-        module = OpLocatingParser(make_context(), text, "<attn program>").parse_module()
+        module = OpLocatingParser(make_context(), text, "<attn program>", locations).parse_module()
     except (ParseError, VerifyException, DiagnosticException) as err:
         raise AttnFuseError(f"cannot parse the attn program: {err}{unregistered_op_hint(str(err), REGISTER)}") from err
-    return verified(module)
+    return verified(module, locations)
 
 
-def verified(module: ModuleOp) -> ModuleOp:
-    """`module`, verified (an `AttnFuseError` saying what is wrong otherwise)."""
+def verified(module: ModuleOp, locations: dict[int, Span] | None = None) -> ModuleOp:
+    """`module`, verified (an `AttnFuseError` saying what is wrong otherwise: at the innermost
+    op that fails, `file:line:col: op: message`, where `locations` knows where it was parsed)."""
     try:
         module.verify()
     except VerifyException as err:
-        raise AttnFuseError(f"the attn program is not valid: {err}") from err
+        found = innermost_failing_op([module])
+        if found is None:
+            raise AttnFuseError(f"the attn program is not valid: {err}") from err
+        op, message = found
+        where = location_of(op, locations or {})
+        named = message if message.startswith(f"{op.name}: ") else f"{op.name}: {message}"
+        raise AttnFuseError(f"the attn program is not valid: {where + ': ' if where else ''}{named}") from err
     return module
 
 

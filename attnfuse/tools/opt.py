@@ -40,7 +40,7 @@ from xdsl.utils.mlir_lexer import MLIRTokenKind
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from attnfuse.blocks import unregistered_op_hint
-from attnfuse.dialects import OpLocatingParser, dialects
+from attnfuse.dialects import OpLocatingParser, dialects, first_line, innermost_failing_op, location_of
 from attnfuse.errors import AttnFuseError, PassOptionError
 from attnfuse.transforms import PASSES
 
@@ -51,16 +51,15 @@ class LocatingParser(OpLocatingParser):
 
     def __init__(self, ctx: Context, text: str, name: str, locations: dict[int, Span],
                  locate_verify_errors: bool = True):
-        super().__init__(ctx, text, name)
-        self.locations = locations
+        super().__init__(ctx, text, name, locations)
         self.locate_verify_errors = locate_verify_errors
 
     def parse_operation(self) -> Operation:
-        span = self._current_token.span
         if self.locate_verify_errors:
-            op = super().parse_operation()
-        else:  # --verify-diagnostics prints verifier messages as xDSL does
-            op = Parser.parse_operation(self)
+            return super().parse_operation()
+        # --verify-diagnostics prints verifier messages as xDSL does.
+        span = self._current_token.span
+        op = Parser.parse_operation(self)
         self.locations[id(op)] = span
         return op
 
@@ -102,7 +101,7 @@ class AttnFuseOptMain(xDSLOptMain):
             # The target's options, checked now: a bad one is the command line's mistake.
             self.available_targets[spec.name]().from_spec(spec)
         except Exception as err:  # noqa: BLE001 - xDSL raises ValueError and others
-            raise CommandLineError(f"-t {self.args.target}: {_first_line(err)}") from err
+            raise CommandLineError(f"-t {self.args.target}: {first_line(err)}") from err
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
@@ -242,34 +241,11 @@ class AttnFuseOptMain(xDSLOptMain):
 
     def locate(self, op: Operation | None) -> str:
         """`file:line:col` of an op, or of the input when the op was not parsed from it."""
-        while op is not None:
-            span = self.locations.get(id(op))
-            if span is not None:
-                return str(span.get_location())
-            op = op.parent_op()
-        return f"{self.get_input_name()}:1:1"
+        return location_of(op, self.locations) or f"{self.get_input_name()}:1:1"
 
     def failing_op(self) -> tuple[Operation | None, str] | None:
-        """The innermost op whose own verifier fails, and its message.
-
-        Innermost first: a parent's verifier may read its children (a variant reads its
-        rotations' properties) and fail obscurely where the child reports the real problem.
-        Any exception counts as a failure here: this runs while reporting an error.
-        """
-        found: list[tuple[int, Operation, str]] = []
-        for module in self.modules:
-            for op in module.walk():
-                try:
-                    op.verify(verify_nested_ops=False)
-                except Exception as err:  # noqa: BLE001 - reporting, never re-raising
-                    depth, parent = 0, op.parent_op()
-                    while parent is not None:
-                        depth, parent = depth + 1, parent.parent_op()
-                    found.append((depth, op, _first_line(err)))
-        if not found:
-            return None
-        _depth, op, message = max(found, key=lambda f: f[0])
-        return op, message
+        """The innermost op whose own verifier fails, and its message (`innermost_failing_op`)."""
+        return innermost_failing_op(self.modules)
 
 
 def _option_values(argv: Sequence[str], long: str, short: str | None = None) -> list[str]:
@@ -318,10 +294,10 @@ def _parse_target(text: str):
     except ArgSpecParseError as err:
         # xDSL's message quotes the text with a caret under the column: keep the column and words.
         located = re.match(r".*:1:(\d+) .*\^\s+(.*)$", " ".join(str(err).split()))
-        detail = f"column {located.group(1)}: {located.group(2)}" if located else _first_line(err)
+        detail = f"column {located.group(1)}: {located.group(2)}" if located else first_line(err)
         raise CommandLineError(f"-t {text}: {detail}") from err
     except Exception as err:  # noqa: BLE001 - xDSL's spec parser raises several kinds
-        raise CommandLineError(f"-t {text}: {_first_line(err)}") from err
+        raise CommandLineError(f"-t {text}: {first_line(err)}") from err
 
 
 def load_block_module(path: str) -> ModuleType:
@@ -429,7 +405,7 @@ def _exec_block_module(spec: Any, module: ModuleType, name: str, path: str) -> N
         # BaseException, not Exception: a module may raise its own BaseException subclass
         # (or GeneratorExit); it is still a module that does not load.
         sys.modules.pop(name, None)
-        raise BlockModuleError(f"--block-module {path}: {type(err).__name__}: {_first_line(err)}") from err
+        raise BlockModuleError(f"--block-module {path}: {type(err).__name__}: {first_line(err)}") from err
 
 
 MAX_INTEGER_WIDTH = (1 << 24) - 1
@@ -506,14 +482,6 @@ def _span_at(text: str, line: int, col: int, name: str, start_offset: int) -> Sp
     return Span(position, position + 1, Input(padded, name))
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    match = re.search(r"Operation does not verify: (.*)", text)
-    if match:
-        return match.group(1).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def _pipeline_error(argv: Sequence[str], message: str, option: tuple[str, str] | None = None) -> str:
     """`-p:1:col: error: ...`, pointing into the pipeline argument: at the value the message
     quotes, else at `option` (pass, option: a `PassOptionError`'s) inside that pass's braces
@@ -571,8 +539,8 @@ def diagnostic(tool: AttnFuseOptMain, argv: Sequence[str], err: BaseException) -
     if isinstance(err, (VerifyException, DiagnosticException)):
         # An error that names its op (a use before its definition) is located there.
         culprit = getattr(err, "op", None)
-        found = (culprit, _first_line(err)) if culprit is not None else tool.failing_op()
-        op, message = found if found is not None else (None, _first_line(err))
+        found = (culprit, first_line(err)) if culprit is not None else tool.failing_op()
+        op, message = found if found is not None else (None, first_line(err))
         return f"{tool.locate(op)}: error: {message}"
     if isinstance(err, PassOptionError):
         return _pipeline_error(argv, str(err), _option_of(err))
@@ -582,7 +550,7 @@ def diagnostic(tool: AttnFuseOptMain, argv: Sequence[str], err: BaseException) -
         if found is not None:
             op, message = found
         else:
-            message = _first_line(err)
+            message = first_line(err)
         return f"{tool.locate(op)}: error: {message}"
     if isinstance(err, OSError):
         return f"attnfuse-opt: error: {err}"
@@ -595,7 +563,7 @@ def diagnostic(tool: AttnFuseOptMain, argv: Sequence[str], err: BaseException) -
     # A compiler bug: still one located line, never a traceback.
     found = tool.failing_op()
     op = found[0] if found is not None else None
-    return f"{tool.locate(op)}: error: internal compiler error: {type(err).__name__}: {_first_line(err)}"
+    return f"{tool.locate(op)}: error: internal compiler error: {type(err).__name__}: {first_line(err)}"
 
 
 def _refuse_argument(message: str) -> NoReturn:
@@ -611,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help: argparse printed the usage and exits 0
         return int(exit_.code or 0)
     except CommandLineError as err:
-        print(f"attnfuse-opt: error: {_first_line(err)}", file=sys.stderr)
+        print(f"attnfuse-opt: error: {first_line(err)}", file=sys.stderr)
         return 1
     except (ArgSpecParseError, ValueError, PassFailedException) as err:
         message = str(err).strip().replace("\n", " ")

@@ -85,6 +85,13 @@ def test_an_unused_op_reads_nothing():
         # A property of the wrong type fails while its op is parsed: located at that op.
         (variant("  %c = attn.softcap %s {cap = 3}\n  %p = attn.softmax %c"),
          "<attn program>:3:3\n(.|\n)*attn.softcap: property 'cap' must be a float attribute, got 3 : i64"),
+        # In the generic form it fails when the program is verified: located and named too.
+        (variant('  %c = "attn.softcap"(%s) <{cap = "big"}> : (!attn.scores) -> !attn.scores\n'
+                 "  %p = attn.softmax %c"),
+         "not valid: <attn program>:3:3: attn.softcap: property 'cap' must be a float attribute, got \"big\""),
+        # Any verifier's error is located at its op.
+        (variant("  %c = attn.softcap %s {cap = -1.0 : f64}\n  %p = attn.softmax %c"),
+         "not valid: <attn program>:3:3: attn.softcap: "),
     ],
 )
 def test_bad_programs(source, error):

@@ -45,19 +45,22 @@ from attnfuse.errors import ArgumentError
 from attnfuse.runtime.triton_launcher import current_device, hooks_idle, knobs
 
 LAUNCH_GRAPHS_ENV = "ATTNFUSE_LAUNCH_GRAPHS"
-"""on (default): a schedule of several launches replays as a CUDA graph where `LaunchGraphs`
-allows; off: every launch goes through the launcher."""
+"""on (default; also 1, true): a schedule of several launches replays as a CUDA graph where
+`LaunchGraphs` allows; off (0, false): every launch goes through the launcher."""
+
+_SETTINGS = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
 
 
 def _launch_graphs_setting() -> bool:
     value = os.environ.get(LAUNCH_GRAPHS_ENV, "on").strip().lower() or "on"
-    if value not in ("on", "off"):
-        raise ArgumentError(f"{LAUNCH_GRAPHS_ENV} must be on or off, got {value!r}")
-    return value == "on"
+    if value not in _SETTINGS:
+        raise ArgumentError(f"{LAUNCH_GRAPHS_ENV} must be on or off (1 or 0), got {value!r}")
+    return _SETTINGS[value]
 
 
 ENABLED = _launch_graphs_setting()
-"""`ATTNFUSE_LAUNCH_GRAPHS`, read at import (the benchmarks set this to compare)."""
+"""`ATTNFUSE_LAUNCH_GRAPHS`, read once, when the runtime's call path is first imported (a bad
+value is an `ArgumentError` there, naming the variable); the benchmarks set this to compare."""
 
 MAX_GRAPHS = 256
 """Graphs kept per schedule (one per set of tensors seen twice): a model's layers share a

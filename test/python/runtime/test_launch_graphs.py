@@ -233,5 +233,6 @@ def test_the_setting_is_checked(monkeypatch):
     monkeypatch.setenv(launch_graphs.LAUNCH_GRAPHS_ENV, "sometimes")
     with pytest.raises(Exception, match="ATTNFUSE_LAUNCH_GRAPHS must be on or off"):
         launch_graphs._launch_graphs_setting()
-    monkeypatch.setenv(launch_graphs.LAUNCH_GRAPHS_ENV, " OFF ")
-    assert launch_graphs._launch_graphs_setting() is False
+    for value, enabled in ((" OFF ", False), ("0", False), ("false", False), ("on", True), ("1", True), ("", True)):
+        monkeypatch.setenv(launch_graphs.LAUNCH_GRAPHS_ENV, value)
+        assert launch_graphs._launch_graphs_setting() is enabled, value

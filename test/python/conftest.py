@@ -279,6 +279,21 @@ class NoFallback:
         raise AssertionError("the call fell back to the portable kernel")
 
 
+def direct_then_graphed(steps, monkeypatch):
+    """`steps(mode)` run with launch graphs off ("direct"), then on ("graphed"); both results.
+    Fails unless some schedule replayed as a graph in the second run and no capture failed."""
+    from attnfuse.runtime import launch_graphs
+
+    replays = record_graph_replays(monkeypatch)
+    monkeypatch.setattr(launch_graphs, "ENABLED", False)
+    direct = steps("direct")
+    monkeypatch.setattr(launch_graphs, "ENABLED", True)
+    graphed = steps("graphed")
+    assert any(replayed for replayed, _failed in replays), f"no launches replayed as a graph: {replays}"
+    assert all(failed is None for _replayed, failed in replays), replays
+    return direct, graphed
+
+
 def record_graph_replays(monkeypatch) -> list[tuple[bool, str | None]]:
     """Every `LaunchGraphs` call from now on: (whether it ran its launches as a CUDA graph, why
     its schedule's capture failed or None)."""

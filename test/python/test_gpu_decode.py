@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close_to_reference, assert_lse_close, lse_tolerance, record_graph_replays
+from conftest import assert_close_to_reference, assert_lse_close, lse_tolerance, direct_then_graphed
 
 import attnfuse as af
 
@@ -155,8 +155,6 @@ def test_decode_launch_graphs_read_the_lengths_of_each_call(monkeypatch):
     """Decode steps over one cache whose lengths grow in place: from the second step on, the
     split decode's launches replay as one CUDA graph (`launch_graphs`), which reads each
     step's lengths and queries; every step equals the direct launches' bit for bit."""
-    from attnfuse.runtime import launch_graphs
-
     spec = af.attention(af.causal())
     fn = af.compile(spec)
     q, k, v = (t.cuda() for t in cache(8, 32, 8, 1, 8192, 128, torch.float16, seed=4))
@@ -173,15 +171,9 @@ def test_decode_launch_graphs_read_the_lengths_of_each_call(monkeypatch):
             copy.copy_(fn(q, k, v, kv_lens=lens))
         return copies[mode]
 
-    replays = record_graph_replays(monkeypatch)
-    monkeypatch.setattr(launch_graphs, "ENABLED", False)
-    direct = steps("direct")
-    monkeypatch.setattr(launch_graphs, "ENABLED", True)
-    graphed = steps("graphed")
+    direct, graphed = direct_then_graphed(steps, monkeypatch)
     for step, (want, got) in enumerate(zip(direct, graphed)):
         assert torch.equal(want, got), f"step {step} differs from the direct launches'"
-    assert any(replayed for replayed, _failed in replays), f"the decode never replayed as a graph: {replays}"
-    assert all(failed is None for _replayed, failed in replays), replays
     ref = af.reference_attention(spec, q.cpu(), k.cpu(), v.cpu(), kv_lens=lens.cpu())
     assert_close_to_reference(graphed[-1].cpu(), ref, torch.float16)
 

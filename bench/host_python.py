@@ -29,6 +29,10 @@ launch metadata (the installed Triton's own code), a stand-in of 3.6's `CudaLaun
 a no-op C launch (`_Compiled`); the CUDA device and stream queries are stood in for by
 C calls of the same shape (`stub_cuda_queries`). All tensors are fp16 on the CPU
 and no kernel ever runs. Times are the calling thread's CPU time (`per_call_us`).
+
+On a GPU a schedule of several launches (a training step's backward) replays as one CUDA graph
+from the second call with the same tensors (`runtime/launch_graphs.py`); CPU tensors never take
+that path, so this script's `direct` figures are a GPU call's with `ATTNFUSE_LAUNCH_GRAPHS=off`.
 """
 
 from __future__ import annotations

@@ -252,6 +252,19 @@ def launch_times(q, k, v, grad_out) -> list[str]:
     return lines
 
 
+def launch_graph_census() -> dict[str, object]:
+    """How many CUDA graphs AttnFuse's launch schedules hold now (`LaunchGraphs` objects alive:
+    the plans' own), and why any failed to capture: whether the `attnfuse` rows replayed their
+    backward as graphs, read after the run, so the timed calls carry no counting."""
+    import gc
+
+    from attnfuse.runtime.launch_graphs import LaunchGraphs
+
+    schedules = [o for o in gc.get_objects() if isinstance(o, LaunchGraphs)]
+    return {"schedules": len(schedules), "graphs": sum(len(g.graphs) for g in schedules),
+            "failed": sorted({g.failed for g in schedules if g.failed})}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lens", default="128,512")
@@ -325,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                     row.update(summarize(measured[i]))
                 rows.append(row)
     add_ratios(rows)
+    graphs = launch_graph_census()
 
     meta = benchlib.metadata(device)
     shape = f"B={args.batch} H={args.heads} D={args.head_dim} {args.dtype} causal"
@@ -333,15 +347,18 @@ def main(argv: list[str] | None = None) -> int:
     markdown = [f"# Host overhead per call beside SDPA ({meta['gpu'] or 'CPU'})", ""]
     markdown += benchlib.metadata_lines(meta)
     markdown += [f"- problem: {shape}; {args.rounds} rounds of {args.calls} back-to-back calls, medians",
-                 "- host_us: time for a call to return while the GPU is held busy (the host's own cost); "
-                 "gpu_us: device time per call with the queue full (CUDA events); wall_us: back-to-back "
-                 "calls, synchronized around (host clock)",
-                 f"- targets: AttnFuse host_us / SDPA host_us <= {TARGETS['fwd']} (forward), "
-                 f"<= {TARGETS['train']} (training step)", ""]
+                 ("- host_us: time for a call to return while the GPU is held busy (the host's own cost); "
+                  "gpu_us: device time per call with the queue full (CUDA events); wall_us: back-to-back "
+                  "calls, synchronized around (host clock)"),
+                 (f"- targets: AttnFuse host_us / SDPA host_us <= {TARGETS['fwd']} (forward), "
+                  f"<= {TARGETS['train']} (training step)"),
+                 f"- launch graphs (runtime/launch_graphs.py) after the run: {graphs['graphs']} captured over "
+                 f"{graphs['schedules']} schedules" + (f"; failed: {graphs['failed']}" if graphs["failed"] else ""),
+                 ""]
     markdown += table(rows)
     print("\n".join(table(rows)))
     benchlib.write_outputs(args.out, f"{benchlib.stamp()}-host-overhead",
-                           {"metadata": meta, "config": config, "rows": rows}, markdown)
+                           {"metadata": meta, "config": config, "rows": rows, "launch_graphs": graphs}, markdown)
 
     if device == "cuda" and (args.launches or args.profile):
         n = seq_lens[0]

@@ -13,6 +13,10 @@ its own:
   commutes with neither, every filter commutes with every modifier (a dropped key stays
   dropped whatever is added to it);
 - the query's rotation is moved above the key's (the two are independent);
+- a float property or attribute of an attn op written at a narrower width (`: f32`) is written
+  at f64, the width the Python API writes: the same number (xDSL rounds a float to its
+  attribute's width when it is made, and an f32 is exact in f64), so a hand-written program
+  and the DSL's print alike and share kernels; kept where the op's verifier refuses f64;
 - every op's own canonicalization patterns (xDSL's `HasCanonicalizationPatternsTrait`) run
   too: `attn.mask` merges adjacent masks, sorts and deduplicates predicates, intersects
   windows and drops an empty mask.
@@ -23,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
 from xdsl.ir import Operation
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -106,6 +110,29 @@ class OrderRotations(RewritePattern):
             later = later.next_op
 
 
+class WidenFloatAttributes(RewritePattern):
+    """Writes an attn op's float properties and attributes of a width below f64 at f64 (see
+    the module docstring), one at a time, each kept only if the op still verifies."""
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if not isinstance(op.parent_op(), VariantOp):
+            return
+        changed = False
+        for store in (op.properties, op.attributes):
+            for name, value in list(store.items()):
+                if not isinstance(value, FloatAttr) or value.type == f64:
+                    continue
+                store[name] = FloatAttr(value.value.data, f64)
+                try:
+                    op.verify(verify_nested_ops=False)
+                except Exception:  # noqa: BLE001 - the op wants this width: keep it
+                    store[name] = value
+                    continue
+                changed = True
+        if changed:
+            rewriter.notify_op_modified(op)
+
+
 def op_patterns(ctx: Context) -> list[RewritePattern]:
     """The canonicalization patterns the attn dialect's ops declare."""
     dialect = ctx.get_optional_dialect("attn")
@@ -126,7 +153,7 @@ class CanonicalizeAttnPass(TypedOptionsPass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         PatternRewriteWalker(
             GreedyRewritePatternApplier(
-                [EraseUnusedOp(), OrderScoreOps(), OrderRotations(), *op_patterns(ctx)],
+                [EraseUnusedOp(), OrderScoreOps(), OrderRotations(), WidenFloatAttributes(), *op_patterns(ctx)],
                 # The pattern above erases only attn ops; xDSL's DCE would also erase unused
                 # ops of any other dialect in the module.
                 dce_enabled=False,

@@ -21,7 +21,8 @@ from xdsl.utils.lexer import Span
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 
 from attnfuse.blocks import unregistered_op_hint
-from attnfuse.dialects import OpLocatingParser, attn, innermost_failing_op, location_of, make_context
+from attnfuse.dialects import attn, make_context
+from attnfuse.dialects.diagnostics import OpLocatingParser, innermost_failing_op, location_of
 from attnfuse.dialects.interfaces import (
     DataUse,
     KeyFilter,

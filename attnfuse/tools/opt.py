@@ -40,7 +40,8 @@ from xdsl.utils.mlir_lexer import MLIRTokenKind
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from attnfuse.blocks import unregistered_op_hint
-from attnfuse.dialects import OpLocatingParser, dialects, first_line, innermost_failing_op, location_of
+from attnfuse.dialects import dialects
+from attnfuse.dialects.diagnostics import OpLocatingParser, first_line, innermost_failing_op, location_of
 from attnfuse.errors import AttnFuseError, PassOptionError
 from attnfuse.transforms import PASSES
 

@@ -7,8 +7,8 @@ than from L2. A head-major grid (one axis, heads outermost: `tile.kernel`'s `hea
 which lower-to-tile sets on a listed forward) runs neighbouring blocks of a few heads at once,
 which share them. This probe launches the runtime's generated kernel
 (`af.compile(..., config=af.TileConfig(64, 64, 4, 2, ...))` on the portable target) on the
-same tensors and block lists twice: as the runtime does, and with the other order's prologue
-(its program-id lines, nothing else) over the other order's grid.
+same tensors and block lists twice: as the runtime does, and with the other order (its tile IR
+with `head_major` toggled, printed by the Triton target) over the other order's grid.
 
     python3 bench/block_sparse_grid_probe.py --out DIR [--densities 0.05,0.1,0.25]
     python3 bench/block_sparse_grid_probe.py --smoke    # CPU interpreter, tiny: checks the probe
@@ -22,49 +22,41 @@ call (`af.full()`, auto).
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import contextlib
+import hashlib
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-if "--smoke" in sys.argv:
-    # The transposed module is loaded here, not by AttnFuse's cache: on the CPU it must be
-    # decorated for Triton's interpreter, which `triton.jit` reads when triton is imported.
-    os.environ["TRITON_INTERPRET"] = "1"
-
 import torch
+from xdsl.dialects.builtin import IntegerAttr, i64
 
 import benchlib
 from block_sparse import make_layout, timer
 
-BLOCK_MAJOR = ("    block_id = tl.num_programs(1) - 1 - tl.program_id(1)\n"
-               "    batch_head = tl.program_id(0)\n")
-HEAD_MAJOR = ("    num_blocks = tl.cdiv(n_q, BLOCK_M)\n"
-              "    batch_head = tl.program_id(0) // num_blocks\n"
-              "    block_id = num_blocks - 1 - tl.program_id(0) % num_blocks\n")
 
+def other_grid_kernel(spec, key, interpret: bool, name: str = "attention_fwd"):
+    """The kernel `name` of `spec`'s program for compile key `key` with the other grid order
+    (block-major for a head-major kernel and the reverse): its tile IR with `head_major`
+    toggled, printed by the Triton target and loaded as the runtime loads its kernels. Returns
+    the kernel and whether that other order is head-major."""
+    from attnfuse.lowering.triton import emit_module
+    from attnfuse.runtime import cache as kernel_cache
+    from attnfuse.runtime.compiler import lower_spec
 
-def other_grid_kernel(source: str, name: str = "attention_fwd"):
-    """The kernel `name` of a generated module's `source` with the other grid order's prologue
-    (block-major for a head-major kernel and the reverse), and whether that other order is
-    head-major."""
-    start = source.index(f"def {name}(")
-    end = source.find("\n@triton.jit", start)
-    end = len(source) if end < 0 else end
-    body = source[start:end]
-    if body.count(HEAD_MAJOR) == 1:
-        body, head_major = body.replace(HEAD_MAJOR, BLOCK_MAJOR), False
-    elif body.count(BLOCK_MAJOR) == 1:
-        body, head_major = body.replace(BLOCK_MAJOR, HEAD_MAJOR), True
+    module = lower_spec(spec, key)
+    (kernel_op,) = [op for op in module.ops if op.sym_name.data == name]
+    head_major = not kernel_op.head_major
+    if head_major:
+        kernel_op.attributes["head_major"] = IntegerAttr(1, i64)
     else:
-        raise RuntimeError("the generated prologue changed: neither grid order's lines are in it")
+        kernel_op.attributes.pop("head_major")
+    source = emit_module(module, interpret).source
+    digest = hashlib.sha256(source.encode()).hexdigest()
     path = Path(tempfile.mkdtemp()) / "other_grid_probe.py"
-    path.write_text(source[:start] + body + source[end:])
-    spec = importlib.util.spec_from_file_location("other_grid_probe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return getattr(module, name), head_major
+    path.write_text(source)
+    return getattr(kernel_cache.load_module(path, f"other_grid_{digest}", interpret, source), name), head_major
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,13 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import attnfuse as af
     from attnfuse.runtime import launch as launch_module
+    from attnfuse.runtime.interpreter import interpreting
 
     b, h, n, d, block = (1, 2, 256, 16, 64) if args.smoke else (4, 12, 4096, 64, 128)
     dtype = torch.float32 if args.smoke else torch.float16
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, n, d, device=device, dtype=dtype) for _ in range(3))
     tiles = (64, 64, 4, 2, 64, 64, 4, 2, 64, 32, 4, 3)
-    sparse = af.compile(af.attention(af.block_sparse(block)), config=af.TileConfig(*tiles))
+    spec = af.attention(af.block_sparse(block))
+    sparse = af.compile(spec, config=af.TileConfig(*tiles))
     dense = af.compile(af.attention(af.full()))
     time_ms = timer(device, 25.0, 100.0) if not args.smoke else (lambda fn: benchlib.median_ms(fn, "cpu", 0, 1)[0])
     recorded: dict[str, dict] = {}
@@ -111,13 +105,17 @@ def main(argv: list[str] | None = None) -> int:
             launch_module.KernelLaunch.__call__ = original
         launch, tensors = recorded["attention_fwd"]
         if kernel is None:
-            kernel, other_head_major = other_grid_kernel(sparse.source)
+            kernel, other_head_major = other_grid_kernel(spec, sparse.compile_key(sparse.plan(q, k, v).problem),
+                                                         interpret=args.smoke)
         bh, blocks = b * h, -(-n // launch.info.block_m)
         grid = (bh * blocks, 1) if other_head_major else (bh, blocks)
         jit_args = launch.jit_arguments(tensors)
 
         def transposed(jit_args=jit_args, grid=grid, launch=launch, kernel=kernel):
-            kernel[grid](*jit_args, *launch.scalars, num_warps=launch.info.num_warps, num_stages=launch.stages[0])
+            # On the CPU, as the runtime runs an interpreted kernel (`interpreter.interpreting`).
+            with interpreting() if args.smoke else contextlib.nullcontext():
+                kernel[grid](*jit_args, *launch.scalars, num_warps=launch.info.num_warps,
+                             num_stages=launch.stages[0])
 
         tensors["o"].zero_()
         transposed()

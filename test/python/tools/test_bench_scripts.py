@@ -3,7 +3,8 @@ timings mean nothing here), and the checks they rely on shown able to fail.
 
 `bench/block_sparse.py --quick` is left out: compiling flex_attention on the CPU takes about a
 minute. `bash bench/issue15_gpu.sh --smoke` runs all three scripts (about 3.5 minutes).
-`bench/decode.py --smoke` runs here on rows 1, 5 and 6 (flex uncompiled, as its smoke mode does).
+`bench/decode.py --smoke` runs here on rows 1, 5 and 6 (flex uncompiled, as its smoke mode does);
+`bench/block_sparse_grid_probe.py --smoke` at one density.
 """
 
 from __future__ import annotations
@@ -30,9 +31,18 @@ def scripts():
     try:
         yield {name: importlib.import_module(name)
                for name in ("benchlib", "host_overhead", "llama_layer", "decode", "decode_tune", "gluon_variants",
-                            "document")}
+                            "document", "block_sparse_grid_probe")}
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_block_sparse_grid_probe_compares_both_grid_orders(scripts, tmp_path):
+    """The runtime's block-sparse kernel (head-major) and the same tile IR printed block-major
+    give bit-identical outputs through the interpreter."""
+    assert scripts["block_sparse_grid_probe"].main(["--smoke", "--densities", "0.5", "--out", str(tmp_path)]) == 0
+    (json_path,) = tmp_path.glob("*-block-sparse-grid-probe.json")
+    (row,) = json.loads(json_path.read_text())["rows"]
+    assert row["runtime_grid"] == "head-major" and row["bitwise_equal"]
 
 
 def test_host_overhead_smoke_writes_its_table(scripts, tmp_path):

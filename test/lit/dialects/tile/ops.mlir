@@ -106,3 +106,14 @@ tile.kernel @documents(%q: !tile.tensor<q>, %k: !tile.tensor<k>, %v: !tile.tenso
   tile.store %acc_1, %o[program, all] : !tile.tile<m x dv x f32> -> !tile.tensor<o>
   tile.return
 }
+
+// A head-major grid (`head_major = 1`) round-trips beside the block order.
+// CHECK-LABEL: tile.kernel @head_major_fwd(%q: !tile.tensor<q>, %o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, block_order = #tile<order descending>, head_major = 1 : i64} {
+tile.kernel @head_major_fwd(%q: !tile.tensor<q>, %o: !tile.tensor<o>) attributes {grid = #tile<grid query_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64, block_order = #tile<order descending>, head_major = 1 : i64} {
+  // CHECK-NEXT: %x = tile.load %o[program, all] : !tile.tensor<o> -> !tile.tile<m x dv x f16>
+  %x = tile.load %o[program, all] : !tile.tensor<o> -> !tile.tile<m x dv x f16>
+  // CHECK-NEXT: tile.store %x, %o[program, all] : !tile.tile<m x dv x f16> -> !tile.tensor<o>
+  tile.store %x, %o[program, all] : !tile.tile<m x dv x f16> -> !tile.tensor<o>
+  // CHECK-NEXT: tile.return
+  tile.return
+}

@@ -13,8 +13,8 @@ its own:
   commutes with neither, every filter commutes with every modifier (a dropped key stays
   dropped whatever is added to it);
 - the query's rotation is moved above the key's (the two are independent);
-- a float property or attribute of an attn op written at a narrower width (`: f32`) is written
-  at f64, the width the Python API writes: the same number (xDSL rounds a float to its
+- a float property or attribute of an attn op (or a float in an array of them, ALiBi's
+  slopes) written at a narrower width (`: f32`) is written at f64, the width the Python API writes: the same number (xDSL rounds a float to its
   attribute's width when it is made, and an f32 is exact in f64), so a hand-written program
   and the DSL's print alike and share kernels; kept where the op's verifier refuses f64;
 - every op's own canonicalization patterns (xDSL's `HasCanonicalizationPatternsTrait`) run
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
-from xdsl.ir import Operation
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, f64
+from xdsl.ir import Attribute, Operation
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -120,9 +120,10 @@ class WidenFloatAttributes(RewritePattern):
         changed = False
         for store in (op.properties, op.attributes):
             for name, value in list(store.items()):
-                if not isinstance(value, FloatAttr) or value.type == f64:
+                wide = widened(value)
+                if wide is None:
                     continue
-                store[name] = FloatAttr(value.value.data, f64)
+                store[name] = wide
                 try:
                     op.verify(verify_nested_ops=False)
                 except Exception:  # noqa: BLE001 - the op wants this width: keep it
@@ -131,6 +132,19 @@ class WidenFloatAttributes(RewritePattern):
                 changed = True
         if changed:
             rewriter.notify_op_modified(op)
+
+
+def widened(value: Attribute) -> Attribute | None:
+    """`value` with its floats below f64 written at f64 (a float, or an array holding floats:
+    ALiBi's slopes), or None if it holds none."""
+    if isinstance(value, FloatAttr):
+        return None if value.type == f64 else FloatAttr(value.value.data, f64)
+    if isinstance(value, ArrayAttr):
+        elements = [widened(element) for element in value.data]
+        if all(element is None for element in elements):
+            return None
+        return ArrayAttr([old if new is None else new for old, new in zip(value.data, elements)])
+    return None
 
 
 def op_patterns(ctx: Context) -> list[RewritePattern]:

@@ -27,3 +27,15 @@ attn.variant @inexact(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !at
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// Floats in an array (ALiBi's slopes) too.
+// CHECK:      attn.alibi %s {slopes = [5.000000e-01 : f64, 2.500000e-01 : f64]}
+attn.variant @slopes(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %s = attn.scores %q, %k
+  %a = attn.alibi %s {slopes = [5.0e-01 : f32, 2.5e-01 : f32]}
+  %p = attn.softmax %a
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

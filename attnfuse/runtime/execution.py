@@ -141,10 +141,11 @@ class KernelExecution:
     @staticmethod
     def _graphs(plan: CallPlan, schedule: tuple[tuple[KernelLaunch, str | None, torch.dtype], ...]
                 ) -> LaunchGraphs | None:
-        """The CUDA graphs a schedule of several launches replays as (`launch_graphs`), keyed by
-        every role its launches read (a Gluon launch's own roles too), or None: one launch, or a
-        pre-rotation kernel among them, whose copy `_run` allocates between the launches."""
-        if len(schedule) < 2 or any(rotated is not None for _launch, rotated, _dtype in schedule):
+        """The CUDA graphs a schedule replays as (`launch_graphs`), keyed by every role its
+        launches read (a Gluon launch's own roles too), or None where `LaunchGraphs` finds none
+        usable (one launch, not a GPU) or a pre-rotation kernel is among them, whose copy `_run`
+        allocates between the launches."""
+        if any(rotated is not None for _launch, rotated, _dtype in schedule):
             return None
         roles = {role for launch, _rotated, _dtype in schedule
                  for role in (*launch.info.roles, *getattr(launch, "keyed_roles", ()))}

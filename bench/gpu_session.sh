@@ -83,6 +83,7 @@
 #   softcap-backward  bench/backward_targets.py's softcap+causal rows (no cuDNN peer), default, separate and
 #                     nondet_auto: the Gluon backward auto gives soft-capping at D=128 spills 204-324 bytes in its
 #                     step loops on Triton 3.6 (bench/results/20261205T1230Z-gluon-sm90-spill-sweep.md), untimed
+#   verify44          the launch-graph GPU tests (test_gpu.py, test_gpu_decode.py)
 #   tune              attnfuse-tune on the GPU: RoPE + causal at the Llama heads (bf16, N=4096), forward and
 #                     backward over a small grid, its tuning file, and a call that reads the file
 set -u
@@ -287,6 +288,10 @@ for stage in "$@"; do
         > "$dir/block_sparse_auto.log" 2>&1; echo "block-sparse (auto) rc=$?"; tail -9 "$dir/block_sparse_auto.log"
       timeout 200 python3 bench/host_overhead.py --seq-lens 128,512 --out "$dir" > "$dir/host_overhead.log" 2>&1
       echo "host rc=$?"; grep "train" "$dir"/*host-overhead.md | tail -10 ;;
+    verify44)
+      # The launch-graph tests after stop 44's fix (captures were all dropped: the allocation
+      # count spanned capture_begin, which allocates for the graph itself).
+      pytest_run verify44 200 -n 8 test/python/test_gpu.py test/python/test_gpu_decode.py -k "launch_graphs or graph" ;;
     sparse-head-major)
       pytest_run sparse-head-major 200 -n 8 test/python/test_gpu.py test/python/test_gpu_gluon.py \
         -k "head_major or block_sparse or documents or refused"

@@ -147,30 +147,34 @@ class LaunchGraphs:
         graph = self.new_graph()
         with _capture_lock:
             try:
-                allocated = _allocated(self.device)
                 with torch.cuda.stream(_side_stream(self.device)):
                     # relaxed: a launch that loads its kernel (after the launcher's cache was
                     # cleared, say) may call what a stricter mode refuses while capturing.
                     graph.capture_begin(capture_error_mode="relaxed")
                     try:
+                        # Counted inside the capture: beginning and ending one allocate for
+                        # the graph itself (the CUDA generator's graph-safe state, on the
+                        # first capture), which is not a launch copying an input.
+                        allocations = _allocations(self.device)
                         for launch in self.launches:
                             launch(tensors)
+                        allocated = _allocations(self.device) != allocations
                     finally:
                         graph.capture_end()
-                grew = _allocated(self.device) != allocated
             except Exception as err:  # noqa: BLE001 - any failure keeps the direct launches
                 self.failed = f"{type(err).__name__}: {err}"
                 return None
-            if grew:
+            if allocated:
                 self.failed = "a launch allocated memory while captured (a copy of an input)"
                 return None
         return graph
 
 
-def _allocated(device: int) -> int:
-    """The bytes PyTorch's allocator has handed out on `device` (a capture's allocations
-    included)."""
-    return torch.cuda.memory_allocated(device)
+def _allocations(device: int) -> int:
+    """How many blocks PyTorch's allocator has handed out on `device` so far (a count that only
+    grows, so a launch that allocates and frees a copy while captured is seen too: the
+    freed block stays reserved in the graph's pool)."""
+    return torch.cuda.memory_stats(device).get("allocation.all.allocated", 0)
 
 
 __all__ = ["ENABLED", "LAUNCH_GRAPHS_ENV", "MAX_GRAPHS", "LaunchGraphs"]

@@ -411,6 +411,31 @@ def test_launch_graphs_replay_the_backward_bitwise(spec_name, n, monkeypatch):
             assert torch.equal(a, b), f"step {seed}: d{name} differs from the direct launches'"
 
 
+def test_launch_graphs_drop_a_capture_that_allocates_and_keep_one_that_does_not():
+    """`LaunchGraphs` on CUDA's own allocator: launches that only write the given tensors are
+    captured (what beginning a capture allocates for the graph itself is not counted) and
+    replay what they did; a launch that makes a copy of its input while captured (freed at
+    once, but kept in the graph's pool) has its schedule launch directly from then on."""
+    from attnfuse.runtime.launch_graphs import LaunchGraphs
+
+    x = torch.randn(1024, device="cuda")
+    out = torch.zeros_like(x)
+    pure = [lambda t: t["out"].copy_(t["x"]), lambda t: t["out"].mul_(2)]
+    graphs = LaunchGraphs(pure, ["x", "out"], x.device)
+    tensors = {"x": x, "out": out}
+    assert [graphs(tensors) for _ in range(3)] == [False, True, True]
+    assert graphs.failed is None
+    x.add_(1)
+    assert graphs(tensors)
+    torch.cuda.synchronize()
+    assert torch.equal(out, 2 * x)
+
+    copying = [lambda t: t["out"].copy_(t["x"].clone()), lambda t: t["out"].mul_(2)]
+    graphs = LaunchGraphs(copying, ["x", "out"], x.device)
+    assert [graphs(tensors) for _ in range(3)] == [False, False, False]
+    assert graphs.failed is not None and "allocated memory" in graphs.failed
+
+
 def test_direct_launches_run_on_the_current_side_stream():
     """A call inside `torch.cuda.stream(s)` launches on s: its inputs, written on s behind a
     long sleep, are read after they are written (a launch on the default stream would read

@@ -43,9 +43,9 @@ class FakeGraph:
 @pytest.fixture
 def cuda_stand_ins(monkeypatch):
     """CUDA's queries answered as on an idle device 0; `state` changes the answers."""
-    state = {"capturing": False, "device": 0, "hooks_idle": True, "allocated": 0}
+    state = {"capturing": False, "device": 0, "hooks_idle": True, "allocations": 0}
     monkeypatch.setattr(launch_graphs, "_capturing", lambda: state["capturing"])
-    monkeypatch.setattr(launch_graphs, "_allocated", lambda device: state["allocated"])
+    monkeypatch.setattr(launch_graphs, "_allocations", lambda device: state["allocations"])
     monkeypatch.setattr(launch_graphs, "current_device", lambda: state["device"])
     monkeypatch.setattr(launch_graphs, "hooks_idle", lambda: state["hooks_idle"])
     monkeypatch.setattr(launch_graphs, "_side_stream", lambda device: None)
@@ -187,13 +187,33 @@ def test_a_capture_that_allocates_is_dropped(cuda_stand_ins):
     def copying(tensors):
         launches[0](tensors)
         if any(g.capturing for g in FakeGraph.made):
-            cuda_stand_ins["allocated"] += 1 << 20
+            cuda_stand_ins["allocations"] += 1  # a copy, freed again: the count stays up
 
     graphs = LaunchGraphs([copying, launches[1]], ["q", "k", "dq"], torch.device("cuda", 0), new_graph=FakeGraph)
     call = tensors()
     graphs(call)
     assert graphs(call) is False and "allocated memory" in graphs.failed
     assert graphs.graphs == {} and FakeGraph.made[0].replays == 0
+
+
+def test_what_beginning_and_ending_a_capture_allocates_is_not_a_launchs(cuda_stand_ins):
+    """Beginning a capture allocates the CUDA generator's graph-safe state (the first time):
+    that is the graph's, not a launch copying an input, and the graph is kept (on the GPU
+    every capture was dropped while the count spanned capture_begin and capture_end)."""
+    class AllocatingGraph(FakeGraph):
+        def capture_begin(self, **kwargs):
+            cuda_stand_ins["allocations"] += 2
+            super().capture_begin(**kwargs)
+
+        def capture_end(self):
+            cuda_stand_ins["allocations"] += 1
+            super().capture_end()
+
+    log: list[str] = []
+    graphs = LaunchGraphs(schedule(log), ["q", "k", "dq"], torch.device("cuda", 0), new_graph=AllocatingGraph)
+    call = tensors()
+    assert [graphs(call) for _ in range(3)] == [False, True, True]
+    assert graphs.failed is None and len(graphs.graphs) == 1
 
 
 def test_schedules_key_every_role_their_launches_read(cuda_stand_ins):

@@ -31,7 +31,7 @@ zero-filled by the 4-D descriptors and clipped on the stores and reduces; their 
 
 Launch ABI: descriptors `q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_acc_desc`
 (4-D over `[B, H, N, D]`, blocks `[1, 1, rows, D]`), `lse_desc, delta_desc` (1-D over the
-contiguous `[B * Hq * Nq]` f32 rows, blocks of BLOCK_N), then the pointer and strides of every
+`[B * Hq * Nq']` f32 rows, each head's Nq rows padded to Nq' = a multiple of 4, blocks of BLOCK_N), then the pointer and strides of every
 other role (`dk` for the stores by column part, `rope_table`, `slopes`), then `sm_scale, n_q,
 n_k, num_heads (Hkv), group_size`; grid `(B * Hkv, cdiv(n_k, BLOCK_M))`, `num_warps` warps.
 """
@@ -96,7 +96,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                       "it", "b", "WRITER", "total", "n_blocks", "n_start", "halves", "first_head", "counter", "dtype", "row", "step_bytes",
                       "S_LAYOUT", "KV_LAYOUT", "A_LAYOUT", "DQ_LAYOUT", "EPI_LAYOUT", "DS_SMEM", "NW",
                       "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs",
-                      "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i", "wrap", "head",
+                      "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i", "wrap", "head", "n_rows",
                       "tile_2d", "tma_load", "tma_store", "tma_reduce_add", "tma_writes_wait", "reinterpret_shared", "thread_barrier",
                       "gl", "gluon", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait", "fence_async_shared")
     """Names the printed partitions use themselves: the ops' results take others."""
@@ -319,10 +319,13 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "step_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes"
             + (" + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)" if rows else ")"),
             *self.STEP_INIT,
+            *(["# Each head's lse / delta rows in the flat copies, padded to a multiple of 4 (16 bytes:",
+               "# where a TMA copy may start; the runtime pads the copies of an Nq off that multiple).",
+               "n_rows = (n_q + 3) // 4 * 4"] if rows else []),
             "for it in range(total):",
             "    stage = it % STAGES",
             "    phase = (it // STAGES) & 1",
-            *(["    row = (batch * num_heads * group_size + head) * n_q + start_m  # in the flat lse / delta"] if rows else []),
+            *(["    row = (batch * num_heads * group_size + head) * n_rows + start_m  # in the flat lse / delta"] if rows else []),
             "    mbarrier.wait(empty.index(stage), phase ^ 1)",
             "    mbarrier.expect(ready.index(stage), step_bytes)",
             "    tma_load(q_desc, [batch, head, start_m, 0], ready.index(stage), q_bufs.index(stage))",

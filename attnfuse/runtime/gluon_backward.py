@@ -54,9 +54,11 @@ kernel reads them (the softmax; a pointwise normalizer reads none)."""
 
 ROW_ALIGNMENT = 4
 """The kernel loads a head's rows of lse and delta through one flat descriptor at element
-`(b * Hq + h) * Nq + m`: a TMA copy's start in global memory must be 16-byte aligned, so Nq
-must be a multiple of 4 fp32 rows. At Nq = 2043 the copies of head 1 on start unaligned and
-the H200 stops the kernel with an illegal instruction (which poisons the CUDA context)."""
+`(b * Hq + h) * Nq' + m`, Nq' being Nq rounded up to a multiple of this: a TMA copy's start in
+global memory must be 16-byte aligned (at Nq = 2043 read in place, the copies of head 1 on
+started unaligned and the H200 stopped the kernel with an illegal instruction, which poisons
+the CUDA context). Where Nq is off the multiple, `GluonBackwardLaunch.padded_rows` copies the
+rows into padded buffers first."""
 
 NORMALIZERS = ("softmax", "relu", "sigmoid")
 """Normalizers whose fused backward the schedule takes (`backward_shape`)."""
@@ -137,19 +139,16 @@ def variant_fits(variant: Canonical) -> bool:
 
 def fits(problem: Problem) -> bool:
     """Head dims the schedule is written for, equal for keys and values, 16-bit inputs, and
-    rows its flat lse / delta copies can address (`rows_aligned`)."""
+    rows its flat lse / delta index can address (`rows_addressable`)."""
     return (problem.head_dim in BACKWARD_HEAD_DIMS and problem.head_dim_v == problem.head_dim
-            and problem.dtype in (torch.float16, torch.bfloat16) and rows_aligned(problem))
+            and problem.dtype in (torch.float16, torch.bfloat16) and rows_addressable(problem))
 
 
-def rows_aligned(problem: Problem) -> bool:
-    """Whether the kernel's flat lse / delta copies start 16-byte aligned (`ROW_ALIGNMENT`):
-    Nq a multiple of 4. Other calls keep the portable kernels. A pointwise normalizer reads no
-    rows, but its kernel has not run on the H200 at such an Nq: it is kept off them too until
-    it has (a fault there would poison the caller's CUDA context)."""
-    # (And the flat index, an int32 in the kernel, must fit: B * Hq * Nq < 2^31, which only a
-    # q of 256 GiB or more could pass.)
-    return problem.seq_q % ROW_ALIGNMENT == 0 and problem.batch * problem.heads_q * problem.seq_q < 2**31
+def rows_addressable(problem: Problem) -> bool:
+    """Whether the kernel's flat lse / delta index, an int32, reaches every row: B * Hq * Nq'
+    < 2^31 (Nq' = Nq padded to `ROW_ALIGNMENT`), which only a q of 256 GiB or more passes."""
+    rows = -(-problem.seq_q // ROW_ALIGNMENT) * ROW_ALIGNMENT
+    return problem.batch * problem.heads_q * rows < 2**31
 
 
 def takes_gluon_backward(problem: Problem, variant: Canonical,
@@ -212,6 +211,10 @@ class GluonBackwardLaunch:
     fallbacks: dict[str, int] = field(default_factory=dict)
     """Calls that ran the portable kernel, by the first tensor a descriptor could not cover
     (for benchmarks and tests to see which calls did)."""
+    row_buffers: list[torch.Tensor] = field(default_factory=list)
+    """The padded copies of lse and delta (`padded_rows`), made at the first call that needs
+    them and kept: every call of the plan has the same shape, and a CUDA graph of the launch
+    (`launch_graphs`) reads the same buffers."""
 
     @property
     def info(self):
@@ -225,6 +228,7 @@ class GluonBackwardLaunch:
         # descriptors again, no checks (the key determines what they found).
         pointers, pointed = pointer_arguments(self.launch.roles, self.described_roles, tensors)
         key = call_key([tensors[role] for role in self.keyed_roles])
+        padded = self.padded_rows(tensors)  # before a replay too: its descriptors read the copies
         if self.runner.replay(key, pointers):
             return
         # An input a descriptor cannot cover (an expanded dO, whose strides are 0, say) is
@@ -234,7 +238,7 @@ class GluonBackwardLaunch:
         inputs = [t if _descriptor_ready(t) else t.clone(memory_format=torch.contiguous_format)
                   for t in (tensors[role] for role in self.launch.operands)]
         outputs = [tensors[role] for role in OUTPUT_ROLES]
-        rows = [tensors[role] for role in self.row_roles]
+        rows = padded or [tensors[role] for role in self.row_roles]
         unready = [role for role, t in zip(OUTPUT_ROLES, outputs) if not _descriptor_ready(t)]
         unready += [role for role, t in zip(self.row_roles, rows) if not (t.is_contiguous() and t.data_ptr() % 16 == 0)]
         if unready:
@@ -255,6 +259,23 @@ class GluonBackwardLaunch:
         copied = any(t is not tensors[role] for t, role in zip(inputs, self.launch.operands))
         self.runner([*descs, *pointers], self.scalars, specialization_of(blocks + rows, pointed),
                     descriptors=len(descs), key=None if copied else key)
+
+    def padded_rows(self, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Where Nq is not a multiple of `ROW_ALIGNMENT`: the call's lse and delta copied into
+        this launch's `[B * Hq, Nq']` buffers (Nq' the next multiple; the rows the kernel reads,
+        `n_rows`), whose padding stays 0 (a finite delta for the rows past Nq, whose
+        probabilities the kernel zeroes; 0 * NaN would not be 0). Nothing (an empty list)
+        where the rows are read in place."""
+        p = self.problem
+        if not self.row_roles or p.seq_q % ROW_ALIGNMENT == 0:
+            return []
+        if not self.row_buffers:
+            rows = -(-p.seq_q // ROW_ALIGNMENT) * ROW_ALIGNMENT
+            self.row_buffers = [torch.zeros(p.batch * p.heads_q, rows, device=tensors[role].device,
+                                            dtype=torch.float32) for role in self.row_roles]
+        for buffer, role in zip(self.row_buffers, self.row_roles):
+            buffer[:, : p.seq_q].copy_(tensors[role].reshape(buffer.shape[0], p.seq_q))
+        return self.row_buffers
 
     @cached_property
     def row_roles(self) -> tuple[str, ...]:
@@ -343,4 +364,4 @@ def gluon_backward(
 
 
 __all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
-           "rows_aligned", "scheduled_backward", "takes_gluon_backward", "variant_fits"]
+           "rows_addressable", "scheduled_backward", "takes_gluon_backward", "variant_fits"]

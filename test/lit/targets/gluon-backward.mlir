@@ -24,6 +24,9 @@
 // CHECK:         grad_scores = probs * (grad_probs - delta[None, :])
 // CHECK-NEXT:    return grad_scores
 // CHECK-LABEL: def attention_bwd_dkdv_dq_load(
+// Each head's rows of the flat lse / delta start at a multiple of 4 (16 bytes, where TMA may start).
+// CHECK:         n_rows = (n_q + 3) // 4 * 4
+// CHECK:           row = (batch * num_heads * group_size + head) * n_rows + start_m
 // CHECK:         tma_load(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))
 // Unordered (bwd-dq=fused): the writer reduces each part as it comes.
 // CHECK-LABEL: def attention_bwd_dkdv_dq_dq_write(

@@ -252,57 +252,86 @@ def test_deterministic_calls_take_the_ordered_gluon_backward_from_the_measured_s
 
 
 def unaligned(n_q=2043, n_k=16384, d=128):
-    """A problem whose query rows (`Nq`) are not a multiple of 4: the flat lse / delta rows
-    of head 1 on start off the 16 bytes a TMA copy needs (`gluon_backward.ROW_ALIGNMENT`)."""
+    """A problem whose query rows (`Nq`) are not a multiple of 4: read in place, the flat lse /
+    delta rows of head 1 on would start off the 16 bytes a TMA copy needs
+    (`gluon_backward.ROW_ALIGNMENT`; the launch pads them, `padded_rows`)."""
     return Problem(batch=1, heads_q=32, heads_kv=8, seq_q=n_q, seq_k=n_k, head_dim=d, head_dim_v=d,
                    dtype=torch.bfloat16, device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize("n_q", [2043, 4094, 8191])
-def test_softmax_rows_off_16_bytes_keep_the_portable_backward(n_q, monkeypatch):
-    """On a (pretended) Hopper GPU: a backward whose Nq is not a multiple of 4 never takes the
-    Gluon backward (on the H200 it stopped with an illegal instruction at Nq=2043, GQA 4,
-    causal and RoPE + causal, ordered and unordered), whether `auto` or the user asks for it,
-    under a pointwise normalizer too (not run there yet); Nq = 2040 does."""
+def test_rows_off_16_bytes_take_the_gluon_backward_as_aligned_rows_do(n_q, monkeypatch):
+    """On a (pretended) Hopper GPU: an Nq off a multiple of 4 decides the Gluon backward as the
+    multiple below it does (its rows are padded at the launch), softmax and pointwise,
+    ordered and unordered, under `auto` and when the user asks for it."""
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
     monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
     causal = af.compile(af.attention(af.causal())).program.canonical((False, False))
     relu = af.compile(af.attention(af.relu(), af.causal())).program.canonical((False, False))
-    for ordered in (False, True):
-        assert not gluon_backward.takes_gluon_backward(unaligned(n_q), causal, ordered=ordered)
-        assert gluon_backward.takes_gluon_backward(unaligned(n_q - n_q % 4), causal, ordered=ordered)
-        assert not gluon_backward.takes_gluon_backward(unaligned(n_q), relu, ordered=ordered)
-        assert gluon_backward.takes_gluon_backward(unaligned(n_q - n_q % 4), relu, ordered=ordered)
+    for variant in (causal, relu):
+        for ordered in (False, True):
+            assert gluon_backward.takes_gluon_backward(unaligned(n_q), variant, ordered=ordered)
+            assert gluon_backward.takes_gluon_backward(unaligned(n_q - n_q % 4), variant, ordered=ordered)
     monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
-    assert not gluon_backward.takes_gluon_backward(unaligned(n_q), causal)
+    assert gluon_backward.takes_gluon_backward(unaligned(n_q), causal)
     monkeypatch.delenv("ATTNFUSE_BACKWARD_TARGET")
     for deterministic, fused in ((True, "ordered"), (False, "fused")):
         call = af.compile(af.attention(af.causal()), deterministic=deterministic)
-        assert call.compile_key(unaligned(n_q)).bwd_dq == "separate"
-        assert call.compile_key(unaligned(n_q - n_q % 4)).bwd_dq == fused
+        assert call.compile_key(unaligned(n_q)).bwd_dq == fused
 
 
 def test_flat_rows_past_int32_keep_the_portable_backward():
-    """The kernel's flat lse / delta index is an int32: B * Hq * Nq must stay under 2^31."""
+    """The kernel's flat lse / delta index is an int32: B * Hq * Nq' (Nq padded to a multiple
+    of 4) must stay under 2^31."""
     fits = Problem(batch=16383, heads_q=32, heads_kv=8, seq_q=4096, seq_k=4096, head_dim=128,
                    head_dim_v=128, dtype=torch.bfloat16, device=torch.device("cpu"))
-    assert gluon_backward.rows_aligned(fits)
-    assert not gluon_backward.rows_aligned(dataclasses.replace(fits, batch=16384))
+    assert gluon_backward.rows_addressable(fits)
+    assert not gluon_backward.rows_addressable(dataclasses.replace(fits, batch=16384))
+    # 16383 * 32 * 4096 rows fit; at Nq = 4093 the padded rows are the same count.
+    assert gluon_backward.rows_addressable(dataclasses.replace(fits, seq_q=4093))
 
 
-def test_a_forced_fused_backward_at_unaligned_rows_keeps_its_portable_kernel(monkeypatch):
-    """`ATTNFUSE_BACKWARD=fused` builds the fused backward whatever the target; at Nq = 2043
-    `gluon_backward` leaves its portable kernel in the plan, and at Nq = 2040 replaces it."""
+def test_a_forced_fused_backward_at_unaligned_rows_takes_the_gluon_kernel(monkeypatch):
+    """`ATTNFUSE_BACKWARD=fused` builds the fused backward whatever the target; at Nq = 2043 as
+    at 2040, `gluon_backward` replaces its portable kernel with the Gluon one."""
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
     monkeypatch.setattr(gluon_backward, "_gluon_module", lambda source: type("M", (), {"attention_bwd_dkdv_dq": None}))
     spec = af.attention(af.causal())
     portable = type("Launch", (), {"info": type("Info", (), {"name": gluon_backward.KERNEL})()})()
     module = functools.partial(backward_kernel_module, spec)
     variant = af.compile(spec).program.canonical((False, False))
-    kept = gluon_backward.gluon_backward([portable], unaligned(2043), 0.1, module, variant)
-    assert kept == [portable]
-    taken = gluon_backward.gluon_backward([portable], unaligned(2040), 0.1, module, variant)
-    assert isinstance(taken[0], gluon_backward.GluonBackwardLaunch)
+    for n_q in (2043, 2040):
+        taken = gluon_backward.gluon_backward([portable], unaligned(n_q), 0.1, module, variant)
+        assert isinstance(taken[0], gluon_backward.GluonBackwardLaunch)
+
+
+@pytest.mark.parametrize("n_q", [5, 6, 7, 8])
+def test_padded_rows_copy_lse_and_delta_into_zeroed_multiples_of_four(n_q):
+    """`GluonBackwardLaunch.padded_rows`: at an Nq off a multiple of 4, the call's lse and delta
+    land in `[B * Hq, Nq']` buffers (Nq' = 8 here), each head's rows first and the padding 0;
+    the same buffers every call, with the new call's rows; at a multiple of 4 nothing is
+    copied (the kernel reads the rows in place). Under a pointwise normalizer (no row
+    statistics) nothing either."""
+    b, hq = 2, 3
+    problem = Problem(batch=b, heads_q=hq, heads_kv=1, seq_q=n_q, seq_k=64, head_dim=128, head_dim_v=128,
+                      dtype=torch.bfloat16, device=torch.device("cpu"))
+    launch = type("Kernel", (), {"roles": ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "dq_acc")})()
+    gluon = gluon_backward.GluonBackwardLaunch(None, None, launch, problem, 0.1)
+    for call in range(2):
+        gen = torch.Generator().manual_seed(call)
+        tensors = {role: torch.randn(b, hq, n_q, generator=gen) for role in ("lse", "delta")}
+        rows = gluon.padded_rows(tensors)
+        if n_q % 4 == 0:
+            assert rows == []
+            continue
+        assert [t.shape for t in rows] == [(b * hq, 8)] * 2 and rows is gluon.row_buffers
+        for buffer, role in zip(rows, ("lse", "delta")):
+            assert torch.equal(buffer[:, :n_q], tensors[role].reshape(b * hq, n_q))
+            assert torch.equal(buffer[:, n_q:], torch.zeros(b * hq, 8 - n_q))
+            # Head h's rows start at h * 8 in the flat copy the kernel's descriptor covers.
+            assert torch.equal(buffer.flatten()[8 : 8 + n_q], tensors[role][0, 1])
+    pointwise = type("Kernel", (), {"roles": ("q", "k", "v", "do", "dk", "dv", "dq_acc")})()
+    assert gluon_backward.GluonBackwardLaunch(None, None, pointwise, problem, 0.1).padded_rows({}) == []
 
 
 def backward_kernel_module(spec, head_dim=128):

@@ -303,7 +303,10 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
         raise refuse(kernel, rest[-1], "the kernel ends in tile.return")
     parts = BackwardKernel(kernel, k_load, v_load, bounds, loops, epilogue)
     # lse and delta only where the loops read them: the launch passes their descriptors by role.
-    allowed = set(parts.operands) | {"dk", "dv", "dq_acc", "dq_order", "rope_table"}
+    # Call-time RoPE positions: dK's inverse rotation reads the keys' (`tile.rotate`'s given
+    # positions, in the epilogue); the queries' belong to dQ's, in the finish kernel, and are
+    # only passed along.
+    allowed = set(parts.operands) | {"dk", "dv", "dq_acc", "dq_order", "rope_table", "q_positions", "k_positions"}
     allowed |= {"lse", "delta"} if parts.softmax else set()
     for role in kernel.roles:
         if role not in allowed and tile.role_kind(role) != "slopes":

@@ -514,6 +514,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             self.emit("row_in_bounds = rows < n_k")
             self.emit("cols_half = gl.arange(0, BLOCK_HALF, layout=gl.SliceLayout(0, EPI_LAYOUT))")
             self.emit("dk_base = dk_ptr + batch.to(tl.int64) * stride_dk_b + kv_head.to(tl.int64) * stride_dk_h")
+            for role in self.given_position_roles():
+                self.emit(f"{role}_base = {role}_ptr + batch.to(tl.int64) * stride_{role}_b  # [B, N] positions")
         stores = []
         for op in self.parts.epilogue:
             if isinstance(op, tile.StoreOp) and op.cols is not None and op.cols.data == "all":
@@ -534,6 +536,11 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             for op in stores:
                 self.emit(f"tma_store({op.role}_desc, [batch, kv_head, n_start, 0], {buffers[op.role]})")
             self.emit("tma.store_wait(0)")
+
+    def given_position_roles(self) -> list[str]:
+        """The call-time positions the epilogue's rotations read (dK's keys'), by role."""
+        return sorted({self.role_of(op.given_positions) for op in self.parts.epilogue
+                       if isinstance(op, tile.RotateOp) and op.given_positions is not None})
 
     def emit_split_halves(self, op: tile.SplitOp) -> None:
         """`tile.split` of a full-width tile into the halves of the rotary pairs: through the

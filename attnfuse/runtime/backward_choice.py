@@ -48,7 +48,6 @@ def unordered_allowed(deterministic: bool) -> bool:
 
 
 def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
-                    explicit_positions: tuple[bool, bool] = (False, False),
                     bwd_rope: str = "pre_rotated") -> str:
     """"separate", "fused" or "ordered" (`lower-to-tile`'s `bwd-dq`) for a call's backward.
     `ATTNFUSE_BACKWARD` decides where a fused backward is allowed; on `auto`, a fused one only
@@ -64,7 +63,7 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
     fused = "ordered" if ordered else "fused"
     if request != "auto":
         return fused
-    takes = gluon_backward.takes_gluon_backward(problem, variant, explicit_positions, bwd_rope, ordered=ordered)
+    takes = gluon_backward.takes_gluon_backward(problem, variant, bwd_rope, ordered=ordered)
     return fused if takes else "separate"
 
 

@@ -151,9 +151,8 @@ def rows_addressable(problem: Problem) -> bool:
     return problem.batch * problem.heads_q * rows < 2**31
 
 
-def takes_gluon_backward(problem: Problem, variant: Canonical,
-                         explicit_positions: tuple[bool, bool] = (False, False),
-                         bwd_rope: str = "pre_rotated", ordered: bool = False) -> bool:
+def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "pre_rotated",
+                         ordered: bool = False) -> bool:
     """Whether the backward of a call of this shape and variant runs the Gluon fused
     backward (`backward_choice.choose_backward` then builds the fused backward, where it is
     allowed): an sm_90 GPU, a variant and shape the schedule covers, and the user's choice
@@ -161,15 +160,15 @@ def takes_gluon_backward(problem: Problem, variant: Canonical,
     of a block module outside the package, which nothing measured; `GLUON_BACKWARD_MIN_WORK`, or with
     its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`; under a pointwise
     normalizer `GLUON_POINTWISE_MIN_WORK`). RoPE at
-    call-time positions (`explicit_positions`) is not scheduled: its inverse rotation of dK
-    reads the positions, which the schedule has no place for (`backward_shape`), so such a
-    call keeps the split rather than the portable fused kernel, which is slower. Nor is a
-    backward that rotates in its loops (`bwd_rope` other than `pre_rotated`: a placement the
-    caller asked for), since the schedule reads q and k whole."""
+    call-time positions (`explicit_positions`, as a Hugging Face model's `position_ids` are
+    passed) is scheduled like RoPE at the default ones: dK's inverse rotation in the epilogue
+    reads the keys' positions. A backward that rotates in its loops (`bwd_rope` other than
+    `pre_rotated`: a placement the caller asked for) is not, since the schedule reads q and k
+    whole."""
     target = backward_target()
     if not _target_allows(target, variant) or not hopper(problem) or not fits(problem) or not variant_fits(variant):
         return False
-    if variant.rope is not None and (any(explicit_positions) or bwd_rope != "pre_rotated"):
+    if variant.rope is not None and bwd_rope != "pre_rotated":
         return False
     if target == "gluon":
         return True

@@ -133,7 +133,7 @@ class CallPlanning:
         # that has no derivative (its training calls are refused: `training_refusal`).
         backward = self.variant.underivable is None
         bwd_dq = ("separate" if decode or cache != CONTIGUOUS or not backward
-                  else choose_backward(problem, self.variant, self.deterministic, explicit_positions, bwd_rope))
+                  else choose_backward(problem, self.variant, self.deterministic, bwd_rope))
         # Read (and checked) for decode plans only: other kernels have no dependent launch.
         pdl = takes_decode_pdl(problem, runs_interpreted(problem.device)) if decode else True
         key = CompileKey(problem.head_dim, problem.head_dim_v, problem.element_type, config,

@@ -305,6 +305,35 @@ def test_portable_ordered_backward_on_the_gpu(name, monkeypatch):
     assert all(err <= GRAD_TOLERANCE[q.dtype] for err in errors.values()), errors
 
 
+@pytest.mark.parametrize("given", ["both", "keys", "queries"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+def test_gluon_backward_with_rope_at_call_time_positions(given, deterministic, d, dtype, monkeypatch):
+    """RoPE at call-time positions (how a Hugging Face model passes its `position_ids`): the
+    Gluon backward runs, dK turned back at the keys' given positions in its epilogue (dQ at the
+    queries' in the finish kernel), and the gradients are the float64 reference's. Per-batch
+    positions: one sequence offset, the other descending with gaps; the causal band stays
+    on indices."""
+    spec = SPECS["rope-causal"]
+    b, hq, hkv, nq, nk = 2, 4, 2, 300, 333
+    q, k, v = inputs(b, hq, hkv, nq, nk, d, dtype, seed=61)
+    k_pos = torch.stack([torch.arange(nk) + 7, torch.arange(nk).flip(0) * 3]).cuda()
+    q_pos = torch.stack([torch.arange(nq) + 40, torch.arange(nq).flip(0) * 2 + 5]).cuda()
+    positions = {**({"q_positions": q_pos} if given != "keys" else {}),
+                 **({"k_positions": k_pos} if given != "queries" else {})}
+    fn = af.compile(spec, deterministic=deterministic)
+    plan = fn.plan(q, k, v, ("q_positions" in positions, "k_positions" in positions), training=True)
+    launch = next((launch for launch in plan.launches if launch.info.name == "attention_bwd_dkdv_dq"), None)
+    assert isinstance(launch, GluonBackwardLaunch), "the training call must take the Gluon backward"
+    gluon_only(launch, monkeypatch)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(62)).to(q.dtype).cuda()
+    fn(q, k, v, **positions).backward(grad)
+    want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), grad.cpu(),
+                               **{name: t.cpu() for name, t in positions.items()})
+    errors = gradient_errors({"q": q.grad, "k": k.grad, "v": v.grad}, want)
+    assert all(err <= GRAD_TOLERANCE[q.dtype] for err in errors.values()), errors
+
+
 @pytest.mark.parametrize("name", ["causal", "rope-causal", "relu", "sigmoid-causal"])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
 @pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 301, 333), (32, 8, 2043, 2043), (4, 4, 6, 70)])

@@ -24,13 +24,13 @@ from attnfuse.runtime.inputs import Problem
 from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
 
-def backward_kernel(spec, head_dim=128, bwd_dq="fused", **options):
+def backward_kernel(spec, head_dim=128, bwd_dq="fused", explicit_positions=(False, False), **options):
     """`attention_bwd_dkdv_dq` of `spec`'s fused backward (unordered, or `bwd_dq="ordered"`)
     after `warp-specialize`."""
     rope = af.compile(spec).program.canonical((False, False)).rope is not None
     placement = ("pre_rotated", "pre_rotated") if rope else None
-    key = CompileKey(head_dim, head_dim, "bf16", TileConfig(64, 64, 4, 2), placement, bwd_rope="pre_rotated",
-                     bwd_dq=bwd_dq)
+    key = CompileKey(head_dim, head_dim, "bf16", TileConfig(64, 64, 4, 2), placement, explicit_positions,
+                     bwd_rope="pre_rotated", bwd_dq=bwd_dq)
     module = lower_spec(spec, key)
     WarpSpecializePass(**options).apply(make_context(), module)
     return next(op for op in module.ops if op.sym_name.data == "attention_bwd_dkdv_dq")
@@ -47,16 +47,21 @@ def backward_kernel(spec, head_dim=128, bwd_dq="fused", **options):
     ("relu", af.attention(af.relu()), 128, "ordered"),
     ("sigmoid-causal", af.attention(af.sigmoid(), af.causal()), 64, "fused"),
     ("softcap-relu-causal", af.attention(af.softcap(30.0), af.relu(), af.causal()), 128, "ordered"),
+    # RoPE at call-time positions (a Hugging Face model's position_ids): dK turned back at the
+    # keys' given positions in the epilogue.
+    ("rope-causal-positions", af.attention(af.rope(), af.causal()), 128, "ordered"),
 ])
 def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    kernel = backward_kernel(spec, dim, bwd_dq)
+    explicit = (True, True) if name.endswith("-positions") else (False, False)
+    kernel = backward_kernel(spec, dim, bwd_dq, explicit)
     assert kernel.schedule is not None, "warp-specialize schedules the fused backward"
     program = emit_gluon_kernel(kernel)
     info = program.kernels[0]
+    assert ("k_positions_rows = tl.load(" in program.source) == any(explicit)
     module = gluon_forward._gluon_module(program.source)
     n, heads, heads_kv = 256, 4, 2
     q = torch.empty(1, n, heads, dim, dtype=torch.bfloat16).transpose(1, 2)  # a model's layout
@@ -87,6 +92,9 @@ def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monke
         elif role == "dq_order":
             counters = torch.empty(1, heads, n, dtype=torch.int32)
             pointers += [counters, *counters.stride()]
+        elif role in ("q_positions", "k_positions"):
+            positions = torch.empty(1, n, dtype=torch.int64)
+            pointers += [positions, *positions.stride()]
         else:
             pointers.append(torch.empty(heads))
     compiled = module.attention_bwd_dkdv_dq.warmup(*descs, *pointers, 0.1, n, n, heads_kv, heads // heads_kv,
@@ -191,14 +199,16 @@ def test_bwd_block_n_is_checked():
 
 
 def test_calls_the_schedule_cannot_take_keep_the_split(monkeypatch):
-    """On a (pretended) Hopper GPU: RoPE at call-time positions, or rotated in the backward's
-    loops (an explicit placement), keeps the split rather than the slower portable fused kernel;
-    a sliding window counts the pairs its band keeps."""
+    """On a (pretended) Hopper GPU: RoPE rotated in the backward's loops (an explicit
+    placement) keeps the split rather than the slower portable fused kernel, while RoPE at
+    call-time positions takes the Gluon backward as at the default ones; a sliding window
+    counts the pairs its band keeps."""
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
     rope = af.compile(af.attention(af.rope(), af.causal())).program
     p = problem(8192)
     assert gluon_backward.takes_gluon_backward(p, rope.canonical((False, False)))
-    assert not gluon_backward.takes_gluon_backward(p, rope.canonical((True, True)), (True, True))
+    for explicit in ((True, True), (False, True), (True, False)):
+        assert gluon_backward.takes_gluon_backward(p, rope.canonical(explicit))
     assert not gluon_backward.takes_gluon_backward(p, rope.canonical((False, False)), bwd_rope="as_forward")
     window = af.compile(af.attention(af.sliding_window(256), af.causal())).program.canonical((False, False))
     assert gluon_backward.pairs_per_head(p, window) == 8192 * 256

@@ -63,7 +63,7 @@ rows into padded buffers first."""
 NORMALIZERS = ("softmax", "relu", "sigmoid")
 """Normalizers whose fused backward the schedule takes (`backward_shape`)."""
 
-GLUON_BACKWARD_MIN_WORK = {64: 16 * 1024 * 1024, 128: 8 * 1024 * 1024}
+GLUON_BACKWARD_MIN_WORK = {64: 16 * 1024 * 1024, 128: 4 * 1024 * 1024}
 """`auto` takes the Gluon backward at a head dim of this table from this many (query, key)
 pairs per head (half of Nq x Nk under a causal band), for `deterministic=False` calls; chosen
 by what a training step sees, forward + backward. On the H200, fwd+bwd / bwd alone, ms
@@ -76,9 +76,10 @@ by what a training step sees, forward + backward. On the H200, fwd+bwd / bwd alo
   the spread, so the atomic-free split keeps it; hence 16M), causal 8192 3.968 / 3.049
   against 4.371 / 3.279, dense 4096 1.836 / 1.511 against 2.042 / 1.796, dense 8192
   7.951 / 6.180 against 9.109 / 7.269.
-Smaller calls are not measured."""
+At head dim 128 the rule starts at 4M pairs (causal 2896), where the ordered kernel was
+measured faster (`GLUON_ORDERED_MIN_WORK`) and the unordered one is faster than the ordered."""
 
-GLUON_ORDERED_MIN_WORK = {64: 16 * 1024 * 1024, 128: 8 * 1024 * 1024}
+GLUON_ORDERED_MIN_WORK = {64: 16 * 1024 * 1024, 128: 4 * 1024 * 1024}
 """The same for the backward with its dQ adds in key-block order (deterministic calls, the
 default), two dQ writer warps (`warp-specialize{bwd-dq-writers}`). On the H200, fwd+bwd / bwd
 alone, ms (the same files):
@@ -90,7 +91,17 @@ alone, ms (the same files):
   3.279, dense 4096 1.941 / 1.564 against 2.042 / 1.796, dense 8192 7.966 / 6.299 against
   9.109 / 7.269.
 The order costs 0-5% of fwd+bwd over the unordered kernel (0-9% of the backward alone).
-Smaller calls keep the split."""
+Below 8M pairs at head dim 128, on an H100 (Triton 3.6, both columns on the Gluon forward,
+bench/results/20261205T214814Z-backward-targets.md, `ATTNFUSE_FORWARD_TARGET=gluon python3
+bench/backward_targets.py --cases causal,rope+causal --seq-lens 1024,2048,3072 --columns
+separate,ordered_gluon`), fwd+bwd ms, ordered Gluon against the split: causal 0.247 / 0.168,
+0.427 / 0.400, 0.657 / 0.707 at N = 1024 / 2048 / 3072; RoPE + causal 0.228 / 0.174, 0.445 /
+0.426, 0.695 / 0.737. The split is faster up to 2048 (2M pairs), the Gluon backward 6-7% faster
+at 3072 (4.7M): the rule starts at 4M. Before it started at 8M, so a call at N = 4093 (8.38M
+pairs, under 8M = 8,388,608) took the split: 1.273 ms fwd+bwd against 1.029 at N = 4096
+(bench/results/20261205T214436Z-backward-targets.md, H100). At head dim 64 the split stays
+faster at causal 4096 and 6144 (1.004 / 1.067 and 2.241 / 2.304,
+bench/results/20261205T214831Z-backward-targets.md): 16M stays. Smaller calls keep the split."""
 
 GLUON_POINTWISE_MIN_WORK = {64: 8 * 1024 * 1024, 128: 8 * 1024 * 1024}
 """The same, ordered or not, under a pointwise normalizer (ReLU, sigmoid), whose split

@@ -57,7 +57,21 @@ bench/results/20261201T200916Z-gluon-forward.md, ms):
   causal 4096: 0.435 / 1.794 causal at 4096 / 8192 against the portable 0.724 / 3.315 (cuDNN
   0.452 / 1.615), 0.821 / 3.658 dense against 1.362 / 6.374 (cuDNN 0.747 / 3.309).
 
-Smaller calls are not measured; other head dims never take Gluon under `auto`."""
+Smaller calls are not measured (but see `SOFTMAX_MIN_WORK`); other head dims never take Gluon
+under `auto`."""
+
+SOFTMAX_MIN_WORK = {**GLUON_MIN_WORK, 128: 2 * 1024 * 1024}
+"""`GLUON_MIN_WORK` for a plain softmax variant (`variant_classes` is `("softmax",)`: causal,
+dense, RoPE, ALiBi, windows, soft-capping), measured further down at head dim 128: on an H100
+(Triton 3.6, bench/results/20261205T214742Z- and 20261205T214800Z-llama3-8b-custom-fwd.md,
+`ATTNFUSE_FORWARD_TARGET=gluon|triton python3 -m attnfuse.tools.bench --preset llama3-8b
+--dtype bf16 --mode fwd --variants causal,rope_causal --seq-lens 1024,2048,3072,4093`), ms,
+Gluon / portable: causal 0.0280 / 0.0315, 0.0727 / 0.0876, 0.1400 / 0.1740, 0.2294 / 0.3238 at
+N = 1024 / 2048 / 3072 / 4093; RoPE + causal (pre-rotated for Gluon, fused for the portable
+kernel) 0.0414 / 0.0408, 0.0936 / 0.1048, 0.1694 / 0.2007, 0.2664 / 0.3315. From causal 2048
+(2M pairs) the Gluon kernel is 11-29% faster; at 1024 it is level with RoPE, so the rule stops
+there. Before, `GLUON_MIN_WORK`'s 8M made a call at N = 4093 take the portable kernel (0.3238
+against 0.2294 ms). The other classes keep `GLUON_MIN_WORK`: measured from 4096 only."""
 
 
 @dataclass(frozen=True)
@@ -319,29 +333,32 @@ def auto_takes(problem: Problem, variant: Canonical) -> bool:
     return all(problem.head_dim in AUTO_VARIANT_CLASSES[c] for c in variant_classes(variant))
 
 
-def prefers_gluon(problem: Problem, causal: bool) -> bool:
-    """`auto`'s measured rule (`GLUON_MIN_WORK`)."""
+def prefers_gluon(problem: Problem, causal: bool, table: dict[int, int] = GLUON_MIN_WORK) -> bool:
+    """`auto`'s measured rule: at least `table`'s (query, key) pairs per head at the head dim
+    (`GLUON_MIN_WORK`, or `SOFTMAX_MIN_WORK` for a plain softmax variant)."""
     work = problem.seq_q * problem.seq_k * (0.5 if causal else 1.0)
-    least = GLUON_MIN_WORK.get(problem.head_dim)
+    least = table.get(problem.head_dim)
     if problem.head_dim in MEASURED_TRITON_ONLY and triton_release() not in MEASURED_TRITON_ONLY[problem.head_dim]:
         return False
     return least is not None and work >= least
 
 
-def takes_gluon(problem: Problem, causal: bool) -> bool:
+def takes_gluon(problem: Problem, causal: bool, table: dict[int, int] = GLUON_MIN_WORK) -> bool:
     """Whether a forward of this shape runs on the Gluon target, where the variant lowers to it:
     an sm_90 GPU whose Triton has Gluon, a shape the schedule covers, and the user's choice
-    (`ATTNFUSE_FORWARD_TARGET`) or `auto`'s rule."""
+    (`ATTNFUSE_FORWARD_TARGET`) or `auto`'s rule (`prefers_gluon` with `table`)."""
     target = forward_target()
     if target == "triton" or not hopper(problem) or not fits(problem):
         return False
-    return target == "gluon" or prefers_gluon(problem, causal)
+    return target == "gluon" or prefers_gluon(problem, causal, table)
 
 
 def takes_gluon_forward(problem: Problem, variant: Canonical) -> bool:
     """Whether the variant's forward of this shape runs on the Gluon target where it lowers:
-    `takes_gluon`'s GPU, shape and size rule, and the variant's classes (`auto_takes`)."""
-    return takes_gluon(problem, causal=variant.band[1] is not None) and auto_takes(problem, variant)
+    `takes_gluon`'s GPU, shape and size rule (`SOFTMAX_MIN_WORK`'s sizes for a plain softmax
+    variant), and the variant's classes (`auto_takes`)."""
+    table = SOFTMAX_MIN_WORK if variant_classes(variant) == ("softmax",) else GLUON_MIN_WORK
+    return takes_gluon(problem, variant.band[1] is not None, table) and auto_takes(problem, variant)
 
 
 LISTED_GLUON_TILES = LISTED_GLUON_FORWARD[:2]
@@ -558,6 +575,6 @@ def gluon_forward(
             else launch for launch in launches]
 
 
-__all__ = ["AUTO_VARIANT_CLASSES", "GLUON_MIN_WORK", "LISTED_HEAD_DIMS", "takes_listed_gluon", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
+__all__ = ["AUTO_VARIANT_CLASSES", "GLUON_MIN_WORK", "SOFTMAX_MIN_WORK", "LISTED_HEAD_DIMS", "takes_listed_gluon", "SCHEDULES", "GluonLaunch", "GluonSchedule", "forced_consumers", "forward_target",
            "gluon_consumers", "gluon_forward", "gluon_persistent", "prefers_gluon", "schedule_options", "takes_gluon", "takes_gluon_forward", "variant_class", "variant_classes", "auto_takes",
            "uniform_tiles"]

@@ -215,7 +215,14 @@ def test_calls_the_schedule_cannot_take_keep_the_split(monkeypatch):
     assert not gluon_backward.takes_gluon_backward(p, window)
     dense = af.compile(af.attention()).program.canonical((False, False))
     assert gluon_backward.takes_gluon_backward(problem(4096), dense)
-    assert not gluon_backward.takes_gluon_backward(problem(2048), dense)
+    # Head dim 128 from 4M pairs (`GLUON_BACKWARD_MIN_WORK`): dense 2048 (4.2M) and causal 3072
+    # (4.7M) take it, causal 2048 (2.1M) and dense 1024 keep the split; so does N = 4093.
+    assert gluon_backward.takes_gluon_backward(problem(2048), dense)
+    assert not gluon_backward.takes_gluon_backward(problem(1024), dense)
+    causal = af.compile(af.attention(af.causal())).program.canonical((False, False))
+    assert gluon_backward.takes_gluon_backward(problem(3072), causal)
+    assert gluon_backward.takes_gluon_backward(problem(4093), causal, ordered=True)
+    assert not gluon_backward.takes_gluon_backward(problem(2048), causal)
 
 
 def test_the_lowered_kernel_decides_not_the_prediction(monkeypatch):

@@ -277,6 +277,30 @@ def test_auto_rule_and_fit(monkeypatch):
     assert not gluon_forward.fits(problem(256, 384, dtype=torch.float32))
 
 
+def test_plain_softmax_variants_take_the_gluon_forward_from_a_lower_size(monkeypatch):
+    """On a (pretended) Hopper GPU under `auto`: at head dim 128 a plain softmax variant takes
+    the Gluon forward from 2M (query, key) pairs per head (`SOFTMAX_MIN_WORK`: causal 2048,
+    with RoPE too, and causal 4093, which `GLUON_MIN_WORK`'s 8M left to the portable kernel);
+    the classes measured from 4096 only (sigmoid, ReLU, block lists) keep `GLUON_MIN_WORK`;
+    head dim 64 is unchanged."""
+    monkeypatch.setattr(gluon_forward, "hopper", lambda problem: True)
+    monkeypatch.setattr(gluon_forward, "triton_release", lambda: (3, 6))
+    monkeypatch.delenv("ATTNFUSE_FORWARD_TARGET", raising=False)
+
+    def takes(spec, n, d=128):
+        variant = af.compile(spec).program.canonical((False, False))
+        return gluon_forward.takes_gluon_forward(problem(n, n, d=d), variant)
+
+    causal, rope = af.attention(af.causal()), af.attention(af.rope(), af.causal())
+    for n in (2048, 3072, 4093):
+        assert takes(causal, n) and takes(rope, n)
+    assert not takes(causal, 1024) and not takes(rope, 1448)
+    assert takes(af.attention(), 1449) and not takes(af.attention(), 1448)  # dense: 1449^2 >= 2M pairs
+    sigmoid = af.attention(af.sigmoid(), af.causal())
+    assert not takes(sigmoid, 4093) and takes(sigmoid, 4096)
+    assert not takes(causal, 4096, d=64) and takes(af.attention(), 4096, d=64)
+
+
 def test_schedules_by_head_dim(monkeypatch):
     """Every head dim the schedule covers has options; three consumers at head dim 64 (two with
     ALiBi), two at 128; persistent only at 128 for kernels of uniform tiles (dense, not causal);
@@ -394,7 +418,7 @@ def test_rope_is_pre_rotated_only_for_a_forward_gluon_takes(monkeypatch):
 def test_forced_schedule_that_does_not_fit_is_an_argument_error(monkeypatch):
     """`ATTNFUSE_GLUON_PERSISTENT=1` at head dim 256: the persistent grid's output buffer takes
     the buffers past shared memory; the call names the variable and the verifier's sizes."""
-    monkeypatch.setattr(gluon_forward, "takes_gluon", lambda problem, causal: True)
+    monkeypatch.setattr(gluon_forward, "takes_gluon", lambda problem, causal, table=None: True)
     monkeypatch.setenv("ATTNFUSE_GLUON_PERSISTENT", "1")
     monkeypatch.delenv("ATTNFUSE_GLUON_CONSUMERS", raising=False)
     problem = Problem(1, 4, 4, 4096, 4096, 256, 256, torch.bfloat16, torch.device("cpu"))

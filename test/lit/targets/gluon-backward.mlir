@@ -100,6 +100,29 @@ attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
 
 // -----
 
+// RoPE at call-time positions (a Hugging Face model's position_ids): the consumer takes the
+// positions' pointers (the queries' are dQ's, in the finish kernel), and dK turns back at
+// each key row's given position, loaded in the epilogue from the program's batch.
+// CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
+// CHECK-SAME:    q_positions_ptr, stride_q_positions_b, stride_q_positions_n, k_positions_ptr, stride_k_positions_b, stride_k_positions_n,
+// CHECK:         k_positions_base = k_positions_ptr + batch.to(tl.int64) * stride_k_positions_b  # [B, N] positions
+// CHECK:         # tile.rotate: RoPE at key positions, in fp32, pairs (dk_lo, dk_hi)
+// CHECK-NEXT:    k_positions_rows = tl.load(k_positions_base + rows * stride_k_positions_n, mask=row_in_bounds, other=0)
+// CHECK-NEXT:    table_rows = tl.abs(k_positions_rows)
+// CHECK-NOT:     q_positions_base
+// CHECK-LABEL: def attention_bwd_dkdv_dq(
+attn.variant @rope_causal_positions(%q : !attn.query, %k : !attn.key, %v : !attn.value, %qp : !attn.positions<query>, %kp : !attn.positions<key>) -> !attn.output {
+  %qr = attn.rope %q at %qp {theta = 1.000000e+04 : f64} : !attn.query, !attn.positions<query>
+  %kr = attn.rope %k at %kp {theta = 1.000000e+04 : f64} : !attn.key, !attn.positions<key>
+  %s = attn.scores %qr, %kr
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
 // Soft-capping: its VJP reads the map's input (the scaled scores), which the probability step
 // keeps as primal_1_0 before the map refines `scores`, and hands to the gradient step.
 // CHECK-LABEL: def attention_bwd_dkdv_dq_probs(

@@ -32,7 +32,8 @@ zero-filled by the 4-D descriptors and clipped on the stores and reduces; their 
 Launch ABI: descriptors `q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_acc_desc`
 (4-D over `[B, H, N, D]`, blocks `[1, 1, rows, D]`), `lse_desc, delta_desc` (1-D over the
 `[B * Hq * Nq']` f32 rows, each head's Nq rows padded to Nq' = a multiple of 4, blocks of BLOCK_N), then the pointer and strides of every
-other role (`dk` for the stores by column part, `rope_table`, `slopes`), then `sm_scale, n_q,
+other role (`dk` for the stores by column part, `rope_table`, `slopes`, `q_positions` and
+`k_positions` at call-time RoPE positions), then `sm_scale, n_q,
 n_k, num_heads (Hkv), group_size`; grid `(B * Hkv, cdiv(n_k, BLOCK_M))`, `num_warps` warps.
 """
 
@@ -51,6 +52,14 @@ DESCRIPTOR_ROLES = ("do", "dv", "dq_acc", "lse", "delta")
 
 DQ_BUFFERS = 2
 """dQ staging buffers between the consumer and the writer (the probe's best)."""
+
+ROW_ALIGNMENT = 4
+"""The loader reads a head's rows of lse and delta through one flat descriptor at element
+`(b * Hq + h) * Nq' + m`, Nq' being Nq rounded up to a multiple of this (`n_rows`): a TMA
+copy's start in global memory must be 16-byte aligned (at Nq = 2043 read in place, the copies
+of head 1 on started unaligned and the H200 stopped the kernel with an illegal instruction,
+which poisons the CUDA context). Where Nq is off the multiple, the runtime copies the rows
+into padded buffers first (`runtime/gluon_backward.py`, `GluonBackwardLaunch.padded_rows`)."""
 
 
 def _unsupported(message: str, op: Operation | None):
@@ -321,7 +330,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             *self.STEP_INIT,
             *(["# Each head's lse / delta rows in the flat copies, padded to a multiple of 4 (16 bytes:",
                "# where a TMA copy may start; the runtime pads the copies of an Nq off that multiple).",
-               "n_rows = (n_q + 3) // 4 * 4"] if rows else []),
+               f"n_rows = (n_q + {ROW_ALIGNMENT - 1}) // {ROW_ALIGNMENT} * {ROW_ALIGNMENT}"] if rows else []),
             "for it in range(total):",
             "    stage = it % STAGES",
             "    phase = (it // STAGES) & 1",

@@ -9,8 +9,9 @@ then replaces the plan's portable `attention_bwd_dkdv_dq` launch with the Gluon 
 `warp-specialize` scheduled the kernel, whatever chose the fused backward (under
 `ATTNFUSE_BACKWARD=fused` too, at any size: the portable fused kernel is slower still). An input
 a TMA descriptor cannot cover (strides of 0,
-rows not 16-byte aligned) is copied; a call whose outputs or row statistics it cannot cover
-runs the portable fused kernel of the same plan. `ATTNFUSE_BACKWARD_TARGET=triton` keeps the
+rows not 16-byte aligned) is copied, and so are lse and delta where Nq is not a multiple of 4
+(`GluonBackwardLaunch.padded_rows`); a call whose outputs or row statistics (at such a
+multiple) it cannot cover runs the portable fused kernel of the same plan. `ATTNFUSE_BACKWARD_TARGET=triton` keeps the
 portable kernel, `gluon` takes Gluon wherever it lowers and the shape fits (whatever the
 measurements say), `auto` (the default) builds the fused backward for it only where
 `GLUON_BACKWARD_MIN_WORK` says. Read at plan time.
@@ -31,7 +32,7 @@ from attnfuse.dialects import make_context, tile
 from attnfuse.dialects.backward_shape import BACKWARD_HEAD_DIMS
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, hopper
-from attnfuse.lowering.gluon_backward import DESCRIPTOR_ROLES
+from attnfuse.lowering.gluon_backward import DESCRIPTOR_ROLES, ROW_ALIGNMENT
 from attnfuse.runtime.gluon_launch import GluonRunner, call_key, pointer_arguments, specialization_of
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.launch import KernelLaunch
@@ -49,16 +50,10 @@ OUTPUT_ROLES = ("dk", "dv", "dq_acc")
 """The outputs behind the descriptors after q, k, v and dO (the launch ABI's order)."""
 
 ROW_ROLES = ("lse", "delta")
-"""The row statistics behind the 1-D descriptors (contiguous `[B, Hq, Nq]` fp32), where the
-kernel reads them (the softmax; a pointwise normalizer reads none)."""
+"""The row statistics behind the 1-D descriptors (`[B, Hq, Nq]` fp32, contiguous, or copied with
+each head's rows padded to `ROW_ALIGNMENT`), where the kernel reads them (the softmax; a
+pointwise normalizer reads none)."""
 
-ROW_ALIGNMENT = 4
-"""The kernel loads a head's rows of lse and delta through one flat descriptor at element
-`(b * Hq + h) * Nq' + m`, Nq' being Nq rounded up to a multiple of this: a TMA copy's start in
-global memory must be 16-byte aligned (at Nq = 2043 read in place, the copies of head 1 on
-started unaligned and the H200 stopped the kernel with an illegal instruction, which poisons
-the CUDA context). Where Nq is off the multiple, `GluonBackwardLaunch.padded_rows` copies the
-rows into padded buffers first."""
 
 NORMALIZERS = ("softmax", "relu", "sigmoid")
 """Normalizers whose fused backward the schedule takes (`backward_shape`)."""
@@ -76,8 +71,9 @@ by what a training step sees, forward + backward. On the H200, fwd+bwd / bwd alo
   the spread, so the atomic-free split keeps it; hence 16M), causal 8192 3.968 / 3.049
   against 4.371 / 3.279, dense 4096 1.836 / 1.511 against 2.042 / 1.796, dense 8192
   7.951 / 6.180 against 9.109 / 7.269.
-At head dim 128 the rule starts at 4M pairs (causal 2896), where the ordered kernel was
-measured faster (`GLUON_ORDERED_MIN_WORK`) and the unordered one is faster than the ordered."""
+At head dim 128 the rule starts at 4M pairs (causal 2897), where the ordered kernel was
+measured faster (`GLUON_ORDERED_MIN_WORK`); the unordered kernel, faster than the ordered
+wherever both were timed, was not timed below 8M and takes the same sizes."""
 
 GLUON_ORDERED_MIN_WORK = {64: 16 * 1024 * 1024, 128: 4 * 1024 * 1024}
 """The same for the backward with its dQ adds in key-block order (deterministic calls, the
@@ -97,11 +93,15 @@ bench/backward_targets.py --cases causal,rope+causal --seq-lens 1024,2048,3072 -
 separate,ordered_gluon`), fwd+bwd ms, ordered Gluon against the split: causal 0.247 / 0.168,
 0.427 / 0.400, 0.657 / 0.707 at N = 1024 / 2048 / 3072; RoPE + causal 0.228 / 0.174, 0.445 /
 0.426, 0.695 / 0.737. The split is faster up to 2048 (2M pairs), the Gluon backward 6-7% faster
-at 3072 (4.7M): the rule starts at 4M. Before it started at 8M, so a call at N = 4093 (8.38M
-pairs, under 8M = 8,388,608) took the split: 1.273 ms fwd+bwd against 1.029 at N = 4096
-(bench/results/20261205T214436Z-backward-targets.md, H100). At head dim 64 the split stays
-faster at causal 4096 and 6144 (1.004 / 1.067 and 2.241 / 2.304,
-bench/results/20261205T214831Z-backward-targets.md): 16M stays. Smaller calls keep the split."""
+at 3072 (4.7M): the rule starts at 4M. Before, it started at 8M, so a causal call at N = 4093
+(8.38M pairs, under 8M = 8,388,608) took the split and, under `GLUON_MIN_WORK`, the portable
+forward: 1.273 ms fwd+bwd (bench/results/20261205T214436Z-backward-targets.md, H100); with
+both rules lowered 1.017 ms, against 1.020 at N = 4096 and cuDNN's 1.076
+(20261205T220133Z-backward-targets.md). At head dim 64 the split stays faster at causal 4096
+(8.4M pairs: 1.004 against 1.067 fwd+bwd, bench/results/20261205T214831Z-backward-targets.md);
+at 6144 (18.9M, which the 16M rule takes) the fwd+bwd column favoured the split (2.241 /
+2.304) and the backward alone the Gluon kernel (1.707 / 1.883): within the spread, so 16M
+stays. Smaller calls keep the split."""
 
 GLUON_POINTWISE_MIN_WORK = {64: 8 * 1024 * 1024, 128: 8 * 1024 * 1024}
 """The same, ordered or not, under a pointwise normalizer (ReLU, sigmoid), whose split
@@ -171,8 +171,8 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
     of a block module outside the package, which nothing measured; `GLUON_BACKWARD_MIN_WORK`, or with
     its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`; under a pointwise
     normalizer `GLUON_POINTWISE_MIN_WORK`). RoPE at
-    call-time positions (`explicit_positions`, as a Hugging Face model's `position_ids` are
-    passed) is scheduled like RoPE at the default ones: dK's inverse rotation in the epilogue
+    call-time positions (as a Hugging Face model's `position_ids` are passed) is scheduled
+    like RoPE at the default ones: dK's inverse rotation in the epilogue
     reads the keys' positions. A backward that rotates in its loops (`bwd_rope` other than
     `pre_rotated`: a placement the caller asked for) is not, since the schedule reads q and k
     whole."""
@@ -221,10 +221,6 @@ class GluonBackwardLaunch:
     fallbacks: dict[str, int] = field(default_factory=dict)
     """Calls that ran the portable kernel, by the first tensor a descriptor could not cover
     (for benchmarks and tests to see which calls did)."""
-    row_buffers: list[torch.Tensor] = field(default_factory=list)
-    """The padded copies of lse and delta (`padded_rows`), made at the first call that needs
-    them and kept: every call of the plan has the same shape, and a CUDA graph of the launch
-    (`launch_graphs`) reads the same buffers."""
 
     @property
     def info(self):
@@ -237,9 +233,11 @@ class GluonBackwardLaunch:
         # The same tensors as a call before (the common case in a training loop): its encoded
         # descriptors again, no checks (the key determines what they found).
         pointers, pointed = pointer_arguments(self.launch.roles, self.described_roles, tensors)
-        key = call_key([tensors[role] for role in self.keyed_roles])
-        padded = self.padded_rows(tensors)  # before a replay too: its descriptors read the copies
-        if self.runner.replay(key, pointers):
+        padded = self.padded_rows(tensors)
+        # Descriptors of this call's own padded copies are never replayed (their addresses are
+        # not in the key).
+        key = None if padded else call_key([tensors[role] for role in self.keyed_roles])
+        if key is not None and self.runner.replay(key, pointers):
             return
         # An input a descriptor cannot cover (an expanded dO, whose strides are 0, say) is
         # copied: a copy costs a pass over it, the portable fused kernel far more. The outputs
@@ -268,24 +266,30 @@ class GluonBackwardLaunch:
         # Replayed later only if no input was copied (a copy's address is new every call).
         copied = any(t is not tensors[role] for t, role in zip(inputs, self.launch.operands))
         self.runner([*descs, *pointers], self.scalars, specialization_of(blocks + rows, pointed),
-                    descriptors=len(descs), key=None if copied else key)
+                    descriptors=len(descs), key=None if copied or key is None else key)
 
     def padded_rows(self, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        """Where Nq is not a multiple of `ROW_ALIGNMENT`: the call's lse and delta copied into
-        this launch's `[B * Hq, Nq']` buffers (Nq' the next multiple; the rows the kernel reads,
-        `n_rows`), whose padding stays 0 (a finite delta for the rows past Nq, whose
-        probabilities the kernel zeroes; 0 * NaN would not be 0). Nothing (an empty list)
-        where the rows are read in place."""
+        """Where Nq is not a multiple of `ROW_ALIGNMENT`: the call's lse and delta (`[B, Hq,
+        Nq]`, any strides) copied into new `[B * Hq, Nq']` buffers (Nq' the next multiple; the
+        rows the kernel reads, `n_rows`) whose padding is 0 (a finite delta for the rows past
+        Nq, whose probabilities the kernel zeroes; 0 * NaN would not be 0). Nothing (an empty
+        list) where the rows are read in place. The buffers are the call's own, as the rows
+        are: calls of one plan on two streams or threads never share them. (A CUDA graph of the
+        launches is therefore not kept, `launch_graphs`: it would keep them in its pool; this
+        backward runs from millions of pairs per head, where a launch's host time is small.)"""
         p = self.problem
         if not self.row_roles or p.seq_q % ROW_ALIGNMENT == 0:
             return []
-        if not self.row_buffers:
-            rows = -(-p.seq_q // ROW_ALIGNMENT) * ROW_ALIGNMENT
-            self.row_buffers = [torch.zeros(p.batch * p.heads_q, rows, device=tensors[role].device,
-                                            dtype=torch.float32) for role in self.row_roles]
-        for buffer, role in zip(self.row_buffers, self.row_roles):
-            buffer[:, : p.seq_q].copy_(tensors[role].reshape(buffer.shape[0], p.seq_q))
-        return self.row_buffers
+        width = -(-p.seq_q // ROW_ALIGNMENT) * ROW_ALIGNMENT
+        padded = []
+        for role in self.row_roles:
+            rows = tensors[role]
+            buffer = torch.zeros(p.batch * p.heads_q, width, device=rows.device, dtype=torch.float32)
+            # A view of the buffer in the rows' shape: the copy checks the shape (broadcasting
+            # only a size-1 axis, which the runtime's rows never have) and allocates nothing.
+            buffer.view(p.batch, p.heads_q, width)[..., : p.seq_q].copy_(rows)
+            padded.append(buffer)
+        return padded
 
     @cached_property
     def row_roles(self) -> tuple[str, ...]:

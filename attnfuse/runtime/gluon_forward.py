@@ -71,7 +71,10 @@ N = 1024 / 2048 / 3072 / 4093; RoPE + causal (pre-rotated for Gluon, fused for t
 kernel) 0.0414 / 0.0408, 0.0936 / 0.1048, 0.1694 / 0.2007, 0.2664 / 0.3315. From causal 2048
 (2M pairs) the Gluon kernel is 11-29% faster; at 1024 it is level with RoPE, so the rule stops
 there. Before, `GLUON_MIN_WORK`'s 8M made a call at N = 4093 take the portable kernel (0.3238
-against 0.2294 ms). The other classes keep `GLUON_MIN_WORK`: measured from 4096 only."""
+against 0.2294 ms). Only causal and RoPE + causal were timed below 4096; the rest of the class
+(dense, ALiBi, soft-capping, windows: the same kernel with other score ops, each measured
+faster than the portable one from 4096) takes the same sizes. The other classes keep
+`GLUON_MIN_WORK`: measured from 4096 only."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +263,7 @@ the sizes `GLUON_MIN_WORK` gives. On the H200 (bench/results/20261203T174400Z-gl
   dim 64, 0.414 / 0.365 and 1.547 / 1.404 at 128 (bench/results/20261203T175822Z-gluon-variants.md:
   the consumer loads each bias block in the MMA layout beside the block's product; the
   portable kernel pipelines coalesced loads);
-- plain softmax kernels (ALiBi, soft-capping, windows among them): `GLUON_MIN_WORK`'s rows;
+- plain softmax kernels (ALiBi, soft-capping, windows among them): `SOFTMAX_MIN_WORK`'s rows;
 - block-sparse kernels (`listed`, a class every block-sparse kernel has besides its own,
   `variant_classes`: a block-sparse bias kernel is never taken, a sigmoid one at 128 only;
   measured as plain softmax kernels on 128 x 128 Gluon tiles against the portable 64 x 64 ones,

@@ -20,7 +20,8 @@ The direct launches are kept wherever a graph could differ from them or cannot b
 inside a CUDA graph capture of the caller's (whose graph records the launches themselves),
 under a Triton launch hook (a profiler that would miss replayed kernels), with another
 device current than the plan's, for a Triton without `knobs` (whose hooks this module cannot
-read), for keys past `MAX_GRAPHS`, after a capture failed for the schedule or allocated
+read), under an allocator other than PyTorch's caching one (`cudaMallocAsync`, whose
+statistics cannot show a launch allocating), for keys past `MAX_GRAPHS`, after a capture failed for the schedule or allocated
 memory (a Gluon launch copying an input a descriptor cannot cover: the copy would stay
 reserved in the graph's pool for as long as the graph lives), and where
 `ATTNFUSE_LAUNCH_GRAPHS=off`.
@@ -95,7 +96,7 @@ class LaunchGraphs:
         getter = operator.itemgetter(*roles)
         self._tensors = getter if len(roles) > 1 else (lambda tensors: (getter(tensors),))
         self.usable = (device.type == "cuda" and len(self.launches) > 1 and knobs is not None
-                       and _capturing is not None and current_device is not None)
+                       and _capturing is not None and current_device is not None and _native_allocator())
         self.device = device.index if device.index is not None else 0
         self.new_graph = new_graph or torch.cuda.CUDAGraph
         """What makes a graph (tests stand one in)."""
@@ -168,6 +169,17 @@ class LaunchGraphs:
                 self.failed = "a launch allocated memory while captured (a copy of an input)"
                 return None
         return graph
+
+
+def _native_allocator() -> bool:
+    """Whether PyTorch's own caching allocator serves CUDA memory: its statistics count the
+    allocations a capture checks (`_allocations`); `cudaMallocAsync` fills in bytes only, so
+    there a launch copying an input could not be told apart and the launches go direct."""
+    backend = getattr(torch.cuda, "get_allocator_backend", None)
+    try:
+        return backend is not None and backend() == "native"
+    except (RuntimeError, AttributeError):  # a build without CUDA: nothing is usable anyway
+        return False
 
 
 def _allocations(device: int) -> int:

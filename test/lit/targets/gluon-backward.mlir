@@ -106,6 +106,7 @@ attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
 // CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
 // CHECK-SAME:    q_positions_ptr, stride_q_positions_b, stride_q_positions_n, k_positions_ptr, stride_k_positions_b, stride_k_positions_n,
 // CHECK:         k_positions_base = k_positions_ptr + batch.to(tl.int64) * stride_k_positions_b  # [B, N] positions
+// CHECK-NOT:     q_positions_base
 // CHECK:         # tile.rotate: RoPE at key positions, in fp32, pairs (dk_lo, dk_hi)
 // CHECK-NEXT:    k_positions_rows = tl.load(k_positions_base + rows * stride_k_positions_n, mask=row_in_bounds, other=0)
 // CHECK-NEXT:    table_rows = tl.abs(k_positions_rows)

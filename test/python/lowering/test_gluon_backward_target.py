@@ -215,8 +215,9 @@ def test_calls_the_schedule_cannot_take_keep_the_split(monkeypatch):
     assert not gluon_backward.takes_gluon_backward(p, window)
     dense = af.compile(af.attention()).program.canonical((False, False))
     assert gluon_backward.takes_gluon_backward(problem(4096), dense)
-    # Head dim 128 from 4M pairs (`GLUON_BACKWARD_MIN_WORK`): dense 2048 (4.2M) and causal 3072
-    # (4.7M) take it, causal 2048 (2.1M) and dense 1024 keep the split; so does N = 4093.
+    # Head dim 128 from 4M pairs (`GLUON_BACKWARD_MIN_WORK`): dense 2048 (4.2M), causal 3072
+    # (4.7M) and causal 4093 (8.38M, under the 8M it took before) take it; causal 2048 (2.1M)
+    # and dense 1024 keep the split.
     assert gluon_backward.takes_gluon_backward(problem(2048), dense)
     assert not gluon_backward.takes_gluon_backward(problem(1024), dense)
     causal = af.compile(af.attention(af.causal())).program.canonical((False, False))
@@ -306,6 +307,8 @@ def test_flat_rows_past_int32_keep_the_portable_backward():
     assert not gluon_backward.rows_addressable(dataclasses.replace(fits, batch=16384))
     # 16383 * 32 * 4096 rows fit; at Nq = 4093 the padded rows are the same count.
     assert gluon_backward.rows_addressable(dataclasses.replace(fits, seq_q=4093))
+    # 16384 * 32 * 4093 rows (2,145,910,784) would fit an int32, padded to 4096 they do not.
+    assert not gluon_backward.rows_addressable(dataclasses.replace(fits, batch=16384, seq_q=4093))
 
 
 def test_a_forced_fused_backward_at_unaligned_rows_takes_the_gluon_kernel(monkeypatch):
@@ -325,23 +328,28 @@ def test_a_forced_fused_backward_at_unaligned_rows_takes_the_gluon_kernel(monkey
 @pytest.mark.parametrize("n_q", [5, 6, 7, 8])
 def test_padded_rows_copy_lse_and_delta_into_zeroed_multiples_of_four(n_q):
     """`GluonBackwardLaunch.padded_rows`: at an Nq off a multiple of 4, the call's lse and delta
-    land in `[B * Hq, Nq']` buffers (Nq' = 8 here), each head's rows first and the padding 0;
-    the same buffers every call, with the new call's rows; at a multiple of 4 nothing is
-    copied (the kernel reads the rows in place). Under a pointwise normalizer (no row
-    statistics) nothing either."""
+    (any strides) land in new `[B * Hq, Nq']` buffers (Nq' = 8 here), each head's rows first
+    and the padding 0, fresh for every call (calls on two streams never share them); at a
+    multiple of 4 nothing is copied (the kernel reads the rows in place), nor under a
+    pointwise normalizer (no row statistics)."""
     b, hq = 2, 3
     problem = Problem(batch=b, heads_q=hq, heads_kv=1, seq_q=n_q, seq_k=64, head_dim=128, head_dim_v=128,
                       dtype=torch.bfloat16, device=torch.device("cpu"))
     launch = type("Kernel", (), {"roles": ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "dq_acc")})()
     gluon = gluon_backward.GluonBackwardLaunch(None, None, launch, problem, 0.1)
+    earlier = []
     for call in range(2):
         gen = torch.Generator().manual_seed(call)
         tensors = {role: torch.randn(b, hq, n_q, generator=gen) for role in ("lse", "delta")}
+        # The call's delta in another memory order (heads outermost): the copy follows strides.
+        tensors["delta"] = tensors["delta"].transpose(0, 1).contiguous().transpose(0, 1)
         rows = gluon.padded_rows(tensors)
         if n_q % 4 == 0:
             assert rows == []
             continue
-        assert [t.shape for t in rows] == [(b * hq, 8)] * 2 and rows is gluon.row_buffers
+        assert [t.shape for t in rows] == [(b * hq, 8)] * 2
+        assert not any(t is u for t in rows for u in earlier)
+        earlier = rows
         for buffer, role in zip(rows, ("lse", "delta")):
             assert torch.equal(buffer[:, :n_q], tensors[role].reshape(b * hq, n_q))
             assert torch.equal(buffer[:, n_q:], torch.zeros(b * hq, 8 - n_q))

@@ -44,6 +44,7 @@ class FakeGraph:
 def cuda_stand_ins(monkeypatch):
     """CUDA's queries answered as on an idle device 0; `state` changes the answers."""
     state = {"capturing": False, "device": 0, "hooks_idle": True, "allocations": 0}
+    monkeypatch.setattr(launch_graphs, "_native_allocator", lambda: True)
     monkeypatch.setattr(launch_graphs, "_capturing", lambda: state["capturing"])
     monkeypatch.setattr(launch_graphs, "_allocations", lambda device: state["allocations"])
     monkeypatch.setattr(launch_graphs, "current_device", lambda: state["device"])
@@ -247,6 +248,16 @@ def test_cpu_schedules_never_use_graphs():
     graphs = LaunchGraphs(schedule([]), ["q"], torch.device("cpu"))
     assert not graphs.usable and graphs(tensors()) is False
     assert not LaunchGraphs(schedule([])[:1], ["q"], torch.device("cuda", 0)).usable  # one launch
+
+
+def test_only_the_caching_allocator_lets_launches_replay(cuda_stand_ins, monkeypatch):
+    """Under `cudaMallocAsync` PyTorch's statistics hold no allocation counts, so a launch that
+    copies an input while captured could not be seen: its schedules launch directly."""
+    assert LaunchGraphs(schedule([]), ["q"], torch.device("cuda", 0)).usable
+    monkeypatch.setattr(launch_graphs, "_native_allocator", lambda: False)
+    graphs = LaunchGraphs(schedule([]), ["q"], torch.device("cuda", 0), new_graph=FakeGraph)
+    call = tensors()
+    assert not graphs.usable and [graphs(call) for _ in range(3)] == [False] * 3 and FakeGraph.made == []
 
 
 def test_the_setting_is_checked(monkeypatch):

@@ -84,6 +84,8 @@
 #                     nondet_auto: the Gluon backward auto gives soft-capping at D=128 spills 204-324 bytes in its
 #                     step loops on Triton 3.6 (bench/results/20261205T1230Z-gluon-sm90-spill-sweep.md), untimed
 #   verify44          the launch-graph GPU tests (test_gpu.py, test_gpu_decode.py)
+#   verify45          stop 44's review fixes on a GPU: odd-Nq and call-time-position Gluon backward
+#                     tests, launch-graph tests, the training step at N = 3072 / 4093 / 4096
 #   tune              attnfuse-tune on the GPU: RoPE + causal at the Llama heads (bf16, N=4096), forward and
 #                     backward over a small grid, its tuning file, and a call that reads the file
 set -u
@@ -292,6 +294,16 @@ for stage in "$@"; do
       # The launch-graph tests after stop 44's fix (captures were all dropped: the allocation
       # count spanned capture_begin, which allocates for the graph itself).
       pytest_run verify44 200 -n 8 test/python/test_gpu.py test/python/test_gpu_decode.py -k "launch_graphs or graph" ;;
+    verify45)
+      # What stop 44 could not run on a GPU: its review fixes (each call's own padded lse /
+      # delta copies at an Nq off a multiple of 4; launch graphs only under the caching
+      # allocator), with the tests of the Gluon backward at odd Nq and call-time RoPE positions,
+      # the launch-graph tests, and the step at N = 4093 beside 4096.
+      pytest_run verify45 240 -n 12 test/python/test_gpu_gluon_backward.py test/python/test_gpu.py \
+        test/python/test_gpu_decode.py -k "padded_rows or call_time_positions or launch_graphs or graph"
+      timeout 90 python3 bench/backward_targets.py --cases causal,rope+causal --seq-lens 3072,4093,4096 \
+        --columns default --reps 20 --out "$dir" > "$dir/backward_odd.log" 2>&1; echo "backward (odd Nq) rc=$?"
+      grep "^| \(causal\|rope\)" "$dir"/*backward-targets.md | cut -c1-200 ;;
     sparse-head-major)
       pytest_run sparse-head-major 200 -n 8 test/python/test_gpu.py test/python/test_gpu_gluon.py \
         -k "head_major or block_sparse or documents or refused"

@@ -84,6 +84,8 @@
 #                     nondet_auto: the Gluon backward auto gives soft-capping at D=128 spills 204-324 bytes in its
 #                     step loops on Triton 3.6 (bench/results/20261205T1230Z-gluon-sm90-spill-sweep.md), untimed
 #   verify44          the launch-graph GPU tests (test_gpu.py, test_gpu_decode.py)
+#   gluon-sizes       the sweep behind auto's Gluon sizes at head dim 128 (forward with each target forced,
+#                     backward split against the ordered Gluon kernel), below 4096 and at the paper shape
 #   verify45          stop 44's review fixes on a GPU: odd-Nq and call-time-position Gluon backward
 #                     tests, launch-graph tests, the training step at N = 3072 / 4093 / 4096
 #   tune              attnfuse-tune on the GPU: RoPE + causal at the Llama heads (bf16, N=4096), forward and
@@ -304,6 +306,24 @@ for stage in "$@"; do
       timeout 90 python3 bench/backward_targets.py --cases causal,rope+causal --seq-lens 3072,4093,4096 \
         --columns default --reps 20 --out "$dir" > "$dir/backward_odd.log" 2>&1; echo "backward (odd Nq) rc=$?"
       grep "^| \(causal\|rope\)" "$dir"/*backward-targets.md | cut -c1-200 ;;
+    gluon-sizes)
+      # Where auto's Gluon sizes at head dim 128 come from (stop 44; gluon_forward.SOFTMAX_MIN_WORK,
+      # gluon_backward.GLUON_ORDERED_MIN_WORK): each target forced below 4096, and at the paper shape.
+      for target in gluon triton; do
+        ATTNFUSE_FORWARD_TARGET=$target timeout 70 python3 -m attnfuse.tools.bench --preset llama3-8b --dtype bf16 \
+          --mode fwd --variants causal,rope_causal --seq-lens 1024,2048,3072,4093 --impls attnfuse --rep 100 \
+          --no-plots --no-progress --out "$dir/sizes-fwd-llama-$target" > "$dir/sizes-fwd-llama-$target.log" 2>&1
+        ATTNFUSE_FORWARD_TARGET=$target timeout 50 python3 -m attnfuse.tools.bench --preset paper --mode fwd \
+          --variants causal --seq-lens 4096,6144,8191 --impls attnfuse --rep 100 --no-plots --no-progress \
+          --out "$dir/sizes-fwd-paper-$target" > "$dir/sizes-fwd-paper-$target.log" 2>&1
+        echo "gluon-sizes forward ($target) rc=$?"
+      done
+      ATTNFUSE_FORWARD_TARGET=gluon timeout 80 python3 bench/backward_targets.py --cases causal,rope+causal \
+        --seq-lens 1024,2048,3072 --columns separate,ordered_gluon --reps 20 --out "$dir/sizes-bwd-llama" \
+        > "$dir/sizes-bwd-llama.log" 2>&1; echo "gluon-sizes backward (llama) rc=$?"
+      ATTNFUSE_FORWARD_TARGET=gluon timeout 60 python3 bench/backward_targets.py --geometry paper --cases causal \
+        --seq-lens 4096,6144 --columns separate,ordered_gluon --reps 20 --out "$dir/sizes-bwd-paper" \
+        > "$dir/sizes-bwd-paper.log" 2>&1; echo "gluon-sizes backward (paper) rc=$?" ;;
     sparse-head-major)
       pytest_run sparse-head-major 200 -n 8 test/python/test_gpu.py test/python/test_gpu_gluon.py \
         -k "head_major or block_sparse or documents or refused"

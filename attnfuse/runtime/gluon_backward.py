@@ -90,7 +90,8 @@ The order costs 0-5% of fwd+bwd over the unordered kernel (0-9% of the backward 
 Below 8M pairs at head dim 128, on an H100 (Triton 3.6, both columns on the Gluon forward,
 bench/results/20261205T214814Z-backward-targets.md, `ATTNFUSE_FORWARD_TARGET=gluon python3
 bench/backward_targets.py --cases causal,rope+causal --seq-lens 1024,2048,3072 --columns
-separate,ordered_gluon`), fwd+bwd ms, ordered Gluon against the split: causal 0.247 / 0.168,
+separate,ordered_gluon`, in `bash bench/gpu_session.sh gluon-sizes`), fwd+bwd ms, ordered
+Gluon against the split: causal 0.247 / 0.168,
 0.427 / 0.400, 0.657 / 0.707 at N = 1024 / 2048 / 3072; RoPE + causal 0.228 / 0.174, 0.445 /
 0.426, 0.695 / 0.737. The split is faster up to 2048 (2M pairs), the Gluon backward 6-7% faster
 at 3072 (4.7M): the rule starts at 4M. Before, it started at 8M, so a causal call at N = 4093

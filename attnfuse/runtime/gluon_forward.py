@@ -65,7 +65,8 @@ SOFTMAX_MIN_WORK = {**GLUON_MIN_WORK, 128: 2 * 1024 * 1024}
 dense, RoPE, ALiBi, windows, soft-capping), measured further down at head dim 128: on an H100
 (Triton 3.6, bench/results/20261205T214742Z- and 20261205T214800Z-llama3-8b-custom-fwd.md,
 `ATTNFUSE_FORWARD_TARGET=gluon|triton python3 -m attnfuse.tools.bench --preset llama3-8b
---dtype bf16 --mode fwd --variants causal,rope_causal --seq-lens 1024,2048,3072,4093`), ms,
+--dtype bf16 --mode fwd --variants causal,rope_causal --seq-lens 1024,2048,3072,4093`; the
+whole sweep is `bash bench/gpu_session.sh gluon-sizes`), ms,
 Gluon / portable: causal 0.0280 / 0.0315, 0.0727 / 0.0876, 0.1400 / 0.1740, 0.2294 / 0.3238 at
 N = 1024 / 2048 / 3072 / 4093; RoPE + causal (pre-rotated for Gluon, fused for the portable
 kernel) 0.0414 / 0.0408, 0.0936 / 0.1048, 0.1694 / 0.2007, 0.2664 / 0.3315. From causal 2048

@@ -304,8 +304,8 @@ for stage in "$@"; do
       pytest_run verify45 240 -n 12 test/python/test_gpu_gluon_backward.py test/python/test_gpu.py \
         test/python/test_gpu_decode.py -k "padded_rows or call_time_positions or launch_graphs or graph"
       timeout 90 python3 bench/backward_targets.py --cases causal,rope+causal --seq-lens 3072,4093,4096 \
-        --columns default --reps 20 --out "$dir" > "$dir/backward_odd.log" 2>&1; echo "backward (odd Nq) rc=$?"
-      grep "^| \(causal\|rope\)" "$dir"/*backward-targets.md | cut -c1-200 ;;
+        --columns default --reps 20 --out "$dir/verify45" > "$dir/backward_odd.log" 2>&1; echo "backward (odd Nq) rc=$?"
+      grep -h "^| \(causal\|rope\)" "$dir"/verify45/*backward-targets.md ;;
     gluon-sizes)
       # Where auto's Gluon sizes at head dim 128 come from (stop 44; gluon_forward.SOFTMAX_MIN_WORK,
       # gluon_backward.GLUON_ORDERED_MIN_WORK): each target forced below 4096, and at the paper shape.
@@ -313,10 +313,11 @@ for stage in "$@"; do
         ATTNFUSE_FORWARD_TARGET=$target timeout 70 python3 -m attnfuse.tools.bench --preset llama3-8b --dtype bf16 \
           --mode fwd --variants causal,rope_causal --seq-lens 1024,2048,3072,4093 --impls attnfuse --rep 100 \
           --no-plots --no-progress --out "$dir/sizes-fwd-llama-$target" > "$dir/sizes-fwd-llama-$target.log" 2>&1
+        echo "gluon-sizes forward llama ($target) rc=$?"
         ATTNFUSE_FORWARD_TARGET=$target timeout 50 python3 -m attnfuse.tools.bench --preset paper --mode fwd \
           --variants causal --seq-lens 4096,6144,8191 --impls attnfuse --rep 100 --no-plots --no-progress \
           --out "$dir/sizes-fwd-paper-$target" > "$dir/sizes-fwd-paper-$target.log" 2>&1
-        echo "gluon-sizes forward ($target) rc=$?"
+        echo "gluon-sizes forward paper ($target) rc=$?"
       done
       ATTNFUSE_FORWARD_TARGET=gluon timeout 80 python3 bench/backward_targets.py --cases causal,rope+causal \
         --seq-lens 1024,2048,3072 --columns separate,ordered_gluon --reps 20 --out "$dir/sizes-bwd-llama" \

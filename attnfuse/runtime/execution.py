@@ -144,8 +144,9 @@ class KernelExecution:
         """The CUDA graphs a schedule replays as (`launch_graphs`), keyed by every role its
         launches read (a Gluon launch's own roles too), or None where `LaunchGraphs` finds none
         usable (one launch, not a GPU) or a pre-rotation kernel is among them, whose copy `_run`
-        allocates between the launches."""
-        if any(rotated is not None for _launch, rotated, _dtype in schedule):
+        allocates between the launches, or a launch that allocates on every call
+        (`GluonBackwardLaunch.allocates`)."""
+        if any(rotated is not None or getattr(launch, "allocates", False) for launch, rotated, _dtype in schedule):
             return None
         roles = {role for launch, _rotated, _dtype in schedule
                  for role in (*launch.info.roles, *getattr(launch, "keyed_roles", ()))}

@@ -98,11 +98,12 @@ at 3072 (4.7M): the rule starts at 4M. Before, it started at 8M, so a causal cal
 (8.38M pairs, under 8M = 8,388,608) took the split and, under `GLUON_MIN_WORK`, the portable
 forward: 1.273 ms fwd+bwd (bench/results/20261205T214436Z-backward-targets.md, H100); with
 both rules lowered 1.017 ms, against 1.020 at N = 4096 and cuDNN's 1.076
-(20261205T220133Z-backward-targets.md). At head dim 64 the split stays faster at causal 4096
+(20261205T220133Z-backward-targets.md; that code kept the padded rows per plan, the current
+one copies them per call). At head dim 64 the split stays faster at causal 4096
 (8.4M pairs: 1.004 against 1.067 fwd+bwd, bench/results/20261205T214831Z-backward-targets.md);
-at 6144 (18.9M, which the 16M rule takes) the fwd+bwd column favoured the split (2.241 /
-2.304) and the backward alone the Gluon kernel (1.707 / 1.883): within the spread, so 16M
-stays. Smaller calls keep the split."""
+at 6144 (18.9M, which the 16M rule takes) the two measures disagree: fwd+bwd, the split
+2.241 against the Gluon backward's 2.304 (the split 2.8% faster); the backward alone, the
+split 1.883 against 1.707 (the Gluon kernel 9% faster). Unresolved by one run, so 16M stays. Smaller calls keep the split."""
 
 GLUON_POINTWISE_MIN_WORK = {64: 8 * 1024 * 1024, 128: 8 * 1024 * 1024}
 """The same, ordered or not, under a pointwise normalizer (ReLU, sigmoid), whose split
@@ -267,7 +268,13 @@ class GluonBackwardLaunch:
         # Replayed later only if no input was copied (a copy's address is new every call).
         copied = any(t is not tensors[role] for t, role in zip(inputs, self.launch.operands))
         self.runner([*descs, *pointers], self.scalars, specialization_of(blocks + rows, pointed),
-                    descriptors=len(descs), key=None if copied or key is None else key)
+                    descriptors=len(descs), key=None if copied else key)
+
+    @property
+    def allocates(self) -> bool:
+        """Whether every call allocates (`padded_rows`' copies): `KernelExecution._graphs` then
+        makes no launch graph for the schedule, which would keep the copies in its pool."""
+        return bool(self.row_roles) and self.problem.seq_q % ROW_ALIGNMENT != 0
 
     def padded_rows(self, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """Where Nq is not a multiple of `ROW_ALIGNMENT`: the call's lse and delta (`[B, Hq,
@@ -275,9 +282,8 @@ class GluonBackwardLaunch:
         rows the kernel reads, `n_rows`) whose padding is 0 (a finite delta for the rows past
         Nq, whose probabilities the kernel zeroes; 0 * NaN would not be 0). Nothing (an empty
         list) where the rows are read in place. The buffers are the call's own, as the rows
-        are: calls of one plan on two streams or threads never share them. (A CUDA graph of the
-        launches is therefore not kept, `launch_graphs`: it would keep them in its pool; this
-        backward runs from millions of pairs per head, where a launch's host time is small.)"""
+        are: calls of one plan on two streams or threads never share them (`allocates`: no
+        launch graph is made for such a schedule)."""
         p = self.problem
         if not self.row_roles or p.seq_q % ROW_ALIGNMENT == 0:
             return []
@@ -286,8 +292,8 @@ class GluonBackwardLaunch:
         for role in self.row_roles:
             rows = tensors[role]
             buffer = torch.zeros(p.batch * p.heads_q, width, device=rows.device, dtype=torch.float32)
-            # A view of the buffer in the rows' shape: the copy checks the shape (broadcasting
-            # only a size-1 axis, which the runtime's rows never have) and allocates nothing.
+            # A view of the buffer in the rows' shape (the runtime's rows have exactly it): the
+            # copy follows any strides and allocates nothing.
             buffer.view(p.batch, p.heads_q, width)[..., : p.seq_q].copy_(rows)
             padded.append(buffer)
         return padded

@@ -343,8 +343,8 @@ def test_query_rows_off_16_bytes_run_the_gluon_backward_on_padded_rows(name, det
     (`GluonBackwardLaunch.padded_rows`): read in place, the flat rows of head 1 on would start
     off the 16 bytes TMA needs (the H200 stopped with an illegal instruction at Nq = 2043, GQA
     4). The gradients are the reference's in every call, and the ordered backward's are
-    bitwise the same from call to call (each call's copies are its own: the launch graph of
-    the second call is dropped for its allocation, and the launches go direct)."""
+    bitwise the same from call to call (each call's copies are its own, so the schedule has
+    no launch graph: `GluonBackwardLaunch.allocates`)."""
     spec = SPECS[name]
     q, k, v = inputs(1, hq, hkv, nq, nk, 128, torch.bfloat16, seed=51)
     fn = af.compile(spec, deterministic=deterministic)
@@ -359,3 +359,4 @@ def test_query_rows_off_16_bytes_run_the_gluon_backward_on_padded_rows(name, det
         assert all(err <= GRAD_TOLERANCE[q.dtype] for err in errors.values()), errors
     if deterministic:
         assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+    assert launch.allocates == ("lse" in launch.launch.roles)

@@ -344,6 +344,7 @@ def test_padded_rows_copy_lse_and_delta_into_zeroed_multiples_of_four(n_q):
         # The call's delta in another memory order (heads outermost): the copy follows strides.
         tensors["delta"] = tensors["delta"].transpose(0, 1).contiguous().transpose(0, 1)
         rows = gluon.padded_rows(tensors)
+        assert gluon.allocates == (n_q % 4 != 0)
         if n_q % 4 == 0:
             assert rows == []
             continue
@@ -356,7 +357,8 @@ def test_padded_rows_copy_lse_and_delta_into_zeroed_multiples_of_four(n_q):
             # Head h's rows start at h * 8 in the flat copy the kernel's descriptor covers.
             assert torch.equal(buffer.flatten()[8 : 8 + n_q], tensors[role][0, 1])
     pointwise = type("Kernel", (), {"roles": ("q", "k", "v", "do", "dk", "dv", "dq_acc")})()
-    assert gluon_backward.GluonBackwardLaunch(None, None, pointwise, problem, 0.1).padded_rows({}) == []
+    rowless = gluon_backward.GluonBackwardLaunch(None, None, pointwise, problem, 0.1)
+    assert rowless.padded_rows({}) == [] and not rowless.allocates
 
 
 def backward_kernel_module(spec, head_dim=128):

@@ -219,8 +219,9 @@ def test_what_beginning_and_ending_a_capture_allocates_is_not_a_launchs(cuda_sta
 
 def test_schedules_key_every_role_their_launches_read(cuda_stand_ins):
     """`KernelExecution._graphs`: a graph per schedule of several launches, keyed by the union
-    of their roles and a Gluon launch's own (`keyed_roles`); none for one launch or for a
-    schedule with a pre-rotation kernel (its copy is allocated between the launches)."""
+    of their roles and a Gluon launch's own (`keyed_roles`); none for one launch, for a
+    schedule with a pre-rotation kernel (its copy is allocated between the launches) or with a
+    launch that allocates on every call (a Gluon backward padding its rows)."""
     from types import SimpleNamespace
 
     from attnfuse.runtime.execution import KernelExecution
@@ -242,6 +243,24 @@ def test_schedules_key_every_role_their_launches_read(cuda_stand_ins):
     assert KernelExecution._graphs(plan, schedule_[:1]) is None
     rotating = ((launch(("q", "q_rot")), "q_rot", dtype), *schedule_)
     assert KernelExecution._graphs(plan, rotating) is None
+    padding = launch(("q", "dk"), keyed=("q", "dk", "dq_acc"))
+    padding.allocates = True
+    assert KernelExecution._graphs(plan, (schedule_[0], (padding, None, dtype))) is None
+    padding.allocates = False
+    assert KernelExecution._graphs(plan, (schedule_[0], (padding, None, dtype))) is not None
+
+
+@pytest.mark.parametrize("backend, usable", [("native", True), ("cudaMallocAsync", False), (None, False)])
+def test_native_allocator_reads_the_backend(backend, usable, monkeypatch):
+    """`_native_allocator`: PyTorch's caching allocator only; a build without CUDA (whose query
+    raises) counts as not native."""
+    def get_allocator_backend():
+        if backend is None:
+            raise AttributeError("module 'torch._C' has no attribute '_cuda_getAllocatorBackend'")
+        return backend
+
+    monkeypatch.setattr(launch_graphs.torch.cuda, "get_allocator_backend", get_allocator_backend)
+    assert launch_graphs._native_allocator() is usable
 
 
 def test_cpu_schedules_never_use_graphs():

@@ -49,7 +49,7 @@ bench/results/20261201T200916Z-gluon-forward.md, ms):
 - head dim 128 (Llama-3-8B heads, bf16), from causal 4096: two consumers took 0.234 / 0.859
   causal at 4096 / 8192 against the portable kernel's 0.288 / 1.214 and cuDNN's 0.258 / 0.896,
   0.427 / 1.789 dense against 0.540 / 2.396 (cuDNN 0.414 / 1.744);
-- head dim 64 (B=4 H=12, fp16), from causal 8192 or dense 4096: three consumers took 0.878 /
+- head dim 64 (B=4 H=12, fp16), from 16M pairs (causal 5793 or dense 4096; measured at causal 8192 and dense 4096): three consumers took 0.878 /
   3.783 causal at 8192 / 16384 against the portable 0.928 / 4.281 and cuDNN's 0.917 / 3.827,
   0.427 dense at 4096 against 0.510 (cuDNN 0.435); at causal 4096 (8M pairs) 0.261 against
   the portable 0.252, so the portable kernel keeps it;

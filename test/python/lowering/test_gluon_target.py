@@ -259,7 +259,7 @@ def test_auto_rule_and_fit(monkeypatch):
     assert gluon_forward.prefers_gluon(problem(8192, 8192), causal=True)
     assert gluon_forward.prefers_gluon(problem(4096, 4096), causal=True)
     assert not gluon_forward.prefers_gluon(problem(2048, 2048), causal=True)
-    # Head dim 64: from 16M pairs (causal 8192, dense 4096); the portable kernel at causal 4096.
+    # Head dim 64: from 16M pairs (causal 5793, dense 4096); the portable kernel at causal 4096.
     assert gluon_forward.prefers_gluon(problem(8192, 8192, d=64), causal=True)
     assert gluon_forward.prefers_gluon(problem(4096, 4096, d=64), causal=False)
     assert not gluon_forward.prefers_gluon(problem(4096, 4096, d=64), causal=True)

@@ -524,7 +524,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             self.emit("cols_half = gl.arange(0, BLOCK_HALF, layout=gl.SliceLayout(0, EPI_LAYOUT))")
             self.emit("dk_base = dk_ptr + batch.to(tl.int64) * stride_dk_b + kv_head.to(tl.int64) * stride_dk_h")
             for role in self.given_position_roles():
-                self.emit(f"{role}_base = {role}_ptr + batch.to(tl.int64) * stride_{role}_b  # [B, N] positions")
+                self.emit(self.base_line(role))  # the batch's call-time positions
         stores = []
         for op in self.parts.epilogue:
             if isinstance(op, tile.StoreOp) and op.cols is not None and op.cols.data == "all":

@@ -105,7 +105,7 @@ attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
 // each key row's given position, loaded in the epilogue from the program's batch.
 // CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
 // CHECK-SAME:    q_positions_ptr, stride_q_positions_b, stride_q_positions_n, k_positions_ptr, stride_k_positions_b, stride_k_positions_n,
-// CHECK:         k_positions_base = k_positions_ptr + batch.to(tl.int64) * stride_k_positions_b  # [B, N] positions
+// CHECK:         k_positions_base = k_positions_ptr + batch * stride_k_positions_b{{$}}
 // CHECK-NOT:     q_positions_base
 // CHECK:         # tile.rotate: RoPE at key positions, in fp32, pairs (dk_lo, dk_hi)
 // CHECK-NEXT:    k_positions_rows = tl.load(k_positions_base + rows * stride_k_positions_n, mask=row_in_bounds, other=0)

@@ -62,6 +62,11 @@ which poisons the CUDA context). Where Nq is off the multiple, the runtime copie
 into padded buffers first (`runtime/gluon_backward.py`, `GluonBackwardLaunch.padded_rows`)."""
 
 
+def padded_rows_per_head(n_q: int) -> int:
+    """Nq', the rows a head takes in the flat lse / delta the loader reads (`n_rows`)."""
+    return -(-n_q // ROW_ALIGNMENT) * ROW_ALIGNMENT
+
+
 def _unsupported(message: str, op: Operation | None):
     from attnfuse.lowering.gluon import GluonUnsupported
 

@@ -32,7 +32,7 @@ from attnfuse.dialects import make_context, tile
 from attnfuse.dialects.backward_shape import BACKWARD_HEAD_DIMS
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, hopper
-from attnfuse.lowering.gluon_backward import DESCRIPTOR_ROLES, ROW_ALIGNMENT
+from attnfuse.lowering.gluon_backward import DESCRIPTOR_ROLES, ROW_ALIGNMENT, padded_rows_per_head
 from attnfuse.runtime.gluon_launch import GluonRunner, call_key, pointer_arguments, specialization_of
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.launch import KernelLaunch
@@ -160,8 +160,7 @@ def fits(problem: Problem) -> bool:
 def rows_addressable(problem: Problem) -> bool:
     """Whether the kernel's flat lse / delta index, an int32, reaches every row: B * Hq * Nq'
     < 2^31 (Nq' = Nq padded to `ROW_ALIGNMENT`), which only a q of 256 GiB or more passes."""
-    rows = -(-problem.seq_q // ROW_ALIGNMENT) * ROW_ALIGNMENT
-    return problem.batch * problem.heads_q * rows < 2**31
+    return problem.batch * problem.heads_q * padded_rows_per_head(problem.seq_q) < 2**31
 
 
 def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "pre_rotated",
@@ -284,10 +283,10 @@ class GluonBackwardLaunch:
         list) where the rows are read in place. The buffers are the call's own, as the rows
         are: calls of one plan on two streams or threads never share them (`allocates`: no
         launch graph is made for such a schedule)."""
-        p = self.problem
-        if not self.row_roles or p.seq_q % ROW_ALIGNMENT == 0:
+        if not self.allocates:
             return []
-        width = -(-p.seq_q // ROW_ALIGNMENT) * ROW_ALIGNMENT
+        p = self.problem
+        width = padded_rows_per_head(p.seq_q)
         padded = []
         for role in self.row_roles:
             rows = tensors[role]

@@ -94,12 +94,7 @@ separate,ordered_gluon`, in `bash bench/gpu_session.sh gluon-sizes`), fwd+bwd ms
 Gluon against the split: causal 0.247 / 0.168,
 0.427 / 0.400, 0.657 / 0.707 at N = 1024 / 2048 / 3072; RoPE + causal 0.228 / 0.174, 0.445 /
 0.426, 0.695 / 0.737. The split is faster up to 2048 (2M pairs), the Gluon backward 6-7% faster
-at 3072 (4.7M): the rule starts at 4M. Before, it started at 8M, so a causal call at N = 4093
-(8.38M pairs, under 8M = 8,388,608) took the split and, under `GLUON_MIN_WORK`, the portable
-forward: 1.273 ms fwd+bwd (bench/results/20261205T214436Z-backward-targets.md, H100); with
-both rules lowered 1.017 ms, against 1.020 at N = 4096 and cuDNN's 1.076
-(20261205T220133Z-backward-targets.md; that code kept the padded rows per plan, the current
-one copies them per call). At head dim 64 the split stays faster at causal 4096
+at 3072 (4.7M): the rule starts at 4M. At head dim 64 the split stays faster at causal 4096
 (8.4M pairs: 1.004 against 1.067 fwd+bwd, bench/results/20261205T214831Z-backward-targets.md);
 at 6144 (18.9M, which the 16M rule takes) the two measures disagree: fwd+bwd, the split
 2.241 against the Gluon backward's 2.304 (the split 2.8% faster); the backward alone, the

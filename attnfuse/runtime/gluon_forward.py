@@ -71,8 +71,7 @@ Gluon / portable: causal 0.0280 / 0.0315, 0.0727 / 0.0876, 0.1400 / 0.1740, 0.22
 N = 1024 / 2048 / 3072 / 4093; RoPE + causal (pre-rotated for Gluon, fused for the portable
 kernel) 0.0414 / 0.0408, 0.0936 / 0.1048, 0.1694 / 0.2007, 0.2664 / 0.3315. From causal 2048
 (2M pairs) the Gluon kernel is 11-29% faster; at 1024 it is level with RoPE, so the rule stops
-there. Before, `GLUON_MIN_WORK`'s 8M made a call at N = 4093 take the portable kernel (0.3238
-against 0.2294 ms). Only causal and RoPE + causal were timed below 4096; the rest of the class
+there. Only causal and RoPE + causal were timed below 4096; the rest of the class
 (dense, ALiBi, soft-capping, windows: the same kernel with other score ops, each measured
 faster than the portable one from 4096) takes the same sizes. The other classes keep
 `GLUON_MIN_WORK`: measured from 4096 only."""

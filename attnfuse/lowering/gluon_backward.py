@@ -392,7 +392,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             role = store_add.order.type.role.data  # type: ignore[union-attr]
             body += [
                 f"    counter = {role}_ptr + batch * stride_{role}_b + head * stride_{role}_h + start_m * stride_{role}_n",
-                f"    if {self.order_waits()}:",
+                f"    if {self.order_waits(store_add)}:",
                 '        while gl.atomic_add(counter, 0, sem="acquire") != block_id:',
                 "            pass",
             ]

@@ -31,13 +31,11 @@ def backward_request() -> str:
     return value
 
 
-def fused_allowed(variant: Canonical, ordered: bool) -> bool:
-    """Whether a fused backward (with `ordered`, its adds in key-block order) may run: the
-    variant has no bias (its gradient is written by the separate backward's dQ-bias kernel,
-    which the fused one has no counterpart of), and, ordered, no block list (block sparsity,
-    documents: the key blocks visiting a query block need not be consecutive;
+def fused_allowed(variant: Canonical) -> bool:
+    """Whether a fused backward may run: the variant has no bias (its gradient is written by
+    the separate backward's dQ-bias kernel, which the fused one has no counterpart of;
     `lower_backward.fused_dq_unsupported`)."""
-    return not variant.reads("bias") and not (ordered and variant.listed)
+    return not variant.reads("bias")
 
 
 def unordered_allowed(deterministic: bool) -> bool:
@@ -58,7 +56,7 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
     kernel is one the Gluon target schedules."""
     request = backward_request()
     ordered = request == "ordered" or not unordered_allowed(deterministic)
-    if request == "separate" or not fused_allowed(variant, ordered):
+    if request == "separate" or not fused_allowed(variant):
         return "separate"
     fused = "ordered" if ordered else "fused"
     if request != "auto":

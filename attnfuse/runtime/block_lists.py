@@ -60,6 +60,7 @@ def block_lists(
     block_m: int,
     block_n: int,
     padded_rows_partial: bool = False,
+    ranks: bool = False,
 ) -> dict[str, torch.Tensor]:
     """For every kernel query block (of `block_m` queries), the key blocks (of `block_n`
     keys) to visit, split into *full* ones (every row keeps every key: no mask work) and
@@ -72,7 +73,10 @@ def block_lists(
 
     Returns `full_blocks`/`partial_blocks` `[B, Hq, query blocks, entries]` (int32 key-block
     indices, in units of `block_n`) and `full_count`/`partial_count` `[B, Hq, query blocks]`;
-    lists the filters share across batches or heads are expanded with zero strides.
+    lists the filters share across batches or heads are expanded with zero strides. With
+    `ranks`, also `full_rank`/`partial_rank` beside the lists, entry for entry: how many
+    *lower* program blocks list the entry's block (full or partial), the entry's turn when
+    the programs of one loop block take turns in program-block order.
     """
     device = visit.device
     n_qb, n_kb = -(-problem.seq_q // block_m), -(-problem.seq_k // block_n)
@@ -101,6 +105,11 @@ def block_lists(
     while full_keep.dim() < 4:
         full_keep, partial_keep = full_keep[None], partial_keep[None]
     lists = {}
+    turns = None
+    if ranks:
+        # Per (program block, loop block): the lower program blocks listing the loop block.
+        listed = (full_keep | partial_keep).to(torch.int32)
+        turns = listed.cumsum(-2, dtype=torch.int32) - listed
     for name, chosen in (("full", full_keep), ("partial", partial_keep)):
         count = chosen.sum(-1, dtype=torch.int32)
         # Kept blocks first, in key order: a stable sort of "not kept". Lists keep all n_kb
@@ -109,6 +118,9 @@ def block_lists(
         blocks = order.to(torch.int32).contiguous()
         lists[f"{name}_blocks"] = blocks.expand(problem.batch, problem.heads_q, -1, -1)
         lists[f"{name}_count"] = count.expand(problem.batch, problem.heads_q, -1)
+        if turns is not None:
+            rank = torch.gather(turns.expand_as(order), -1, order).contiguous()
+            lists[f"{name}_rank"] = rank.expand(problem.batch, problem.heads_q, -1, -1)
     return lists
 
 
@@ -119,12 +131,15 @@ def transposed_block_lists(
     problem: Problem,
     block_m: int,
     block_n: int,
+    ranks: bool = False,
 ) -> dict[str, torch.Tensor]:
     """For every kernel *key* block (of `block_m` keys), the query blocks (of `block_n`
     queries) that keep some of its pairs, split into full and partial ones as `block_lists`
-    does: `full_q_blocks`/`partial_q_blocks` `[B, Hq, key blocks, entries]` and their counts.
-    These drive the dK/dV kernel, whose programs own key blocks. `visit` and `full` are the
-    filters' tiles of `block_n` queries by `block_m` keys, in query x key orientation.
+    does: `full_q_blocks`/`partial_q_blocks` `[B, Hq, key blocks, entries]` and their counts
+    (with `ranks`, `full_q_rank`/`partial_q_rank`: each entry's turn at its query block, for
+    dQ adds in key-block order). These drive the dK/dV kernel, whose programs own key blocks.
+    `visit` and `full` are the filters' tiles of `block_n` queries by `block_m` keys, in
+    query x key orientation.
 
     They are `block_lists` of the transposed problem: keys become rows at positions
     `j - (Nk - Nq)` and queries become columns at positions `i`, so that a pair's
@@ -136,7 +151,7 @@ def transposed_block_lists(
     # The dK/dV kernel's ragged last key block has padded rows, which only a masked step
     # drops: every block it visits is listed as partial.
     lists = block_lists(visit.transpose(-1, -2), full.transpose(-1, -2), transposed_band,
-                        transposed, block_m, block_n, padded_rows_partial=True)
+                        transposed, block_m, block_n, padded_rows_partial=True, ranks=ranks)
     return {name.replace("_", "_q_", 1): value for name, value in lists.items()}
 
 
@@ -146,9 +161,11 @@ def call_block_lists(
     problem: Problem,
     config: Any,
     backward: bool,
+    ranks: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """The lists the forward kernel (or, with `backward`, the dQ and dK/dV kernels) of a call
-    with tile configuration `config` (a `TileConfig`) read."""
+    """The lists the forward kernel (or, with `backward`, the dQ and dK/dV kernels; with
+    `ranks`, the query lists' ranks too, for an ordered fused backward) of a call with tile
+    configuration `config` (a `TileConfig`) read."""
     if not backward:
         visit, full = filter_tiles(sources, problem, config.block_m, config.block_n)
         return block_lists(visit, full, band, problem, config.block_m, config.block_n)
@@ -158,4 +175,4 @@ def call_block_lists(
     kv_bm, kv_bn, _warps, _stages = config.dkdv()
     # dK/dV programs own kv_bm keys and step over kv_bn queries.
     visit, full = filter_tiles(sources, problem, kv_bn, kv_bm)
-    return lists | transposed_block_lists(visit, full, band, problem, kv_bm, kv_bn)
+    return lists | transposed_block_lists(visit, full, band, problem, kv_bm, kv_bn, ranks)

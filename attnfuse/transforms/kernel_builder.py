@@ -447,6 +447,7 @@ def build_band_loops(
     names: Sequence[str],
     body: Body,
     over: str,
+    ranked: bool = False,
 ) -> Sequence[SSAValue]:
     """The loops over the blocks a program visits, carrying `state`; returns the final state.
 
@@ -459,7 +460,8 @@ def build_band_loops(
     the bounds are clipped to the program's split (`tile.kv_split`), and a variant with a
     listed filter walks its split's blocks as partial ones, testing each entry. With an
     element-wise filter (`VariantFacts.elementwise`) no block is full: one masked loop over
-    the band's blocks (or every listed block masked).
+    the band's blocks (or every listed block masked). With `ranked` (a dK/dV kernel adding dQ
+    in key-block order) the query lists' loops read their entries' ranks (`*_q_rank`).
     """
     keys = over == "keys"
     split = k.grid == "kv_splits"
@@ -476,8 +478,12 @@ def build_band_loops(
         # The lists' full blocks are full for the listed filters; an element-wise one tests them too.
         for prefix, masked in (("full", facts.elementwise), ("partial", True)):
             blocks, count = k.arg(f"{prefix}{suffix}_blocks"), k.arg(f"{prefix}{suffix}_count")
-            loop_type = tile.SparseKVLoopOp if keys else tile.SparseQLoopOp
-            state = k.add(loop_type(blocks, count, state, new_body(masked), masked), *names).results
+            if keys:
+                loop: Operation = tile.SparseKVLoopOp(blocks, count, state, new_body(masked), masked)
+            else:
+                ranks = k.arg(f"{prefix}_q_rank") if ranked else None
+                loop = tile.SparseQLoopOp(blocks, count, state, new_body(masked), masked, ranks)
+            state = k.add(loop, *names).results
         return state
     bounds_op = tile.KVBoundsOp(facts.band) if keys else tile.QBoundsOp(facts.band)
     prefix = "kv" if keys else "q"

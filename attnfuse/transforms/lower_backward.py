@@ -31,7 +31,8 @@ dQ part `dS K` (`tile.dot_lhs_transposed`) and adds it into an fp32 `dq_acc`
 (`tile.store_add`, atomics: not deterministic), and `attention_bwd_dq_finish` scales it,
 applies the rotation's transpose and stores dQ. The scores are formed once per block pair
 instead of twice. `bwd-dq=ordered` is the same backward with its adds made in key-block order
-(`tile.store_add ... in_order %dq_order`), so dQ is deterministic again.
+(`tile.store_add ... in_order %dq_order`), so dQ is deterministic again; under block lists
+(block sparsity, documents) the loops over them read each entry's turn (`*_q_rank`).
 
 RoPE: the kernels see rotated operands (rotated in registers where the forward placement
 fused the rotation, read from the pre-rotation kernels' output otherwise) and, at the end,
@@ -50,7 +51,7 @@ from xdsl.dialects.builtin import f32
 from xdsl.ir import Block, Operation, SSAValue
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.interfaces import KeyFilter, ScoreModifier
+from attnfuse.dialects.interfaces import ScoreModifier
 from attnfuse.transforms.kernel_builder import (
     PART_SUFFIX,
     ChainInputs,
@@ -100,19 +101,21 @@ def needs_exact_scores(facts: VariantFacts, element_type: str) -> bool:
 
 def _gradient_kernel_roles(
     facts: VariantFacts, gradients: Sequence[str], list_suffix: str, bias_grad: bool = False,
-    computes_delta: bool = False,
+    computes_delta: bool = False, ranked: bool = False,
 ) -> list[str]:
     """The parameters of a dK/dV or dQ kernel: q and k (or their rotated copies), v, dO (and
     O with `computes_delta`), the softmax statistics, the `gradients` it writes, then what
     rotations and score modifications read (and `dbias` with `bias_grad`), then the
-    block lists it walks (`list_suffix` "_q": lists of query blocks)."""
+    block lists it walks (`list_suffix` "_q": lists of query blocks; with `ranked`, each
+    list's ranks after it, for adds in key-block order)."""
     q_source, k_source = _sources(facts)
     stats = ["lse", "delta"] if facts.has_lse else []
     grad_out = ["do", "o"] if computes_delta else ["do"]
     roles = [q_source, k_source, "v", *grad_out, *stats, *gradients, *_rotation_roles(facts),
              *facts.data_arguments(), *(facts.data_gradient_roles() if bias_grad else [])]
     if facts.listed:
-        roles += [f"{kind}{list_suffix}_{what}" for kind in ("full", "partial") for what in ("blocks", "count")]
+        parts = ("blocks", "count", "rank") if ranked else ("blocks", "count")
+        roles += [f"{kind}{list_suffix}_{what}" for kind in ("full", "partial") for what in parts]
     return roles
 
 
@@ -228,7 +231,7 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool 
     q_source, k_source = _sources(facts)
     softmax = facts.has_lse
     dq_roles = ["dq_acc", *(["dq_order"] if ordered else [])] if fused_dq else []
-    roles = _gradient_kernel_roles(facts, ["dk", "dv", *dq_roles], "_q")
+    roles = _gradient_kernel_roles(facts, ["dk", "dv", *dq_roles], "_q", ranked=ordered)
     rotation = facts.rotation
     name = "attention_bwd_dkdv_dq" if fused_dq else "attention_bwd_dkdv"
     k = KernelBuilder(name, roles, "key_blocks", config,
@@ -269,7 +272,7 @@ def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool 
                 inner.builder.insert(tile.StoreAddOp(dq_part, inner.arg("dq_acc"), "loop", part, order))
         inner.builder.insert(tile.YieldOp([*new_dk, new_dv]))
 
-    *dk, dv = build_band_loops(k, facts, state, names, body, over="queries")
+    *dk, dv = build_band_loops(k, facts, state, names, body, over="queries", ranked=ordered)
     _store_gradient(k, "k", dk, parts, facts.key_rotation, "key", facts.scale)
     k.builder.insert(tile.StoreOp(dv, k.arg("dv"), "program", "all"))
     return k.finish()
@@ -357,9 +360,8 @@ def build_fused_backward_kernels(
 def fused_dq_unsupported(facts: VariantFacts, ordered: bool = False) -> tuple[str, Operation] | None:
     """Why the fused backward (with `ordered`, its adds in key-block order) cannot lower the
     variant, and the op at fault, or None: a bias gradient is written by the dQ-bias kernel
-    (`attention_bwd_dq_bias`), which the fused backward has no counterpart of; and the key
-    blocks that a block list (block sparsity, documents) sends to a query block need not be
-    consecutive, which the order's handover from each key block to the next relies on."""
+    (`attention_bwd_dq_bias`), which the fused backward has no counterpart of. (Block lists
+    are fused either way: ordered, their loops read each entry's turn, `*_q_rank`.)"""
     option = f"bwd-dq={'ordered' if ordered else 'fused'}"
     for op in facts.modifiers:
         trait = op.get_trait(ScoreModifier)
@@ -367,11 +369,6 @@ def fused_dq_unsupported(facts: VariantFacts, ordered: bool = False) -> tuple[st
         if any(use.gradient is not None for use in trait.data(op)):
             return (f"the fused backward ({option}) has no bias gradient kernel (for {op.name}): lower a "
                     "variant with a bias with bwd-dq=separate"), op
-    if ordered and facts.listed:
-        return ("the fused backward's adds in key-block order (bwd-dq=ordered) need the key blocks that "
-                "visit a query block to be consecutive, which a block list does not promise: lower a "
-                "block-sparse or document variant with bwd-dq=separate (deterministic) or fused"), next(
-                    op for op in facts.filters if op.get_trait(KeyFilter).lists(op))
     return None
 
 

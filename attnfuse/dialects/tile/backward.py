@@ -179,12 +179,13 @@ class StoreAddOp(BlockWrite):
 
     With `in_order %dq_order` the programs' adds into each query block are made in the order
     of their key blocks, so the sum, and dQ, is the same bit for bit from run to run: before
-    its add, a program waits until the key block before its own has added into the block, if
-    that key block visits it (the key blocks that visit a query block are consecutive: the
-    first of them waits for none); after the add it hands the block on. The handover is the
-    block's counter in `dq_order` (its first row's: the next key block to add), which must be
-    0 when the kernel starts. A program waits only for programs of lower key blocks, which
-    the GPU starts before it."""
+    its add, a program waits until every lower key block that visits the block has added;
+    after the add it hands the block on. The handover is the block's counter in `dq_order`
+    (its first row's), which must be 0 when the kernel starts. In a `tile.q_loop` the key
+    blocks that visit a query block are consecutive (a band's): the counter holds the next key
+    block to add, and the first visitor waits for none. In a `tile.sparse_q_loop` they need not
+    be: the counter holds how many have added, and the loop's `ranks` give each entry its turn.
+    A program waits only for programs of lower key blocks, which the GPU starts before it."""
 
     name = "tile.store_add"
     VALUE_NAME: ClassVar[str] = "added tile"
@@ -223,12 +224,14 @@ class StoreAddOp(BlockWrite):
             if self.rows.data != "loop" or (kernel is not None and kernel.grid != "key_blocks"):
                 raise VerifyException("tile.store_add in key-block order adds the loop's query rows of a "
                                       "key_blocks kernel")
-            # Each key block hands a query block to the next: consecutive visitors (a band's
-            # ranges, not a block list's), and key blocks in ascending program order, so that
-            # a program waits only for programs the GPU started before it.
-            if isinstance(self.parent_op(), SparseQLoopOp):
-                raise VerifyException("tile.store_add in key-block order cannot add in a tile.sparse_q_loop: "
-                                      "the key blocks a block list sends to a query block need not be consecutive")
+            # Each key block hands a query block to the next visitor: a band's are consecutive,
+            # a block list's are told by the loop's ranks; and key blocks in ascending program
+            # order, so that a program waits only for programs the GPU started before it.
+            loop = self.parent_op()
+            if isinstance(loop, SparseQLoopOp) and loop.ranks is None:
+                raise VerifyException("tile.store_add in key-block order in a tile.sparse_q_loop needs the loop's "
+                                      "ranks (the key blocks a block list sends to a query block need not be "
+                                      "consecutive)")
             if kernel is not None and kernel.block_order == BlockOrder.DESCENDING:
                 raise VerifyException("tile.store_add in key-block order needs the kernel's blocks in ascending "
                                       "order (a program waits for the key block before its own)")

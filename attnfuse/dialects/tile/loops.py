@@ -16,11 +16,13 @@ from xdsl.ir import (
     SSAValue,
 )
 from xdsl.irdl import (
+    AttrSizedOperandSegments,
     IRDLOperation,
     ParsePropInAttrDict,
     irdl_op_definition,
     lazy_traits_def,
     operand_def,
+    opt_operand_def,
     opt_prop_def,
     prop_def,
     region_def,
@@ -271,9 +273,15 @@ class QLoopOp(_RangeLoop):
 
 @irdl_op_definition
 class SparseQLoopOp(_ListLoop):
-    """Loops over the query blocks a block-sparse layout lists for the program's key block
+    """Loops over the query blocks a block list gives the program's key block
     (`blocks[head, key block]`, entries `[0, count)`, in units of `block_n`), for every query
-    head of the program's key/value head. `masked` as for `tile.kv_loop`."""
+    head of the program's key/value head. `masked` as for `tile.kv_loop`.
+
+    `ranks %r` (the list's `*_q_rank`, entry for entry: how many lower key blocks visit the
+    entry's query block) is each entry's turn at its query block's counter, which a
+    `tile.store_add` in key-block order inside the loop waits for: the key blocks a list
+    sends to a query block need not be consecutive, so the turn cannot be computed from the
+    key block as a band's loop computes it."""
 
     name = "tile.sparse_q_loop"
 
@@ -281,6 +289,46 @@ class SparseQLoopOp(_ListLoop):
         ("full_q_blocks", "full_q_count"),
         ("partial_q_blocks", "partial_q_count"),
     )
+    RANKS: ClassVar[dict[str, str]] = {"full_q_blocks": "full_q_rank", "partial_q_blocks": "partial_q_rank"}
+    """The rank list that goes with each block list."""
+
+    # Redeclared: IRDL orders a subclass's own operands before the inherited ones.
+    blocks = operand_def(TensorType)
+    count = operand_def(TensorType)
+    ranks = opt_operand_def(TensorType)
+    inits = var_operand_def(TileType)
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = (
+        "$blocks `,` $count (`ranks` $ranks^ `:` type($ranks))? (`masked` $masked^)? `iter_args` `(` $inits `)`"
+        " attr-dict `:` type($blocks) `,` type($count) `,` type($inits) `->` type($results_) $body"
+    )
+
+    def __init__(
+        self,
+        blocks: SSAValue,
+        count: SSAValue,
+        inits: Sequence[SSAValue],
+        body: Region,
+        masked: bool,
+        ranks: SSAValue | None = None,
+    ):
+        IRDLOperation.__init__(
+            self,
+            operands=[blocks, count, [] if ranks is None else [ranks], inits],
+            result_types=[[v.type for v in inits]],
+            properties={"masked": UnitAttr() if masked else None},
+            regions=[body],
+        )
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.ranks is None:
+            return
+        blocks = self.blocks.type.role.data  # type: ignore[union-attr]
+        expected = self.RANKS[blocks]
+        if not isinstance(self.ranks.type, TensorType) or self.ranks.type.role.data != expected:
+            raise VerifyException(f"the ranks of {blocks} are {expected}, not {self.ranks.type}")
 
 
 KEY_LOOP_OPS = (KVLoopOp, SparseKVLoopOp)

@@ -276,6 +276,8 @@ TENSOR_AXES: dict[str, str] = {
     "full_q_count": "bhn",
     "partial_q_blocks": "bhnd",
     "partial_q_count": "bhn",
+    "full_q_rank": "bhnd",
+    "partial_q_rank": "bhnd",
     # Decoding: per-sequence key counts, a paged cache's page lists, and the partial results
     # of a split key range (one per split `s`), which a merge kernel combines.
     "kv_lens": "",
@@ -301,9 +303,12 @@ gradients `dq`, `dk`, `dv`, `dbias` `[B, Hq, Nq, Nk]` (before reduction over bro
 the fused backward's `dq_acc` `[B, Hq, Nq, D]` (fp32, zeroed before the dK/dV kernel adds
 each block pair's unscaled `dS K` into it with `tile.store_add`), its `dq_order` `[B, Hq,
 Nq]` (int32, zeroed with it: the counter of a query block, at the block's first row, holds
-the key block that adds into the block's rows next, for a `tile.store_add` in key-block order),
+the key block that adds into the block's rows next, or, under block lists, how many key blocks
+have added, for a `tile.store_add` in key-block order),
 and, for key-block programs, the transposed lists `*_q_blocks` / `*_q_count`
-`[B, H, key blocks, ...]` (query blocks per key block).
+`[B, H, key blocks, ...]` (query blocks per key block), with, for adds in key-block order,
+`*_q_rank` beside each list (int32, entry for entry: how many lower key blocks visit the
+entry's query block, the entry's turn at its counter in `dq_order`).
 Decoding adds `kv_lens` `[B]` (int32: sequence `b` has keys `j < kv_lens[b]`; a kernel with
 this parameter reads its key count per batch, clamped to `[0, Nk]`), `block_table`
 `[B, pages]` (int32: a paged cache's pages in sequence order; with it the key-row operands
@@ -314,8 +319,9 @@ A cache append writes `k_cache`, `v_cache` (`[B, Hkv, L_max, D]`, or page pools 
 between calls) counts the split programs that have stored their partials
 (`tile.merge_last_split`)."""
 
-BLOCK_LIST_ROLES = tuple(role for role in TENSOR_AXES if role.endswith(("_blocks", "_count")))
-"""The block lists and their lengths: indexed by (batch, head, the program's block)."""
+BLOCK_LIST_ROLES = tuple(role for role in TENSOR_AXES if role.endswith(("_blocks", "_count", "_rank")))
+"""The block lists, their lengths and their entries' ranks: indexed by (batch, head, the
+program's block)."""
 
 TENSOR_ROLES: dict[str, int] = {role: max(1, len(axes)) for role, axes in TENSOR_AXES.items()}
 """The rank of each role's tensor."""

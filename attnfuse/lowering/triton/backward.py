@@ -31,8 +31,8 @@ class BackwardEmitter(EmitterCore):
         self.emit(f'tl.atomic_add({ptrs}, {value}{masking}, sem="relaxed")')
         if op.ordered and op is step_adds[-1]:
             self.emit("tl.debug_barrier()  # every thread's adds are made before the rows are handed on")
-            self.emit(f'tl.atomic_xchg({self.order_counter_name}, block_id + 1, sem="release")'
-                      "  # the next key block adds next")
+            self.emit(f'tl.atomic_xchg({self.order_counter_name}, {self.order_turn(op)} + 1, sem="release")'
+                      "  # the next visitor adds next")
 
     def order_counter(self, op: tile.StoreAddOp) -> str:
         """The address of the counter that orders the step's adds into the loop's query
@@ -42,10 +42,24 @@ class BackwardEmitter(EmitterCore):
         role = order.type.role.data
         return f"{role}_base + {self.STEP_ROW} * stride_{role}_n"
 
-    def order_waits(self) -> str:
-        """Whether the key block before the program's visits the loop's query block (then
-        this program's add waits for its): `prev_q_end` is the end of its query range, whose
-        start is at most this program's (the ranges move down the queries with the keys)."""
+    @staticmethod
+    def ranked(op: tile.StoreAddOp) -> bool:
+        """Whether the add's turn comes from its loop's ranks (a `tile.sparse_q_loop`'s): the
+        counter then counts the adds made, else it holds the key block that adds next."""
+        return getattr(op.parent_op(), "ranks", None) is not None
+
+    def order_turn(self, op: tile.StoreAddOp) -> str:
+        """What the counter holds when this step's turn comes: the entry's rank (block lists),
+        or the program's key block (a band's consecutive visitors)."""
+        return "rank" if self.ranked(op) else "block_id"
+
+    def order_waits(self, op: tile.StoreAddOp) -> str:
+        """Whether a key block before the program's visits the loop's query block (then this
+        program's add waits for it). Ranked: any lower visitor. A band: `prev_q_end` is the end
+        of the previous key block's query range, whose start is at most this program's (the
+        ranges move down the queries with the keys)."""
+        if self.ranked(op):
+            return "rank > 0"
         return f"(block_id > 0) & ({self.STEP_ROW} < prev_q_end)"
 
     def emit_order_wait(self, op: tile.StoreAddOp, value: str) -> str:
@@ -58,15 +72,20 @@ class BackwardEmitter(EmitterCore):
         hang the test) and adds NaN where the rule and the counter disagree."""
         counter = self.order_counter_name = self.namer.fresh("order_counter")
         self.emit(f"{counter} = {self.order_counter(op)}")
+        turn = self.order_turn(op)
         if self.interpreter:
             in_order = self.namer.fresh("in_order")
-            self.emit(f"{in_order} = (block_id == 0) | (({self.STEP_ROW} < prev_q_end)"
-                      f" == (tl.load({counter}) == block_id))")
+            if self.ranked(op):
+                # Every lower visitor has added, and no other block.
+                self.emit(f"{in_order} = tl.load({counter}) == rank")
+            else:
+                self.emit(f"{in_order} = (block_id == 0) | (({self.STEP_ROW} < prev_q_end)"
+                          f" == (tl.load({counter}) == block_id))")
             checked = self.namer.fresh("checked")
             self.emit(f'{checked} = tl.where({in_order}, {value}, float("nan"))  # out of order: NaN, never silently')
             return checked
-        self.emit(f"if {self.order_waits()}:")
-        self.emit(f'    while tl.atomic_add({counter}, 0, sem="acquire") != block_id:')
+        self.emit(f"if {self.order_waits(op)}:")
+        self.emit(f'    while tl.atomic_add({counter}, 0, sem="acquire") != {turn}:')
         self.emit("        pass")
         return value
 

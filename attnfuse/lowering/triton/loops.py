@@ -224,6 +224,10 @@ class LoopEmitter(EmitterCore):
         count_name = self.namer.fresh(f"{count}")
         start = "start_m" if over == "query" else "start_n"
         first = [f"{start} = tl.load({blocks}_base + entry * stride_{blocks}_d) * BLOCK_N"]
+        ranks = getattr(op, "ranks", None)
+        if ranks is not None:
+            role = self.role_of(ranks)
+            first.append(f"rank = tl.load({role}_base + entry * stride_{role}_d)  # this key block's turn at the query block")
         self.emit_block_loop(op, f"for entry in range(0, {count_name}):", first, masked,
                              prelude=lambda: self.emit(f"{count_name} = tl.load({count}_base)"))
 

@@ -48,3 +48,32 @@ attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
   %o = attn.pv %p, %v
   attn.yield %o
 }
+
+// -----
+
+// Documents: the key blocks visiting a query block come from lists, so need not be
+// consecutive. Each list entry's turn (rank: how many lower key blocks visit its query block)
+// is read beside it; the counter counts the adds made, and a program waits unless it is the
+// first visitor, then hands on to the next turn.
+// CHECK-LABEL:   full_q_rank_ptr, stride_full_q_rank_b, stride_full_q_rank_h, stride_full_q_rank_n, stride_full_q_rank_d,
+// CHECK-NOT:     prev_q_end
+// CHECK:         # tile.sparse_q_loop over the query blocks the layout lists (full: no mask work)
+// CHECK:         full_q_rank_base = full_q_rank_ptr + batch * stride_full_q_rank_b + head * stride_full_q_rank_h + block_id * stride_full_q_rank_n
+// CHECK:         start_m = tl.load(full_q_blocks_base + entry * stride_full_q_blocks_d) * BLOCK_N
+// CHECK-NEXT:    rank = tl.load(full_q_rank_base + entry * stride_full_q_rank_d)
+// CHECK:         order_counter = dq_order_base + start_m * stride_dq_order_n
+// CHECK-NEXT:    if rank > 0:
+// CHECK-NEXT:        while tl.atomic_add(order_counter, 0, sem="acquire") != rank:
+// CHECK-NEXT:            pass
+// CHECK:         tl.atomic_xchg(order_counter, rank + 1, sem="release")
+// CHECK:         # tile.sparse_q_loop over the query blocks the layout lists (partial: masked and bounds-checked)
+// CHECK:         rank = tl.load(partial_q_rank_base + entry * stride_partial_q_rank_d)
+// CHECK:         tl.atomic_xchg(order_counter_1, rank + 1, sem="release")
+attn.variant @doc(%q : !attn.query, %k : !attn.key, %v : !attn.value, %doc_ids : !attn.doc_ids) -> !attn.output {
+  %s = attn.scores %q, %k
+  %d = attn.document %s, %doc_ids
+  %m = attn.mask %d [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}

@@ -225,32 +225,46 @@ def test_ordered_column_parts_with_a_ragged_last_block(monkeypatch, launched, nq
     assert [n for n in launched if n.startswith("attention_bwd")][-2:] == FUSED
 
 
+LISTED_CASES = {
+    # Two sorted documents under causal.
+    "documents-causal": (lambda: [af.document(), af.causal()],
+                         lambda g: {"doc_ids": torch.tensor([0] * 20 + [1] * 25)}, {}),
+    # Padding in the middle and document 3 in two places: a key block of document 3 visits
+    # the first and the last query blocks, not those between (visitors not consecutive).
+    "documents-unsorted": (lambda: [af.document()],
+                           lambda g: {"doc_ids": torch.tensor([3] * 7 + [-1] * 5 + [1] * 20 + [3] * 13)}, {}),
+    # Per-batch documents, GQA, Nq != Nk.
+    "documents-gqa-batched": (lambda: [af.document(), af.causal()],
+                              lambda g: {"doc_ids": torch.tensor([[0] * 30 + [1] * 23, [2] * 9 + [5] * 44])},
+                              {"b": 2, "hq": 4, "hkv": 2, "nq": 37, "nk": 53}),
+    # A block layout per head, random: each head's key blocks take their own turns.
+    "block-sparse-heads": (lambda: [af.block_sparse(16), af.causal()],
+                           lambda g: {"block_layout": torch.rand(2, 3, 3, generator=g) > 0.4}, {}),
+}
+
+
 @pytest.mark.parametrize("request_", ["ordered", "fused"])
-def test_block_lists_never_take_ordered_adds(monkeypatch, launched, request_):
-    """A document mask's key blocks per query block come from lists, not consecutive: a
-    deterministic call asked for the ordered (or fused) backward keeps the split; lowering it
-    ordered by hand is a located error."""
+@pytest.mark.parametrize("name", list(LISTED_CASES))
+def test_block_lists_take_the_fused_backward(monkeypatch, launched, request_, name):
+    """Block lists (documents, block sparsity): the key blocks visiting a query block need not
+    be consecutive, so the ordered adds take each entry's turn from the lists' ranks
+    (`*_q_rank`); the interpreter checks every turn (an add out of turn is NaN). Small blocks,
+    so that query blocks have several visitors. Gradients as the float64 reference's."""
     monkeypatch.setenv(BACKWARD_ENV, request_)
-    spec = af.attention(af.document(), af.causal())
-    doc_ids = torch.tensor([0] * 20 + [1] * 25)
-    q, k, v = make_qkv(1, 2, None, 45, 45, 32, None, torch.float32, seed=4, requires_grad=True)
-    out = af.compile(spec)(q, k, v, doc_ids=doc_ids)
+    blocks, data, options = LISTED_CASES[name]
+    spec = af.attention(*blocks())
+    options = {"b": 1, "hq": 2, "hkv": None, "nq": 45, "nk": 45} | options
+    kwargs = data(torch.Generator().manual_seed(2))
+    q, k, v = make_qkv(options["b"], options["hq"], options["hkv"], options["nq"], options["nk"], 32, None,
+                       torch.float32, seed=4, requires_grad=True)
+    fn = af.compile(spec, deterministic=request_ == "ordered", config=af.TileConfig(16, 16, 4, 1))
+    out = fn(q, k, v, **kwargs)
     go = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
     out.backward(go)
-    ref = reference_gradients(spec, q, k, v, go, doc_ids=doc_ids)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        err = (t.grad.double() - ref[name]).abs().max().item()
-        assert err <= 2e-4 * ref[name].abs().max().item() + 1e-6, (name, err)
-    assert not set(FUSED) & set(launched), launched
-
-
-def test_ordered_lowering_of_a_block_list_is_refused():
-    from xdsl.utils.exceptions import DiagnosticException
-
-    from attnfuse.runtime.compiler import CompileKey, lower_spec
-    from attnfuse.runtime.config import TileConfig
-
-    spec = af.attention(af.block_sparse(32), af.causal())
-    key = CompileKey(32, 32, "f32", TileConfig(32, 32, 4, 1), None, bwd_dq="ordered")
-    with pytest.raises((af.AttnFuseError, DiagnosticException), match="consecutive"):
-        lower_spec(spec, key)
+    ref = reference_gradients(spec, q, k, v, go, **kwargs)
+    for grad_name, t in (("q", q), ("k", k), ("v", v)):
+        err = (t.grad.double() - ref[grad_name]).abs().max().item()
+        assert err <= 2e-4 * ref[grad_name].abs().max().item() + 1e-6, (grad_name, err)
+    backward = [n for n in launched if n.startswith("attention_bwd")]
+    assert backward[-2:] == FUSED and not SEPARATE & set(backward), backward
+    assert ("rank = tl.load(" in fn.last.source) == (request_ == "ordered")

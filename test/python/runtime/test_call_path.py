@@ -31,10 +31,10 @@ def builds(monkeypatch):
     counts = {"sparse": 0, "transposed": 0}
     build = call_binding.call_block_lists
 
-    def count(sources, band, problem, config, backward):
+    def count(sources, band, problem, config, backward, ranks=False):
         counts["sparse"] += 1
         counts["transposed"] += int(backward)
-        return build(sources, band, problem, config, backward)
+        return build(sources, band, problem, config, backward, ranks)
 
     monkeypatch.setattr(call_binding, "call_block_lists", count)
     return counts

@@ -167,8 +167,8 @@ tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !t
 
 // -----
 
-// A block list's loop sends a query block key blocks that need not be consecutive: no adds in
-// key-block order there.
+// A block list's loop sends a query block key blocks that need not be consecutive: adds in
+// key-block order there take their turns from the loop's ranks, which this loop lacks.
 tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !tile.tensor<dq_order>, %full_q_blocks: !tile.tensor<full_q_blocks>, %full_q_count: !tile.tensor<full_q_count>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
   %a = tile.zeros : !tile.tile<m x d x f32>
   %r = tile.sparse_q_loop %full_q_blocks, %full_q_count iter_args(%a) : !tile.tensor<full_q_blocks>, !tile.tensor<full_q_count>, !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
@@ -179,7 +179,22 @@ tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !t
   }
   tile.return
 }
-// CHECK: {{^}}tile.store_add in key-block order cannot add in a tile.sparse_q_loop: the key blocks a block list sends to a query block need not be consecutive
+// CHECK: {{^}}tile.store_add in key-block order in a tile.sparse_q_loop needs the loop's ranks (the key blocks a block list sends to a query block need not be consecutive)
+
+// -----
+
+// A list's ranks are its own: the full list's loop cannot read the partial list's.
+tile.kernel @k(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !tile.tensor<dq_order>, %full_q_blocks: !tile.tensor<full_q_blocks>, %full_q_count: !tile.tensor<full_q_count>, %partial_q_rank: !tile.tensor<partial_q_rank>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %r = tile.sparse_q_loop %full_q_blocks, %full_q_count ranks %partial_q_rank : !tile.tensor<partial_q_rank> iter_args(%a) : !tile.tensor<full_q_blocks>, !tile.tensor<full_q_count>, !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %p = tile.zeros : !tile.tile<n x d x f32>
+    tile.store_add %p, %dq_acc[loop, all] in_order %dq_order : !tile.tile<n x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<dq_order>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK: {{^}}the ranks of full_q_blocks are full_q_rank, not !tile.tensor<partial_q_rank>
 
 // -----
 

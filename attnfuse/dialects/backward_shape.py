@@ -35,6 +35,7 @@ from attnfuse.dialects.flash_shape import (
     NotFlashShaped,
     chained_loops,
     check_schedulable,
+    listed_loops,
     refining_chain,
     refuse,
 )
@@ -82,8 +83,16 @@ class BackwardLoop:
 
     @property
     def masked(self) -> bool:
-        """Whether the loop's blocks need their masks (the partial blocks of a band)."""
+        """Whether the loop's blocks need their masks (the partial blocks of a band or a list)."""
         return self.op.masked is not None
+
+    @property
+    def list_roles(self) -> list[str]:
+        """The roles of the block list the loop walks, its count and its ranks (none for a range)."""
+        if not isinstance(self.op, tile.SparseQLoopOp):
+            return []
+        values = [self.op.blocks, self.op.count, *([] if self.op.ranks is None else [self.op.ranks])]
+        return [v.type.role.data for v in values]  # type: ignore[union-attr]
 
     @property
     def softmax(self) -> bool:
@@ -103,9 +112,15 @@ class BackwardKernel:
     kernel: tile.KernelOp
     k_load: tile.LoadOp
     v_load: tile.LoadOp
-    bounds: Operation
+    bounds: Operation | None
+    """`tile.q_bounds`, or None where the loops walk block lists (`tile.sparse_q_loop`)."""
     loops: list[BackwardLoop]
     epilogue: list[Operation] = field(default_factory=list)
+
+    @property
+    def listed(self) -> bool:
+        """Whether the query loops walk block lists (documents, block sparsity), not a range."""
+        return self.bounds is None
 
     @property
     def operands(self) -> tuple[str, str, str, str]:
@@ -162,8 +177,8 @@ def _pointwise_weights(kernel: tile.KernelOp, it, scores: tile.ScoresOp
 
 def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
     """The parts of one query loop, or `NotFlashShaped`."""
-    if not isinstance(loop, tile.QLoopOp):
-        raise refuse(kernel, loop, "query loops over ranges (block lists have no schedule here)")
+    if not isinstance(loop, (tile.QLoopOp, tile.SparseQLoopOp)):
+        raise refuse(kernel, loop, "query loops (over a range or a block list)")
     it = iter(loop.body.block.ops)
 
     def take(kind: type[Operation], what: str, op: Operation | None = None) -> Operation:
@@ -267,16 +282,23 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
         raise refuse(kernel, k_load, "k then v, loaded whole (no rotation in the kernel)")
     if not (isinstance(ops[2], tile.ZerosOp) and isinstance(ops[3], tile.ZerosOp)):
         raise refuse(kernel, ops[2], "dK and dV start at zero")
-    bounds = ops[4]
-    if not isinstance(bounds, tile.QBoundsOp):
-        raise refuse(kernel, bounds, "the query range's bounds (tile.q_bounds)")
-    rest = ops[5:]
+    # Block lists (documents, block sparsity) give each key block its query blocks: no bounds.
+    listed = isinstance(ops[4], tile.SparseQLoopOp)
+    bounds = None if listed else ops[4]
+    if not listed and not isinstance(bounds, tile.QBoundsOp):
+        raise refuse(kernel, bounds, "the query range's bounds (tile.q_bounds), or loops over block lists")
+    rest = ops[4:] if listed else ops[5:]
     n_loops = 0
     while n_loops < len(rest) and not isinstance(rest[n_loops], EPILOGUE_OPS + (tile.ReturnOp,)):
         n_loops += 1
     if n_loops == 0:
         raise refuse(kernel, rest[0], "expected query loops after the bounds")
     loops = [backward_loop(kernel, op, k_load.result, v_load.result) for op in rest[:n_loops]]
+    if {isinstance(loop.op, tile.SparseQLoopOp) for loop in loops} != {listed}:
+        raise refuse(kernel, next(loop.op for loop in loops if isinstance(loop.op, tile.SparseQLoopOp) != listed),
+                     "the query loops walk one range (after tile.q_bounds) or block lists, not both")
+    if listed:
+        listed_loops(kernel, loops, ("full_q_blocks", "partial_q_blocks"))
     first = loops[0]
     for loop in loops[1:]:
         # One probability step and one gradient step serve every loop: they may differ by masks only.
@@ -308,6 +330,9 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     # only passed along.
     allowed = set(parts.operands) | {"dk", "dv", "dq_acc", "dq_order", "rope_table", "q_positions", "k_positions"}
     allowed |= {"lse", "delta"} if parts.softmax else set()
+    # Block lists: each loop's list, its count and (ordered adds) its ranks, and a document
+    # filter's ids, all read through pointers.
+    allowed |= {role for loop in parts.loops for role in loop.list_roles} | {"doc_ids"}
     for role in kernel.roles:
         if role not in allowed and tile.role_kind(role) != "slopes":
             raise refuse(kernel, None, f"role {role} has no place in the schedule")

@@ -240,19 +240,20 @@ def chained_loops(kernel: tile.KernelOp, loops: list, carried: list[SSAValue], w
             raise refuse(kernel, loop.op, f"{what} must chain {state}")
         carried = list(loop.op.results)
     for before, after in zip(loops, loops[1:]):
-        if isinstance(after.op, tile.SparseKVLoopOp):
+        if isinstance(after.op, (tile.SparseKVLoopOp, tile.SparseQLoopOp)):
             continue  # lists, not ranges: `listed_loops` checks them
         if after.op.lower is not before.op.upper:
             raise refuse(kernel, after.op, f"{what} must cover consecutive ranges")
     return carried
 
 
-def listed_loops(kernel: tile.KernelOp, loops: list[FlashLoop]) -> None:
-    """A block-sparse kernel's key loops: the full blocks' list (unmasked), then the partial
-    blocks' (masked), each at most once: the schedule walks them as one range of steps, the
-    first list's entries first."""
+def listed_loops(kernel: tile.KernelOp, loops: list, lists: tuple[str, str] = ("full_blocks", "partial_blocks")) -> None:
+    """A listed kernel's loops (each with its loop op as `.op`): the full blocks' list
+    (unmasked), then the partial blocks' (masked), each at most once: the schedule walks them
+    as one range of steps, the first list's entries first. `lists` names the two lists (the
+    forward's key lists, or the backward's query lists)."""
     roles = [(loop.op.blocks.type.role.data, loop.op.masked is not None) for loop in loops]  # type: ignore[union-attr]
-    expected = [("full_blocks", False), ("partial_blocks", True)]
+    expected = [(lists[0], False), (lists[1], True)]
     if roles not in (expected, expected[:1], expected[1:]):
         raise refuse(kernel, loops[0].op, "the block lists are walked full blocks (unmasked) then partial "
                                           "blocks (masked), each once")

@@ -77,7 +77,6 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     """Prints one warp-specialized fused backward kernel: the probability and gradient step
     functions, the loader, the dQ writer, the consumer and the entry kernel."""
 
-    STEP_START = "start_m"
     DESCRIPTOR_ROLES = DESCRIPTOR_ROLES
 
     def __post_init__(self) -> None:
@@ -111,6 +110,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                       "S_LAYOUT", "KV_LAYOUT", "A_LAYOUT", "DQ_LAYOUT", "EPI_LAYOUT", "DS_SMEM", "NW",
                       "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs",
                       "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i", "wrap", "head", "n_rows",
+                      "head_in_group", "step", "n_steps", "rank", "block_id",
                       "tile_2d", "tma_load", "tma_store", "tma_reduce_add", "tma_writes_wait", "reinterpret_shared", "thread_barrier",
                       "gl", "gluon", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait", "fence_async_shared")
     """Names the printed partitions use themselves: the ops' results take others."""
@@ -257,7 +257,103 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                              for i, pieces in enumerate(per_loop)])
 
     def step_params(self) -> list[str]:
-        return ["start_m", "n_start", *self.bound_params(), "sm_scale", "n_q", "n_k", *self.slope_params()]
+        step = ["step"] if self.listed else []
+        return ["start_m", *step, "n_start", *self.bound_params(), "sm_scale", "n_q", "n_k", *self.slope_params(),
+                *self.document_params()]
+
+    # -- block lists -------------------------------------------------------------------------
+
+    @property
+    def listed(self) -> bool:
+        """Whether the query loops walk block lists (`tile.sparse_q_loop`: documents, block
+        sparsity): every partition then walks, head by head of the group, the entries of the
+        program's lists (the full blocks' first), and a step's loop is told by its index."""
+        return self.parts.listed
+
+    @property
+    def STEP_START(self) -> str:  # noqa: N802 (MaskedLoopSteps' name)
+        """What tells a step's loop: its first query in a range, its index over the lists
+        (`bound_1`, the first list's count for the step's head, where there are two)."""
+        return "step" if self.listed else "start_m"
+
+    def list_roles(self) -> list[str]:
+        """Every list the loops walk, with its count and (ordered adds) ranks, loop by loop."""
+        return [role for loop in self.loops for role in loop.list_roles]
+
+    def list_pointer_params(self) -> list[str]:
+        """The lists' pointers and strides (what the loader and the writers walk)."""
+        return [name for role in self.list_roles() for name in (f"{role}_ptr", *self.strides(role))]
+
+    def walk_params(self, annotated: bool = True) -> list[str]:
+        """What a partition needs to find its steps besides (batch, kv_head, group_size): the
+        query range's first block and block count, or the program's key block (listed: the
+        lists' pointers come as well, `list_pointer_params`, or among the consumer's)."""
+        if self.listed:
+            return ["block_id"]
+        return ["q_start" if annotated else self.namer[self.loops[0].op.lower], "n_blocks"]
+
+    def list_entry(self, what: str, target: str) -> list[str]:
+        """`target` = this step's entry of the lists' `what` ("blocks" or "rank"): from the
+        first list for its first `bound_1` steps, then from the second."""
+        roles = [next(r for r in loop.list_roles if r.endswith(f"_{what}")) for loop in self.loops]
+        if len(roles) == 1:
+            return [f"{target} = tl.load({roles[0]}_base + step * stride_{roles[0]}_d)"]
+        first, second = roles
+        return ["if step < bound_1:",
+                f"    {target} = tl.load({first}_base + step * stride_{first}_d)",
+                "else:",
+                f"    {target} = tl.load({second}_base + (step - bound_1) * stride_{second}_d)"]
+
+    def head_lists(self, counts_only: bool = False) -> list[str]:
+        """In a listed walk, at each head of the group: its lists' bases (with `counts_only`,
+        the counts' alone), `bound_1` (the first list's count) and `n_steps` (the counts' sum)."""
+        counts = [next(r for r in loop.list_roles if r.endswith("_count")) for loop in self.loops]
+        lines = [self.base_line(role) for role in (counts if counts_only else self.list_roles())]
+        names = []
+        for i, role in enumerate(counts):
+            name = "bound_1" if i == 0 and len(counts) > 1 else f"count_{i}"
+            lines.append(f"{name} = tl.load({role}_base)")
+            names.append(name)
+        return [*lines, f"n_steps = {' + '.join(names)}"]
+
+    def walk(self, body: list[str]) -> list[str]:
+        """A partition's loop over its steps around `body` (lines at indent 0): each step's
+        `it` (its index over the program's steps), `head` and `start_m`. A range: the steps'
+        (head, start_m) carried from step to step (`STEP_INIT`, `STEP_NEXT`). Lists: head by
+        head of the group, the entries of the head's lists (their counts differ by head
+        under a per-head block layout), `it` counted across them."""
+        if not self.listed:
+            return [*self.STEP_INIT, "for it in range(total):", *["    " + line for line in body],
+                    *["    " + line for line in self.STEP_NEXT]]
+        return ["# tile.sparse_q_loop: head by head of the group, the entries of the head's lists for this",
+                "# key block (the full blocks' first), as one pipelined range of steps.",
+                "it = 0",
+                "for head_in_group in range(group_size):",
+                "    head = kv_head * group_size + head_in_group",
+                *["    " + line for line in self.head_lists()],
+                "    for step in range(n_steps):",
+                *["        " + line for line in self.list_entry("blocks", "start_m")],
+                "        start_m = start_m * BLOCK_N",
+                *["        " + line for line in body],
+                "        it += 1"]
+
+    def document_roles(self) -> list[str]:
+        """The document filter's ids (`doc_ids`), where the steps test documents."""
+        return [role for role in self.roles if tile.role_kind(role) == "doc_ids"]
+
+    def document_params(self) -> list[str]:
+        """What `tile.document_mask` reads in a step: the ids of the program's sequence (the
+        consumer points their base at the batch) and their stride."""
+        return [name for role in self.document_roles() for name in (f"{role}_base", f"stride_{role}_n")]
+
+    def document_bases(self) -> list[str]:
+        """The consumer's `{doc_ids}_base`, the program's sequence of ids (nothing without one)."""
+        return [self.base_line(role) for role in self.document_roles()]
+
+    def range_bounds(self) -> list[str]:
+        """The loops' bounds the consumer takes from the entry: a range's (`bound_i`); a listed
+        walk reads them from the lists, head by head."""
+        return [] if self.listed else self.bound_params()
 
     def probs_function(self) -> list[str]:
         """`<name>_probs(scores, lse_log2, ...)`: p^T of the block at `start_m` from the raw
@@ -332,21 +428,20 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "tma_load(v_desc, [batch, kv_head, n_start, 0], kv_bar, v_smem)",
             "step_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes"
             + (" + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)" if rows else ")"),
-            *self.STEP_INIT,
             *(["# Each head's lse / delta rows in the flat copies, padded to a multiple of 4 (16 bytes:",
                "# where a TMA copy may start; the runtime pads the copies of an Nq off that multiple).",
                f"n_rows = (n_q + {ROW_ALIGNMENT - 1}) // {ROW_ALIGNMENT} * {ROW_ALIGNMENT}"] if rows else []),
-            "for it in range(total):",
-            "    stage = it % STAGES",
-            "    phase = (it // STAGES) & 1",
-            *(["    row = (batch * num_heads * group_size + head) * n_rows + start_m  # in the flat lse / delta"] if rows else []),
-            "    mbarrier.wait(empty.index(stage), phase ^ 1)",
-            "    mbarrier.expect(ready.index(stage), step_bytes)",
-            "    tma_load(q_desc, [batch, head, start_m, 0], ready.index(stage), q_bufs.index(stage))",
-            "    tma_load(do_desc, [batch, head, start_m, 0], ready.index(stage), do_bufs.index(stage))",
-            *(["    tma_load(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))",
-               "    tma_load(delta_desc, [row], ready.index(stage), delta_bufs.index(stage))"] if rows else []),
-            *["    " + line for line in self.STEP_NEXT],
+            *self.walk([
+                "stage = it % STAGES",
+                "phase = (it // STAGES) & 1",
+                *(["row = (batch * num_heads * group_size + head) * n_rows + start_m  # in the flat lse / delta"] if rows else []),
+                "mbarrier.wait(empty.index(stage), phase ^ 1)",
+                "mbarrier.expect(ready.index(stage), step_bytes)",
+                "tma_load(q_desc, [batch, head, start_m, 0], ready.index(stage), q_bufs.index(stage))",
+                "tma_load(do_desc, [batch, head, start_m, 0], ready.index(stage), do_bufs.index(stage))",
+                *(["tma_load(lse_desc, [row], ready.index(stage), lse_bufs.index(stage))",
+                   "tma_load(delta_desc, [row], ready.index(stage), delta_bufs.index(stage))"] if rows else []),
+            ]),
         ]
         params = ", ".join(self.load_args(annotated=True))
         return self.function(f"def {self.name}_load({params}):", ["    " + line for line in body])
@@ -354,17 +449,23 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     def load_args(self, annotated: bool = False) -> list[str]:
         """The loader partition's parameters (its arguments, with the entry's names)."""
         constexpr = ": gl.constexpr" if annotated else ""
+        lists = self.list_pointer_params() if self.listed else []
         return ["q_desc", "k_desc", "v_desc", "do_desc", *self.row_names("_desc"), "k_smem", "v_smem", "q_bufs",
                 "do_bufs", *self.row_names("_bufs"), "kv_bar", "ready", "empty", "batch", "kv_head", "n_start",
-                "q_start" if annotated else self.namer[self.loops[0].op.lower], "n_blocks", "total", "n_q",
+                *self.walk_params(annotated), *lists, "total", "n_q",
                 "num_heads", "group_size", f"BLOCK_N{constexpr}", f"STAGES{constexpr}"]
 
     def dq_writer(self) -> list[str]:
         store_add = self.loops[0].store_add
         ordered = store_add.ordered
-        order = ["# In key-block order (deterministic): before its reduce, wait until the key block before",
-                 "# this one has added into the query block, where it visits it (the counter holds the",
-                 "# key block that adds next), while the consumer still computes the part; after the",
+        waits = (["# In key-block order (deterministic): before its reduce, wait until every lower key",
+                  "# block that visits the query block has added (the counter counts the adds made; the",
+                  "# list entry's rank is this key block's turn), while the consumer still computes the"]
+                 if self.listed else
+                 ["# In key-block order (deterministic): before its reduce, wait until the key block before",
+                  "# this one has added into the query block, where it visits it (the counter holds the",
+                  "# key block that adds next), while the consumer still computes the"])
+        order = [*waits[:-1], waits[-1] + " part; after the",
                  "# reduce's writes are done (store_wait only waits for its reads, which free the",
                  "# buffer), hand the block on. No proxy fence between the acquire and the reduce:",
                  "# the reduce is issued only once the loop has seen the handover, as in",
@@ -372,42 +473,51 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                  "# has no call for it, and one through inline PTX measured the same)."] if ordered else \
                 ["# (unordered between programs: not deterministic), off the consumer's path."]
         writers = self.dq_writers
-        body = [
+        head = [
             f"# {store_add.name}: each step's dQ part added into {store_add.role} by a TMA reduce-add",
             *order,
             "# Per step: wait for a staged part, issue its reduce, wait until the copy engine has",
             "# read it, free the buffer.",
-            *self.STEP_INIT,
         ]
-        if writers == 1:
-            body += ["for it in range(total):", f"    b = it % {DQ_BUFFERS}"]
-        else:
-            body += [f"# {writers} writers: writer WRITER owns staging buffer WRITER and the steps WRITER,",
-                     f"# WRITER + {writers}, ...: one's hand-over overlaps the other's wait.",
-                     "if WRITER > 0:",
-                     *["    " + line for line in self.STEP_NEXT],
-                     f"for it in range(WRITER, total, {writers}):",
-                     "    b = WRITER"]
+        if writers > 1:
+            head += [f"# {writers} writers: writer WRITER owns staging buffer WRITER and the steps WRITER,",
+                     f"# WRITER + {writers}, ...: one's hand-over overlaps the other's wait."]
+        step: list[str] = [f"b = it % {DQ_BUFFERS}" if writers == 1 else "b = WRITER"]
         if ordered:
             role = store_add.order.type.role.data  # type: ignore[union-attr]
-            body += [
-                f"    counter = {role}_ptr + batch * stride_{role}_b + head * stride_{role}_h + start_m * stride_{role}_n",
-                f"    if {self.order_waits(store_add)}:",
-                '        while gl.atomic_add(counter, 0, sem="acquire") != block_id:',
-                "            pass",
+            turn = "rank" if self.listed else "block_id"
+            if self.listed:
+                step += ["# This key block's turn at the query block: how many lower key blocks visit it."]
+                step += self.list_entry("rank", "rank")
+            step += [
+                f"counter = {role}_ptr + batch * stride_{role}_b + head * stride_{role}_h + start_m * stride_{role}_n",
+                f"if {self.order_waits(store_add)}:",
+                f'    while gl.atomic_add(counter, 0, sem="acquire") != {turn}:',
+                "        pass",
             ]
-        body += [
-            f"    mbarrier.wait(dq_full.index(b), (it // {DQ_BUFFERS}) & 1)",
-            "    tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))",
-            "    tma.store_wait(0)",
-            "    mbarrier.arrive(dq_empty.index(b), count=1)",
+        step += [
+            f"mbarrier.wait(dq_full.index(b), (it // {DQ_BUFFERS}) & 1)",
+            "tma_reduce_add(dq_acc_desc, [batch, head, start_m, 0], dq_bufs.index(b))",
+            "tma.store_wait(0)",
+            "mbarrier.arrive(dq_empty.index(b), count=1)",
         ]
         if ordered:
-            body += ["    tma_writes_wait()  # the reduce's writes are done before the release publishes them",
-                     '    gl.atomic_xchg(counter, block_id + 1, sem="release")  # the next key block adds next']
-        body += ["    " + line for _ in range(writers) for line in self.STEP_NEXT]
-        params = ", ".join(["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", "q_start", "n_blocks",
-                            "total", "group_size", *self.order_params(), "BLOCK_N: gl.constexpr",
+            turn = "rank" if self.listed else "block_id"
+            step += ["tma_writes_wait()  # the reduce's writes are done before the release publishes them",
+                     f'gl.atomic_xchg(counter, {turn} + 1, sem="release")  # the next visitor adds next']
+        if self.listed:
+            # Every writer walks every step and takes its own.
+            body = head + self.walk([f"if it % {writers} == WRITER:", *["    " + line for line in step]]
+                                    if writers > 1 else step)
+        elif writers == 1:
+            body = head + self.walk(step)
+        else:
+            body = head + [*self.STEP_INIT, "if WRITER > 0:", *["    " + line for line in self.STEP_NEXT],
+                           f"for it in range(WRITER, total, {writers}):", *["    " + line for line in step],
+                           *["    " + line for _ in range(writers) for line in self.STEP_NEXT]]
+        lists = self.list_pointer_params() if self.listed else []
+        params = ", ".join(["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", *self.walk_params(),
+                            *lists, "total", "group_size", *self.order_params(), "BLOCK_N: gl.constexpr",
                             *(["WRITER: gl.constexpr"] if writers > 1 else [])])
         return self.function(f"def {self.name}_dq_write({params}):", ["    " + line for line in body])
 
@@ -422,6 +532,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         if not store_add.ordered:
             return []
         role = store_add.order.type.role.data  # type: ignore[union-attr]
+        if self.listed:
+            return [f"{role}_ptr", *self.strides(role)]  # the turns come from the lists' ranks
         return [f"{role}_ptr", *self.strides(role), "block_id", "prev_q_end"]
 
     def step_args(self) -> str:
@@ -431,6 +543,51 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         first = self.loops[0]
         primal = self.primal_names()
         self.lines, self.indent = [], 1
+        step = [
+            "stage = it % STAGES",
+            "phase = (it // STAGES) & 1",
+            *[f"{self.slope_name(r)} = tl.load({r}_ptr + head)  # this head's ALiBi slope" for r in self.slope_roles()],
+            "q_s = tile_2d(q_bufs.index(stage))",
+            "do_s = tile_2d(do_bufs.index(stage))",
+            "mbarrier.wait(ready.index(stage), phase)",
+            f"# {first.scores.name} (s^T = k q^T) and {first.grad_probs.name} (dp^T = v dO^T), issued together",
+            "scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            "grad_probs = warpgroup_mma(v_tile, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            *(["# lse in log2 units (the exponent's), scaled as it is loaded, under the products",
+               f"lse_log2 = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT)) * {LOG2E}"]
+              if self.softmax else []),
+            "# Groups complete in issue order: one outstanding means s^T is done.",
+            "scores = warpgroup_mma_wait(1, deps=(scores,))",
+            f"{', '.join(['probs', *primal])} = {self.name}_probs({', '.join(['scores', *self.row_statistic('lse_log2'), self.step_args()])})",
+            "# tile.accumulate: dV += p^T dO, issued before the wait for dp^T (ds^T is computed under it)",
+            "p_op = gl.convert_layout(probs.to(dtype), A_LAYOUT)",
+            "dv = warpgroup_mma(p_op, do_s, dv, is_async=True)",
+            *(["delta = delta_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT))"] if self.softmax else []),
+            "grad_probs = warpgroup_mma_wait(1, deps=(grad_probs,))",
+            f"grad_scores = {self.name}_grads({', '.join(['probs', 'grad_probs', *self.row_statistic('delta'), *primal, self.step_args()])})",
+            "ds16 = grad_scores.to(dtype)",
+            "# ds^T to shared memory for the dQ part (A = its transposed view): every warp's part",
+            "# before the tensor cores read it (a fence for the async proxy, then a barrier).",
+            "ds_smem.store(ds16)",
+            "fence_async_shared()",
+            "# tile.accumulate: dK += ds^T q",
+            "ds_op = gl.convert_layout(ds16, A_LAYOUT)",
+            "dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)",
+            "thread_barrier()",
+            "# tile.dot_lhs_transposed: the dQ part ds k",
+            "dq_part = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)",
+            "dv, dk, dq_part, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq_part, p_op, ds_op))",
+            "# Every warpgroup's products on this stage are done before the loader may refill it.",
+            "thread_barrier()",
+            "mbarrier.arrive(empty.index(stage), count=1)",
+            "# tile.store_add: staged for the writer partition's reduce",
+            f"b = it % {DQ_BUFFERS}",
+            f"mbarrier.wait(dq_empty.index(b), ((it // {DQ_BUFFERS}) & 1) ^ 1)",
+            "tile_2d(dq_bufs.index(b)).store(dq_part)",
+            "fence_async_shared()",
+            "thread_barrier()  # every thread's part is in before the writer is told",
+            "mbarrier.arrive(dq_full.index(b), count=1)",
+        ]
         for line in [
             "# Two warpgroups (NW = 8 warps), each owning 64 of the block's keys; the products in",
             "# the key-major orientation, so p^T and ds^T come out of the tensor cores in the layout",
@@ -449,52 +606,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=S_LAYOUT)",
             "dq_zero = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=DQ_LAYOUT)",
             "mbarrier.wait(kv_bar, 0)",
-            *self.STEP_INIT,
-            "for it in range(total):",
-            "    stage = it % STAGES",
-            "    phase = (it // STAGES) & 1",
-            *[f"    {self.slope_name(r)} = tl.load({r}_ptr + head)  # this head's ALiBi slope" for r in self.slope_roles()],
-            "    q_s = tile_2d(q_bufs.index(stage))",
-            "    do_s = tile_2d(do_bufs.index(stage))",
-            "    mbarrier.wait(ready.index(stage), phase)",
-            f"    # {first.scores.name} (s^T = k q^T) and {first.grad_probs.name} (dp^T = v dO^T), issued together",
-            "    scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
-            "    grad_probs = warpgroup_mma(v_tile, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
-            *(["    # lse in log2 units (the exponent's), scaled as it is loaded, under the products",
-               f"    lse_log2 = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT)) * {LOG2E}"]
-              if self.softmax else []),
-            "    # Groups complete in issue order: one outstanding means s^T is done.",
-            "    scores = warpgroup_mma_wait(1, deps=(scores,))",
-            f"    {', '.join(['probs', *primal])} = {self.name}_probs({', '.join(['scores', *self.row_statistic('lse_log2'), self.step_args()])})",
-            "    # tile.accumulate: dV += p^T dO, issued before the wait for dp^T (ds^T is computed under it)",
-            "    p_op = gl.convert_layout(probs.to(dtype), A_LAYOUT)",
-            "    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)",
-            *(["    delta = delta_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT))"] if self.softmax else []),
-            "    grad_probs = warpgroup_mma_wait(1, deps=(grad_probs,))",
-            f"    grad_scores = {self.name}_grads({', '.join(['probs', 'grad_probs', *self.row_statistic('delta'), *primal, self.step_args()])})",
-            "    ds16 = grad_scores.to(dtype)",
-            "    # ds^T to shared memory for the dQ part (A = its transposed view): every warp's part",
-            "    # before the tensor cores read it (a fence for the async proxy, then a barrier).",
-            "    ds_smem.store(ds16)",
-            "    fence_async_shared()",
-            "    # tile.accumulate: dK += ds^T q",
-            "    ds_op = gl.convert_layout(ds16, A_LAYOUT)",
-            "    dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)",
-            "    thread_barrier()",
-            "    # tile.dot_lhs_transposed: the dQ part ds k",
-            "    dq_part = warpgroup_mma(ds_smem.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)",
-            "    dv, dk, dq_part, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq_part, p_op, ds_op))",
-            "    # Every warpgroup's products on this stage are done before the loader may refill it.",
-            "    thread_barrier()",
-            "    mbarrier.arrive(empty.index(stage), count=1)",
-            "    # tile.store_add: staged for the writer partition's reduce",
-            f"    b = it % {DQ_BUFFERS}",
-            f"    mbarrier.wait(dq_empty.index(b), ((it // {DQ_BUFFERS}) & 1) ^ 1)",
-            "    tile_2d(dq_bufs.index(b)).store(dq_part)",
-            "    fence_async_shared()",
-            "    thread_barrier()  # every thread's part is in before the writer is told",
-            "    mbarrier.arrive(dq_full.index(b), count=1)",
-            *["    " + line for line in self.STEP_NEXT],
+            *self.document_bases(),
+            *self.walk(step),
         ]:
             self.emit(line)
         for loop in self.loops:
@@ -503,7 +616,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.epilogue()
         params = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs",
                   *self.row_names("_bufs"), "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full", "dq_empty", "batch",
-                  "kv_head", "q_start", "n_blocks", "total", "group_size", "n_start", *self.bound_params(),
+                  "kv_head", *self.walk_params(), "total", "group_size", "n_start", *self.range_bounds(),
                   "sm_scale", "n_q", "n_k",
                   "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr", "HEAD_DIM: gl.constexpr", "STAGES: gl.constexpr",
                   "NW: gl.constexpr", *self.rotary_params()]
@@ -586,11 +699,20 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("batch = batch_head // num_heads")
         self.emit("kv_head = batch_head % num_heads")
         self.emit("n_start = block_id * BLOCK_M")
-        self.HANDLERS[type(self.parts.bounds)](self, self.parts.bounds)
-        q_start = self.namer[self.loops[0].op.lower]
-        q_end = self.namer[self.loops[-1].op.upper]
-        self.emit(f"n_blocks = ({q_end} - {q_start} + BLOCK_N - 1) // BLOCK_N")
-        self.emit("total = group_size * n_blocks  # steps: every query block of every head of the group")
+        if self.listed:
+            self.emit("# Steps: every entry of the lists of every head of the group.")
+            self.emit("total = 0")
+            self.emit("for head_in_group in range(group_size):")
+            self.emit("    head = kv_head * group_size + head_in_group")
+            for line in self.head_lists(counts_only=True):
+                self.emit("    " + line)
+            self.emit("    total += n_steps")
+        else:
+            self.HANDLERS[type(self.parts.bounds)](self, self.parts.bounds)
+            q_start = self.namer[self.loops[0].op.lower]
+            q_end = self.namer[self.loops[-1].op.upper]
+            self.emit(f"n_blocks = ({q_end} - {q_start} + BLOCK_N - 1) // BLOCK_N")
+            self.emit("total = group_size * n_blocks  # steps: every query block of every head of the group")
         self.emit("# Buffers in the descriptors' block shapes; the products read 2-D views.")
         self.emit("k_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], k_desc.layout)")
         self.emit("v_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, HEAD_DIM], v_desc.layout)")
@@ -611,15 +733,17 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit(f"for i in gl.static_range({DQ_BUFFERS}):")
         self.emit("    mbarrier.init(dq_full.index(i), count=1)")
         self.emit("    mbarrier.init(dq_empty.index(i), count=1)")
-        bounds = [self.namer[loop.op.lower] for loop in self.loops[1:]]
+        bounds = [] if self.listed else [self.namer[loop.op.lower] for loop in self.loops[1:]]
+        walk = self.walk_params(annotated=False)
+        lists = self.list_pointer_params() if self.listed else []
         consume_args = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs",
                         *self.row_names("_bufs"), "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full",
-                        "dq_empty", "batch", "kv_head", q_start, "n_blocks", "total", "group_size",
+                        "dq_empty", "batch", "kv_head", *walk, "total", "group_size",
                         "n_start", *bounds, "sm_scale", "n_q", "n_k",
                         "BLOCK_M", "BLOCK_N", "HEAD_DIM", "STAGES", "num_warps",
                         *(["ROT_HALF", "BLOCK_HALF"] if self.splits_dk else [])]
         load_args = self.load_args()
-        write_args = ["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", q_start, "n_blocks",
+        write_args = ["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", *walk, *lists,
                       "total", "group_size", *self.order_params(), "BLOCK_N"]
         # Gluon takes the partitions as a literal list (a tuple built beforehand loses its
         # items' constexpr-ness): the consumer (the kernel's own warps), the loader, the writer.

@@ -37,6 +37,7 @@ from attnfuse.runtime.gluon_launch import GluonRunner, call_key, pointer_argumen
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.runtime.program import Canonical
+from attnfuse.transforms.warp_specialize import BACKWARD_BLOCK_M
 
 if TYPE_CHECKING:
     from attnfuse.lowering.gluon import GluonKernel, GluonProgram
@@ -54,6 +55,10 @@ ROW_ROLES = ("lse", "delta")
 each head's rows padded to `ROW_ALIGNMENT`), where the kernel reads them (the softmax; a
 pointwise normalizer reads none)."""
 
+
+GLUON_BACKWARD_TILES = (BACKWARD_BLOCK_M, 64)
+"""(keys, queries) of the scheduled backward's block pairs (`warp-specialize`'s defaults): the
+tiles a listed variant's dK/dV lists are built for where it takes the Gluon backward."""
 
 NORMALIZERS = ("softmax", "relu", "sigmoid")
 """Normalizers whose fused backward the schedule takes (`backward_shape`)."""
@@ -127,13 +132,15 @@ def backward_target() -> str:
 def variant_fits(variant: Canonical) -> bool:
     """Whether the variant's fused backward has the shape `warp-specialize` schedules
     (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax,
-    ReLU or sigmoid over elementwise score ops (no bias, block lists or document ids) and RoPE, if any, by
-    halves of the full head dim (and not under ReLU, whose backward rotates in the kernel). A cheap filter before anything is lowered: what decides is
-    the lowered kernel (`scheduled_backward`), which the runtime asks before it builds the
-    fused backward for this target (`CompiledAttention.compile_key`)."""
-    if variant.normalizer_name not in NORMALIZERS or variant.block_size is not None or variant.listed:
+    ReLU or sigmoid over elementwise score ops (no bias; block lists of documents, or of a
+    block layout whose blocks hold whole tiles of `GLUON_BACKWARD_TILES`) and RoPE, if any, by
+    halves of the full head dim (and not under ReLU, whose backward rotates in the kernel). A
+    cheap filter before anything is lowered: what decides is the lowered kernel
+    (`scheduled_backward`), which the runtime asks before it builds the fused backward for
+    this target (`CompiledAttention.compile_key`)."""
+    if variant.normalizer_name not in NORMALIZERS or variant.reads("bias"):
         return False
-    if variant.reads("bias") or variant.reads("doc_ids"):
+    if variant.block_size is not None and variant.block_size % max(GLUON_BACKWARD_TILES):
         return False
     rope = variant.rope
     if rope is not None and (getattr(rope, "interleaved", None) is not None or variant.rotary_dim is not None):
@@ -378,5 +385,5 @@ def gluon_backward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
+__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_BACKWARD_TILES", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
            "rows_addressable", "scheduled_backward", "takes_gluon_backward", "variant_fits"]

@@ -16,7 +16,7 @@ import torch
 
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import kv_cache
-from attnfuse.runtime.backward_choice import backward_request, choose_backward
+from attnfuse.runtime.backward_choice import backward_request, choose_backward, unordered_allowed
 from attnfuse.runtime.call_plan import BACKWARD_KERNEL_PREFIX, CallPlan
 from attnfuse.runtime.compiler import (
     CompiledProgram,
@@ -33,7 +33,12 @@ from attnfuse.runtime.config import (
     rope_placement,
     takes_decode_pdl,
 )
-from attnfuse.runtime.gluon_backward import gluon_backward, scheduled_backward
+from attnfuse.runtime.gluon_backward import (
+    GLUON_BACKWARD_TILES,
+    gluon_backward,
+    scheduled_backward,
+    takes_gluon_backward,
+)
 from attnfuse.runtime.gluon_forward import (
     gluon_forward,
     takes_gluon_forward,
@@ -102,6 +107,11 @@ class CallPlanning:
             # Gluon forward does not take: the portable kernel keeps its own tiles then.)
             bm, bn, warps, stages = LISTED_GLUON_FORWARD
             config = replace(config, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+        if self.config is None and gluon_reads_whole and self.variant.listed and takes_gluon_backward(
+                problem, self.variant, ordered=not unordered_allowed(self.deterministic)):
+            # The Gluon backward's tiles, for the same reason: `warp-specialize` schedules a
+            # listed dK/dV kernel only on them (the lists the runtime builds name its tiles).
+            config = replace(config, dkdv_block_m=GLUON_BACKWARD_TILES[0], dkdv_block_n=GLUON_BACKWARD_TILES[1])
         return config
 
     def compile_key(

@@ -115,7 +115,8 @@ class WarpSpecializeBackward(RewritePattern):
     queries per step, `bwd_stages` ring buffers, one loader warp (the hand-written probe's
     `wg2_writer_lse`, bench/gluon_backward_probe.py: 1.00-1.08x cuDNN's backward on the H200),
     and `dq_writers` dQ writer warps (`bwd_dq_writers`; by default two where the adds are in
-    key-block order, one otherwise)."""
+    key-block order, one otherwise). A kernel walking block lists is scheduled only on these
+    tiles already (the runtime builds its lists for them: `planning.tile_config`)."""
 
     def __init__(self, options: WarpSpecializePass):
         self.options = options
@@ -129,13 +130,20 @@ class WarpSpecializeBackward(RewritePattern):
         except NotFlashShaped:
             return
         o = self.options
+        if shape.listed and (op.get("block_m"), op.get("block_n")) != (BACKWARD_BLOCK_M, o.bwd_block_n):
+            # The block lists were built for the kernel's tiles (per call, by the runtime), which
+            # the schedule cannot change: it takes a listed kernel already on its own tiles.
+            return
         writers = o.bwd_dq_writers or (ORDERED_DQ_WRITERS if shape.loops[0].store_add.ordered else 1)
         op.attributes["schedule"] = tile.ScheduleAttr(tile.Schedule.WARP_SPECIALIZED)
-        for key, value in (("block_m", 128), ("block_n", o.bwd_block_n), ("num_warps", 8),
+        for key, value in (("block_m", BACKWARD_BLOCK_M), ("block_n", o.bwd_block_n), ("num_warps", 8),
                            ("num_stages", o.bwd_stages), ("producer_warps", 1), ("dq_writers", writers)):
             op.attributes[key] = IntegerAttr(value, i64)
         rewriter.handle_operation_modification(op)
 
+
+BACKWARD_BLOCK_M = 128
+"""Keys per program of the scheduled backward: two consumer warpgroups of 64."""
 
 DEFAULT_CONSUMERS = 2
 """Two consumer warpgroups unless the `consumers` option says otherwise: the H200's best at
@@ -218,5 +226,5 @@ class WarpSpecializePass(TypedOptionsPass):
             PatternRewriteWalker(pattern, apply_recursively=False).rewrite_module(op)
 
 
-__all__ = ["HEAD_DIMS", "LISTED_BLOCK_N", "FlashKernel", "FlashLoop", "NotFlashShaped", "WarpSpecializePass",
+__all__ = ["BACKWARD_BLOCK_M", "HEAD_DIMS", "LISTED_BLOCK_N", "FlashKernel", "FlashLoop", "NotFlashShaped", "WarpSpecializePass",
            "flash_kernel", "listed_schedule"]

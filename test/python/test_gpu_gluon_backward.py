@@ -360,3 +360,55 @@ def test_query_rows_off_16_bytes_run_the_gluon_backward_on_padded_rows(name, det
     if deterministic:
         assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
     assert launch.allocates == ("lse" in launch.launch.roles)
+
+
+def listed_data(name, b, hq, nq, nk, gen):
+    """The call-time data of a listed variant: per-batch documents (sorted, one with padding in
+    the middle and a document in two places), or a random per-head block layout of 128."""
+    if name.startswith("document"):
+        first = torch.arange(nk) * 3 // nk  # three sorted documents
+        second = torch.full((nk,), 4)
+        second[nk // 5: nk // 3] = -1  # padding in the middle
+        second[nk // 3: nk // 2] = 2  # document 4 resumes after document 2
+        return {"doc_ids": torch.stack([first, second][:b]).int().cuda()}
+    blocks_q, blocks_k = -(-nq // 128), -(-nk // 128)
+    return {"block_layout": (torch.rand(hq, blocks_q, blocks_k, generator=gen) < 0.6).cuda()}
+
+
+LISTED_SPECS = {
+    "document-causal": af.attention(af.document(), af.causal()),
+    "document": af.attention(af.document()),
+    "block-sparse-causal": af.attention(af.block_sparse(128), af.causal()),
+}
+
+
+@pytest.mark.parametrize("name", list(LISTED_SPECS))
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 700, 700), (8, 2, 300, 1000), (2, 2, 129, 257)])
+def test_gluon_backward_walks_block_lists(name, deterministic, d, dtype, hq, hkv, nq, nk, monkeypatch):
+    """Documents and block sparsity: the Gluon backward walks each key block's query lists,
+    head by head (per-head block layouts give each head its own), its ordered adds taking
+    their turns from the lists' ranks. Gradients as the float64 reference's in every call;
+    ordered, bitwise the same from call to call."""
+    spec = LISTED_SPECS[name]
+    q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=71)
+    data = listed_data(name, 2, hq, nq, nk, torch.Generator().manual_seed(72))
+    fn = af.compile(spec, deterministic=deterministic)
+    launch = gluon_backward_launch(fn, q, k, v)
+    assert isinstance(launch, GluonBackwardLaunch), "the training call must take the Gluon backward"
+    assert ("full_q_rank" in launch.launch.roles) == deterministic, launch.launch.roles
+    gluon_only(launch, monkeypatch)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(73)).to(q.dtype).cuda()
+    runs = []
+    for _ in range(3):
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v, **data).backward(grad)
+        runs.append([t.grad.clone() for t in (q, k, v)])
+    want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), grad.cpu(),
+                               **{key: t.cpu() for key, t in data.items()})
+    for run in runs:
+        errors = gradient_errors(dict(zip("qkv", run)), want)
+        assert all(err <= GRAD_TOLERANCE[q.dtype] for err in errors.values()), errors
+    if deterministic:
+        assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))

@@ -24,12 +24,17 @@ from attnfuse.runtime.inputs import Problem
 from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
 
-def backward_kernel(spec, head_dim=128, bwd_dq="fused", explicit_positions=(False, False), **options):
+LISTED_TILES = TileConfig(64, 64, 4, 2, dkdv_block_m=128, dkdv_block_n=64)
+"""A listed variant's tiles where it takes the Gluon backward (`gluon_backward.GLUON_BACKWARD_TILES`)."""
+
+
+def backward_kernel(spec, head_dim=128, bwd_dq="fused", explicit_positions=(False, False),
+                    config=TileConfig(64, 64, 4, 2), **options):
     """`attention_bwd_dkdv_dq` of `spec`'s fused backward (unordered, or `bwd_dq="ordered"`)
     after `warp-specialize`."""
     rope = af.compile(spec).program.canonical((False, False)).rope is not None
     placement = ("pre_rotated", "pre_rotated") if rope else None
-    key = CompileKey(head_dim, head_dim, "bf16", TileConfig(64, 64, 4, 2), placement, explicit_positions,
+    key = CompileKey(head_dim, head_dim, "bf16", config, placement, explicit_positions,
                      bwd_rope="pre_rotated", bwd_dq=bwd_dq)
     module = lower_spec(spec, key)
     WarpSpecializePass(**options).apply(make_context(), module)
@@ -50,6 +55,11 @@ def backward_kernel(spec, head_dim=128, bwd_dq="fused", explicit_positions=(Fals
     # RoPE at call-time positions (a Hugging Face model's position_ids): dK turned back at the
     # keys' given positions in the epilogue.
     ("rope-causal-positions", af.attention(af.rope(), af.causal()), 128, "ordered"),
+    # Block lists (documents, block sparsity): each partition walks the lists head by head;
+    # ordered, the writers take their turns from the lists' ranks.
+    ("document-causal-listed", af.attention(af.document(), af.causal()), 128, "ordered"),
+    ("document-listed", af.attention(af.document()), 64, "fused"),
+    ("block-sparse-causal-listed", af.attention(af.block_sparse(128), af.causal()), 64, "ordered"),
 ])
 def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -57,7 +67,8 @@ def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monke
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     explicit = (True, True) if name.endswith("-positions") else (False, False)
-    kernel = backward_kernel(spec, dim, bwd_dq, explicit)
+    listed = name.endswith("-listed")
+    kernel = backward_kernel(spec, dim, bwd_dq, explicit, LISTED_TILES if listed else TileConfig(64, 64, 4, 2))
     assert kernel.schedule is not None, "warp-specialize schedules the fused backward"
     program = emit_gluon_kernel(kernel)
     info = program.kernels[0]
@@ -95,6 +106,15 @@ def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monke
         elif role in ("q_positions", "k_positions"):
             positions = torch.empty(1, n, dtype=torch.int64)
             pointers += [positions, *positions.stride()]
+        elif role == "doc_ids":
+            ids = torch.empty(1, n, dtype=torch.int32)
+            pointers += [ids, *ids.stride()]
+        elif role.endswith(("_blocks", "_rank")):
+            lists = torch.empty(1, heads, n // info.block_m, n // info.block_n, dtype=torch.int32)
+            pointers += [lists, *lists.stride()]
+        elif role.endswith("_count"):
+            counts = torch.empty(1, heads, n // info.block_m, dtype=torch.int32)
+            pointers += [counts, *counts.stride()]
         else:
             pointers.append(torch.empty(heads))
     compiled = module.attention_bwd_dkdv_dq.warmup(*descs, *pointers, 0.1, n, n, heads_kv, heads // heads_kv,
@@ -109,6 +129,7 @@ def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monke
         # The counters' handover (an exchange, a release at GPU scope) after the reduce's
         # writes are done (the full wait, not only store_wait's read wait), and no float atomics.
         assert atomics == {"ATOMG.E.EXCH.STRONG.GPU"}, atomics
+        assert ("rank = tl.load(" in program.source) == listed, "list entries take their turns from the ranks"
         # One handover per writer partition: two writers, each owning a staging buffer.
         assert kernel.int_attr("dq_writers") == 2
         assert len(re.findall(r"\bATOMG\.E\.EXCH\.STRONG\.GPU\b", sass)) == 2
@@ -126,6 +147,18 @@ def test_warp_specialize_schedules_the_fused_backward_only():
     assert (kernel.get("block_m"), kernel.get("block_n"), kernel.get("num_warps")) == (128, 64, 8)
     assert kernel.int_attr("producer_warps") == 1 and kernel.int_attr("consumer_registers") is None
     assert backward_kernel(af.attention(af.causal()), backward=False).schedule is None
+
+
+@pytest.mark.parametrize("bwd_dq", ["fused", "ordered"])
+def test_warp_specialize_keeps_a_listed_backward_on_its_own_tiles(bwd_dq):
+    """Block lists are built per call for the kernel's tiles: the schedule takes a listed
+    backward only where they are its own (128 keys, 64 queries) and never changes them."""
+    spec = af.attention(af.document(), af.causal())
+    kernel = backward_kernel(spec, 128, bwd_dq, config=LISTED_TILES)
+    assert kernel.schedule is not None
+    assert (kernel.get("block_m"), kernel.get("block_n")) == (128, 64)
+    other = backward_kernel(spec, 128, bwd_dq, config=TileConfig(64, 64, 4, 2, dkdv_block_m=64, dkdv_block_n=64))
+    assert other.schedule is None and (other.get("block_m"), other.get("block_n")) == (64, 64)
 
 
 def test_unscheduled_backward_is_refused_with_the_reason():
@@ -161,7 +194,11 @@ def test_backward_target_is_checked(monkeypatch):
     (af.attention(af.softcap(30.0), af.relu(), af.causal()), True),
     (af.attention(af.rope(), af.relu(), af.causal()), False),  # ReLU rotates in its backward loops
     (af.attention(af.rope(), af.sigmoid(), af.causal()), True),
-    (af.attention(af.document()), False),
+    # Block lists: documents, and block layouts whose blocks hold whole 128-key tiles.
+    (af.attention(af.document(), af.causal()), True),
+    (af.attention(af.block_sparse(256)), True),
+    (af.attention(af.block_sparse(64), af.causal()), False),
+    (af.attention(af.document(), af.additive_bias()), False),
 ])
 def test_variants_the_schedule_takes(spec, fits):
     variant = af.compile(spec).program.canonical((False, False))
@@ -427,18 +464,37 @@ def test_ops_of_block_modules_keep_the_portable_backward_under_auto(monkeypatch)
         unregister_block_module(score_offset_block)
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
+def test_listed_calls_take_the_gluon_backward_on_its_tiles(deterministic, monkeypatch):
+    """On a (pretended) Hopper GPU under `auto`: a document call of the measured size builds
+    the fused backward for the Gluon kernel (ordered where deterministic), its dK/dV lists on
+    the schedule's tiles (`GLUON_BACKWARD_TILES`), which `warp-specialize` then takes; a block
+    layout of 64 (smaller than the schedule's key tile) keeps the split."""
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
+    fn = af.compile(af.attention(af.document(), af.causal()), deterministic=deterministic)
+    key = fn.compile_key(problem(8192))
+    assert key.bwd_dq == ("ordered" if deterministic else "fused")
+    assert key.config.dkdv()[:2] == gluon_backward.GLUON_BACKWARD_TILES
+    small = af.compile(af.attention(af.block_sparse(64), af.causal()), deterministic=deterministic)
+    assert small.compile_key(problem(8192)).bwd_dq == "separate"
+
+
 @pytest.mark.parametrize("spec,bwd_dq", [
     (af.attention(af.causal()), "fused"),
     (af.attention(af.relu(), af.causal()), "fused"),
     (af.attention(af.sigmoid()), "ordered"),
     (af.attention(af.rope(), af.causal()), "ordered"),
+    (af.attention(af.document(), af.causal()), "ordered"),
+    (af.attention(af.block_sparse(128)), "fused"),
 ])
 def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     """`GluonBackwardLaunch` hands the printed entry kernel its parameters in their order: the
     descriptors (lse and delta only where the kernel reads them: not under a pointwise
     normalizer), then each other role's pointer and strides, then the scalars (CPU tensors, the
     launch itself stood in for)."""
-    program = emit_gluon_kernel(backward_kernel(spec, 128, bwd_dq))
+    listed = af.compile(spec).program.canonical((False, False)).listed
+    program = emit_gluon_kernel(backward_kernel(spec, 128, bwd_dq, config=LISTED_TILES if listed else TileConfig(64, 64, 4, 2)))
     info = program.kernels[0]
     b, hq, hkv, n, d = 1, 4, 2, 256, 128
     made = {"q": (hq, torch.bfloat16), "q_rot": (hq, torch.bfloat16), "do": (hq, torch.bfloat16),
@@ -446,7 +502,12 @@ def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
             "v": (hkv, torch.bfloat16), "dk": (hkv, torch.bfloat16), "dv": (hkv, torch.bfloat16)}
     tensors = {role: torch.zeros(b, heads, n, d, dtype=dtype) for role, (heads, dtype) in made.items()}
     tensors |= {"lse": torch.zeros(b * hq * n), "delta": torch.zeros(b * hq * n),
-                "dq_order": torch.zeros(b, hq, n, dtype=torch.int32), "rope_table": torch.zeros(2, n, d // 2)}
+                "dq_order": torch.zeros(b, hq, n, dtype=torch.int32), "rope_table": torch.zeros(2, n, d // 2),
+                "doc_ids": torch.zeros(b, n, dtype=torch.int32)}
+    for kind in ("full", "partial"):
+        for what in ("blocks", "rank"):
+            tensors[f"{kind}_q_{what}"] = torch.zeros(b, hq, n // 128, n // 64, dtype=torch.int32)
+        tensors[f"{kind}_q_count"] = torch.zeros(b, hq, n // 128, dtype=torch.int32)
     p = Problem(batch=b, heads_q=hq, heads_kv=hkv, seq_q=n, seq_k=n, head_dim=d, head_dim_v=d,
                 dtype=torch.bfloat16, device=torch.device("cpu"))
     launch = gluon_backward.GluonBackwardLaunch(None, None, info, p, 0.1)

@@ -64,6 +64,9 @@
 #                     time per step, AttnFuse (default) beside cuDNN
 #   sparse-order      bench/block_sparse_tiles.py at densities 0.05 and 0.1 on each layout as drawn and with its rows
 #                     sorted heaviest / lightest first (the same work, another program order), tl tiles of 64 rows
+#   verify46          verify45's tests and the Gluon backward over block lists (documents, block sparsity)
+#   listed-backward   bench/document.py fwd+bwd with the split backward and with auto's (Gluon), then the
+#                     step at Nq = 3072 / 4093 / 4096 (bench/backward_targets.py)
 #   verify43          what stop 43 left unrun on a GPU: launch-graph, head-major, block-sparse, document and graph
 #                     tests; bench/block_sparse.py as a user calls it (auto); bench/host_overhead.py
 #   sparse-head-major the GPU tests of block-sparse and document calls (both targets), then bench/block_sparse.py
@@ -303,6 +306,26 @@ for stage in "$@"; do
       # the launch-graph tests, and the step at N = 4093 beside 4096.
       pytest_run verify45 240 -n 12 test/python/test_gpu_gluon_backward.py test/python/test_gpu.py \
         test/python/test_gpu_decode.py -k "padded_rows or call_time_positions or launch_graphs or graph"
+      timeout 90 python3 bench/backward_targets.py --cases causal,rope+causal --seq-lens 3072,4093,4096 \
+        --columns default --reps 20 --out "$dir/verify45" > "$dir/backward_odd.log" 2>&1; echo "backward (odd Nq) rc=$?"
+      grep -h "^| \(causal\|rope\)" "$dir"/verify45/*backward-targets.md ;;
+    verify46)
+      # verify45's tests (stop 44's review fixes, never run on a GPU) and stop 45's Gluon
+      # backward over block lists (documents, block sparsity; ordered adds by the lists' ranks).
+      pytest_run verify45 200 -n 12 test/python/test_gpu_gluon_backward.py test/python/test_gpu.py \
+        test/python/test_gpu_decode.py -k "padded_rows or call_time_positions or launch_graphs or graph"
+      pytest_run listed-backward 200 -n 12 test/python/test_gpu_gluon_backward.py test/python/test_gpu.py \
+        -k "walks_block_lists or document or block_sparse" ;;
+    listed-backward)
+      # The document backward, split (ATTNFUSE_BACKWARD_TARGET=triton) against the Gluon one
+      # (auto), deterministic (the default), fwd+bwd at the Llama heads; flex beside it. Then the
+      # step at an Nq off a multiple of 4 (per-call padded lse / delta copies, verify45).
+      for target in triton auto; do
+        ATTNFUSE_BACKWARD_TARGET=$target timeout 170 python3 bench/document.py --geometry llama --modes fwdbwd \
+          --columns attnfuse,flex --seq-lens 8192,16384 --rep 60 --out "$dir/document-bwd-$target" \
+          > "$dir/document-bwd-$target.log" 2>&1; echo "document fwd+bwd (backward target $target) rc=$?"
+        grep -v Warn "$dir/document-bwd-$target.log" | tail -8
+      done
       timeout 90 python3 bench/backward_targets.py --cases causal,rope+causal --seq-lens 3072,4093,4096 \
         --columns default --reps 20 --out "$dir/verify45" > "$dir/backward_odd.log" 2>&1; echo "backward (odd Nq) rc=$?"
       grep -h "^| \(causal\|rope\)" "$dir"/verify45/*backward-targets.md ;;

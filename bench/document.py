@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=25.0, help="do_bench warmup, ms")
     parser.add_argument("--rep", type=float, default=100.0, help="do_bench repetition time, ms")
     parser.add_argument("--tol", type=float, default=2e-2)
+    parser.add_argument("--nondeterministic", action="store_true",
+                        help="af.compile(..., deterministic=False): the unordered fused backward where it runs")
     parser.add_argument("--out", type=Path, default=benchlib.ROOT / "bench" / "results")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: checks the script end to end")
     args = parser.parse_args(argv)
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cudnn-nodoc": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv),
             }
             for column, target in TARGETS.items():
-                fn = af.compile(spec)
+                fn = af.compile(spec, deterministic=not args.nondeterministic)
                 calls[column] = lambda fn=fn: fn(q, k, v, doc_ids=doc_ids)
             row = {"geometry": geometry, "n": n, "variant": variant, "mode": mode, "documents": len(segments(doc_ids)),
                    "shape": f"B={b} Hq={hq} Hkv={hkv} D={d} {str(dtype).removeprefix('torch.')}"}

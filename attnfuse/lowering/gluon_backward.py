@@ -125,7 +125,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         functions = {f"{self.kernel.sym_name.data}_{part}" for part in self.FUNCTION_PARTS}
         read = {"STAGES", "num_warps", *(f"{role}_desc" for role in self.roles), "q_desc", "k_desc", "v_desc"}
         return (super().reserved_names() | set(self.CONSUMER_NAMES) | primal | {f"bound_{i}" for i in range(8)}
-                | functions | read)
+                | {f"count_{i}" for i in range(8)} | functions | read)
 
     def run(self) -> list[str]:
         self.find_primal_values()
@@ -294,15 +294,19 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
     def list_entry(self, what: str, target: str) -> list[str]:
         """`target` = this step's entry of the lists' `what` ("blocks" or "rank"): from the
-        first list for its first `bound_1` steps, then from the second."""
+        first list for its first `bound_1` steps, then from the second, each walked from its
+        last entry down (lists hold query blocks in ascending order): as the range walk, every
+        key block then starts at its highest query block, so that under a causal band the key
+        blocks reach each query block together and an ordered add waits for one handover, not
+        for every lower key block's walk up to it."""
         roles = [next(r for r in loop.list_roles if r.endswith(f"_{what}")) for loop in self.loops]
         if len(roles) == 1:
-            return [f"{target} = tl.load({roles[0]}_base + step * stride_{roles[0]}_d)"]
+            return [f"{target} = tl.load({roles[0]}_base + (n_steps - 1 - step) * stride_{roles[0]}_d)"]
         first, second = roles
         return ["if step < bound_1:",
-                f"    {target} = tl.load({first}_base + step * stride_{first}_d)",
+                f"    {target} = tl.load({first}_base + (bound_1 - 1 - step) * stride_{first}_d)",
                 "else:",
-                f"    {target} = tl.load({second}_base + (step - bound_1) * stride_{second}_d)"]
+                f"    {target} = tl.load({second}_base + (n_steps - 1 - step) * stride_{second}_d)"]
 
     def head_lists(self, counts_only: bool = False) -> list[str]:
         """In a listed walk, at each head of the group: its lists' bases (with `counts_only`,

@@ -93,7 +93,7 @@ class EmitterCore:
     def reserved_names(self) -> set[str]:
         names = {
             "tl", "triton", "block_id", "num_blocks", "batch_head", "batch", "head", "kv_head", "rows",
-            "row_in_bounds", "keys", "key_in_bounds", "q_pos", "slope", "entry", "sm_scale", "n_q", "n_k", "num_heads",
+            "row_in_bounds", "keys", "key_in_bounds", "q_pos", "slope", "entry", "rank", "sm_scale", "n_q", "n_k", "num_heads",
             "group_size", "start_n", "q_first", "q_last", "queries", "query_in_bounds", "start_m",
             "head_in_group", "diag_first", "diag_last", "lse_safe", "split", "num_splits",
             "split_len", "row_head", "row_query", "row_blocks", "pages", "page_ids", "next_page_ids",

@@ -1,8 +1,8 @@
 // RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,lower-to-tile{bwd-dq=ordered head-dim=128 dkdv-block-m=128 dkdv-block-n=64},fold-scale-into-exp,warp-specialize' -t gluon | filecheck %s
 // RUN: attnfuse-opt %s -p 'canonicalize-attn,analyze-masks,lower-to-tile{bwd-dq=ordered head-dim=128},fold-scale-into-exp,warp-specialize' -t gluon | filecheck %s --check-prefix=OTHER-TILES
 // The Gluon fused backward under documents (block lists): every partition walks, head by head
-// of the group, the entries of the key block's query lists (full blocks first) as one
-// pipelined range of steps; a step's masks (the band's and the documents') are chosen by its
+// of the group, the entries of the key block's query lists (full blocks first, each list from
+// its last entry down, as the range walk goes) as one pipelined range of steps; a step's masks (the band's and the documents') are chosen by its
 // index against the full list's count (bound_1); the ordered writers take each entry's turn
 // at its query block's counter from the lists' ranks.
 
@@ -22,17 +22,17 @@
 // CHECK-NEXT:        n_steps = bound_1 + count_1
 // CHECK-NEXT:        for step in range(n_steps):
 // CHECK-NEXT:            if step < bound_1:
-// CHECK-NEXT:                start_m = tl.load(full_q_blocks_base + step * stride_full_q_blocks_d)
+// CHECK-NEXT:                start_m = tl.load(full_q_blocks_base + (bound_1 - 1 - step) * stride_full_q_blocks_d)
 // CHECK-NEXT:            else:
-// CHECK-NEXT:                start_m = tl.load(partial_q_blocks_base + (step - bound_1) * stride_partial_q_blocks_d)
+// CHECK-NEXT:                start_m = tl.load(partial_q_blocks_base + (n_steps - 1 - step) * stride_partial_q_blocks_d)
 // CHECK-NEXT:            start_m = start_m * BLOCK_N
 // CHECK:                 tma_load(q_desc, [batch, head, start_m, 0], ready.index(stage), q_bufs.index(stage))
 // CHECK:                 it += 1
 // Two writers, each taking every other step; the turn from the ranks.
 // CHECK-LABEL: def attention_bwd_dkdv_dq_dq_write(
 // CHECK:                 if it % 2 == WRITER:
-// CHECK:                     rank = tl.load(full_q_rank_base + step * stride_full_q_rank_d)
-// CHECK:                     rank = tl.load(partial_q_rank_base + (step - bound_1) * stride_partial_q_rank_d)
+// CHECK:                     rank = tl.load(full_q_rank_base + (bound_1 - 1 - step) * stride_full_q_rank_d)
+// CHECK:                     rank = tl.load(partial_q_rank_base + (n_steps - 1 - step) * stride_partial_q_rank_d)
 // CHECK:                     if rank > 0:
 // CHECK-NEXT:                    while gl.atomic_add(counter, 0, sem="acquire") != rank:
 // CHECK:                     gl.atomic_xchg(counter, rank + 1, sem="release")

@@ -64,20 +64,16 @@ def unreserved_names(kernel, emitter_class) -> set[str]:
 
 REFUSED = {
     "bias-gradient": "has no bias gradient kernel",
-    "listed-order": "adds in key-block order",
     "listed-decode": "decode kernels",
 }
 """Why `lower-to-tile` has no kernels of a form for a variant, by design (docs/architecture.md:
-the fused backward writes no bias gradient, its ordered adds need consecutive key blocks, the
-split decode has no block lists)."""
+the fused backward writes no bias gradient, the split decode has no block lists)."""
 
 
 def refusal(name: str, form: dict) -> str | None:
     """The `REFUSED` message `name`'s variant gets for `form`, or None if it lowers."""
     if name in ("bias-softcap", "sigmoid-bias-alibi") and form.get("bwd_dq") in ("fused", "ordered"):
         return REFUSED["bias-gradient"]
-    if name in ("document-causal", "sparse-causal") and form.get("bwd_dq") == "ordered":
-        return REFUSED["listed-order"]
     if name == "sparse-causal" and form.get("decode"):
         return REFUSED["listed-decode"]
     return None
@@ -86,11 +82,14 @@ def refusal(name: str, form: dict) -> str | None:
 def lowered(name: str, form: dict, rotation: str = "fused"):
     """The kernels of variant `name` in one form, or None where the form is refused by design
     (checked to be refused so, `refusal`); RoPE placed `rotation` (the Gluon forward takes
-    pre-rotated operands only)."""
+    pre-rotated operands only). A listed variant's dK/dV kernel gets the Gluon backward's
+    tiles (the only ones `warp-specialize` schedules it on)."""
     spec = SPECS[name]
-    rope = af.compile(spec).program.canonical((False, False)).rope is not None
-    placement = (rotation, rotation) if rope else None
-    key = CompileKey(64, 64, "bf16", TileConfig(64, 64, 4, 2), placement, **form)
+    canonical = af.compile(spec).program.canonical((False, False))
+    placement = (rotation, rotation) if canonical.rope is not None else None
+    gluon_tiles = canonical.listed and (canonical.block_size or 128) % 128 == 0
+    config = TileConfig(64, 64, 4, 2, **({"dkdv_block_m": 128, "dkdv_block_n": 64} if gluon_tiles else {}))
+    key = CompileKey(64, 64, "bf16", config, placement, **form)
     expected = refusal(name, form)
     if expected is None:
         return lower_spec(spec, key)

@@ -215,9 +215,11 @@ class _ListLoop(IRDLOperation):
         inits: Sequence[SSAValue],
         body: Region,
         masked: bool,
+        *between: Sequence[SSAValue],
     ):
+        """`between`: a subclass's operand groups after the count (before `inits`)."""
         super().__init__(
-            operands=[blocks, count, inits],
+            operands=[blocks, count, *between, inits],
             result_types=[[v.type for v in inits]],
             properties={"masked": UnitAttr() if masked else None},
             regions=[body],
@@ -313,13 +315,7 @@ class SparseQLoopOp(_ListLoop):
         masked: bool,
         ranks: SSAValue | None = None,
     ):
-        IRDLOperation.__init__(
-            self,
-            operands=[blocks, count, [] if ranks is None else [ranks], inits],
-            result_types=[[v.type for v in inits]],
-            properties={"masked": UnitAttr() if masked else None},
-            regions=[body],
-        )
+        super().__init__(blocks, count, inits, body, masked, [] if ranks is None else [ranks])
 
     def verify_(self) -> None:
         super().verify_()

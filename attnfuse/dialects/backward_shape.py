@@ -3,8 +3,9 @@ the analysis a warp-specialized (Gluon, Hopper) backward schedules by, the backw
 counterpart of `flash_shape.flash_kernel`.
 
 A kernel has the fused-backward shape when it loads its key block (k, v) whole, zeroes dK and
-dV, bounds its query range, runs query loops over consecutive ranges, each carrying (dK, dV)
-and each
+dV, bounds its query range and runs query loops over consecutive ranges (or, under block
+lists, runs the loops over its full and then its partial query-block list), each carrying
+(dK, dV) and each
 
     load q, dO whole, lse, delta; s^T = k @ q^T; score ops refining the previous tile (masks,
     maps, ALiBi, scales); p^T = recompute_probs; dp^T = v @ dO^T; ds^T = softmax_grad;

@@ -17,13 +17,16 @@ as the portable kernel does; the schedule is FlashAttention-3's and the hand-wri
 - dQ writer partitions (`dq_writers`: 1 warp, or 2 each owning one staging buffer and so
   every other step): `tile.store_add` as TMA reduce-adds of the staged dQ parts into the f32
   `dq_acc`, two staging buffers: unordered (not deterministic), or, for a `store_add ...
-  in_order`, each after the key block before it has added (deterministic);
+  in_order`, each after every lower key block visiting the query block has added
+  (deterministic; the key block before, in a range, or the list entry's rank under lists);
 - the epilogue (`tile.apply_scale`, a RoPE inverse rotation, the stores): whole tiles leave
   through k's and v's buffers and TMA stores; a rotation's halves go through the dQ staging
   buffers (free by then) and are stored from registers as the portable target stores them.
 
 The loops of the kernel (masked, full, masked) are one pipelined range of `group_size *
-n_blocks` steps, whose (head, start_m) each partition carries from step to step; a step runs
+n_blocks` steps, whose (head, start_m) each partition carries from step to step (under block
+lists, `walk`: head by head, the entries of the head's full then partial list, each from its
+last entry down, `total` steps in all, summed by the entry kernel); a step runs
 its loop's masks under a test of its start (`gluon_steps`), and lse's guards with them
 (`lse_guard`), so a full step runs no guard. Query rows past `n_q` and key rows past `n_k` are
 zero-filled by the 4-D descriptors and clipped on the stores and reduces; their lse is taken as
@@ -33,7 +36,8 @@ Launch ABI: descriptors `q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_a
 (4-D over `[B, H, N, D]`, blocks `[1, 1, rows, D]`), `lse_desc, delta_desc` (1-D over the
 `[B * Hq * Nq']` f32 rows, each head's Nq rows padded to Nq' = a multiple of 4, blocks of BLOCK_N), then the pointer and strides of every
 other role (`dk` for the stores by column part, `rope_table`, `slopes`, `q_positions` and
-`k_positions` at call-time RoPE positions), then `sm_scale, n_q,
+`k_positions` at call-time RoPE positions, `doc_ids`, and under block lists each list, its
+count and, ordered, its ranks), then `sm_scale, n_q,
 n_k, num_heads (Hkv), group_size`; grid `(B * Hkv, cdiv(n_k, BLOCK_M))`, `num_warps` warps.
 """
 

@@ -47,7 +47,7 @@ class CallBinding:
         order gets its query lists' ranks too."""
         assert plan.config is not None
         first, others = sources[0].given, tuple(source.given for source in sources[1:])
-        ranks = backward and plan.backward_reads("partial_q_rank")
+        ranks = backward and (plan.backward_reads("full_q_rank") or plan.backward_reads("partial_q_rank"))
         what = (backward, ranks, tuple((id(t), tensor_state(t)) for t in others))
 
         def build() -> tuple[tuple, dict[str, torch.Tensor]]:

@@ -121,6 +121,18 @@ gains more than under the softmax. On the H200, fwd+bwd ms, the ordered Gluon ba
 Smaller calls are not measured and keep the split."""
 
 
+GLUON_LISTED_MIN_WORK: dict[int, int] = {}
+"""The same under block lists (documents, block sparsity): none yet, so `auto` keeps the split
+backward for listed calls and `ATTNFUSE_BACKWARD_TARGET=gluon` takes the Gluon one. On an H100
+(bench/results/20261205T234734Z- and 234758Z-document.md, `python3 bench/document.py --geometry
+llama --modes fwdbwd`, deterministic), packs of 3 and 7 documents, fwd+bwd ms, the Gluon
+backward (walking its lists upward) against the split: causal 8192 2.522 / 2.019, 16384
+4.889 / 3.882; bidirectional 8192 4.239 / 4.108, 16384 8.083 / 7.129. The lists are now
+walked downward (as the range walk, so that under causal the key blocks reach each query
+block together), which has not been timed yet; a table entry goes here when a run shows a
+size where the Gluon backward wins."""
+
+
 def backward_target() -> str:
     """The user's choice (`ATTNFUSE_BACKWARD_TARGET`), checked."""
     target = os.environ.get(TARGET_ENV, "auto").strip().lower() or "auto"
@@ -173,7 +185,7 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
     (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (never for a variant with an op
     of a block module outside the package, which nothing measured; `GLUON_BACKWARD_MIN_WORK`, or with
     its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`; under a pointwise
-    normalizer `GLUON_POINTWISE_MIN_WORK`). RoPE at
+    normalizer `GLUON_POINTWISE_MIN_WORK`; under block lists `GLUON_LISTED_MIN_WORK`). RoPE at
     call-time positions (as a Hugging Face model's `position_ids` are passed) is scheduled
     like RoPE at the default ones: dK's inverse rotation in the epilogue
     reads the keys' positions. A backward that rotates in its loops (`bwd_rope` other than
@@ -186,7 +198,9 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
         return False
     if target == "gluon":
         return True
-    if variant.normalizer_name != "softmax":
+    if variant.listed:
+        table = GLUON_LISTED_MIN_WORK
+    elif variant.normalizer_name != "softmax":
         table = GLUON_POINTWISE_MIN_WORK
     else:
         table = GLUON_ORDERED_MIN_WORK if ordered else GLUON_BACKWARD_MIN_WORK
@@ -385,5 +399,5 @@ def gluon_backward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_BACKWARD_TILES", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
+__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_BACKWARD_TILES", "GLUON_LISTED_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
            "rows_addressable", "scheduled_backward", "takes_gluon_backward", "variant_fits"]

@@ -16,7 +16,7 @@ import torch
 
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime import kv_cache
-from attnfuse.runtime.backward_choice import backward_request, choose_backward, unordered_allowed
+from attnfuse.runtime.backward_choice import backward_request, choose_backward
 from attnfuse.runtime.call_plan import BACKWARD_KERNEL_PREFIX, CallPlan
 from attnfuse.runtime.compiler import (
     CompiledProgram,
@@ -107,11 +107,6 @@ class CallPlanning:
             # Gluon forward does not take: the portable kernel keeps its own tiles then.)
             bm, bn, warps, stages = LISTED_GLUON_FORWARD
             config = replace(config, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
-        if self.config is None and gluon_reads_whole and self.variant.listed and takes_gluon_backward(
-                problem, self.variant, ordered=not unordered_allowed(self.deterministic)):
-            # The Gluon backward's tiles, for the same reason: `warp-specialize` schedules a
-            # listed dK/dV kernel only on them (the lists the runtime builds name its tiles).
-            config = replace(config, dkdv_block_m=GLUON_BACKWARD_TILES[0], dkdv_block_n=GLUON_BACKWARD_TILES[1])
         return config
 
     def compile_key(
@@ -150,6 +145,14 @@ class CallPlanning:
                          placement, explicit_positions, bwd_rope, decode, cache,
                          decode_merge=kv_cache.DECODE_MERGE if decode else "kernel",
                          decode_pdl=pdl, bwd_dq=bwd_dq, backward=backward)
+        if bwd_dq != "separate" and self.variant.listed and self.config is None and takes_gluon_backward(
+                problem, self.variant, bwd_rope, ordered=bwd_dq == "ordered"):
+            # A listed fused backward on the Gluon backward's tiles: `warp-specialize` schedules a
+            # listed dK/dV kernel only on them (the lists the runtime builds name its tiles).
+            gluon_tiles = replace(key, config=replace(config, dkdv_block_m=GLUON_BACKWARD_TILES[0],
+                                                      dkdv_block_n=GLUON_BACKWARD_TILES[1]))
+            if self._gluon_schedules(gluon_tiles):
+                key = gluon_tiles
         if bwd_dq != "separate" and backward_request() == "auto" and not self._gluon_schedules(key):
             # `auto` builds the fused backward only for the Gluon kernel (the portable fused
             # kernel is slower than the split); `takes_gluon_backward` predicted it from the

@@ -30,6 +30,7 @@
 // CHECK:                 it += 1
 // Two writers, each taking every other step; the turn from the ranks.
 // CHECK-LABEL: def attention_bwd_dkdv_dq_dq_write(
+// CHECK-NOT:             prev_q_end
 // CHECK:                 if it % 2 == WRITER:
 // CHECK:                     rank = tl.load(full_q_rank_base + (bound_1 - 1 - step) * stride_full_q_rank_d)
 // CHECK:                     rank = tl.load(partial_q_rank_base + (n_steps - 1 - step) * stride_partial_q_rank_d)

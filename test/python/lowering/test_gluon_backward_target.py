@@ -469,16 +469,29 @@ def test_ops_of_block_modules_keep_the_portable_backward_under_auto(monkeypatch)
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
 def test_listed_calls_take_the_gluon_backward_on_its_tiles(deterministic, monkeypatch):
-    """On a (pretended) Hopper GPU under `auto`: a document call of the measured size builds
-    the fused backward for the Gluon kernel (ordered where deterministic), its dK/dV lists on
-    the schedule's tiles (`GLUON_BACKWARD_TILES`), which `warp-specialize` then takes; a block
-    layout of 64 (smaller than the schedule's key tile) keeps the split."""
+    """On a (pretended) Hopper GPU: under `auto` a document call keeps the split backward
+    (`GLUON_LISTED_MIN_WORK` has no measured size yet) on its own tiles; with the Gluon target
+    asked for, it builds the fused backward for the Gluon kernel (ordered where deterministic),
+    its dK/dV lists on the schedule's tiles (`GLUON_BACKWARD_TILES`), which `warp-specialize`
+    then takes. A split backward forced by `ATTNFUSE_BACKWARD=separate` keeps its own tiles, and
+    a block layout of 64 (smaller than the schedule's key tile) keeps the split."""
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
     monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
+    fn = af.compile(af.attention(af.document(), af.causal()), deterministic=deterministic)
+    own_tiles = fn.tile_config(problem(8192)).dkdv()[:2]
+    assert own_tiles != gluon_backward.GLUON_BACKWARD_TILES
+    auto = fn.compile_key(problem(8192))
+    assert auto.bwd_dq == "separate" and auto.config.dkdv()[:2] == own_tiles
+    monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
     fn = af.compile(af.attention(af.document(), af.causal()), deterministic=deterministic)
     key = fn.compile_key(problem(8192))
     assert key.bwd_dq == ("ordered" if deterministic else "fused")
     assert key.config.dkdv()[:2] == gluon_backward.GLUON_BACKWARD_TILES
+    monkeypatch.setenv("ATTNFUSE_BACKWARD", "separate")
+    fn = af.compile(af.attention(af.document(), af.causal()), deterministic=deterministic)
+    split = fn.compile_key(problem(8192))
+    assert split.bwd_dq == "separate" and split.config.dkdv()[:2] == own_tiles
+    monkeypatch.delenv("ATTNFUSE_BACKWARD")
     small = af.compile(af.attention(af.block_sparse(64), af.causal()), deterministic=deterministic)
     assert small.compile_key(problem(8192)).bwd_dq == "separate"
 

@@ -24,12 +24,15 @@ from attnfuse.runtime.inputs import Problem
 from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
 
+TILES = TileConfig(64, 64, 4, 2)
+"""The tiles the fused backward is lowered with here (the schedule retiles a range kernel)."""
+
 LISTED_TILES = TileConfig(64, 64, 4, 2, dkdv_block_m=128, dkdv_block_n=64)
 """A listed variant's tiles where it takes the Gluon backward (`gluon_backward.GLUON_BACKWARD_TILES`)."""
 
 
 def backward_kernel(spec, head_dim=128, bwd_dq="fused", explicit_positions=(False, False),
-                    config=TileConfig(64, 64, 4, 2), **options):
+                    config=TILES, **options):
     """`attention_bwd_dkdv_dq` of `spec`'s fused backward (unordered, or `bwd_dq="ordered"`)
     after `warp-specialize`."""
     rope = af.compile(spec).program.canonical((False, False)).rope is not None
@@ -71,7 +74,7 @@ def test_printed_backward_compiles_for_sm90(sm90, name, spec, dim, bwd_dq, monke
 
     explicit = (True, True) if name.endswith("-positions") else (False, False)
     listed = "-listed" in name
-    kernel = backward_kernel(spec, dim, bwd_dq, explicit, LISTED_TILES if listed else TileConfig(64, 64, 4, 2))
+    kernel = backward_kernel(spec, dim, bwd_dq, explicit, LISTED_TILES if listed else TILES)
     assert kernel.schedule is not None, "warp-specialize schedules the fused backward"
     program = emit_gluon_kernel(kernel)
     info = program.kernels[0]
@@ -510,7 +513,7 @@ def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     normalizer), then each other role's pointer and strides, then the scalars (CPU tensors, the
     launch itself stood in for)."""
     listed = af.compile(spec).program.canonical((False, False)).listed
-    program = emit_gluon_kernel(backward_kernel(spec, 128, bwd_dq, config=LISTED_TILES if listed else TileConfig(64, 64, 4, 2)))
+    program = emit_gluon_kernel(backward_kernel(spec, 128, bwd_dq, config=LISTED_TILES if listed else TILES))
     info = program.kernels[0]
     b, hq, hkv, n, d = 1, 4, 2, 256, 128
     made = {"q": (hq, torch.bfloat16), "q_rot": (hq, torch.bfloat16), "do": (hq, torch.bfloat16),

@@ -114,7 +114,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                       "S_LAYOUT", "KV_LAYOUT", "A_LAYOUT", "DQ_LAYOUT", "EPI_LAYOUT", "DS_SMEM", "NW",
                       "k_smem", "v_smem", "q_bufs", "do_bufs", "lse_bufs", "delta_bufs", "ds_smem", "dq_bufs",
                       "kv_bar", "ready", "empty", "dq_full", "dq_empty", "dk_base", "bound", "i", "wrap", "head", "n_rows",
-                      "head_in_group", "step", "n_steps", "rank", "block_id",
+                      "head_in_group", "step", "n_steps", "rank", "block_id", "next_start_m", "next_rank",
                       "tile_2d", "tma_load", "tma_store", "tma_reduce_add", "tma_writes_wait", "reinterpret_shared", "thread_barrier",
                       "gl", "gluon", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait", "fence_async_shared")
     """Names the printed partitions use themselves: the ops' results take others."""
@@ -296,21 +296,22 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             return ["block_id"]
         return ["q_start" if annotated else self.namer[self.loops[0].op.lower], "n_blocks"]
 
-    def list_entry(self, what: str, target: str) -> list[str]:
-        """`target` = this step's entry of the lists' `what` ("blocks" or "rank"): from the
-        first list for its first `bound_1` steps, then from the second, each walked from its
+    def list_entry(self, what: str, target: str, step: str) -> list[str]:
+        """`target` = the entry of the lists' `what` ("blocks" or "rank") for step `step`: from
+        the first list for the first `bound_1` steps, then from the second, each walked from its
         last entry down (lists hold query blocks in ascending order): as the range walk, every
         key block then starts at its highest query block, so that under a causal band the key
         blocks reach each query block together and an ordered add waits for one handover, not
         for every lower key block's walk up to it."""
         roles = [next(r for r in loop.list_roles if r.endswith(f"_{what}")) for loop in self.loops]
+        step = step if step.isidentifier() or step.isdigit() else f"({step})"
         if len(roles) == 1:
-            return [f"{target} = tl.load({roles[0]}_base + (n_steps - 1 - step) * stride_{roles[0]}_d)"]
+            return [f"{target} = tl.load({roles[0]}_base + (n_steps - 1 - {step}) * stride_{roles[0]}_d)"]
         first, second = roles
-        return ["if step < bound_1:",
-                f"    {target} = tl.load({first}_base + (bound_1 - 1 - step) * stride_{first}_d)",
+        return [f"if {step} < bound_1:",
+                f"    {target} = tl.load({first}_base + (bound_1 - 1 - {step}) * stride_{first}_d)",
                 "else:",
-                f"    {target} = tl.load({second}_base + (n_steps - 1 - step) * stride_{second}_d)"]
+                f"    {target} = tl.load({second}_base + (n_steps - 1 - {step}) * stride_{second}_d)"]
 
     def head_lists(self, counts_only: bool = False) -> list[str]:
         """In a listed walk, at each head of the group: its lists' bases (with `counts_only`,
@@ -324,24 +325,34 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             names.append(name)
         return [*lines, f"n_steps = {' + '.join(names)}"]
 
-    def walk(self, body: list[str]) -> list[str]:
+    def walk(self, body: list[str], ranked: bool = False) -> list[str]:
         """A partition's loop over its steps around `body` (lines at indent 0): each step's
-        `it` (its index over the program's steps), `head` and `start_m`. A range: the steps'
-        (head, start_m) carried from step to step (`STEP_INIT`, `STEP_NEXT`). Lists: head by
-        head of the group, the entries of the head's lists (their counts differ by head
-        under a per-head block layout), `it` counted across them."""
+        `it` (its index over the program's steps), `head` and `start_m` (with `ranked`, its
+        `rank` too). A range: the steps' (head, start_m) carried from step to step
+        (`STEP_INIT`, `STEP_NEXT`). Lists: head by head of the group, the entries of the head's
+        lists (their counts differ by head under a per-head block layout), `it` counted across
+        them, each step's entries read during the step before (a global load's latency,
+        a sizeable part of a step, off the step's path)."""
         if not self.listed:
             return [*self.STEP_INIT, "for it in range(total):", *["    " + line for line in body],
                     *["    " + line for line in self.STEP_NEXT]]
+        entries = [("blocks", "start_m"), *([("rank", "rank")] if ranked else [])]
         return ["# tile.sparse_q_loop: head by head of the group, the entries of the head's lists for this",
-                "# key block (the full blocks' first), as one pipelined range of steps.",
+                "# key block (the full blocks' first), as one pipelined range of steps; each step's",
+                "# entries are read a step ahead.",
                 "it = 0",
                 "for head_in_group in range(group_size):",
                 "    head = kv_head * group_size + head_in_group",
                 *["    " + line for line in self.head_lists()],
+                *[f"    next_{name} = 0" for _, name in entries],
+                "    if n_steps > 0:",
+                *["        " + line for what, name in entries for line in self.list_entry(what, f"next_{name}", "0")],
                 "    for step in range(n_steps):",
-                *["        " + line for line in self.list_entry("blocks", "start_m")],
-                "        start_m = start_m * BLOCK_N",
+                "        start_m = next_start_m * BLOCK_N",
+                *([("        rank = next_rank")] if ranked else []),
+                "        if step + 1 < n_steps:",
+                *["            " + line for what, name in entries
+                  for line in self.list_entry(what, f"next_{name}", "step + 1")],
                 *["        " + line for line in body],
                 "        it += 1"]
 
@@ -493,10 +504,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         step: list[str] = [f"b = it % {DQ_BUFFERS}" if writers == 1 else "b = WRITER"]
         if ordered:
             role = store_add.order.type.role.data  # type: ignore[union-attr]
-            turn = "rank" if self.listed else "block_id"
-            if self.listed:
-                step += ["# This key block's turn at the query block: how many lower key blocks visit it."]
-                step += self.list_entry("rank", "rank")
+            turn = self.order_turn(store_add)
             step += [
                 f"counter = {role}_ptr + batch * stride_{role}_b + head * stride_{role}_h + start_m * stride_{role}_n",
                 f"if {self.order_waits(store_add)}:",
@@ -514,9 +522,10 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             step += ["tma_writes_wait()  # the reduce's writes are done before the release publishes them",
                      f'gl.atomic_xchg(counter, {turn} + 1, sem="release")  # the next visitor adds next']
         if self.listed:
-            # Every writer walks every step and takes its own.
+            # Every writer walks every step and takes its own; the entry's rank (how many lower
+            # key blocks visit its query block) is this key block's turn.
             body = head + self.walk([f"if it % {writers} == WRITER:", *["    " + line for line in step]]
-                                    if writers > 1 else step)
+                                    if writers > 1 else step, ranked=ordered)
         elif writers == 1:
             body = head + self.walk(step)
         else:

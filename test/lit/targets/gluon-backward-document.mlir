@@ -20,20 +20,23 @@
 // CHECK:             bound_1 = tl.load(full_q_count_base)
 // CHECK-NEXT:        count_1 = tl.load(partial_q_count_base)
 // CHECK-NEXT:        n_steps = bound_1 + count_1
-// CHECK-NEXT:        for step in range(n_steps):
-// CHECK-NEXT:            if step < bound_1:
-// CHECK-NEXT:                start_m = tl.load(full_q_blocks_base + (bound_1 - 1 - step) * stride_full_q_blocks_d)
-// CHECK-NEXT:            else:
-// CHECK-NEXT:                start_m = tl.load(partial_q_blocks_base + (n_steps - 1 - step) * stride_partial_q_blocks_d)
-// CHECK-NEXT:            start_m = start_m * BLOCK_N
+// CHECK:             for step in range(n_steps):
+// CHECK-NEXT:            start_m = next_start_m * BLOCK_N
+// CHECK-NEXT:            if step + 1 < n_steps:
+// CHECK-NEXT:                if (step + 1) < bound_1:
+// CHECK-NEXT:                    next_start_m = tl.load(full_q_blocks_base + (bound_1 - 1 - (step + 1)) * stride_full_q_blocks_d)
+// CHECK-NEXT:                else:
+// CHECK-NEXT:                    next_start_m = tl.load(partial_q_blocks_base + (n_steps - 1 - (step + 1)) * stride_partial_q_blocks_d)
 // CHECK:                 tma_load(q_desc, [batch, head, start_m, 0], ready.index(stage), q_bufs.index(stage))
 // CHECK:                 it += 1
-// Two writers, each taking every other step; the turn from the ranks.
+// Two writers, each taking every other step; the turn from the ranks (read a step ahead, as
+// the blocks are).
 // CHECK-LABEL: def attention_bwd_dkdv_dq_dq_write(
 // CHECK-NOT:             prev_q_end
+// CHECK:                 rank = next_rank
+// CHECK:                         next_rank = tl.load(full_q_rank_base + (bound_1 - 1 - (step + 1)) * stride_full_q_rank_d)
+// CHECK:                         next_rank = tl.load(partial_q_rank_base + (n_steps - 1 - (step + 1)) * stride_partial_q_rank_d)
 // CHECK:                 if it % 2 == WRITER:
-// CHECK:                     rank = tl.load(full_q_rank_base + (bound_1 - 1 - step) * stride_full_q_rank_d)
-// CHECK:                     rank = tl.load(partial_q_rank_base + (n_steps - 1 - step) * stride_partial_q_rank_d)
 // CHECK:                     if rank > 0:
 // CHECK-NEXT:                    while gl.atomic_add(counter, 0, sem="acquire") != rank:
 // CHECK:                     gl.atomic_xchg(counter, rank + 1, sem="release")

@@ -533,3 +533,49 @@ def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     runtime = check_launch_matches_signature(launch, tensors, program.source, info.name)
     softmax = af.compile(spec).program.canonical((False, False)).normalizer_name == "softmax"
     assert ("lse_desc" in runtime) == ("lse" in info.roles) == softmax
+
+
+def test_the_listed_walk_takes_every_entry_of_every_heads_lists_once_from_the_last_down():
+    """The printed walk of a listed backward (`GluonBackwardEmitter.walk`, what the loader, the
+    consumer and the writers each run), executed as Python over lists in a flat memory: every
+    head of the group in turn, its full list's entries from the last down, then its partial
+    list's, each step's block and rank read from the same entry (a step ahead), `it` counting
+    every step; and the entry kernel's count of steps (`head_lists(counts_only)`) is the same."""
+    from types import SimpleNamespace
+
+    from attnfuse.lowering.gluon_backward import GluonBackwardEmitter
+
+    kernel = backward_kernel(af.attention(af.document(), af.causal()), 128, "ordered", config=LISTED_TILES)
+    emitter = GluonBackwardEmitter(kernel)
+    group, entries, block_n = 4, 6, 64
+    counts = {"full": [3, 0, 0, 2], "partial": [2, 1, 0, 0]}
+    memory: list[int] = []
+    scope: dict[str, object] = {"batch": 0, "kv_head": 0, "group_size": group, "block_id": 0, "BLOCK_N": block_n}
+    for kind in ("full", "partial"):
+        for what in ("blocks", "rank"):
+            role = f"{kind}_q_{what}"
+            scope[f"{role}_ptr"] = len(memory)
+            scope.update({f"stride_{role}_b": group * entries, f"stride_{role}_h": entries,
+                          f"stride_{role}_n": entries, f"stride_{role}_d": 1})
+            # Entry e of head h: block 10 h + e (full) or 50 + 10 h + e (partial); ranks 100 more.
+            memory += [(0 if kind == "full" else 50) + (100 if what == "rank" else 0) + 10 * h + e
+                       for h in range(group) for e in range(entries)]
+        role = f"{kind}_q_count"
+        scope[f"{role}_ptr"] = len(memory)
+        scope.update({f"stride_{role}_b": group, f"stride_{role}_h": 1, f"stride_{role}_n": 1})
+        memory += counts[kind]
+    scope["tl"] = SimpleNamespace(load=lambda address: memory[address])
+    scope["visits"] = visits = []
+    lines = emitter.walk(["visits.append((it, head, start_m, rank))"], ranked=True)
+    exec("\n".join(lines), scope)  # noqa: S102 - the printer's own output
+    want = []
+    for h in range(group):
+        want += [(h, (10 * h + e) * block_n, 100 + 10 * h + e) for e in reversed(range(counts["full"][h]))]
+        want += [(h, (50 + 10 * h + e) * block_n, 150 + 10 * h + e) for e in reversed(range(counts["partial"][h]))]
+    assert visits == [(i, *v) for i, v in enumerate(want)]
+    total = 0
+    for h in range(group):
+        counted = dict(scope, head=h)
+        exec("\n".join(emitter.head_lists(counts_only=True)), counted)  # noqa: S102
+        total += counted["n_steps"]
+    assert total == len(want)

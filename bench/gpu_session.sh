@@ -65,8 +65,8 @@
 #   sparse-order      bench/block_sparse_tiles.py at densities 0.05 and 0.1 on each layout as drawn and with its rows
 #                     sorted heaviest / lightest first (the same work, another program order), tl tiles of 64 rows
 #   verify46          verify45's tests and the Gluon backward over block lists (documents, block sparsity)
-#   listed-backward   bench/document.py fwd+bwd with the split backward and with auto's (Gluon), then the
-#                     step at Nq = 3072 / 4093 / 4096 (bench/backward_targets.py)
+#   listed-backward   the Gluon backward's block-list tests, then bench/document.py fwd+bwd with the split
+#                     backward and with the Gluon one, deterministic and not
 #   verify43          what stop 43 left unrun on a GPU: launch-graph, head-major, block-sparse, document and graph
 #                     tests; bench/block_sparse.py as a user calls it (auto); bench/host_overhead.py
 #   sparse-head-major the GPU tests of block-sparse and document calls (both targets), then bench/block_sparse.py
@@ -317,18 +317,21 @@ for stage in "$@"; do
       pytest_run listed-backward 200 -n 12 test/python/test_gpu_gluon_backward.py test/python/test_gpu.py \
         -k "walks_block_lists or document or block_sparse" ;;
     listed-backward)
-      # The document backward, split (ATTNFUSE_BACKWARD_TARGET=triton) against the Gluon one
-      # (auto), deterministic (the default), fwd+bwd at the Llama heads; flex beside it. Then the
-      # step at an Nq off a multiple of 4 (per-call padded lse / delta copies, verify45).
-      for target in triton auto; do
-        ATTNFUSE_BACKWARD_TARGET=$target timeout 170 python3 bench/document.py --geometry llama --modes fwdbwd \
-          --columns attnfuse,flex --seq-lens 8192,16384 --rep 60 --out "$dir/document-bwd-$target" \
-          > "$dir/document-bwd-$target.log" 2>&1; echo "document fwd+bwd (backward target $target) rc=$?"
-        grep -v Warn "$dir/document-bwd-$target.log" | tail -8
-      done
-      timeout 90 python3 bench/backward_targets.py --cases causal,rope+causal --seq-lens 3072,4093,4096 \
-        --columns default --reps 20 --out "$dir/verify45" > "$dir/backward_odd.log" 2>&1; echo "backward (odd Nq) rc=$?"
-      grep -h "^| \(causal\|rope\)" "$dir"/verify45/*backward-targets.md ;;
+      # The Gluon backward over block lists as it now is (each list walked from its last entry
+      # down, entries read a step ahead: not yet run on a GPU): its tests, then the document
+      # step with the split backward (ATTNFUSE_BACKWARD_TARGET=triton) and with the Gluon one
+      # (gluon: auto takes none for listed calls, GLUON_LISTED_MIN_WORK), deterministic and not,
+      # at the Llama heads. A Gluon column faster than the split is what a GLUON_LISTED_MIN_WORK
+      # entry needs.
+      pytest_run listed-backward 200 -n 12 test/python/test_gpu_gluon_backward.py -k "walks_block_lists"
+      for det in "" "--nondeterministic"; do
+        for target in triton gluon; do
+          name="document-bwd-$target${det:+-nondet}"
+          ATTNFUSE_BACKWARD_TARGET=$target timeout 100 python3 bench/document.py --geometry llama --modes fwdbwd \
+            --columns attnfuse --seq-lens 8192,16384 --rep 60 $det --out "$dir/$name" > "$dir/$name.log" 2>&1
+          echo "document fwd+bwd ($name) rc=$?"; grep "^| B" "$dir/$name.log"
+        done
+      done ;;
     gluon-sizes)
       # Where auto's Gluon sizes at head dim 128 come from (stop 44; gluon_forward.SOFTMAX_MIN_WORK,
       # gluon_backward.GLUON_ORDERED_MIN_WORK): each target forced below 4096, and at the paper shape.

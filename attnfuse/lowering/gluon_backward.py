@@ -296,22 +296,28 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             return ["block_id"]
         return ["q_start" if annotated else self.namer[self.loops[0].op.lower], "n_blocks"]
 
-    def list_entry(self, what: str, target: str, step: str) -> list[str]:
-        """`target` = the entry of the lists' `what` ("blocks" or "rank") for step `step`: from
-        the first list for the first `bound_1` steps, then from the second, each walked from its
-        last entry down (lists hold query blocks in ascending order): as the range walk, every
-        key block then starts at its highest query block, so that under a causal band the key
-        blocks reach each query block together and an ordered add waits for one handover, not
-        for every lower key block's walk up to it."""
-        roles = [next(r for r in loop.list_roles if r.endswith(f"_{what}")) for loop in self.loops]
-        step = step if step.isidentifier() or step.isdigit() else f"({step})"
-        if len(roles) == 1:
-            return [f"{target} = tl.load({roles[0]}_base + (n_steps - 1 - {step}) * stride_{roles[0]}_d)"]
-        first, second = roles
-        return [f"if {step} < bound_1:",
-                f"    {target} = tl.load({first}_base + (bound_1 - 1 - {step}) * stride_{first}_d)",
-                "else:",
-                f"    {target} = tl.load({second}_base + (n_steps - 1 - {step}) * stride_{second}_d)"]
+    def list_entry(self, entries: list[tuple[str, str]], step: str) -> list[str]:
+        """For each (`what`, `target`) of `entries`: `target` = the entry of the lists' `what`
+        ("blocks" or "rank") for step `step`, from the first list for the first `bound_1` steps,
+        then from the second (one test for them all), each list walked from its last entry
+        down (lists hold query blocks in ascending order): as the range walk, every key block
+        then starts at its highest query block, so that under a causal band the key blocks
+        reach each query block together and an ordered add waits for one handover, not for
+        every lower key block's walk up to it."""
+        after = "" if step == "0" else f" - {step if step.isidentifier() else f'({step})'}"
+
+        def role(loop, what: str) -> str:
+            return next(r for r in loop.list_roles if r.endswith(f"_{what}"))
+
+        def loads(loop, last: str) -> list[str]:
+            return [f"{target} = tl.load({role(loop, what)}_base + ({last}{after}) * stride_{role(loop, what)}_d)"
+                    for what, target in entries]
+
+        if len(self.loops) == 1:
+            return loads(self.loops[0], "n_steps - 1")
+        first, second = self.loops
+        return [f"if {step} < bound_1:", *["    " + line for line in loads(first, "bound_1 - 1")],
+                "else:", *["    " + line for line in loads(second, "n_steps - 1")]]
 
     def head_lists(self, counts_only: bool = False) -> list[str]:
         """In a listed walk, at each head of the group: its lists' bases (with `counts_only`,
@@ -325,34 +331,44 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             names.append(name)
         return [*lines, f"n_steps = {' + '.join(names)}"]
 
-    def walk(self, body: list[str], ranked: bool = False) -> list[str]:
+    def walk(self, body: list[str], ranked: bool = False, ahead: bool = True) -> list[str]:
         """A partition's loop over its steps around `body` (lines at indent 0): each step's
         `it` (its index over the program's steps), `head` and `start_m` (with `ranked`, its
         `rank` too). A range: the steps' (head, start_m) carried from step to step
         (`STEP_INIT`, `STEP_NEXT`). Lists: head by head of the group, the entries of the head's
         lists (their counts differ by head under a per-head block layout), `it` counted across
-        them, each step's entries read during the step before (a global load's latency,
-        a sizeable part of a step, off the step's path)."""
+        them; with `ahead`, each step's entries are read during the step before (the loader's
+        and the writers' partitions, whose next wait would otherwise follow the load), else at
+        the step (the consumer, whose load the wait for the step's data follows anyway, and
+        whose registers a carried entry would cost: its hot loop spilled more)."""
         if not self.listed:
             return [*self.STEP_INIT, "for it in range(total):", *["    " + line for line in body],
                     *["    " + line for line in self.STEP_NEXT]]
         entries = [("blocks", "start_m"), *([("rank", "rank")] if ranked else [])]
-        return ["# tile.sparse_q_loop: head by head of the group, the entries of the head's lists for this",
-                "# key block (the full blocks' first), as one pipelined range of steps; each step's",
-                "# entries are read a step ahead.",
+        head = ["# tile.sparse_q_loop: head by head of the group, the entries of the head's lists for this",
+                "# key block (the full blocks' first), as one pipelined range of steps"
+                + ("; each step's entries are read a step ahead." if ahead else "."),
                 "it = 0",
                 "for head_in_group in range(group_size):",
                 "    head = kv_head * group_size + head_in_group",
-                *["    " + line for line in self.head_lists()],
+                *["    " + line for line in self.head_lists()]]
+        if not ahead:
+            return [*head,
+                    "    for step in range(n_steps):",
+                    *["        " + line for line in self.list_entry(entries, "step")],
+                    "        start_m = start_m * BLOCK_N",
+                    *["        " + line for line in body],
+                    "        it += 1"]
+        ahead_entries = [(what, f"next_{name}") for what, name in entries]
+        return [*head,
                 *[f"    next_{name} = 0" for _, name in entries],
                 "    if n_steps > 0:",
-                *["        " + line for what, name in entries for line in self.list_entry(what, f"next_{name}", "0")],
+                *["        " + line for line in self.list_entry(ahead_entries, "0")],
                 "    for step in range(n_steps):",
                 "        start_m = next_start_m * BLOCK_N",
-                *([("        rank = next_rank")] if ranked else []),
+                *(["        rank = next_rank"] if ranked else []),
                 "        if step + 1 < n_steps:",
-                *["            " + line for what, name in entries
-                  for line in self.list_entry(what, f"next_{name}", "step + 1")],
+                *["            " + line for line in self.list_entry(ahead_entries, "step + 1")],
                 *["        " + line for line in body],
                 "        it += 1"]
 
@@ -525,7 +541,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             # Every writer walks every step and takes its own; the entry's rank (how many lower
             # key blocks visit its query block) is this key block's turn.
             body = head + self.walk([f"if it % {writers} == WRITER:", *["    " + line for line in step]]
-                                    if writers > 1 else step, ranked=ordered)
+                                    if writers > 1 else step, ranked=ordered and self.ranked(store_add))
         elif writers == 1:
             body = head + self.walk(step)
         else:
@@ -624,7 +640,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "dq_zero = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=DQ_LAYOUT)",
             "mbarrier.wait(kv_bar, 0)",
             *self.document_bases(),
-            *self.walk(step),
+            *self.walk(step, ahead=False),
         ]:
             self.emit(line)
         for loop in self.loops:

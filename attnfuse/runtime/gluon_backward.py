@@ -37,7 +37,7 @@ from attnfuse.runtime.gluon_launch import GluonRunner, call_key, pointer_argumen
 from attnfuse.runtime.inputs import Problem
 from attnfuse.runtime.launch import KernelLaunch
 from attnfuse.runtime.program import Canonical
-from attnfuse.transforms.warp_specialize import BACKWARD_BLOCK_M
+from attnfuse.transforms.warp_specialize import BACKWARD_BLOCK_M, WarpSpecializePass
 
 if TYPE_CHECKING:
     from attnfuse.lowering.gluon import GluonKernel, GluonProgram
@@ -56,7 +56,7 @@ each head's rows padded to `ROW_ALIGNMENT`), where the kernel reads them (the so
 pointwise normalizer reads none)."""
 
 
-GLUON_BACKWARD_TILES = (BACKWARD_BLOCK_M, 64)
+GLUON_BACKWARD_TILES = (BACKWARD_BLOCK_M, WarpSpecializePass().bwd_block_n)
 """(keys, queries) of the scheduled backward's block pairs (`warp-specialize`'s defaults): the
 tiles a listed variant's dK/dV lists are built for where it takes the Gluon backward."""
 
@@ -364,7 +364,6 @@ def scheduled_backward(module: ModuleOp) -> GluonProgram | None:
     runs the Gluon backward (`variant_fits` only predicts it). Applies `warp-specialize` to
     `module`."""
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
-    from attnfuse.transforms.warp_specialize import WarpSpecializePass
 
     WarpSpecializePass().apply(make_context(), module)
     kernel = next((op for op in module.ops if isinstance(op, tile.KernelOp) and op.sym_name.data == KERNEL), None)

@@ -116,7 +116,7 @@ class WarpSpecializeBackward(RewritePattern):
     `wg2_writer_lse`, bench/gluon_backward_probe.py: 1.00-1.08x cuDNN's backward on the H200),
     and `dq_writers` dQ writer warps (`bwd_dq_writers`; by default two where the adds are in
     key-block order, one otherwise). A kernel walking block lists is scheduled only on these
-    tiles already (the runtime builds its lists for them: `planning.tile_config`)."""
+    tiles already (the runtime builds its lists for them: `CallPlanning.compile_key`)."""
 
     def __init__(self, options: WarpSpecializePass):
         self.options = options

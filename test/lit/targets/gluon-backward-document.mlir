@@ -23,7 +23,7 @@
 // CHECK:             for step in range(n_steps):
 // CHECK-NEXT:            start_m = next_start_m * BLOCK_N
 // CHECK-NEXT:            if step + 1 < n_steps:
-// CHECK-NEXT:                if (step + 1) < bound_1:
+// CHECK-NEXT:                if step + 1 < bound_1:
 // CHECK-NEXT:                    next_start_m = tl.load(full_q_blocks_base + (bound_1 - 1 - (step + 1)) * stride_full_q_blocks_d)
 // CHECK-NEXT:                else:
 // CHECK-NEXT:                    next_start_m = tl.load(partial_q_blocks_base + (n_steps - 1 - (step + 1)) * stride_partial_q_blocks_d)
@@ -40,9 +40,13 @@
 // CHECK:                     if rank > 0:
 // CHECK-NEXT:                    while gl.atomic_add(counter, 0, sem="acquire") != rank:
 // CHECK:                     gl.atomic_xchg(counter, rank + 1, sem="release")
-// The consumer points the documents at the batch and passes the step's index and count.
+// The consumer points the documents at the batch, reads each step's block at the step (its
+// wait for the step's data follows the load anyway) and passes the step's index and count.
 // CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
 // CHECK:         doc_ids_base = doc_ids_ptr + batch * stride_doc_ids_b
+// CHECK:             for step in range(n_steps):
+// CHECK-NEXT:            if step < bound_1:
+// CHECK-NEXT:                start_m = tl.load(full_q_blocks_base + (bound_1 - 1 - step) * stride_full_q_blocks_d)
 // CHECK:         probs = attention_bwd_dkdv_dq_probs(scores, lse_log2, start_m, step, n_start, bound_1, sm_scale, n_q, n_k, doc_ids_base, stride_doc_ids_n, BLOCK_M, BLOCK_N, S_LAYOUT)
 // The entry counts the steps: every entry of every head's lists.
 // CHECK-LABEL: def attention_bwd_dkdv_dq(

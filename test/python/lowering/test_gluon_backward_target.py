@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import textwrap
 
 import pytest
 import torch
@@ -535,47 +536,79 @@ def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     assert ("lse_desc" in runtime) == ("lse" in info.roles) == softmax
 
 
-def test_the_listed_walk_takes_every_entry_of_every_heads_lists_once_from_the_last_down():
-    """The printed walk of a listed backward (`GluonBackwardEmitter.walk`, what the loader, the
-    consumer and the writers each run), executed as Python over lists in a flat memory: every
-    head of the group in turn, its full list's entries from the last down, then its partial
-    list's, each step's block and rank read from the same entry (a step ahead), `it` counting
-    every step; and the entry kernel's count of steps (`head_lists(counts_only)`) is the same."""
+@pytest.mark.parametrize("ahead", [True, False], ids=["ahead", "at-the-step"])
+def test_the_listed_walk_takes_every_entry_of_every_heads_lists_once_from_the_last_down(ahead):
+    """The printed walk of a listed backward (`GluonBackwardEmitter.walk`: the loader and the
+    writers read each step's entries a step ahead, the consumer at the step), executed as
+    Python over lists in a flat memory where only the counted entries (and the counts) of the
+    program's key block may be read: every head of the group in turn, its full list's entries
+    from the last down, then its partial list's, each step's block and rank from the same
+    entry, `it` counting every step; the entry kernel's count of steps is the same. The
+    printed kernel's partitions run exactly these walks."""
     from types import SimpleNamespace
 
     from attnfuse.lowering.gluon_backward import GluonBackwardEmitter
 
     kernel = backward_kernel(af.attention(af.document(), af.causal()), 128, "ordered", config=LISTED_TILES)
     emitter = GluonBackwardEmitter(kernel)
-    group, entries, block_n = 4, 6, 64
-    counts = {"full": [3, 0, 0, 2], "partial": [2, 1, 0, 0]}
+    group, entries, key_blocks, block_id, block_n = 4, 6, 3, 1, 64
+    counts = {"full": [3, 0, 0, 2], "partial": [2, 1, 0, 0]}  # key block 1's; the others' all full
     memory: list[int] = []
-    scope: dict[str, object] = {"batch": 0, "kv_head": 0, "group_size": group, "block_id": 0, "BLOCK_N": block_n}
+    readable: set[int] = set()
+    scope: dict[str, object] = {"batch": 0, "kv_head": 0, "group_size": group, "block_id": block_id,
+                                "BLOCK_N": block_n}
     for kind in ("full", "partial"):
+        role = f"{kind}_q_count"
+        scope[f"{role}_ptr"] = len(memory)
+        scope.update({f"stride_{role}_b": group * key_blocks, f"stride_{role}_h": key_blocks, f"stride_{role}_n": 1})
+        for h in range(group):
+            for b in range(key_blocks):
+                readable |= {len(memory)} if b == block_id else set()
+                memory.append(counts[kind][h] if b == block_id else entries)
         for what in ("blocks", "rank"):
             role = f"{kind}_q_{what}"
             scope[f"{role}_ptr"] = len(memory)
-            scope.update({f"stride_{role}_b": group * entries, f"stride_{role}_h": entries,
+            scope.update({f"stride_{role}_b": group * key_blocks * entries, f"stride_{role}_h": key_blocks * entries,
                           f"stride_{role}_n": entries, f"stride_{role}_d": 1})
-            # Entry e of head h: block 10 h + e (full) or 50 + 10 h + e (partial); ranks 100 more.
-            memory += [(0 if kind == "full" else 50) + (100 if what == "rank" else 0) + 10 * h + e
-                       for h in range(group) for e in range(entries)]
-        role = f"{kind}_q_count"
-        scope[f"{role}_ptr"] = len(memory)
-        scope.update({f"stride_{role}_b": group, f"stride_{role}_h": 1, f"stride_{role}_n": 1})
-        memory += counts[kind]
-    scope["tl"] = SimpleNamespace(load=lambda address: memory[address])
+            # Entry e of head h, key block b: 1000 b + 10 h + e (full) or + 50 (partial); ranks + 100.
+            for h in range(group):
+                for b in range(key_blocks):
+                    for e in range(entries):
+                        if b == block_id and e < counts[kind][h]:
+                            readable.add(len(memory))
+                        memory.append(1000 * b + (0 if kind == "full" else 50) + (100 if what == "rank" else 0)
+                                      + 10 * h + e)
+
+    def load(address):
+        assert address in readable, f"read outside the program's counted entries: {address}"
+        return memory[address]
+
+    scope["tl"] = SimpleNamespace(load=load)
     scope["visits"] = visits = []
-    lines = emitter.walk(["visits.append((it, head, start_m, rank))"], ranked=True)
-    exec("\n".join(lines), scope)  # noqa: S102 - the printer's own output
+    body = ["visits.append((it, head, start_m, rank))"]
+    walk = emitter.walk(body, ranked=True, ahead=ahead)
+    exec("\n".join(walk), scope)  # noqa: S102 - the printer's own output
     want = []
     for h in range(group):
-        want += [(h, (10 * h + e) * block_n, 100 + 10 * h + e) for e in reversed(range(counts["full"][h]))]
-        want += [(h, (50 + 10 * h + e) * block_n, 150 + 10 * h + e) for e in reversed(range(counts["partial"][h]))]
+        for kind, offset in (("full", 0), ("partial", 50)):
+            want += [(h, (1000 * block_id + offset + 10 * h + e) * block_n, 1100 + offset + 10 * h + e)
+                     for e in reversed(range(counts[kind][h]))]
     assert visits == [(i, *v) for i, v in enumerate(want)]
-    total = 0
-    for h in range(group):
-        counted = dict(scope, head=h)
-        exec("\n".join(emitter.head_lists(counts_only=True)), counted)  # noqa: S102
-        total += counted["n_steps"]
-    assert total == len(want)
+    # The printed partitions walk this way: the loader and the writers ahead (the writers
+    # ranked), the consumer at the step; the entry kernel counts the same steps.
+    source = emit_gluon_kernel(kernel).source
+
+    def function(name):
+        return source.split(f"def {name}(", 1)[1].split("@gluon.jit", 1)[0]
+
+    def printed(lines, indent):
+        return "\n".join(" " * indent + line for line in lines[:lines.index("    for step in range(n_steps):") + 1])
+
+    name = kernel.sym_name.data
+    assert printed(emitter.walk([], ranked=False, ahead=True), 4) in function(f"{name}_load")
+    assert printed(emitter.walk([], ranked=True, ahead=True), 4) in function(f"{name}_dq_write")
+    assert printed(emitter.walk([], ranked=False, ahead=False), 4) in function(f"{name}_consume")
+    entry = function(name).split("total = 0\n", 1)[1].split("# Buffers", 1)[0]
+    counted = dict(scope, total=0)
+    exec(textwrap.dedent(entry), counted)  # noqa: S102
+    assert counted["total"] == len(want)

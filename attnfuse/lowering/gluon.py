@@ -143,34 +143,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         and `keys` are its slices; `head` is the tile's)."""
         self.emit(f"{self.namer.define(result)} = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT) + {index}")
 
-    # -- documents ---------------------------------------------------------------------------
-
-    def document_roles(self) -> list[str]:
-        """The document filter's ids (`doc_ids`), where the kernel has one."""
-        return [role for role in self.roles if tile.role_kind(role) == "doc_ids"]
-
-    def document_params(self) -> list[str]:
-        """What `tile.document_mask` reads in the step: the ids of this tile's sequence (its
-        base, which the consumer points at the batch) and their stride."""
-        return [name for role in self.document_roles() for name in (f"{role}_base", f"stride_{role}_n")]
-
-    def document_bases(self, indent: str) -> list[str]:
-        """The consumer's `{doc_ids}_base`, this tile's sequence of ids (nothing without one)."""
-        return [f"{indent}{self.base_line(role)}" for role in self.document_roles()]
-
     # -- block lists -------------------------------------------------------------------------
-
-    @property
-    def listed(self) -> bool:
-        """Whether the key loops walk block lists (`tile.sparse_kv_loop`): the steps take their
-        blocks from the lists, and a step's loop is told by its index, not its first key."""
-        return self.parts.listed
-
-    @property
-    def STEP_START(self) -> str:  # noqa: N802 (MaskedLoopSteps' name)
-        """What tells a step's loop: its first key in a key range, its index over lists (the
-        full blocks' entries first, then the partial ones': `bound_1` is the first list's count)."""
-        return "step" if self.listed else "start_n"
 
     def list_roles(self) -> list[str]:
         """The block lists the loops walk, in order."""
@@ -462,7 +435,7 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "q_tile = tile_2d(q_smem)",
             "dtype: gl.constexpr = q_smem.dtype",
             "row_start = q_start + WG * ROWS",
-            *self.document_bases(""),
+            *self.document_bases(),
             *self.state_init(""),
             "acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)",
             "s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)",

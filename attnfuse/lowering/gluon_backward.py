@@ -82,6 +82,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     functions, the loader, the dQ writer, the consumer and the entry kernel."""
 
     DESCRIPTOR_ROLES = DESCRIPTOR_ROLES
+    RANGE_START = "start_m"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -267,25 +268,13 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
 
     # -- block lists -------------------------------------------------------------------------
 
-    @property
-    def listed(self) -> bool:
-        """Whether the query loops walk block lists (`tile.sparse_q_loop`: documents, block
-        sparsity): every partition then walks, head by head of the group, the entries of the
-        program's lists (the full blocks' first), and a step's loop is told by its index."""
-        return self.parts.listed
-
-    @property
-    def STEP_START(self) -> str:  # noqa: N802 (MaskedLoopSteps' name)
-        """What tells a step's loop: its first query in a range, its index over the lists
-        (`bound_1`, the first list's count for the step's head, where there are two)."""
-        return "step" if self.listed else "start_m"
-
     def list_roles(self) -> list[str]:
         """Every list the loops walk, with its count and (ordered adds) ranks, loop by loop."""
         return [role for loop in self.loops for role in loop.list_roles]
 
     def list_pointer_params(self) -> list[str]:
-        """The lists' pointers and strides (what the loader and the writers walk)."""
+        """The lists' pointers and strides (what the loader and the writers walk; none for a
+        range)."""
         return [name for role in self.list_roles() for name in (f"{role}_ptr", *self.strides(role))]
 
     def walk_params(self, annotated: bool = True) -> list[str]:
@@ -371,19 +360,6 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                 *["            " + line for line in self.list_entry(ahead_entries, "step + 1")],
                 *["        " + line for line in body],
                 "        it += 1"]
-
-    def document_roles(self) -> list[str]:
-        """The document filter's ids (`doc_ids`), where the steps test documents."""
-        return [role for role in self.roles if tile.role_kind(role) == "doc_ids"]
-
-    def document_params(self) -> list[str]:
-        """What `tile.document_mask` reads in a step: the ids of the program's sequence (the
-        consumer points their base at the batch) and their stride."""
-        return [name for role in self.document_roles() for name in (f"{role}_base", f"stride_{role}_n")]
-
-    def document_bases(self) -> list[str]:
-        """The consumer's `{doc_ids}_base`, the program's sequence of ids (nothing without one)."""
-        return [self.base_line(role) for role in self.document_roles()]
 
     def range_bounds(self) -> list[str]:
         """The loops' bounds the consumer takes from the entry: a range's (`bound_i`); a listed
@@ -484,10 +460,9 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
     def load_args(self, annotated: bool = False) -> list[str]:
         """The loader partition's parameters (its arguments, with the entry's names)."""
         constexpr = ": gl.constexpr" if annotated else ""
-        lists = self.list_pointer_params() if self.listed else []
         return ["q_desc", "k_desc", "v_desc", "do_desc", *self.row_names("_desc"), "k_smem", "v_smem", "q_bufs",
                 "do_bufs", *self.row_names("_bufs"), "kv_bar", "ready", "empty", "batch", "kv_head", "n_start",
-                *self.walk_params(annotated), *lists, "total", "n_q",
+                *self.walk_params(annotated), *self.list_pointer_params(), "total", "n_q",
                 "num_heads", "group_size", f"BLOCK_N{constexpr}", f"STAGES{constexpr}"]
 
     def dq_writer(self) -> list[str]:
@@ -534,7 +509,6 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             "mbarrier.arrive(dq_empty.index(b), count=1)",
         ]
         if ordered:
-            turn = "rank" if self.listed else "block_id"
             step += ["tma_writes_wait()  # the reduce's writes are done before the release publishes them",
                      f'gl.atomic_xchg(counter, {turn} + 1, sem="release")  # the next visitor adds next']
         if self.listed:
@@ -548,9 +522,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             body = head + [*self.STEP_INIT, "if WRITER > 0:", *["    " + line for line in self.STEP_NEXT],
                            f"for it in range(WRITER, total, {writers}):", *["    " + line for line in step],
                            *["    " + line for _ in range(writers) for line in self.STEP_NEXT]]
-        lists = self.list_pointer_params() if self.listed else []
         params = ", ".join(["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", *self.walk_params(),
-                            *lists, "total", "group_size", *self.order_params(), "BLOCK_N: gl.constexpr",
+                            *self.list_pointer_params(), "total", "group_size", *self.order_params(), "BLOCK_N: gl.constexpr",
                             *(["WRITER: gl.constexpr"] if writers > 1 else [])])
         return self.function(f"def {self.name}_dq_write({params}):", ["    " + line for line in body])
 
@@ -768,7 +741,6 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         self.emit("    mbarrier.init(dq_empty.index(i), count=1)")
         bounds = [] if self.listed else [self.namer[loop.op.lower] for loop in self.loops[1:]]
         walk = self.walk_params(annotated=False)
-        lists = self.list_pointer_params() if self.listed else []
         consume_args = ["dk_desc", "dv_desc", *self.pointer_params(), "k_smem", "v_smem", "q_bufs", "do_bufs",
                         *self.row_names("_bufs"), "ds_smem", "dq_bufs", "kv_bar", "ready", "empty", "dq_full",
                         "dq_empty", "batch", "kv_head", *walk, "total", "group_size",
@@ -776,8 +748,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                         "BLOCK_M", "BLOCK_N", "HEAD_DIM", "STAGES", "num_warps",
                         *(["ROT_HALF", "BLOCK_HALF"] if self.splits_dk else [])]
         load_args = self.load_args()
-        write_args = ["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", *walk, *lists,
-                      "total", "group_size", *self.order_params(), "BLOCK_N"]
+        write_args = ["dq_acc_desc", "dq_bufs", "dq_full", "dq_empty", "batch", "kv_head", *walk,
+                      *self.list_pointer_params(), "total", "group_size", *self.order_params(), "BLOCK_N"]
         # Gluon takes the partitions as a literal list (a tuple built beforehand loses its
         # items' constexpr-ness): the consumer (the kernel's own warps), the loader, the writer.
         self.emit("gl.warp_specialize([")

@@ -10,6 +10,8 @@ the forward and three consumers' 160 registers spilled; the merged form spills n
 
 from __future__ import annotations
 
+from attnfuse.dialects import tile
+
 
 Pieces = list[tuple[bool, list[str]]]
 """One loop's ops as printed, op by op: (is a mask, its lines at indent 0)."""
@@ -49,6 +51,19 @@ class GluonFunctions:
         """`bound_i`, the lower bound of loop i, for every loop after the first."""
         return [f"bound_{i}" for i in range(1, len(self.loops))]  # type: ignore[attr-defined]
 
+    def document_roles(self) -> list[str]:
+        """The document filter's ids (`doc_ids`), where the kernel has one."""
+        return [role for role in self.roles if tile.role_kind(role) == "doc_ids"]  # type: ignore[attr-defined]
+
+    def document_params(self) -> list[str]:
+        """What `tile.document_mask` reads in a step: the ids of the program's sequence (its
+        base, which the consumer points at the batch) and their stride."""
+        return [name for role in self.document_roles() for name in (f"{role}_base", f"stride_{role}_n")]
+
+    def document_bases(self) -> list[str]:
+        """The consumer's `{doc_ids}_base`, its sequence of ids (nothing without one)."""
+        return [self.base_line(role) for role in self.document_roles()]  # type: ignore[attr-defined]
+
     @staticmethod
     def function(header: str, body: list[str]) -> list[str]:
         return ["@gluon.jit", header] + body
@@ -56,10 +71,23 @@ class GluonFunctions:
 
 class MaskedLoopSteps:
     """Mixin of `KernelEmitter`s that print one step function for a kernel's consecutive
-    loops (`self.loops`, each with the loop op as `.op`); `STEP_START` names the variable
-    holding the block's first row (`start_n` over keys, `start_m` over queries)."""
+    loops (`self.loops`, each with the loop op as `.op`; `self.parts.listed` where they walk
+    block lists); `RANGE_START` names the variable holding a range step's first row (`start_n`
+    over keys, `start_m` over queries)."""
 
-    STEP_START = "start_n"
+    RANGE_START = "start_n"
+
+    @property
+    def listed(self) -> bool:
+        """Whether the loops walk block lists (documents, block sparsity): a step's loop is
+        then told by its index over the lists (the full blocks' entries first, `bound_1` the
+        first list's count), not by its first row."""
+        return self.parts.listed  # type: ignore[attr-defined]
+
+    @property
+    def STEP_START(self) -> str:  # noqa: N802 (a name the printed tests read like a constant)
+        """What tells a step's loop: its first row in a range, its index over lists."""
+        return "step" if self.listed else self.RANGE_START
 
     def pieces_per_loop(self, pieces_of):
         """`pieces_of(loop)` for each loop, every loop printed with the same free names (so

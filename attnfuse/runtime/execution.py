@@ -146,7 +146,7 @@ class KernelExecution:
         usable (one launch, not a GPU) or a pre-rotation kernel is among them, whose copy `_run`
         allocates between the launches, or a launch that allocates on every call
         (`GluonBackwardLaunch.allocates`)."""
-        if any(rotated is not None or getattr(launch, "allocates", False) for launch, rotated, _dtype in schedule):
+        if any(rotated is not None or launch.allocates for launch, rotated, _dtype in schedule):
             return None
         roles = {role for launch, _rotated, _dtype in schedule
                  for role in (*launch.info.roles, *getattr(launch, "keyed_roles", ()))}

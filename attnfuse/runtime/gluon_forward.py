@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from functools import cache, cached_property
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from xdsl.dialects.builtin import ModuleOp
@@ -443,6 +443,10 @@ class GluonLaunch:
     sm_scale: float
     operands: tuple[str, str, str, str]
     """The roles read and written through descriptors: q (or q_rot), k (or k_rot), v, o."""
+
+    allocates: ClassVar[bool] = False
+    """As `KernelLaunch.allocates`: only a call a descriptor cannot cover copies its inputs,
+    which the launch graph's capture sees and drops."""
 
     @property
     def info(self):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import triton
@@ -101,6 +101,11 @@ class KernelLaunch:
     stages: list[int]
     """The pipelining depth launched with: the kernel's `num_stages`, lowered by `__call__`
     if it does not fit (a one-element list, so that the frozen launch can update it)."""
+
+    allocates: ClassVar[bool] = False
+    """Whether every call of the launch allocates (none of the portable kernels does; see
+    `GluonBackwardLaunch.allocates`): a schedule with such a launch gets no launch graph
+    (`KernelExecution._graphs`)."""
 
     runners: dict[tuple, Callable[[list[object]], bool]] = field(
         default_factory=dict, repr=False, compare=False)

@@ -227,7 +227,7 @@ def test_schedules_key_every_role_their_launches_read(cuda_stand_ins):
     from attnfuse.runtime.execution import KernelExecution
 
     def launch(roles, keyed=()):
-        fake = SimpleNamespace(info=SimpleNamespace(roles=roles))
+        fake = SimpleNamespace(info=SimpleNamespace(roles=roles), allocates=False)  # as KernelLaunch
         if keyed:
             fake.keyed_roles = keyed
         return fake

@@ -32,3 +32,19 @@ tile.kernel @k_ordered(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_o
 }
 // CHECK-LABEL: tile.kernel @k_ordered(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !tile.tensor<dq_order>)
 // CHECK:       tile.store_add %p, %dq_acc[loop, all] in_order %dq_order : !tile.tile<n x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<dq_order>
+
+// tile.store_add in key-block order in a loop over a block list: the loop's `ranks` clause
+// (each entry's turn at its query block) and its type, beside the list, before `masked`.
+tile.kernel @k_ordered_listed(%k: !tile.tensor<k>, %dq_acc: !tile.tensor<dq_acc>, %dq_order: !tile.tensor<dq_order>, %pqb: !tile.tensor<partial_q_blocks>, %pqc: !tile.tensor<partial_q_count>, %pqr: !tile.tensor<partial_q_rank>) attributes {grid = #tile<grid key_blocks>, element_type = f16, block_m = 64 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, head_dim = 64 : i64, head_dim_v = 64 : i64} {
+  %a = tile.zeros : !tile.tile<m x d x f32>
+  %r = tile.sparse_q_loop %pqb, %pqc ranks %pqr : !tile.tensor<partial_q_rank> masked iter_args(%a) : !tile.tensor<partial_q_blocks>, !tile.tensor<partial_q_count>, !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+  ^bb0(%a0: !tile.tile<m x d x f32>):
+    %p = tile.zeros : !tile.tile<n x d x f32>
+    tile.store_add %p, %dq_acc[loop, all] in_order %dq_order : !tile.tile<n x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<dq_order>
+    tile.yield %a0 : !tile.tile<m x d x f32>
+  }
+  tile.return
+}
+// CHECK-LABEL: tile.kernel @k_ordered_listed(
+// CHECK:       %r = tile.sparse_q_loop %pqb, %pqc ranks %pqr : !tile.tensor<partial_q_rank> masked iter_args(%a) : !tile.tensor<partial_q_blocks>, !tile.tensor<partial_q_count>, !tile.tile<m x d x f32> -> !tile.tile<m x d x f32> {
+// CHECK:         tile.store_add %p, %dq_acc[loop, all] in_order %dq_order : !tile.tile<n x d x f32> -> !tile.tensor<dq_acc>, !tile.tensor<dq_order>

@@ -122,15 +122,12 @@ Smaller calls are not measured and keep the split."""
 
 
 GLUON_LISTED_MIN_WORK: dict[int, int] = {}
-"""The same under block lists (documents, block sparsity): none yet, so `auto` keeps the split
-backward for listed calls and `ATTNFUSE_BACKWARD_TARGET=gluon` takes the Gluon one. On an H100
-(bench/results/20261205T234734Z- and 234758Z-document.md, `python3 bench/document.py --geometry
-llama --modes fwdbwd`, deterministic), packs of 3 and 7 documents, fwd+bwd ms, the Gluon
-backward (walking its lists upward) against the split: causal 8192 2.522 / 2.019, 16384
-4.889 / 3.882; bidirectional 8192 4.239 / 4.108, 16384 8.083 / 7.129. The lists are now
-walked downward (as the range walk, so that under causal the key blocks reach each query
-block together), which has not been timed yet; a table entry goes here when a run shows a
-size where the Gluon backward wins."""
+"""The same under block lists (documents, block sparsity): none, so `auto` keeps the split
+backward for listed calls and `ATTNFUSE_BACKWARD_TARGET=gluon` takes the Gluon one. The one
+timing so far was of an earlier form of the kernel (lists walked upward), 3-26% slower than the
+split in the document step at the Llama heads (bench/results/20261205T2345Z-gpu-session45-h100.md);
+the kernel as it is has not been timed (`bash bench/gpu_session.sh listed-backward`). An entry
+goes here from a run where the Gluon backward wins."""
 
 
 def backward_target() -> str:

@@ -162,16 +162,20 @@ def call_block_lists(
     config: Any,
     backward: bool,
     ranks: bool = False,
+    dq_lists: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """The lists the forward kernel (or, with `backward`, the dQ and dK/dV kernels; with
-    `ranks`, the query lists' ranks too, for an ordered fused backward) of a call with tile
-    configuration `config` (a `TileConfig`) read."""
+    """The lists the forward kernel (or, with `backward`, the dQ and dK/dV kernels) of a call
+    with tile configuration `config` (a `TileConfig`) read. A fused backward has no dQ kernel
+    (`dq_lists` false: none of its lists are built) and, with its adds in key-block order,
+    reads the query lists' ranks (`ranks`)."""
     if not backward:
         visit, full = filter_tiles(sources, problem, config.block_m, config.block_n)
         return block_lists(visit, full, band, problem, config.block_m, config.block_n)
-    bm, bn, _warps, _stages = config.backward()
-    visit, full = filter_tiles(sources, problem, bm, bn)
-    lists = block_lists(visit, full, band, problem, bm, bn)
+    lists = {}
+    if dq_lists:
+        bm, bn, _warps, _stages = config.backward()
+        visit, full = filter_tiles(sources, problem, bm, bn)
+        lists = block_lists(visit, full, band, problem, bm, bn)
     kv_bm, kv_bn, _warps, _stages = config.dkdv()
     # dK/dV programs own kv_bm keys and step over kv_bn queries.
     visit, full = filter_tiles(sources, problem, kv_bn, kv_bm)

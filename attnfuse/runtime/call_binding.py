@@ -43,15 +43,18 @@ class CallBinding:
         """The block lists the forward (or the backward) kernels read for the call's listed
         filters (a block layout, document ids), built once per plan and state of the caller's
         tensors (`TensorCache`, keyed by the first; a second filter's tensor is part of what
-        is looked up, and checked to be the same object). A backward adding dQ in key-block
-        order gets its query lists' ranks too."""
+        is looked up, and checked to be the same object). A backward gets what its kernels
+        read: a dQ kernel's lists (none in a fused backward), and the query lists' ranks where
+        dQ is added in key-block order."""
         assert plan.config is not None
         first, others = sources[0].given, tuple(source.given for source in sources[1:])
         ranks = backward and (plan.backward_reads("full_q_rank") or plan.backward_reads("partial_q_rank"))
-        what = (backward, ranks, tuple((id(t), tensor_state(t)) for t in others))
+        dq_lists = backward and (plan.backward_reads("full_blocks") or plan.backward_reads("partial_blocks"))
+        what = (backward, ranks, dq_lists, tuple((id(t), tensor_state(t)) for t in others))
 
         def build() -> tuple[tuple, dict[str, torch.Tensor]]:
-            lists = call_block_lists(sources, self.variant.band, plan.problem, plan.config, backward, ranks)
+            lists = call_block_lists(sources, self.variant.band, plan.problem, plan.config, backward, ranks,
+                                     dq_lists)
             return tuple(weakref.ref(t) for t in others), lists
 
         refs, lists = plan.layouts.get(first, what, build, _checked_by_caller)

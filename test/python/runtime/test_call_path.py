@@ -31,10 +31,10 @@ def builds(monkeypatch):
     counts = {"sparse": 0, "transposed": 0}
     build = call_binding.call_block_lists
 
-    def count(sources, band, problem, config, backward, ranks=False):
+    def count(sources, band, problem, config, backward, ranks=False, dq_lists=True):
         counts["sparse"] += 1
         counts["transposed"] += int(backward)
-        return build(sources, band, problem, config, backward, ranks)
+        return build(sources, band, problem, config, backward, ranks, dq_lists)
 
     monkeypatch.setattr(call_binding, "call_block_lists", count)
     return counts
@@ -84,6 +84,34 @@ def test_training_step_builds_lists_once_per_layout(builds, no_launches):
         fn(q, k, v, block_layout=layout).sum().backward()
     # Once for the forward, once for the backward's dQ lists, once for its dK/dV lists.
     assert builds == {"sparse": 2, "transposed": 1}
+
+
+@pytest.mark.parametrize("request_", ["separate", "ordered", "fused"])
+def test_a_backward_gets_the_lists_its_kernels_read(request_, monkeypatch, no_launches):
+    """The split backward's dQ kernel walks query-block lists, a fused backward has no dQ
+    kernel (none are built for it); its dK/dV kernel walks the transposed lists, with each
+    entry's rank where dQ is added in key-block order."""
+    from attnfuse.runtime.backward_choice import BACKWARD_ENV
+
+    monkeypatch.setenv(BACKWARD_ENV, request_)
+    built: list[set[str]] = []
+    build = call_binding.call_block_lists
+
+    def record(*args):
+        lists = build(*args)
+        built.append(set(lists))
+        return lists
+
+    monkeypatch.setattr(call_binding, "call_block_lists", record)
+    fn = af.compile(af.attention(af.block_sparse(16)), deterministic=request_ != "fused")
+    q, k, v = tiny(requires_grad=True)
+    (layout,) = layouts(1)
+    fn(q, k, v, block_layout=layout).sum().backward()
+    forward, backward = built
+    assert forward == {"full_blocks", "full_count", "partial_blocks", "partial_count"}
+    transposed = {f"{kind}_q_{what}" for kind in ("full", "partial") for what in ("blocks", "count")}
+    ranks = {"full_q_rank", "partial_q_rank"} if request_ == "ordered" else set()
+    assert backward == (forward if request_ == "separate" else set()) | transposed | ranks
 
 
 def test_layers_alternating_layouts_do_not_thrash(builds, no_launches):

@@ -46,7 +46,8 @@ class BackwardEmitter(EmitterCore):
     def ranked(op: tile.StoreAddOp) -> bool:
         """Whether the add's turn comes from its loop's ranks (a `tile.sparse_q_loop`'s): the
         counter then counts the adds made, else it holds the key block that adds next."""
-        return getattr(op.parent_op(), "ranks", None) is not None
+        loop = op.parent_op()
+        return isinstance(loop, tile.SparseQLoopOp) and loop.ranks is not None
 
     def order_turn(self, op: tile.StoreAddOp) -> str:
         """What the counter holds when this step's turn comes: the entry's rank (block lists),

@@ -224,7 +224,7 @@ class LoopEmitter(EmitterCore):
         count_name = self.namer.fresh(f"{count}")
         start = "start_m" if over == "query" else "start_n"
         first = [f"{start} = tl.load({blocks}_base + entry * stride_{blocks}_d) * BLOCK_N"]
-        ranks = getattr(op, "ranks", None)
+        ranks = op.ranks if isinstance(op, tile.SparseQLoopOp) else None
         if ranks is not None:
             role = self.role_of(ranks)
             first.append(f"rank = tl.load({role}_base + entry * stride_{role}_d)  # this key block's turn at the query block")

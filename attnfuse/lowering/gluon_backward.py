@@ -676,22 +676,36 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                        if isinstance(op, tile.RotateOp) and op.given_positions is not None})
 
     def emit_split_halves(self, op: tile.SplitOp) -> None:
-        """`tile.split` of a full-width tile into the halves of the rotary pairs: through the
-        dQ staging buffers (f32, BLOCK_M rows in all), whose reduces are done by then."""
+        """`tile.split` of a full-width tile into the two elements of every rotary pair: through
+        the dQ staging buffers (f32, BLOCK_M rows in all), whose reduces are done by then. The
+        halves (`half`) are column slices of the stored tile; even and odd dims (`interleaved`)
+        are split in registers from a load of whole pairs."""
         value = self.namer[op.input]
         lo, hi = self.namer.define(op.lo), self.namer.define(op.hi)
-        self.emit("# tile.split: full width into the halves of the rotary pairs, through shared memory")
+        interleaved = op.pairs.data == "interleaved"
+        what = "even and odd dims" if interleaved else "the halves of the rotary pairs"
+        self.emit(f"# tile.split: full width into {what}, through shared memory")
         self.emit("# The writer's last reduce from each buffer is done: the k-th release of buffer b")
         self.emit("# completes phase k - 1 of its barrier; a buffer never used waits on nothing.")
         for b in range(DQ_BUFFERS):
             self.emit(f"mbarrier.wait(dq_empty.index({b}), ((total - {b} + {DQ_BUFFERS - 1}) // {DQ_BUFFERS} - 1) & 1)")
         # The two [BLOCK_N, HEAD_DIM] f32 staging buffers hold BLOCK_M rows of f32 (asserted
-        # where the schedule is set); unswizzled, so that column halves are plain slices.
+        # where the schedule is set); unswizzled, so that a view's elements are where the
+        # tile's row-major order puts them.
         self.emit("halves = reinterpret_shared(dq_bufs, gl.float32, [BLOCK_M, HEAD_DIM], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))")
         self.emit(f"halves.store({value})")
         self.emit("thread_barrier()")
-        self.emit(f"{lo} = halves.slice(0, ROT_HALF, dim=1).load(EPI_LAYOUT)")
-        self.emit(f"{hi} = halves.slice(ROT_HALF, ROT_HALF, dim=1).load(EPI_LAYOUT)")
+        if interleaved:
+            # Each thread loads EPI_LAYOUT's columns of both elements of its pairs (8 adjacent
+            # dims where EPI_LAYOUT holds 4), so splitting the pairs leaves every element where
+            # EPI_LAYOUT has it: the layout change moves no data (asserted).
+            self.emit("pairs = halves.load(gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0]))")
+            self.emit(f"{lo}, {hi} = gl.split(gl.reshape(pairs, [BLOCK_M, ROT_HALF, 2]))")
+            self.emit(f"{lo} = gl.convert_layout({lo}, EPI_LAYOUT, assert_trivial=True)")
+            self.emit(f"{hi} = gl.convert_layout({hi}, EPI_LAYOUT, assert_trivial=True)")
+        else:
+            self.emit(f"{lo} = halves.slice(0, ROT_HALF, dim=1).load(EPI_LAYOUT)")
+            self.emit(f"{hi} = halves.slice(ROT_HALF, ROT_HALF, dim=1).load(EPI_LAYOUT)")
 
     # -- the entry ---------------------------------------------------------------------------
 

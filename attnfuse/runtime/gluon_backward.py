@@ -142,8 +142,9 @@ def variant_fits(variant: Canonical) -> bool:
     """Whether the variant's fused backward has the shape `warp-specialize` schedules
     (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax,
     ReLU or sigmoid over elementwise score ops (no bias; block lists of documents, or of a
-    block layout whose blocks hold whole tiles of `GLUON_BACKWARD_TILES`) and RoPE, if any, by
-    halves of the full head dim (and not under ReLU, whose backward rotates in the kernel). A
+    block layout whose blocks hold whole tiles of `GLUON_BACKWARD_TILES`) and RoPE, if any, over
+    the full head dim, by halves or interleaved (and not under ReLU, whose backward rotates in
+    the kernel). A
     cheap filter before anything is lowered: what decides is the lowered kernel
     (`scheduled_backward`), which the runtime asks before it builds the fused backward for
     this target (`CompiledAttention.compile_key`)."""
@@ -152,7 +153,7 @@ def variant_fits(variant: Canonical) -> bool:
     if variant.block_size is not None and variant.block_size % max(GLUON_BACKWARD_TILES):
         return False
     rope = variant.rope
-    if rope is not None and (getattr(rope, "interleaved", None) is not None or variant.rotary_dim is not None):
+    if rope is not None and variant.rotary_dim is not None:
         return False
     if rope is not None and not variant.normalizer_semantics.smooth:
         # ReLU's derivative jumps at 0: its backward rotates in the kernel from the unrounded

@@ -1,10 +1,9 @@
 """The Gluon target's fused backward on a Hopper GPU (`lowering/gluon_backward.py`), against the
 float64 reference and against the portable split backward: every variant the schedule takes
-(dense, causal, a sliding window with ALiBi, soft-capping, RoPE by halves, a static scale, the
-pointwise normalizers ReLU and sigmoid),
-GQA, fp16/bf16, head dims 64 and 128, lengths that are not whole blocks and Nq != Nk, a
-model's [B, N, H, D] layout, an lse gradient, and the fallback for tensors a descriptor cannot
-cover. Skipped without CUDA, and without an sm_90 GPU."""
+(dense, causal, a sliding window with ALiBi, soft-capping, RoPE by halves and interleaved, a
+static scale, the pointwise normalizers ReLU and sigmoid), GQA, fp16/bf16, head dims 64 and
+128, lengths that are not whole blocks and Nq != Nk, a model's [B, N, H, D] layout, an lse
+gradient, and the fallback for tensors a descriptor cannot cover. Skipped without CUDA, and without an sm_90 GPU."""
 
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ SPECS = {
     "window-alibi": af.attention(af.sliding_window(300), af.alibi(), af.causal()),
     "softcap": af.attention(af.softcap(20.0), af.causal()),
     "rope-causal": af.attention(af.rope(), af.causal()),
+    "rope-interleaved-causal": af.attention(af.rope(interleaved=True), af.causal()),
     "static-scale": af.attention(af.scaled_dot_product(0.05)),
     "relu": af.attention(af.relu()),
     "sigmoid-causal": af.attention(af.sigmoid(), af.causal()),
@@ -142,7 +142,7 @@ def test_ordered_gluon_backward_matches_reference(name, d, dtype, hq, hkv, nq, n
     run_and_check(SPECS[name], q, k, v, monkeypatch, deterministic=True)
 
 
-@pytest.mark.parametrize("name", ["causal", "window-alibi", "rope-causal"])
+@pytest.mark.parametrize("name", ["causal", "window-alibi", "rope-causal", "rope-interleaved-causal"])
 def test_ordered_gluon_backward_is_bitwise_deterministic(name, monkeypatch):
     """Three backward calls at the Llama-3-8B heads give the same bits: the ordered adds make
     the sum's order fixed (the unordered kernel's dQ differs from run to run in its last bits)."""

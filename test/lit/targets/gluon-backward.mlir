@@ -100,6 +100,33 @@ attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
 
 // -----
 
+// Interleaved RoPE: dK's pairs are even and odd dims, loaded whole per thread from the staging
+// buffers and split in registers (a layout change that moves nothing); they are stored at even
+// and odd columns.
+// CHECK-LABEL: def attention_bwd_dkdv_dq_consume(
+// CHECK:         halves.store(dk_1)
+// CHECK-NEXT:    thread_barrier()
+// CHECK-NEXT:    pairs = halves.load(gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0]))
+// CHECK-NEXT:    dk_lo, dk_hi = gl.split(gl.reshape(pairs, [BLOCK_M, ROT_HALF, 2]))
+// CHECK-NEXT:    dk_lo = gl.convert_layout(dk_lo, EPI_LAYOUT, assert_trivial=True)
+// CHECK-NEXT:    dk_hi = gl.convert_layout(dk_hi, EPI_LAYOUT, assert_trivial=True)
+// CHECK-NOT:     halves.slice
+// CHECK:         tl.store(dk_base + rows[:, None] * stride_dk_n + (2 * cols_half)[None, :] * stride_dk_d, dk_even.to(dk_ptr.dtype.element_ty), mask=row_in_bounds[:, None])
+// CHECK:         tl.store(dk_base + rows[:, None] * stride_dk_n + (2 * cols_half + 1)[None, :] * stride_dk_d, dk_odd.to(dk_ptr.dtype.element_ty), mask=row_in_bounds[:, None])
+// CHECK-NOT:     tma_store(dk_desc
+// CHECK:         tma_store(dv_desc, [batch, kv_head, n_start, 0], v_smem)
+attn.variant @rope_interleaved_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64, interleaved} : !attn.query
+  %kr = attn.rope %k {theta = 1.000000e+04 : f64, interleaved} : !attn.key
+  %s = attn.scores %qr, %kr
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
 // RoPE at call-time positions (a Hugging Face model's position_ids): the consumer takes the
 // positions' pointers (the queries' are dQ's, in the finish kernel), and dK turns back at
 // each key row's given position, loaded in the epilogue from the program's batch.

@@ -43,14 +43,29 @@ attn.variant @rope_causal(%q : !attn.query, %k : !attn.key, %v : !attn.value) ->
 
 // -----
 
-// Interleaved RoPE: dK's pairs are not column halves, which the schedule takes from shared
-// memory as slices, so the kernel keeps the portable schedule.
+// Interleaved RoPE is scheduled too (the epilogue views dK's staged bytes as pairs); a
+// partial rotary width is not: its loops read q and k by parts.
 // CHECK:      tile.kernel @attention_bwd_dkdv_dq(
-// CHECK-NOT:  schedule
-// CHECK-SAME: {
+// CHECK-SAME: schedule = #tile<schedule warp_specialized>
 attn.variant @rope_interleaved(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64, interleaved} : !attn.query
   %kr = attn.rope %k {theta = 1.000000e+04 : f64, interleaved} : !attn.key
+  %s = attn.scores %qr, %kr
+  %m = attn.mask %s [#attn.causal]
+  %p = attn.softmax %m
+  %o = attn.pv %p, %v
+  attn.yield %o
+}
+
+// -----
+
+// CHECK:      tile.kernel @attention_bwd_dkdv_dq(
+// CHECK-SAME: rotary_dim = 64 : i64
+// CHECK-NOT:  schedule
+// CHECK-SAME: {
+attn.variant @rope_partial(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
+  %qr = attn.rope %q {theta = 1.000000e+04 : f64, rotary_dim = 64 : i64} : !attn.query
+  %kr = attn.rope %k {theta = 1.000000e+04 : f64, rotary_dim = 64 : i64} : !attn.key
   %s = attn.scores %qr, %kr
   %m = attn.mask %s [#attn.causal]
   %p = attn.softmax %m

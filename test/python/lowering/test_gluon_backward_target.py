@@ -59,6 +59,9 @@ def backward_kernel(spec, head_dim=128, bwd_dq="fused", explicit_positions=(Fals
     # RoPE at call-time positions (a Hugging Face model's position_ids): dK turned back at the
     # keys' given positions in the epilogue.
     ("rope-causal-positions", af.attention(af.rope(), af.causal()), 128, "ordered"),
+    # Interleaved RoPE: dK's even and odd dims read back from a permuted view of its staged bytes.
+    ("rope-interleaved-causal", af.attention(af.rope(interleaved=True), af.causal()), 128, "fused"),
+    ("rope-interleaved-ordered", af.attention(af.rope(interleaved=True), af.causal()), 64, "ordered"),
     # Block lists (documents, block sparsity): each partition walks the lists head by head;
     # ordered, the writers take their turns from the lists' ranks.
     ("document-causal-listed", af.attention(af.document(), af.causal()), 128, "ordered"),
@@ -194,7 +197,8 @@ def test_backward_target_is_checked(monkeypatch):
 @pytest.mark.parametrize("spec,fits", [
     (af.attention(af.causal()), True),
     (af.attention(af.rope(), af.causal()), True),
-    (af.attention(af.rope(interleaved=True), af.causal()), False),
+    (af.attention(af.rope(interleaved=True), af.causal()), True),
+    (af.attention(af.rope(rotary_dim=64), af.causal()), False),  # its loops read q and k by parts
     (af.attention(af.additive_bias()), False),
     (af.attention(af.relu()), True),
     (af.attention(af.sigmoid(), af.causal()), True),
@@ -212,15 +216,16 @@ def test_variants_the_schedule_takes(spec, fits):
     assert gluon_backward.variant_fits(variant) == fits
 
 
-def test_interleaved_rope_is_not_scheduled():
-    """A kernel the printer cannot print is not scheduled (dK's halves are column slices)."""
+def test_partial_rotary_width_is_not_scheduled():
+    """A kernel the printer cannot print is not scheduled: under a partial rotary width the
+    loops read q and k by parts (three products), where the schedule reads them whole."""
     key = CompileKey(128, 128, "bf16", TileConfig(64, 64, 4, 2), ("pre_rotated", "pre_rotated"),
                      bwd_rope="pre_rotated", bwd_dq="fused")
-    module = lower_spec(af.attention(af.rope(interleaved=True), af.causal()), key)
+    module = lower_spec(af.attention(af.rope(rotary_dim=64), af.causal()), key)
     WarpSpecializePass().apply(make_context(), module)
     kernel = next(op for op in module.ops if op.sym_name.data == "attention_bwd_dkdv_dq")
     assert kernel.schedule is None
-    with pytest.raises(GluonUnsupported, match="halves of the full head dim"):
+    with pytest.raises(GluonUnsupported, match="loaded whole"):
         emit_gluon_kernel(kernel)
 
 
@@ -273,18 +278,18 @@ def test_calls_the_schedule_cannot_take_keep_the_split(monkeypatch):
 def test_the_lowered_kernel_decides_not_the_prediction(monkeypatch):
     """On a (pretended) Hopper GPU where `variant_fits` predicts wrongly (patched to say yes
     to everything): `auto` builds the fused backward only where the lowered kernel is one the
-    Gluon target schedules, and keeps the split elsewhere (interleaved RoPE: dK's inverse
-    rotation by pairs, which the schedule has no place for)."""
+    Gluon target schedules, and keeps the split elsewhere (a partial rotary width: loops that
+    read q and k by parts, which the schedule has no place for)."""
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
     monkeypatch.setattr(gluon_backward, "variant_fits", lambda variant: True)
     monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
     p = problem(8192)
     causal = af.compile(af.attention(af.causal()), deterministic=False)
     assert causal.compile_key(p).bwd_dq == "fused"
-    interleaved = af.compile(af.attention(af.rope(interleaved=True), af.causal()), deterministic=False)
-    assert interleaved.compile_key(p).bwd_dq == "separate"
+    partial = af.compile(af.attention(af.rope(rotary_dim=64), af.causal()), deterministic=False)
+    assert partial.compile_key(p).bwd_dq == "separate"
     monkeypatch.setenv("ATTNFUSE_BACKWARD", "fused")
-    assert interleaved.compile_key(p).bwd_dq == "fused", "a forced fused backward is the user's choice"
+    assert partial.compile_key(p).bwd_dq == "fused", "a forced fused backward is the user's choice"
 
 
 def test_deterministic_calls_take_the_ordered_gluon_backward_from_the_measured_size(monkeypatch):

@@ -105,15 +105,18 @@ class KernelExecution:
             schedule = self._schedule(plan, tensors, kernels)
             entry = plan.schedules[key] = (schedule, self._graphs(plan, schedule))
         schedule, graphs = entry
-        if graphs is not None and graphs(tensors):
-            return
-        for launch, rotated, copy_dtype in schedule:
+        for _launch, rotated, copy_dtype in schedule:
             if rotated is not None:
                 # A pre-rotation kernel writes the rotated copy the attention kernels read, in
                 # the operand's memory order: a model's q is a [B, N, H, D] projection, and the
                 # output gradient comes back in that order too (the model's head merge), so the
-                # dK/dV kernel can share their offsets (SHARED_OFFSETS).
+                # dK/dV kernel can share their offsets (SHARED_OFFSETS). Allocated before any
+                # launch, so that a graph's key holds its address like any operand's (a loop's
+                # copies come back at the same addresses, as its activations do).
                 tensors[rotated] = empty_in_layout_of(tensors[rotated[0]], copy_dtype)
+        if graphs is not None and graphs(tensors):
+            return
+        for launch, _rotated, _copy_dtype in schedule:
             launch(tensors)
 
     @staticmethod
@@ -142,11 +145,11 @@ class KernelExecution:
     def _graphs(plan: CallPlan, schedule: tuple[tuple[KernelLaunch, str | None, torch.dtype], ...]
                 ) -> LaunchGraphs | None:
         """The CUDA graphs a schedule replays as (`launch_graphs`), keyed by every role its
-        launches read (a Gluon launch's own roles too), or None where `LaunchGraphs` finds none
-        usable (one launch, not a GPU) or a pre-rotation kernel is among them, whose copy `_run`
-        allocates between the launches, or a launch that allocates on every call
+        launches read or write (a Gluon launch's own roles too; a pre-rotation kernel's copy,
+        which `_run` allocates before the launches), or None where `LaunchGraphs` finds none
+        usable (one launch, not a GPU) or a launch allocates on every call
         (`GluonBackwardLaunch.allocates`)."""
-        if any(rotated is not None or launch.allocates for launch, rotated, _dtype in schedule):
+        if any(launch.allocates for launch, _rotated, _dtype in schedule):
             return None
         roles = {role for launch, _rotated, _dtype in schedule
                  for role in (*launch.info.roles, *getattr(launch, "keyed_roles", ()))}

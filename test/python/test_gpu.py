@@ -370,15 +370,18 @@ def test_direct_launches_equal_the_jit_launches_forward_and_training():
             assert (got.float() - want.float()).norm() <= 1e-3 * want.float().norm()
 
 
-@pytest.mark.parametrize("spec_name, n", [("causal", 128), ("causal", 1024), ("bias", 256)])
+@pytest.mark.parametrize("spec_name, n", [("causal", 128), ("causal", 1024), ("bias", 256), ("rope", 256)])
 def test_launch_graphs_replay_the_backward_bitwise(spec_name, n, monkeypatch):
     """Training steps whose backward launches replay as one CUDA graph (`launch_graphs`): the
     second step with the same tensors captures, later ones replay. New values written into
-    the same tensors between steps are read by the replay, and every step's gradients equal
-    those of direct launches bit for bit (the same kernels on the same memory)."""
+    the same tensors between steps are read by the replay, and every step's outputs and
+    gradients equal those of direct launches bit for bit (the same kernels on the same
+    memory). RoPE's forward replays its pre-rotation kernels with the attention kernel, the
+    rotated copies (saved for the backward) keyed by their addresses."""
     spec = {"causal": af.attention(af.causal()),
-            "bias": af.attention(af.additive_bias(), af.causal())}[spec_name]
-    fn = af.compile(spec)
+            "bias": af.attention(af.additive_bias(), af.causal()),
+            "rope": af.attention(af.rope(), af.causal())}[spec_name]
+    fn = af.compile(spec, rope_placement="pre_rotated") if spec_name == "rope" else af.compile(spec)
     q, k, v = (t.requires_grad_() for t in qkv(b=1, hq=8, hkv=2, nq=n, d=64, seed=n))
     # A bias that requires a gradient: its step has the preprocess and the dQ-bias kernel.
     extra = ({"bias": torch.randn(1, 8, n, n, device="cuda", dtype=torch.float16).requires_grad_()}
@@ -391,7 +394,7 @@ def test_launch_graphs_replay_the_backward_bitwise(spec_name, n, monkeypatch):
     gen = torch.Generator(device="cuda").manual_seed(n)
     values = [[torch.randn(t.shape, generator=gen, device="cuda").to(t.dtype) for t in (q, k, v, grad)]
               for _step in range(5)]
-    copies = {mode: [[torch.empty_like(t) for t in leaves] for _step in range(5)] for mode in ("direct", "graphed")}
+    copies = {mode: [[torch.empty_like(t) for t in (q, *leaves)] for _step in range(5)] for mode in ("direct", "graphed")}
 
     def steps(mode: str) -> list[list[torch.Tensor]]:
         for step, (new, kept) in enumerate(zip(values, copies[mode])):
@@ -400,15 +403,22 @@ def test_launch_graphs_replay_the_backward_bitwise(spec_name, n, monkeypatch):
                     t.copy_(value)
             for t in leaves:
                 t.grad = None
-            fn(q, k, v, **extra).backward(grad)
-            for copy, t in zip(kept, leaves):
-                copy.copy_(t.grad)
+            out = fn(q, k, v, **extra)
+            out.backward(grad)
+            for copy, t in zip(kept, (out, *(leaf.grad for leaf in leaves))):
+                copy.copy_(t)
         return copies[mode]
 
     direct, graphed = direct_then_graphed(steps, monkeypatch)
     for seed, (want, got) in enumerate(zip(direct, graphed)):
-        for name, a, b in zip(("q", "k", "v", "bias"), want, got):
-            assert torch.equal(a, b), f"step {seed}: d{name} differs from the direct launches'"
+        for name, a, b in zip(("out", "dq", "dk", "dv", "dbias"), want, got):
+            assert torch.equal(a, b), f"step {seed}: {name} differs from the direct launches'"
+    if spec_name == "rope":
+        forward = [(schedule, graphs) for (kernels, *_given), (schedule, graphs) in fn.plan(q, k, v, training=True).schedules.items()
+                   if kernels == ("attention_fwd",)]
+        assert forward and all(any(rotated for _launch, rotated, _dtype in schedule) for schedule, _ in forward)
+        assert all(graphs is not None and graphs.graphs for _schedule, graphs in forward), \
+            "the forward replays with its pre-rotation kernels"
 
 
 def test_launch_graphs_drop_a_capture_that_allocates_and_keep_one_that_does_not():

@@ -219,9 +219,9 @@ def test_what_beginning_and_ending_a_capture_allocates_is_not_a_launchs(cuda_sta
 
 def test_schedules_key_every_role_their_launches_read(cuda_stand_ins):
     """`KernelExecution._graphs`: a graph per schedule of several launches, keyed by the union
-    of their roles and a Gluon launch's own (`keyed_roles`); none for one launch, for a
-    schedule with a pre-rotation kernel (its copy is allocated between the launches) or with a
-    launch that allocates on every call (a Gluon backward padding its rows)."""
+    of their roles and a Gluon launch's own (`keyed_roles`), a pre-rotation kernel's copy
+    among them; none for one launch, or with a launch that allocates on every call (a Gluon
+    backward padding its rows)."""
     from types import SimpleNamespace
 
     from attnfuse.runtime.execution import KernelExecution
@@ -241,8 +241,11 @@ def test_schedules_key_every_role_their_launches_read(cuda_stand_ins):
     for name in ("q", "k", "dq", "dk", "dq_acc"):
         assert graphs.key(dict(call, **{name: torch.empty(2, 3)})) != graphs.key(call), name
     assert KernelExecution._graphs(plan, schedule_[:1]) is None
-    rotating = ((launch(("q", "q_rot")), "q_rot", dtype), *schedule_)
-    assert KernelExecution._graphs(plan, rotating) is None
+    rotating = ((launch(("q", "q_rot", "rope_table")), "q_rot", dtype), *schedule_)
+    rotating_graphs = KernelExecution._graphs(plan, rotating)
+    call |= {"q_rot": torch.empty(2, 3), "rope_table": torch.empty(2, 3)}
+    assert rotating_graphs.key(dict(call, q_rot=torch.empty(2, 3))) != rotating_graphs.key(call), \
+        "the rotated copy's address is part of the key"
     padding = launch(("q", "dk"), keyed=("q", "dk", "dq_acc"))
     padding.allocates = True
     assert KernelExecution._graphs(plan, (schedule_[0], (padding, None, dtype))) is None
@@ -286,3 +289,36 @@ def test_the_setting_is_checked(monkeypatch):
     for value, enabled in ((" OFF ", False), ("0", False), ("false", False), ("on", True), ("1", True), ("", True)):
         monkeypatch.setenv(launch_graphs.LAUNCH_GRAPHS_ENV, value)
         assert launch_graphs._launch_graphs_setting() is enabled, value
+
+
+@pytest.mark.parametrize("replayed", [True, False], ids=["replayed", "direct"])
+def test_a_rotated_copy_is_allocated_before_the_graph_is_asked(replayed):
+    """`KernelExecution._run` allocates a pre-rotation kernel's copy before it asks the
+    schedule's graphs, so the graph's key holds the copy's address and a replay writes the
+    copy the call returns; launched directly, every launch sees the same copy."""
+    from types import SimpleNamespace
+
+    from attnfuse.runtime.execution import KernelExecution
+
+    seen: list[dict[str, torch.Tensor]] = []
+
+    class Launch:
+        def __init__(self, name):
+            self.info = SimpleNamespace(name=name)
+
+        def __call__(self, tensors):
+            seen.append(dict(tensors))
+
+    def graphs(tensors):
+        seen.append(dict(tensors))
+        return replayed
+
+    schedule = ((Launch("rotate_query"), "q_rot", torch.float16), (Launch("attention_fwd"), None, torch.float16))
+    kernels = ("attention_fwd",)
+    plan = SimpleNamespace(schedules={(kernels, False, False): (schedule, graphs)})
+    tensors = {"q": torch.randn(1, 2, 8, 4, dtype=torch.float16).transpose(1, 2)}
+    KernelExecution()._run(plan, tensors, kernels)
+    assert len(seen) == (1 if replayed else 3)
+    copy = seen[0]["q_rot"]
+    assert copy.shape == tensors["q"].shape and copy.stride() == tensors["q"].stride(), "in q's memory order"
+    assert all(call["q_rot"] is copy for call in seen) and tensors["q_rot"] is copy

@@ -65,6 +65,9 @@
 #   sparse-order      bench/block_sparse_tiles.py at densities 0.05 and 0.1 on each layout as drawn and with its rows
 #                     sorted heaviest / lightest first (the same work, another program order), tl tiles of 64 rows
 #   verify46          verify45's tests and the Gluon backward over block lists (documents, block sparsity)
+#   verify47          stop 46's changes: the Gluon backward under interleaved RoPE (its tests), the launch-graph
+#                     tests (a RoPE call's pre-rotation kernels now replay in the graph), and the host cost of
+#                     RoPE + causal calls (bench/host_overhead.py --rope) beside plain causal ones
 #   listed-backward   the Gluon backward's block-list tests, then bench/document.py fwd+bwd with the split
 #                     backward and with the Gluon one, deterministic and not
 #   verify43          what stop 43 left unrun on a GPU: launch-graph, head-major, block-sparse, document and graph
@@ -316,6 +319,16 @@ for stage in "$@"; do
         test/python/test_gpu_decode.py -k "padded_rows or call_time_positions or launch_graphs or graph"
       pytest_run listed-backward 200 -n 12 test/python/test_gpu_gluon_backward.py test/python/test_gpu.py \
         -k "walks_block_lists or document or block_sparse" ;;
+    verify47)
+      # Stop 46: dK's interleaved pairs split in registers in the Gluon backward's epilogue
+      # (never run on a GPU), and the forward's pre-rotation kernels replayed in the launch graph.
+      pytest_run verify47 200 -n 12 test/python/test_gpu_gluon_backward.py test/python/test_gpu.py \
+        -k "interleaved or launch_graphs or graph"
+      for rope in "" "--rope"; do
+        timeout 150 python3 bench/host_overhead.py --seq-lens 128,512 $rope --out "$dir" \
+          > "$dir/host_overhead${rope:+-rope}.log" 2>&1; echo "host ${rope:-causal} rc=$?"
+        grep "| train | attnfuse |\|| fwd | attnfuse |" "$dir/host_overhead${rope:+-rope}.log"
+      done ;;
     listed-backward)
       # The Gluon backward over block lists as it now is (each list walked from its last entry
       # down, entries read a step ahead: not yet run on a GPU): its tests, then the document

@@ -3,6 +3,7 @@ forward call and per training step when the kernels themselves are tiny.
 
     python bench/host_overhead.py --out DIR [--seq-lens 128,512] [--profile] [--launches]
     python bench/host_overhead.py --smoke --out DIR      # CPU, tiny sizes: checks the script
+    python bench/host_overhead.py --rope --out DIR       # RoPE + causal (SDPA after torch's rotation)
 
 Default problem: B=1, H=8, D=64, fp16, causal, N=128 and 512. Implementations: AttnFuse
 (`af.compile(af.attention(af.causal()))`), SDPA with its default backend choice
@@ -14,6 +15,10 @@ every kernel launched through the launcher (`attnfuse-direct-launches`: the A/B 
 and SDPA pinned to FlashAttention (`sdpa_kernel` entered once around the whole measurement,
 not per call). Modes: `fwd` (one call under `no_grad`)
 and `train` (the inputs' `.grad` reset to None, the call, `out.backward(g)`).
+
+`--rope` makes the problem RoPE + causal: AttnFuse `af.attention(af.rope(), af.causal())`, its
+rotation fused or pre-rotated as the runtime places it, beside SDPA after q and k are rotated by
+torch ops (half-split pairs from a precomputed cos / sin table, as a Hugging Face model does).
 
 Three numbers per (implementation, mode, N), each the median over rounds of back-to-back
 calls, per call:
@@ -158,22 +163,42 @@ def summarize(rounds: list[dict[str, float | bool | None]]) -> dict[str, object]
     return out
 
 
-def implementations(causal_spec: bool = True) -> dict[str, Callable]:
-    """name -> builder(q, k, v) returning `(call, context)`: `call()` runs one attention."""
+def torch_rope(n: int, head_dim: int, device, dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """RoPE (theta 10000, half-split pairs) by torch ops from a table made once: what a model
+    runs before SDPA."""
+    inv_freq = 10000.0 ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(n, device=device, dtype=torch.float32), inv_freq)
+    cos, sin = (torch.cat([t, t], dim=-1).to(dtype) for t in (angles.cos(), angles.sin()))
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    return rotate
+
+
+def implementations(rope: bool = False) -> dict[str, Callable]:
+    """name -> builder(q, k, v) returning `(call, context)`: `call()` runs one attention
+    (RoPE + causal with `rope`: SDPA's rows rotate q and k by torch ops first)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def attnfuse(q, k, v):
         import attnfuse as af
 
-        fn = af.compile(af.attention(af.causal()))
+        fn = af.compile(af.attention(af.rope(), af.causal()) if rope else af.attention(af.causal()))
         return (lambda: fn(q, k, v)), None
 
+    def sdpa_call(q, k, v):
+        if not rope:
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        rotate = torch_rope(q.shape[-2], q.shape[-1], q.device, q.dtype)
+        return lambda: F.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=True)
+
     def sdpa_default(q, k, v):
-        return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), None
+        return sdpa_call(q, k, v), None
 
     def sdpa_flash(q, k, v):
-        return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), \
-            (lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
+        return sdpa_call(q, k, v), (lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
 
     def attnfuse_function_apply(q, k, v):
         # The same call with its autograd node made through Function.apply (the path a torch
@@ -279,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="CPU, N=16, H=2, D=16, fp32, 1 round of 2 calls: checks the script, times nothing useful")
     parser.add_argument("--profile", action="store_true", help="cProfile of AttnFuse's training step")
     parser.add_argument("--launches", action="store_true", help="host time of each AttnFuse launch alone")
+    parser.add_argument("--rope", action="store_true", help="RoPE + causal (SDPA after torch's rotation)")
     args = parser.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -294,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     seq_lens = [int(x) for x in args.seq_lens.split(",")]
     sleep = SleepCalibration() if device == "cuda" else None
     rows = []
-    impls = implementations()
+    impls = implementations(args.rope)
     total = len(seq_lens) * args.rounds
     with benchlib.CaseProgress(total) as progress:
         for n in seq_lens:
@@ -341,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     graphs = launch_graph_census()
 
     meta = benchlib.metadata(device)
-    shape = f"B={args.batch} H={args.heads} D={args.head_dim} {args.dtype} causal"
+    shape = f"B={args.batch} H={args.heads} D={args.head_dim} {args.dtype} {'RoPE + causal' if args.rope else 'causal'}"
     config = {"shape": shape, "seq_lens": seq_lens, "calls": args.calls, "rounds": args.rounds,
               "targets": TARGETS}
     markdown = [f"# Host overhead per call beside SDPA ({meta['gpu'] or 'CPU'})", ""]
@@ -371,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as err:  # noqa: BLE001 - an internal interface that may move
                 print(f"--launches skipped: {benchlib.first_line(err)}")
         if args.profile:
-            call, _ = implementations()["attnfuse"](q, k, v)
+            call, _ = implementations(args.rope)["attnfuse"](q, k, v)
             print_profile(steps(call, (q, k, v), grad_out)["train"], 200)
             torch.cuda.synchronize()
     return 0

@@ -209,7 +209,12 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
 def _target_allows(target: str, variant: Canonical) -> bool:
     """Whether the user's backward target lets `variant` run the Gluon backward at all: not
     under `triton`, and under `auto` not a variant with an op of a block module, for which no
-    measurement speaks (as the forward's `auto`, `AUTO_VARIANT_CLASSES["outside"]`)."""
+    measurement speaks (as the forward's `auto`, `AUTO_VARIANT_CLASSES["outside"]`), nor one
+    with interleaved RoPE, whose epilogue (dK's even and odd dims split in registers) compiles
+    for sm_90 but has not yet run on a GPU (`bash bench/gpu_session.sh verify47` runs its
+    tests); `ATTNFUSE_BACKWARD_TARGET=gluon` takes it."""
+    if target == "auto" and variant.rope is not None and variant.rope.interleaved is not None:
+        return False
     return target != "triton" and not (target == "auto" and variant.outside_ops)
 
 

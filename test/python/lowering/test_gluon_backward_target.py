@@ -617,3 +617,18 @@ def test_the_listed_walk_takes_every_entry_of_every_heads_lists_once_from_the_la
     counted = dict(scope, total=0)
     exec(textwrap.dedent(entry), counted)  # noqa: S102
     assert counted["total"] == len(want)
+
+
+def test_interleaved_rope_takes_the_gluon_backward_only_when_forced(monkeypatch):
+    """Interleaved RoPE lowers to the Gluon backward, but `auto` keeps the split until its
+    epilogue has run on a GPU; `ATTNFUSE_BACKWARD_TARGET=gluon` takes it."""
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
+    p = problem(8192)
+    variant = af.compile(af.attention(af.rope(interleaved=True), af.causal())).program.canonical((False, False))
+    halves = af.compile(af.attention(af.rope(), af.causal())).program.canonical((False, False))
+    monkeypatch.delenv("ATTNFUSE_BACKWARD_TARGET", raising=False)
+    assert not gluon_backward.takes_gluon_backward(p, variant)
+    assert gluon_backward.takes_gluon_backward(p, halves)
+    monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
+    assert gluon_backward.takes_gluon_backward(p, variant)

@@ -258,17 +258,19 @@ def steps(call: Callable, leaves: tuple[torch.Tensor, ...], grad_out: torch.Tens
     return {"fwd": fwd, "train": train}
 
 
-def launch_times(q, k, v, grad_out) -> list[str]:
-    """Host time of each kernel launch of an AttnFuse training step, launched alone."""
+def launch_times(q, k, v, grad_out, rope: bool = False) -> list[str]:
+    """Host time of each kernel launch of an AttnFuse training step (RoPE + causal with
+    `rope`, else causal), launched alone."""
     import attnfuse as af
 
-    fn = af.compile(af.attention(af.causal()))
+    fn = af.compile(af.attention(af.rope(), af.causal()) if rope else af.attention(af.causal()))
     plan = fn.plan(q, k, v)
+    rotated: dict[str, torch.Tensor] = {}  # a RoPE plan's pre-rotated copies, which its launches read
     with torch.no_grad():
-        out, lse = fn.forward(plan, {}, q, k, v)
+        out, lse = fn.forward(plan, {}, q, k, v, rotated)
     tensors = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "o": out, "lse": lse,
                "do": grad_out, "dq": torch.empty_like(q), "dk": torch.empty_like(k),
-               "dv": torch.empty_like(v), "delta": torch.empty_like(lse), **plan.constants}
+               "dv": torch.empty_like(v), "delta": torch.empty_like(lse), **plan.constants, **rotated}
     lines = []
     for launch in plan.launches:
         launch(tensors)
@@ -393,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         grad_out = torch.randn_like(q)
         if args.launches:
             try:
-                print("\n".join(launch_times(q, k, v, grad_out)))
+                print("\n".join(launch_times(q, k, v, grad_out, args.rope)))
             except Exception as err:  # noqa: BLE001 - an internal interface that may move
                 print(f"--launches skipped: {benchlib.first_line(err)}")
         if args.profile:

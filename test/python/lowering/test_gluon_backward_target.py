@@ -59,7 +59,7 @@ def backward_kernel(spec, head_dim=128, bwd_dq="fused", explicit_positions=(Fals
     # RoPE at call-time positions (a Hugging Face model's position_ids): dK turned back at the
     # keys' given positions in the epilogue.
     ("rope-causal-positions", af.attention(af.rope(), af.causal()), 128, "ordered"),
-    # Interleaved RoPE: dK's even and odd dims read back from a permuted view of its staged bytes.
+    # Interleaved RoPE: dK's even and odd dims split in registers from a load of whole pairs.
     ("rope-interleaved-causal", af.attention(af.rope(interleaved=True), af.causal()), 128, "fused"),
     ("rope-interleaved-ordered", af.attention(af.rope(interleaved=True), af.causal()), 64, "ordered"),
     # Block lists (documents, block sparsity): each partition walks the lists head by head;

@@ -121,13 +121,23 @@ gains more than under the softmax. On the H200, fwd+bwd ms, the ordered Gluon ba
 Smaller calls are not measured and keep the split."""
 
 
-GLUON_LISTED_MIN_WORK: dict[int, int] = {}
-"""The same under block lists (documents, block sparsity): none, so `auto` keeps the split
-backward for listed calls and `ATTNFUSE_BACKWARD_TARGET=gluon` takes the Gluon one. The one
-timing so far was of an earlier form of the kernel (lists walked upward), 3-26% slower than the
-split in the document step at the Llama heads (bench/results/20261205T2345Z-gpu-session45-h100.md);
-the kernel as it is has not been timed (`bash bench/gpu_session.sh listed-backward`). An entry
-goes here from a run where the Gluon backward wins."""
+GLUON_LISTED_MIN_WORK = {128: 32 * 1024 * 1024}
+"""The same under block lists (documents, block sparsity), with the dQ adds unordered
+(`deterministic=False`). On the H100, the document step (packs of 3 documents at 8192, 7 at
+16384; Llama heads, bf16), fwd+bwd ms, the split backward against the Gluon one
+(`bash bench/gpu_session.sh listed-backward`, bench/results/20261206T0230Z-gpu-session46-h100.md):
+causal 8192 2.073 / 1.855, 16384 3.823 / 3.428; bidirectional 8192 4.144 / 3.466, 16384
+7.090 / 6.077 (the Gluon backward 10-16% faster). Counted as `pairs_per_head` counts a dense
+call of the same length (causal 8192: 32M); head dim 64 and shorter calls are not measured and
+keep the split."""
+
+GLUON_LISTED_ORDERED_MIN_WORK: dict[int, int] = {}
+"""The same with the adds in key-block order (the default, deterministic): none, so `auto`
+keeps the split and `ATTNFUSE_BACKWARD_TARGET=gluon` takes the Gluon kernel. In the same run
+the ordered Gluon backward was faster for bidirectional documents (8192 4.096 / 3.753, 16384
+7.205 / 6.841) but slower under causal (8192 2.068 / 2.269, 16384 3.928 / 4.353): a key block's
+first add waits for the lower key blocks' turns, which a causal pack makes long. No rule by
+size separates them."""
 
 
 def backward_target() -> str:
@@ -183,7 +193,8 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
     (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (never for a variant with an op
     of a block module outside the package, which nothing measured; `GLUON_BACKWARD_MIN_WORK`, or with
     its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`; under a pointwise
-    normalizer `GLUON_POINTWISE_MIN_WORK`; under block lists `GLUON_LISTED_MIN_WORK`). RoPE at
+    normalizer `GLUON_POINTWISE_MIN_WORK`; documents `GLUON_LISTED_MIN_WORK`, ordered
+    `GLUON_LISTED_ORDERED_MIN_WORK`; block layouts none). RoPE at
     call-time positions (as a Hugging Face model's `position_ids` are passed) is scheduled
     like RoPE at the default ones: dK's inverse rotation in the epilogue
     reads the keys' positions. A backward that rotates in its loops (`bwd_rope` other than
@@ -197,7 +208,9 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
     if target == "gluon":
         return True
     if variant.listed:
-        table = GLUON_LISTED_MIN_WORK
+        if variant.block_size is not None:
+            return False  # block layouts: the listed tables measured documents only
+        table = GLUON_LISTED_ORDERED_MIN_WORK if ordered else GLUON_LISTED_MIN_WORK
     elif variant.normalizer_name != "softmax":
         table = GLUON_POINTWISE_MIN_WORK
     else:
@@ -209,12 +222,7 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
 def _target_allows(target: str, variant: Canonical) -> bool:
     """Whether the user's backward target lets `variant` run the Gluon backward at all: not
     under `triton`, and under `auto` not a variant with an op of a block module, for which no
-    measurement speaks (as the forward's `auto`, `AUTO_VARIANT_CLASSES["outside"]`), nor one
-    with interleaved RoPE, whose epilogue (dK's even and odd dims split in registers) compiles
-    for sm_90 but has not yet run on a GPU (`bash bench/gpu_session.sh verify47` runs its
-    tests); `ATTNFUSE_BACKWARD_TARGET=gluon` takes it."""
-    if target == "auto" and variant.rope is not None and variant.rope.interleaved is not None:
-        return False
+    measurement speaks (as the forward's `auto`, `AUTO_VARIANT_CLASSES["outside"]`)."""
     return target != "triton" and not (target == "auto" and variant.outside_ops)
 
 
@@ -401,5 +409,5 @@ def gluon_backward(
             else launch for launch in launches]
 
 
-__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_BACKWARD_TILES", "GLUON_LISTED_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
+__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_BACKWARD_TILES", "GLUON_LISTED_MIN_WORK", "GLUON_LISTED_ORDERED_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
            "rows_addressable", "scheduled_backward", "takes_gluon_backward", "variant_fits"]

@@ -478,8 +478,9 @@ def test_ops_of_block_modules_keep_the_portable_backward_under_auto(monkeypatch)
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
 def test_listed_calls_take_the_gluon_backward_on_its_tiles(deterministic, monkeypatch):
-    """On a (pretended) Hopper GPU: under `auto` a document call keeps the split backward
-    (`GLUON_LISTED_MIN_WORK` has no measured size yet) on its own tiles; with the Gluon target
+    """On a (pretended) Hopper GPU: under `auto` a deterministic document call keeps the split
+    backward (`GLUON_LISTED_ORDERED_MIN_WORK` is empty) on its own tiles, and an unordered one
+    takes the Gluon kernel from `GLUON_LISTED_MIN_WORK`'s size; with the Gluon target
     asked for, it builds the fused backward for the Gluon kernel (ordered where deterministic),
     its dK/dV lists on the schedule's tiles (`GLUON_BACKWARD_TILES`), which `warp-specialize`
     then takes. A split backward forced by `ATTNFUSE_BACKWARD=separate` keeps its own tiles, and
@@ -489,8 +490,16 @@ def test_listed_calls_take_the_gluon_backward_on_its_tiles(deterministic, monkey
     fn = af.compile(af.attention(af.document(), af.causal()), deterministic=deterministic)
     own_tiles = fn.tile_config(problem(8192)).dkdv()[:2]
     assert own_tiles != gluon_backward.GLUON_BACKWARD_TILES
-    auto = fn.compile_key(problem(8192))
-    assert auto.bwd_dq == "separate" and auto.config.dkdv()[:2] == own_tiles
+    if deterministic:
+        auto = fn.compile_key(problem(8192))
+        assert auto.bwd_dq == "separate" and auto.config.dkdv()[:2] == own_tiles
+    else:
+        auto = fn.compile_key(problem(8192))
+        assert auto.bwd_dq == "fused" and auto.config.dkdv()[:2] == gluon_backward.GLUON_BACKWARD_TILES
+        shorter = fn.compile_key(problem(4096))
+        assert shorter.bwd_dq == "separate" and shorter.config.dkdv()[:2] == own_tiles
+        sparse = af.compile(af.attention(af.block_sparse(128), af.causal()), deterministic=False)
+        assert sparse.compile_key(problem(8192)).bwd_dq == "separate", "block layouts are not measured"
     monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
     fn = af.compile(af.attention(af.document(), af.causal()), deterministic=deterministic)
     key = fn.compile_key(problem(8192))
@@ -619,16 +628,14 @@ def test_the_listed_walk_takes_every_entry_of_every_heads_lists_once_from_the_la
     assert counted["total"] == len(want)
 
 
-def test_interleaved_rope_takes_the_gluon_backward_only_when_forced(monkeypatch):
-    """Interleaved RoPE lowers to the Gluon backward, but `auto` keeps the split until its
-    epilogue has run on a GPU; `ATTNFUSE_BACKWARD_TARGET=gluon` takes it."""
+def test_interleaved_rope_takes_the_gluon_backward_as_rope_by_halves_does(monkeypatch):
+    """Interleaved RoPE (its epilogue's split run on an H100 in stop 46) follows the same
+    measured rule as RoPE by halves under `auto`."""
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
     monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
-    p = problem(8192)
-    variant = af.compile(af.attention(af.rope(interleaved=True), af.causal())).program.canonical((False, False))
-    halves = af.compile(af.attention(af.rope(), af.causal())).program.canonical((False, False))
     monkeypatch.delenv("ATTNFUSE_BACKWARD_TARGET", raising=False)
-    assert not gluon_backward.takes_gluon_backward(p, variant)
-    assert gluon_backward.takes_gluon_backward(p, halves)
-    monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
-    assert gluon_backward.takes_gluon_backward(p, variant)
+    interleaved = af.compile(af.attention(af.rope(interleaved=True), af.causal())).program.canonical((False, False))
+    halves = af.compile(af.attention(af.rope(), af.causal())).program.canonical((False, False))
+    for n in (1024, 8192):
+        assert gluon_backward.takes_gluon_backward(problem(n), interleaved) == \
+            gluon_backward.takes_gluon_backward(problem(n), halves) == (n == 8192)

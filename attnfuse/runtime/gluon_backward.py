@@ -122,7 +122,7 @@ Smaller calls are not measured and keep the split."""
 
 
 GLUON_LISTED_MIN_WORK = {128: 32 * 1024 * 1024}
-"""The same under block lists (documents, block sparsity), with the dQ adds unordered
+"""The same for document calls (`document()`: block lists of documents), with the dQ adds unordered
 (`deterministic=False`). On the H100, the document step (packs of 3 documents at 8192, 7 at
 16384; Llama heads, bf16), fwd+bwd ms, the split backward against the Gluon one
 (`bash bench/gpu_session.sh listed-backward`, bench/results/20261206T0230Z-gpu-session46-h100.md):

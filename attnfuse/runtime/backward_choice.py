@@ -17,8 +17,7 @@ from attnfuse.runtime.program import Canonical
 BACKWARD_ENV = "ATTNFUSE_BACKWARD"
 """auto (default): `choose_backward`'s rule; fused / ordered / separate: that backward
 wherever it is allowed, at any size. fused never overrides determinism (a deterministic call
-takes the ordered fused backward instead); neither fused backward applies to a variant with a
-bias."""
+takes the ordered fused backward instead)."""
 
 BACKWARD_CHOICES = ("auto", "fused", "ordered", "separate")
 
@@ -29,13 +28,6 @@ def backward_request() -> str:
     if value not in BACKWARD_CHOICES:
         raise ArgumentError(f"{BACKWARD_ENV} must be one of {', '.join(BACKWARD_CHOICES)}, got {value!r}")
     return value
-
-
-def fused_allowed(variant: Canonical) -> bool:
-    """Whether a fused backward may run: the variant has no bias (its gradient is written by
-    the separate backward's dQ-bias kernel, which the fused one has no counterpart of;
-    `lower_backward.fused_dq_unsupported`)."""
-    return not variant.reads("bias")
 
 
 def unordered_allowed(deterministic: bool) -> bool:
@@ -56,7 +48,7 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
     kernel is one the Gluon target schedules."""
     request = backward_request()
     ordered = request == "ordered" or not unordered_allowed(deterministic)
-    if request == "separate" or not fused_allowed(variant):
+    if request == "separate":
         return "separate"
     fused = "ordered" if ordered else "fused"
     if request != "auto":
@@ -65,4 +57,4 @@ def choose_backward(problem: Problem, variant: Canonical, deterministic: bool,
     return fused if takes else "separate"
 
 
-__all__ = ["BACKWARD_ENV", "backward_request", "choose_backward", "fused_allowed", "unordered_allowed"]
+__all__ = ["BACKWARD_ENV", "backward_request", "choose_backward", "unordered_allowed"]

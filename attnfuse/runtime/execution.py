@@ -196,10 +196,12 @@ class KernelExecution:
         softmax = "delta" in plan.roles  # relu attention has no delta and no preprocess
         if softmax:
             tensors["delta"] = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=p.device)
+        if dbias is not None:
+            tensors["dbias"] = dbias
         if plan.backward_reads("dq_acc"):
-            # The fused backward (`bwd-dq=fused` or `ordered`, never with a bias): dK/dV adds
-            # dS K into dq_acc, the finish kernel scales it into dq.
-            assert dbias is None
+            # The fused backward (`bwd-dq=fused` or `ordered`): dK/dV adds dS K into dq_acc
+            # (and, for a bias that requires a gradient, its `_bias` copy stores dbias), the
+            # finish kernel scales it into dq.
             ordered = plan.backward_reads("dq_order")
             if not ordered and torch.are_deterministic_algorithms_enabled():
                 # The plan was made (in the forward) while they were off; its atomics would
@@ -214,7 +216,8 @@ class KernelExecution:
                 self._run(plan, tensors, ("attention_bwd_preprocess",))
                 if grad_lse is not None:
                     tensors["delta"].sub_(grad_lse)  # as below
-            self._run(plan, tensors, ("attention_bwd_dkdv_dq", "attention_bwd_dq_finish"))
+            dkdv_kernel = "attention_bwd_dkdv_dq_bias" if dbias is not None else "attention_bwd_dkdv_dq"
+            self._run(plan, tensors, (dkdv_kernel, "attention_bwd_dq_finish"))
             return dq, dk, dv, dbias
         if softmax and grad_lse is None and dbias is None:
             # dQ forms delta itself and stores it; dK/dV, launched after it, reads it.
@@ -225,8 +228,6 @@ class KernelExecution:
             if grad_lse is not None:
                 # d lse_i / d s_ij = p_ij: a gradient of the lse shifts delta (dS = P (dP - delta)).
                 tensors["delta"].sub_(grad_lse)
-        if dbias is not None:
-            tensors["dbias"] = dbias
         dq_kernel = "attention_bwd_dq_bias" if dbias is not None else "attention_bwd_dq"
         self._run(plan, tensors, ("attention_bwd_dkdv", dq_kernel))
         return dq, dk, dv, dbias

@@ -48,10 +48,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from xdsl.dialects.builtin import f32
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Block, SSAValue
 
 from attnfuse.dialects import tile
-from attnfuse.dialects.interfaces import ScoreModifier
 from attnfuse.transforms.kernel_builder import (
     PART_SUFFIX,
     ChainInputs,
@@ -222,18 +221,20 @@ def _grad_scores(
 
 
 def build_dkdv_kernel(facts: VariantFacts, config: KernelConfig, fused_dq: bool = False,
-                      ordered: bool = False) -> tile.KernelOp:
+                      ordered: bool = False, bias_grad: bool = False) -> tile.KernelOp:
     """dK and dV: programs own key blocks and walk query blocks (see the module docstring).
     With `fused_dq` (`attention_bwd_dkdv_dq`) every block pair also adds its unscaled dQ part
     `dS K` into `dq_acc` (`tile.dot_lhs_transposed`, `tile.store_add`); `ordered` makes those
-    adds in key-block order, through `dq_order`'s counters (deterministic)."""
-    assert fused_dq or not ordered
+    adds in key-block order, through `dq_order`'s counters (deterministic). With `bias_grad`
+    (fused only: `attention_bwd_dkdv_dq_bias`) the modifiers' VJPs also store the full-size
+    bias gradient, each block pair's once, as the separate backward's dQ-bias kernel does."""
+    assert fused_dq or not (ordered or bias_grad)
     q_source, k_source = _sources(facts)
     softmax = facts.has_lse
     dq_roles = ["dq_acc", *(["dq_order"] if ordered else [])] if fused_dq else []
-    roles = _gradient_kernel_roles(facts, ["dk", "dv", *dq_roles], "_q", ranked=ordered)
+    roles = _gradient_kernel_roles(facts, ["dk", "dv", *dq_roles], "_q", bias_grad, ranked=ordered)
     rotation = facts.rotation
-    name = "attention_bwd_dkdv_dq" if fused_dq else "attention_bwd_dkdv"
+    name = "attention_bwd_dkdv" + ("_dq" if fused_dq else "") + ("_bias" if bias_grad else "")
     k = KernelBuilder(name, roles, "key_blocks", config,
                       rotation.rotary_dim if rotation else None, facts.data_roles)
     parts = _parts(facts, config)
@@ -348,28 +349,17 @@ def build_fused_backward_kernels(
     """`bwd-dq=fused` (FlashAttention-3's design): the preprocess (softmax only), the dK/dV
     kernel that also adds each block pair's dQ part into the fp32 `dq_acc` (zeroed by the
     caller first; an unordered reduction, so dQ's last bits vary from run to run), and the
-    finish kernel that turns `dq_acc` into dQ. No bias gradient (see `fused_dq_unsupported`).
+    finish kernel that turns `dq_acc` into dQ. A variant whose data have gradients (a bias)
+    gets a second dK/dV kernel, `attention_bwd_dkdv_dq_bias`, that also stores them; the
+    runtime launches it in place of the first only when the bias requires a gradient.
     `ordered` (`bwd-dq=ordered`): the adds in key-block order (`dq_order`, zeroed by the caller
-    too), so dQ is deterministic."""
-    assert fused_dq_unsupported(facts, ordered) is None
+    too), so dQ is deterministic. (Block lists are fused either way: ordered, their loops read
+    each entry's turn, `*_q_rank`.)"""
     kernels = [build_preprocess_kernel(config)] if facts.has_lse else []
-    return kernels + [build_dkdv_kernel(facts, dkdv_config, fused_dq=True, ordered=ordered),
-                      build_dq_finish_kernel(facts, config)]
-
-
-def fused_dq_unsupported(facts: VariantFacts, ordered: bool = False) -> tuple[str, Operation] | None:
-    """Why the fused backward (with `ordered`, its adds in key-block order) cannot lower the
-    variant, and the op at fault, or None: a bias gradient is written by the dQ-bias kernel
-    (`attention_bwd_dq_bias`), which the fused backward has no counterpart of. (Block lists
-    are fused either way: ordered, their loops read each entry's turn, `*_q_rank`.)"""
-    option = f"bwd-dq={'ordered' if ordered else 'fused'}"
-    for op in facts.modifiers:
-        trait = op.get_trait(ScoreModifier)
-        assert trait is not None
-        if any(use.gradient is not None for use in trait.data(op)):
-            return (f"the fused backward ({option}) has no bias gradient kernel (for {op.name}): lower a "
-                    "variant with a bias with bwd-dq=separate"), op
-    return None
+    kernels.append(build_dkdv_kernel(facts, dkdv_config, fused_dq=True, ordered=ordered))
+    if facts.data_gradient_roles():
+        kernels.append(build_dkdv_kernel(facts, dkdv_config, fused_dq=True, ordered=ordered, bias_grad=True))
+    return kernels + [build_dq_finish_kernel(facts, config)]
 
 
 def build_backward_kernels(
@@ -391,4 +381,4 @@ def build_backward_kernels(
     return kernels
 
 
-__all__ = ["backward_facts", "build_backward_kernels", "fused_dq_unsupported", "needs_exact_scores"]
+__all__ = ["backward_facts", "build_backward_kernels", "needs_exact_scores"]

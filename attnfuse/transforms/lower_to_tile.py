@@ -71,7 +71,6 @@ from attnfuse.transforms.kernel_builder import (
 from attnfuse.transforms.lower_backward import (
     backward_facts,
     build_backward_kernels,
-    fused_dq_unsupported,
 )
 from attnfuse.transforms.pass_options import TypedOptionsPass
 
@@ -422,10 +421,6 @@ class LowerVariant(RewritePattern):
         # of both come first, each built once.
         # Decoding and cache layouts are inference-only: no backward kernels for them.
         wants_backward = c.backward and not (c.decode or c.kv_lens or c.page_size)
-        if wants_backward and c.bwd_dq in ("fused", "ordered") and (
-                refusal := fused_dq_unsupported(facts, c.bwd_dq == "ordered")):
-            why, at = refusal
-            raise _fail(at, why)
         backward = backward_facts(facts, c.bwd_rope, c.element_type) if wants_backward else None
         kernels: list[Operation] = []
         for operand, fwd, bwd in (

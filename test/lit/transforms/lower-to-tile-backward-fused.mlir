@@ -1,8 +1,8 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{bwd-dq=fused}' | filecheck %s
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=fused key=fused},lower-to-tile{bwd-dq=fused bwd-rope=as_forward}' | filecheck %s --check-prefix=ASFWD
 // RUN: not attnfuse-opt %s -p 'lower-to-tile{bwd-dq=bogus}' 2>&1 | filecheck %s --check-prefix=BOGUS
-// RUN: not attnfuse-opt %S/../inputs/bias-variant.mlir -p 'canonicalize-attn,lower-to-tile{bwd-dq=fused}' 2>&1 | filecheck %s --check-prefix=BIAS
-// RUN: not attnfuse-opt %S/../inputs/bias-variant.mlir -p 'canonicalize-attn,lower-to-tile{bwd-dq=ordered}' 2>&1 | filecheck %s --check-prefix=BIAS-ORDERED
+// RUN: attnfuse-opt %S/../inputs/bias-variant.mlir -p 'canonicalize-attn,lower-to-tile{bwd-dq=fused}' | filecheck %s --check-prefixes=BIAS,BIAS-FUSED
+// RUN: attnfuse-opt %S/../inputs/bias-variant.mlir -p 'canonicalize-attn,lower-to-tile{bwd-dq=ordered}' | filecheck %s --check-prefixes=BIAS,BIAS-ORDERED
 // RUN: attnfuse-opt %S/../inputs/sparse.mlir -p 'canonicalize-attn,analyze-masks,lower-to-tile{bwd-dq=ordered block-m=32 block-n=32}' | filecheck %s --check-prefix=LISTED
 
 // The fused backward (bwd-dq=fused): the preprocess (softmax), attention_bwd_dkdv_dq (the
@@ -14,10 +14,28 @@
 // BOGUS-NOT:  Traceback
 // BOGUS:      {{^}}<pass-pipeline>:1:22: error: lower-to-tile: bwd-dq must be separate, fused or ordered, got 'bogus'{{$}}
 
-// A bias gradient is written by the dQ-bias kernel, which the fused backward has none of.
-// Located at the op whose data has the gradient, naming the option as given.
-// BIAS:         bias-variant.mlir:4:3: error: lower-to-tile: the fused backward (bwd-dq=fused) has no bias gradient kernel (for attn.add_bias): lower a variant with a bias with bwd-dq=separate
-// BIAS-ORDERED: bias-variant.mlir:4:3: error: lower-to-tile: the fused backward (bwd-dq=ordered) has no bias gradient kernel (for attn.add_bias)
+// An additive bias: the dK/dV kernel adds it to the key-major scores; its `_bias` copy, which
+// the runtime launches when the bias requires a gradient, also stores dS as dbias (each block
+// pair once: no reduction), then adds the dQ part as the first does. No dQ kernel.
+// BIAS-NOT:     @attention_bwd_dq(
+// BIAS-NOT:     @attention_bwd_dq_bias(
+// BIAS:         tile.kernel @attention_bwd_dkdv_dq(
+// BIAS-NOT:       dbias
+// BIAS-SAME:      %bias: !tile.tensor<bias>) attributes {grid = #tile<grid key_blocks>
+// BIAS-NOT:       store_scores
+// BIAS:           tile.add_bias %scores, %bias
+// BIAS-NOT:       store_scores
+// BIAS:         tile.kernel @attention_bwd_dkdv_dq_bias(
+// BIAS-SAME:      %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>) attributes {grid = #tile<grid key_blocks>
+// BIAS:           %scores_1 = tile.add_bias %scores, %bias
+// BIAS:           %grad_scores = tile.softmax_grad
+// BIAS-NEXT:      tile.store_scores %grad_scores, %dbias
+// BIAS-FUSED:     tile.store_add %dq_part, %dq_acc[loop, all] :
+// BIAS-ORDERED:   tile.store_add %dq_part, %dq_acc[loop, all] in_order %dq_order
+// BIAS:           tile.q_loop %full_end to %q_end masked
+// BIAS:           tile.store_scores %grad_scores_1, %dbias
+// BIAS:         tile.kernel @attention_bwd_dq_finish(
+// BIAS-NOT:     @attention_bwd_dq
 
 // Adds in key-block order under a block list: the key blocks visiting a query block need not
 // be consecutive, so each list's loop reads its entries' turns (ranks) beside the list.

@@ -63,17 +63,14 @@ def unreserved_names(kernel, emitter_class) -> set[str]:
 
 
 REFUSED = {
-    "bias-gradient": "has no bias gradient kernel",
     "listed-decode": "decode kernels",
 }
 """Why `lower-to-tile` has no kernels of a form for a variant, by design (docs/architecture.md:
-the fused backward writes no bias gradient, the split decode has no block lists)."""
+the split decode has no block lists)."""
 
 
 def refusal(name: str, form: dict) -> str | None:
     """The `REFUSED` message `name`'s variant gets for `form`, or None if it lowers."""
-    if name in ("bias-softcap", "sigmoid-bias-alibi") and form.get("bwd_dq") in ("fused", "ordered"):
-        return REFUSED["bias-gradient"]
     if name == "sparse-causal" and form.get("decode"):
         return REFUSED["listed-decode"]
     return None

@@ -5,8 +5,8 @@ program the fused one: the preprocess (softmax), `attention_bwd_dkdv_dq` (dK/dV 
 block pair's dQ part into dq_acc with atomics) and `attention_bwd_dq_finish`. Gradients are
 checked against the float64 reference with test_backward's bounds (`check_grads`), on tiny
 shapes. `deterministic=True` (the default) and `torch.use_deterministic_algorithms` take the
-same kernels with their adds in key-block order (`bwd-dq=ordered`, deterministic); a bias
-keeps the separate kernels.
+same kernels with their adds in key-block order (`bwd-dq=ordered`, deterministic). A bias that
+requires a gradient runs the dK/dV kernel's `_bias` copy, which also stores dbias.
 """
 
 from __future__ import annotations
@@ -145,13 +145,41 @@ def test_separate_and_auto(monkeypatch, launched):
         assert not set(FUSED) & set(_backward_kernels(af.compile(spec, deterministic=False), launched))
 
 
-def test_bias_keeps_separate(fused):
-    """A variant with a bias has no fused backward (the dQ-bias kernel writes its gradient)."""
-    spec = af.attention(af.additive_bias(), af.causal())
-    bias = torch.randn(1, 2, 37, 45).requires_grad_()
-    fn = af.compile(spec, deterministic=False)
-    grads, _ref = check_grads(spec, fn=fn, bias=bias)
-    assert "dkdv_dq" not in fn.last.source
+BIAS_CASES = {
+    # A full-size bias that requires a gradient: the `_bias` dK/dV kernel stores dbias.
+    "full-grad": (lambda: [af.additive_bias(), af.causal()], (1, 2, 37, 45), True, {}),
+    # Broadcast over batch and query rows (strides 0), GQA: dbias is summed onto the shape.
+    "broadcast-gqa-grad": (lambda: [af.additive_bias(), af.causal()], (1, 4, 1, 45), True,
+                           {"b": 2, "hq": 4, "hkv": 2}),
+    # A bias without a gradient (a padding mask as a Hugging Face model passes it): the plain
+    # fused dK/dV kernel, no dbias store.
+    "no-grad": (lambda: [af.additive_bias(), af.causal()], (1, 1, 37, 45), False, {}),
+    # RoPE and ALiBi around the bias: the VJP chain passes dS through both.
+    "rope-alibi-grad": (lambda: [af.rope(), af.additive_bias(), af.alibi()], (1, 2, 37, 45), True,
+                        {"placement": "pre_rotated"}),
+}
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+@pytest.mark.parametrize("name", list(BIAS_CASES))
+def test_fused_bias(monkeypatch, launched, name, ordered):
+    """An additive bias in the fused backward: dq, dk, dv and dbias against the reference; the
+    call runs the fused kernels, the `_bias` dK/dV copy exactly when the bias requires a
+    gradient (it then never runs the separate dQ-bias kernel)."""
+    monkeypatch.setenv(BACKWARD_ENV, "ordered" if ordered else "fused")
+    blocks, shape, grad, options = BIAS_CASES[name]
+    spec = af.attention(*blocks())
+    placement = options.pop("placement", "auto")
+    bias = torch.randn(*shape, generator=torch.Generator().manual_seed(7)).requires_grad_(grad)
+    fn = af.compile(spec, rope_placement=placement, deterministic=ordered)
+    check_grads(spec, fn=fn, bias=bias, placement=placement, seed=4, **options)
+    backward = [n for n in launched if n.startswith("attention_bwd")]
+    dkdv = "attention_bwd_dkdv_dq_bias" if grad else "attention_bwd_dkdv_dq"
+    assert backward[-2:] == [dkdv, "attention_bwd_dq_finish"], backward
+    assert not SEPARATE & set(backward) and "attention_bwd_dq_bias" not in backward, backward
+    assert ("dq_order" in fn.last.source) == ordered
+    if not grad:
+        assert bias.grad is None
 
 
 def test_bad_requests(monkeypatch):

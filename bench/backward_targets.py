@@ -16,6 +16,8 @@ Columns (a fresh `af.compile` each, since a plan keeps the backward it was made 
   an fp32 accumulator with atomics, then a finishing kernel;
 - `nondet auto`: `deterministic=False` and nothing forced: what a call allowing a
   non-deterministic backward gets (the Gluon backward where `gluon_backward` takes it);
+- `ordered_gluon`, `fused_gluon`: the Gluon backward forced (`ATTNFUSE_BACKWARD_TARGET=gluon`)
+  wherever it lowers, its adds in key-block order or not;
 - cuDNN: `F.scaled_dot_product_attention` under `sdpa_kernel(CUDNN_ATTENTION)`, given the
   Hkv key/value heads (`enable_gqa`) where it takes them, else expanded once outside the
   timing; with RoPE, q and k rotated by a `torch.compile`d function inside the step.
@@ -25,7 +27,10 @@ or with `--geometry paper` at the paper's shape (B=4, 12 heads of 64, fp16); `--
 takes the pointwise normalizers (`relu`, `relu+causal`, `sigmoid+causal`) and soft-capping
 (`softcap+causal`, a cap of 50), which no cuDNN call can say: their rows have no cuDNN column,
 and their gradients are compared with the split backward's (`ATTNFUSE_BACKWARD=separate`,
-deterministic).
+deterministic). So are the additive-bias cases, `bias+causal` (a padding mask `[B, 1, N, N]` as a
+Hugging Face model passes it: 10% of the keys of each sequence masked by -1e9, no gradient) and
+`biasgrad+causal` (a learned bias per head and key, `[1, H, 1, N]`, that requires a gradient:
+the backward also stores the full-size dS, which autograd sums onto the bias).
 Every other AttnFuse column's gradients are compared with cuDNN's (max abs error, and the relative
 Frobenius error of dq, dk, dv). Times: median ms of CUDA-event-timed steps
 (`benchlib.median_ms`), gradients reset outside the events; "bwd" times `out.backward(g)` alone
@@ -53,15 +58,26 @@ ALL_COLUMNS = (
     ("fused_tl", False, "fused", None),
     ("nondet_auto", False, None, None),
     ("ordered_gluon", True, "ordered", "gluon"),  # the ordered Gluon backward wherever it lowers
+    ("fused_gluon", False, "fused", "gluon"),  # the unordered Gluon backward wherever it lowers
 )
 COLUMNS = ALL_COLUMNS
 """The columns of this run (`--columns`)."""
 CASES = ("causal", "dense", "rope+causal")
 POINTWISE = {"relu": af.relu, "sigmoid": af.sigmoid}
 """Normalizers a case may name besides the softmax (`relu+causal`)."""
-NO_PEER = {"softcap": lambda: af.softcap(50.0)}
+NO_PEER = {"softcap": lambda: af.softcap(50.0), "bias": af.additive_bias, "biasgrad": af.additive_bias}
 """Score blocks a case may name that SDPA cannot say (`softcap+causal`: Gemma-2's cap of 50);
 as for a pointwise normalizer, the split backward's gradients are the reference."""
+
+
+def bias_data(part: str, b: int, hq: int, n: int, device, dtype) -> torch.Tensor:
+    """The bias of a `bias` or `biasgrad` case: a padding mask (the last 10% of each sequence's
+    keys at -1e9, no gradient), or a learned bias per head and key that requires one."""
+    if part == "bias":
+        mask = torch.zeros(b, 1, n, n, device=device, dtype=dtype)
+        mask[..., n - n // 10:] = -1e9
+        return mask
+    return (0.1 * torch.randn(1, hq, 1, n, device=device, dtype=dtype)).requires_grad_()
 
 
 def time_training(fn, leaves, grad_out, device, warmup, reps) -> tuple[float, float]:
@@ -96,8 +112,9 @@ def main() -> None:
     parser.add_argument("--geometry", choices=("llama", "paper"), default="llama",
                         help="llama: B=1, 32/8 heads of 128, bf16; paper: B=4, 12 heads of 64, fp16")
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes, no cuDNN")
-    parser.add_argument("--columns", default=",".join(name for name, *_ in ALL_COLUMNS),
-                        help="AttnFuse's columns, of " + ", ".join(name for name, *_ in ALL_COLUMNS))
+    parser.add_argument("--columns", default=",".join(name for name, *_ in ALL_COLUMNS if name != "fused_gluon"),
+                        help="AttnFuse's columns, of " + ", ".join(name for name, *_ in ALL_COLUMNS)
+                        + " (all but fused_gluon by default)")
     args = parser.parse_args()
     global COLUMNS
     known = {name: column for name, *_ in ALL_COLUMNS for column in [(name, *_)]}
@@ -128,16 +145,20 @@ def main() -> None:
             q = torch.randn(b, hq, n, d, device=device, dtype=dtype, requires_grad=True)
             k, v = (torch.randn(b, hkv, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
             grad_out = torch.randn(b, hq, n, d, device=device, dtype=dtype)
+            biases = [bias_data(p, b, hq, n, device, dtype) for p in parts if p in ("bias", "biasgrad")]
+            # Leaves of the step: q, k, v and a bias that requires a gradient.
+            leaves = (q, k, v, *[t for t in biases if t.requires_grad])
+            data = {"bias": biases[0]} if biases else {}
             theta = 500000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
             angle = torch.arange(n, device=device, dtype=torch.float32)[:, None] * theta[None, :]
             cos, sin = angle.cos(), angle.sin()
             row = {"case": f"{case} B{b} H{hq}/{hkv} D{d} N{n} {str(dtype).removeprefix('torch.')}"}
             if args.smoke:
-                grads64 = reference_gradients(spec, q, k, v, grad_out)
-                ref_grads = tuple(grads64[name] for name in ("q", "k", "v"))
+                grads64 = reference_gradients(spec, q, k, v, grad_out, **data)
+                ref_grads = tuple(grads64[name] for name in ("q", "k", "v", "bias")[:len(leaves)])
             elif pointwise or no_peer:
                 with benchlib.environment({"ATTNFUSE_BACKWARD": "separate", "ATTNFUSE_BACKWARD_TARGET": None}):
-                    ref_grads = torch.autograd.grad(af.compile(spec)(q, k, v), (q, k, v), grad_out)
+                    ref_grads = torch.autograd.grad(af.compile(spec)(q, k, v, **data), leaves, grad_out)
             else:
                 gqa = benchlib.cudnn_takes_gqa(q.detach(), k.detach(), v.detach())
                 row["cudnn_gqa"] = gqa
@@ -156,21 +177,25 @@ def main() -> None:
                                                                             device, warmup, reps)
             for name, deterministic, backward, target in COLUMNS:
                 with benchlib.environment({"ATTNFUSE_BACKWARD": backward, "ATTNFUSE_BACKWARD_TARGET": target}):
-                    fn = af.compile(spec, deterministic=deterministic)
-                    grads = torch.autograd.grad(fn(q, k, v), (q, k, v), grad_out)
+                    compiled = af.compile(spec, deterministic=deterministic)
+
+                    def fn(q, k, v, *_bias, compiled=compiled):
+                        return compiled(q, k, v, **data)
+
+                    grads = torch.autograd.grad(fn(q, k, v), leaves, grad_out)
                     row[f"{name}_kernels"] = " ".join(
                         # "gluon:" marks a kernel launched on the Gluon target.
                         ("gluon:" if type(launch).__name__.startswith("Gluon") else "")
                         + launch.info.name.removeprefix("attention_bwd_")
-                        for launch in fn.plan(q, k, v, training=True, backward=True).launches)
+                        for launch in compiled.plan(q, k, v, training=True, backward=True).launches)
                     row[f"{name}_fallbacks"] = {
                         launch.info.name: dict(launch.fallbacks)
-                        for plan_launches in [fn.plan(q, k, v, training=True).launches]
+                        for plan_launches in [compiled.plan(q, k, v, training=True).launches]
                         for launch in plan_launches if getattr(launch, "fallbacks", None)}
                     row[f"{name}_err"] = max((g.float() - r.float()).abs().max().item() for g, r in zip(grads, ref_grads))
                     row[f"{name}_rel"] = max(((g.float() - r.float()).norm() / r.float().norm()).item()
                                              for g, r in zip(grads, ref_grads))
-                    row[f"{name}_fwdbwd_ms"], row[f"{name}_bwd_ms"] = time_training(fn, (q, k, v), grad_out,
+                    row[f"{name}_fwdbwd_ms"], row[f"{name}_bwd_ms"] = time_training(fn, leaves, grad_out,
                                                                                     device, warmup, reps)
             benchlib.log(str(row))
             rows.append(row)

@@ -9,7 +9,8 @@ lists, runs the loops over its full and then its partial query-block list), each
 
     load q, dO whole, lse, delta; s^T = k @ q^T; score ops refining the previous tile (masks,
     maps, ALiBi, scales); p^T = recompute_probs; dp^T = v @ dO^T; ds^T = softmax_grad;
-    VJP ops refining ds^T (maps, scales: the chain's derivatives); dV += p^T dO;
+    VJP ops refining ds^T (maps, scales: the chain's derivatives), the bias gradient's
+    stores among them (`tile.store_scores` of the gradient tile as it is there); dV += p^T dO;
     dK += ds^T q; dq_part = ds k (dot_lhs_transposed); store_add dq_part into dq_acc;
     yield (dK, dV)
 
@@ -53,6 +54,14 @@ POINTWISE_GRAD_OPS = (tile.ReluGradOp, tile.MapOp)
 """A pointwise normalizer's derivative, the first op of the gradient step where the softmax
 has `tile.softmax_grad`: ReLU's, or a map (sigmoid: `(p, dp) -> dp * p * (1 - p)`)."""
 
+GRADIENT_STORES = (tile.StoreScoresOp,)
+"""Ops among the VJP ops that store the gradient tile as it is there (an additive bias's
+gradient, in `attention_bwd_dkdv_dq_bias`)."""
+
+FUSED_BACKWARD_KERNELS = ("attention_bwd_dkdv_dq", "attention_bwd_dkdv_dq_bias")
+"""The fused backward's dK/dV kernels (`lower_backward.build_fused_backward_kernels`): the
+second, which also stores the bias gradient, exists for a variant with a bias."""
+
 EPILOGUE_OPS = (tile.ApplyScaleOp, tile.SplitOp, tile.RotateOp, tile.StoreOp)
 """What follows the query loops: dK's scale, its inverse rotation (RoPE) and the stores."""
 
@@ -77,6 +86,7 @@ class BackwardLoop:
     grad_scores: Operation
     """dS^T of dP^T through the normalizer: `tile.softmax_grad`, or one of `POINTWISE_GRAD_OPS`."""
     vjp_ops: list[Operation]
+    """The VJP ops in order, with the gradient stores (`GRADIENT_STORES`) among them."""
     dv_accumulate: tile.AccumulateOp
     dk_accumulate: tile.AccumulateOp
     dq_part: tile.DotLhsTransposedOp
@@ -236,11 +246,17 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
     dv_accumulate = None
     chain = grad_scores.result
     op = next(it, None)
-    while isinstance(op, VJP_OPS + (tile.AccumulateOp,)):
+    while isinstance(op, VJP_OPS + GRADIENT_STORES + (tile.AccumulateOp,)):
         if isinstance(op, tile.AccumulateOp):
             if dv_accumulate is not None or op.probs is not probs.result:
                 break
             dv_accumulate = op
+        elif isinstance(op, GRADIENT_STORES):
+            # The step refines one gradient tile in place: a store reads it as it is here.
+            if op.value is not chain:
+                raise refuse(kernel, op, "a gradient store reads the gradient tile as the VJP ops have "
+                                         "refined it at that point")
+            vjp_ops.append(op)
         else:
             # A map's VJP reads the primal score tiles it needs first and the gradient last
             # (softcap: (s, ds) -> ds * (1 - tanh(s / c)^2)).
@@ -272,9 +288,9 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
 
 
 def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
-    """The parts of a fused backward kernel (`attention_bwd_dkdv_dq`), or `NotFlashShaped`
+    """The parts of a fused backward kernel (`FUSED_BACKWARD_KERNELS`), or `NotFlashShaped`
     saying why not (the op at fault, or the kernel)."""
-    check_schedulable(kernel, "the fused backward kernel", "attention_bwd_dkdv_dq", "key_blocks", BACKWARD_HEAD_DIMS)
+    check_schedulable(kernel, "the fused backward kernel", FUSED_BACKWARD_KERNELS, "key_blocks", BACKWARD_HEAD_DIMS)
     ops = list(kernel.body.block.ops)
     if len(ops) < 6:
         raise refuse(kernel, None, "expected k, v loads, dK/dV zeros, query bounds, query loops, epilogue")
@@ -330,11 +346,13 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     # Block lists: each loop's list, its count and (ordered adds) its ranks, and a document
     # filter's ids, all read through pointers.
     allowed |= {role for loop in parts.loops for role in loop.list_roles} | {"doc_ids"}
+    # ALiBi's slopes and additive biases (read in the probability step), their gradients
+    # (stored in the gradient step), all through pointers.
     for role in kernel.roles:
-        if role not in allowed and tile.role_kind(role) != "slopes":
+        if role not in allowed and tile.role_kind(role) not in ("slopes", "bias", "dbias"):
             raise refuse(kernel, None, f"role {role} has no place in the schedule")
     return parts
 
 
-__all__ = ["BACKWARD_HEAD_DIMS", "POINTWISE_GRAD_OPS", "BackwardKernel", "BackwardLoop", "backward_kernel", "backward_loop",
+__all__ = ["BACKWARD_HEAD_DIMS", "FUSED_BACKWARD_KERNELS", "GRADIENT_STORES", "POINTWISE_GRAD_OPS", "BackwardKernel", "BackwardLoop", "backward_kernel", "backward_loop",
            "gradient_operand", "primal_operands"]

@@ -124,12 +124,12 @@ def refuse(kernel: tile.KernelOp, op: Operation | None, why: str) -> NotFlashSha
     return NotFlashShaped(f"{kernel.sym_name.data}{where}: {why}", op if op is not None else kernel)
 
 
-def check_schedulable(kernel: tile.KernelOp, what: str, name: str, grid: str,
+def check_schedulable(kernel: tile.KernelOp, what: str, names: tuple[str, ...], grid: str,
                       head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
-    """`NotFlashShaped` unless `kernel` is `what`, the kernel `name` on `grid`, of an element type and
+    """`NotFlashShaped` unless `kernel` is `what`, a kernel of `names` on `grid`, of an element type and
     a head dim of `head_dims` (what the forward and the fused backward analyses both ask first)."""
-    if kernel.grid != grid or kernel.sym_name.data != name:
-        raise refuse(kernel, None, f"only {what} ({name}, {grid} grid) has this shape")
+    if kernel.grid != grid or kernel.sym_name.data not in names:
+        raise refuse(kernel, None, f"only {what} ({' or '.join(names)}, {grid} grid) has this shape")
     if kernel.elem not in ELEMENT_TYPES:
         raise refuse(kernel, None, f"element type {kernel.elem}: warpgroup MMAs take f16 or bf16 here")
     dim, dim_v = kernel.get("head_dim"), kernel.get("head_dim_v")
@@ -261,7 +261,7 @@ def listed_loops(kernel: tile.KernelOp, loops: list, lists: tuple[str, str] = ("
 
 def flash_kernel(kernel: tile.KernelOp) -> FlashKernel:
     """The parts of a flash-shaped forward kernel, or `NotFlashShaped` saying why not."""
-    check_schedulable(kernel, "the forward kernel", "attention_fwd", "query_blocks")
+    check_schedulable(kernel, "the forward kernel", ("attention_fwd",), "query_blocks")
     ops = list(kernel.body.block.ops)
     if isinstance(ops[0], tile.LoadOp) and not _whole(ops[0]):
         raise refuse(kernel, ops[0], "the query must be loaded whole (no rotation in the kernel)")

@@ -48,7 +48,7 @@ from xdsl.utils.target import Target
 
 from attnfuse.dialects import tile
 from attnfuse.errors import AttnFuseError, IRError
-from attnfuse.lowering.gluon_steps import GluonFunctions, MaskedLoopSteps
+from attnfuse.lowering.gluon_steps import BiasBlocks, GluonFunctions, MaskedLoopSteps
 from attnfuse.lowering.triton import HELPERS, LN2, KernelEmitter, LoopRows
 from attnfuse.dialects.flash_shape import INDEX_OPS, FlashLoop, NotFlashShaped, flash_kernel
 
@@ -57,7 +57,7 @@ class GluonUnsupported(IRError):
     the op at fault, or the kernel."""
 
 
-class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
+class GluonEmitter(BiasBlocks, GluonFunctions, MaskedLoopSteps, KernelEmitter):
     """Prints one flash-shaped forward kernel as a loader partition, a consumer partition, the
     score-step function and the entry kernel."""
 
@@ -81,6 +81,13 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         functions = {f"{self.kernel.sym_name.data}_{part}" for part in self.FUNCTION_PARTS}
         per_role = {f"{role}_{suffix}" for role in self.roles for suffix in ("tile", "desc")}
         return super().reserved_names() | set(self.PRINTED_NAMES) | per_role | numbered | functions
+
+    BIAS_BLOCK = ("start_n", "row_start", "ROWS")
+    BIAS_HEADER = ("rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))",
+                   "row_in_bounds = rows < n_q",
+                   "keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
+                   "key_in_bounds = keys < n_k")
+    BIAS_LOOP_ROWS = LoopRows("keys", "key_in_bounds", "keys")
 
     # The consumer keeps the online softmax's row max in base-2 units (`KernelEmitter.
     # BASE2_ROW_MAX`), as the probe does: 4 FMULs less a step between the scores and the
@@ -187,64 +194,6 @@ class GluonEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         params = ["j", *self.list_args(), "BLOCK_N: gl.constexpr"]
         return self.function(f"def {self.name}_block_start({', '.join(params)}):",
                              ["    " + line for line in body]) + ["", ""]
-
-    def bias_roles(self) -> list[str]:
-        """The kernel's additive-bias tensors (`bias`, `bias_1`, ...), loaded by `<kernel>_bias`
-        and added in the step."""
-        return [role for role in self.roles if tile.role_kind(role) == "bias"]
-
-    def bias_params(self) -> list[str]:
-        """What a bias block is loaded by: its tile's batch and head, and each bias's pointer
-        and strides (the load points `{role}_base` at the head's slice itself)."""
-        roles = self.bias_roles()
-        if not roles:
-            return []
-        return ["batch", "head", *[name for role in roles for name in (f"{role}_ptr", *self.strides(role))]]
-
-    def bias_tiles(self) -> list[str]:
-        """The variables holding the current block's bias tiles, one per bias role, loaded by
-        `<kernel>_bias` before the consumer waits for the block's scores."""
-        return [f"{role}_tile" for role in self.bias_roles()]
-
-    def bias_function(self) -> list[str]:
-        """`<name>_bias(start_n, row_start, batch, head, bias pointers..., n_q, n_k)`: the bias
-        tiles of the block at `start_n` for one consumer's rows, as `tile.add_bias` reads them
-        (`KernelEmitter.score_pointers`; outside the sequences they read 0, and those entries
-        are masked or discarded). The consumer calls it right after issuing the block's q @ k^T,
-        so the loads may run beside the product (on the H200 this measured within run-to-run
-        spread of loading inside the step: docs/performance.md §2). Offsets are int64, as the
-        portable kernel's: a full bias's batch stride times the batch can pass 2**31."""
-        if not self.bias_roles():
-            return []
-        self.loop_vars.append(LoopRows("keys", "key_in_bounds", "keys"))
-        body = ["batch = batch.to(tl.int64)  # int64 offsets: B * H * Nq * Nk can pass 2**31 elements",
-                "head = head.to(tl.int64)",
-                "rows = row_start + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))",
-                "row_in_bounds = rows < n_q",
-                "keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
-                "key_in_bounds = keys < n_k"]
-        for role in self.bias_roles():
-            body += [self.base_line(role),
-                     f"# tile.add_bias's operand: {role}[batch, head, query, key], broadcast through its strides",
-                     f"{role}_tile = {self.bias_block(role)}"]
-        self.loop_vars.pop()
-        body.append(f"return {', '.join(self.bias_tiles())}")
-        params = ["start_n", "row_start", *self.bias_params(), "n_q", "n_k", "ROWS: gl.constexpr",
-                  "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
-        return self.function(f"def {self.name}_bias({', '.join(params)}):", ["    " + line for line in body]) + ["", ""]
-
-    def bias_call(self, indent: str) -> list[str]:
-        """The block at `start_n`'s bias tiles, into `bias_tiles()` (nothing without a bias)."""
-        if not self.bias_roles():
-            return []
-        args = ", ".join(["start_n", "row_start", *self.bias_params(), "n_q", "n_k", "ROWS", "BLOCK_N", "S_LAYOUT"])
-        return [f"{indent}{', '.join(self.bias_tiles())} = {self.name}_bias({args})"]
-
-    def emit_add_bias(self, op: tile.AddBiasOp) -> None:
-        """`tile.add_bias` on the tile `<kernel>_bias` loaded for this block."""
-        role = self.role_of(op.bias)
-        self.emit(f"# tile.add_bias: {role}[batch, head, query, key], loaded beside the block's q @ k^T")
-        self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + {role}_tile.to(tl.float32)")
 
     def step_results(self) -> list[str]:
         """What a step returns (and its call site assigns), in order."""

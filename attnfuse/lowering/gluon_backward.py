@@ -48,7 +48,7 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects import tile
 from attnfuse.dialects.backward_shape import BackwardLoop, backward_kernel, primal_operands
 from attnfuse.dialects.flash_shape import NotFlashShaped
-from attnfuse.lowering.gluon_steps import GluonFunctions, MaskedLoopSteps, Pieces
+from attnfuse.lowering.gluon_steps import BiasBlocks, GluonFunctions, MaskedLoopSteps, Pieces
 from attnfuse.lowering.triton import LOG2E, KernelEmitter, LoopRows, padded
 
 DESCRIPTOR_ROLES = ("do", "dv", "dq_acc", "lse", "delta")
@@ -77,12 +77,20 @@ def _unsupported(message: str, op: Operation | None):
     return GluonUnsupported(message, op)
 
 
-class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
+class GluonBackwardEmitter(BiasBlocks, GluonFunctions, MaskedLoopSteps, KernelEmitter):
     """Prints one warp-specialized fused backward kernel: the probability and gradient step
     functions, the loader, the dQ writer, the consumer and the entry kernel."""
 
     DESCRIPTOR_ROLES = DESCRIPTOR_ROLES
     RANGE_START = "start_m"
+    # A bias block is the step's: the program's keys down, the step's queries across.
+    BIAS_BLOCK = ("start_m", "n_start", "BLOCK_M")
+    BIAS_FUNCTION = "load_bias"  # (`<kernel>_bias` would be the name of the dbias kernel)
+    BIAS_HEADER = ("rows = n_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))",
+                   "row_in_bounds = rows < n_k",
+                   "queries = start_m + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
+                   "query_in_bounds = queries < n_q")
+    BIAS_LOOP_ROWS = LoopRows("queries", "query_in_bounds", "q_pos")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -120,7 +128,7 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                       "gl", "gluon", "mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait", "fence_async_shared")
     """Names the printed partitions use themselves: the ops' results take others."""
 
-    FUNCTION_PARTS = ("probs", "grads", "load", "dq_write", "consume")
+    FUNCTION_PARTS = ("probs", "grads", "load", "dq_write", "consume", "load_bias")
     """The kernel's functions besides its entry: `<kernel name>_<part>`."""
 
     def reserved_names(self) -> set[str]:
@@ -129,12 +137,13 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         primal = {f"primal_{i}_{j}" for i in range(16) for j in range(4)}
         functions = {f"{self.kernel.sym_name.data}_{part}" for part in self.FUNCTION_PARTS}
         read = {"STAGES", "num_warps", *(f"{role}_desc" for role in self.roles), "q_desc", "k_desc", "v_desc"}
+        tiles = {f"{role}_tile" for role in self.roles}
         return (super().reserved_names() | set(self.CONSUMER_NAMES) | primal | {f"bound_{i}" for i in range(8)}
-                | {f"count_{i}" for i in range(8)} | functions | read)
+                | {f"count_{i}" for i in range(8)} | functions | read | tiles)
 
     def run(self) -> list[str]:
         self.find_primal_values()
-        out: list[str] = []
+        out: list[str] = self.bias_function()
         out += self.probs_function() + ["", ""]
         out += self.grads_function() + ["", ""]
         out += self.loader() + ["", ""]
@@ -247,7 +256,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         pieces: Pieces = []
         self.loop_vars.append(LoopRows("queries", "query_in_bounds" if loop.masked else "", "q_pos"))
         for op in loop.gradient_ops:
-            self.namer.pin(op.result, "grad_scores")
+            if op.results:  # (a gradient store has none)
+                self.namer.pin(op.results[0], "grad_scores")
             self.lines, self.indent = [], 0
             self.HANDLERS[type(op)](self, op)
             pieces.append((isinstance(op, tile.FILTER_OPS), self.lines))
@@ -375,8 +385,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         body += self.STEP_HEADER
         body += self.step_body(self.probs_pieces)
         body.append("return " + ", ".join(["probs", *self.primal_names()]))
-        params = ["scores", *self.row_statistic("lse_log2"), *self.step_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
-                  "S_LAYOUT: gl.constexpr"]
+        params = ["scores", *self.row_statistic("lse_log2"), *self.step_params(), *self.bias_tiles(),
+                  "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_probs({', '.join(params)}):",
                              ["    " + line if line else "" for line in body])
 
@@ -401,7 +411,8 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
         body += self.step_body(self.grads_pieces)
         body.append("return grad_scores")
         params = ["probs", "grad_probs", *self.row_statistic("delta"), *self.primal_names(), *self.step_params(),
-                  "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
+                  *self.gradient_store_params(), "BLOCK_M: gl.constexpr", "BLOCK_N: gl.constexpr",
+                  "S_LAYOUT: gl.constexpr"]
         return self.function(f"def {self.name}_grads({', '.join(params)}):",
                              ["    " + line if line else "" for line in body])
 
@@ -542,8 +553,35 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             return [f"{role}_ptr", *self.strides(role)]  # the turns come from the lists' ranks
         return [f"{role}_ptr", *self.strides(role), "block_id", "prev_q_end"]
 
-    def step_args(self) -> str:
-        return ", ".join([*self.step_params(), "BLOCK_M", "BLOCK_N", "S_LAYOUT"])
+    def step_args(self, extra: list[str] | tuple[str, ...] = ()) -> str:
+        """A step function's arguments at the consumer's call: the shared ones, `extra` (that
+        function's own), the tile sizes and the layout."""
+        return ", ".join([*self.step_params(), *extra, "BLOCK_M", "BLOCK_N", "S_LAYOUT"])
+
+    # -- the bias gradient -------------------------------------------------------------------
+
+    def gradient_store_roles(self) -> list[str]:
+        """The data gradients the gradient step stores (`dbias`, ...: `tile.store_scores`)."""
+        return [role for role in self.roles if tile.role_kind(role) == "dbias"]
+
+    def gradient_store_params(self) -> list[str]:
+        """What the gradient step's stores need: the step's batch and head, and each gradient's
+        pointer and strides (the store points `{role}_base` at the head's slice itself)."""
+        roles = self.gradient_store_roles()
+        if not roles:
+            return []
+        return ["batch", "head", *[name for role in roles for name in (f"{role}_ptr", *self.strides(role))]]
+
+    def emit_store_scores(self, op: tile.StoreScoresOp) -> None:
+        """`tile.store_scores` of the gradient tile as it is at this point of the step, into
+        `{role}[batch, head, query, key]` (int64 offsets: a full-size gradient can pass 2**31
+        elements). Every loop's store is masked by both sequence ends, so the loops' steps
+        print it alike and merge (a full block's queries are all in bounds anyway)."""
+        role = self.role_of(op.dest)
+        self.emit(f"# tile.store_scores: {role}[batch, head, query, key] for this block")
+        self.emit(f"{role}_base = {role}_ptr + batch.to(tl.int64) * stride_{role}_b + head.to(tl.int64) * stride_{role}_h")
+        self.emit(f"tl.store({self.score_pointers(role)}, {self.namer[op.value]}.to({role}_ptr.dtype.element_ty), "
+                  "mask=row_in_bounds[:, None] & query_in_bounds[None, :])")
 
     def consumer(self) -> list[str]:
         first = self.loops[0]
@@ -559,18 +597,19 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
             f"# {first.scores.name} (s^T = k q^T) and {first.grad_probs.name} (dp^T = v dO^T), issued together",
             "scores = warpgroup_mma(k_tile, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "grad_probs = warpgroup_mma(v_tile, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            *self.bias_call(""),
             *(["# lse in log2 units (the exponent's), scaled as it is loaded, under the products",
                f"lse_log2 = lse_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT)) * {LOG2E}"]
               if self.softmax else []),
             "# Groups complete in issue order: one outstanding means s^T is done.",
             "scores = warpgroup_mma_wait(1, deps=(scores,))",
-            f"{', '.join(['probs', *primal])} = {self.name}_probs({', '.join(['scores', *self.row_statistic('lse_log2'), self.step_args()])})",
+            f"{', '.join(['probs', *primal])} = {self.name}_probs({', '.join(['scores', *self.row_statistic('lse_log2'), self.step_args(self.bias_tiles())])})",
             "# tile.accumulate: dV += p^T dO, issued before the wait for dp^T (ds^T is computed under it)",
             "p_op = gl.convert_layout(probs.to(dtype), A_LAYOUT)",
             "dv = warpgroup_mma(p_op, do_s, dv, is_async=True)",
             *(["delta = delta_bufs.index(stage).load(gl.SliceLayout(0, S_LAYOUT))"] if self.softmax else []),
             "grad_probs = warpgroup_mma_wait(1, deps=(grad_probs,))",
-            f"grad_scores = {self.name}_grads({', '.join(['probs', 'grad_probs', *self.row_statistic('delta'), *primal, self.step_args()])})",
+            f"grad_scores = {self.name}_grads({', '.join(['probs', 'grad_probs', *self.row_statistic('delta'), *primal, self.step_args(self.gradient_store_params())])})",
             "ds16 = grad_scores.to(dtype)",
             "# ds^T to shared memory for the dQ part (A = its transposed view): every warp's part",
             "# before the tensor cores read it (a fence for the async proxy, then a barrier).",
@@ -784,3 +823,9 @@ class GluonBackwardEmitter(GluonFunctions, MaskedLoopSteps, KernelEmitter):
                   *constexprs, f"num_warps: gl.constexpr = {k.get('num_warps')}"]
         header = [f"def {self.name}(", *[f"    {p}," for p in params], "):"]
         return ["@gluon.jit", *header, *self.lines]
+
+
+# The bias is loaded beside the step's products (`BiasBlocks`), its gradient stored masked alike
+# in every loop (`emit_store_scores`).
+GluonBackwardEmitter.HANDLERS = {**KernelEmitter.HANDLERS, tile.AddBiasOp: GluonBackwardEmitter.emit_add_bias,
+                                 tile.StoreScoresOp: GluonBackwardEmitter.emit_store_scores}

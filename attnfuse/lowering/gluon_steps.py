@@ -69,6 +69,80 @@ class GluonFunctions:
         return ["@gluon.jit", header] + body
 
 
+class BiasBlocks:
+    """Mixin of the Gluon printers: an additive bias's block, loaded by `<kernel>_bias` from its
+    pointer and strides while the block's product runs, and added in the score step. A printer
+    says where its blocks lie: `BIAS_BLOCK` (the loop's start, the program rows' start, the
+    rows' count: the function's index parameters), `BIAS_HEADER` (the index lines, in the score
+    tile's layout) and `BIAS_LOOP_ROWS` (the loop's rows, as the portable printers read them)."""
+
+    BIAS_BLOCK: tuple[str, str, str] = ("start_n", "row_start", "ROWS")
+    BIAS_FUNCTION = "bias"
+    """The load function's name after the kernel's (`<kernel>_bias`)."""
+    BIAS_HEADER: tuple[str, ...] = ()
+    BIAS_LOOP_ROWS: object = None
+
+    def bias_roles(self) -> list[str]:
+        """The kernel's additive-bias tensors (`bias`, `bias_1`, ...), loaded by `<kernel>_bias`
+        and added in the step."""
+        return [role for role in self.roles if tile.role_kind(role) == "bias"]  # type: ignore[attr-defined]
+
+    def bias_params(self) -> list[str]:
+        """What a bias block is loaded by: its tile's batch and head, and each bias's pointer
+        and strides (the load points `{role}_base` at the head's slice itself)."""
+        roles = self.bias_roles()
+        if not roles:
+            return []
+        return ["batch", "head", *[name for role in roles
+                                   for name in (f"{role}_ptr", *self.strides(role))]]  # type: ignore[attr-defined]
+
+    def bias_tiles(self) -> list[str]:
+        """The variables holding the current block's bias tiles, one per bias role, loaded by
+        `<kernel>_bias` before the consumer waits for the block's scores."""
+        return [f"{role}_tile" for role in self.bias_roles()]
+
+    def bias_function(self) -> list[str]:
+        """`<name>_<BIAS_FUNCTION>(start, row_start, batch, head, bias pointers..., n_q, n_k)`: the bias
+        tiles of one block, as `tile.add_bias` reads them (`KernelEmitter.score_pointers`, in
+        the grid's orientation; outside the sequences they read 0, and those entries are
+        masked or discarded). The consumer calls it right after issuing the block's product,
+        so the loads may run beside it (in the forward on the H200 this measured within
+        run-to-run spread of loading inside the step: docs/performance.md §2). Offsets are
+        int64, as the portable kernel's: a full bias's batch stride times the batch can pass
+        2**31."""
+        if not self.bias_roles():
+            return []
+        self.loop_vars.append(self.BIAS_LOOP_ROWS)  # type: ignore[attr-defined]
+        body = ["batch = batch.to(tl.int64)  # int64 offsets: B * H * Nq * Nk can pass 2**31 elements",
+                "head = head.to(tl.int64)", *self.BIAS_HEADER]
+        for role in self.bias_roles():
+            body += [self.base_line(role),  # type: ignore[attr-defined]
+                     f"# tile.add_bias's operand: {role}[batch, head, query, key], broadcast through its strides",
+                     f"{role}_tile = {self.bias_block(role)}"]  # type: ignore[attr-defined]
+        self.loop_vars.pop()  # type: ignore[attr-defined]
+        body.append(f"return {', '.join(self.bias_tiles())}")
+        start, row_start, rows = self.BIAS_BLOCK
+        params = [start, row_start, *self.bias_params(), "n_q", "n_k", f"{rows}: gl.constexpr",
+                  "BLOCK_N: gl.constexpr", "S_LAYOUT: gl.constexpr"]
+        name = self.name  # type: ignore[attr-defined]
+        return self.function(f"def {name}_{self.BIAS_FUNCTION}({', '.join(params)}):",  # type: ignore[attr-defined]
+                             ["    " + line for line in body]) + ["", ""]
+
+    def bias_call(self, indent: str) -> list[str]:
+        """The current block's bias tiles, into `bias_tiles()` (nothing without a bias)."""
+        if not self.bias_roles():
+            return []
+        args = ", ".join([*self.BIAS_BLOCK[:2], *self.bias_params(), "n_q", "n_k", self.BIAS_BLOCK[2], "BLOCK_N",
+                          "S_LAYOUT"])
+        return [f"{indent}{', '.join(self.bias_tiles())} = {self.name}_{self.BIAS_FUNCTION}({args})"]  # type: ignore[attr-defined]
+
+    def emit_add_bias(self, op: tile.AddBiasOp) -> None:
+        """`tile.add_bias` on the tile `<kernel>_bias` loaded for this block."""
+        role = self.role_of(op.bias)  # type: ignore[attr-defined]
+        self.emit(f"# tile.add_bias: {role}[batch, head, query, key], loaded beside the block's product")  # type: ignore[attr-defined]
+        self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + {role}_tile.to(tl.float32)")  # type: ignore[attr-defined]
+
+
 class MaskedLoopSteps:
     """Mixin of `KernelEmitter`s that print one step function for a kernel's consecutive
     loops (`self.loops`, each with the loop op as `.op`; `self.parts.listed` where they walk

@@ -14,7 +14,9 @@ rows not 16-byte aligned) is copied, and so are lse and delta where Nq is not a 
 multiple) it cannot cover runs the portable fused kernel of the same plan. `ATTNFUSE_BACKWARD_TARGET=triton` keeps the
 portable kernel, `gluon` takes Gluon wherever it lowers and the shape fits (whatever the
 measurements say), `auto` (the default) builds the fused backward for it only where
-`GLUON_BACKWARD_MIN_WORK` says. Read at plan time.
+`GLUON_BACKWARD_MIN_WORK` says. Read at plan time. A variant with an additive bias has two
+such kernels (`FUSED_BACKWARD_KERNELS`: the second also stores the bias gradient), and each is
+replaced by its own Gluon launch.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 from xdsl.dialects.builtin import ModuleOp
 
 from attnfuse.dialects import make_context, tile
-from attnfuse.dialects.backward_shape import BACKWARD_HEAD_DIMS
+from attnfuse.dialects.backward_shape import BACKWARD_HEAD_DIMS, FUSED_BACKWARD_KERNELS
 from attnfuse.errors import ArgumentError
 from attnfuse.runtime.gluon_forward import _descriptor_ready, _gluon_module, hopper
 from attnfuse.lowering.gluon_backward import DESCRIPTOR_ROLES, ROW_ALIGNMENT, padded_rows_per_head
@@ -46,6 +48,8 @@ TARGET_ENV = "ATTNFUSE_BACKWARD_TARGET"
 TARGETS = ("auto", "gluon", "triton")
 
 KERNEL = "attention_bwd_dkdv_dq"
+"""The fused backward's dK/dV/dQ kernel (with a bias, `FUSED_BACKWARD_KERNELS` has its `_bias`
+copy too)."""
 
 OUTPUT_ROLES = ("dk", "dv", "dq_acc")
 """The outputs behind the descriptors after q, k, v and dO (the launch ABI's order)."""
@@ -151,14 +155,15 @@ def backward_target() -> str:
 def variant_fits(variant: Canonical) -> bool:
     """Whether the variant's fused backward has the shape `warp-specialize` schedules
     (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax,
-    ReLU or sigmoid over elementwise score ops (no bias; block lists of documents, or of a
-    block layout whose blocks hold whole tiles of `GLUON_BACKWARD_TILES`) and RoPE, if any, over
+    ReLU or sigmoid over elementwise score ops (additive biases among them; block lists of
+    documents, or of a block layout whose blocks hold whole tiles of `GLUON_BACKWARD_TILES`)
+    and RoPE, if any, over
     the full head dim, by halves or interleaved (and not under ReLU, whose backward rotates in
     the kernel). A
     cheap filter before anything is lowered: what decides is the lowered kernel
     (`scheduled_backward`), which the runtime asks before it builds the fused backward for
     this target (`CompiledAttention.compile_key`)."""
-    if variant.normalizer_name not in NORMALIZERS or variant.reads("bias"):
+    if variant.normalizer_name not in NORMALIZERS:
         return False
     if variant.block_size is not None and variant.block_size % max(GLUON_BACKWARD_TILES):
         return False
@@ -194,7 +199,7 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
     of a block module outside the package, which nothing measured; `GLUON_BACKWARD_MIN_WORK`, or with
     its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`; under a pointwise
     normalizer `GLUON_POINTWISE_MIN_WORK`; documents `GLUON_LISTED_MIN_WORK`, ordered
-    `GLUON_LISTED_ORDERED_MIN_WORK`; block layouts none). RoPE at
+    `GLUON_LISTED_ORDERED_MIN_WORK`; block layouts and additive biases none). RoPE at
     call-time positions (as a Hugging Face model's `position_ids` are passed) is scheduled
     like RoPE at the default ones: dK's inverse rotation in the epilogue
     reads the keys' positions. A backward that rotates in its loops (`bwd_rope` other than
@@ -207,6 +212,10 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
         return False
     if target == "gluon":
         return True
+    if variant.reads("bias"):
+        # Not measured on a GPU yet: the bias's loads (and its gradient's stores) weigh on the
+        # two backwards alike, but no table says where the Gluon one wins.
+        return False
     if variant.listed:
         if variant.block_size is not None:
             return False  # block layouts: the listed tables measured documents only
@@ -369,19 +378,20 @@ def _blocks_and_layouts(fp16: bool, dim: int, block_m: int, block_n: int) -> tup
             (key, k_layout), (query, acc_layout), rows)
 
 
-def scheduled_backward(module: ModuleOp) -> GluonProgram | None:
-    """The Gluon program of `module`'s fused backward kernel, where `warp-specialize` schedules
-    it and the Gluon target prints it; None otherwise. This is what decides whether a call
-    runs the Gluon backward (`variant_fits` only predicts it). Applies `warp-specialize` to
-    `module`."""
+def scheduled_backward(module: ModuleOp) -> dict[str, GluonProgram] | None:
+    """The Gluon programs of `module`'s fused backward kernels (`FUSED_BACKWARD_KERNELS`: the
+    dK/dV/dQ kernel and, with a bias, its copy that stores the bias gradient), by kernel name,
+    where `warp-specialize` schedules every one of them and the Gluon target prints it; None
+    otherwise. This is what decides whether a call runs the Gluon backward (`variant_fits`
+    only predicts it). Applies `warp-specialize` to `module`."""
     from attnfuse.lowering.gluon import GluonUnsupported, emit_gluon_kernel
 
     WarpSpecializePass().apply(make_context(), module)
-    kernel = next((op for op in module.ops if isinstance(op, tile.KernelOp) and op.sym_name.data == KERNEL), None)
-    if kernel is None or kernel.schedule is None:
+    kernels = [op for op in module.ops if isinstance(op, tile.KernelOp) and op.sym_name.data in FUSED_BACKWARD_KERNELS]
+    if not kernels or any(kernel.schedule is None for kernel in kernels):
         return None
     try:
-        return emit_gluon_kernel(kernel)
+        return {kernel.sym_name.data: emit_gluon_kernel(kernel) for kernel in kernels}
     except GluonUnsupported:
         return None
 
@@ -390,23 +400,29 @@ def gluon_backward(
     launches: list[Any], problem: Problem, sm_scale: float, tile_module: Callable[[], ModuleOp],
     variant: Canonical,
 ) -> list[Any]:
-    """`launches` with the fused backward's dK/dV/dQ kernel replaced by its Gluon launch where
-    the plan has it, this GPU and the user's choice allow it and `warp-specialize` schedules
-    the kernel (unchanged otherwise). Under `auto` a variant with an op of a block module keeps
-    the portable kernel whatever `ATTNFUSE_BACKWARD` chose (`takes_gluon_backward`)."""
-    if not any(launch.info.name == KERNEL for launch in launches) or not _target_allows(backward_target(), variant):
+    """`launches` with the fused backward's dK/dV/dQ kernels replaced by their Gluon launches where
+    the plan has them, this GPU and the user's choice allow it and `warp-specialize` schedules
+    the kernels (unchanged otherwise). Under `auto` a variant with an op of a block module keeps
+    the portable kernels whatever `ATTNFUSE_BACKWARD` chose (`takes_gluon_backward`)."""
+    if not any(launch.info.name in FUSED_BACKWARD_KERNELS for launch in launches) \
+            or not _target_allows(backward_target(), variant):
         return launches
     if not hopper(problem) or not fits(problem):
         # (A fused backward forced by ATTNFUSE_BACKWARD, which `takes_gluon_backward` does not
-        # decide, keeps its portable kernel where the Gluon one does not fit.)
+        # decide, keeps its portable kernels where the Gluon ones do not fit.)
         return launches
-    program = scheduled_backward(tile_module())
-    if program is None:
+    programs = scheduled_backward(tile_module())
+    if programs is None:
         return launches
-    compiled = getattr(_gluon_module(program.source), KERNEL)
-    info = program.kernels[0]
-    return [GluonBackwardLaunch(launch, compiled, info, problem, sm_scale) if launch.info.name == KERNEL
-            else launch for launch in launches]
+    replaced = []
+    for launch in launches:
+        program = programs.get(launch.info.name)
+        if program is None:
+            replaced.append(launch)
+            continue
+        compiled = getattr(_gluon_module(program.source), launch.info.name)
+        replaced.append(GluonBackwardLaunch(launch, compiled, program.kernels[0], problem, sm_scale))
+    return replaced
 
 
 __all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_BACKWARD_TILES", "GLUON_LISTED_MIN_WORK", "GLUON_LISTED_ORDERED_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",

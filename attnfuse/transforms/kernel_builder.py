@@ -416,24 +416,39 @@ def lower_score_chain(
 def lower_chain_vjp(k: KernelBuilder, inputs: ChainInputs, grad: SSAValue) -> SSAValue:
     """The gradient of the raw scores from that of the final ones: each modifier's VJP in
     reverse program order. The call-time data gradients the modifiers give (`dbias`) are
-    summed per role and stored where the kernel writes that role."""
+    summed per role and stored where the kernel writes that role, as soon as the role's last
+    contribution is known (before the VJPs further down the chain): the stored tile is then
+    the gradient tile of that point, which a schedule refining one gradient tile in place
+    (`backward_shape`) can store as it goes."""
+    pending: dict[str, int] = {}
+    for op, _scores_in in inputs:
+        trait = op.get_trait(ScoreModifier)
+        assert trait is not None
+        for use in trait.data(op):
+            if use.gradient is not None and k.writes(use.gradient):
+                pending[use.gradient] = pending.get(use.gradient, 0) + 1
     data_grads: dict[str, list[SSAValue]] = {}
     for op, scores_in in reversed(inputs):
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
         for role, value in call_block(trait, "data_gradient", op, k, grad):
+            if role not in pending:
+                continue
             data_grads.setdefault(role, []).append(value)
+            if len(data_grads[role]) == pending[role]:
+                _store_data_gradient(k, role, data_grads[role])
         grad = block_value(trait, "vjp", op, k, scores_in, grad)
-    for role, values in data_grads.items():
-        if not k.writes(role):
-            continue
-        total = values[0]
-        for value in values[1:]:
-            total = k.scalar_map([total, value], f"grad_{role}",
-                                 lambda b, args: b.insert(arith.AddfOp(*args)).result)
-        # s = scale * q.k + ...: the gradient of data added to the scores is dS itself.
-        k.builder.insert(tile.StoreScoresOp(total, k.arg(role)))
     return grad
+
+
+def _store_data_gradient(k: KernelBuilder, role: str, values: list[SSAValue]) -> None:
+    """Stores the sum of a data role's gradient contributions where the kernel writes it."""
+    total = values[0]
+    for value in values[1:]:
+        total = k.scalar_map([total, value], f"grad_{role}",
+                             lambda b, args: b.insert(arith.AddfOp(*args)).result)
+    # s = scale * q.k + ...: the gradient of data added to the scores is dS itself.
+    k.builder.insert(tile.StoreScoresOp(total, k.arg(role)))
 
 
 Body = Callable[[Block, bool], None]

@@ -412,3 +412,55 @@ def test_gluon_backward_walks_block_lists(name, deterministic, d, dtype, hq, hkv
         assert all(err <= GRAD_TOLERANCE[q.dtype] for err in errors.values()), errors
     if deterministic:
         assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+
+
+BIAS_SHAPES = {
+    # A learned full-size bias: the `_bias` kernel stores dS as its gradient.
+    "full-grad": (lambda b, h, nq, nk: (b, h, nq, nk), True),
+    # A learned bias per head and key (T5-style, broadcast over batch and queries: strides 0).
+    "head-key-grad": (lambda b, h, nq, nk: (1, h, 1, nk), True),
+    # A padding mask as a Hugging Face model passes it (per batch, shared by heads): no gradient.
+    "mask-no-grad": (lambda b, h, nq, nk: (b, 1, nq, nk), False),
+}
+
+
+@pytest.mark.parametrize("shape", list(BIAS_SHAPES))
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 300, 333), (2, 2, 20, 77), (8, 2, 256, 256)])
+def test_gluon_backward_with_an_additive_bias(shape, deterministic, d, dtype, hq, hkv, nq, nk, monkeypatch):
+    """An additive bias (with causal masking): its blocks loaded beside each step's products;
+    where it requires a gradient, the `attention_bwd_dkdv_dq_bias` Gluon kernel stores dS as the
+    full-size gradient, which autograd sums onto the bias's shape. q, k, v and bias gradients
+    against the float64 reference; ordered, bitwise the same from call to call."""
+    spec = af.attention(af.additive_bias(), af.causal())
+    q, k, v = inputs(2, hq, hkv, nq, nk, d, dtype, seed=81)
+    make_shape, grad = BIAS_SHAPES[shape]
+    gen = torch.Generator().manual_seed(82)
+    bias = torch.randn(make_shape(2, hq, nq, nk), generator=gen)
+    if shape == "mask-no-grad":
+        bias = torch.where(torch.rand(bias.shape, generator=gen) < 0.2, -1e9, 0.0)  # some keys padded out
+    bias = bias.to(dtype).cuda().requires_grad_(grad)
+    fn = af.compile(spec, deterministic=deterministic)
+    plan = fn.plan(q, k, v, training=True)
+    kernel = "attention_bwd_dkdv_dq_bias" if grad else "attention_bwd_dkdv_dq"
+    launch = next((launch for launch in plan.launches if launch.info.name == kernel), None)
+    assert isinstance(launch, GluonBackwardLaunch), [launch.info.name for launch in plan.launches]
+    assert ("dbias" in launch.launch.roles) == grad
+    gluon_only(launch, monkeypatch)
+    out_grad = torch.randn(q.shape, generator=gen).to(q.dtype).cuda()
+    runs = []
+    for _ in range(2):
+        q.grad = k.grad = v.grad = bias.grad = None
+        fn(q, k, v, bias=bias).backward(out_grad)
+        runs.append([t.grad.clone() for t in (q, k, v, *([bias] if grad else []))])
+    want = reference_gradients(spec, q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), out_grad.cpu(),
+                               bias=bias.detach().cpu().requires_grad_(grad))
+    names = ["q", "k", "v", *(["bias"] if grad else [])]
+    for run in runs:
+        errors = gradient_errors(dict(zip(names, run)), want)
+        assert all(err <= GRAD_TOLERANCE[q.dtype] for err in errors.values()), errors
+    if not grad:
+        assert bias.grad is None
+    if deterministic:
+        assert all(torch.equal(a, b) for a, b in zip(*runs))

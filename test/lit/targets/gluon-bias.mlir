@@ -17,7 +17,7 @@
 // One step for both key loops: the bias is added before the diagonal loop's mask.
 // CHECK:      def attention_fwd_step(scores, row_max, row_sum, start_n, row_start, bound_1, sm_scale, n_q, n_k, bias_tile, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
 // CHECK:          scores = scores * sm_scale
-// CHECK-NEXT:     # tile.add_bias: bias[batch, head, query, key], loaded beside the block's q @ k^T
+// CHECK-NEXT:     # tile.add_bias: bias[batch, head, query, key], loaded beside the block's product
 // CHECK-NEXT:     scores = scores + bias_tile.to(tl.float32)
 // CHECK-NEXT:     if start_n >= bound_1:
 // CHECK-NEXT:         # tile.mask

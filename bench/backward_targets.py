@@ -179,8 +179,8 @@ def main() -> None:
                 with benchlib.environment({"ATTNFUSE_BACKWARD": backward, "ATTNFUSE_BACKWARD_TARGET": target}):
                     compiled = af.compile(spec, deterministic=deterministic)
 
-                    def fn(q, k, v, *_bias, compiled=compiled):
-                        return compiled(q, k, v, **data)
+                    def fn(q, k, v, *_bias, compiled=compiled, data=data):
+                        return compiled(q, k, v, **data)  # (a bias leaf is the `data` one)
 
                     grads = torch.autograd.grad(fn(q, k, v), leaves, grad_out)
                     row[f"{name}_kernels"] = " ".join(

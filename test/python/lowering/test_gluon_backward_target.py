@@ -538,6 +538,8 @@ def test_listed_calls_take_the_gluon_backward_on_its_tiles(deterministic, monkey
     (af.attention(af.rope(), af.causal()), "ordered"),
     (af.attention(af.document(), af.causal()), "ordered"),
     (af.attention(af.block_sparse(128)), "fused"),
+    (af.attention(af.additive_bias(), af.causal()), "ordered"),
+    (af.attention(af.additive_bias(), af.alibi()), "fused-grad"),
 ])
 def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     """`GluonBackwardLaunch` hands the printed entry kernel its parameters in their order: the
@@ -545,7 +547,9 @@ def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     normalizer), then each other role's pointer and strides, then the scalars (CPU tensors, the
     launch itself stood in for)."""
     listed = af.compile(spec).program.canonical((False, False)).listed
-    program = emit_gluon_kernel(backward_kernel(spec, 128, bwd_dq, config=LISTED_TILES if listed else TILES))
+    bwd_dq, _, grad = bwd_dq.partition("-")  # `-grad`: the kernel that stores the bias gradient
+    name = "attention_bwd_dkdv_dq_bias" if grad else "attention_bwd_dkdv_dq"
+    program = emit_gluon_kernel(backward_kernel(spec, 128, bwd_dq, config=LISTED_TILES if listed else TILES, name=name))
     info = program.kernels[0]
     b, hq, hkv, n, d = 1, 4, 2, 256, 128
     made = {"q": (hq, torch.bfloat16), "q_rot": (hq, torch.bfloat16), "do": (hq, torch.bfloat16),
@@ -554,7 +558,9 @@ def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     tensors = {role: torch.zeros(b, heads, n, d, dtype=dtype) for role, (heads, dtype) in made.items()}
     tensors |= {"lse": torch.zeros(b * hq * n), "delta": torch.zeros(b * hq * n),
                 "dq_order": torch.zeros(b, hq, n, dtype=torch.int32), "rope_table": torch.zeros(2, n, d // 2),
-                "doc_ids": torch.zeros(b, n, dtype=torch.int32)}
+                "doc_ids": torch.zeros(b, n, dtype=torch.int32), "slopes": torch.zeros(hq),
+                "bias": torch.zeros(1, 1, n, n, dtype=torch.bfloat16).expand(b, hq, n, n),
+                "dbias": torch.zeros(b, hq, n, n)}
     for kind in ("full", "partial"):
         for what in ("blocks", "rank"):
             tensors[f"{kind}_q_{what}"] = torch.zeros(b, hq, n // 128, n // 64, dtype=torch.int32)
@@ -565,6 +571,7 @@ def test_launch_passes_the_printed_kernels_parameters(spec, bwd_dq):
     runtime = check_launch_matches_signature(launch, tensors, program.source, info.name)
     softmax = af.compile(spec).program.canonical((False, False)).normalizer_name == "softmax"
     assert ("lse_desc" in runtime) == ("lse" in info.roles) == softmax
+    assert ("dbias_ptr" in runtime) == bool(grad)
 
 
 @pytest.mark.parametrize("ahead", [True, False], ids=["ahead", "at-the-step"])

@@ -5,7 +5,7 @@ fused kernel (`lowering/gluon_backward.py`) and how it is launched.
 fused backward (`lower-to-tile{bwd-dq=fused}`, or `ordered` for a deterministic call) is built
 for the Gluon target: the rule `backward_choice.choose_backward` applies under
 `ATTNFUSE_BACKWARD=auto`. `gluon_backward`
-then replaces the plan's portable `attention_bwd_dkdv_dq` launch with the Gluon one where
+then replaces the plan's portable fused dK/dV/dQ launches (`FUSED_BACKWARD_KERNELS`) with Gluon ones where
 `warp-specialize` scheduled the kernel, whatever chose the fused backward (under
 `ATTNFUSE_BACKWARD=fused` too, at any size: the portable fused kernel is slower still). An input
 a TMA descriptor cannot cover (strides of 0,
@@ -16,7 +16,7 @@ portable kernel, `gluon` takes Gluon wherever it lowers and the shape fits (what
 measurements say), `auto` (the default) builds the fused backward for it only where
 `GLUON_BACKWARD_MIN_WORK` says. Read at plan time. A variant with an additive bias has two
 such kernels (`FUSED_BACKWARD_KERNELS`: the second also stores the bias gradient), and each is
-replaced by its own Gluon launch.
+replaced by its own Gluon launch (only under `gluon` for now: `_target_allows`).
 """
 
 from __future__ import annotations
@@ -212,10 +212,6 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
         return False
     if target == "gluon":
         return True
-    if variant.reads("bias"):
-        # Not measured on a GPU yet: the bias's loads (and its gradient's stores) weigh on the
-        # two backwards alike, but no table says where the Gluon one wins.
-        return False
     if variant.listed:
         if variant.block_size is not None:
             return False  # block layouts: the listed tables measured documents only
@@ -231,8 +227,12 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
 def _target_allows(target: str, variant: Canonical) -> bool:
     """Whether the user's backward target lets `variant` run the Gluon backward at all: not
     under `triton`, and under `auto` not a variant with an op of a block module, for which no
-    measurement speaks (as the forward's `auto`, `AUTO_VARIANT_CLASSES["outside"]`)."""
-    return target != "triton" and not (target == "auto" and variant.outside_ops)
+    measurement speaks (as the forward's `auto`, `AUTO_VARIANT_CLASSES["outside"]`), nor one
+    with an additive bias, whose Gluon kernels no GPU run has checked or timed yet (so a fused
+    backward forced by `ATTNFUSE_BACKWARD` keeps the portable kernels for it)."""
+    if target == "triton":
+        return False
+    return target == "gluon" or not (variant.outside_ops or variant.reads("bias"))
 
 
 def pairs_per_head(problem: Problem, variant: Canonical) -> float:

@@ -416,28 +416,31 @@ def lower_score_chain(
 def lower_chain_vjp(k: KernelBuilder, inputs: ChainInputs, grad: SSAValue) -> SSAValue:
     """The gradient of the raw scores from that of the final ones: each modifier's VJP in
     reverse program order. The call-time data gradients the modifiers give (`dbias`) are
-    summed per role and stored where the kernel writes that role, as soon as the role's last
-    contribution is known (before the VJPs further down the chain): the stored tile is then
-    the gradient tile of that point, which a schedule refining one gradient tile in place
-    (`backward_shape`) can store as it goes."""
-    pending: dict[str, int] = {}
+    summed per role and stored where the kernel writes that role, as soon as the last op
+    declaring the role (`DataUse.gradient`) has given its contributions, before the VJPs
+    further down the chain: the stored tile is then the gradient tile of that point, which a
+    schedule refining one gradient tile in place (`backward_shape`) can store as it goes."""
+    declaring: dict[str, int] = {}
     for op, _scores_in in inputs:
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
-        for use in trait.data(op):
-            if use.gradient is not None and k.writes(use.gradient):
-                pending[use.gradient] = pending.get(use.gradient, 0) + 1
+        for role in {use.gradient for use in trait.data(op) if use.gradient is not None}:
+            declaring[role] = declaring.get(role, 0) + 1
     data_grads: dict[str, list[SSAValue]] = {}
     for op, scores_in in reversed(inputs):
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
         for role, value in call_block(trait, "data_gradient", op, k, grad):
-            if role not in pending:
-                continue
             data_grads.setdefault(role, []).append(value)
-            if len(data_grads[role]) == pending[role]:
-                _store_data_gradient(k, role, data_grads[role])
+        for role in {use.gradient for use in trait.data(op) if use.gradient is not None}:
+            declaring[role] -= 1
+            if declaring[role] == 0 and data_grads.get(role) and k.writes(role):
+                _store_data_gradient(k, role, data_grads.pop(role))
         grad = block_value(trait, "vjp", op, k, scores_in, grad)
+    for role, values in data_grads.items():
+        # A role no op declared (a block's data_gradient beyond its DataUses): stored at the end.
+        if values and k.writes(role):
+            _store_data_gradient(k, role, values)
     return grad
 
 

@@ -667,14 +667,23 @@ def test_interleaved_rope_takes_the_gluon_backward_as_rope_by_halves_does(monkey
 
 def test_a_bias_takes_the_gluon_backward_only_when_forced(monkeypatch):
     """An additive bias is scheduled (both dK/dV kernels: the bias-gradient copy too, and
-    `scheduled_backward` gives a program for each), but no GPU run has measured it: `auto`
-    keeps the split at any size, `ATTNFUSE_BACKWARD_TARGET=gluon` takes it."""
+    `scheduled_backward` gives a program for each), but no GPU run has checked or timed it:
+    under the `auto` target it keeps the split at any size, and a fused backward forced by
+    `ATTNFUSE_BACKWARD` keeps its portable kernels (the launch replacement lowers nothing);
+    `ATTNFUSE_BACKWARD_TARGET=gluon` takes it."""
+    from types import SimpleNamespace
+
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.setattr(gluon_backward, "fits", lambda problem: True)
     monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
     monkeypatch.delenv("ATTNFUSE_BACKWARD_TARGET", raising=False)
     spec = af.attention(af.additive_bias(), af.causal())
     variant = af.compile(spec).program.canonical((False, False))
     assert not gluon_backward.takes_gluon_backward(problem(16384), variant)
+    launches = [SimpleNamespace(info=SimpleNamespace(name=name)) for name in gluon_backward.FUSED_BACKWARD_KERNELS]
+    lowered = []
+    assert gluon_backward.gluon_backward(launches, problem(16384), 0.1, lambda: lowered.append(1), variant) == launches
+    assert not lowered
     monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
     assert gluon_backward.takes_gluon_backward(problem(1024), variant)
     key = CompileKey(128, 128, "bf16", TILES, None, bwd_rope="pre_rotated", bwd_dq="ordered")

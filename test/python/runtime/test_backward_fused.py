@@ -169,6 +169,7 @@ def test_fused_bias(monkeypatch, launched, name, ordered):
     monkeypatch.setenv(BACKWARD_ENV, "ordered" if ordered else "fused")
     blocks, shape, grad, options = BIAS_CASES[name]
     spec = af.attention(*blocks())
+    options = dict(options)
     placement = options.pop("placement", "auto")
     bias = torch.randn(*shape, generator=torch.Generator().manual_seed(7)).requires_grad_(grad)
     fn = af.compile(spec, rope_placement=placement, deterministic=ordered)

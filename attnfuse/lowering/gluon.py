@@ -89,11 +89,6 @@ class GluonEmitter(BiasBlocks, GluonFunctions, MaskedLoopSteps, KernelEmitter):
                    "key_in_bounds = keys < n_k")
     BIAS_LOOP_ROWS = LoopRows("keys", "key_in_bounds", "keys")
 
-    # The consumer keeps the online softmax's row max in base-2 units (`KernelEmitter.
-    # BASE2_ROW_MAX`), as the probe does: 4 FMULs less a step between the scores and the
-    # exponentials.
-    BASE2_ROW_MAX = True
-
     def __post_init__(self) -> None:
         super().__post_init__()
         k = self.kernel

@@ -65,13 +65,6 @@ class EmitterCore:
     indent: int = 1
     helpers: set[str] = field(default_factory=set)
     """The module's helper functions (`HELPERS`) the kernel calls."""
-    BASE2_ROW_MAX: ClassVar[bool] = False
-    """Whether the online softmax keeps its row max in base-2 units (the max of the scores
-    times the exponent's factor): p = exp2(s * f - m) and alpha = exp2(m_old - m_new) then
-    need no multiply by log2(e) per row, and finalize turns the max back into natural units.
-    The Gluon target's forward keeps it so (as FlashAttention-3 does); the portable target
-    keeps natural units."""
-
     def __post_init__(self) -> None:
         k = self.kernel
         self.grid = k.grid

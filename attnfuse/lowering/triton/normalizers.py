@@ -9,7 +9,7 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects import tile
 from attnfuse.dialects.attn import FP32_MIN_NORMAL, SOFTMAX_FLOOR
 from attnfuse.lowering.triton.core import TRITON_TYPES, EmitterCore
-from attnfuse.lowering.triton.program import LN2, LOG2E, scale_expression
+from attnfuse.lowering.triton.program import LN2, LOG2E
 
 
 class NormalizerEmitter(EmitterCore):
@@ -25,21 +25,23 @@ class NormalizerEmitter(EmitterCore):
 
     @property
     def softmax_floor(self) -> float:
-        """`attn.SOFTMAX_FLOOR` in the units of the carried row max (base 2 under
-        `BASE2_ROW_MAX`): where the online softmax's row max starts."""
-        return SOFTMAX_FLOOR * LOG2E if self.BASE2_ROW_MAX else SOFTMAX_FLOOR
+        """`attn.SOFTMAX_FLOOR` in the units of the carried row max (base 2): where the online
+        softmax's row max starts."""
+        return SOFTMAX_FLOOR * LOG2E
 
     def emit_softmax_update(self, op: tile.SoftmaxUpdateOp) -> None:
         scores, row_max, row_sum = (self.namer[v] for v in op.operands)
         new_max = self.namer.fresh("row_max_new")
         factor = self.exponent_factor(op)
-        if self.BASE2_ROW_MAX:
-            self.emit("# tile.softmax_update: online softmax step, the row max in base-2 units (as the exponent scales s)")
-            block_max = f"tl.max({scores}, 1) * {factor}"
-        else:
-            self.emit("# tile.softmax_update: online softmax step")
-            unscaled = op.unscaled_scores is not None
-            block_max = f"tl.max({scores}, 1) * {scale_expression(op.scale)}" if unscaled else f"tl.max({scores}, 1)"
+        # The row max is kept in base-2 units: the max of the scores times the exponent's
+        # factor, the same product (rounded the same way) each weight's exponent takes, so
+        # s * f - max is never positive wherever the product is rounded before the
+        # subtraction (the CPU interpreter always; a GPU's fused multiply-add leaves at most
+        # half an ulp of the product: below 2^31, no overflow). A max taken in natural units
+        # and multiplied by log2(e) apart rounds differently: at |s * scale| ~ 1e10 the
+        # exponents reached +-1000 and the output was NaN. It also saves a multiply per row.
+        self.emit("# tile.softmax_update: online softmax step, the row max in base-2 units (as the exponent scales s)")
+        block_max = f"tl.max({scores}, 1) * {factor}"
         # The row max starts at the softmax's floor (`emit_softmax_init`), not -inf: it is
         # never -inf (a row with no kept key yet needs no select), and a row whose scores all lie
         # far below the floor (a whole row masked by -1e9 or finfo.min) shifts by it, so every
@@ -48,13 +50,8 @@ class NormalizerEmitter(EmitterCore):
         self.emit(f"{new_max} = tl.maximum({row_max}, {block_max})")
         probs = self.fresh_result(op.probs)
         alpha = self.fresh_result(op.alpha)
-        if self.BASE2_ROW_MAX:
-            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {new_max}[:, None])")
-            self.emit(f"{alpha} = tl.math.exp2({row_max} - {new_max})")
-        else:
-            # exp(s - max) as exp2(s * log2(e) - max * log2(e)): one FMA per score.
-            self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - ({new_max} * {LOG2E})[:, None])")
-            self.emit(f"{alpha} = tl.math.exp2(({row_max} - {new_max}) * {LOG2E})")
+        self.emit(f"{probs} = tl.math.exp2({scores} * {factor} - {new_max}[:, None])")
+        self.emit(f"{alpha} = tl.math.exp2({row_max} - {new_max})")
         self.emit(f"{self.fresh_result(op.new_row_sum)} = {row_sum} * {alpha} + tl.sum({probs}, 1)")
         self.emit(f"{self.fresh_result(op.new_row_max)} = {new_max}")
 
@@ -118,9 +115,8 @@ class NormalizerEmitter(EmitterCore):
         self.emit(f"{safe_sum} = tl.where({has_keys}, {row_sum}, 1.0)")
         self.emit(f"{self.namer.define(op.output)} = {acc} / {safe_sum}[:, None]")
         lse = self.namer.define(op.lse)
-        # lse in natural units: max + ln(sum), or (max + log2(sum)) * ln(2) for a base-2 max.
-        natural = (f"({row_max} + tl.math.log2({safe_sum})) * {LN2}" if self.BASE2_ROW_MAX
-                   else f"{row_max} + tl.math.log2({safe_sum}) * {LN2}")
+        # lse in natural units from the base-2 max: (max + log2(sum)) * ln(2).
+        natural = f"({row_max} + tl.math.log2({safe_sum})) * {LN2}"
         self.emit(f"{lse} = tl.where({has_keys}, {natural}, float(\"-inf\"))")
 
     def emit_relu_probs(self, op: tile.ReluProbsOp) -> None:

@@ -4,13 +4,14 @@
 // attn.SOFTMAX_FLOOR = -2^23): the row max starts at the floor, not -inf, so the step has no
 // select for a row with no kept key yet and a row whose scores all lie far below the floor
 // weighs nothing; finalize takes a row sum under fp32's smallest normal number for an empty
-// row's, with a negated `<` so that a NaN sum stays NaN. The Gluon forward carries the row max
-// in base-2 units: the floor times log2(e).
+// row's, with a negated `<` so that a NaN sum stays NaN. Both carry the row max in base-2
+// units (the max of the scores times the exponent's factor, the product each weight's exponent
+// takes): the floor times log2(e).
 
-// CHECK:      row_max = tl.full([BLOCK_M], -8388608.0, dtype=tl.float32)
-// CHECK:      row_max_new = tl.maximum(row_max, tl.max(scores, 1))
-// CHECK-NEXT: probs = tl.math.exp2(scores * {{.*}} - (row_max_new * 1.4426950408889634)[:, None])
-// CHECK-NEXT: alpha = tl.math.exp2((row_max - row_max_new) * 1.4426950408889634)
+// CHECK:      row_max = tl.full([BLOCK_M], -12102203.161561485, dtype=tl.float32)
+// CHECK:      row_max_new = tl.maximum(row_max, tl.max(scores, 1) * 1.4426950408889634)
+// CHECK-NEXT: probs = tl.math.exp2(scores * 1.4426950408889634 - row_max_new[:, None])
+// CHECK-NEXT: alpha = tl.math.exp2(row_max - row_max_new)
 // CHECK-NOT:  row_max_safe
 // CHECK:      has_keys = ~(row_sum < 1.1754943508222875e-38)
 // CHECK-NEXT: row_sum_safe = tl.where(has_keys, row_sum, 1.0)

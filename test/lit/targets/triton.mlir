@@ -45,12 +45,13 @@
 // CHECK:          k_lo = tl.load(k_rot_base + keys[:, None] * stride_k_rot_n + (cols_half)[None, :] * stride_k_rot_d, mask=(cols_half < ROT_HALF)[None, :], other=0.0)
 // CHECK:          scores = tl.dot(q_lo_rot, tl.trans(k_lo))
 // CHECK-NEXT:     scores = tl.dot(q_hi_rot, tl.trans(k_hi), acc=scores)
-// The positive scale is applied to the row max and folded into the exponential's FMA.
+// The positive scale is folded into the exponential's FMA and into the row max, which is kept
+// in base-2 units (the same product the exponent takes: s * f - max is never positive).
 // CHECK-NEXT:     # (the scale, sm_scale, is applied where the scores meet the exponential)
 // CHECK-NOT:      tl.where(keep
-// CHECK:          row_max_new = tl.maximum(row_max, tl.max(scores, 1) * sm_scale)
-// The row max starts at the softmax's floor (-2^23), never -inf: no select in the step.
-// CHECK-NEXT:     probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - (row_max_new * 1.4426950408889634)[:, None])
+// CHECK:          row_max_new = tl.maximum(row_max, tl.max(scores, 1) * (sm_scale * 1.4426950408889634))
+// The row max starts at the softmax's floor (-2^23, times log2(e)), never -inf: no select in the step.
+// CHECK-NEXT:     probs = tl.math.exp2(scores * (sm_scale * 1.4426950408889634) - row_max_new[:, None])
 // CHECK:          row_max = row_max_new
 // CHECK:          acc = tl.dot(probs.to(v.dtype), v, acc=acc * alpha[:, None])
 // The diagonal blocks: bounds-checked and masked.
@@ -59,7 +60,7 @@
 // CHECK:          keep = key_in_bounds[None, :] & (keys[None, :] <= q_pos[:, None])
 // CHECK-NEXT:     scores_2 = tl.where(keep, scores_1, float("-inf"))
 // CHECK:      tile.softmax_finalize
-// CHECK:      lse = tl.where(has_keys, row_max + tl.math.log2(row_sum_safe) * 0.6931471805599453, float("-inf"))
+// CHECK:      lse = tl.where(has_keys, (row_max + tl.math.log2(row_sum_safe)) * 0.6931471805599453, float("-inf"))
 // CHECK:      tl.store(o_base + rows[:, None] * stride_o_n + (cols_dv)[None, :] * stride_o_d, out.to(o_ptr.dtype.element_ty), mask=row_in_bounds[:, None] & (cols_dv < HEAD_DIM_V)[None, :])
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %qr = attn.rope %q {theta = 1.000000e+04 : f64} : !attn.query

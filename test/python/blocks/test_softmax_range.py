@@ -164,3 +164,30 @@ def test_reference_rows_below_the_floor_have_no_weight():
     assert (out[..., 1:3, :] == 0).all() and torch.isneginf(lse[..., 1:3]).all()
     s = q @ k.transpose(-1, -2) / 4 + bias
     torch.testing.assert_close(out[..., 3, :], (torch.softmax(s, -1) @ v)[..., 3, :])
+
+
+def scaled_softmax_rows(q, k, v, scale):
+    """float64 softmax attention of the float32 scores `scale * q.k` (the product rounded to
+    float32 as the kernels form it), and the lse."""
+    s = ((q.double() @ k.double().transpose(-1, -2)).float() * scale).double()
+    return torch.softmax(s, -1) @ v.double(), torch.logsumexp(s, -1)
+
+
+@pytest.mark.parametrize("scale", [1e6, 1e10, 1e30])
+def test_huge_scores_take_their_row_max_exactly(scale):
+    """Scores far beyond +2^23 (a scale of 1e10 on unit-size inputs): the row max is taken in the
+    exponent's own units (the max of the same products s * scale * log2(e)), so the largest
+    weight is exactly 1 and the output is the float64 softmax of the fp32 scores (close to hard
+    attention on the argmax), never NaN; so is the split-KV decode's. A max in natural units
+    times log2(e) rounded differently and gave NaN rows from about 1e9 on."""
+    q, k, v = qkv(9, 40, seed=3)
+    spec = af.attention(af.scaled_dot_product(scale))
+    out, lse = af.compile(spec)(q, k, v, return_lse=True)
+    want, want_lse = scaled_softmax_rows(q, k, v, scale)
+    assert not out.isnan().any() and not lse.isnan().any()
+    torch.testing.assert_close(out.double(), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-6, atol=0.0)
+    lens = torch.tensor([40], dtype=torch.int32)
+    decoded = af.compile(spec)(q[:, :, :1], k, v, kv_lens=lens)
+    assert not decoded.isnan().any()
+    torch.testing.assert_close(decoded.double(), want[:, :, :1], atol=1e-4, rtol=1e-4)

@@ -67,6 +67,8 @@
 #   verify46          verify45's tests and the Gluon backward over block lists (documents, block sparsity)
 #   verify48          stop 47's changes: the Gluon backward with an additive bias (its tests), then its bias rows
 #                     (a padding mask; a learned bias per head and key) beside the split
+#   verify48-tl       stop 47's base-2 row max in the portable target: test_gpu.py and test_gpu_decode.py, then
+#                     gluon_forward.py's tl column and decode.py rows 1-3, each beside ab_before/ if present
 #   verify47          stop 46's changes: the Gluon backward under interleaved RoPE (its tests), the launch-graph
 #                     tests (a RoPE call's pre-rotation kernels now replay in the graph), and the host cost of
 #                     RoPE + causal calls (bench/host_overhead.py --rope) beside plain causal ones
@@ -339,6 +341,17 @@ for stage in "$@"; do
       timeout 200 python3 bench/backward_targets.py --cases bias+causal,biasgrad+causal --seq-lens 4096,8192 \
         --columns separate,ordered_gluon,fused_gluon --out "$dir" > "$dir/backward_bias.log" 2>&1
       echo "bias backward rc=$?"; tail -4 "$dir/backward_bias.log" ;;
+    verify48-tl)
+      # Stop 47: the portable target's online softmax keeps its row max in base-2 units (the
+      # Gluon forward's form): its GPU tests, then its forward (the tl column) and the decode
+      # rows beside the code before the change (ab_before/, if present).
+      pytest_run verify48-tl 300 -n 12 test/python/test_gpu.py test/python/test_gpu_decode.py
+      timeout 120 python3 bench/gluon_forward.py --out "$dir" --reps 30 --columns triton \
+        > "$dir/tl_forward-after.log" 2>&1; echo "tl forward (this tree) rc=$?"
+      on_before tl_forward 120 bench/gluon_forward.py --reps 30 --columns triton
+      timeout 150 python3 bench/decode.py --rows 1,2,3 --time-budget 110 --out "$dir" \
+        > "$dir/decode-after.log" 2>&1; echo "decode (this tree) rc=$?"
+      on_before decode 150 bench/decode.py --rows 1,2,3 --time-budget 110 ;;
     listed-backward)
       # The Gluon backward over block lists as it now is (each list walked from its last entry
       # down, entries read a step ahead: not yet run on a GPU): its tests, then the document

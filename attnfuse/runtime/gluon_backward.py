@@ -152,15 +152,14 @@ def backward_target() -> str:
     return target
 
 
-def variant_fits(variant: Canonical) -> bool:
+def variant_fits(variant: Canonical, head_dim: int | None = None) -> bool:
     """Whether the variant's fused backward has the shape `warp-specialize` schedules
     (`dialects/backward_shape.py`), as far as the variant says it without lowering: a softmax,
     ReLU or sigmoid over elementwise score ops (additive biases among them; block lists of
     documents, or of a block layout whose blocks hold whole tiles of `GLUON_BACKWARD_TILES`)
-    and RoPE, if any, over
-    the full head dim, by halves or interleaved (and not under ReLU, whose backward rotates in
-    the kernel). A
-    cheap filter before anything is lowered: what decides is the lowered kernel
+    and RoPE, if any, over the full head dim (`rotary_dim` None, or `head_dim` where given), by
+    halves or interleaved (and not under ReLU, whose backward rotates in the kernel). A cheap
+    filter before anything is lowered: what decides is the lowered kernel
     (`scheduled_backward`), which the runtime asks before it builds the fused backward for
     this target (`CompiledAttention.compile_key`)."""
     if variant.normalizer_name not in NORMALIZERS:
@@ -168,7 +167,9 @@ def variant_fits(variant: Canonical) -> bool:
     if variant.block_size is not None and variant.block_size % max(GLUON_BACKWARD_TILES):
         return False
     rope = variant.rope
-    if rope is not None and variant.rotary_dim is not None:
+    if rope is not None and variant.rotary_dim not in (None, head_dim):
+        # A partial width (or, with no head dim given, any explicit one): the loops read q and
+        # k by parts. `rotary_dim` equal to the head dim rotates it whole, as None does.
         return False
     if rope is not None and not variant.normalizer_semantics.smooth:
         # ReLU's derivative jumps at 0: its backward rotates in the kernel from the unrounded
@@ -206,7 +207,7 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
     `pre_rotated`: a placement the caller asked for) is not, since the schedule reads q and k
     whole."""
     target = backward_target()
-    if not _target_allows(target, variant) or not hopper(problem) or not fits(problem) or not variant_fits(variant):
+    if not _target_allows(target, variant) or not hopper(problem) or not fits(problem) or not variant_fits(variant, problem.head_dim):
         return False
     if variant.rope is not None and bwd_rope != "pre_rotated":
         return False

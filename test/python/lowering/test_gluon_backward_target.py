@@ -233,6 +233,21 @@ def test_variants_the_schedule_takes(spec, fits):
     assert gluon_backward.variant_fits(variant) == fits
 
 
+def test_a_rotary_width_of_the_whole_head_is_rope_over_the_whole_head(monkeypatch):
+    """`rope(rotary_dim=D)` at head dim D rotates the whole head, as `rope()` does: its fused
+    backward is scheduled, and `auto` takes the Gluon backward for it as for `rope()`; at
+    another head dim the width is partial and keeps the split."""
+    monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
+    monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
+    monkeypatch.delenv("ATTNFUSE_BACKWARD_TARGET", raising=False)
+    whole = af.compile(af.attention(af.rope(rotary_dim=128), af.causal())).program.canonical((False, False))
+    assert gluon_backward.variant_fits(whole, 128) and not gluon_backward.variant_fits(whole, 256)
+    assert gluon_backward.takes_gluon_backward(problem(8192), whole)
+    assert not gluon_backward.takes_gluon_backward(problem(8192, d=64), whole)
+    key = CompileKey(128, 128, "bf16", TILES, ("pre_rotated", "pre_rotated"), bwd_rope="pre_rotated", bwd_dq="fused")
+    assert gluon_backward.scheduled_backward(lower_spec(af.attention(af.rope(rotary_dim=128), af.causal()), key))
+
+
 def test_partial_rotary_width_is_not_scheduled():
     """A kernel the printer cannot print is not scheduled: under a partial rotary width the
     loops read q and k by parts (three products), where the schedule reads them whole."""

@@ -65,7 +65,7 @@
 #   sparse-order      bench/block_sparse_tiles.py at densities 0.05 and 0.1 on each layout as drawn and with its rows
 #                     sorted heaviest / lightest first (the same work, another program order), tl tiles of 64 rows
 #   verify46          verify45's tests and the Gluon backward over block lists (documents, block sparsity)
-#   verify48          stop 47's changes: the Gluon backward with an additive bias (its tests), then its bias rows
+#   verify48          stop 47's changes: the Gluon backward with an additive bias and index tiles (tests), then bias rows
 #                     (a padding mask; a learned bias per head and key) beside the split
 #   verify48-tl       stop 47's base-2 row max in the portable target: test_gpu.py and test_gpu_decode.py, then
 #                     gluon_forward.py's tl column and decode.py rows 1-3, each beside ab_before/ if present
@@ -334,10 +334,11 @@ for stage in "$@"; do
         grep "| train | attnfuse |\|| fwd | attnfuse |" "$dir/host_overhead${rope:+-rope}.log"
       done ;;
     verify48)
-      # Stop 47: the Gluon backward with an additive bias (never run on a GPU): its tests (and
-      # the fused portable backward's bias tests, run on the CPU), then the bias rows beside the
-      # split, deterministic and not, at the Llama heads: what a rule for `auto` needs.
-      pytest_run verify48 200 -n 12 test/python/test_gpu_gluon_backward.py -k "additive_bias"
+      # Stop 47: the Gluon backward with an additive bias and with index tiles (never run on a
+      # GPU): their tests (the fused portable backward's bias tests run on the CPU), then the
+      # bias rows beside the split, deterministic and not, at the Llama heads: what a rule for
+      # `auto` needs.
+      pytest_run verify48 200 -n 12 test/python/test_gpu_gluon_backward.py -k "additive_bias or index_tiles"
       timeout 200 python3 bench/backward_targets.py --cases bias+causal,biasgrad+causal --seq-lens 4096,8192 \
         --columns separate,ordered_gluon,fused_gluon --out "$dir" > "$dir/backward_bias.log" 2>&1
       echo "bias backward rc=$?"; tail -4 "$dir/backward_bias.log" ;;

@@ -32,6 +32,7 @@ from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import tile
 from attnfuse.dialects.flash_shape import (
+    INDEX_OPS,
     NORMALIZER_OPS,
     SCORE_OPS,
     NotFlashShaped,
@@ -78,8 +79,9 @@ class BackwardLoop:
     delta_load: tile.LoadOp | None
     scores: tile.ScoresOp
     score_ops: list[Operation]
-    """The ops refining the scores before `probs` (under a pointwise normalizer, its own ops
-    but the last and the `tile.seq_len`s they read, too)."""
+    """The ops refining the scores before `probs`, with the index tiles among them
+    (`flash_shape.INDEX_OPS`; under a pointwise normalizer, its own ops but the last and the
+    `tile.seq_len`s they read, too)."""
     probs: Operation
     """`tile.recompute_probs`, or a pointwise normalizer's last op (whose result is p^T)."""
     grad_probs: tile.DotTransposedOp
@@ -177,8 +179,8 @@ def _pointwise_weights(kernel: tile.KernelOp, it, scores: tile.ScoresOp
     after them). Which of them is the normalizer the gradient step says (`tile.relu_grad` or
     the map reading p^T); here p^T is the last."""
     ops, _, op = refining_chain(kernel, it, scores.result, SCORE_OPS + NORMALIZER_OPS, "score and normalizer ops",
-                                scalars=(tile.SeqLenOp,))
-    refining = [o for o in ops if not isinstance(o, tile.SeqLenOp)]
+                                scalars=(tile.SeqLenOp, *INDEX_OPS))
+    refining = [o for o in ops if not isinstance(o, (tile.SeqLenOp, *INDEX_OPS))]
     if not refining or isinstance(refining[-1], tile.MaskOp):
         raise refuse(kernel, op, "without lse and delta, the loop needs a pointwise normalizer (relu, sigmoid) "
                                  "turning the scores into p^T")
@@ -219,7 +221,8 @@ def backward_loop(kernel: tile.KernelOp, loop: Operation, k, v) -> BackwardLoop:
     if len(scores.queries) != 1 or scores.queries[0] is not k or scores.keys[0] is not q_load.result:
         raise refuse(kernel, scores, "one k @ q^T product of the loaded tiles")
     if lse_load is not None:
-        score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops")
+        # Index tiles (a position-aware block's map reads them) may sit among the score ops.
+        score_ops, chain, op = refining_chain(kernel, it, scores.result, SCORE_OPS, "score ops", scalars=INDEX_OPS)
         probs = take(tile.RecomputeProbsOp, "tile.recompute_probs (softmax)", op)
         if probs.scores is not chain or probs.lse is not lse_load.result:
             raise refuse(kernel, probs, "the probabilities of the refined scores and the loop's lse")

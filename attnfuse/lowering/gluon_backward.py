@@ -47,7 +47,7 @@ from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import tile
 from attnfuse.dialects.backward_shape import BackwardLoop, backward_kernel, primal_operands
-from attnfuse.dialects.flash_shape import NotFlashShaped
+from attnfuse.dialects.flash_shape import INDEX_OPS, NotFlashShaped
 from attnfuse.lowering.gluon_steps import BiasBlocks, GluonFunctions, MaskedLoopSteps, Pieces
 from attnfuse.lowering.triton import LOG2E, KernelEmitter, LoopRows, padded
 
@@ -200,7 +200,7 @@ class GluonBackwardEmitter(BiasBlocks, GluonFunctions, MaskedLoopSteps, KernelEm
         self.save_primal(loop.scores.result, pieces)
         self.loop_vars.append(LoopRows("queries", "query_in_bounds" if loop.masked else "", "q_pos"))
         for op in loop.score_ops:
-            if not isinstance(op, tile.SeqLenOp):  # a scalar keeps its own name
+            if not isinstance(op, (tile.SeqLenOp, *INDEX_OPS)):  # a scalar or an index tile keeps its own name
                 self.namer.pin(op.result, "scores")
             self.lines = []
             self.HANDLERS[type(op)](self, op)
@@ -273,8 +273,19 @@ class GluonBackwardEmitter(BiasBlocks, GluonFunctions, MaskedLoopSteps, KernelEm
 
     def step_params(self) -> list[str]:
         step = ["step"] if self.listed else []
-        return ["start_m", *step, "n_start", *self.bound_params(), "sm_scale", "n_q", "n_k", *self.slope_params(),
-                *self.document_params()]
+        return ["start_m", *step, "n_start", *self.bound_params(), "sm_scale", "n_q", "n_k", *self.head_param(),
+                *self.slope_params(), *self.document_params()]
+
+    def head_param(self) -> list[str]:
+        """The step's query head, where a block maps with it (`tile.query_head`)."""
+        reads = any(isinstance(op, tile.QueryHeadOp) for loop in self.loops for op in loop.score_ops)
+        return ["head"] if reads else []
+
+    def emit_index_tile(self, result: SSAValue, index: str) -> None:
+        """`result`, `index` as f32, broadcast where it is used: a row (`rows[:, None]`) or a
+        column (`q_pos[None, :]`) of the score tile's layout, or the step's `head`. Not made a
+        whole tile here: three such tiles (FIRE's) cost a hundred registers a thread."""
+        self.emit(f"{self.namer.define(result)} = ({index}).to(gl.float32)")
 
     # -- block lists -------------------------------------------------------------------------
 
@@ -570,7 +581,8 @@ class GluonBackwardEmitter(BiasBlocks, GluonFunctions, MaskedLoopSteps, KernelEm
         roles = self.gradient_store_roles()
         if not roles:
             return []
-        return ["batch", "head", *[name for role in roles for name in (f"{role}_ptr", *self.strides(role))]]
+        head = [] if self.head_param() else ["head"]  # (the step's own parameters may have it)
+        return ["batch", *head, *[name for role in roles for name in (f"{role}_ptr", *self.strides(role))]]
 
     def emit_store_scores(self, op: tile.StoreScoresOp) -> None:
         """`tile.store_scores` of the gradient tile as it is at this point of the step, into

@@ -464,3 +464,14 @@ def test_gluon_backward_with_an_additive_bias(shape, deterministic, d, dtype, hq
         assert bias.grad is None
     if deterministic:
         assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("name", ["fire-causal", "chunked-24", "sink-window"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "unordered"])
+@pytest.mark.parametrize("hq,hkv,nq,nk", [(4, 2, 300, 333), (8, 2, 256, 256)])
+def test_gluon_backward_with_index_tiles(index_tile_blocks, name, deterministic, hq, hkv, nq, nk, monkeypatch):
+    """Blocks outside the package that read index tiles (positions, the query head: FIRE's
+    bias, chunked attention, sinks with a window) through the Gluon backward (forced: `auto`
+    keeps blocks outside the package on the portable kernels), against the float64 reference."""
+    q, k, v = inputs(2, hq, hkv, nq, nk, 128, torch.bfloat16, seed=91)
+    run_and_check(index_tile_blocks[name](), q, k, v, monkeypatch, seed=92, deterministic=deterministic)

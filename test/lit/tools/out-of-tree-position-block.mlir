@@ -1,6 +1,7 @@
 // RUN: attnfuse-opt --block-module %S/../../python/blocks/fire_block.py %s -p canonicalize-attn,analyze-masks,place-rope,lower-to-tile -t triton | filecheck %s
 // RUN: attnfuse-opt --block-module %S/../../python/blocks/fire_block.py %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 bwd-dq=fused},fold-scale-into-exp,warp-specialize' | filecheck %s --check-prefix=SCHEDULE
 // RUN: attnfuse-opt --block-module %S/../../python/blocks/fire_block.py %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 backward=false},fold-scale-into-exp,warp-specialize' -t gluon | filecheck %s --check-prefix=GLUON
+// RUN: attnfuse-opt --block-module %S/../../python/blocks/fire_block.py %s -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{head-dim=128 element-type=bf16 bwd-dq=fused},fold-scale-into-exp,warp-specialize' -t gluon | filecheck %s --check-prefix=GLUON-BWD
 // A block that reads positions and the query head (fire_log, in one file beside its pytest
 // tests: docs/architecture.md §10.1) lowers to `tile.pair_position` and `tile.query_head` and
 // one map, printed in each kernel's orientation: in the forward (and dQ) the program's rows
@@ -20,12 +21,10 @@
 // CHECK:       k_position = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + rows[:, None]
 // CHECK:       query_head = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + head
 
-// warp-specialize schedules the forward (its index tiles sit among the score ops) and leaves
-// the fused backward, which orients tiles by keys, to the portable target.
+// warp-specialize schedules the forward and the fused backward (their index tiles sit among
+// the score ops).
 // SCHEDULE:       tile.kernel @attention_fwd({{.*}} schedule = #tile<schedule warp_specialized>
-// SCHEDULE:       tile.kernel @attention_bwd_dkdv_dq(
-// SCHEDULE-NOT:   schedule = #tile<schedule warp_specialized>
-// SCHEDULE:       tile.kernel
+// SCHEDULE:       tile.kernel @attention_bwd_dkdv_dq({{.*}} schedule = #tile<schedule warp_specialized>
 
 // The Gluon step prints them in the score tile's layout, and takes the tile's query head.
 // GLUON-LABEL: def attention_fwd_step(
@@ -36,6 +35,18 @@
 // GLUON:       tl.log(
 // GLUON-LABEL: def attention_fwd_consume(
 // GLUON:       attention_fwd_step(scores, {{.*}}, n_q, n_k, head, ROWS, BLOCK_N, S_LAYOUT)
+
+// The Gluon backward's probability step takes the step's query head and builds the index
+// values from its rows (keys) and query positions, broadcast where the map uses them (not
+// whole tiles: registers).
+// GLUON-BWD-LABEL: def attention_bwd_dkdv_dq_probs(
+// GLUON-BWD-SAME:  n_q, n_k, head, BLOCK_M
+// GLUON-BWD:       q_position = (q_pos[None, :]).to(gl.float32)
+// GLUON-BWD:       k_position = (rows[:, None]).to(gl.float32)
+// GLUON-BWD:       query_head = (head).to(gl.float32)
+// GLUON-BWD:       scores = (scores - {{.*}}tl.log(
+// GLUON-BWD-LABEL: def attention_bwd_dkdv_dq_consume(
+// GLUON-BWD:       attention_bwd_dkdv_dq_probs(scores, lse_log2, {{.*}}, n_q, n_k, head, BLOCK_M, BLOCK_N, S_LAYOUT)
 
 attn.variant @attention(%q : !attn.query, %k : !attn.key, %v : !attn.value) -> !attn.output {
   %s = attn.scores %q, %k

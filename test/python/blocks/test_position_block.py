@@ -111,8 +111,8 @@ def test_cache_positions_follow_the_lengths(nq, paged):
 def test_the_hopper_schedule_takes_the_forward(sm90, monkeypatch):
     """On Hopper the warp-specialized forward prints the index tiles in the score tile's
     layout (the step's rows, key positions and the tile's query head) and compiles for sm_90;
-    the fused backward, whose kernels orient tiles by keys, is left to the portable kernels
-    (unscheduled) rather than printed wrong."""
+    the fused backward is scheduled too (its step builds them from its keys, query positions
+    and head: `test_gluon_backward_target.py::test_index_tiles_compile_for_sm90`)."""
     from conftest import gluon_forward_for_sm90
 
     from attnfuse.dialects import make_context
@@ -124,7 +124,7 @@ def test_the_hopper_schedule_takes_the_forward(sm90, monkeypatch):
     module = lower_spec(spec, CompileKey(128, 128, "bf16", TileConfig(64, 64, 4, 2), None, bwd_dq="ordered"))
     WarpSpecializePass().apply(make_context(), module)
     scheduled = {op.sym_name.data for op in module.ops if op.schedule is not None}
-    assert scheduled == {"attention_fwd"}
+    assert scheduled == {"attention_fwd", "attention_bwd_dkdv_dq"}
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     program, compiled = gluon_forward_for_sm90(spec, 128)
     step = program.source.split("def attention_fwd_step(", 1)[1].split("@gluon.jit", 1)[0]

@@ -144,6 +144,22 @@ first add waits for the lower key blocks' turns, which a causal pack makes long.
 size separates them."""
 
 
+MIN_WORK: dict[tuple[str, bool], dict[int, int]] = {
+    ("softmax", False): GLUON_BACKWARD_MIN_WORK,
+    ("softmax", True): GLUON_ORDERED_MIN_WORK,
+    ("pointwise", False): GLUON_POINTWISE_MIN_WORK,
+    ("pointwise", True): GLUON_POINTWISE_MIN_WORK,
+    ("documents", False): GLUON_LISTED_MIN_WORK,
+    ("documents", True): GLUON_LISTED_ORDERED_MIN_WORK,
+    # Block layouts: not measured (the listed runs timed documents only), so `auto` keeps the split.
+    ("block layout", False): {},
+    ("block layout", True): {},
+}
+"""`auto`'s rule by (`backward_class`, adds in key-block order): from how many (query, key)
+pairs per head (`pairs_per_head`) at each head dim the Gluon backward runs; a head dim absent
+from the table keeps the split."""
+
+
 def backward_target() -> str:
     """The user's choice (`ATTNFUSE_BACKWARD_TARGET`), checked."""
     target = os.environ.get(TARGET_ENV, "auto").strip().lower() or "auto"
@@ -197,10 +213,9 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
     backward (`backward_choice.choose_backward` then builds the fused backward, where it is
     allowed): an sm_90 GPU, a variant and shape the schedule covers, and the user's choice
     (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (never for a variant with an op
-    of a block module outside the package, which nothing measured; `GLUON_BACKWARD_MIN_WORK`, or with
-    its adds in key-block order, `ordered`, `GLUON_ORDERED_MIN_WORK`; under a pointwise
-    normalizer `GLUON_POINTWISE_MIN_WORK`; documents `GLUON_LISTED_MIN_WORK`, ordered
-    `GLUON_LISTED_ORDERED_MIN_WORK`; block layouts and additive biases none). RoPE at
+    of a block module outside the package, or with an additive bias, which nothing measured;
+    else `MIN_WORK` by the variant's class and whether its adds are in key-block order,
+    `ordered`). RoPE at
     call-time positions (as a Hugging Face model's `position_ids` are passed) is scheduled
     like RoPE at the default ones: dK's inverse rotation in the epilogue
     reads the keys' positions. A backward that rotates in its loops (`bwd_rope` other than
@@ -213,16 +228,17 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
         return False
     if target == "gluon":
         return True
-    if variant.listed:
-        if variant.block_size is not None:
-            return False  # block layouts: the listed tables measured documents only
-        table = GLUON_LISTED_ORDERED_MIN_WORK if ordered else GLUON_LISTED_MIN_WORK
-    elif variant.normalizer_name != "softmax":
-        table = GLUON_POINTWISE_MIN_WORK
-    else:
-        table = GLUON_ORDERED_MIN_WORK if ordered else GLUON_BACKWARD_MIN_WORK
-    least = table.get(problem.head_dim)
+    least = MIN_WORK[(backward_class(variant), ordered)].get(problem.head_dim)
     return least is not None and pairs_per_head(problem, variant) >= least
+
+
+def backward_class(variant: Canonical) -> str:
+    """The class of variants one measured rule covers (`MIN_WORK`): "block layout"
+    (`block_sparse`), "documents" (other block lists), "pointwise" (ReLU, sigmoid) or
+    "softmax"."""
+    if variant.listed:
+        return "block layout" if variant.block_size is not None else "documents"
+    return "softmax" if variant.normalizer_name == "softmax" else "pointwise"
 
 
 def _target_allows(target: str, variant: Canonical) -> bool:
@@ -426,5 +442,5 @@ def gluon_backward(
     return replaced
 
 
-__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_BACKWARD_TILES", "GLUON_LISTED_MIN_WORK", "GLUON_LISTED_ORDERED_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
+__all__ = ["GLUON_BACKWARD_MIN_WORK", "MIN_WORK", "backward_class", "GLUON_BACKWARD_TILES", "GLUON_LISTED_MIN_WORK", "GLUON_LISTED_ORDERED_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK", "GluonBackwardLaunch", "backward_target", "gluon_backward", "pairs_per_head",
            "rows_addressable", "scheduled_backward", "takes_gluon_backward", "variant_fits"]

@@ -442,7 +442,21 @@ def gluon_backward(
     return replaced
 
 
-__all__ = ["GLUON_BACKWARD_MIN_WORK", "GLUON_BACKWARD_TILES", "GLUON_LISTED_MIN_WORK",
-           "GLUON_LISTED_ORDERED_MIN_WORK", "GLUON_ORDERED_MIN_WORK", "GLUON_POINTWISE_MIN_WORK",
-           "GluonBackwardLaunch", "MIN_WORK", "backward_class", "backward_target", "gluon_backward",
-           "pairs_per_head", "rows_addressable", "scheduled_backward", "takes_gluon_backward", "variant_fits"]
+__all__ = [
+    "GLUON_BACKWARD_MIN_WORK",
+    "GLUON_BACKWARD_TILES",
+    "GLUON_LISTED_MIN_WORK",
+    "GLUON_LISTED_ORDERED_MIN_WORK",
+    "GLUON_ORDERED_MIN_WORK",
+    "GLUON_POINTWISE_MIN_WORK",
+    "MIN_WORK",
+    "GluonBackwardLaunch",
+    "backward_class",
+    "backward_target",
+    "gluon_backward",
+    "pairs_per_head",
+    "rows_addressable",
+    "scheduled_backward",
+    "takes_gluon_backward",
+    "variant_fits",
+]

@@ -491,16 +491,18 @@ def llama3_scaling_problem(values: tuple[object, ...]) -> str | None:
     return None
 
 SOFTMAX_FLOOR = -(2.0**23)
-"""Where the online softmax's row max starts (docs/semantics.md, "Additive bias"). The kernels
-take the exponentials in base 2 as one fused multiply-add, exp2(s * log2(e) - max * log2(e)),
-and the fp32 rounding of `max * log2(e)` grows with |max|: the weight of the row's largest
-score is exp2 of that rounding, which must stay near 1 (the weights are carried in the inputs'
-16-bit type for the P @ V product: fp16 holds 2^15 at most; past 2^31 even fp32 overflows).
+"""Where the online softmax's row max starts (docs/semantics.md, "Additive bias"; the kernels
+carry it in base-2 units, so they start at this times log2(e)). The kernels take the
+exponentials in base 2 as one fused multiply-add, exp2(s * f - max) with max the largest of the
+products s * f (f = log2(e), times the scale where it is folded in); on a GPU the multiply-add
+subtracts from the unrounded product, so the weight of the row's largest score is exp2 of up
+to half an ulp of |max|, which must stay near 1 (the weights are carried in the inputs' 16-bit
+type for the P @ V product: fp16 holds 2^15 at most; past 2^31 even fp32 overflows).
 Starting at the floor, a row whose scores all lie far below it (a whole row masked by -1e9 or
 finfo(float32).min) is shifted by the floor and every weight underflows to 0: no weight, as a
 row with no kept key (`SOFTMAX_UNDERFLOW` below the floor and further); a row whose largest
-score is at or above the floor shifts by it exactly (the rounding is under 1/2 there,
-|max| * log2(e) < 2^24, common to the row, and cancels in the normalization)."""
+score is at or above the floor shifts by it exactly (that factor is under 2^(1/2) there,
+|max| < 2^24, common to the row, and cancels in the normalization)."""
 
 SOFTMAX_UNDERFLOW = 126 * 0.6931471805599453
 """How far below `SOFTMAX_FLOOR` a row's largest score leaves it no weight: exp(-87.3) = 2^-126,

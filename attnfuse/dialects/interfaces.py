@@ -224,7 +224,8 @@ class Normalizer(OpTrait, abc.ABC):
 
     @abc.abstractmethod
     def init_state(self, op: Operation, kernel: Any) -> Sequence[SSAValue]:
-        """Emits the loop state's initial values."""
+        """Emits the loop state's initial values. A state that `tile.softmax_update` carries
+        has its row max in base-2 units (a natural max `m` is `m * log2(e)`; 0 is 0)."""
 
     @abc.abstractmethod
     def step(

@@ -82,7 +82,8 @@ class ZerosOp(IRDLOperation):
 @irdl_op_definition
 class SoftmaxInitOp(IRDLOperation):
     """Initial online-softmax state: accumulator 0, row max at the softmax's floor
-    (`attn.SOFTMAX_FLOOR`, not -inf: a row whose scores all lie far below it gets no weight, and
+    (`attn.SOFTMAX_FLOOR`, in the row max's base-2 units `tile.softmax_update` gives: times
+    log2(e); not -inf: a row whose scores all lie far below it gets no weight, and
     the step needs no test for a row with no kept key yet), row sum 0."""
 
     name = "tile.softmax_init"
@@ -109,9 +110,13 @@ class SoftmaxInitOp(IRDLOperation):
 class SoftmaxUpdateOp(IRDLOperation):
     """One online-softmax step over a block of scores.
 
-    `row_max' = max(row_max, rowmax(s))`, `p = exp(s - row_max')` (0 for dropped keys: the row
-    max is never -inf, `tile.softmax_init`), `alpha = exp(row_max - row_max')`,
-    `row_sum' = alpha * row_sum + rowsum(p)`.
+    The row max is carried in base-2 units: `f` is log2(e), times the scale for `unscaled_scores`
+    (`fold-scale-into-exp`), `row_max' = max(row_max, rowmax(s) * f)`, `p = exp2(s * f -
+    row_max')` (0 for dropped keys: the row max is never -inf, `tile.softmax_init`),
+    `alpha = exp2(row_max - row_max')`, `row_sum' = alpha * row_sum + rowsum(p)`. (The max is
+    the max of the same products the exponents take, so that `s * f - row_max'` is never
+    positive where the product is rounded first; a normalizer that starts the state itself,
+    `Normalizer.init_state`, gives its row max in these units: a natural max `m` is `m * log2(e)`.)
     """
 
     name = "tile.softmax_update"
@@ -202,8 +207,9 @@ class AccumulateOp(IRDLOperation):
 
 @irdl_op_definition
 class SoftmaxFinalizeOp(IRDLOperation):
-    """`o = acc / row_sum` and `lse = row_max + log(row_sum)`; a row with no kept key gets
-    `o = 0` and `lse = -inf` (never NaN)."""
+    """`o = acc / row_sum` and `lse = (row_max + log2(row_sum)) * ln(2)` (the row max in base-2
+    units, `tile.softmax_update`; lse in natural units); a row with no kept key gets `o = 0` and
+    `lse = -inf` (never NaN)."""
 
     name = "tile.softmax_finalize"
 

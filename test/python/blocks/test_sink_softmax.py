@@ -32,9 +32,10 @@ def registered():
     unregister_block_module(sink_softmax_block)
 
 
-def sink_formula(q, k, v, *, causal: bool, kv_lens=None):
-    """`sum_j exp(s_ij) v_j / (1 + sum_j exp(s_ij))` over the kept keys, in float64: causal is
-    bottom-right aligned (query i of Nq sits at position L - Nq + i, L the sequence's keys)."""
+def sink_formula(q, k, v, *, causal: bool, kv_lens=None, logit: float = 0.0):
+    """`sum_j exp(s_ij) v_j / (exp(logit) + sum_j exp(s_ij))` over the kept keys, in float64:
+    causal is bottom-right aligned (query i of Nq sits at position L - Nq + i, L the
+    sequence's keys)."""
     q, k, v = (t.double() for t in (q, k, v))
     b, hq, nq, d = q.shape
     k = k.repeat_interleave(hq // k.shape[1], dim=1)
@@ -49,7 +50,8 @@ def sink_formula(q, k, v, *, causal: bool, kv_lens=None):
         if causal:
             keep = keep & (keys[None, :] <= (length - nq + torch.arange(nq))[:, None])
         weights = torch.exp(s[batch]).masked_fill(~keep, 0.0)
-        out[batch] = weights @ v[batch] / (1.0 + weights.sum(-1, keepdim=True))
+        out[batch] = weights @ v[batch] / (torch.exp(torch.tensor(logit, dtype=torch.float64))
+                                           + weights.sum(-1, keepdim=True))
     return out
 
 
@@ -163,3 +165,23 @@ def test_a_reloaded_block_module_must_be_registered_again():
     finally:
         vars(sink_softmax_block).update(original)
         register_block_module(sink_softmax_block)
+
+
+@pytest.mark.parametrize("logit", [1.5, -3.0, 40.0])
+@pytest.mark.parametrize("nq", [1, 24])
+def test_a_sink_logit_starts_the_row_max_in_base_two_units(logit, nq):
+    """A sink of another score starts the online softmax's row max at `logit * log2(e)`, the
+    units `tile.softmax_update` carries (`Normalizer.init_state`): forward (the one-pass decode
+    at Nq = 1, the plain kernel at 24) and gradients as the formula's. A start in natural units
+    was off by 0.065 at logit 2."""
+    q, k, v = make_qkv(b=1, hq=4, hkv=2, nq=nq, nk=40, d=16, seed=7, requires_grad=True)
+    spec = af.attention(af.causal(), sink_softmax(logit))
+    out = spec(q, k, v)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = sink_formula(qd, kd, vd, causal=True, logit=logit)
+    torch.testing.assert_close(out.double(), expected.detach(), rtol=2e-5, atol=2e-6)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    out.backward(grad)
+    expected.backward(grad.double())
+    for got, want in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)

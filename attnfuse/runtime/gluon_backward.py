@@ -16,7 +16,7 @@ portable kernel, `gluon` takes Gluon wherever it lowers and the shape fits (what
 measurements say), `auto` (the default) builds the fused backward for it only where
 `GLUON_BACKWARD_MIN_WORK` says. Read at plan time. A variant with an additive bias has two
 such kernels (`FUSED_BACKWARD_KERNELS`: the second also stores the bias gradient), and each is
-replaced by its own Gluon launch (only under `gluon` for now: `_target_allows`).
+replaced by its own Gluon launch.
 """
 
 from __future__ import annotations
@@ -135,6 +135,20 @@ causal 8192 2.073 / 1.855, 16384 3.823 / 3.428; bidirectional 8192 4.144 / 3.466
 call of the same length (causal 8192: 32M); head dim 64 and shorter calls are not measured and
 keep the split."""
 
+GLUON_BIAS_MIN_WORK = {128: 8 * 1024 * 1024}
+"""The same, ordered or not, for a softmax variant with an additive bias (its blocks loaded
+beside each step's products; with a gradient, the `_bias` kernel storing dS). On the H200,
+causal, Llama heads (B=1, 32/8 heads of 128, bf16), fwd+bwd ms, the split / the ordered Gluon
+backward / the unordered one (`bash bench/gpu_session.sh verify48`, i.e. `python3
+bench/backward_targets.py --cases bias+causal,biasgrad+causal --seq-lens 4096,8192 --columns
+separate,ordered_gluon,fused_gluon`, bench/results/20261206T040319Z-backward-targets-bias.md):
+- a padding mask `[B, 1, N, N]` without a gradient: 4096 1.853 / 1.623 / 1.571, 8192 7.048 /
+  6.219 / 5.947 (the Gluon backward 12-16% faster);
+- a learned bias `[1, H, 1, N]` with its gradient: 4096 3.384 / 2.625 / 2.642, 8192 13.165 /
+  11.152 / 10.242 (15-22% faster).
+From causal 4096 (8.4M pairs) on; head dim 64, shorter calls, and a bias under a pointwise
+normalizer or with block lists are not measured and keep the split."""
+
 GLUON_LISTED_ORDERED_MIN_WORK: dict[int, int] = {}
 """The same with the adds in key-block order (the default, deterministic): none, so `auto`
 keeps the split and `ATTNFUSE_BACKWARD_TARGET=gluon` takes the Gluon kernel. In the same run
@@ -154,10 +168,12 @@ MIN_WORK: dict[tuple[str, bool], dict[int, int]] = {
     # Block layouts: not measured (the listed runs timed documents only), so `auto` keeps the split.
     ("block layout", False): {},
     ("block layout", True): {},
+    ("softmax with a bias", False): GLUON_BIAS_MIN_WORK,
+    ("softmax with a bias", True): GLUON_BIAS_MIN_WORK,
 }
 """`auto`'s rule by (`backward_class`, adds in key-block order): from how many (query, key)
-pairs per head (`pairs_per_head`) at each head dim the Gluon backward runs; a head dim absent
-from the table keeps the split."""
+pairs per head (`pairs_per_head`) at each head dim the Gluon backward runs; a class or head dim
+absent from the table keeps the split."""
 
 
 def backward_target() -> str:
@@ -213,9 +229,8 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
     backward (`backward_choice.choose_backward` then builds the fused backward, where it is
     allowed): an sm_90 GPU, a variant and shape the schedule covers, and the user's choice
     (`ATTNFUSE_BACKWARD_TARGET`) or `auto`'s measured rule (never for a variant with an op
-    of a block module outside the package, or with an additive bias, which nothing measured;
-    else `MIN_WORK` by the variant's class and whether its adds are in key-block order,
-    `ordered`). RoPE at
+    of a block module outside the package, which nothing measured; else `MIN_WORK` by the
+    variant's class and whether its adds are in key-block order, `ordered`). RoPE at
     call-time positions (as a Hugging Face model's `position_ids` are passed) is scheduled
     like RoPE at the default ones: dK's inverse rotation in the epilogue
     reads the keys' positions. A backward that rotates in its loops (`bwd_rope` other than
@@ -228,28 +243,26 @@ def takes_gluon_backward(problem: Problem, variant: Canonical, bwd_rope: str = "
         return False
     if target == "gluon":
         return True
-    least = MIN_WORK[(backward_class(variant), ordered)].get(problem.head_dim)
+    least = MIN_WORK.get((backward_class(variant), ordered), {}).get(problem.head_dim)
     return least is not None and pairs_per_head(problem, variant) >= least
 
 
 def backward_class(variant: Canonical) -> str:
     """The class of variants one measured rule covers (`MIN_WORK`): "block layout"
     (`block_sparse`), "documents" (other block lists), "pointwise" (ReLU, sigmoid) or
-    "softmax"."""
+    "softmax", followed by " with a bias" where the variant reads an additive bias."""
     if variant.listed:
-        return "block layout" if variant.block_size is not None else "documents"
-    return "softmax" if variant.normalizer_name == "softmax" else "pointwise"
+        base = "block layout" if variant.block_size is not None else "documents"
+    else:
+        base = "softmax" if variant.normalizer_name == "softmax" else "pointwise"
+    return f"{base} with a bias" if variant.reads("bias") else base
 
 
 def _target_allows(target: str, variant: Canonical) -> bool:
     """Whether the user's backward target lets `variant` run the Gluon backward at all: not
     under `triton`, and under `auto` not a variant with an op of a block module, for which no
-    measurement speaks (as the forward's `auto`, `AUTO_VARIANT_CLASSES["outside"]`), nor one
-    with an additive bias, whose Gluon kernels no GPU run has checked or timed yet (so a fused
-    backward forced by `ATTNFUSE_BACKWARD` keeps the portable kernels for it)."""
-    if target == "triton":
-        return False
-    return target == "gluon" or not (variant.outside_ops or variant.reads("bias"))
+    measurement speaks (as the forward's `auto`, `AUTO_VARIANT_CLASSES["outside"]`)."""
+    return target != "triton" and not (target == "auto" and variant.outside_ops)
 
 
 def pairs_per_head(problem: Problem, variant: Canonical) -> float:
@@ -445,6 +458,7 @@ def gluon_backward(
 __all__ = [
     "GLUON_BACKWARD_MIN_WORK",
     "GLUON_BACKWARD_TILES",
+    "GLUON_BIAS_MIN_WORK",
     "GLUON_LISTED_MIN_WORK",
     "GLUON_LISTED_ORDERED_MIN_WORK",
     "GLUON_ORDERED_MIN_WORK",

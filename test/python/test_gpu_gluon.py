@@ -235,8 +235,8 @@ def test_gluon_head_dim_256_matches_reference(name, dtype, hq, hkv, nq, nk, monk
 def test_gluon_training_call_gradients(name, d, hq, n):
     """A training call: the Gluon forward saves o (and a softmax's lse) for the portable
     backward (at head dim 256 always portable: the fused backward's schedule covers 64 and 128
-    only; at these sizes `auto` keeps the split; a bias has no fused backward); a bias that
-    requires a gradient gets it."""
+    only; at these sizes `auto` keeps the split, with a bias too); a bias that requires a
+    gradient gets it."""
     spec = SPECS[name]
     fn = af.compile(spec)
     q, k, v = inputs(1, hq, 2, n, n, d, torch.bfloat16, seed=3, grad=True)

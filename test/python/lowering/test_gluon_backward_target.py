@@ -698,27 +698,31 @@ def test_interleaved_rope_takes_the_gluon_backward_as_rope_by_halves_does(monkey
             gluon_backward.takes_gluon_backward(problem(n), halves) == (n == 8192)
 
 
-def test_a_bias_takes_the_gluon_backward_only_when_forced(monkeypatch):
+def test_a_bias_takes_the_gluon_backward_from_its_measured_size(monkeypatch):
     """An additive bias is scheduled (both dK/dV kernels: the bias-gradient copy too, and
-    `scheduled_backward` gives a program for each), but no GPU run has checked or timed it:
-    under the `auto` target it keeps the split at any size, and a fused backward forced by
-    `ATTNFUSE_BACKWARD` keeps its portable kernels (the launch replacement lowers nothing);
-    `ATTNFUSE_BACKWARD_TARGET=gluon` takes it."""
-    from types import SimpleNamespace
-
+    `scheduled_backward` gives a program for each). Under `auto` a softmax variant with a bias
+    takes the Gluon backward at head dim 128 from 8M pairs per head (`GLUON_BIAS_MIN_WORK`,
+    measured on the H200 at causal 4096 and 8192), ordered or not; below it, at head dim 64,
+    and with a bias under block lists or a pointwise normalizer (not measured) it keeps the
+    split. `ATTNFUSE_BACKWARD_TARGET=gluon` takes it wherever it lowers."""
     monkeypatch.setattr(gluon_backward, "hopper", lambda problem: True)
-    monkeypatch.setattr(gluon_backward, "fits", lambda problem: True)
     monkeypatch.delenv("ATTNFUSE_BACKWARD", raising=False)
     monkeypatch.delenv("ATTNFUSE_BACKWARD_TARGET", raising=False)
-    spec = af.attention(af.additive_bias(), af.causal())
-    variant = af.compile(spec).program.canonical((False, False))
-    assert not gluon_backward.takes_gluon_backward(problem(16384), variant)
-    launches = [SimpleNamespace(info=SimpleNamespace(name=name)) for name in gluon_backward.FUSED_BACKWARD_KERNELS]
-    lowered = []
-    assert gluon_backward.gluon_backward(launches, problem(16384), 0.1, lambda: lowered.append(1), variant) == launches
-    assert not lowered
+
+    def variant(*blocks):
+        return af.compile(af.attention(af.additive_bias(), *blocks)).program.canonical((False, False))
+
+    causal = variant(af.causal())
+    assert gluon_backward.backward_class(causal) == "softmax with a bias"
+    for ordered in (False, True):
+        assert gluon_backward.takes_gluon_backward(problem(4096), causal, ordered=ordered)
+        assert not gluon_backward.takes_gluon_backward(problem(2048), causal, ordered=ordered)
+        assert not gluon_backward.takes_gluon_backward(problem(16384, d=64), causal, ordered=ordered)
+    for other in (variant(af.document(), af.causal()), variant(af.sigmoid(), af.causal())):
+        assert not gluon_backward.takes_gluon_backward(problem(16384), other)
     monkeypatch.setenv("ATTNFUSE_BACKWARD_TARGET", "gluon")
-    assert gluon_backward.takes_gluon_backward(problem(1024), variant)
+    assert gluon_backward.takes_gluon_backward(problem(1024), causal)
+    spec = af.attention(af.additive_bias(), af.causal())
     key = CompileKey(128, 128, "bf16", TILES, None, bwd_rope="pre_rotated", bwd_dq="ordered")
     programs = gluon_backward.scheduled_backward(lower_spec(spec, key))
     assert programs is not None and set(programs) == {"attention_bwd_dkdv_dq", "attention_bwd_dkdv_dq_bias"}

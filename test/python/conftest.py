@@ -220,6 +220,20 @@ def make_qkv(
     return q, k, v
 
 
+def check_against_formula(spec, formula, q, k, v, seed: int = 1, **call) -> None:
+    """`spec(q, k, v, **call)` and its q, k, v gradients against `formula(q, k, v)` written out
+    in float64 by the test (autograd through it), with the float64 bounds the block tests use."""
+    out = spec(q, k, v, **call)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = formula(qd, kd, vd)
+    torch.testing.assert_close(out.double(), expected.detach(), rtol=2e-5, atol=2e-6)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+    out.backward(grad)
+    expected.backward(grad.double())
+    for got, want in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
 def check_against_reference(fn, spec, q, k, v, *, lse: bool = True, **kwargs):
     """Runs `fn` (a spec or compiled function) and checks output (and lse) against the reference."""
     if lse:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from conftest import make_qkv
+from conftest import check_against_formula, make_qkv
 from xdsl.ir import Operation, SSAValue
 from xdsl.irdl import IRDLOperation, irdl_attr_definition, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import Pure
@@ -54,16 +54,8 @@ def lookahead_formula(q, k, v, steps: int):
 @pytest.mark.parametrize("steps", [0, 5, 40])
 def test_kernels_match_the_mask(steps):
     q, k, v = make_qkv(b=1, hq=4, hkv=2, nq=40, nk=48, d=16, seed=2, requires_grad=True)
-    spec = af.attention(lookahead(steps))
-    out = spec(q, k, v)
-    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected = lookahead_formula(qd, kd, vd, steps)
-    torch.testing.assert_close(out.double(), expected.detach(), rtol=2e-5, atol=2e-6)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
-    out.backward(grad)
-    expected.backward(grad.double())
-    for got, want in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
-        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    check_against_formula(af.attention(lookahead(steps)), lambda q, k, v: lookahead_formula(q, k, v, steps),
+                          q, k, v, seed=3)
 
 
 def test_intersects_with_package_masks_and_parses_back():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_qkv
+from conftest import check_against_formula, make_qkv
 
 import sink_softmax_block
 from sink_softmax_block import sink_softmax
@@ -175,13 +175,5 @@ def test_a_sink_logit_starts_the_row_max_in_base_two_units(logit, nq):
     at Nq = 1, the plain kernel at 24) and gradients as the formula's. A start in natural units
     was off by 0.065 at logit 2."""
     q, k, v = make_qkv(b=1, hq=4, hkv=2, nq=nq, nk=40, d=16, seed=7, requires_grad=True)
-    spec = af.attention(af.causal(), sink_softmax(logit))
-    out = spec(q, k, v)
-    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected = sink_formula(qd, kd, vd, causal=True, logit=logit)
-    torch.testing.assert_close(out.double(), expected.detach(), rtol=2e-5, atol=2e-6)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
-    out.backward(grad)
-    expected.backward(grad.double())
-    for got, want in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
-        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    check_against_formula(af.attention(af.causal(), sink_softmax(logit)),
+                          lambda q, k, v: sink_formula(q, k, v, causal=True, logit=logit), q, k, v, seed=2)

@@ -14,7 +14,7 @@ rows not 16-byte aligned) is copied, and so are lse and delta where Nq is not a 
 multiple) it cannot cover runs the portable fused kernel of the same plan. `ATTNFUSE_BACKWARD_TARGET=triton` keeps the
 portable kernel, `gluon` takes Gluon wherever it lowers and the shape fits (whatever the
 measurements say), `auto` (the default) builds the fused backward for it only where
-`GLUON_BACKWARD_MIN_WORK` says. Read at plan time. A variant with an additive bias has two
+`MIN_WORK` says for the variant's class. Read at plan time. A variant with an additive bias has two
 such kernels (`FUSED_BACKWARD_KERNELS`: the second also stores the bias gradient), and each is
 replaced by its own Gluon launch.
 """

@@ -35,7 +35,6 @@ from attnfuse.dialects.flash_shape import (
     INDEX_OPS,
     NORMALIZER_OPS,
     SCORE_OPS,
-    NotFlashShaped,
     chained_loops,
     check_schedulable,
     listed_loops,

@@ -81,7 +81,7 @@ class NormalizerEmitter(EmitterCore):
         return self.namer[loop.inits[uses[0].index]]
 
     def emit_accumulate(self, op: tile.AccumulateOp) -> None:
-        acc, probs, value = self.namer[op.acc], self.namer[op.probs], self.namer[op.value]
+        acc, probs = self.namer[op.acc], self.namer[op.probs]
         self.emit("# tile.accumulate: " + ("acc * alpha + p @ v" if op.alpha is not None else "acc + p @ v"))
         scaled = f"{acc} * {self.namer[op.alpha]}[:, None]" if op.alpha is not None else acc
         result = self.fresh_result(op.result)

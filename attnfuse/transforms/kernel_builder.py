@@ -96,12 +96,7 @@ class VariantFacts:
     def data_gradient_roles(self) -> list[str]:
         """The gradient roles (`dbias`) the modifiers' data have (`DataUse.gradient`), each
         once."""
-        roles = []
-        for op in self.modifiers:
-            trait = op.get_trait(ScoreModifier)
-            assert trait is not None
-            roles += [use.gradient for use in trait.data(op) if use.gradient is not None]
-        return list(dict.fromkeys(roles))
+        return list(dict.fromkeys(role for op in self.modifiers for role in _gradient_roles(op)))
 
 
 def assign_data_roles(ops: Sequence[Operation]) -> dict[tuple[Operation, str], str]:
@@ -417,31 +412,36 @@ def lower_chain_vjp(k: KernelBuilder, inputs: ChainInputs, grad: SSAValue) -> SS
     """The gradient of the raw scores from that of the final ones: each modifier's VJP in
     reverse program order. The call-time data gradients the modifiers give (`dbias`) are
     summed per role and stored where the kernel writes that role, as soon as the last op
-    declaring the role (`DataUse.gradient`) has given its contributions, before the VJPs
-    further down the chain: the stored tile is then the gradient tile of that point, which a
-    schedule refining one gradient tile in place (`backward_shape`) can store as it goes."""
-    declaring: dict[str, int] = {}
+    declaring the role (`DataUse.gradient`; the first in program order) has given its
+    contributions, before the VJPs further down the chain: the stored tile is then the
+    gradient tile of that point, which a schedule refining one gradient tile in place
+    (`backward_shape`) can store as it goes."""
+    last_declaring: dict[str, Operation] = {}
     for op, _scores_in in inputs:
-        trait = op.get_trait(ScoreModifier)
-        assert trait is not None
-        for role in {use.gradient for use in trait.data(op) if use.gradient is not None}:
-            declaring[role] = declaring.get(role, 0) + 1
+        for role in _gradient_roles(op):
+            last_declaring.setdefault(role, op)
     data_grads: dict[str, list[SSAValue]] = {}
     for op, scores_in in reversed(inputs):
         trait = op.get_trait(ScoreModifier)
         assert trait is not None
         for role, value in call_block(trait, "data_gradient", op, k, grad):
             data_grads.setdefault(role, []).append(value)
-        for role in {use.gradient for use in trait.data(op) if use.gradient is not None}:
-            declaring[role] -= 1
-            if declaring[role] == 0 and data_grads.get(role) and k.writes(role):
+        for role in _gradient_roles(op):
+            if last_declaring[role] is op and role in data_grads and k.writes(role):
                 _store_data_gradient(k, role, data_grads.pop(role))
         grad = block_value(trait, "vjp", op, k, scores_in, grad)
     for role, values in data_grads.items():
         # A role no op declared (a block's data_gradient beyond its DataUses): stored at the end.
-        if values and k.writes(role):
+        if k.writes(role):
             _store_data_gradient(k, role, values)
     return grad
+
+
+def _gradient_roles(op: Operation) -> list[str]:
+    """The gradient roles a modifier's data declare (`DataUse.gradient`), each once."""
+    trait = op.get_trait(ScoreModifier)
+    assert trait is not None
+    return list(dict.fromkeys(use.gradient for use in trait.data(op) if use.gradient is not None))
 
 
 def _store_data_gradient(k: KernelBuilder, role: str, values: list[SSAValue]) -> None:

@@ -34,6 +34,7 @@ from attnfuse.dialects import tile
 from attnfuse.dialects.flash_shape import (
     INDEX_OPS,
     NORMALIZER_OPS,
+    POINTER_KINDS,
     SCORE_OPS,
     chained_loops,
     check_schedulable,
@@ -348,10 +349,10 @@ def backward_kernel(kernel: tile.KernelOp) -> BackwardKernel:
     # Block lists: each loop's list, its count and (ordered adds) its ranks, and a document
     # filter's ids, all read through pointers.
     allowed |= {role for loop in parts.loops for role in loop.list_roles} | {"doc_ids"}
-    # ALiBi's slopes and additive biases (read in the probability step), their gradients
-    # (stored in the gradient step), all through pointers.
+    # ALiBi's slopes and additive biases (read in the probability step, `POINTER_KINDS`, as in
+    # the forward), the biases' gradients (stored in the gradient step), all through pointers.
     for role in kernel.roles:
-        if role not in allowed and tile.role_kind(role) not in ("slopes", "bias", "dbias"):
+        if role not in allowed and tile.role_kind(role) not in (*POINTER_KINDS, "dbias"):
             raise refuse(kernel, None, f"role {role} has no place in the schedule")
     return parts
 

@@ -86,10 +86,6 @@ class GluonBackwardEmitter(BiasBlocks, GluonFunctions, MaskedLoopSteps, KernelEm
     # A bias block is the step's: the program's keys down, the step's queries across.
     BIAS_BLOCK = ("start_m", "n_start", "BLOCK_M")
     BIAS_FUNCTION = "load_bias"  # (`<kernel>_bias` would be the name of the dbias kernel)
-    BIAS_HEADER = ("rows = n_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))",
-                   "row_in_bounds = rows < n_k",
-                   "queries = start_m + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))",
-                   "query_in_bounds = queries < n_q")
     BIAS_LOOP_ROWS = LoopRows("queries", "query_in_bounds", "q_pos")
 
     def __post_init__(self) -> None:
@@ -176,6 +172,7 @@ class GluonBackwardEmitter(BiasBlocks, GluonFunctions, MaskedLoopSteps, KernelEm
     ]
     """The row and column indices every step function starts with (the names the portable
     printers use in a `key_blocks` kernel: keys down, queries across)."""
+    BIAS_HEADER = tuple(STEP_HEADER[:4])  # a bias block's indices: the step's, without q_pos
 
     def save_primal(self, value: SSAValue, pieces: Pieces) -> None:
         """After the piece that defines `value` (a score tile left in `scores`, a scalar):

@@ -70,8 +70,8 @@ class GluonFunctions:
 
 
 class BiasBlocks:
-    """Mixin of the Gluon printers: an additive bias's block, loaded by `<kernel>_bias` from its
-    pointer and strides while the block's product runs, and added in the score step. A printer
+    """Mixin of the Gluon printers: an additive bias's block, loaded by `<kernel>_<BIAS_FUNCTION>`
+    from its pointer and strides while the block's product runs, and added in the score step. A printer
     says where its blocks lie: `BIAS_BLOCK` (the loop's start, the program rows' start, the
     rows' count: the function's index parameters), `BIAS_HEADER` (the index lines, in the score
     tile's layout) and `BIAS_LOOP_ROWS` (the loop's rows, as the portable printers read them)."""
@@ -83,8 +83,8 @@ class BiasBlocks:
     BIAS_LOOP_ROWS: object = None
 
     def bias_roles(self) -> list[str]:
-        """The kernel's additive-bias tensors (`bias`, `bias_1`, ...), loaded by `<kernel>_bias`
-        and added in the step."""
+        """The kernel's additive-bias tensors (`bias`, `bias_1`, ...), loaded by `bias_function`'s
+        function and added in the step."""
         return [role for role in self.roles if tile.role_kind(role) == "bias"]  # type: ignore[attr-defined]
 
     def bias_params(self) -> list[str]:
@@ -98,7 +98,7 @@ class BiasBlocks:
 
     def bias_tiles(self) -> list[str]:
         """The variables holding the current block's bias tiles, one per bias role, loaded by
-        `<kernel>_bias` before the consumer waits for the block's scores."""
+        `bias_function`'s function before the consumer waits for the block's scores."""
         return [f"{role}_tile" for role in self.bias_roles()]
 
     def bias_function(self) -> list[str]:
@@ -137,7 +137,7 @@ class BiasBlocks:
         return [f"{indent}{', '.join(self.bias_tiles())} = {self.name}_{self.BIAS_FUNCTION}({args})"]  # type: ignore[attr-defined]
 
     def emit_add_bias(self, op: tile.AddBiasOp) -> None:
-        """`tile.add_bias` on the tile `<kernel>_bias` loaded for this block."""
+        """`tile.add_bias` on the tile `bias_function`'s function loaded for this block."""
         role = self.role_of(op.bias)  # type: ignore[attr-defined]
         self.emit(f"# tile.add_bias: {role}[batch, head, query, key], loaded beside the block's product")  # type: ignore[attr-defined]
         self.emit(f"{self.namer.define(op.result)} = {self.namer[op.input]} + {role}_tile.to(tl.float32)")  # type: ignore[attr-defined]

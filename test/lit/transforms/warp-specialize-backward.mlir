@@ -4,6 +4,24 @@
 // RUN: not attnfuse-opt %s --split-input-file -p 'warp-specialize{bwd-dq-writers=3}' 2>&1 | filecheck %s --check-prefix=WRITERS
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{bwd-dq=ordered head-dim=128},warp-specialize' | filecheck %s --check-prefix=ORDERED
 // RUN: attnfuse-opt %s --split-input-file -p 'canonicalize-attn,analyze-masks,place-rope{query=pre_rotated key=pre_rotated},lower-to-tile{bwd-dq=ordered head-dim=128},warp-specialize{bwd-dq-writers=1}' | filecheck %s --check-prefix=ONE
+// RUN: attnfuse-opt %S/../inputs/bias-variant.mlir -p 'canonicalize-attn,analyze-masks,place-rope,lower-to-tile{bwd-dq=ordered head-dim=128},fold-scale-into-exp,warp-specialize' | filecheck %s --check-prefix=BIAS
+
+// An additive bias: both fused dK/dV kernels are scheduled, the plain one (the bias added in the
+// score step) and `_bias` (which also stores dS as the bias gradient, `tile.store_scores` among
+// the VJP ops); the preprocess and the dQ finish keep the portable schedule.
+// BIAS:       tile.kernel @attention_bwd_preprocess(
+// BIAS-NOT:   schedule
+// BIAS-SAME:  {
+// BIAS:       tile.kernel @attention_bwd_dkdv_dq(
+// BIAS-SAME:  %bias: !tile.tensor<bias>)
+// BIAS-SAME:  schedule = #tile<schedule warp_specialized>
+// BIAS:       tile.kernel @attention_bwd_dkdv_dq_bias(
+// BIAS-SAME:  %bias: !tile.tensor<bias>, %dbias: !tile.tensor<dbias>)
+// BIAS-SAME:  schedule = #tile<schedule warp_specialized>
+// BIAS:         tile.store_scores
+// BIAS:       tile.kernel @attention_bwd_dq_finish(
+// BIAS-NOT:   schedule
+// BIAS-SAME:  {
 
 // warp-specialize schedules the fused backward's dK/dV/dQ kernel (backward_shape): 128 keys in
 // two consumer warpgroups (8 warps), 64 queries a step, two ring stages, one loader warp, no
